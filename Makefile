@@ -1,0 +1,35 @@
+# Postmesh developer commands. See README.md.
+.PHONY: run test deps build key bench lint fmt
+
+CARGO ?= cargo
+
+run: ## start dependencies and every service (Ctrl-C stops)
+	./deploy/run.sh
+
+test: deps ## the whole suite against real PostgreSQL, Redis and NATS
+	$(CARGO) build --workspace --bins # tests run the service binaries as child processes
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+deps: ## start PostgreSQL, Redis and NATS unless already running
+	@./deploy/deps.sh
+
+build:
+	$(CARGO) build --workspace
+
+key: deps ## make key EMAIL=you@example.com CREDITS=100 (needs `make run` running)
+	@test -n "$(EMAIL)" || { echo "usage: make key EMAIL=you@example.com CREDITS=100" >&2; exit 2; }
+	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)"
+
+bench: deps ## gateway GET /balance vs a single-process baseline; see docs/benchmarks.md
+	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
+
+lint: ## formatting and clippy, as CI checks them
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all

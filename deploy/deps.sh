@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Makes PostgreSQL, Redis and NATS (with JetStream) reachable on their local default ports.
+# A server that already answers is left alone. A missing one is started: an existing Debian
+# PostgreSQL cluster is started in place; otherwise data lives under var/. Missing programs
+# are installed from Debian's packages when running as root.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VAR="$PWD/var"
+mkdir -p "$VAR"
+
+PG_PORT=${PG_PORT:-5432}
+REDIS_PORT=${REDIS_PORT:-6379}
+NATS_PORT=${NATS_PORT:-4222}
+
+log() { echo "deps: $*" >&2; }
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for() { # name port
+  for _ in $(seq 1 100); do
+    if listening "$2"; then return 0; fi
+    sleep 0.2
+  done
+  log "$1 did not come up on port $2"
+  return 1
+}
+
+apt_updated=0
+ensure_package() { # command package
+  if command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; then return 0; fi
+  if [ "$(id -u)" != 0 ]; then
+    log "$1 is missing; install the Debian package $2 (or run as root)"
+    exit 1
+  fi
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    apt_updated=1
+  fi
+  log "installing $2"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2
+}
+
+pg_bin() {
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1
+}
+
+start_postgres() {
+  if listening "$PG_PORT"; then return 0; fi
+  if [ -z "$(pg_bin)" ]; then ensure_package pg_ctlcluster postgresql; fi
+  if command -v pg_lsclusters >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | awk '{print $3}' | grep -qx "$PG_PORT"; then
+    read -r ver name _ < <(pg_lsclusters -h | awk -v p="$PG_PORT" '$3 == p')
+    log "starting PostgreSQL cluster $ver/$name"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" start >&2 || pg_ctlcluster "$ver" "$name" start >&2
+  else
+    local bin data="$VAR/postgres" as=()
+    bin="$(pg_bin)"
+    if [ "$(id -u)" = 0 ]; then as=(runuser -u postgres --); fi
+    if [ ! -s "$data/PG_VERSION" ]; then
+      log "creating a PostgreSQL data directory in $data"
+      mkdir -p "$data"
+      [ "$(id -u)" = 0 ] && chown postgres: "$data"
+      "${as[@]}" "$bin/initdb" -D "$data" -U postgres --auth=trust >&2
+    fi
+    log "starting PostgreSQL from $data"
+    "${as[@]}" "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w \
+      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $data -c max_connections=300" start >&2
+  fi
+  wait_for PostgreSQL "$PG_PORT"
+  if command -v pg_isready >/dev/null 2>&1; then
+    for _ in $(seq 1 100); do
+      pg_isready -q -h 127.0.0.1 -p "$PG_PORT" && return 0
+      sleep 0.2
+    done
+  fi
+}
+
+start_redis() {
+  if listening "$REDIS_PORT"; then return 0; fi
+  ensure_package redis-server redis-server
+  mkdir -p "$VAR/redis"
+  log "starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$VAR/redis" \
+    --save "" --appendonly no --logfile "$VAR/redis/redis.log" >&2
+  wait_for Redis "$REDIS_PORT"
+}
+
+start_nats() {
+  if listening "$NATS_PORT"; then return 0; fi
+  ensure_package nats-server nats-server
+  mkdir -p "$VAR/nats"
+  log "starting NATS with JetStream"
+  setsid nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$VAR/nats" \
+    >"$VAR/nats/nats.log" 2>&1 < /dev/null &
+  wait_for NATS "$NATS_PORT"
+}
+
+start_postgres
+start_redis
+start_nats
+log "PostgreSQL :$PG_PORT, Redis :$REDIS_PORT, NATS :$NATS_PORT are up"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Starts the local dependencies, builds, and runs every service with local defaults until
+# Ctrl-C. Logs (JSON) go to the terminal. The gateway listens on 127.0.0.1:8080.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./deploy/deps.sh
+cargo build --workspace --bins
+bin="${CARGO_TARGET_DIR:-target}/debug"
+mkdir -p var/outbox
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait || true
+}
+trap stop INT TERM EXIT
+
+# Services first, then the gateway that forwards to them.
+for svc in billing sender api-gateway; do
+  "$bin/$svc" &
+  pids+=($!)
+done
+echo "postmesh: gateway on http://127.0.0.1:8080, outbox in var/outbox; Ctrl-C stops" >&2
+# If any service exits, stop the rest.
+wait -n

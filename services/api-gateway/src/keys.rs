@@ -1,0 +1,222 @@
+//! API keys: issued as `pm_<prefix>_<secret>`, stored as a SHA-256 hash next to the visible
+//! prefix, checked with a constant-time comparison and cached briefly in memory.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::proto::{AuthContext, GrantReply, GrantRequest};
+use postmesh_shared::{ApiError, EmailAddress, Namespace};
+
+/// Hex chars in the visible prefix.
+const PREFIX_LEN: usize = 12;
+/// Hex chars in the secret part.
+const SECRET_LEN: usize = 64;
+/// Cache entries kept at most; the cache is cleared when full.
+const CACHE_MAX: usize = 100_000;
+
+/// A bearer token shaped like an API key; its existence says nothing about validity.
+pub struct PresentedKey<'a> {
+    prefix: &'a str,
+    full: &'a str,
+}
+
+impl<'a> PresentedKey<'a> {
+    /// Parses `pm_<12 hex>_<64 hex>`; anything else is not a key.
+    pub fn parse(raw: &'a str) -> Option<Self> {
+        let rest = raw.strip_prefix("pm_")?;
+        let (prefix, secret) = rest.split_once('_')?;
+        let hex = |s: &str, n| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+        (hex(prefix, PREFIX_LEN) && hex(secret, SECRET_LEN)).then_some(Self { prefix, full: raw })
+    }
+
+    fn hash(&self) -> [u8; 32] {
+        Sha256::digest(self.full.as_bytes()).into()
+    }
+}
+
+/// A newly generated key: the full text (shown once) and what is stored.
+pub struct NewKey {
+    pub text: String,
+    pub prefix: String,
+    pub hash: [u8; 32],
+}
+
+/// Generates a random key.
+pub fn generate() -> NewKey {
+    let mut bytes = [0u8; PREFIX_LEN / 2 + SECRET_LEN / 2];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    let prefix = hex::encode(&bytes[..PREFIX_LEN / 2]);
+    let secret = hex::encode(&bytes[PREFIX_LEN / 2..]);
+    let text = format!("pm_{prefix}_{secret}");
+    let hash = Sha256::digest(text.as_bytes()).into();
+    NewKey { text, prefix, hash }
+}
+
+struct Cached {
+    /// `None`: no active key has this prefix.
+    entry: Option<([u8; 32], AuthContext)>,
+    until: Instant,
+}
+
+/// Looks keys up by prefix, caching rows (and misses) for `ttl`.
+pub struct KeyStore {
+    db: PgPool,
+    ttl: Duration,
+    cache: RwLock<HashMap<String, Cached>>,
+}
+
+impl KeyStore {
+    /// A store reading `api_keys` from `db`; a revoked key stops working within `ttl`.
+    pub fn new(db: PgPool, ttl: Duration) -> Self {
+        Self {
+            db,
+            ttl,
+            cache: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The caller behind a bearer token, or 401.
+    pub async fn authenticate(&self, token: &str) -> Result<AuthContext, ApiError> {
+        let invalid = || ApiError::Unauthorized("invalid API key".into());
+        let key = PresentedKey::parse(token).ok_or_else(invalid)?;
+        let cached = self.cached(key.prefix);
+        let entry = match cached {
+            Some(entry) => entry,
+            None => {
+                let entry = self.load(key.prefix).await?;
+                self.remember(key.prefix, entry.clone());
+                entry
+            }
+        };
+        match entry {
+            Some((hash, auth)) if bool::from(hash.ct_eq(&key.hash())) => Ok(auth),
+            _ => Err(invalid()),
+        }
+    }
+
+    fn cached(&self, prefix: &str) -> Option<Option<([u8; 32], AuthContext)>> {
+        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(prefix)
+            .filter(|c| c.until > Instant::now())
+            .map(|c| c.entry.clone())
+    }
+
+    fn remember(&self, prefix: &str, entry: Option<([u8; 32], AuthContext)>) {
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_MAX {
+            cache.clear();
+        }
+        let until = Instant::now() + self.ttl;
+        cache.insert(prefix.to_owned(), Cached { entry, until });
+    }
+
+    async fn load(&self, prefix: &str) -> Result<Option<([u8; 32], AuthContext)>, ApiError> {
+        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, String, String)> = sqlx::query_as(
+            "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email
+             FROM api_keys k JOIN accounts a ON a.id = k.account_id
+             WHERE k.prefix = $1 AND k.revoked_at IS NULL",
+        )
+        .bind(prefix)
+        .fetch_optional(&self.db)
+        .await?;
+        Ok(row.and_then(|(id, account, workspace, hash, role, email)| {
+            let hash: [u8; 32] = hash.try_into().ok()?;
+            let auth = AuthContext {
+                account_id: account.to_string(),
+                workspace_id: workspace.to_string(),
+                api_key_id: id.to_string(),
+                role,
+                email,
+            };
+            Some((hash, auth))
+        }))
+    }
+}
+
+/// Creates the account for `email` if needed and a new API key holding `credits`, granted
+/// through billing. The key row commits only after billing confirmed the grant.
+pub async fn create_key(
+    db: &PgPool,
+    nats: &async_nats::Client,
+    ns: &Namespace,
+    email: &EmailAddress,
+    credits: i64,
+) -> anyhow::Result<String> {
+    anyhow::ensure!(credits >= 0, "credits must not be negative");
+    let mut tx = db.begin().await?;
+    let account_id: Uuid = sqlx::query_scalar(
+        "INSERT INTO accounts (id, email, created_at) VALUES ($1, $2, $3)
+         ON CONFLICT (email) DO UPDATE SET email = EXCLUDED.email
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(email.as_str())
+    .bind(now_unix())
+    .fetch_one(&mut *tx)
+    .await?;
+    let key = generate();
+    let key_id = Uuid::now_v7();
+    // One workspace per account for now: the workspace id is the account id.
+    sqlx::query(
+        "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, created_at)
+         VALUES ($1, $2, $2, $3, $4, $5)",
+    )
+    .bind(key_id)
+    .bind(account_id)
+    .bind(&key.prefix)
+    .bind(key.hash.as_slice())
+    .bind(now_unix())
+    .execute(&mut *tx)
+    .await?;
+    let grant = GrantRequest {
+        api_key_id: key_id.to_string(),
+        account_id: account_id.to_string(),
+        email: email.as_str().to_owned(),
+        credits,
+        idempotency_key: format!("grant:{key_id}"),
+    };
+    let _: GrantReply = postmesh_shared::nats::call(nats, ns, "billing", "grant", &grant)
+        .await
+        .map_err(|e| anyhow::anyhow!("billing could not grant the credits: {e}"))?;
+    tx.commit().await?;
+    Ok(key.text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_parse_and_hash_to_the_stored_hash() {
+        let key = generate();
+        let parsed = PresentedKey::parse(&key.text).expect("generated key parses");
+        assert_eq!(parsed.prefix, key.prefix);
+        assert_eq!(parsed.hash(), key.hash);
+        assert_ne!(generate().text, key.text);
+    }
+
+    #[test]
+    fn malformed_tokens_are_not_keys() {
+        let good = generate().text;
+        let cases = [
+            String::new(),
+            good.replacen("pm_", "pk_", 1),
+            good[..good.len() - 1].to_owned(),
+            format!("{good}0"),
+            good.replace('_', "-"),
+            format!("pm_{}_{}", "g".repeat(PREFIX_LEN), "0".repeat(SECRET_LEN)),
+        ];
+        for bad in cases {
+            assert!(PresentedKey::parse(&bad).is_none(), "{bad:?} parsed");
+        }
+    }
+}

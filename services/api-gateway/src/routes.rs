@@ -1,0 +1,183 @@
+//! The route table: each path with its auth policy and where it is served — here in the
+//! gateway, or by a service over NATS as an HTTP envelope.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
+use axum::routing::{any, post, MethodRouter};
+use axum::Router;
+
+use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
+use postmesh_shared::{nats, ApiError};
+
+use crate::{codes, AppState};
+
+/// Who may call a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Anyone.
+    Public,
+    /// A bearer API key (`Authorization: Bearer <key>`).
+    Key,
+}
+
+/// Where a route is served.
+enum Target {
+    /// A handler in the gateway.
+    Local(Box<MethodRouter<AppState>>),
+    /// The named service's router, over NATS.
+    Service(&'static str),
+}
+
+/// One row of the route table.
+struct Route {
+    path: &'static str,
+    policy: Policy,
+    target: Target,
+}
+
+fn table() -> Vec<Route> {
+    use Policy::*;
+    use Target::*;
+    vec![
+        Route {
+            path: "/send-code",
+            policy: Key,
+            target: Local(Box::new(post(codes::send_code))),
+        },
+        Route {
+            path: "/verify-code",
+            policy: Key,
+            target: Local(Box::new(post(codes::verify_code))),
+        },
+        Route {
+            path: "/balance",
+            policy: Key,
+            target: Service("billing"),
+        },
+        Route {
+            path: "/deduct",
+            policy: Key,
+            target: Service("billing"),
+        },
+        Route {
+            path: "/logs",
+            policy: Key,
+            target: Service("billing"),
+        },
+        Route {
+            path: "/logs/download",
+            policy: Key,
+            target: Service("billing"),
+        },
+    ]
+}
+
+/// Builds the public router from the route table.
+pub fn router(state: AppState) -> Router {
+    let (mut public, mut keyed) = (Router::new(), Router::new());
+    for route in table() {
+        let handler = match route.target {
+            Target::Local(handler) => *handler,
+            Target::Service(service) => {
+                any(move |state: State<AppState>, req: Request| forward(state, service, req))
+            }
+        };
+        match route.policy {
+            Policy::Public => public = public.route(route.path, handler),
+            Policy::Key => keyed = keyed.route(route.path, handler),
+        }
+    }
+    let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    public
+        .merge(keyed)
+        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state)
+}
+
+/// Admits requests carrying a valid API key, attaching the caller's `AuthContext`.
+async fn require_key(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response<Body>, ApiError> {
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .ok_or_else(|| {
+            ApiError::Unauthorized("missing API key: send Authorization: Bearer <key>".into())
+        })?;
+    let auth = state.keys.authenticate(token).await?;
+    req.extensions_mut().insert(auth);
+    Ok(next.run(req).await)
+}
+
+/// Request headers a service may see. Credentials never leave the gateway.
+const FORWARDED_REQUEST_HEADERS: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::USER_AGENT,
+    HeaderName::from_static("idempotency-key"),
+    HeaderName::from_static("x-request-id"),
+];
+
+/// Sends the request to `service` as an envelope and relays its answer.
+async fn forward(
+    State(state): State<AppState>,
+    service: &'static str,
+    req: Request,
+) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, state.body_limit)
+        .await
+        .map_err(|_| {
+            ApiError::PayloadTooLarge(format!("request body over {} bytes", state.body_limit))
+        })?;
+    let headers = FORWARDED_REQUEST_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = parts.headers.get(name)?.to_str().ok()?;
+            Some(Header {
+                name: name.as_str().to_owned(),
+                value: value.to_owned(),
+            })
+        })
+        .collect();
+    let envelope = HttpRequest {
+        method: parts.method.as_str().to_owned(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or_default().to_owned(),
+        headers,
+        body,
+        auth: parts.extensions.get::<AuthContext>().cloned(),
+    };
+    let reply = nats::forward(&state.nats, &state.ns, service, &envelope).await?;
+    let status = u16::try_from(reply.status)
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or_else(|| ApiError::BadGateway(format!("{service} answered an invalid status")))?;
+    let mut res = Response::new(Body::from(reply.body));
+    *res.status_mut() = status;
+    for h in reply.headers {
+        let name = HeaderName::from_bytes(h.name.as_bytes());
+        let value = HeaderValue::from_str(&h.value);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            if name != header::CONTENT_LENGTH
+                && name != header::TRANSFER_ENCODING
+                && name != header::CONNECTION
+            {
+                res.headers_mut().append(name, value);
+            }
+        }
+    }
+    Ok(res.into_response())
+}

@@ -1,0 +1,71 @@
+//! `POST /deduct`: takes 1 credit from the calling key, once per `idempotencyKey`.
+
+use axum::extract::State;
+use axum::Json;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use postmesh_shared::extract::Caller;
+use postmesh_shared::proto::ChargeRequest;
+use postmesh_shared::{ApiError, EmailAddress};
+
+use crate::AppState;
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct DeductBody {
+    target_email: Option<String>,
+    idempotency_key: Option<String>,
+}
+
+pub async fn deduct(
+    State(st): State<AppState>,
+    Caller(auth): Caller,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    // The body is optional: empty means "no target, no idempotency key".
+    let body: DeductBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DeductBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))?
+    };
+    let target = match body.target_email.as_deref() {
+        None => None,
+        Some(t) => Some(EmailAddress::parse(t).ok_or_else(|| {
+            ApiError::BadRequest("targetEmail is not a valid email address".into())
+        })?),
+    };
+    let idem = match body.idempotency_key {
+        Some(k) if k.is_empty() || k.chars().count() > 100 => {
+            return Err(ApiError::BadRequest(
+                "idempotencyKey must be 1-100 chars".into(),
+            ))
+        }
+        Some(k) => format!("deduct:{k}"),
+        None => format!("deduct:{}", uuid::Uuid::new_v4()),
+    };
+    let reply = crate::ledger::charge(
+        &st.db,
+        &ChargeRequest {
+            api_key_id: auth.api_key_id,
+            account_id: auth.account_id,
+            caller_email: auth.email,
+            cost: 1,
+            idempotency_key: idem,
+            target_email: target.map(|t| t.to_string()),
+            send_mode: Some("deduct".into()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let message = if reply.duplicate {
+        "Already deducted for this idempotencyKey"
+    } else {
+        "Deducted 1 credit"
+    };
+    Ok(Json(
+        json!({ "success": true, "message": message, "balance": reply.balance }),
+    ))
+}

@@ -1,0 +1,208 @@
+//! The credit ledger: every balance change is an append-only entry with a unique
+//! idempotency key, and the balance moves in the same statement, conditionally, so
+//! concurrent charges never overdraw and a retried charge never charges twice.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::proto::{
+    ChargeReply, ChargeRequest, GrantReply, GrantRequest, RefundReply, RefundRequest,
+};
+use postmesh_shared::ApiError;
+
+/// Why a ledger operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("insufficient balance")]
+    InsufficientBalance,
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::InsufficientBalance => ApiError::PaymentRequired(e.to_string()),
+            LedgerError::Invalid(m) => ApiError::BadRequest(m),
+            LedgerError::Db(e) => ApiError::internal("ledger update failed", e),
+        }
+    }
+}
+
+fn parse_key_id(raw: &str) -> Result<Uuid, LedgerError> {
+    Uuid::parse_str(raw).map_err(|_| LedgerError::Invalid("invalid api_key_id".into()))
+}
+
+fn check_idempotency_key(key: &str) -> Result<(), LedgerError> {
+    if key.is_empty() || key.len() > 200 {
+        return Err(LedgerError::Invalid(
+            "idempotency key must be 1-200 chars".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
+}
+
+/// Takes `req.cost` credits, once per `(api_key_id, idempotency_key)`.
+pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, LedgerError> {
+    let key_id = parse_key_id(&req.api_key_id)?;
+    check_idempotency_key(&req.idempotency_key)?;
+    if req.cost <= 0 {
+        return Err(LedgerError::Invalid("cost must be positive".into()));
+    }
+    let entry_id = Uuid::now_v7();
+    // One statement: the balance only moves if the entry is new and the balance covers it.
+    // A concurrent duplicate fails on the unique key and rolls the whole statement back.
+    let charged: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
+        "WITH upd AS (
+             UPDATE balances SET balance = balance - $3, updated_at = $4
+             WHERE api_key_id = $1 AND balance >= $3
+               AND NOT EXISTS (SELECT 1 FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2)
+             RETURNING balance)
+         INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
+                             target_email, from_email, subject, send_mode, recipient_count, task_id)
+         SELECT $5, $1, $2, 'charge', -$3, $4, $6, $7, $8, $9, $10, $11, $12 FROM upd
+         RETURNING (SELECT balance FROM upd)",
+    )
+    .bind(key_id)
+    .bind(&req.idempotency_key)
+    .bind(req.cost)
+    .bind(now_unix())
+    .bind(entry_id)
+    .bind(&req.caller_email)
+    .bind(&req.target_email)
+    .bind(&req.from_email)
+    .bind(&req.subject)
+    .bind(&req.send_mode)
+    .bind(req.recipient_count)
+    .bind(&req.task_id)
+    .fetch_optional(db)
+    .await;
+    match charged {
+        Ok(Some(balance)) => Ok(ChargeReply {
+            balance,
+            duplicate: false,
+            entry_id: entry_id.to_string(),
+        }),
+        Ok(None) => earlier_charge(db, key_id, &req.idempotency_key).await,
+        Err(e) if is_unique_violation(&e) => earlier_charge(db, key_id, &req.idempotency_key).await,
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// After a charge that moved nothing: the earlier entry with that key, or no money.
+async fn earlier_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<ChargeReply, LedgerError> {
+    let (entry, balance): (Option<Uuid>, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT id FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2),
+                (SELECT balance FROM balances WHERE api_key_id = $1)",
+    )
+    .bind(key_id)
+    .bind(idem)
+    .fetch_one(db)
+    .await?;
+    match entry {
+        Some(id) => Ok(ChargeReply {
+            balance: balance.unwrap_or(0),
+            duplicate: true,
+            entry_id: id.to_string(),
+        }),
+        None => Err(LedgerError::InsufficientBalance),
+    }
+}
+
+/// Gives back the charge made with `charge_idempotency_key`, at most once.
+pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, LedgerError> {
+    let key_id = parse_key_id(&req.api_key_id)?;
+    check_idempotency_key(&req.charge_idempotency_key)?;
+    let balance: Option<i64> = sqlx::query_scalar(
+        "WITH ins AS (
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
+                                 target_email, from_email, subject, send_mode, recipient_count, task_id,
+                                 refund_of)
+             SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund', -delta, $4, caller_email,
+                    target_email, from_email, subject, send_mode, recipient_count, task_id, id
+             FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
+             ON CONFLICT DO NOTHING
+             RETURNING delta)
+         UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = $4
+         WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
+         RETURNING balance",
+    )
+    .bind(key_id)
+    .bind(&req.charge_idempotency_key)
+    .bind(Uuid::now_v7())
+    .bind(now_unix())
+    .fetch_optional(db)
+    .await?;
+    match balance {
+        Some(balance) => {
+            tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge refunded");
+            Ok(RefundReply {
+                balance,
+                refunded: true,
+            })
+        }
+        None => Ok(RefundReply {
+            balance: current_balance(db, key_id).await?,
+            refunded: false,
+        }),
+    }
+}
+
+/// Adds credits, once per `(api_key_id, idempotency_key)`; creates the balance if needed.
+pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, LedgerError> {
+    let key_id = parse_key_id(&req.api_key_id)?;
+    let account_id = Uuid::parse_str(&req.account_id)
+        .map_err(|_| LedgerError::Invalid("invalid account_id".into()))?;
+    check_idempotency_key(&req.idempotency_key)?;
+    if req.credits < 0 {
+        return Err(LedgerError::Invalid("credits must not be negative".into()));
+    }
+    let balance: Option<i64> = sqlx::query_scalar(
+        "WITH ins AS (
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email)
+             VALUES ($3, $1, $4, 'grant', $5, $6, $7)
+             ON CONFLICT DO NOTHING
+             RETURNING delta)
+         INSERT INTO balances (api_key_id, account_id, balance, updated_at)
+         SELECT $1, $2, delta, $6 FROM ins
+         ON CONFLICT (api_key_id)
+             DO UPDATE SET balance = balances.balance + EXCLUDED.balance, updated_at = EXCLUDED.updated_at
+         RETURNING balance",
+    )
+    .bind(key_id)
+    .bind(account_id)
+    .bind(Uuid::now_v7())
+    .bind(&req.idempotency_key)
+    .bind(req.credits)
+    .bind(now_unix())
+    .bind(&req.email)
+    .fetch_optional(db)
+    .await?;
+    Ok(match balance {
+        Some(balance) => GrantReply {
+            balance,
+            duplicate: false,
+        },
+        None => GrantReply {
+            balance: current_balance(db, key_id).await?,
+            duplicate: true,
+        },
+    })
+}
+
+/// The key's balance; a key that never had credits has 0.
+pub async fn current_balance(db: &PgPool, key_id: Uuid) -> Result<i64, sqlx::Error> {
+    let balance: Option<i64> =
+        sqlx::query_scalar("SELECT balance FROM balances WHERE api_key_id = $1")
+            .bind(key_id)
+            .fetch_optional(db)
+            .await?;
+    Ok(balance.unwrap_or(0))
+}

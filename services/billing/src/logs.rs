@@ -1,0 +1,171 @@
+//! `GET /logs` and `GET /logs/download`: the consumption log of the calling key
+//! (charges, and refunds as negative amounts), newest first.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use postmesh_shared::extract::{Caller, QueryParams};
+use postmesh_shared::ApiError;
+
+use crate::{key_id, AppState};
+
+/// Page size when none is asked for.
+const DEFAULT_LIMIT: i64 = 50;
+/// Largest page; larger requests are clamped to it.
+const MAX_LIMIT: i64 = 100;
+/// Rows in one CSV download (keeps the reply under the NATS payload limit).
+pub const DOWNLOAD_MAX_ROWS: i64 = 4000;
+/// Bytes of CSV after which a download stops adding rows (the csv writer may buffer 8 KiB
+/// more); well under the NATS payload limit.
+pub const DOWNLOAD_MAX_BYTES: usize = 896 * 1024;
+
+/// One consumption log entry, with the spec's field names.
+#[derive(Serialize, sqlx::FromRow)]
+pub struct LogEntry {
+    log_id: String,
+    timestamp: String,
+    amount_deducted: f64,
+    caller_email: String,
+    target_email: Option<String>,
+    from_email: Option<String>,
+    subject: Option<String>,
+    send_mode: Option<String>,
+    recipient_count: Option<f64>,
+    task_id: Option<String>,
+    kind: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: Uuid,
+    created_at: i64,
+    delta: i64,
+    caller_email: String,
+    target_email: Option<String>,
+    from_email: Option<String>,
+    subject: Option<String>,
+    send_mode: Option<String>,
+    recipient_count: Option<i64>,
+    task_id: Option<String>,
+    kind: String,
+}
+
+impl From<Row> for LogEntry {
+    fn from(r: Row) -> Self {
+        let timestamp = OffsetDateTime::from_unix_timestamp(r.created_at)
+            .ok()
+            .and_then(|t| t.format(&Rfc3339).ok())
+            .unwrap_or_default();
+        Self {
+            log_id: r.id.to_string(),
+            timestamp,
+            amount_deducted: -r.delta as f64,
+            caller_email: r.caller_email,
+            target_email: r.target_email,
+            from_email: r.from_email,
+            subject: r.subject,
+            send_mode: r.send_mode,
+            recipient_count: r.recipient_count.map(|n| n as f64),
+            task_id: r.task_id,
+            kind: r.kind,
+        }
+    }
+}
+
+async fn page(db: &PgPool, key: Uuid, limit: i64, offset: i64) -> Result<Vec<LogEntry>, ApiError> {
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, created_at, delta, caller_email, target_email, from_email, subject, send_mode,
+                recipient_count, task_id, kind
+         FROM ledger WHERE api_key_id = $1 AND kind <> 'grant'
+         ORDER BY seq DESC LIMIT $2 OFFSET $3",
+    )
+    .bind(key)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(db)
+    .await
+    .map_err(|e| ApiError::internal("log query failed", e))?;
+    Ok(rows.into_iter().map(LogEntry::from).collect())
+}
+
+#[derive(Deserialize)]
+pub struct PageQuery {
+    limit: Option<i64>,
+    offset: Option<i64>,
+}
+
+pub async fn list(
+    State(st): State<AppState>,
+    Caller(auth): Caller,
+    QueryParams(q): QueryParams<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match q.limit {
+        None => DEFAULT_LIMIT,
+        Some(n) if n < 1 => return Err(ApiError::BadRequest("limit must be at least 1".into())),
+        Some(n) => n.min(MAX_LIMIT),
+    };
+    let offset = match q.offset {
+        None => 0,
+        Some(n) if n < 0 => return Err(ApiError::BadRequest("offset must not be negative".into())),
+        Some(n) => n,
+    };
+    let logs = page(&st.db, key_id(&auth)?, limit, offset).await?;
+    Ok(Json(
+        json!({ "success": true, "logs": logs, "limit": limit, "offset": offset }),
+    ))
+}
+
+pub async fn download(
+    State(st): State<AppState>,
+    Caller(auth): Caller,
+) -> Result<Response, ApiError> {
+    let logs = page(&st.db, key_id(&auth)?, DOWNLOAD_MAX_ROWS, 0).await?;
+    let mut out = csv::Writer::from_writer(Vec::new());
+    for entry in &logs {
+        out.serialize(entry)
+            .map_err(|e| ApiError::internal("csv encoding failed", e))?;
+        // The reply travels over NATS (1 MiB payload): stop at a safe size, newest kept.
+        if out.get_ref().len() > DOWNLOAD_MAX_BYTES {
+            break;
+        }
+    }
+    if logs.is_empty() {
+        // serde writes the header with the first row; an empty log still gets one.
+        out.write_record([
+            "log_id",
+            "timestamp",
+            "amount_deducted",
+            "caller_email",
+            "target_email",
+            "from_email",
+            "subject",
+            "send_mode",
+            "recipient_count",
+            "task_id",
+            "kind",
+        ])
+        .map_err(|e| ApiError::internal("csv encoding failed", e))?;
+    }
+    let body = out
+        .into_inner()
+        .map_err(|e| ApiError::internal("csv encoding failed", e))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"consumption-log.csv\"",
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}

@@ -1,0 +1,277 @@
+//! The delivery worker: takes jobs from the SEND work queue, builds the MIME message,
+//! delivers it, records the result, and only then acks. Failures are retried with a
+//! growing NAK delay; after the last attempt the job is parked as `failed` with its reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use lettre::message::{Mailbox, MultiPart, SinglePart};
+use lettre::Message;
+use prost::Message as _;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::proto::SendJob;
+use postmesh_shared::{telemetry, Namespace};
+
+use crate::transport::{Transport, TransportError};
+
+/// Retry and concurrency settings of the worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// How long JetStream waits for an ack before redelivering a job.
+    pub ack_wait: Duration,
+    /// Delivery attempts before a job is parked as failed.
+    pub max_deliver: i64,
+    /// Delay before the first retry; doubles with each attempt.
+    pub retry_base: Duration,
+    /// Jobs delivered at once by one worker.
+    pub concurrency: usize,
+}
+
+struct Ctx {
+    db: PgPool,
+    transport: Transport,
+    config: WorkerConfig,
+}
+
+/// Consumes the SEND stream until `shutdown`; jobs in progress finish before it returns.
+pub async fn spawn(
+    js: jetstream::Context,
+    ns: &Namespace,
+    db: PgPool,
+    transport: Transport,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    tracker: &TaskTracker,
+) -> anyhow::Result<()> {
+    let stream = postmesh_shared::jetstream::send_stream(&js, ns).await?;
+    let consumer = stream
+        .get_or_create_consumer(
+            "sender",
+            pull::Config {
+                durable_name: Some("sender".into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                max_deliver: config.max_deliver,
+                // No more jobs held than are worked on: a buffered job cannot outlive its
+                // ack deadline unattended and be delivered twice.
+                max_ack_pending: config.concurrency as i64,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the sender consumer: {e}"))?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(config.concurrency)
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("pulling from the SEND stream: {e}"))?;
+    let limit = Arc::new(Semaphore::new(config.concurrency));
+    let ctx = Arc::new(Ctx {
+        db,
+        transport,
+        config,
+    });
+    let jobs = tracker.clone();
+    tracker.spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = limit.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let msg = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                m = messages.next() => m,
+            };
+            match msg {
+                Some(Ok(msg)) => {
+                    let ctx = ctx.clone();
+                    jobs.spawn(async move {
+                        handle(&ctx, msg).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "SEND stream pull failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                None => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn handle(ctx: &Ctx, msg: jetstream::Message) {
+    let span = tracing::info_span!("send.deliver", job_id = tracing::field::Empty);
+    telemetry::link_nats(&span, msg.headers.as_ref());
+    async {
+        let job = match SendJob::decode(msg.payload.clone()) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::error!(error = %e, "undecodable send job dropped from the queue");
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        tracing::Span::current().record("job_id", job.id.as_str());
+        let attempt = msg.info().map(|i| i.delivered).unwrap_or(1);
+        match with_heartbeat(&msg, ctx.config.ack_wait, process(ctx, &job, attempt)).await {
+            Ok(()) => {
+                metrics::counter!("postmesh_sender_deliveries_total", "result" => "sent")
+                    .increment(1);
+                let _ = msg.double_ack().await;
+            }
+            Err(Failure::Park(reason)) => {
+                metrics::counter!("postmesh_sender_deliveries_total", "result" => "failed")
+                    .increment(1);
+                tracing::error!(%reason, "delivery failed for good; parked");
+                let _ = msg.ack_with(AckKind::Term).await;
+            }
+            Err(Failure::Retry(reason)) if attempt >= ctx.config.max_deliver => {
+                metrics::counter!("postmesh_sender_deliveries_total", "result" => "failed")
+                    .increment(1);
+                tracing::error!(%reason, attempt, "last attempt failed; parked");
+                let _ = msg.ack_with(AckKind::Term).await;
+            }
+            Err(Failure::Retry(reason)) => {
+                metrics::counter!("postmesh_sender_deliveries_total", "result" => "retry")
+                    .increment(1);
+                let delay =
+                    ctx.config.retry_base * 2u32.saturating_pow((attempt - 1).min(16) as u32);
+                tracing::warn!(%reason, attempt, ?delay, "delivery failed; will retry");
+                let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs `work` while telling JetStream the job is in progress every half `ack_wait`, so a
+/// slow delivery is not redelivered to another worker while this one is still on it. If the
+/// worker dies, the heartbeats stop and the job is redelivered after `ack_wait`.
+async fn with_heartbeat<T>(
+    msg: &jetstream::Message,
+    ack_wait: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let period = (ack_wait / 2).max(Duration::from_millis(100));
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = beat.tick() => {
+                if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                    tracing::warn!(error = %e, "could not extend the job's ack deadline");
+                }
+            }
+        }
+    }
+}
+
+enum Failure {
+    Retry(String),
+    Park(String),
+}
+
+async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> {
+    let db_err = |e: sqlx::Error| Failure::Retry(format!("database: {e}"));
+    let job_id =
+        Uuid::parse_str(&job.id).map_err(|_| Failure::Park("job id is not a uuid".into()))?;
+    let now = now_unix();
+    let status: String = sqlx::query_scalar(
+        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'sending', $5, $5)
+         ON CONFLICT (job_id) DO UPDATE SET attempts = deliveries.attempts + 1, updated_at = $5
+         RETURNING status",
+    )
+    .bind(job_id)
+    .bind(&job.kind)
+    .bind(&job.to)
+    .bind(&job.subject)
+    .bind(now)
+    .fetch_one(&ctx.db)
+    .await
+    .map_err(db_err)?;
+    if status != "sending" {
+        tracing::info!(%status, "job already handled; acknowledging the redelivery");
+        return Ok(());
+    }
+    let outcome = match build_message(job) {
+        Ok(message) => ctx.transport.deliver(&job.id, message).await,
+        Err(reason) => Err(TransportError::Permanent(reason)),
+    };
+    let (status, error, result) = match outcome {
+        Ok(()) => ("sent", None, Ok(())),
+        Err(TransportError::Permanent(e)) => ("failed", Some(e.clone()), Err(Failure::Park(e))),
+        Err(TransportError::Transient(e)) if attempt >= ctx.config.max_deliver => {
+            ("failed", Some(e.clone()), Err(Failure::Park(e)))
+        }
+        Err(TransportError::Transient(e)) => ("sending", Some(e.clone()), Err(Failure::Retry(e))),
+    };
+    // The message is out (or given up on): record it, retrying briefly, but never turn a
+    // delivered message into a retry that would send it again.
+    let mut recorded = Err(sqlx::Error::PoolTimedOut);
+    for pause in [0u64, 100, 500, 2000] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        recorded = sqlx::query(
+            "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4 WHERE job_id = $1",
+        )
+        .bind(job_id)
+        .bind(status)
+        .bind(&error)
+        .bind(now_unix())
+        .execute(&ctx.db)
+        .await;
+        if recorded.is_ok() {
+            break;
+        }
+    }
+    if let Err(e) = recorded {
+        tracing::error!(error = %e, %status, "could not record the delivery outcome");
+    }
+    result
+}
+
+/// The MIME message of a job: plain text, HTML, or both as alternatives.
+fn build_message(job: &SendJob) -> Result<Message, String> {
+    let from: Mailbox = if job.from_name.is_empty() {
+        job.from_email.parse()
+    } else {
+        format!("{} <{}>", job.from_name, job.from_email).parse()
+    }
+    .map_err(|e| format!("invalid from address: {e}"))?;
+    let mut builder = Message::builder()
+        .message_id(Some(format!("<{}@postmesh>", job.id)))
+        .from(from)
+        .subject(job.subject.as_str());
+    if job.to.is_empty() {
+        return Err("no recipients".into());
+    }
+    for to in &job.to {
+        builder = builder.to(to
+            .parse()
+            .map_err(|e| format!("invalid recipient {to:?}: {e}"))?);
+    }
+    let built = match (job.text.is_empty(), job.html.is_empty()) {
+        (_, true) => builder.singlepart(SinglePart::plain(job.text.clone())),
+        (true, false) => builder.singlepart(SinglePart::html(job.html.clone())),
+        (false, false) => builder.multipart(MultiPart::alternative_plain_html(
+            job.text.clone(),
+            job.html.clone(),
+        )),
+    };
+    built.map_err(|e| format!("could not build the message: {e}"))
+}

@@ -1,0 +1,78 @@
+//! The `EmailAddress` domain type: it cannot exist invalid.
+
+use std::fmt;
+
+/// A syntactically valid address (`local@domain`), lowercased domain, at most 254 chars.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EmailAddress(String);
+
+impl EmailAddress {
+    /// Parses an address; returns `None` when it is not a plausible mailbox.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let s = raw.trim();
+        if s.len() > 254 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return None;
+        }
+        let (local, domain) = s.rsplit_once('@')?;
+        let local_ok = !local.is_empty()
+            && local.len() <= 64
+            && !local.contains('@')
+            && !local.starts_with('.')
+            && !local.ends_with('.')
+            && !local.contains("..")
+            && !local.contains(['<', '>', '(', ')', '[', ']', ',', ';', ':', '\\', '"']);
+        let labels: Vec<&str> = domain.split('.').collect();
+        let domain_ok = labels.len() >= 2
+            && labels.iter().all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            });
+        (local_ok && domain_ok).then(|| Self(format!("{local}@{}", domain.to_ascii_lowercase())))
+    }
+
+    /// The address as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EmailAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EmailAddress;
+
+    #[test]
+    fn accepts_plausible_and_rejects_broken_addresses() {
+        assert_eq!(
+            EmailAddress::parse(" Ann.Lee+x@Example.COM ")
+                .unwrap()
+                .as_str(),
+            "Ann.Lee+x@example.com"
+        );
+        for bad in [
+            "",
+            "plain",
+            "@x.com",
+            "a@",
+            "a@b",
+            "a@@b.com",
+            "a b@c.com",
+            "a@-b.com",
+            "a..b@c.com",
+            "a@b..com",
+            "<a@b.com>",
+            "a@b_c.com",
+        ] {
+            assert!(EmailAddress::parse(bad).is_none(), "{bad:?} accepted");
+        }
+        assert!(EmailAddress::parse(&format!("{}@b.com", "a".repeat(65))).is_none());
+    }
+}

@@ -1,0 +1,159 @@
+//! The one error type of the API, mapped once to the spec's status codes and its
+//! `{success:false, error}` body, and to/from the typed `RpcError` carried over NATS.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::proto::RpcError;
+
+/// An error answered to an API caller. The variant decides the HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    PaymentRequired(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed on this endpoint")]
+    MethodNotAllowed,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Gone(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// Rate or abuse limit hit; the caller may retry after `retry_after` seconds.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
+    /// Server-side failure; the message is logged, the caller sees a generic text.
+    #[error("{0}")]
+    Internal(String),
+    #[error("{0}")]
+    BadGateway(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    /// Wraps an unexpected failure, logging its detail.
+    pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %err, "{context}");
+        Self::Internal(context.to_owned())
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::PaymentRequired(_) => StatusCode::PAYMENT_REQUIRED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Gone(_) => StatusCode::GONE,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The error as carried in an RPC reply.
+    pub fn to_rpc(&self) -> RpcError {
+        let status = self.status().as_u16() as u32;
+        let message = match self {
+            // Carry the retry hint through the one string field.
+            Self::TooManyRequests {
+                message,
+                retry_after,
+            } => format!("{retry_after}:{message}"),
+            other => other.to_string(),
+        };
+        RpcError { status, message }
+    }
+
+    /// Rebuilds the error from an RPC reply; unknown codes become 502 (upstream error).
+    pub fn from_rpc(e: RpcError) -> Self {
+        let m = e.message;
+        match e.status {
+            400 => Self::BadRequest(m),
+            401 => Self::Unauthorized(m),
+            402 => Self::PaymentRequired(m),
+            403 => Self::Forbidden(m),
+            404 => Self::NotFound(m),
+            405 => Self::MethodNotAllowed,
+            409 => Self::Conflict(m),
+            410 => Self::Gone(m),
+            413 => Self::PayloadTooLarge(m),
+            429 => {
+                let (secs, msg) = m.split_once(':').unwrap_or(("1", &m));
+                Self::TooManyRequests {
+                    retry_after: secs.parse().unwrap_or(1),
+                    message: msg.to_owned(),
+                }
+            }
+            500 => Self::Internal(m),
+            503 => Self::Unavailable(m),
+            _ => Self::BadGateway(m),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let retry_after = match &self {
+            Self::TooManyRequests { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        };
+        let body = serde_json::json!({ "success": false, "error": self.to_string() });
+        let mut res = (status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        res
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::internal("database error", e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_round_trip_keeps_status_and_retry_hint() {
+        let e = ApiError::TooManyRequests {
+            message: "slow down".into(),
+            retry_after: 42,
+        };
+        match ApiError::from_rpc(e.to_rpc()) {
+            ApiError::TooManyRequests {
+                message,
+                retry_after,
+            } => assert_eq!((message.as_str(), retry_after), ("slow down", 42)),
+            other => panic!("unexpected {other:?}"),
+        }
+        let back = ApiError::from_rpc(ApiError::PaymentRequired("broke".into()).to_rpc());
+        assert_eq!(back.status(), StatusCode::PAYMENT_REQUIRED);
+        assert_eq!(back.to_string(), "broke");
+        let unknown = ApiError::from_rpc(RpcError {
+            status: 418,
+            message: "x".into(),
+        });
+        assert_eq!(unknown.status(), StatusCode::BAD_GATEWAY);
+    }
+}

@@ -1,0 +1,301 @@
+//! NATS plumbing: HTTP requests carried as envelopes on `{ns}.svc.{service}.http`, and typed
+//! RPCs on `{ns}.rpc.{service}.{method}`, both served with the NATS service API in a queue
+//! group so replicas share the load. `traceparent` and `x-request-id` ride in NATS headers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::service::ServiceExt;
+use async_nats::{Client, HeaderMap};
+use axum::body::Body;
+use axum::Router;
+use bytes::Bytes;
+use futures::StreamExt;
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
+use tracing::Instrument;
+
+use crate::config::Namespace;
+use crate::error::ApiError;
+use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
+use crate::telemetry;
+
+/// Header carrying the request id end to end.
+pub const REQUEST_ID: &str = "x-request-id";
+
+tokio::task_local! {
+    static CURRENT_REQUEST_ID: String;
+}
+
+/// Runs `fut` with `id` as the request id that outgoing NATS calls carry.
+pub async fn with_request_id<F: Future>(id: String, fut: F) -> F::Output {
+    CURRENT_REQUEST_ID.scope(id, fut).await
+}
+
+/// The request id of the work in progress, if any.
+pub fn current_request_id() -> Option<String> {
+    CURRENT_REQUEST_ID.try_with(|id| id.clone()).ok()
+}
+
+/// Outgoing headers: trace context and request id of the current work.
+pub fn outgoing_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    telemetry::inject_nats(&mut headers);
+    if let Some(id) = current_request_id() {
+        headers.insert(REQUEST_ID, id.as_str());
+    }
+    headers
+}
+
+/// Connects to NATS; `request_timeout` bounds every request/reply.
+pub async fn connect(url: &str, name: &str, request_timeout: Duration) -> anyhow::Result<Client> {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .request_timeout(Some(request_timeout))
+        .connect(url)
+        .await
+        .with_context(|| format!("connecting to NATS at {url}"))
+}
+
+/// Maps a failed NATS request to the error the caller sees.
+fn request_error(target: &str, e: async_nats::RequestError) -> ApiError {
+    use async_nats::RequestErrorKind::*;
+    match e.kind() {
+        NoResponders => ApiError::Unavailable(format!("{target} is unavailable")),
+        TimedOut => ApiError::BadGateway(format!("{target} did not answer in time")),
+        _ => ApiError::BadGateway(format!("{target} request failed: {e}")),
+    }
+}
+
+/// Calls the typed RPC `{ns}.rpc.{service}.{method}`.
+pub async fn call<Req: Message, Resp: Message + Default>(
+    client: &Client,
+    ns: &Namespace,
+    service: &str,
+    method: &str,
+    req: &Req,
+) -> Result<Resp, ApiError> {
+    let subject = ns.subject(&format!("rpc.{service}.{method}"));
+    let msg = client
+        .request_with_headers(subject, outgoing_headers(), req.encode_to_vec().into())
+        .await
+        .map_err(|e| request_error(service, e))?;
+    let reply = RpcReply::decode(msg.payload)
+        .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}")))?;
+    match reply.outcome {
+        Some(rpc_reply::Outcome::Ok(bytes)) => Resp::decode(bytes)
+            .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}"))),
+        Some(rpc_reply::Outcome::Error(e)) => Err(ApiError::from_rpc(e)),
+        None => Err(ApiError::BadGateway(format!(
+            "{service} sent an empty reply"
+        ))),
+    }
+}
+
+/// Forwards an HTTP envelope to `{ns}.svc.{service}.http` and returns the service's answer.
+pub async fn forward(
+    client: &Client,
+    ns: &Namespace,
+    service: &str,
+    req: &HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let subject = ns.subject(&format!("svc.{service}.http"));
+    let msg = client
+        .request_with_headers(subject, outgoing_headers(), req.encode_to_vec().into())
+        .await
+        .map_err(|e| request_error(service, e))?;
+    HttpResponse::decode(msg.payload)
+        .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}")))
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Handler = Arc<dyn Fn(Bytes) -> BoxFuture<Bytes> + Send + Sync>;
+
+/// One typed RPC method of a service.
+pub struct RpcMethod {
+    name: &'static str,
+    handler: Handler,
+}
+
+/// Declares the RPC `name`, decoding `Req`, answering `Resp` or a typed error.
+pub fn rpc<Req, Resp, F, Fut>(name: &'static str, f: F) -> RpcMethod
+where
+    Req: Message + Default,
+    Resp: Message,
+    F: Fn(Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, ApiError>> + Send + 'static,
+{
+    let f = Arc::new(f);
+    let handler: Handler = Arc::new(move |payload: Bytes| {
+        let f = f.clone();
+        Box::pin(async move {
+            let outcome = match Req::decode(payload) {
+                Ok(req) => match f(req).await {
+                    Ok(resp) => rpc_reply::Outcome::Ok(resp.encode_to_vec().into()),
+                    Err(e) => rpc_reply::Outcome::Error(e.to_rpc()),
+                },
+                Err(e) => rpc_reply::Outcome::Error(
+                    ApiError::BadRequest(format!("undecodable request: {e}")).to_rpc(),
+                ),
+            };
+            RpcReply {
+                outcome: Some(outcome),
+            }
+            .encode_to_vec()
+            .into()
+        })
+    });
+    RpcMethod { name, handler }
+}
+
+/// Serves one service's HTTP router and RPC methods over NATS.
+pub struct ServiceHost {
+    client: Client,
+    ns: Namespace,
+    name: &'static str,
+    endpoints: Vec<(String, Handler)>,
+}
+
+impl ServiceHost {
+    /// A host for service `name` (one of the DESIGN's service names).
+    pub fn new(client: Client, ns: Namespace, name: &'static str) -> Self {
+        Self {
+            client,
+            ns,
+            name,
+            endpoints: Vec::new(),
+        }
+    }
+
+    /// Serves `router` for requests the gateway forwards.
+    pub fn http(mut self, router: Router) -> Self {
+        let subject = self.ns.subject(&format!("svc.{}.http", self.name));
+        let handler: Handler = Arc::new(move |payload| {
+            let router = router.clone();
+            Box::pin(async move { handle_http(router, payload).await.encode_to_vec().into() })
+        });
+        self.endpoints.push((subject, handler));
+        self
+    }
+
+    /// Serves a typed RPC method.
+    pub fn rpc(mut self, method: RpcMethod) -> Self {
+        let subject = self
+            .ns
+            .subject(&format!("rpc.{}.{}", self.name, method.name));
+        self.endpoints.push((subject, method.handler));
+        self
+    }
+
+    /// Subscribes every endpoint and answers requests until `shutdown`; in-flight requests
+    /// are tracked by `tracker` so a graceful stop waits for them.
+    pub async fn start(
+        self,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> anyhow::Result<()> {
+        let service = self
+            .client
+            .service_builder()
+            .description(format!("postmesh {} ({})", self.name, self.ns.as_str()))
+            .queue_group(self.ns.stream(self.name))
+            .start(self.name, env!("CARGO_PKG_VERSION"))
+            .await
+            .map_err(|e| anyhow::anyhow!("starting NATS service {}: {e}", self.name))?;
+        for (subject, handler) in self.endpoints {
+            let mut endpoint = service
+                .endpoint(&subject)
+                .await
+                .map_err(|e| anyhow::anyhow!("subscribing {subject}: {e}"))?;
+            let inner = tracker.clone();
+            tracker.spawn(async move {
+                while let Some(req) = endpoint.next().await {
+                    let handler = handler.clone();
+                    inner.spawn(async move {
+                        let span =
+                            tracing::info_span!("nats.request", subject = %req.message.subject);
+                        telemetry::link_nats(&span, req.message.headers.as_ref());
+                        let request_id = req
+                            .message
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(REQUEST_ID))
+                            .map(|v| v.to_string())
+                            .unwrap_or_default();
+                        let payload = req.message.payload.clone();
+                        let started = std::time::Instant::now();
+                        let reply = with_request_id(request_id, handler(payload))
+                            .instrument(span)
+                            .await;
+                        let labels = [("subject", req.message.subject.to_string())];
+                        metrics::counter!("postmesh_nats_requests_total", &labels).increment(1);
+                        metrics::histogram!("postmesh_nats_request_seconds", &labels)
+                            .record(started.elapsed().as_secs_f64());
+                        if let Err(e) = req.respond(Ok(reply)).await {
+                            tracing::warn!(error = %e, "could not send NATS reply");
+                        }
+                    });
+                }
+            });
+        }
+        tracker.spawn(async move {
+            shutdown.cancelled().await;
+            let _ = service.stop().await;
+        });
+        Ok(())
+    }
+}
+
+/// Runs one forwarded request through the service's router.
+async fn handle_http(router: Router, payload: Bytes) -> HttpResponse {
+    let response = match envelope_to_request(payload) {
+        Ok(req) => router.oneshot(req).await.unwrap_or_else(|e| match e {}),
+        Err(e) => axum::response::IntoResponse::into_response(e),
+    };
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    HttpResponse {
+        status: parts.status.as_u16() as u32,
+        headers: parts
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                Some(Header {
+                    name: k.as_str().to_owned(),
+                    value: v.to_str().ok()?.to_owned(),
+                })
+            })
+            .collect(),
+        body,
+    }
+}
+
+fn envelope_to_request(payload: Bytes) -> Result<http::Request<Body>, ApiError> {
+    let env = HttpRequest::decode(payload)
+        .map_err(|e| ApiError::BadRequest(format!("undecodable request envelope: {e}")))?;
+    let uri = if env.query.is_empty() {
+        env.path
+    } else {
+        format!("{}?{}", env.path, env.query)
+    };
+    let mut builder = http::Request::builder()
+        .method(env.method.as_str())
+        .uri(uri);
+    for h in &env.headers {
+        builder = builder.header(h.name.as_str(), h.value.as_str());
+    }
+    let mut req = builder
+        .body(Body::from(env.body))
+        .map_err(|e| ApiError::BadRequest(format!("invalid request envelope: {e}")))?;
+    if let Some(auth) = env.auth {
+        req.extensions_mut().insert(auth);
+    }
+    Ok(req)
+}

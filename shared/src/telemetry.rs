@@ -1,0 +1,232 @@
+//! Structured JSON logs, trace context carried across HTTP and NATS, OTLP export when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, Prometheus metrics, and the admin server
+//! (`/healthz`, `/readyz`, `/metrics`) every service runs.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tokio_util::sync::CancellationToken;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+static TRACER: OnceLock<SdkTracerProvider> = OnceLock::new();
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs logging, tracing and metrics once per process; later calls are no-ops, so
+/// several services can share a process (as the integration tests do).
+pub fn init(service: &str, otlp_endpoint: Option<&str>) {
+    TRACER.get_or_init(|| {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name(service.to_owned())
+            .build();
+        let mut builder = SdkTracerProvider::builder().with_resource(resource);
+        if let Some(endpoint) = otlp_endpoint {
+            use opentelemetry_otlp::WithExportConfig;
+            match opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+                .build()
+            {
+                Ok(exporter) => builder = builder.with_batch_exporter(exporter),
+                Err(e) => eprintln!("OTLP exporter disabled: {e}"),
+            }
+        }
+        // Without an exporter spans still get ids, so trace context propagates.
+        let provider = builder.build();
+        let tracer = provider.tracer(service.to_owned());
+        // `RUST_LOG` filters the log output only: spans still exist at info level for
+        // tracing, so trace context propagates whatever the log level.
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        let logs = tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_filter(filter);
+        let traces = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(LevelFilter::INFO);
+        let _ = tracing_subscriber::registry()
+            .with(logs)
+            .with(traces)
+            .try_init();
+        provider
+    });
+    metrics_handle();
+}
+
+/// Flushes buffered spans (call before exit).
+pub fn shutdown() {
+    if let Some(p) = TRACER.get() {
+        let _ = p.force_flush();
+    }
+}
+
+/// The process-wide Prometheus recorder.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    METRICS.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+struct NatsHeaders<'a>(&'a mut async_nats::HeaderMap);
+
+impl Injector for NatsHeaders<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value.as_str());
+    }
+}
+
+struct NatsHeadersRef<'a>(&'a async_nats::HeaderMap);
+
+impl Extractor for NatsHeadersRef<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| v.as_str())
+    }
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+struct HttpHeadersRef<'a>(&'a http::HeaderMap);
+
+impl Extractor for HttpHeadersRef<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// Writes the current span's `traceparent` into outgoing NATS headers.
+pub fn inject_nats(headers: &mut async_nats::HeaderMap) {
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut NatsHeaders(headers))
+    });
+}
+
+/// Makes `span` a child of the trace named in incoming NATS headers.
+pub fn link_nats(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
+    if let Some(h) = headers {
+        let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&NatsHeadersRef(h)));
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// Makes `span` a child of the trace named in incoming HTTP headers.
+pub fn link_http(span: &tracing::Span, headers: &http::HeaderMap) {
+    let cx =
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&HttpHeadersRef(headers)));
+    let _ = span.set_parent(cx);
+}
+
+/// A readiness probe: resolves to true when the service's dependencies answer.
+pub type ReadyCheck = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// Ready when the service's database and NATS connection answer.
+pub fn ready_when_db_and_nats(db: sqlx::PgPool, nats: async_nats::Client) -> ReadyCheck {
+    Arc::new(move || {
+        let (db, nats) = (db.clone(), nats.clone());
+        Box::pin(async move {
+            crate::db::ping(&db).await
+                && nats.connection_state() == async_nats::connection::State::Connected
+        })
+    })
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until `shutdown`; returns the bound address.
+pub async fn serve_admin(
+    addr: SocketAddr,
+    ready: ReadyCheck,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready().await {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
+        .route("/metrics", get(|| async { metrics_handle().render() }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TraceContextExt;
+
+    use super::*;
+
+    #[test]
+    fn trace_context_crosses_nats_headers() {
+        init("telemetry-test", None);
+        assert_propagates();
+    }
+
+    #[test]
+    fn trace_context_propagates_even_when_logs_are_quiet() {
+        std::env::set_var("RUST_LOG", "error");
+        init("telemetry-test", None);
+        assert_propagates();
+    }
+
+    fn assert_propagates() {
+        let parent = tracing::info_span!("parent");
+        let mut headers = async_nats::HeaderMap::new();
+        let trace_id = parent.in_scope(|| {
+            inject_nats(&mut headers);
+            tracing::Span::current()
+                .context()
+                .span()
+                .span_context()
+                .trace_id()
+        });
+        let traceparent = headers
+            .get("traceparent")
+            .expect("traceparent injected")
+            .to_string();
+        assert!(traceparent.contains(&trace_id.to_string()), "{traceparent}");
+
+        let child = tracing::info_span!("child");
+        link_nats(&child, Some(&headers));
+        let child_trace = child.context().span().span_context().trace_id();
+        assert_eq!(child_trace, trace_id);
+        let unrelated = tracing::info_span!("unrelated");
+        assert_ne!(
+            unrelated.context().span().span_context().trace_id(),
+            trace_id
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! A whole Postmesh stack for tests: the real gateway, billing and sender, started in this
+//! process against the real PostgreSQL, Redis and NATS, isolated under a fresh namespace.
+//! The sender can instead run as its own OS process, so a test can kill it.
+
+pub mod fake_smtp;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use postmesh_shared::config::env_or;
+use postmesh_shared::{Common, Namespace, Running};
+
+/// How the sender of a stack runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum SenderMode {
+    /// Inside the test process.
+    InProcess,
+    /// As the `sender` binary, a child process the test may kill.
+    ChildProcess,
+}
+
+/// A running test stack. Call [`Stack::shutdown`] at the end to drop its databases.
+pub struct Stack {
+    pub common: Common,
+    /// `http://127.0.0.1:<port>` of the gateway.
+    pub base: String,
+    pub http: reqwest::Client,
+    outbox: tempfile::TempDir,
+    gateway: Option<Running>,
+    billing: Option<Running>,
+    sender: Option<Running>,
+    sender_child: Option<tokio::process::Child>,
+    mode: SenderMode,
+    /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
+    transport: (String, String),
+    /// Set once `shutdown` removed the stack's data.
+    cleaned: bool,
+    /// Settings of the verification-code flow, as the gateway was started with.
+    pub codes: api_gateway::CodeConfig,
+}
+
+/// A fresh namespace: `t` plus random letters and digits.
+pub fn fresh_namespace() -> Namespace {
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::thread_rng();
+    let tail: String = (0..12)
+        .map(|_| CHARS[rng.gen_range(0..CHARS.len())] as char)
+        .collect();
+    Namespace::parse(&format!("t{tail}")).expect("valid namespace")
+}
+
+/// Shared settings of a test stack in namespace `ns`.
+pub fn common(ns: Namespace) -> Common {
+    Common {
+        namespace: ns,
+        nats_url: env_or("NATS_URL", "nats://127.0.0.1:4222"),
+        redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
+        database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),
+        db_max_connections: 10,
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok(),
+        production: false,
+    }
+}
+
+/// Retry settings that keep tests fast.
+fn worker_config() -> sender::WorkerConfig {
+    sender::WorkerConfig {
+        ack_wait: Duration::from_secs(2),
+        max_deliver: 5,
+        retry_base: Duration::from_millis(200),
+        concurrency: 8,
+    }
+}
+
+impl Stack {
+    /// Starts gateway, billing and an in-process sender.
+    pub async fn start() -> Self {
+        Self::start_with(SenderMode::InProcess).await
+    }
+
+    /// Starts gateway, billing and a sender run as `mode` says.
+    pub async fn start_with(mode: SenderMode) -> Self {
+        let common = common(fresh_namespace());
+        let codes = api_gateway::CodeConfig {
+            secret: "test-code-secret".into(),
+            ttl_secs: 300,
+            max_attempts: 5,
+            cooldown_secs: 60,
+            hourly_cap: 10,
+            from_email: "codes@postmesh.test".into(),
+        };
+        let billing = billing::start(billing::Config {
+            common: common.clone(),
+        })
+        .await
+        .expect("billing starts");
+        let gateway = api_gateway::start(api_gateway::Config {
+            common: common.clone(),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            body_limit: 64 * 1024,
+            key_cache_ttl: Duration::from_secs(30),
+            upstream_timeout: Duration::from_secs(10),
+            codes: codes.clone(),
+        })
+        .await
+        .expect("gateway starts");
+        let base = format!("http://{}", gateway.http_addr.expect("gateway listens"));
+        let mut stack = Self {
+            common,
+            base,
+            http: reqwest::Client::new(),
+            outbox: tempfile::tempdir().expect("temp dir"),
+            gateway: Some(gateway),
+            billing: Some(billing),
+            sender: None,
+            sender_child: None,
+            mode,
+            transport: ("file".into(), String::new()),
+            cleaned: false,
+            codes,
+        };
+        stack.start_sender().await;
+        stack
+    }
+
+    /// The namespace of this stack.
+    pub fn ns(&self) -> &Namespace {
+        &self.common.namespace
+    }
+
+    /// Admin servers (`/healthz`, `/readyz`, `/metrics`) of the in-process services.
+    pub fn admin_addrs(&self) -> Vec<SocketAddr> {
+        [&self.gateway, &self.billing, &self.sender]
+            .into_iter()
+            .flatten()
+            .map(|r| r.admin_addr)
+            .collect()
+    }
+
+    /// Where the sender writes delivered messages.
+    pub fn outbox(&self) -> &Path {
+        self.outbox.path()
+    }
+
+    /// Makes the next sender start use `kind` (`file` or `smtp`) and `smtp_url`.
+    pub fn use_transport(&mut self, kind: &str, smtp_url: &str) {
+        self.transport = (kind.to_owned(), smtp_url.to_owned());
+    }
+
+    /// The sender's database, to observe delivery records.
+    pub async fn sender_db(&self) -> sqlx::PgPool {
+        self.service_db(sender::SERVICE).await
+    }
+
+    /// A service's database in this stack.
+    pub async fn service_db(&self, service: &str) -> sqlx::PgPool {
+        let url = format!(
+            "{}/{}",
+            self.common.database_url,
+            self.ns().database(service)
+        );
+        sqlx::PgPool::connect(&url).await.expect("service database")
+    }
+
+    /// The id of an API key, as stored by the gateway.
+    pub async fn key_id(&self, key: &str) -> uuid::Uuid {
+        let prefix = key.split('_').nth(1).expect("key prefix");
+        sqlx::query_scalar("SELECT id FROM api_keys WHERE prefix = $1")
+            .bind(prefix)
+            .fetch_one(&self.service_db(api_gateway::SERVICE).await)
+            .await
+            .expect("key row")
+    }
+
+    /// Starts the sender (again).
+    pub async fn start_sender(&mut self) {
+        match self.mode {
+            SenderMode::InProcess => {
+                let running = sender::start(sender::Config {
+                    common: self.common.clone(),
+                    transport: self.transport.0.clone(),
+                    outbox_dir: self.outbox.path().to_owned(),
+                    smtp_url: self.transport.1.clone(),
+                    worker: worker_config(),
+                })
+                .await
+                .expect("sender starts");
+                self.sender = Some(running);
+            }
+            SenderMode::ChildProcess => {
+                let w = worker_config();
+                let admin = free_port();
+                let child = tokio::process::Command::new(workspace_binary("sender"))
+                    .env("POSTMESH_NAMESPACE", self.ns().as_str())
+                    .env("NATS_URL", &self.common.nats_url)
+                    .env("DATABASE_URL", &self.common.database_url)
+                    .env("ADMIN_ADDR", admin.to_string())
+                    .env("SEND_TRANSPORT", &self.transport.0)
+                    .env("SMTP_URL", &self.transport.1)
+                    .env("OUTBOX_DIR", self.outbox.path())
+                    .env("SEND_ACK_WAIT_SECS", w.ack_wait.as_secs().to_string())
+                    .env("SEND_RETRY_BASE_SECS", "1")
+                    .env("RUST_LOG", "warn")
+                    .stdout(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .expect("sender binary runs (build the workspace first)");
+                self.sender_child = Some(child);
+                self.wait_ready(admin).await;
+            }
+        }
+    }
+
+    /// Waits until the admin server at `addr` reports ready.
+    async fn wait_ready(&self, addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = self.http.get(format!("http://{addr}/readyz")).send().await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "service at {addr} never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the sender: gracefully in process, with SIGKILL as a child process.
+    pub async fn kill_sender(&mut self) {
+        if let Some(running) = self.sender.take() {
+            running.stop().await;
+        }
+        if let Some(mut child) = self.sender_child.take() {
+            child.kill().await.expect("sender killed");
+        }
+    }
+
+    /// Creates an account with a fresh address and a key holding `credits`.
+    pub async fn key(&self, credits: i64) -> String {
+        let email = format!("dev-{}@example.com", uuid::Uuid::new_v4().simple());
+        api_gateway::create_key(&self.common, &email, credits)
+            .await
+            .expect("key created")
+    }
+
+    /// Sends a request through the gateway; returns the status, headers and JSON body
+    /// (`Value::Null` when the body is not JSON).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let res = req.send().await.expect("gateway answers");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.bytes().await.expect("body");
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, headers, json)
+    }
+
+    /// `GET path` with `key`.
+    pub async fn get(&self, path: &str, key: &str) -> (StatusCode, Value) {
+        let (s, _, v) = self.call(Method::GET, path, Some(key), None).await;
+        (s, v)
+    }
+
+    /// `POST path` with `key` and a JSON body.
+    pub async fn post(&self, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+        let (s, _, v) = self.call(Method::POST, path, Some(key), Some(body)).await;
+        (s, v)
+    }
+
+    /// `POST /send-code` with `key`.
+    pub async fn send_code(&self, key: &str, email: impl serde::Serialize) -> (StatusCode, Value) {
+        self.post("/send-code", key, serde_json::json!({ "email": email }))
+            .await
+    }
+
+    /// `POST /verify-code` with `key`.
+    pub async fn verify(
+        &self,
+        key: &str,
+        email: impl serde::Serialize,
+        code: impl serde::Serialize,
+    ) -> (StatusCode, Value) {
+        let body = serde_json::json!({ "email": email, "code": code });
+        self.post("/verify-code", key, body).await
+    }
+
+    /// The key's balance, read through the API.
+    pub async fn balance(&self, key: &str) -> i64 {
+        let (status, body) = self.get("/balance", key).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["balance"].as_i64().expect("numeric balance")
+    }
+
+    /// Delivered messages addressed to `to` (compared without regard to case).
+    pub fn messages_to(&self, to: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(self.outbox())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "eml") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let to = to.to_lowercase();
+                let addressed = |l: &str| l.starts_with("To:") && l.to_lowercase().contains(&to);
+                if text.lines().any(addressed) {
+                    found.push(text);
+                }
+            }
+        }
+        found
+    }
+
+    /// Waits until `count` messages to `to` were delivered; returns them.
+    pub async fn wait_for_messages(
+        &self,
+        to: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self.messages_to(to);
+            if found.len() >= count || Instant::now() > deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The code in the latest of `count` delivered code emails to `to`.
+    pub async fn code_sent_to(&self, to: &str, count: usize) -> String {
+        let messages = self
+            .wait_for_messages(to, count, Duration::from_secs(15))
+            .await;
+        assert!(
+            messages.len() >= count,
+            "expected {count} emails to {to}, found {}",
+            messages.len()
+        );
+        let codes: Vec<String> = messages.iter().filter_map(|m| extract_code(m)).collect();
+        assert_eq!(
+            codes.len(),
+            messages.len(),
+            "every code email carries a code"
+        );
+        // Emails are unordered on disk; callers that need the newest send one at a time.
+        codes.last().cloned().expect("a code")
+    }
+
+    /// Stops every service and drops the stack's databases, stream and Redis keys.
+    pub async fn shutdown(mut self) {
+        self.kill_sender().await;
+        for running in [self.gateway.take(), self.billing.take()]
+            .into_iter()
+            .flatten()
+        {
+            running.stop().await;
+        }
+        self.cleaned = true;
+        remove_namespace(&self.common).await;
+    }
+}
+
+impl Drop for Stack {
+    /// A test that panicked never reached `shutdown`: remove its data anyway.
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let common = self.common.clone();
+        let cleanup = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(remove_namespace(&common));
+            }
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Drops a stack's databases, stream and Redis keys.
+async fn remove_namespace(common: &Common) {
+    let ns = &common.namespace;
+    for service in [api_gateway::SERVICE, billing::SERVICE, sender::SERVICE] {
+        let _ =
+            postmesh_shared::db::drop_database(&common.database_url, &ns.database(service)).await;
+    }
+    if let Ok(client) = async_nats::connect(&common.nats_url).await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(ns.stream("SEND"))
+            .await;
+    }
+    if let Ok(client) = redis::Client::open(common.redis_url.as_str()) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(ns.redis_key("*"))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+            }
+        }
+    }
+}
+
+/// A local port that was free a moment ago.
+fn free_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// The 6-digit code in a delivered code email.
+pub fn extract_code(eml: &str) -> Option<String> {
+    let at = eml.find("verification code is ")? + "verification code is ".len();
+    let code: String = eml[at..].chars().take(6).collect();
+    (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
+}
+
+/// A binary built by this workspace, next to the running test executable.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    dir.join(name)
+}

@@ -1,0 +1,316 @@
+//! Verification codes end to end: gateway → billing charge → JetStream → sender → .eml.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use postmesh_tests::{SenderMode, Stack};
+
+#[tokio::test]
+async fn a_delivered_code_verifies_once() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let to = "alice@example.com";
+    let (s, body) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], json!(true));
+    assert!(body["message"].is_string());
+    let code = stack.code_sent_to(to, 1).await;
+    let eml = &stack.messages_to(to)[0];
+    assert!(eml.contains("From: codes@postmesh.test"), "{eml}");
+    assert_eq!(stack.balance(&key).await, 9);
+
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], json!(true));
+    assert_eq!(stack.balance(&key).await, 8);
+    // A used code is gone: the same code again is 404, and refunded.
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["success"], json!(false));
+    assert_eq!(stack.balance(&key).await, 8);
+    // The code never rests in Redis in plain text.
+    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (s, _) = stack.send_code(&key, "bob@example.com").await;
+    assert_eq!(s, StatusCode::OK);
+    let code = stack.code_sent_to("bob@example.com", 1).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(stack.ns().redis_key("*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty());
+    for k in keys {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&dump).contains(&code),
+            "{k} holds the code"
+        );
+        assert!(!k.contains(&code));
+    }
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn wrong_and_malformed_codes_are_400() {
+    let stack = Stack::start().await;
+    let key = stack.key(20).await;
+    let to = "carol@example.com";
+    stack.send_code(&key, to).await;
+    let code = stack.code_sent_to(to, 1).await;
+    let wrong = format!("{:06}", (code.parse::<u32>().unwrap() + 1) % 1_000_000);
+    let (s, body) = stack.verify(&key, to, wrong).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["success"], json!(false));
+    for bad in [
+        json!("12345"),
+        json!("1234567"),
+        json!("12a456"),
+        json!(123456),
+        json!(null),
+    ] {
+        let (s, body) = stack.verify(&key, to, &bad).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (s, _) = stack.verify(&key, "nope", &code).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    for bad in [
+        json!({ "email": "not an email" }),
+        json!({}),
+        json!({ "email": 5 }),
+    ] {
+        let (s, body) = stack.post("/send-code", &key, bad.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (s, _, body) = stack
+        .call(Method::POST, "/send-code", Some(&key), None)
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    // Malformed input costs nothing; the one wrong guess and the send did.
+    assert_eq!(stack.balance(&key).await, 18);
+    // One wrong guess does not void the code.
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    // A code for another address is not found.
+    let (s, _) = stack.verify(&key, "dave@example.com", &code).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn five_wrong_attempts_void_the_code() {
+    let stack = Stack::start().await;
+    let key = stack.key(20).await;
+    let to = "eve@example.com";
+    stack.send_code(&key, to).await;
+    let code = stack.code_sent_to(to, 1).await;
+    let n: u32 = code.parse().unwrap();
+    for i in 1..=5 {
+        let wrong = format!("{:06}", (n + i) % 1_000_000);
+        let (s, body) = stack.verify(&key, to, wrong).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "attempt {i}: {body}");
+    }
+    // The right code no longer works: the code is void.
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn codes_cost_credits_and_402_at_zero() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let (s, _) = stack.send_code(&key, "frank@example.com").await;
+    assert_eq!(s, StatusCode::OK);
+    let code = stack.code_sent_to("frank@example.com", 1).await;
+    assert_eq!(stack.balance(&key).await, 0);
+    let (s, body) = stack.verify(&key, "frank@example.com", &code).await;
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{body}");
+    assert_eq!(body["success"], json!(false));
+    let (s, body) = stack.send_code(&key, "grace@example.com").await;
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{body}");
+    // A refused send sends nothing and is not counted against the recipient's cooldown:
+    // asking again is another 402, not a 429.
+    assert!(stack.messages_to("grace@example.com").is_empty());
+    let (s, _) = stack.send_code(&key, "grace@example.com").await;
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
+    let (_, logs) = stack.get("/logs", &key).await;
+    assert_eq!(logs["logs"].as_array().unwrap().len(), 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn resends_are_limited_with_retry_after() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let to = "heidi@example.com";
+    let (s, _) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, headers, body) = stack
+        .call(
+            Method::POST,
+            "/send-code",
+            Some(&key),
+            Some(json!({ "email": to })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["success"], json!(false));
+    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=stack.codes.cooldown_secs).contains(&wait), "{wait}");
+    // The refused resend was not charged; other recipients are unaffected.
+    assert_eq!(stack.balance(&key).await, 9);
+    let (s, _) = stack.send_code(&key, "ivan@example.com").await;
+    assert_eq!(s, StatusCode::OK);
+    // Once the cooldown is over, the hourly cap still stops a flood to one address.
+    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(stack.ns().redis_key("code:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let hourly = keys
+        .iter()
+        .find(|k| k.contains(":hourly:") && k.ends_with(to))
+        .expect("hourly counter");
+    let cooldown = hourly.replace(":hourly:", ":cooldown:");
+    let _: () = redis::cmd("SET")
+        .arg(hourly)
+        .arg(stack.codes.hourly_cap)
+        .arg("EX")
+        .arg(1800)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&cooldown)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (s, headers, _) = stack
+        .call(
+            Method::POST,
+            "/send-code",
+            Some(&key),
+            Some(json!({ "email": to })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1700..=1800).contains(&wait), "{wait}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
+    let mut stack = Stack::start_with(SenderMode::ChildProcess).await;
+    let key = stack.key(5).await;
+    // Warm-up: the sender process is up and delivering.
+    stack.send_code(&key, "warm@example.com").await;
+    stack.code_sent_to("warm@example.com", 1).await;
+
+    stack.kill_sender().await;
+    let to = "judy@example.com";
+    let (s, body) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let early = stack
+        .wait_for_messages(to, 1, std::time::Duration::from_secs(2))
+        .await;
+    assert!(early.is_empty(), "delivered with no sender running");
+
+    stack.start_sender().await;
+    let code = stack.code_sent_to(to, 1).await;
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    // Delivered exactly once.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(stack.messages_to(to).len(), 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn recipients_are_matched_without_regard_to_case() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let (s, _) = stack.send_code(&key, "Olivia@Example.com").await;
+    assert_eq!(s, StatusCode::OK);
+    // The same mailbox in other case shares the cooldown...
+    let (s, _) = stack.send_code(&key, "oLIVIA@example.COM").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    // ...and the code.
+    let code = stack.code_sent_to("Olivia@Example.com", 1).await;
+    let (s, body) = stack.verify(&key, "olivia@example.com", &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    stack.shutdown().await;
+}
+
+/// Lifts the resend cooldown of every recipient in the stack (as if a minute passed).
+async fn end_cooldowns(stack: &Stack) {
+    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(stack.ns().redis_key("code:cooldown:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let to = "peggy@example.com";
+    stack.send_code(&key, to).await;
+    let first = stack.code_sent_to(to, 1).await;
+    end_cooldowns(&stack).await;
+    let (s, _) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK);
+    let messages = stack
+        .wait_for_messages(to, 2, Duration::from_secs(15))
+        .await;
+    let second = messages
+        .iter()
+        .filter_map(|m| postmesh_tests::extract_code(m))
+        .find(|c| *c != first);
+    if let Some(second) = second {
+        // The first code was replaced (unless both happened to be equal).
+        let (s, _) = stack.verify(&key, to, &first).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        let (s, body) = stack.verify(&key, to, &second).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+    }
+
+    // A send whose email cannot be queued is a 500, refunded, and the code before it stays.
+    let to = "rupert@example.com";
+    stack.send_code(&key, to).await;
+    let code = stack.code_sent_to(to, 1).await;
+    let before = stack.balance(&key).await;
+    let nats = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    async_nats::jetstream::new(nats)
+        .delete_stream(stack.ns().stream("SEND"))
+        .await
+        .unwrap();
+    end_cooldowns(&stack).await;
+    let (s, body) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["success"], json!(false));
+    assert_eq!(stack.balance(&key).await, before);
+    // Not counted against the cooldown either.
+    let (s, _) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    stack.shutdown().await;
+}

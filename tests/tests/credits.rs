@@ -1,0 +1,257 @@
+//! Authentication and credits through the real gateway → NATS → billing path.
+
+use futures::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use postmesh_tests::Stack;
+
+#[tokio::test]
+async fn requests_without_or_with_a_bad_key_are_401() {
+    let stack = Stack::start().await;
+    let key = stack.key(5).await;
+    let (s, _, body) = stack.call(Method::GET, "/balance", None, None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["success"], json!(false));
+    assert!(body["error"].is_string());
+    // Well-formed but unknown, tampered secret, and garbage tokens.
+    let mut tampered = key.clone();
+    let last = tampered.pop().unwrap();
+    tampered.push(if last == '0' { '1' } else { '0' });
+    let unknown = api_gateway::keys::generate().text;
+    for bad in [tampered.as_str(), unknown.as_str(), "nonsense"] {
+        let (s, _, body) = stack.call(Method::GET, "/balance", Some(bad), None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{bad}");
+        assert_eq!(body["success"], json!(false));
+    }
+    for path in ["/deduct", "/send-code", "/verify-code"] {
+        let (s, _, _) = stack.call(Method::POST, path, None, Some(json!({}))).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    // The real key still works after the failures (and from the cache).
+    assert_eq!(stack.balance(&key).await, 5);
+    assert_eq!(stack.balance(&key).await, 5);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_oversized_bodies_get_json_errors() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let (s, h, body) = stack.call(Method::GET, "/nope", Some(&key), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(body["success"], json!(false));
+    assert!(h.contains_key("x-request-id"));
+    // Wrong methods, on a gateway route and on a forwarded one.
+    for (method, path) in [(Method::GET, "/send-code"), (Method::POST, "/balance")] {
+        let (s, _, body) = stack.call(method, path, Some(&key), None).await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(body["success"], json!(false), "{path}");
+    }
+    let big = "x".repeat(100 * 1024);
+    let (s, _, body) = stack
+        .call(
+            Method::POST,
+            "/deduct",
+            Some(&key),
+            Some(json!({ "targetEmail": big })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["success"], json!(false));
+    let (s, _, body) = stack
+        .call(
+            Method::POST,
+            "/send-code",
+            Some(&key),
+            Some(json!({ "email": big })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    // Nothing was charged by the rejected requests.
+    assert_eq!(stack.balance(&key).await, 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn deduct_takes_one_credit_and_402s_at_zero() {
+    let stack = Stack::start().await;
+    let key = stack.key(2).await;
+    assert_eq!(stack.balance(&key).await, 2);
+    let (s, body) = stack
+        .post("/deduct", &key, json!({ "targetEmail": "a@example.com" }))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], json!(true));
+    assert_eq!(body["balance"], json!(1));
+    // The body is optional.
+    let (s, _, body) = stack.call(Method::POST, "/deduct", Some(&key), None).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["balance"], json!(0));
+    let (s, body) = stack.post("/deduct", &key, json!({})).await;
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(body["success"], json!(false));
+    assert_eq!(stack.balance(&key).await, 0);
+    let (s, _) = stack
+        .post("/deduct", &key, json!({ "targetEmail": "not-an-email" }))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_deducts_once() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let body = json!({ "idempotencyKey": "order-7f3a-0001", "targetEmail": "a@example.com" });
+    let first = stack.post("/deduct", &key, body.clone()).await;
+    let again = stack.post("/deduct", &key, body.clone()).await;
+    assert_eq!(first.0, StatusCode::OK);
+    assert_eq!(again.0, StatusCode::OK);
+    assert_eq!(first.1["balance"], json!(9));
+    assert_eq!(again.1["balance"], json!(9));
+    // Concurrent retries of one key still charge once.
+    let retries = join_all((0..10).map(|_| {
+        stack.post(
+            "/deduct",
+            &key,
+            json!({ "idempotencyKey": "order-7f3a-0002" }),
+        )
+    }))
+    .await;
+    assert!(retries.iter().all(|(s, _)| *s == StatusCode::OK));
+    assert_eq!(stack.balance(&key).await, 8);
+    let (s, _) = stack
+        .post("/deduct", &key, json!({ "idempotencyKey": "" }))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    // Keys are per API key: another key's same idempotency key is its own charge.
+    let other = stack.key(1).await;
+    let (s, body) = stack.post("/deduct", &other, body).await;
+    assert_eq!((s, body["balance"].clone()), (StatusCode::OK, json!(0)));
+    assert_eq!(stack.balance(&key).await, 8);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_deducts_never_overdraw() {
+    let stack = Stack::start().await;
+    let key = stack.key(20).await;
+    let results = join_all((0..60).map(|_| stack.post("/deduct", &key, json!({})))).await;
+    let ok = results.iter().filter(|(s, _)| *s == StatusCode::OK).count();
+    let broke = results
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::PAYMENT_REQUIRED)
+        .count();
+    assert_eq!((ok, broke), (20, 40), "{results:?}");
+    assert_eq!(stack.balance(&key).await, 0);
+    let (_, logs) = stack.get("/logs?limit=100", &key).await;
+    assert_eq!(logs["logs"].as_array().unwrap().len(), 20);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn logs_page_and_download_as_csv() {
+    let stack = Stack::start().await;
+    let key = stack.key(130).await;
+    for i in 0..120 {
+        let (s, _) = stack
+            .post(
+                "/deduct",
+                &key,
+                json!({ "targetEmail": format!("r{i}@example.com") }),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (s, page) = stack.get("/logs", &key).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(page["limit"], json!(50));
+    assert_eq!(page["offset"], json!(0));
+    let logs = page["logs"].as_array().unwrap();
+    assert_eq!(logs.len(), 50);
+    // Newest first, with the spec's fields.
+    let newest = &logs[0];
+    assert_eq!(newest["target_email"], json!("r119@example.com"));
+    assert_eq!(newest["amount_deducted"], json!(1.0));
+    assert!(newest["caller_email"]
+        .as_str()
+        .unwrap()
+        .ends_with("@example.com"));
+    assert!(newest["log_id"].is_string() && newest["timestamp"].is_string());
+    for field in [
+        "from_email",
+        "subject",
+        "send_mode",
+        "recipient_count",
+        "task_id",
+    ] {
+        assert!(newest.get(field).is_some(), "{field} missing");
+    }
+    let (_, page) = stack.get("/logs?limit=500&offset=100", &key).await;
+    assert_eq!(page["limit"], json!(100));
+    let rest = page["logs"].as_array().unwrap();
+    assert_eq!(rest.len(), 20);
+    assert_eq!(rest[19]["target_email"], json!("r0@example.com"));
+    for bad in ["/logs?limit=0", "/logs?offset=-1", "/logs?limit=abc"] {
+        let (s, body) = stack.get(bad, &key).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let res = stack
+        .http
+        .get(format!("{}/logs/download", stack.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    let text = res.text().await.unwrap();
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let headers = reader.headers().unwrap().clone();
+    assert!(headers.iter().any(|h| h == "target_email"), "{headers:?}");
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 120);
+    let (s, _, _) = stack.call(Method::GET, "/logs/download", None, None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_large_log_downloads_within_the_message_size_limit() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let key_id = stack.key_id(&key).await;
+    // 4000 entries with long addresses: well over 1 MiB of CSV if all were sent.
+    let long = format!("{}@example.com", "a".repeat(230));
+    sqlx::query(
+        "INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at,
+                             caller_email, target_email)
+         SELECT gen_random_uuid(), $1, 'bulk:' || n, 'charge', -1, 1700000000 + n, 'me@example.com', $2
+         FROM generate_series(1, 4000) AS n",
+    )
+    .bind(key_id)
+    .bind(&long)
+    .execute(&stack.service_db(billing::SERVICE).await)
+    .await
+    .unwrap();
+    let res = stack
+        .http
+        .get(format!("{}/logs/download", stack.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let text = res.text().await.unwrap();
+    assert!(text.len() < 1024 * 1024, "{} bytes", text.len());
+    let rows: Vec<csv::StringRecord> = csv::Reader::from_reader(text.as_bytes())
+        .records()
+        .map(Result::unwrap)
+        .collect();
+    assert!(rows.len() > 2000, "{} rows", rows.len());
+    stack.shutdown().await;
+}
