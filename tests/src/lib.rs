@@ -25,6 +25,22 @@ pub enum SenderMode {
     ChildProcess,
 }
 
+/// How a test stack is started.
+pub struct Options {
+    pub sender: SenderMode,
+    /// How long the gateway waits for a service's answer.
+    pub upstream_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            sender: SenderMode::InProcess,
+            upstream_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// A running test stack. Call [`Stack::shutdown`] at the end to drop its databases.
 pub struct Stack {
     pub common: Common,
@@ -87,6 +103,15 @@ impl Stack {
 
     /// Starts gateway, billing and a sender run as `mode` says.
     pub async fn start_with(mode: SenderMode) -> Self {
+        Self::start_opts(Options {
+            sender: mode,
+            ..Options::default()
+        })
+        .await
+    }
+
+    /// Starts gateway, billing and a sender as `opts` say.
+    pub async fn start_opts(opts: Options) -> Self {
         let common = common(fresh_namespace());
         let codes = api_gateway::CodeConfig {
             secret: "test-code-secret".into(),
@@ -106,7 +131,7 @@ impl Stack {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             body_limit: 64 * 1024,
             key_cache_ttl: Duration::from_secs(30),
-            upstream_timeout: Duration::from_secs(10),
+            upstream_timeout: opts.upstream_timeout,
             codes: codes.clone(),
         })
         .await
@@ -121,7 +146,7 @@ impl Stack {
             billing: Some(billing),
             sender: None,
             sender_child: None,
-            mode,
+            mode: opts.sender,
             transport: ("file".into(), String::new()),
             cleaned: false,
             codes,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use postmesh_tests::{SenderMode, Stack};
+use postmesh_tests::{Options, SenderMode, Stack};
 
 #[tokio::test]
 async fn a_delivered_code_verifies_once() {
@@ -312,5 +312,75 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     let (s, body) = stack.verify(&key, to, &code).await;
     assert_eq!(s, StatusCode::OK, "{body}");
+    stack.shutdown().await;
+}
+
+/// Rows of `kind` in the key's ledger.
+async fn ledger_rows(db: &sqlx::PgPool, key_id: uuid::Uuid, kind: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM ledger WHERE api_key_id = $1 AND kind = $2")
+        .bind(key_id)
+        .bind(kind)
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_charge_that_outlives_the_gateway_timeout_never_takes_credits() {
+    let stack = Stack::start_opts(Options {
+        upstream_timeout: Duration::from_secs(1),
+        ..Options::default()
+    })
+    .await;
+    let key = stack.key(3).await;
+    let key_id = stack.key_id(&key).await;
+    let billing = stack.service_db(billing::SERVICE).await;
+    // Hold the balance row so billing's charge blocks past the gateway's timeout.
+    let mut lock = billing.begin().await.unwrap();
+    sqlx::query("SELECT balance FROM balances WHERE api_key_id = $1 FOR UPDATE")
+        .bind(key_id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let to = "late@example.com";
+    let (s, body) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["success"], json!(false));
+    // The gateway gave up on the charge and voided its key while billing still waits.
+    assert_eq!(ledger_rows(&billing, key_id, "void").await, 1);
+    lock.rollback().await.unwrap();
+    // The late charge now runs into the void and takes nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND state = 'active' AND query LIKE '%balance = balance -%'",
+        )
+        .fetch_one(&billing)
+        .await
+        .unwrap();
+        if busy == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late charge never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ledger_rows(&billing, key_id, "charge").await, 0);
+    assert_eq!(stack.balance(&key).await, 3);
+    assert!(stack.messages_to(to).is_empty());
+    // The failure lifted the cooldown: a retry goes through and costs one credit.
+    let (s, body) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let code = stack.code_sent_to(to, 1).await;
+    let (s, body) = stack.verify(&key, to, &code).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(stack.balance(&key).await, 1);
+    let (s, body) = stack.get("/logs", &key).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["logs"].as_array().map(Vec::len), Some(2), "{body}");
     stack.shutdown().await;
 }

@@ -255,3 +255,66 @@ async fn a_large_log_downloads_within_the_message_size_limit() {
     assert!(rows.len() > 2000, "{} rows", rows.len());
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
+    use postmesh_shared::nats;
+    use postmesh_shared::proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
+    use postmesh_shared::ApiError;
+
+    let stack = Stack::start().await;
+    let key = stack.key(5).await;
+    let key_id = stack.key_id(&key).await.to_string();
+    let client = nats::connect(
+        &stack.common.nats_url,
+        "test",
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let ns = stack.ns();
+    let charge = |idem: &str| ChargeRequest {
+        api_key_id: key_id.clone(),
+        caller_email: "t@example.com".into(),
+        cost: 2,
+        idempotency_key: idem.into(),
+        ..Default::default()
+    };
+    let refund = |idem: &str| RefundRequest {
+        api_key_id: key_id.clone(),
+        charge_idempotency_key: idem.into(),
+        reason: "test".into(),
+    };
+    let c: ChargeReply = nats::call(&client, ns, "billing", "charge", &charge("a"))
+        .await
+        .unwrap();
+    assert_eq!(c.balance, 3);
+    for expected in [true, false] {
+        let r: RefundReply = nats::call(&client, ns, "billing", "refund", &refund("a"))
+            .await
+            .unwrap();
+        assert_eq!((r.refunded, r.balance), (expected, 5));
+    }
+    // A refund that arrives before its charge voids the key: the charge then fails, twice.
+    let r: RefundReply = nats::call(&client, ns, "billing", "refund", &refund("b"))
+        .await
+        .unwrap();
+    assert_eq!((r.refunded, r.balance), (false, 5));
+    for _ in 0..2 {
+        let late: Result<ChargeReply, ApiError> =
+            nats::call(&client, ns, "billing", "charge", &charge("b")).await;
+        assert!(matches!(late, Err(ApiError::Conflict(_))), "{late:?}");
+    }
+    assert_eq!(stack.balance(&key).await, 5);
+    // The consumption log shows the charge and its refund, not the void.
+    let (s, body) = stack.get("/logs", &key).await;
+    assert_eq!(s, StatusCode::OK);
+    let kinds: Vec<&str> = body["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["refund", "charge"], "{body}");
+    stack.shutdown().await;
+}

@@ -141,6 +141,8 @@ fn redis_err(e: redis::RedisError) -> ApiError {
     ApiError::internal("code store unavailable", e)
 }
 
+/// Takes one credit under `key`. When billing's answer is lost (timeout, bad reply) the
+/// charge may still commit later, so the key is refunded or voided before failing.
 async fn charge(
     state: &AppState,
     auth: &AuthContext,
@@ -156,22 +158,50 @@ async fn charge(
         target_email: Some(target.as_str().to_owned()),
         ..Default::default()
     };
-    let _: ChargeReply = nats::call(&state.nats, &state.ns, "billing", "charge", &req).await?;
-    Ok(())
+    let res: Result<ChargeReply, _> =
+        nats::call(&state.nats, &state.ns, "billing", "charge", &req).await;
+    match res {
+        Ok(_) => Ok(()),
+        Err(e) if e.status().is_server_error() => {
+            refund(state, auth, key, "charge outcome unknown").await;
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
-/// Gives a charge back; a failure is logged (the ledger keeps the charge for review).
+/// Refund attempts after the first one fails, spaced by doubling delays from one second.
+const REFUND_RETRIES: u32 = 5;
+
+/// Gives a charge back (or voids it if it has not happened yet). The first attempt is
+/// awaited; if it fails, retries continue in the background. Refunds are idempotent.
 async fn refund(state: &AppState, auth: &AuthContext, key: &str, reason: &str) {
     let req = RefundRequest {
         api_key_id: auth.api_key_id.clone(),
         charge_idempotency_key: key.to_owned(),
         reason: reason.to_owned(),
     };
-    let res: Result<RefundReply, _> =
-        nats::call(&state.nats, &state.ns, "billing", "refund", &req).await;
-    if let Err(e) = res {
-        tracing::error!(error = %e, charge = key, "refund failed");
+    let attempt = |state: AppState, req: RefundRequest| async move {
+        let res: Result<RefundReply, _> =
+            nats::call(&state.nats, &state.ns, "billing", "refund", &req).await;
+        res.map_err(|e| {
+            tracing::warn!(error = %e, charge = %req.charge_idempotency_key, "refund failed");
+        })
+    };
+    if attempt(state.clone(), req.clone()).await.is_ok() {
+        return;
     }
+    let state = state.clone();
+    let retries = async move {
+        for n in 0..REFUND_RETRIES {
+            tokio::time::sleep(std::time::Duration::from_secs(1 << n)).await;
+            if attempt(state.clone(), req.clone()).await.is_ok() {
+                return;
+            }
+        }
+        tracing::error!(charge = %req.charge_idempotency_key, "refund abandoned after retries");
+    };
+    tokio::spawn(tracing::Instrument::in_current_span(retries));
 }
 
 /// `POST /send-code`.

@@ -16,6 +16,12 @@ use postmesh_shared::ApiError;
 pub enum LedgerError {
     #[error("insufficient balance")]
     InsufficientBalance,
+    #[error("this charge was cancelled; retry with a new idempotency key")]
+    Voided,
+    #[error("idempotency key already used for another ledger entry")]
+    KeyTaken,
+    #[error("refund did not settle")]
+    Unsettled,
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -26,7 +32,9 @@ impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> Self {
         match e {
             LedgerError::InsufficientBalance => ApiError::PaymentRequired(e.to_string()),
+            LedgerError::Voided | LedgerError::KeyTaken => ApiError::Conflict(e.to_string()),
             LedgerError::Invalid(m) => ApiError::BadRequest(m),
+            LedgerError::Unsettled => ApiError::internal("ledger update failed", e),
             LedgerError::Db(e) => ApiError::internal("ledger update failed", e),
         }
     }
@@ -96,31 +104,75 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
     }
 }
 
-/// After a charge that moved nothing: the earlier entry with that key, or no money.
+/// After a charge that moved nothing: the earlier charge with that key, a cancelled charge,
+/// or no money.
 async fn earlier_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<ChargeReply, LedgerError> {
-    let (entry, balance): (Option<Uuid>, Option<i64>) = sqlx::query_as(
-        "SELECT (SELECT id FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2),
-                (SELECT balance FROM balances WHERE api_key_id = $1)",
+    let (entry, kind, balance): (Option<Uuid>, Option<String>, Option<i64>) = sqlx::query_as(
+        "SELECT e.id, e.kind, (SELECT balance FROM balances WHERE api_key_id = $1)
+         FROM (SELECT 1) AS one
+         LEFT JOIN ledger e ON e.api_key_id = $1 AND e.idempotency_key = $2",
     )
     .bind(key_id)
     .bind(idem)
     .fetch_one(db)
     .await?;
-    match entry {
-        Some(id) => Ok(ChargeReply {
+    match (entry, kind.as_deref()) {
+        (Some(id), Some("charge")) => Ok(ChargeReply {
             balance: balance.unwrap_or(0),
             duplicate: true,
             entry_id: id.to_string(),
         }),
-        None => Err(LedgerError::InsufficientBalance),
+        (Some(_), Some("void")) => Err(LedgerError::Voided),
+        (Some(_), _) => Err(LedgerError::KeyTaken),
+        (None, _) => Err(LedgerError::InsufficientBalance),
     }
 }
 
-/// Gives back the charge made with `charge_idempotency_key`, at most once.
+/// Gives back the charge made with `charge_idempotency_key`, at most once. When there is no
+/// such charge yet, the key is voided instead, so a charge still in flight (its caller timed
+/// out and gave up) fails rather than taking credits nobody will give back.
 pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
     check_idempotency_key(&req.charge_idempotency_key)?;
-    let balance: Option<i64> = sqlx::query_scalar(
+    // A charge may commit between the two statements below; the void then conflicts with it
+    // and the next round refunds it. Two rounds always settle it; the third is a safeguard.
+    for _ in 0..3 {
+        if let Some(balance) = refund_charge(db, key_id, &req.charge_idempotency_key).await? {
+            tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge refunded");
+            return Ok(RefundReply {
+                balance,
+                refunded: true,
+            });
+        }
+        let voided = sqlx::query(
+            "INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email)
+             VALUES ($1, $2, $3, 'void', 0, $4, '')
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(Uuid::now_v7())
+        .bind(key_id)
+        .bind(&req.charge_idempotency_key)
+        .bind(now_unix())
+        .execute(db)
+        .await?;
+        let settled = voided.rows_affected() == 1
+            || !charge_unrefunded(db, key_id, &req.charge_idempotency_key).await?;
+        if settled {
+            if voided.rows_affected() == 1 {
+                tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge voided before it happened");
+            }
+            return Ok(RefundReply {
+                balance: current_balance(db, key_id).await?,
+                refunded: false,
+            });
+        }
+    }
+    Err(LedgerError::Unsettled)
+}
+
+/// Refunds the charge with key `idem` if it exists and is not refunded yet; the new balance.
+async fn refund_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<Option<i64>, LedgerError> {
+    Ok(sqlx::query_scalar(
         "WITH ins AS (
              INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
                                  target_email, from_email, subject, send_mode, recipient_count, task_id,
@@ -135,24 +187,24 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
          RETURNING balance",
     )
     .bind(key_id)
-    .bind(&req.charge_idempotency_key)
+    .bind(idem)
     .bind(Uuid::now_v7())
     .bind(now_unix())
     .fetch_optional(db)
-    .await?;
-    match balance {
-        Some(balance) => {
-            tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge refunded");
-            Ok(RefundReply {
-                balance,
-                refunded: true,
-            })
-        }
-        None => Ok(RefundReply {
-            balance: current_balance(db, key_id).await?,
-            refunded: false,
-        }),
-    }
+    .await?)
+}
+
+/// Whether a charge with key `idem` exists and has no refund.
+async fn charge_unrefunded(db: &PgPool, key_id: Uuid, idem: &str) -> Result<bool, LedgerError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM ledger c
+                        WHERE c.api_key_id = $1 AND c.idempotency_key = $2 AND c.kind = 'charge'
+                          AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id))",
+    )
+    .bind(key_id)
+    .bind(idem)
+    .fetch_one(db)
+    .await?)
 }
 
 /// Adds credits, once per `(api_key_id, idempotency_key)`; creates the balance if needed.

@@ -84,7 +84,7 @@ async fn page(db: &PgPool, key: Uuid, limit: i64, offset: i64) -> Result<Vec<Log
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, created_at, delta, caller_email, target_email, from_email, subject, send_mode,
                 recipient_count, task_id, kind
-         FROM ledger WHERE api_key_id = $1 AND kind <> 'grant'
+         FROM ledger WHERE api_key_id = $1 AND kind IN ('charge', 'refund')
          ORDER BY seq DESC LIMIT $2 OFFSET $3",
     )
     .bind(key)
