@@ -57,6 +57,39 @@ async fn a_delivered_code_verifies_once() {
     stack.shutdown().await;
 }
 
+/// The Redis Cluster hash tag of a key: the text between its first `{` and the next `}`.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+#[tokio::test]
+async fn all_keys_of_one_recipient_share_a_cluster_slot() {
+    let stack = Stack::start().await;
+    let key = stack.key(5).await;
+    let to = "Slot@Example.com";
+    let (s, _) = stack.send_code(&key, to).await;
+    assert_eq!(s, StatusCode::OK);
+    stack.code_sent_to(to, 1).await;
+    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(stack.ns().redis_key("code:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The code, its cooldown and the hourly counter, all under one tag: the scripts and the
+    // pending-code swap touch them together, which Redis Cluster allows within one slot only.
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let tags: std::collections::HashSet<_> = keys.iter().map(|k| hash_tag(k)).collect();
+    assert_eq!(tags.len(), 1, "{keys:?}");
+    assert!(tags
+        .iter()
+        .all(|t| t.is_some_and(|t| t.contains("slot@example.com"))));
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn wrong_and_malformed_codes_are_400() {
     let stack = Stack::start().await;
@@ -178,7 +211,7 @@ async fn resends_are_limited_with_retry_after() {
         .unwrap();
     let hourly = keys
         .iter()
-        .find(|k| k.contains(":hourly:") && k.ends_with(to))
+        .find(|k| k.contains(":hourly:") && k.ends_with(&format!("{to}}}")))
         .expect("hourly counter");
     let cooldown = hourly.replace(":hourly:", ":cooldown:");
     let _: () = redis::cmd("SET")

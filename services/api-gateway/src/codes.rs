@@ -122,13 +122,10 @@ struct Keys {
 
 impl Keys {
     fn new(state: &AppState, auth: &AuthContext, email: &EmailAddress) -> Self {
-        let k = |kind: &str| {
-            state.ns.redis_key(&format!(
-                "code:{kind}:{}:{}",
-                auth.account_id,
-                recipient_id(email)
-            ))
-        };
+        // One hash tag for all keys of a (account, recipient): the scripts and the pending-code
+        // RENAME touch several of them, which Redis Cluster allows only within one slot.
+        let tag = format!("{{{}:{}}}", auth.account_id, recipient_id(email));
+        let k = |kind: &str| state.ns.redis_key(&format!("code:{kind}:{tag}"));
         Self {
             code: k("hash"),
             cooldown: k("cooldown"),
