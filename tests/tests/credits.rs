@@ -318,3 +318,33 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
     assert_eq!(kinds, ["refund", "charge"], "{body}");
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
+    use api_gateway::keys::{generate, KeyStore};
+
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let key_id = stack.key_id(&key).await;
+    let db = stack.service_db(api_gateway::SERVICE).await;
+    let store = KeyStore::new(db.clone(), std::time::Duration::from_secs(60), 8);
+    store.authenticate(&key).await.expect("a real key");
+    // Revoked in the database, the key keeps working only while it stays cached.
+    sqlx::query("UPDATE api_keys SET revoked_at = 1 WHERE id = $1")
+        .bind(key_id)
+        .execute(&db)
+        .await
+        .unwrap();
+    for _ in 0..40 {
+        let made_up = generate().text;
+        assert!(store.authenticate(&made_up).await.is_err());
+    }
+    store
+        .authenticate(&key)
+        .await
+        .expect("still cached after the flood");
+    // A fresh store reads the revocation.
+    let fresh = KeyStore::new(db, std::time::Duration::from_secs(60), 8);
+    assert!(fresh.authenticate(&key).await.is_err());
+    stack.shutdown().await;
+}

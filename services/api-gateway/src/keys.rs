@@ -19,8 +19,8 @@ use postmesh_shared::{ApiError, EmailAddress, Namespace};
 const PREFIX_LEN: usize = 12;
 /// Hex chars in the secret part.
 const SECRET_LEN: usize = 64;
-/// Cache entries kept at most; the cache is cleared when full.
-const CACHE_MAX: usize = 100_000;
+/// Entries each of the two key caches (known keys, unknown prefixes) holds by default.
+pub const DEFAULT_CACHE_CAPACITY: usize = 100_000;
 
 /// A bearer token shaped like an API key; its existence says nothing about validity.
 pub struct PresentedKey<'a> {
@@ -60,26 +60,63 @@ pub fn generate() -> NewKey {
     NewKey { text, prefix, hash }
 }
 
-struct Cached {
-    /// `None`: no active key has this prefix.
-    entry: Option<([u8; 32], AuthContext)>,
-    until: Instant,
+/// A looked-up key: its hash and who it belongs to.
+type KeyRow = ([u8; 32], AuthContext);
+
+/// A cache of prefix lookups whose entries expire; when full, expired entries go first and
+/// then everything, so one cache never grows past its capacity.
+struct ExpiringMap<V> {
+    entries: RwLock<HashMap<String, (V, Instant)>>,
+    capacity: usize,
 }
 
-/// Looks keys up by prefix, caching rows (and misses) for `ttl`.
+impl<V: Clone> ExpiringMap<V> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            entries: RwLock::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn get(&self, prefix: &str) -> Option<V> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(prefix)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(v, _)| v.clone())
+    }
+
+    fn insert(&self, prefix: &str, value: V, until: Instant) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= self.capacity {
+            let now = Instant::now();
+            entries.retain(|_, (_, until)| *until > now);
+            if entries.len() >= self.capacity {
+                entries.clear();
+            }
+        }
+        entries.insert(prefix.to_owned(), (value, until));
+    }
+}
+
+/// Looks keys up by prefix, caching rows and misses for `ttl`. Known keys and unknown
+/// prefixes live in separate caches, so a flood of made-up tokens never evicts real keys.
 pub struct KeyStore {
     db: PgPool,
     ttl: Duration,
-    cache: RwLock<HashMap<String, Cached>>,
+    known: ExpiringMap<KeyRow>,
+    unknown: ExpiringMap<()>,
 }
 
 impl KeyStore {
-    /// A store reading `api_keys` from `db`; a revoked key stops working within `ttl`.
-    pub fn new(db: PgPool, ttl: Duration) -> Self {
+    /// A store reading `api_keys` from `db`; a revoked key stops working within `ttl`. Each
+    /// cache holds at most `capacity` entries.
+    pub fn new(db: PgPool, ttl: Duration, capacity: usize) -> Self {
         Self {
             db,
             ttl,
-            cache: RwLock::new(HashMap::new()),
+            known: ExpiringMap::new(capacity),
+            unknown: ExpiringMap::new(capacity),
         }
     }
 
@@ -87,39 +124,26 @@ impl KeyStore {
     pub async fn authenticate(&self, token: &str) -> Result<AuthContext, ApiError> {
         let invalid = || ApiError::Unauthorized("invalid API key".into());
         let key = PresentedKey::parse(token).ok_or_else(invalid)?;
-        let cached = self.cached(key.prefix);
-        let entry = match cached {
-            Some(entry) => entry,
+        let row = match self.known.get(key.prefix) {
+            Some(row) => Some(row),
+            None if self.unknown.get(key.prefix).is_some() => None,
             None => {
-                let entry = self.load(key.prefix).await?;
-                self.remember(key.prefix, entry.clone());
-                entry
+                let row = self.load(key.prefix).await?;
+                let until = Instant::now() + self.ttl;
+                match &row {
+                    Some(row) => self.known.insert(key.prefix, row.clone(), until),
+                    None => self.unknown.insert(key.prefix, (), until),
+                }
+                row
             }
         };
-        match entry {
+        match row {
             Some((hash, auth)) if bool::from(hash.ct_eq(&key.hash())) => Ok(auth),
             _ => Err(invalid()),
         }
     }
 
-    fn cached(&self, prefix: &str) -> Option<Option<([u8; 32], AuthContext)>> {
-        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
-        cache
-            .get(prefix)
-            .filter(|c| c.until > Instant::now())
-            .map(|c| c.entry.clone())
-    }
-
-    fn remember(&self, prefix: &str, entry: Option<([u8; 32], AuthContext)>) {
-        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_MAX {
-            cache.clear();
-        }
-        let until = Instant::now() + self.ttl;
-        cache.insert(prefix.to_owned(), Cached { entry, until });
-    }
-
-    async fn load(&self, prefix: &str) -> Result<Option<([u8; 32], AuthContext)>, ApiError> {
+    async fn load(&self, prefix: &str) -> Result<Option<KeyRow>, ApiError> {
         let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, String, String)> = sqlx::query_as(
             "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email
              FROM api_keys k JOIN accounts a ON a.id = k.account_id

@@ -105,7 +105,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         nats: nats.clone(),
         js,
         redis: redis.clone(),
-        keys: Arc::new(keys::KeyStore::new(db.clone(), config.key_cache_ttl)),
+        keys: Arc::new(keys::KeyStore::new(
+            db.clone(),
+            config.key_cache_ttl,
+            keys::DEFAULT_CACHE_CAPACITY,
+        )),
         codes: Arc::new(config.codes.clone()),
         body_limit: config.body_limit,
     };
