@@ -4,6 +4,9 @@
 use std::time::Duration;
 
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
+use prost::Message as _;
+
+use postmesh_shared::proto::SendJob;
 use postmesh_tests::{extract_code, SenderMode, Stack};
 
 async fn delivery_status(db: &sqlx::PgPool) -> Vec<(String, i32)> {
@@ -86,5 +89,101 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     let code = extract_code(&got[0].data).expect("code in the message");
     let (s, _) = stack.verify(&key, to, &code).await;
     assert_eq!(s.as_u16(), 200);
+    stack.shutdown().await;
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Records `job` as being delivered by another worker whose lease runs `ms` more.
+async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
+    sqlx::query(
+        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
+                                 lease_owner, leased_until_ms)
+         VALUES ($1, $2, $3, $4, 'sending', 0, 0, $5, $6)",
+    )
+    .bind(uuid::Uuid::parse_str(&job.id).unwrap())
+    .bind(&job.kind)
+    .bind(&job.to)
+    .bind(&job.subject)
+    .bind(uuid::Uuid::now_v7())
+    .bind(now_ms() + ms)
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+async fn publish(stack: &Stack, job: &SendJob) {
+    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    postmesh_shared::jetstream::publish(
+        &js,
+        postmesh_shared::jetstream::send_subject(stack.ns()),
+        &job.id,
+        job.encode_to_vec().into(),
+    )
+    .await
+    .unwrap();
+}
+
+fn job_to(to: &str) -> SendJob {
+    SendJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        from_email: "app@postmesh.test".into(),
+        to: vec![to.into()],
+        subject: "Leased".into(),
+        text: "hello".into(),
+        kind: "transactional".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_job_leased_to_another_worker_is_not_sent_twice() {
+    let stack = Stack::start().await;
+    let db = stack.sender_db().await;
+    // A worker whose heartbeats to NATS stalled still holds job A (lease 3 s more) and
+    // finishes job B; JetStream redelivers both to the stack's worker.
+    let (to_a, to_b) = ("lease-a@example.com", "lease-b@example.com");
+    let (a, b) = (job_to(to_a), job_to(to_b));
+    lease_to_another_worker(&db, &a, 3000).await;
+    lease_to_another_worker(&db, &b, 3000).await;
+    publish(&stack, &a).await;
+    publish(&stack, &b).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        stack.messages_to(to_a).is_empty(),
+        "sent under a live lease"
+    );
+    assert!(
+        stack.messages_to(to_b).is_empty(),
+        "sent under a live lease"
+    );
+    sqlx::query("UPDATE deliveries SET status = 'sent', lease_owner = NULL WHERE job_id = $1")
+        .bind(uuid::Uuid::parse_str(&b.id).unwrap())
+        .execute(&db)
+        .await
+        .unwrap();
+    // A's holder never finishes: once its lease runs out, this worker delivers A, once.
+    let got = stack
+        .wait_for_messages(to_a, 1, Duration::from_secs(15))
+        .await;
+    assert_eq!(got.len(), 1);
+    let (status, owner): (String, Option<uuid::Uuid>) =
+        sqlx::query_as("SELECT status, lease_owner FROM deliveries WHERE job_id = $1")
+            .bind(uuid::Uuid::parse_str(&a.id).unwrap())
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), owner), ("sent", None));
+    // B was finished by its holder: never sent again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(stack.messages_to(to_b).is_empty());
+    assert_eq!(stack.messages_to(to_a).len(), 1);
     stack.shutdown().await;
 }

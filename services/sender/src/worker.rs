@@ -41,6 +41,8 @@ struct Ctx {
     db: PgPool,
     transport: Transport,
     config: WorkerConfig,
+    /// This worker's id as a lease holder.
+    id: Uuid,
 }
 
 /// Consumes the SEND stream until `shutdown`; jobs in progress finish before it returns.
@@ -81,6 +83,7 @@ pub async fn spawn(
         db,
         transport,
         config,
+        id: Uuid::now_v7(),
     });
     let jobs = tracker.clone();
     tracker.spawn(async move {
@@ -126,11 +129,18 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         };
         tracing::Span::current().record("job_id", job.id.as_str());
         let attempt = msg.info().map(|i| i.delivered).unwrap_or(1);
-        match with_heartbeat(&msg, ctx.config.ack_wait, process(ctx, &job, attempt)).await {
+        match with_heartbeat(ctx, &msg, &job, process(ctx, &job, attempt)).await {
             Ok(()) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "sent")
                     .increment(1);
                 let _ = msg.double_ack().await;
+            }
+            Err(Failure::Leased(wait)) => {
+                tracing::info!(
+                    ?wait,
+                    "another worker holds the job's lease; waiting for it"
+                );
+                let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
             }
             Err(Failure::Park(reason)) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "failed")
@@ -159,15 +169,18 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
 }
 
 /// Runs `work` while telling JetStream the job is in progress every half `ack_wait`, so a
-/// slow delivery is not redelivered to another worker while this one is still on it. If the
-/// worker dies, the heartbeats stop and the job is redelivered after `ack_wait`.
+/// slow delivery is not redelivered to another worker while this one is still on it, and
+/// renewing the job's lease in the database, which covers heartbeats to NATS that fail while
+/// the worker goes on. If the worker dies, both stop and the job is redelivered after
+/// `ack_wait`.
 async fn with_heartbeat<T>(
+    ctx: &Ctx,
     msg: &jetstream::Message,
-    ack_wait: Duration,
+    job: &SendJob,
     work: impl std::future::Future<Output = T>,
 ) -> T {
     tokio::pin!(work);
-    let period = (ack_wait / 2).max(Duration::from_millis(100));
+    let period = (ctx.config.ack_wait / 2).max(Duration::from_millis(100));
     let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
         tokio::select! {
@@ -176,25 +189,72 @@ async fn with_heartbeat<T>(
                 if let Err(e) = msg.ack_with(AckKind::Progress).await {
                     tracing::warn!(error = %e, "could not extend the job's ack deadline");
                 }
+                if let Err(e) = renew_lease(ctx, job).await {
+                    tracing::warn!(error = %e, "could not renew the job's lease");
+                }
             }
         }
     }
 }
 
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// When a lease taken or renewed now runs out.
+fn lease_end(ctx: &Ctx) -> i64 {
+    now_ms() + i64::try_from(ctx.config.ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+async fn renew_lease(ctx: &Ctx, job: &SendJob) -> Result<(), sqlx::Error> {
+    let Ok(job_id) = Uuid::parse_str(&job.id) else {
+        return Ok(());
+    };
+    sqlx::query(
+        "UPDATE deliveries SET leased_until_ms = $3
+         WHERE job_id = $1 AND lease_owner = $2 AND status = 'sending'",
+    )
+    .bind(job_id)
+    .bind(ctx.id)
+    .bind(lease_end(ctx))
+    .execute(&ctx.db)
+    .await
+    .map(drop)
+}
+
 enum Failure {
     Retry(String),
     Park(String),
+    /// Another worker holds the job's lease for about this long.
+    Leased(Duration),
 }
 
-async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> {
-    let db_err = |e: sqlx::Error| Failure::Retry(format!("database: {e}"));
-    let job_id =
-        Uuid::parse_str(&job.id).map_err(|_| Failure::Park("job id is not a uuid".into()))?;
+/// How a job stands when a worker receives it.
+enum Claim {
+    /// This worker holds the lease and delivers.
+    Deliver,
+    /// Sent or failed before: nothing to do.
+    Done(String),
+    /// Another worker holds a live lease until this many ms after the epoch.
+    Held(i64),
+}
+
+/// Records the job and takes its lease, unless it is finished or leased to another worker.
+async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid) -> Result<Claim, sqlx::Error> {
     let now = now_unix();
-    let status: String = sqlx::query_scalar(
-        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, 'sending', $5, $5)
-         ON CONFLICT (job_id) DO UPDATE SET attempts = deliveries.attempts + 1, updated_at = $5
+    let taken: Option<String> = sqlx::query_scalar(
+        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
+                                 lease_owner, leased_until_ms)
+         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, $7)
+         ON CONFLICT (job_id) DO UPDATE
+             SET attempts = deliveries.attempts + 1, updated_at = $5,
+                 lease_owner = $6, leased_until_ms = $7
+             WHERE deliveries.status = 'sending'
+               AND (deliveries.leased_until_ms <= $8 OR deliveries.lease_owner = $6)
          RETURNING status",
     )
     .bind(job_id)
@@ -202,12 +262,40 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> 
     .bind(&job.to)
     .bind(&job.subject)
     .bind(now)
-    .fetch_one(&ctx.db)
-    .await
-    .map_err(db_err)?;
-    if status != "sending" {
-        tracing::info!(%status, "job already handled; acknowledging the redelivery");
-        return Ok(());
+    .bind(ctx.id)
+    .bind(lease_end(ctx))
+    .bind(now_ms())
+    .fetch_optional(&ctx.db)
+    .await?;
+    if taken.is_some() {
+        return Ok(Claim::Deliver);
+    }
+    let (status, until): (String, i64) =
+        sqlx::query_as("SELECT status, leased_until_ms FROM deliveries WHERE job_id = $1")
+            .bind(job_id)
+            .fetch_one(&ctx.db)
+            .await?;
+    Ok(if status == "sending" {
+        Claim::Held(until)
+    } else {
+        Claim::Done(status)
+    })
+}
+
+async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> {
+    let db_err = |e: sqlx::Error| Failure::Retry(format!("database: {e}"));
+    let job_id =
+        Uuid::parse_str(&job.id).map_err(|_| Failure::Park("job id is not a uuid".into()))?;
+    match claim(ctx, job, job_id).await.map_err(db_err)? {
+        Claim::Deliver => {}
+        Claim::Done(status) => {
+            tracing::info!(%status, "job already handled; acknowledging the redelivery");
+            return Ok(());
+        }
+        Claim::Held(until) => {
+            let wait = u64::try_from(until - now_ms()).unwrap_or(0);
+            return Err(Failure::Leased(Duration::from_millis(wait.max(100))));
+        }
     }
     let outcome = match build_message(job) {
         Ok(message) => ctx.transport.deliver(&job.id, message).await,
@@ -227,7 +315,9 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> 
     for pause in [0u64, 100, 500, 2000] {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         recorded = sqlx::query(
-            "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4 WHERE job_id = $1",
+            "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
+                                   lease_owner = NULL, leased_until_ms = 0
+             WHERE job_id = $1",
         )
         .bind(job_id)
         .bind(status)
