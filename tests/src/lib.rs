@@ -194,6 +194,24 @@ impl Stack {
         sqlx::PgPool::connect(&url).await.expect("service database")
     }
 
+    /// A connection to the stack's Redis.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.common.redis_url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connection")
+    }
+
+    /// The stack's Redis keys matching `pattern` under its namespace (`*` for all).
+    pub async fn redis_keys(&self, pattern: &str) -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(self.ns().redis_key(pattern))
+            .query_async(&mut self.redis().await)
+            .await
+            .expect("KEYS")
+    }
+
     /// The id of an API key, as stored by the gateway.
     pub async fn key_id(&self, key: &str) -> uuid::Uuid {
         let prefix = key.split('_').nth(1).expect("key prefix");

@@ -31,16 +31,11 @@ async fn a_delivered_code_verifies_once() {
     assert_eq!(body["success"], json!(false));
     assert_eq!(stack.balance(&key).await, 8);
     // The code never rests in Redis in plain text.
-    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = stack.redis().await;
     let (s, _) = stack.send_code(&key, "bob@example.com").await;
     assert_eq!(s, StatusCode::OK);
     let code = stack.code_sent_to("bob@example.com", 1).await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(stack.ns().redis_key("*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = stack.redis_keys("*").await;
     assert!(!keys.is_empty());
     for k in keys {
         let dump: Vec<u8> = redis::cmd("DUMP")
@@ -72,13 +67,7 @@ async fn all_keys_of_one_recipient_share_a_cluster_slot() {
     let (s, _) = stack.send_code(&key, to).await;
     assert_eq!(s, StatusCode::OK);
     stack.code_sent_to(to, 1).await;
-    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(stack.ns().redis_key("code:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = stack.redis_keys("code:*").await;
     // The code, its cooldown and the hourly counter, all under one tag: the scripts and the
     // pending-code swap touch them together, which Redis Cluster allows within one slot only.
     assert_eq!(keys.len(), 3, "{keys:?}");
@@ -202,13 +191,8 @@ async fn resends_are_limited_with_retry_after() {
     let (s, _) = stack.send_code(&key, "ivan@example.com").await;
     assert_eq!(s, StatusCode::OK);
     // Once the cooldown is over, the hourly cap still stops a flood to one address.
-    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(stack.ns().redis_key("code:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = stack.redis().await;
+    let keys = stack.redis_keys("code:*").await;
     let hourly = keys
         .iter()
         .find(|k| k.contains(":hourly:") && k.ends_with(&format!("{to}}}")))
@@ -286,13 +270,8 @@ async fn recipients_are_matched_without_regard_to_case() {
 
 /// Lifts the resend cooldown of every recipient in the stack (as if a minute passed).
 async fn end_cooldowns(stack: &Stack) {
-    let client = redis::Client::open(stack.common.redis_url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(stack.ns().redis_key("code:cooldown:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = stack.redis().await;
+    let keys = stack.redis_keys("code:cooldown:*").await;
     let _: () = redis::cmd("DEL")
         .arg(keys)
         .query_async(&mut conn)
