@@ -30,6 +30,8 @@ pub struct Options {
     pub sender: SenderMode,
     /// How long the gateway waits for a service's answer.
     pub upstream_timeout: Duration,
+    /// The gateway's per-key request rate.
+    pub rate: api_gateway::RateConfig,
 }
 
 impl Default for Options {
@@ -37,6 +39,10 @@ impl Default for Options {
         Self {
             sender: SenderMode::InProcess,
             upstream_timeout: Duration::from_secs(10),
+            rate: api_gateway::RateConfig {
+                per_sec: 1000,
+                burst: 1000,
+            },
         }
     }
 }
@@ -132,6 +138,7 @@ impl Stack {
             body_limit: 64 * 1024,
             key_cache_ttl: Duration::from_secs(30),
             upstream_timeout: opts.upstream_timeout,
+            rate: opts.rate,
             codes: codes.clone(),
         })
         .await

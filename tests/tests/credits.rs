@@ -348,3 +348,72 @@ async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
     assert!(fresh.authenticate(&key).await.is_err());
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn each_key_has_a_request_rate_shared_by_all_gateways() {
+    use postmesh_tests::Options;
+
+    let rate = api_gateway::RateConfig {
+        per_sec: 2,
+        burst: 4,
+    };
+    let stack = Stack::start_opts(Options {
+        rate,
+        ..Options::default()
+    })
+    .await;
+    // A second gateway replica on the same namespace counts against the same allowance.
+    let replica = api_gateway::start(api_gateway::Config {
+        common: stack.common.clone(),
+        http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        body_limit: 64 * 1024,
+        key_cache_ttl: std::time::Duration::from_secs(30),
+        upstream_timeout: std::time::Duration::from_secs(10),
+        rate,
+        codes: stack.codes.clone(),
+    })
+    .await
+    .unwrap();
+    let other = format!("http://{}", replica.http_addr.unwrap());
+    let (key, calm) = (stack.key(10).await, stack.key(10).await);
+    let get = |base: String, key: String| {
+        let http = stack.http.clone();
+        async move {
+            http.get(format!("{base}/balance"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for base in [&stack.base, &other, &stack.base, &other] {
+        let r = get(base.clone(), key.clone()).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    for base in [&stack.base, &other] {
+        let r = get(base.clone(), key.clone()).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        let wait: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(wait, 1);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["success"], json!(false));
+        assert!(body["error"].is_string());
+    }
+    // Another key is not affected, and the first one recovers at the set pace.
+    assert_eq!(get(stack.base.clone(), calm).await.status(), StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(
+        get(other.clone(), key.clone()).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(other, key).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    replica.stop().await;
+    stack.shutdown().await;
+}

@@ -174,13 +174,25 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
         .wait_for_messages(to_a, 1, Duration::from_secs(15))
         .await;
     assert_eq!(got.len(), 1);
-    let (status, owner): (String, Option<uuid::Uuid>) =
-        sqlx::query_as("SELECT status, lease_owner FROM deliveries WHERE job_id = $1")
-            .bind(uuid::Uuid::parse_str(&a.id).unwrap())
-            .fetch_one(&db)
-            .await
-            .unwrap();
-    assert_eq!((status.as_str(), owner), ("sent", None));
+    // The outcome is recorded just after the message is written.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, owner): (String, Option<uuid::Uuid>) =
+            sqlx::query_as("SELECT status, lease_owner FROM deliveries WHERE job_id = $1")
+                .bind(uuid::Uuid::parse_str(&a.id).unwrap())
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        if status == "sent" {
+            assert_eq!(owner, None, "the lease is released");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never recorded: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // B was finished by its holder: never sent again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(stack.messages_to(to_b).is_empty());

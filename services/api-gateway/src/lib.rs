@@ -4,6 +4,7 @@
 pub mod codes;
 pub mod keys;
 pub mod observe;
+pub mod ratelimit;
 pub mod routes;
 
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use postmesh_shared::config::{env_or, env_parse};
 use postmesh_shared::{db, telemetry, Common, EmailAddress, Namespace, Running};
 
 pub use codes::CodeConfig;
+pub use ratelimit::RateConfig;
 
 /// The name of this service in its database name.
 pub const SERVICE: &str = "api-gateway";
@@ -39,6 +41,8 @@ pub struct Config {
     pub key_cache_ttl: Duration,
     /// How long a forwarded request or RPC may take.
     pub upstream_timeout: Duration,
+    /// Per-key request rate (`KEY_RATE_PER_SEC`, default 100; `KEY_RATE_BURST`, default 300).
+    pub rate: RateConfig,
     pub codes: CodeConfig,
 }
 
@@ -59,6 +63,10 @@ impl Config {
             body_limit: env_parse("GATEWAY_BODY_LIMIT", 256 * 1024)?,
             key_cache_ttl: Duration::from_secs(env_parse("KEY_CACHE_TTL_SECS", 30)?),
             upstream_timeout: Duration::from_secs(env_parse("UPSTREAM_TIMEOUT_SECS", 10)?),
+            rate: RateConfig {
+                per_sec: env_parse("KEY_RATE_PER_SEC", 100)?,
+                burst: env_parse("KEY_RATE_BURST", 300)?,
+            },
             common,
             codes,
         })
@@ -73,6 +81,7 @@ pub struct AppState {
     pub js: jetstream::Context,
     pub redis: ConnectionManager,
     pub keys: Arc<keys::KeyStore>,
+    pub rate: Arc<ratelimit::RateLimit>,
     pub codes: Arc<CodeConfig>,
     pub body_limit: usize,
 }
@@ -110,6 +119,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             config.key_cache_ttl,
             keys::DEFAULT_CACHE_CAPACITY,
         )),
+        rate: Arc::new(ratelimit::RateLimit::new(config.rate)),
         codes: Arc::new(config.codes.clone()),
         body_limit: config.body_limit,
     };

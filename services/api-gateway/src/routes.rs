@@ -98,7 +98,8 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Admits requests carrying a valid API key, attaching the caller's `AuthContext`.
+/// Admits requests carrying a valid API key within its request rate, attaching the caller's
+/// `AuthContext`.
 async fn require_key(
     State(state): State<AppState>,
     mut req: Request,
@@ -117,6 +118,11 @@ async fn require_key(
             ApiError::Unauthorized("missing API key: send Authorization: Bearer <key>".into())
         })?;
     let auth = state.keys.authenticate(token).await?;
+    let mut redis = state.redis.clone();
+    state
+        .rate
+        .check(&mut redis, &state.ns, &auth.api_key_id)
+        .await?;
     req.extensions_mut().insert(auth);
     Ok(next.run(req).await)
 }

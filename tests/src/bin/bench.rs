@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::config::env_parse;
-use postmesh_tests::Stack;
+use postmesh_tests::{Options, Stack};
 
 /// The baseline's whole state: known keys and the billing database.
 #[derive(Clone)]
@@ -170,7 +170,15 @@ async fn main() -> anyhow::Result<()> {
     let secs: u64 = env_parse("BENCH_SECS", 5)?;
     let conns: usize = env_parse("BENCH_CONNS", 32)?;
     let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
-    let stack = Stack::start().await;
+    // The per-key limiter runs on every request (its cost is measured) but never throttles.
+    let stack = Stack::start_opts(Options {
+        rate: api_gateway::RateConfig {
+            per_sec: 10_000_000,
+            burst: 10_000_000,
+        },
+        ..Options::default()
+    })
+    .await;
     let key = stack.key(1).await;
     let baseline = start_baseline(&stack, &key).await?;
     let targets = [
