@@ -417,3 +417,46 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
     replica.stop().await;
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn allowance_taken_in_batches_never_exceeds_the_rate() {
+    use postmesh_tests::Options;
+
+    // 100/s with bursts of 200: each gateway takes allowance from Redis 10 requests at a time.
+    let rate = api_gateway::RateConfig {
+        per_sec: 100,
+        burst: 200,
+    };
+    let stack = Stack::start_opts(Options {
+        rate,
+        ..Options::default()
+    })
+    .await;
+    let key = stack.key(10).await;
+    let started = std::time::Instant::now();
+    let mut allowed = 0u64;
+    let mut limited = 0u64;
+    for _ in 0..400 {
+        let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;
+        match s {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let ceiling = 200.0 + 100.0 * elapsed + 1.0;
+    assert!(
+        (allowed as f64) <= ceiling,
+        "{allowed} allowed in {elapsed:.2}s, at most {ceiling:.0} may be"
+    );
+    assert!(
+        allowed >= 190,
+        "{allowed} allowed: the burst was not available"
+    );
+    if elapsed < 1.5 {
+        // 400 requests in under 1.5 s is more than 200 + 100/s allows.
+        assert!(limited > 0, "the limit never applied in {elapsed:.2}s");
+    }
+    stack.shutdown().await;
+}

@@ -1,5 +1,14 @@
 //! The per-key request rate: a GCRA limit kept in Redis, so every gateway replica counts
 //! against the same allowance. Over the limit → 429 with `Retry-After`.
+//!
+//! To keep Redis off the path of most requests, a replica takes allowance in small batches
+//! (a tenth of a second's worth, at most a quarter of the burst) and spends it locally for
+//! up to a second. Every request is still debited in Redis first, so all replicas together
+//! never exceed the limit; a replica may only leave part of a batch unused.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 
@@ -13,32 +22,73 @@ pub struct RateConfig {
     pub burst: u32,
 }
 
-/// GCRA on Redis time. KEYS[1] holds the theoretical arrival time (ms); ARGV[1] is the
-/// interval between requests (ms), ARGV[2] the burst. Returns 0, or the seconds to wait.
+/// GCRA on Redis's clock for up to ARGV[3] requests at once. KEYS[1] holds the theoretical
+/// arrival time (ms); ARGV[1] is the interval between requests (ms), ARGV[2] the burst.
+/// Returns {granted, seconds to wait when none was}.
 const GCRA_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
-local allow_at = tat - interval * (tonumber(ARGV[2]) - 1)
-if now < allow_at then return math.max(1, math.ceil((allow_at - now) / 1000)) end
-redis.call('SET', KEYS[1], string.format('%.3f', tat + interval), 'PX', math.ceil(tat + interval - now) + 1)
-return 0
+local room = math.floor((now + interval * burst - tat) / interval + 1e-9)
+local n = math.min(tonumber(ARGV[3]), room)
+if n < 1 then
+  return {0, math.max(1, math.ceil((tat - interval * (burst - 1) - now) / 1000))}
+end
+tat = tat + n * interval
+redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1)
+return {n, 0}
 ";
+
+/// How long a batch of allowance taken from Redis may be spent locally.
+const BATCH_LIFETIME: Duration = Duration::from_secs(1);
+/// Keys with local allowance tracked at most; beyond it, the map is cleared (allowance
+/// left in it is simply not used).
+const LOCAL_KEYS_MAX: usize = 100_000;
 
 /// The per-key limiter of one gateway.
 pub struct RateLimit {
     config: RateConfig,
+    batch: u32,
     script: redis::Script,
+    /// Allowance taken from Redis and not yet spent: key id → (requests left, usable until).
+    local: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
 impl RateLimit {
     pub fn new(config: RateConfig) -> Self {
+        let batch = (config.per_sec / 10).min(config.burst / 4).clamp(1, 100);
         Self {
             config,
+            batch,
             script: redis::Script::new(GCRA_SCRIPT),
+            local: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Spends one request of local allowance, if there is any.
+    fn take_local(&self, api_key_id: &str) -> bool {
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        match local.get_mut(api_key_id) {
+            Some((left, until)) if *left > 0 && *until > Instant::now() => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn keep_local(&self, api_key_id: &str, left: u32) {
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        if local.len() >= LOCAL_KEYS_MAX {
+            local.clear();
+        }
+        local.insert(
+            api_key_id.to_owned(),
+            (left, Instant::now() + BATCH_LIFETIME),
+        );
     }
 
     /// Counts one request of `api_key_id`; 429 when it is over the limit. When Redis cannot
@@ -49,23 +99,29 @@ impl RateLimit {
         ns: &Namespace,
         api_key_id: &str,
     ) -> Result<(), ApiError> {
-        if self.config.per_sec == 0 {
+        if self.config.per_sec == 0 || self.take_local(api_key_id) {
             return Ok(());
         }
         let interval_ms = 1000.0 / f64::from(self.config.per_sec);
-        let waited: Result<u64, _> = self
+        let answer: Result<(u32, u64), _> = self
             .script
             .key(ns.redis_key(&format!("rate:{api_key_id}")))
             .arg(interval_ms)
             .arg(self.config.burst.max(1))
+            .arg(self.batch)
             .invoke_async(redis)
             .await;
-        match waited {
-            Ok(0) => Ok(()),
-            Ok(retry_after) => Err(ApiError::TooManyRequests {
+        match answer {
+            Ok((0, retry_after)) => Err(ApiError::TooManyRequests {
                 message: "too many requests for this API key".into(),
                 retry_after,
             }),
+            Ok((granted, _)) => {
+                if granted > 1 {
+                    self.keep_local(api_key_id, granted - 1);
+                }
+                Ok(())
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "rate limiter unavailable; request let through");
                 Ok(())
