@@ -129,6 +129,7 @@ impl Stack {
         };
         let billing = billing::start(billing::Config {
             common: common.clone(),
+            hold_sweep: Duration::from_millis(500),
         })
         .await
         .expect("billing starts");

@@ -25,6 +25,13 @@ async fn a_delivered_code_verifies_once() {
     assert_eq!(s, StatusCode::OK, "{body}");
     assert_eq!(body["success"], json!(true));
     assert_eq!(stack.balance(&key).await, 8);
+    // Both charges were confirmed once their work was done: no hold is left to expire.
+    let billing = stack.service_db(billing::SERVICE).await;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE hold_until IS NOT NULL")
+        .fetch_one(&billing)
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
     // A used code is gone: the same code again is 404, and refunded.
     let (s, body) = stack.verify(&key, to, &code).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{body}");

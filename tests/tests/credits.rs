@@ -460,3 +460,64 @@ async fn allowance_taken_in_batches_never_exceeds_the_rate() {
     }
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_held_charge_is_refunded_unless_confirmed() {
+    use postmesh_shared::nats;
+    use postmesh_shared::proto::{ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest};
+
+    let stack = Stack::start().await;
+    let key = stack.key(5).await;
+    let key_id = stack.key_id(&key).await.to_string();
+    let client = nats::connect(
+        &stack.common.nats_url,
+        "test",
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let ns = stack.ns();
+    let held = |idem: &str| ChargeRequest {
+        api_key_id: key_id.clone(),
+        caller_email: "t@example.com".into(),
+        cost: 2,
+        idempotency_key: idem.into(),
+        hold_secs: 1,
+        ..Default::default()
+    };
+    let confirm = |idem: &str| ConfirmRequest {
+        api_key_id: key_id.clone(),
+        charge_idempotency_key: idem.into(),
+    };
+    // "lost" stands for a caller that died before its work was queued; "kept" was confirmed.
+    for idem in ["lost", "kept"] {
+        let _: ChargeReply = nats::call(&client, ns, "billing", "charge", &held(idem))
+            .await
+            .unwrap();
+    }
+    let c: ConfirmReply = nats::call(&client, ns, "billing", "confirm", &confirm("kept"))
+        .await
+        .unwrap();
+    assert!(c.confirmed);
+    assert_eq!(stack.balance(&key).await, 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stack.balance(&key).await != 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unconfirmed charge was never refunded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Too late for the lost one; confirming the kept one again changes nothing.
+    for (idem, expected) in [("lost", false), ("kept", true)] {
+        let c: ConfirmReply = nats::call(&client, ns, "billing", "confirm", &confirm(idem))
+            .await
+            .unwrap();
+        assert_eq!(c.confirmed, expected, "{idem}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(stack.balance(&key).await, 3);
+    let (_, body) = stack.get("/logs", &key).await;
+    assert_eq!(body["logs"].as_array().map(Vec::len), Some(3), "{body}");
+    stack.shutdown().await;
+}

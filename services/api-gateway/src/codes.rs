@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::proto::{
-    AuthContext, ChargeReply, ChargeRequest, RefundReply, RefundRequest, SendJob,
+    AuthContext, ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, RefundReply,
+    RefundRequest, SendJob,
 };
 use postmesh_shared::{jetstream, nats, ApiError, EmailAddress};
 
@@ -138,8 +139,13 @@ fn redis_err(e: redis::RedisError) -> ApiError {
     ApiError::internal("code store unavailable", e)
 }
 
-/// Takes one credit under `key`. When billing's answer is lost (timeout, bad reply) the
-/// charge may still commit later, so the key is refunded or voided before failing.
+/// Seconds a code charge is held: unless confirmed once its work is done, billing refunds
+/// it, so a gateway that dies halfway through a request costs the customer nothing.
+const CHARGE_HOLD_SECS: i64 = 60;
+
+/// Takes one credit under `key`, held until [`confirm`]. When billing's answer is lost
+/// (timeout, bad reply) the charge may still commit later, so the key is refunded or voided
+/// before failing.
 async fn charge(
     state: &AppState,
     auth: &AuthContext,
@@ -153,6 +159,7 @@ async fn charge(
         cost: 1,
         idempotency_key: key.to_owned(),
         target_email: Some(target.as_str().to_owned()),
+        hold_secs: CHARGE_HOLD_SECS,
         ..Default::default()
     };
     let res: Result<ChargeReply, _> =
@@ -167,36 +174,58 @@ async fn charge(
     }
 }
 
-/// Refund attempts after the first one fails, spaced by doubling delays from one second.
-const REFUND_RETRIES: u32 = 5;
+/// Makes a held charge final: the work it pays for is done or safely queued.
+async fn confirm(state: &AppState, auth: &AuthContext, key: &str) {
+    let req = ConfirmRequest {
+        api_key_id: auth.api_key_id.clone(),
+        charge_idempotency_key: key.to_owned(),
+    };
+    settle::<_, ConfirmReply>(state, "confirm", key, req).await;
+}
 
-/// Gives a charge back (or voids it if it has not happened yet). The first attempt is
-/// awaited; if it fails, retries continue in the background. Refunds are idempotent.
+/// Gives a charge back (or voids it if it has not happened yet).
 async fn refund(state: &AppState, auth: &AuthContext, key: &str, reason: &str) {
     let req = RefundRequest {
         api_key_id: auth.api_key_id.clone(),
         charge_idempotency_key: key.to_owned(),
         reason: reason.to_owned(),
     };
-    let attempt = |state: AppState, req: RefundRequest| async move {
-        let res: Result<RefundReply, _> =
-            nats::call(&state.nats, &state.ns, "billing", "refund", &req).await;
-        res.map_err(|e| {
-            tracing::warn!(error = %e, charge = %req.charge_idempotency_key, "refund failed");
-        })
+    settle::<_, RefundReply>(state, "refund", key, req).await;
+}
+
+/// Attempts after the first one fails, spaced by doubling delays from one second.
+const SETTLE_RETRIES: u32 = 5;
+
+/// Calls the idempotent billing RPC `method` about the charge `key`. The first attempt is
+/// awaited; if it fails, retries go on in the background.
+async fn settle<Req, Resp>(state: &AppState, method: &'static str, key: &str, req: Req)
+where
+    Req: prost::Message + Clone + Send + 'static,
+    Resp: prost::Message + Default + Send + 'static,
+{
+    let attempt = move |state: AppState, req: Req, key: String| async move {
+        let res: Result<Resp, _> =
+            nats::call(&state.nats, &state.ns, "billing", method, &req).await;
+        res.map_err(|e| tracing::warn!(error = %e, charge = %key, method, "billing call failed"))
     };
-    if attempt(state.clone(), req.clone()).await.is_ok() {
+    if attempt(state.clone(), req.clone(), key.to_owned())
+        .await
+        .is_ok()
+    {
         return;
     }
-    let state = state.clone();
+    let (state, key) = (state.clone(), key.to_owned());
     let retries = async move {
-        for n in 0..REFUND_RETRIES {
+        for n in 0..SETTLE_RETRIES {
             tokio::time::sleep(std::time::Duration::from_secs(1 << n)).await;
-            if attempt(state.clone(), req.clone()).await.is_ok() {
+            if attempt(state.clone(), req.clone(), key.clone())
+                .await
+                .is_ok()
+            {
                 return;
             }
         }
-        tracing::error!(charge = %req.charge_idempotency_key, "refund abandoned after retries");
+        tracing::error!(charge = %key, method, "billing call abandoned after retries");
     };
     tokio::spawn(tracing::Instrument::in_current_span(retries));
 }
@@ -316,6 +345,7 @@ async fn issue(
         refund(state, auth, &charge_key, "code could not be activated").await;
         return Err(redis_err(e));
     }
+    confirm(state, auth, &charge_key).await;
     metrics::counter!("postmesh_codes_sent_total").increment(1);
     Ok(())
 }
@@ -349,6 +379,9 @@ pub async fn verify_code(
     };
     metrics::counter!("postmesh_codes_verified_total", "outcome" => outcome.to_string())
         .increment(1);
+    if outcome != 0 {
+        confirm(&state, &auth, &charge_key).await;
+    }
     match outcome {
         1 => Ok(Json(json!({ "success": true, "message": "code verified" }))),
         0 => {

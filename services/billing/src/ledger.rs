@@ -7,7 +7,8 @@ use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::proto::{
-    ChargeReply, ChargeRequest, GrantReply, GrantRequest, RefundReply, RefundRequest,
+    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, GrantReply, GrantRequest,
+    RefundReply, RefundRequest,
 };
 use postmesh_shared::ApiError;
 
@@ -64,6 +65,11 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
     if req.cost <= 0 {
         return Err(LedgerError::Invalid("cost must be positive".into()));
     }
+    if req.hold_secs < 0 {
+        return Err(LedgerError::Invalid(
+            "hold_secs must not be negative".into(),
+        ));
+    }
     let entry_id = Uuid::now_v7();
     // One statement: the balance only moves if the entry is new and the balance covers it.
     // A concurrent duplicate fails on the unique key and rolls the whole statement back.
@@ -74,8 +80,11 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
                AND NOT EXISTS (SELECT 1 FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2)
              RETURNING balance)
          INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
-                             target_email, from_email, subject, send_mode, recipient_count, task_id)
-         SELECT $5, $1, $2, 'charge', -$3, $4, $6, $7, $8, $9, $10, $11, $12 FROM upd
+                             target_email, from_email, subject, send_mode, recipient_count, task_id,
+                             hold_until)
+         SELECT $5, $1, $2, 'charge', -$3, $4, $6, $7, $8, $9, $10, $11, $12,
+                CASE WHEN $13 > 0 THEN $4 + $13 END
+         FROM upd
          RETURNING (SELECT balance FROM upd)",
     )
     .bind(key_id)
@@ -90,6 +99,7 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
     .bind(&req.send_mode)
     .bind(req.recipient_count)
     .bind(&req.task_id)
+    .bind(req.hold_secs)
     .fetch_optional(db)
     .await;
     match charged {
@@ -171,7 +181,11 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
 }
 
 /// Refunds the charge with key `idem` if it exists and is not refunded yet; the new balance.
-async fn refund_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<Option<i64>, LedgerError> {
+async fn refund_charge(
+    db: impl sqlx::PgExecutor<'_>,
+    key_id: Uuid,
+    idem: &str,
+) -> Result<Option<i64>, LedgerError> {
     Ok(sqlx::query_scalar(
         "WITH ins AS (
              INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
@@ -205,6 +219,55 @@ async fn charge_unrefunded(db: &PgPool, key_id: Uuid, idem: &str) -> Result<bool
     .bind(idem)
     .fetch_one(db)
     .await?)
+}
+
+/// Makes the held charge with `charge_idempotency_key` final. Confirming again, or a charge
+/// that was never held, is confirmed too; a charge whose hold ran out is not.
+pub async fn confirm(db: &PgPool, req: &ConfirmRequest) -> Result<ConfirmReply, LedgerError> {
+    let key_id = parse_key_id(&req.api_key_id)?;
+    check_idempotency_key(&req.charge_idempotency_key)?;
+    // The row lock orders this against `release_expired_holds`: whichever comes second sees
+    // the other's `hold_until`.
+    let confirmed: Option<Uuid> = sqlx::query_scalar(
+        "UPDATE ledger SET hold_until = NULL
+         WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
+           AND (hold_until IS NULL OR hold_until > 0)
+           AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = ledger.id)
+         RETURNING id",
+    )
+    .bind(key_id)
+    .bind(&req.charge_idempotency_key)
+    .fetch_optional(db)
+    .await?;
+    Ok(ConfirmReply {
+        confirmed: confirmed.is_some(),
+    })
+}
+
+/// Expired holds released by one call of [`release_expired_holds`] at most.
+pub const HOLD_BATCH: usize = 100;
+
+/// Refunds held charges whose hold ran out, at most [`HOLD_BATCH`]; how many holds it
+/// released. Replicas running this at once take different rows.
+pub async fn release_expired_holds(db: &PgPool) -> Result<usize, LedgerError> {
+    let mut tx = db.begin().await?;
+    let expired: Vec<(Uuid, String)> = sqlx::query_as(
+        "UPDATE ledger SET hold_until = -1
+         WHERE id IN (SELECT id FROM ledger WHERE hold_until > 0 AND hold_until < $1
+                      ORDER BY hold_until LIMIT $2 FOR UPDATE SKIP LOCKED)
+         RETURNING api_key_id, idempotency_key",
+    )
+    .bind(now_unix())
+    .bind(HOLD_BATCH as i64)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (key_id, idem) in &expired {
+        if refund_charge(&mut *tx, *key_id, idem).await?.is_some() {
+            tracing::info!(api_key_id = %key_id, charge = %idem, "held charge expired; refunded");
+        }
+    }
+    tx.commit().await?;
+    Ok(expired.len())
 }
 
 /// Adds credits, once per `(api_key_id, idempotency_key)`; creates the balance if needed.
