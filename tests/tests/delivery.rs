@@ -92,27 +92,20 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     stack.shutdown().await;
 }
 
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 /// Records `job` as being delivered by another worker whose lease runs `ms` more.
 async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
     sqlx::query(
         "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
                                  lease_owner, leased_until_ms)
-         VALUES ($1, $2, $3, $4, 'sending', 0, 0, $5, $6)",
+         VALUES ($1, $2, $3, $4, 'sending', 0, 0, $5,
+                 (extract(epoch from clock_timestamp()) * 1000)::bigint + $6)",
     )
     .bind(uuid::Uuid::parse_str(&job.id).unwrap())
     .bind(&job.kind)
     .bind(&job.to)
     .bind(&job.subject)
     .bind(uuid::Uuid::now_v7())
-    .bind(now_ms() + ms)
+    .bind(ms)
     .execute(db)
     .await
     .unwrap();
@@ -147,12 +140,12 @@ fn job_to(to: &str) -> SendJob {
 async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     let stack = Stack::start().await;
     let db = stack.sender_db().await;
-    // A worker whose heartbeats to NATS stalled still holds job A (lease 3 s more) and
-    // finishes job B; JetStream redelivers both to the stack's worker.
+    // A worker whose heartbeats to NATS stalled still holds job A (lease 3 s more) and job B
+    // (10 s more), and finishes B; JetStream redelivers both to the stack's worker.
     let (to_a, to_b) = ("lease-a@example.com", "lease-b@example.com");
     let (a, b) = (job_to(to_a), job_to(to_b));
     lease_to_another_worker(&db, &a, 3000).await;
-    lease_to_another_worker(&db, &b, 3000).await;
+    lease_to_another_worker(&db, &b, 10_000).await;
     publish(&stack, &a).await;
     publish(&stack, &b).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;

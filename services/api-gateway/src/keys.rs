@@ -63,8 +63,8 @@ pub fn generate() -> NewKey {
 /// A looked-up key: its hash and who it belongs to.
 type KeyRow = ([u8; 32], AuthContext);
 
-/// A cache of prefix lookups whose entries expire; when full, expired entries go first and
-/// then everything, so one cache never grows past its capacity.
+/// A cache of prefix lookups whose entries expire; when full, expired entries go first, and
+/// everything if that frees less than a tenth, so one cache never grows past its capacity.
 struct ExpiringMap<V> {
     entries: RwLock<HashMap<String, (V, Instant)>>,
     capacity: usize,
@@ -91,7 +91,9 @@ impl<V: Clone> ExpiringMap<V> {
         if entries.len() >= self.capacity {
             let now = Instant::now();
             entries.retain(|_, (_, until)| *until > now);
-            if entries.len() >= self.capacity {
+            // Below nine tenths full after the sweep, or start over: a cache that stays
+            // nearly full would sweep on every insert.
+            if entries.len() >= self.capacity / 10 * 9 {
                 entries.clear();
             }
         }

@@ -1,10 +1,13 @@
 //! The per-key request rate: a GCRA limit kept in Redis, so every gateway replica counts
 //! against the same allowance. Over the limit → 429 with `Retry-After`.
 //!
-//! To keep Redis off the path of most requests, a replica takes allowance in small batches
-//! (a tenth of a second's worth, at most a quarter of the burst) and spends it locally for
-//! up to a second. Every request is still debited in Redis first, so all replicas together
-//! never exceed the limit; a replica may only leave part of a batch unused.
+//! To keep Redis off the path of most requests, a replica with steady traffic on a key takes
+//! allowance in small batches (a tenth of a second's worth, at most a quarter of the burst)
+//! and spends it locally for up to a second. Every request is still debited in Redis first,
+//! so all replicas together never exceed the limit. A key asks for a batch only when its
+//! previous allowance was used up within its lifetime, and only one batch per key is in
+//! flight at a time (concurrent misses ask for one request each), so what a replica can leave
+//! unused is at most one batch per key per second.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -48,13 +51,23 @@ const BATCH_LIFETIME: Duration = Duration::from_secs(1);
 /// left in it is simply not used).
 const LOCAL_KEYS_MAX: usize = 100_000;
 
+/// Allowance of one key held by this replica.
+struct Local {
+    /// Requests left to spend.
+    left: u32,
+    /// When what is left may no longer be spent.
+    until: Instant,
+    /// When the batch request to Redis under way started (a request cancelled midway never
+    /// clears it, so it counts only for a batch lifetime).
+    fetching: Option<Instant>,
+}
+
 /// The per-key limiter of one gateway.
 pub struct RateLimit {
     config: RateConfig,
     batch: u32,
     script: redis::Script,
-    /// Allowance taken from Redis and not yet spent: key id → (requests left, usable until).
-    local: Mutex<HashMap<String, (u32, Instant)>>,
+    local: Mutex<HashMap<String, Local>>,
 }
 
 impl RateLimit {
@@ -68,27 +81,49 @@ impl RateLimit {
         }
     }
 
-    /// Spends one request of local allowance, if there is any.
-    fn take_local(&self, api_key_id: &str) -> bool {
+    /// Spends one request of local allowance (`None`), or says how many to ask Redis for.
+    fn take_local(&self, api_key_id: &str) -> Option<u32> {
         let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        match local.get_mut(api_key_id) {
-            Some((left, until)) if *left > 0 && *until > Instant::now() => {
-                *left -= 1;
-                true
-            }
-            _ => false,
+        let now = Instant::now();
+        let Some(entry) = local.get_mut(api_key_id) else {
+            return Some(1);
+        };
+        if entry.until <= now {
+            // Sporadic traffic: the last allowance outlived its use.
+            return Some(1);
         }
+        if entry.left > 0 {
+            entry.left -= 1;
+            return None;
+        }
+        let in_flight = entry.fetching.is_some_and(|t| now < t + BATCH_LIFETIME);
+        if in_flight || self.batch == 1 {
+            return Some(1);
+        }
+        entry.fetching = Some(now);
+        Some(self.batch)
     }
 
-    fn keep_local(&self, api_key_id: &str, left: u32) {
+    /// Keeps `left` requests of a fresh allowance; `batch` says this was the key's batch fetch.
+    fn keep_local(&self, api_key_id: &str, left: u32, batch: bool) {
         let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        if local.len() >= LOCAL_KEYS_MAX {
+        if local.len() >= LOCAL_KEYS_MAX && !local.contains_key(api_key_id) {
             local.clear();
         }
-        local.insert(
-            api_key_id.to_owned(),
-            (left, Instant::now() + BATCH_LIFETIME),
-        );
+        let until = Instant::now() + BATCH_LIFETIME;
+        let entry = local.entry(api_key_id.to_owned()).or_insert(Local {
+            left: 0,
+            until,
+            fetching: None,
+        });
+        if entry.until <= Instant::now() {
+            entry.left = 0;
+        }
+        entry.left += left;
+        entry.until = until;
+        if batch {
+            entry.fetching = None;
+        }
     }
 
     /// Counts one request of `api_key_id`; 429 when it is over the limit. When Redis cannot
@@ -99,33 +134,37 @@ impl RateLimit {
         ns: &Namespace,
         api_key_id: &str,
     ) -> Result<(), ApiError> {
-        if self.config.per_sec == 0 || self.take_local(api_key_id) {
+        if self.config.per_sec == 0 {
             return Ok(());
         }
+        let Some(ask) = self.take_local(api_key_id) else {
+            return Ok(());
+        };
+        let batch = ask > 1;
         let interval_ms = 1000.0 / f64::from(self.config.per_sec);
         let answer: Result<(u32, u64), _> = self
             .script
             .key(ns.redis_key(&format!("rate:{api_key_id}")))
             .arg(interval_ms)
             .arg(self.config.burst.max(1))
-            .arg(self.batch)
+            .arg(ask)
             .invoke_async(redis)
             .await;
-        match answer {
-            Ok((0, retry_after)) => Err(ApiError::TooManyRequests {
-                message: "too many requests for this API key".into(),
-                retry_after,
-            }),
-            Ok((granted, _)) => {
-                if granted > 1 {
-                    self.keep_local(api_key_id, granted - 1);
-                }
-                Ok(())
-            }
+        let (granted, verdict) = match answer {
+            Ok((0, retry_after)) => (
+                0,
+                Err(ApiError::TooManyRequests {
+                    message: "too many requests for this API key".into(),
+                    retry_after,
+                }),
+            ),
+            Ok((granted, _)) => (granted, Ok(())),
             Err(e) => {
                 tracing::warn!(error = %e, "rate limiter unavailable; request let through");
-                Ok(())
+                (0, Ok(()))
             }
-        }
+        };
+        self.keep_local(api_key_id, granted.saturating_sub(1), batch);
+        verdict
     }
 }

@@ -41,8 +41,6 @@ struct Ctx {
     db: PgPool,
     transport: Transport,
     config: WorkerConfig,
-    /// This worker's id as a lease holder.
-    id: Uuid,
 }
 
 /// Consumes the SEND stream until `shutdown`; jobs in progress finish before it returns.
@@ -83,7 +81,6 @@ pub async fn spawn(
         db,
         transport,
         config,
-        id: Uuid::now_v7(),
     });
     let jobs = tracker.clone();
     tracker.spawn(async move {
@@ -129,17 +126,31 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         };
         tracing::Span::current().record("job_id", job.id.as_str());
         let attempt = msg.info().map(|i| i.delivered).unwrap_or(1);
-        match with_heartbeat(ctx, &msg, &job, process(ctx, &job, attempt)).await {
+        // A token of this claim: a redelivery to this same process is another claimant.
+        let lease = Uuid::now_v7();
+        let mut waited = Duration::ZERO;
+        let outcome = loop {
+            let work = process(ctx, &job, attempt, lease);
+            match with_heartbeat(ctx, &msg, &job, lease, work).await {
+                // Waiting keeps the message (a NAK would use up its deliveries), within bounds.
+                Err(Failure::Leased(wait)) if waited < ctx.config.ack_wait * LEASE_WAITS => {
+                    tracing::info!(?wait, "another worker holds the job's lease; waiting");
+                    let pause = wait.min(ctx.config.ack_wait / 2);
+                    tokio::time::sleep(pause).await;
+                    waited += pause;
+                    let _ = msg.ack_with(AckKind::Progress).await;
+                }
+                other => break other,
+            }
+        };
+        match outcome {
             Ok(()) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "sent")
                     .increment(1);
                 let _ = msg.double_ack().await;
             }
             Err(Failure::Leased(wait)) => {
-                tracing::info!(
-                    ?wait,
-                    "another worker holds the job's lease; waiting for it"
-                );
+                tracing::info!(?wait, "the job's lease is still held; handing the job back");
                 let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
             }
             Err(Failure::Park(reason)) => {
@@ -177,6 +188,7 @@ async fn with_heartbeat<T>(
     ctx: &Ctx,
     msg: &jetstream::Message,
     job: &SendJob,
+    lease: Uuid,
     work: impl std::future::Future<Output = T>,
 ) -> T {
     tokio::pin!(work);
@@ -189,7 +201,7 @@ async fn with_heartbeat<T>(
                 if let Err(e) = msg.ack_with(AckKind::Progress).await {
                     tracing::warn!(error = %e, "could not extend the job's ack deadline");
                 }
-                if let Err(e) = renew_lease(ctx, job).await {
+                if let Err(e) = renew_lease(ctx, job, lease).await {
                     tracing::warn!(error = %e, "could not renew the job's lease");
                 }
             }
@@ -197,30 +209,29 @@ async fn with_heartbeat<T>(
     }
 }
 
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> i64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+/// Waits for another worker's lease, in units of `ack_wait`, before handing a job back.
+const LEASE_WAITS: u32 = 5;
+
+/// The database's clock in milliseconds: leases are set and compared on one clock, whatever
+/// the clocks of the sender hosts say.
+const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Milliseconds a lease lasts: as long as JetStream's ack deadline.
+fn lease_ms(ctx: &Ctx) -> i64 {
+    i64::try_from(ctx.config.ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
-/// When a lease taken or renewed now runs out.
-fn lease_end(ctx: &Ctx) -> i64 {
-    now_ms() + i64::try_from(ctx.config.ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
-}
-
-async fn renew_lease(ctx: &Ctx, job: &SendJob) -> Result<(), sqlx::Error> {
+async fn renew_lease(ctx: &Ctx, job: &SendJob, lease: Uuid) -> Result<(), sqlx::Error> {
     let Ok(job_id) = Uuid::parse_str(&job.id) else {
         return Ok(());
     };
-    sqlx::query(
-        "UPDATE deliveries SET leased_until_ms = $3
-         WHERE job_id = $1 AND lease_owner = $2 AND status = 'sending'",
-    )
+    sqlx::query(&format!(
+        "UPDATE deliveries SET leased_until_ms = {DB_NOW_MS} + $3
+         WHERE job_id = $1 AND lease_owner = $2 AND status = 'sending'"
+    ))
     .bind(job_id)
-    .bind(ctx.id)
-    .bind(lease_end(ctx))
+    .bind(lease)
+    .bind(lease_ms(ctx))
     .execute(&ctx.db)
     .await
     .map(drop)
@@ -239,62 +250,61 @@ enum Claim {
     Deliver,
     /// Sent or failed before: nothing to do.
     Done(String),
-    /// Another worker holds a live lease until this many ms after the epoch.
-    Held(i64),
+    /// Another claim holds a live lease for about this long.
+    Held(Duration),
 }
 
-/// Records the job and takes its lease, unless it is finished or leased to another worker.
-async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid) -> Result<Claim, sqlx::Error> {
+/// Records the job and takes its lease under `lease`, unless it is finished or another
+/// claim holds a live lease.
+async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid, lease: Uuid) -> Result<Claim, sqlx::Error> {
     let now = now_unix();
-    let taken: Option<String> = sqlx::query_scalar(
+    let taken: Option<String> = sqlx::query_scalar(&format!(
         "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
                                  lease_owner, leased_until_ms)
-         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, $7)
+         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, {DB_NOW_MS} + $7)
          ON CONFLICT (job_id) DO UPDATE
              SET attempts = deliveries.attempts + 1, updated_at = $5,
-                 lease_owner = $6, leased_until_ms = $7
-             WHERE deliveries.status = 'sending'
-               AND (deliveries.leased_until_ms <= $8 OR deliveries.lease_owner = $6)
-         RETURNING status",
-    )
+                 lease_owner = $6, leased_until_ms = {DB_NOW_MS} + $7
+             WHERE deliveries.status = 'sending' AND deliveries.leased_until_ms <= {DB_NOW_MS}
+         RETURNING status"
+    ))
     .bind(job_id)
     .bind(&job.kind)
     .bind(&job.to)
     .bind(&job.subject)
     .bind(now)
-    .bind(ctx.id)
-    .bind(lease_end(ctx))
-    .bind(now_ms())
+    .bind(lease)
+    .bind(lease_ms(ctx))
     .fetch_optional(&ctx.db)
     .await?;
     if taken.is_some() {
         return Ok(Claim::Deliver);
     }
-    let (status, until): (String, i64) =
-        sqlx::query_as("SELECT status, leased_until_ms FROM deliveries WHERE job_id = $1")
-            .bind(job_id)
-            .fetch_one(&ctx.db)
-            .await?;
+    let (status, left_ms): (String, i64) = sqlx::query_as(&format!(
+        "SELECT status, leased_until_ms - {DB_NOW_MS} FROM deliveries WHERE job_id = $1"
+    ))
+    .bind(job_id)
+    .fetch_one(&ctx.db)
+    .await?;
     Ok(if status == "sending" {
-        Claim::Held(until)
+        Claim::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
     } else {
         Claim::Done(status)
     })
 }
 
-async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> {
+async fn process(ctx: &Ctx, job: &SendJob, attempt: i64, lease: Uuid) -> Result<(), Failure> {
     let db_err = |e: sqlx::Error| Failure::Retry(format!("database: {e}"));
     let job_id =
         Uuid::parse_str(&job.id).map_err(|_| Failure::Park("job id is not a uuid".into()))?;
-    match claim(ctx, job, job_id).await.map_err(db_err)? {
+    match claim(ctx, job, job_id, lease).await.map_err(db_err)? {
         Claim::Deliver => {}
         Claim::Done(status) => {
             tracing::info!(%status, "job already handled; acknowledging the redelivery");
             return Ok(());
         }
-        Claim::Held(until) => {
-            let wait = u64::try_from(until - now_ms()).unwrap_or(0);
-            return Err(Failure::Leased(Duration::from_millis(wait.max(100))));
+        Claim::Held(left) => {
+            return Err(Failure::Leased(left.max(Duration::from_millis(100))));
         }
     }
     let outcome = match build_message(job) {
@@ -315,14 +325,17 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64) -> Result<(), Failure> 
     for pause in [0u64, 100, 500, 2000] {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         recorded = sqlx::query(
+            // A retry gives the job back only if this claim still holds it; an outcome is
+            // recorded unless another claim recorded one first.
             "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
                                    lease_owner = NULL, leased_until_ms = 0
-             WHERE job_id = $1",
+             WHERE job_id = $1 AND status = 'sending' AND ($2 <> 'sending' OR lease_owner = $5)",
         )
         .bind(job_id)
         .bind(status)
         .bind(&error)
         .bind(now_unix())
+        .bind(lease)
         .execute(&ctx.db)
         .await;
         if recorded.is_ok() {

@@ -1,0 +1,142 @@
+//! The per-key request rate at the gateway: shared by replicas through Redis, 429 with
+//! `Retry-After` beyond it, and allowance taken in batches without exceeding it.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use postmesh_tests::{Options, Stack};
+
+#[tokio::test]
+async fn each_key_has_a_request_rate_shared_by_all_gateways() {
+    let rate = api_gateway::RateConfig {
+        per_sec: 1,
+        burst: 4,
+    };
+    let stack = Stack::start_opts(Options {
+        rate,
+        ..Options::default()
+    })
+    .await;
+    // A second gateway replica on the same namespace counts against the same allowance.
+    let replica = api_gateway::start(api_gateway::Config {
+        common: stack.common.clone(),
+        http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        body_limit: 64 * 1024,
+        key_cache_ttl: Duration::from_secs(30),
+        upstream_timeout: Duration::from_secs(10),
+        rate,
+        codes: stack.codes.clone(),
+    })
+    .await
+    .unwrap();
+    let other = format!("http://{}", replica.http_addr.unwrap());
+    let (key, calm) = (stack.key(10).await, stack.key(10).await);
+    let get = |base: String, key: String| {
+        let http = stack.http.clone();
+        async move {
+            http.get(format!("{base}/balance"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for base in [&stack.base, &other, &stack.base, &other] {
+        let r = get(base.clone(), key.clone()).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    for base in [&stack.base, &other] {
+        let r = get(base.clone(), key.clone()).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        let wait: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(wait, 1);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["success"], json!(false));
+        assert!(body["error"].is_string());
+    }
+    // Another key is not affected, and the first one recovers at the set pace.
+    assert_eq!(get(stack.base.clone(), calm).await.status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        get(other.clone(), key.clone()).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(other, key).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    replica.stop().await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn allowance_taken_in_batches_never_exceeds_the_rate() {
+    // 100/s with bursts of 200: each gateway takes allowance from Redis 10 requests at a time.
+    let rate = api_gateway::RateConfig {
+        per_sec: 100,
+        burst: 200,
+    };
+    let stack = Stack::start_opts(Options {
+        rate,
+        ..Options::default()
+    })
+    .await;
+    let key = stack.key(10).await;
+    let started = Instant::now();
+    let mut allowed = 0u64;
+    let mut limited = 0u64;
+    for _ in 0..400 {
+        let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;
+        match s {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let ceiling = 200.0 + 100.0 * elapsed + 1.0;
+    assert!(
+        (allowed as f64) <= ceiling,
+        "{allowed} allowed in {elapsed:.2}s, at most {ceiling:.0} may be"
+    );
+    assert!(
+        allowed >= 190,
+        "{allowed} allowed: the burst was not available"
+    );
+    if elapsed < 1.5 {
+        // 400 requests in under 1.5 s is more than 200 + 100/s allows.
+        assert!(limited > 0, "the limit never applied in {elapsed:.2}s");
+    }
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_within_the_burst_all_pass() {
+    let stack = Stack::start_opts(Options {
+        rate: api_gateway::RateConfig {
+            per_sec: 100,
+            burst: 100,
+        },
+        ..Options::default()
+    })
+    .await;
+    let key = stack.key(10).await;
+    // One request first, so the key has steady traffic and the gateway fetches a batch.
+    let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let answers =
+        join_all((0..60).map(|_| stack.call(Method::GET, "/balance", Some(&key), None))).await;
+    let limited = answers
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(limited, 0, "61 requests in a burst of 100");
+    stack.shutdown().await;
+}
