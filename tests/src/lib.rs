@@ -220,6 +220,23 @@ impl Stack {
             .expect("KEYS")
     }
 
+    /// Calls billing's RPC `method`, as another service would.
+    pub async fn billing_rpc<Req, Resp>(
+        &self,
+        method: &str,
+        req: &Req,
+    ) -> Result<Resp, postmesh_shared::ApiError>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        use postmesh_shared::nats;
+        let client = nats::connect(&self.common.nats_url, "test", Duration::from_secs(5))
+            .await
+            .expect("nats");
+        nats::call(&client, self.ns(), "billing", method, req).await
+    }
+
     /// The id of an API key, as stored by the gateway.
     pub async fn key_id(&self, key: &str) -> uuid::Uuid {
         let prefix = key.split('_').nth(1).expect("key prefix");

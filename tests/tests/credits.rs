@@ -258,21 +258,12 @@ async fn a_large_log_downloads_within_the_message_size_limit() {
 
 #[tokio::test]
 async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
-    use postmesh_shared::nats;
     use postmesh_shared::proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
     use postmesh_shared::ApiError;
 
     let stack = Stack::start().await;
     let key = stack.key(5).await;
     let key_id = stack.key_id(&key).await.to_string();
-    let client = nats::connect(
-        &stack.common.nats_url,
-        "test",
-        std::time::Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
-    let ns = stack.ns();
     let charge = |idem: &str| ChargeRequest {
         api_key_id: key_id.clone(),
         caller_email: "t@example.com".into(),
@@ -285,24 +276,17 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
         charge_idempotency_key: idem.into(),
         reason: "test".into(),
     };
-    let c: ChargeReply = nats::call(&client, ns, "billing", "charge", &charge("a"))
-        .await
-        .unwrap();
+    let c: ChargeReply = stack.billing_rpc("charge", &charge("a")).await.unwrap();
     assert_eq!(c.balance, 3);
     for expected in [true, false] {
-        let r: RefundReply = nats::call(&client, ns, "billing", "refund", &refund("a"))
-            .await
-            .unwrap();
+        let r: RefundReply = stack.billing_rpc("refund", &refund("a")).await.unwrap();
         assert_eq!((r.refunded, r.balance), (expected, 5));
     }
     // A refund that arrives before its charge voids the key: the charge then fails, twice.
-    let r: RefundReply = nats::call(&client, ns, "billing", "refund", &refund("b"))
-        .await
-        .unwrap();
+    let r: RefundReply = stack.billing_rpc("refund", &refund("b")).await.unwrap();
     assert_eq!((r.refunded, r.balance), (false, 5));
     for _ in 0..2 {
-        let late: Result<ChargeReply, ApiError> =
-            nats::call(&client, ns, "billing", "charge", &charge("b")).await;
+        let late: Result<ChargeReply, ApiError> = stack.billing_rpc("charge", &charge("b")).await;
         assert!(matches!(late, Err(ApiError::Conflict(_))), "{late:?}");
     }
     assert_eq!(stack.balance(&key).await, 5);
@@ -351,20 +335,11 @@ async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
 
 #[tokio::test]
 async fn a_held_charge_is_refunded_unless_confirmed() {
-    use postmesh_shared::nats;
     use postmesh_shared::proto::{ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest};
 
     let stack = Stack::start().await;
     let key = stack.key(5).await;
     let key_id = stack.key_id(&key).await.to_string();
-    let client = nats::connect(
-        &stack.common.nats_url,
-        "test",
-        std::time::Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
-    let ns = stack.ns();
     let held = |idem: &str| ChargeRequest {
         api_key_id: key_id.clone(),
         caller_email: "t@example.com".into(),
@@ -379,11 +354,10 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     };
     // "lost" stands for a caller that died before its work was queued; "kept" was confirmed.
     for idem in ["lost", "kept"] {
-        let _: ChargeReply = nats::call(&client, ns, "billing", "charge", &held(idem))
-            .await
-            .unwrap();
+        let _: ChargeReply = stack.billing_rpc("charge", &held(idem)).await.unwrap();
     }
-    let c: ConfirmReply = nats::call(&client, ns, "billing", "confirm", &confirm("kept"))
+    let c: ConfirmReply = stack
+        .billing_rpc("confirm", &confirm("kept"))
         .await
         .unwrap();
     assert!(c.confirmed);
@@ -398,9 +372,7 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     }
     // Too late for the lost one; confirming the kept one again changes nothing.
     for (idem, expected) in [("lost", false), ("kept", true)] {
-        let c: ConfirmReply = nats::call(&client, ns, "billing", "confirm", &confirm(idem))
-            .await
-            .unwrap();
+        let c: ConfirmReply = stack.billing_rpc("confirm", &confirm(idem)).await.unwrap();
         assert_eq!(c.confirmed, expected, "{idem}");
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
