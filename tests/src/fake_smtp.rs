@@ -1,6 +1,6 @@
 //! A local SMTP relay for tests: speaks enough RFC 5321 for lettre (EHLO, MAIL, RCPT, DATA,
 //! RSET, NOOP, QUIT), records every accepted message, and can be told to stall before
-//! accepting a message or to never answer at all.
+//! accepting a message, to refuse recipients with a given reply code, or to never answer.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -16,6 +16,8 @@ pub enum Behaviour {
     Accept { accept_delay: Duration },
     /// Accepts the TCP connection and never says a word (a hung relay).
     Silent,
+    /// Refuses every recipient with this reply code (4xx: try later, 5xx: never).
+    Refuse { code: u16 },
 }
 
 /// One message the relay accepted.
@@ -30,6 +32,7 @@ pub struct Received {
 pub struct FakeSmtp {
     pub addr: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
+    refused: Arc<Mutex<usize>>,
 }
 
 impl FakeSmtp {
@@ -38,10 +41,11 @@ impl FakeSmtp {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(Mutex::new(Vec::new()));
-        let store = received.clone();
+        let refused = Arc::new(Mutex::new(0));
+        let (store, refusals) = (received.clone(), refused.clone());
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let store = store.clone();
+                let (store, refusals) = (store.clone(), refusals.clone());
                 tokio::spawn(async move {
                     match behaviour {
                         Behaviour::Silent => {
@@ -50,13 +54,21 @@ impl FakeSmtp {
                             std::future::pending::<()>().await;
                         }
                         Behaviour::Accept { accept_delay } => {
-                            let _ = session(socket, accept_delay, store).await;
+                            let _ = session(socket, accept_delay, None, store).await;
+                        }
+                        Behaviour::Refuse { code } => {
+                            let refuse = Some((code, refusals));
+                            let _ = session(socket, Duration::ZERO, refuse, store).await;
                         }
                     }
                 });
             }
         });
-        Self { addr, received }
+        Self {
+            addr,
+            received,
+            refused,
+        }
     }
 
     /// `smtp://` URL for lettre (plain, no TLS).
@@ -68,11 +80,20 @@ impl FakeSmtp {
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().expect("lock").clone()
     }
+
+    /// Recipients refused so far.
+    pub fn refused(&self) -> usize {
+        *self.refused.lock().expect("lock")
+    }
 }
+
+/// Refusals: the reply code for every RCPT, and the count of refusals made.
+type Refusal = (u16, Arc<Mutex<usize>>);
 
 async fn session(
     socket: TcpStream,
     accept_delay: Duration,
+    refuse: Option<Refusal>,
     store: Arc<Mutex<Vec<Received>>>,
 ) -> std::io::Result<()> {
     let (read, mut write) = socket.into_split();
@@ -93,6 +114,11 @@ async fn session(
         } else if upper.starts_with("MAIL FROM:") {
             from = line.trim_end()[10..].trim().to_owned();
             b"250 ok\r\n"
+        } else if let (true, Some((code, count))) = (upper.starts_with("RCPT TO:"), &refuse) {
+            *count.lock().expect("lock") += 1;
+            let reply = format!("{code} recipient refused\r\n");
+            write.write_all(reply.as_bytes()).await?;
+            continue;
         } else if upper.starts_with("RCPT TO:") {
             to.push(line.trim_end()[8..].trim().to_owned());
             b"250 ok\r\n"

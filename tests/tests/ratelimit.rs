@@ -34,6 +34,7 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
     .unwrap();
     let other = format!("http://{}", replica.http_addr.unwrap());
     let (key, calm) = (stack.key(10).await, stack.key(10).await);
+    let started = Instant::now();
     let get = |base: String, key: String| {
         let http = stack.http.clone();
         async move {
@@ -63,7 +64,9 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
     }
     // Another key is not affected, and the first one recovers at the set pace.
     assert_eq!(get(stack.base.clone(), calm).await.status(), StatusCode::OK);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // One second after the burst began, exactly one more request is due.
+    let due = started + Duration::from_millis(1100);
+    tokio::time::sleep(due.saturating_duration_since(Instant::now())).await;
     assert_eq!(
         get(other.clone(), key.clone()).await.status(),
         StatusCode::OK

@@ -2,12 +2,13 @@
 //! against the same allowance. Over the limit → 429 with `Retry-After`.
 //!
 //! To keep Redis off the path of most requests, a replica with steady traffic on a key takes
-//! allowance in small batches (a tenth of a second's worth, at most a quarter of the burst)
-//! and spends it locally for up to a second. Every request is still debited in Redis first,
-//! so all replicas together never exceed the limit. A key asks for a batch only when its
-//! previous allowance was used up within its lifetime, and only one batch per key is in
-//! flight at a time (concurrent misses ask for one request each), so what a replica can leave
-//! unused is at most one batch per key per second.
+//! allowance in batches sized to a tenth of that key's requests on this replica in the last
+//! second (at most a tenth of a second's worth of the limit, a quarter of the burst, and 100),
+//! and spends it locally for up to a second. Every request is debited in Redis before it is
+//! let through, so over time all replicas together stay within the rate; at one moment a
+//! replica may spend up to one batch beyond the burst. One batch per key is in flight at a
+//! time (concurrent misses ask for one request each), so a replica leaves at most a tenth of
+//! its own traffic on a key unused.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,6 +61,10 @@ struct Local {
     /// When the batch request to Redis under way started (a request cancelled midway never
     /// clears it, so it counts only for a batch lifetime).
     fetching: Option<Instant>,
+    /// Requests of this key seen here since `window`, and in the whole second before it.
+    seen: u32,
+    window: Instant,
+    last_second: u32,
 }
 
 /// The per-key limiter of one gateway.
@@ -88,20 +93,24 @@ impl RateLimit {
         let Some(entry) = local.get_mut(api_key_id) else {
             return Some(1);
         };
-        if entry.until <= now {
-            // Sporadic traffic: the last allowance outlived its use.
-            return Some(1);
+        if now >= entry.window + Duration::from_secs(1) {
+            let whole = now < entry.window + Duration::from_secs(2);
+            entry.last_second = if whole { entry.seen } else { 0 };
+            entry.seen = 0;
+            entry.window = now;
         }
-        if entry.left > 0 {
+        entry.seen += 1;
+        if entry.left > 0 && entry.until > now {
             entry.left -= 1;
             return None;
         }
+        let batch = (entry.last_second / 10).clamp(1, self.batch);
         let in_flight = entry.fetching.is_some_and(|t| now < t + BATCH_LIFETIME);
-        if in_flight || self.batch == 1 {
+        if in_flight || batch == 1 {
             return Some(1);
         }
         entry.fetching = Some(now);
-        Some(self.batch)
+        Some(batch)
     }
 
     /// Keeps `left` requests of a fresh allowance; `batch` says this was the key's batch fetch.
@@ -115,6 +124,9 @@ impl RateLimit {
             left: 0,
             until,
             fetching: None,
+            seen: 1,
+            window: Instant::now(),
+            last_second: 0,
         });
         if entry.until <= Instant::now() {
             entry.left = 0;

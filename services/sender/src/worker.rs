@@ -29,7 +29,7 @@ use crate::transport::{Transport, TransportError};
 pub struct WorkerConfig {
     /// How long JetStream waits for an ack before redelivering a job.
     pub ack_wait: Duration,
-    /// Delivery attempts before a job is parked as failed.
+    /// Delivery attempts (claims that reached the transport) before a job is parked as failed.
     pub max_deliver: i64,
     /// Delay before the first retry; doubles with each attempt.
     pub retry_base: Duration,
@@ -41,6 +41,8 @@ struct Ctx {
     db: PgPool,
     transport: Transport,
     config: WorkerConfig,
+    /// Cancelled when the worker stops: a handler waiting on a lease hands its job back.
+    shutdown: CancellationToken,
 }
 
 /// Consumes the SEND stream until `shutdown`; jobs in progress finish before it returns.
@@ -61,7 +63,9 @@ pub async fn spawn(
                 durable_name: Some("sender".into()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: config.ack_wait,
-                max_deliver: config.max_deliver,
+                // Unlimited: waits on another claim's lease and database outages must not use
+                // up a job; attempts are counted in `deliveries` and the job parked there.
+                max_deliver: -1,
                 // No more jobs held than are worked on: a buffered job cannot outlive its
                 // ack deadline unattended and be delivered twice.
                 max_ack_pending: config.concurrency as i64,
@@ -81,6 +85,7 @@ pub async fn spawn(
         db,
         transport,
         config,
+        shutdown: shutdown.clone(),
     });
     let jobs = tracker.clone();
     tracker.spawn(async move {
@@ -125,18 +130,21 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             }
         };
         tracing::Span::current().record("job_id", job.id.as_str());
-        let attempt = msg.info().map(|i| i.delivered).unwrap_or(1);
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         // A token of this claim: a redelivery to this same process is another claimant.
         let lease = Uuid::now_v7();
         let mut waited = Duration::ZERO;
         let outcome = loop {
-            let work = process(ctx, &job, attempt, lease);
+            let work = process(ctx, &job, lease);
             match with_heartbeat(ctx, &msg, &job, lease, work).await {
-                // Waiting keeps the message (a NAK would use up its deliveries), within bounds.
+                // Waiting keeps the message (in-progress acks), within bounds.
                 Err(Failure::Leased(wait)) if waited < ctx.config.ack_wait * LEASE_WAITS => {
                     tracing::info!(?wait, "another worker holds the job's lease; waiting");
                     let pause = wait.min(ctx.config.ack_wait / 2);
-                    tokio::time::sleep(pause).await;
+                    tokio::select! {
+                        _ = ctx.shutdown.cancelled() => break Err(Failure::Leased(wait)),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
                     waited += pause;
                     let _ = msg.ack_with(AckKind::Progress).await;
                 }
@@ -153,24 +161,21 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
                 tracing::info!(?wait, "the job's lease is still held; handing the job back");
                 let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
             }
+            Err(Failure::Superseded) => {
+                tracing::warn!("another claim took the job over; leaving the message to it");
+            }
             Err(Failure::Park(reason)) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "failed")
                     .increment(1);
                 tracing::error!(%reason, "delivery failed for good; parked");
                 let _ = msg.ack_with(AckKind::Term).await;
             }
-            Err(Failure::Retry(reason)) if attempt >= ctx.config.max_deliver => {
-                metrics::counter!("postmesh_sender_deliveries_total", "result" => "failed")
-                    .increment(1);
-                tracing::error!(%reason, attempt, "last attempt failed; parked");
-                let _ = msg.ack_with(AckKind::Term).await;
-            }
             Err(Failure::Retry(reason)) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "retry")
                     .increment(1);
                 let delay =
-                    ctx.config.retry_base * 2u32.saturating_pow((attempt - 1).min(16) as u32);
-                tracing::warn!(%reason, attempt, ?delay, "delivery failed; will retry");
+                    ctx.config.retry_base * 2u32.saturating_pow((delivered - 1).min(16) as u32);
+                tracing::warn!(%reason, delivered, ?delay, "delivery failed; will retry");
                 let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
             }
         }
@@ -198,11 +203,18 @@ async fn with_heartbeat<T>(
         tokio::select! {
             out = &mut work => return out,
             _ = beat.tick() => {
-                if let Err(e) = msg.ack_with(AckKind::Progress).await {
-                    tracing::warn!(error = %e, "could not extend the job's ack deadline");
+                // The lease first, each call bounded: a stuck NATS connection must not
+                // hold up the lease renewal that covers for it.
+                let bound = period / 2;
+                match tokio::time::timeout(bound, renew_lease(ctx, job, lease)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the job's lease"),
+                    Err(_) => tracing::warn!("renewing the job's lease timed out"),
                 }
-                if let Err(e) = renew_lease(ctx, job, lease).await {
-                    tracing::warn!(error = %e, "could not renew the job's lease");
+                match tokio::time::timeout(bound, msg.ack_with(AckKind::Progress)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not extend the job's ack deadline"),
+                    Err(_) => tracing::warn!("extending the job's ack deadline timed out"),
                 }
             }
         }
@@ -242,12 +254,14 @@ enum Failure {
     Park(String),
     /// Another worker holds the job's lease for about this long.
     Leased(Duration),
+    /// Another claim took the job over while this one worked: the message is its business.
+    Superseded,
 }
 
 /// How a job stands when a worker receives it.
 enum Claim {
-    /// This worker holds the lease and delivers.
-    Deliver,
+    /// This claim holds the lease and delivers; its attempt number.
+    Deliver(i32),
     /// Sent or failed before: nothing to do.
     Done(String),
     /// Another claim holds a live lease for about this long.
@@ -258,7 +272,7 @@ enum Claim {
 /// claim holds a live lease.
 async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid, lease: Uuid) -> Result<Claim, sqlx::Error> {
     let now = now_unix();
-    let taken: Option<String> = sqlx::query_scalar(&format!(
+    let taken: Option<i32> = sqlx::query_scalar(&format!(
         "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
                                  lease_owner, leased_until_ms)
          VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, {DB_NOW_MS} + $7)
@@ -266,7 +280,7 @@ async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid, lease: Uuid) -> Result<Cl
              SET attempts = deliveries.attempts + 1, updated_at = $5,
                  lease_owner = $6, leased_until_ms = {DB_NOW_MS} + $7
              WHERE deliveries.status = 'sending' AND deliveries.leased_until_ms <= {DB_NOW_MS}
-         RETURNING status"
+         RETURNING attempts"
     ))
     .bind(job_id)
     .bind(&job.kind)
@@ -277,8 +291,8 @@ async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid, lease: Uuid) -> Result<Cl
     .bind(lease_ms(ctx))
     .fetch_optional(&ctx.db)
     .await?;
-    if taken.is_some() {
-        return Ok(Claim::Deliver);
+    if let Some(attempt) = taken {
+        return Ok(Claim::Deliver(attempt));
     }
     let (status, left_ms): (String, i64) = sqlx::query_as(&format!(
         "SELECT status, leased_until_ms - {DB_NOW_MS} FROM deliveries WHERE job_id = $1"
@@ -293,12 +307,12 @@ async fn claim(ctx: &Ctx, job: &SendJob, job_id: Uuid, lease: Uuid) -> Result<Cl
     })
 }
 
-async fn process(ctx: &Ctx, job: &SendJob, attempt: i64, lease: Uuid) -> Result<(), Failure> {
+async fn process(ctx: &Ctx, job: &SendJob, lease: Uuid) -> Result<(), Failure> {
     let db_err = |e: sqlx::Error| Failure::Retry(format!("database: {e}"));
     let job_id =
         Uuid::parse_str(&job.id).map_err(|_| Failure::Park("job id is not a uuid".into()))?;
-    match claim(ctx, job, job_id, lease).await.map_err(db_err)? {
-        Claim::Deliver => {}
+    let attempt = match claim(ctx, job, job_id, lease).await.map_err(db_err)? {
+        Claim::Deliver(n) => i64::from(n),
         Claim::Done(status) => {
             tracing::info!(%status, "job already handled; acknowledging the redelivery");
             return Ok(());
@@ -306,7 +320,7 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64, lease: Uuid) -> Result<
         Claim::Held(left) => {
             return Err(Failure::Leased(left.max(Duration::from_millis(100))));
         }
-    }
+    };
     let outcome = match build_message(job) {
         Ok(message) => ctx.transport.deliver(&job.id, message).await,
         Err(reason) => Err(TransportError::Permanent(reason)),
@@ -325,11 +339,13 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64, lease: Uuid) -> Result<
     for pause in [0u64, 100, 500, 2000] {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         recorded = sqlx::query(
-            // A retry gives the job back only if this claim still holds it; an outcome is
-            // recorded unless another claim recorded one first.
+            // `sent` always stands (the message went out). A failure or a retry is recorded
+            // only while this claim still holds the job; otherwise it belongs to another.
             "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
                                    lease_owner = NULL, leased_until_ms = 0
-             WHERE job_id = $1 AND status = 'sending' AND ($2 <> 'sending' OR lease_owner = $5)",
+             WHERE job_id = $1
+               AND CASE WHEN $2 = 'sent' THEN status <> 'sent'
+                        ELSE status = 'sending' AND lease_owner = $5 END",
         )
         .bind(job_id)
         .bind(status)
@@ -342,10 +358,14 @@ async fn process(ctx: &Ctx, job: &SendJob, attempt: i64, lease: Uuid) -> Result<
             break;
         }
     }
-    if let Err(e) = recorded {
-        tracing::error!(error = %e, %status, "could not record the delivery outcome");
+    match recorded {
+        Ok(done) if done.rows_affected() == 0 && status != "sent" => Err(Failure::Superseded),
+        Ok(_) => result,
+        Err(e) => {
+            tracing::error!(error = %e, %status, "could not record the delivery outcome");
+            result
+        }
     }
-    result
 }
 
 /// The MIME message of a job: plain text, HTML, or both as alternatives.
