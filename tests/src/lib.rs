@@ -34,6 +34,16 @@ pub struct Options {
     pub rate: api_gateway::RateConfig,
 }
 
+impl Options {
+    /// Default options with the gateway's per-key rate set to `per_sec`, bursts of `burst`.
+    pub fn with_rate(per_sec: u32, burst: u32) -> Self {
+        Self {
+            rate: api_gateway::RateConfig { per_sec, burst },
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {

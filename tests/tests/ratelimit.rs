@@ -11,15 +11,9 @@ use postmesh_tests::{Options, Stack};
 
 #[tokio::test]
 async fn each_key_has_a_request_rate_shared_by_all_gateways() {
-    let rate = api_gateway::RateConfig {
-        per_sec: 1,
-        burst: 4,
-    };
-    let stack = Stack::start_opts(Options {
-        rate,
-        ..Options::default()
-    })
-    .await;
+    let opts = Options::with_rate(1, 4);
+    let rate = opts.rate;
+    let stack = Stack::start_opts(opts).await;
     // A second gateway replica on the same namespace counts against the same allowance.
     let replica = api_gateway::start(api_gateway::Config {
         common: stack.common.clone(),
@@ -82,15 +76,7 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
 #[tokio::test]
 async fn allowance_taken_in_batches_never_exceeds_the_rate() {
     // 100/s with bursts of 200: each gateway takes allowance from Redis 10 requests at a time.
-    let rate = api_gateway::RateConfig {
-        per_sec: 100,
-        burst: 200,
-    };
-    let stack = Stack::start_opts(Options {
-        rate,
-        ..Options::default()
-    })
-    .await;
+    let stack = Stack::start_opts(Options::with_rate(100, 200)).await;
     let key = stack.key(10).await;
     let started = Instant::now();
     let mut allowed = 0u64;
@@ -122,14 +108,7 @@ async fn allowance_taken_in_batches_never_exceeds_the_rate() {
 
 #[tokio::test]
 async fn concurrent_requests_within_the_burst_all_pass() {
-    let stack = Stack::start_opts(Options {
-        rate: api_gateway::RateConfig {
-            per_sec: 100,
-            burst: 100,
-        },
-        ..Options::default()
-    })
-    .await;
+    let stack = Stack::start_opts(Options::with_rate(100, 100)).await;
     let key = stack.key(10).await;
     // One request first, so the key has steady traffic and the gateway fetches a batch.
     let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;

@@ -76,6 +76,7 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// A limiter enforcing `config`, with no allowance held yet.
     pub fn new(config: RateConfig) -> Self {
         let batch = (config.per_sec / 10).min(config.burst / 4).clamp(1, 100);
         Self {

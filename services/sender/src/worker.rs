@@ -173,8 +173,11 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             Err(Failure::Retry(reason)) => {
                 metrics::counter!("postmesh_sender_deliveries_total", "result" => "retry")
                     .increment(1);
-                let delay =
-                    ctx.config.retry_base * 2u32.saturating_pow((delivered - 1).min(16) as u32);
+                // Deliveries are not capped (attempts are counted in `deliveries`), so a long
+                // database outage must not push the next try days away.
+                let delay = (ctx.config.retry_base
+                    * 2u32.saturating_pow((delivered - 1).min(16) as u32))
+                .min(MAX_RETRY_DELAY);
                 tracing::warn!(%reason, delivered, ?delay, "delivery failed; will retry");
                 let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
             }
@@ -220,6 +223,9 @@ async fn with_heartbeat<T>(
         }
     }
 }
+
+/// The longest pause before a job is tried again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(15 * 60);
 
 /// Waits for another worker's lease, in units of `ack_wait`, before handing a job back.
 const LEASE_WAITS: u32 = 5;

@@ -171,14 +171,7 @@ async fn main() -> anyhow::Result<()> {
     let conns: usize = env_parse("BENCH_CONNS", 32)?;
     let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
-    let stack = Stack::start_opts(Options {
-        rate: api_gateway::RateConfig {
-            per_sec: 10_000_000,
-            burst: 10_000_000,
-        },
-        ..Options::default()
-    })
-    .await;
+    let stack = Stack::start_opts(Options::with_rate(10_000_000, 10_000_000)).await;
     let key = stack.key(1).await;
     let baseline = start_baseline(&stack, &key).await?;
     let targets = [
