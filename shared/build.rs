@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(&files, [&root])?;
     // `bytes` fields become `Bytes`, so bodies move without copies.
     prost_build::Config::new().bytes(["."]).compile_fds(fds)?;
+    // The kit's migrations are embedded by `sqlx::migrate!`: rebuild when one is added.
+    println!("cargo:rerun-if-changed=migrations");
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

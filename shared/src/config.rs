@@ -3,8 +3,11 @@
 
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+
+use crate::service::Service;
 
 /// The namespace that prefixes every NATS subject, stream, Redis key and database name,
 /// so isolated stacks can share one NATS/Redis/Postgres. Lowercase letters, digits and `_`.
@@ -34,11 +37,6 @@ impl Namespace {
         format!("{}.{rest}", self.0)
     }
 
-    /// `{ns}_{service}`: the Postgres database owned by `service` (dashes become `_`).
-    pub fn database(&self, service: &str) -> String {
-        format!("{}_{}", self.0, service.replace('-', "_"))
-    }
-
     /// `{ns}_{NAME}`: a JetStream stream or bucket name.
     pub fn stream(&self, name: &str) -> String {
         format!("{}_{name}", self.0)
@@ -59,6 +57,14 @@ pub struct Common {
     /// Postgres server URL without a database; each service appends its own `{ns}_{service}`.
     pub database_url: String,
     pub db_max_connections: u32,
+    /// How long a query waits for a free connection (`DB_ACQUIRE_TIMEOUT_SECS`, default 5).
+    pub db_acquire_timeout: Duration,
+    /// How long a NATS request or RPC may take (`UPSTREAM_TIMEOUT_SECS`, default 10).
+    pub upstream_timeout: Duration,
+    /// How long a stopping service waits for work in progress (`SHUTDOWN_DRAIN_SECS`, default 30).
+    pub drain_timeout: Duration,
+    /// How often the outbox relay looks for unpublished messages (`OUTBOX_POLL_SECS`, default 1).
+    pub outbox_poll: Duration,
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     pub admin_addr: SocketAddr,
     pub otlp_endpoint: Option<String>,
@@ -66,20 +72,55 @@ pub struct Common {
 }
 
 impl Common {
-    /// Reads the shared settings; `admin_port` is the service's default admin port.
-    pub fn from_env(admin_port: u16) -> anyhow::Result<Self> {
+    /// Reads the shared settings; the admin port defaults to the service's own.
+    pub fn from_env(service: Service) -> anyhow::Result<Self> {
+        let admin_port = service.admin_port();
         Ok(Self {
             namespace: Namespace::parse(&env_or("POSTMESH_NAMESPACE", "pm"))?,
             nats_url: env_or("NATS_URL", "nats://127.0.0.1:4222"),
             redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
             database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),
             db_max_connections: env_parse("DB_MAX_CONNECTIONS", 10)?,
+            db_acquire_timeout: env_secs("DB_ACQUIRE_TIMEOUT_SECS", Duration::from_secs(5))?,
+            upstream_timeout: env_secs("UPSTREAM_TIMEOUT_SECS", Duration::from_secs(10))?,
+            drain_timeout: env_secs("SHUTDOWN_DRAIN_SECS", Duration::from_secs(30))?,
+            outbox_poll: env_secs("OUTBOX_POLL_SECS", Duration::from_secs(1))?,
             admin_addr: env_parse("ADMIN_ADDR", SocketAddr::from(([127, 0, 0, 1], admin_port)))?,
             otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .ok()
                 .filter(|s| !s.is_empty()),
             production: env_or("POSTMESH_ENV", "development") == "production",
         })
+    }
+
+    /// The environment that [`Common::from_env`] reads back as these settings (a child
+    /// process started with it runs with the same configuration).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("POSTMESH_NAMESPACE", self.namespace.as_str().to_owned()),
+            ("NATS_URL", self.nats_url.clone()),
+            ("REDIS_URL", self.redis_url.clone()),
+            ("DATABASE_URL", self.database_url.clone()),
+            ("DB_MAX_CONNECTIONS", self.db_max_connections.to_string()),
+            ("DB_ACQUIRE_TIMEOUT_SECS", secs(self.db_acquire_timeout)),
+            ("UPSTREAM_TIMEOUT_SECS", secs(self.upstream_timeout)),
+            ("SHUTDOWN_DRAIN_SECS", secs(self.drain_timeout)),
+            ("OUTBOX_POLL_SECS", secs(self.outbox_poll)),
+            ("ADMIN_ADDR", self.admin_addr.to_string()),
+            (
+                "POSTMESH_ENV",
+                if self.production {
+                    "production"
+                } else {
+                    "development"
+                }
+                .to_owned(),
+            ),
+        ];
+        if let Some(endpoint) = &self.otlp_endpoint {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()));
+        }
+        env
     }
 
     /// A secret setting: required in production, `dev_default` otherwise.
@@ -114,6 +155,17 @@ where
     }
 }
 
+/// A duration in seconds, fractions allowed (`0.2`), or `default` when unset or empty.
+pub fn env_secs(name: &str, default: Duration) -> anyhow::Result<Duration> {
+    let secs: f64 = env_parse(name, default.as_secs_f64())?;
+    Duration::try_from_secs_f64(secs).with_context(|| format!("invalid {name}={secs}"))
+}
+
+/// A duration as [`env_secs`] reads it back.
+pub fn secs(d: Duration) -> String {
+    d.as_secs_f64().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,8 +177,17 @@ mod tests {
         }
         let ns = Namespace::parse("t_42").unwrap();
         assert_eq!(ns.subject("svc.billing.http"), "t_42.svc.billing.http");
-        assert_eq!(ns.database("api-gateway"), "t_42_api_gateway");
         assert_eq!(ns.stream("SEND"), "t_42_SEND");
         assert_eq!(ns.redis_key("code:x"), "t_42:code:x");
+    }
+
+    #[test]
+    fn durations_round_trip_through_the_environment() {
+        for d in [Duration::from_millis(200), Duration::from_secs(30)] {
+            std::env::set_var("POSTMESH_TEST_SECS", secs(d));
+            assert_eq!(env_secs("POSTMESH_TEST_SECS", Duration::ZERO).unwrap(), d);
+        }
+        std::env::set_var("POSTMESH_TEST_SECS", "-1");
+        assert!(env_secs("POSTMESH_TEST_SECS", Duration::ZERO).is_err());
     }
 }

@@ -1,33 +1,52 @@
 //! Postgres setup: each service owns the database `{ns}_{service}`, created on first start,
-//! and runs its own migrations.
+//! and runs its own migrations, plus the kit's (the outbox table) when it uses them.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::migrate::Migrator;
+use futures::future::BoxFuture;
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::config::Common;
+use crate::service::Service;
 
-/// Connects to the service's database, creating it if needed, and runs `migrator`.
+/// Tables of the service kit (the outbox), versions 9001 and up; a service that uses them
+/// runs them beside its own migrations, whose versions stay below 9000.
+pub static KIT_MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+
+/// Several migration sets run as one, in version order.
+#[derive(Debug)]
+struct Combined(Vec<Migration>);
+
+impl MigrationSource<'static> for Combined {
+    fn resolve(self) -> BoxFuture<'static, Result<Vec<Migration>, BoxDynError>> {
+        Box::pin(async move { Ok(self.0) })
+    }
+}
+
+/// Connects to the service's database, creating it if needed, and runs `migrations`.
 pub async fn connect(
     common: &Common,
-    service: &str,
-    migrator: &Migrator,
+    service: Service,
+    migrations: &[&Migrator],
 ) -> anyhow::Result<PgPool> {
-    let name = common.namespace.database(service);
+    let name = service.database(&common.namespace);
     let server = PgConnectOptions::from_str(&common.database_url)
         .with_context(|| format!("invalid DATABASE_URL {:?}", common.database_url))?;
     create_database(&server, &name).await?;
     let pool = PgPoolOptions::new()
         .max_connections(common.db_max_connections)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(common.db_acquire_timeout)
         .connect_with(server.database(&name))
         .await
         .with_context(|| format!("connecting to database {name}"))?;
-    migrator
+    let mut all: Vec<Migration> = migrations.iter().flat_map(|m| m.iter().cloned()).collect();
+    all.sort_by_key(|m| m.version);
+    Migrator::new(Combined(all))
+        .await?
         .run(&pool)
         .await
         .with_context(|| format!("migrating database {name}"))?;

@@ -66,18 +66,21 @@ impl ApiError {
         }
     }
 
+    /// Seconds to wait before retrying, for errors that say so.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::TooManyRequests { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     /// The error as carried in an RPC reply.
     pub fn to_rpc(&self) -> RpcError {
-        let status = self.status().as_u16() as u32;
-        let message = match self {
-            // Carry the retry hint through the one string field.
-            Self::TooManyRequests {
-                message,
-                retry_after,
-            } => format!("{retry_after}:{message}"),
-            other => other.to_string(),
-        };
-        RpcError { status, message }
+        RpcError {
+            status: u32::from(self.status().as_u16()),
+            message: self.to_string(),
+            retry_after_secs: self.retry_after().unwrap_or(0),
+        }
     }
 
     /// Rebuilds the error from an RPC reply; unknown codes become 502 (upstream error).
@@ -93,13 +96,10 @@ impl ApiError {
             409 => Self::Conflict(m),
             410 => Self::Gone(m),
             413 => Self::PayloadTooLarge(m),
-            429 => {
-                let (secs, msg) = m.split_once(':').unwrap_or(("1", &m));
-                Self::TooManyRequests {
-                    retry_after: secs.parse().unwrap_or(1),
-                    message: msg.to_owned(),
-                }
-            }
+            429 => Self::TooManyRequests {
+                message: m,
+                retry_after: e.retry_after_secs.max(1),
+            },
             500 => Self::Internal(m),
             503 => Self::Unavailable(m),
             _ => Self::BadGateway(m),
@@ -107,14 +107,21 @@ impl ApiError {
     }
 }
 
+/// The body of every error answer: `{success: false, error}`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ErrorBody {
+    pub success: bool,
+    pub error: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let retry_after = match &self {
-            Self::TooManyRequests { retry_after, .. } => Some(*retry_after),
-            _ => None,
+        let retry_after = self.retry_after();
+        let body = ErrorBody {
+            success: false,
+            error: self.to_string(),
         };
-        let body = serde_json::json!({ "success": false, "error": self.to_string() });
         let mut res = (status, Json(body)).into_response();
         if let Some(secs) = retry_after {
             res.headers_mut()
@@ -137,14 +144,19 @@ mod tests {
     #[test]
     fn rpc_round_trip_keeps_status_and_retry_hint() {
         let e = ApiError::TooManyRequests {
-            message: "slow down".into(),
+            message: "slow down: 3:2".into(),
             retry_after: 42,
         };
-        match ApiError::from_rpc(e.to_rpc()) {
+        let wire = e.to_rpc();
+        assert_eq!(
+            (wire.retry_after_secs, wire.message.as_str()),
+            (42, "slow down: 3:2")
+        );
+        match ApiError::from_rpc(wire) {
             ApiError::TooManyRequests {
                 message,
                 retry_after,
-            } => assert_eq!((message.as_str(), retry_after), ("slow down", 42)),
+            } => assert_eq!((message.as_str(), retry_after), ("slow down: 3:2", 42)),
             other => panic!("unexpected {other:?}"),
         }
         let back = ApiError::from_rpc(ApiError::PaymentRequired("broke".into()).to_rpc());
@@ -153,6 +165,7 @@ mod tests {
         let unknown = ApiError::from_rpc(RpcError {
             status: 418,
             message: "x".into(),
+            retry_after_secs: 0,
         });
         assert_eq!(unknown.status(), StatusCode::BAD_GATEWAY);
     }

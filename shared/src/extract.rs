@@ -6,6 +6,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::ids::ApiKeyId;
 use crate::proto::AuthContext;
 
 /// A JSON body; a malformed or mistyped body is a 400, an oversized one a 413.
@@ -47,7 +48,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 }
 
 /// The caller as established by the gateway. Missing context is a 500, as the spec says.
-pub struct Caller(pub AuthContext);
+pub struct Caller {
+    pub auth: AuthContext,
+    /// The calling API key, parsed.
+    pub key: ApiKeyId,
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
@@ -56,9 +61,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         parts
             .extensions
             .get::<AuthContext>()
-            .filter(|a| !a.api_key_id.is_empty())
-            .cloned()
-            .map(Self)
+            .and_then(|auth| {
+                let key = ApiKeyId::parse(&auth.api_key_id)?;
+                Some(Self {
+                    auth: auth.clone(),
+                    key,
+                })
+            })
             .ok_or_else(|| ApiError::Internal("authentication context missing".into()))
     }
 }

@@ -1,14 +1,23 @@
-//! Plumbing shared by every Postmesh service: configuration, the error type mapped to the
-//! spec's status codes, Postgres/Redis/NATS setup, telemetry, and the protobuf contracts.
+//! Plumbing shared by every Postmesh service: configuration, the service list, the error
+//! type mapped to the spec's status codes, typed ids and answers, Postgres/Redis/NATS setup,
+//! typed RPCs and the clients built on them, JetStream streams and the outbox, routes with
+//! their auth policy, the start-up runtime, telemetry, and the protobuf contracts.
 
+pub mod clients;
 pub mod config;
 pub mod db;
 pub mod email;
 pub mod error;
 pub mod extract;
+pub mod ids;
 pub mod jetstream;
 pub mod lifecycle;
 pub mod nats;
+pub mod response;
+pub mod routes;
+pub mod rpc;
+pub mod runtime;
+pub mod service;
 pub mod telemetry;
 
 /// Messages compiled from `proto/` (package `postmesh.v1`).
@@ -20,4 +29,10 @@ pub mod proto {
 pub use config::{Common, Namespace};
 pub use email::EmailAddress;
 pub use error::ApiError;
+pub use ids::{ApiKeyId, IdempotencyKey, JobId, TaskId};
 pub use lifecycle::Running;
+pub use response::Success;
+pub use routes::{Policy, Routes};
+pub use rpc::Rpc;
+pub use runtime::Runtime;
+pub use service::Service;

@@ -2,6 +2,7 @@
 //! in-flight work.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -14,29 +15,41 @@ pub struct Running {
     pub http_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
+    drain_timeout: Duration,
 }
 
 impl Running {
-    /// Wraps the pieces of a started service.
+    /// Wraps the pieces of a started service; a stop waits up to `drain_timeout`.
     pub fn new(
         admin_addr: SocketAddr,
         http_addr: Option<SocketAddr>,
         shutdown: CancellationToken,
         tracker: TaskTracker,
+        drain_timeout: Duration,
     ) -> Self {
         Self {
             admin_addr,
             http_addr,
             shutdown,
             tracker,
+            drain_timeout,
         }
     }
 
-    /// Stops taking new work and waits until the work in progress is finished.
+    /// Stops taking new work and waits until the work in progress is finished, at most the
+    /// drain timeout (what is still running then is dropped unacknowledged, so it is redone).
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.tracker.close();
-        self.tracker.wait().await;
+        if tokio::time::timeout(self.drain_timeout, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout = ?self.drain_timeout,
+                "work still in progress at the end of the drain; stopping anyway"
+            );
+        }
     }
 
     /// Runs until Ctrl-C or SIGTERM, then stops gracefully.

@@ -23,6 +23,8 @@ use tracing::Instrument;
 use crate::config::Namespace;
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
+use crate::rpc::Rpc;
+use crate::service::Service;
 use crate::telemetry;
 
 /// Header carrying the request id end to end.
@@ -52,91 +54,95 @@ pub fn outgoing_headers() -> HeaderMap {
     headers
 }
 
-/// Connects to NATS; `request_timeout` bounds every request/reply.
-pub async fn connect(url: &str, name: &str, request_timeout: Duration) -> anyhow::Result<Client> {
+/// Connects to NATS as `service`; `request_timeout` bounds every request/reply.
+pub async fn connect(
+    url: &str,
+    service: Service,
+    request_timeout: Duration,
+) -> anyhow::Result<Client> {
     async_nats::ConnectOptions::new()
-        .name(name)
+        .name(service.name())
         .request_timeout(Some(request_timeout))
         .connect(url)
         .await
         .with_context(|| format!("connecting to NATS at {url}"))
 }
 
-/// Maps a failed NATS request to the error the caller sees.
-fn request_error(target: &str, e: async_nats::RequestError) -> ApiError {
-    use async_nats::RequestErrorKind::*;
-    match e.kind() {
-        NoResponders => ApiError::Unavailable(format!("{target} is unavailable")),
-        TimedOut => ApiError::BadGateway(format!("{target} did not answer in time")),
-        _ => ApiError::BadGateway(format!("{target} request failed: {e}")),
-    }
-}
-
-/// Calls the typed RPC `{ns}.rpc.{service}.{method}`.
-pub async fn call<Req: Message, Resp: Message + Default>(
+/// Sends `payload` to `subject` and waits for the answer of `target`; a failed request
+/// becomes the error the caller sees (no responders 503, timeout 502).
+async fn request(
     client: &Client,
-    ns: &Namespace,
-    service: &str,
-    method: &str,
-    req: &Req,
-) -> Result<Resp, ApiError> {
-    let subject = ns.subject(&format!("rpc.{service}.{method}"));
-    let msg = client
-        .request_with_headers(subject, outgoing_headers(), req.encode_to_vec().into())
+    subject: String,
+    target: Service,
+    payload: Bytes,
+) -> Result<Bytes, ApiError> {
+    use async_nats::RequestErrorKind::*;
+    match client
+        .request_with_headers(subject, outgoing_headers(), payload)
         .await
-        .map_err(|e| request_error(service, e))?;
-    let reply = RpcReply::decode(msg.payload)
-        .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}")))?;
-    match reply.outcome {
-        Some(rpc_reply::Outcome::Ok(bytes)) => Resp::decode(bytes)
-            .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}"))),
-        Some(rpc_reply::Outcome::Error(e)) => Err(ApiError::from_rpc(e)),
-        None => Err(ApiError::BadGateway(format!(
-            "{service} sent an empty reply"
-        ))),
+    {
+        Ok(msg) => Ok(msg.payload),
+        Err(e) => Err(match e.kind() {
+            NoResponders => ApiError::Unavailable(format!("{target} is unavailable")),
+            TimedOut => ApiError::BadGateway(format!("{target} did not answer in time")),
+            _ => ApiError::BadGateway(format!("{target} request failed: {e}")),
+        }),
     }
 }
 
-/// Forwards an HTTP envelope to `{ns}.svc.{service}.http` and returns the service's answer.
+fn bad_reply(target: Service, e: impl std::fmt::Display) -> ApiError {
+    ApiError::BadGateway(format!("{target} sent a bad reply: {e}"))
+}
+
+/// Calls the typed RPC of `req` and returns its reply or its typed error.
+pub async fn call<R: Rpc>(client: &Client, ns: &Namespace, req: &R) -> Result<R::Reply, ApiError> {
+    let payload = request(
+        client,
+        R::rpc_subject(ns),
+        R::SERVICE,
+        req.encode_to_vec().into(),
+    )
+    .await?;
+    let reply = RpcReply::decode(payload).map_err(|e| bad_reply(R::SERVICE, e))?;
+    match reply.outcome {
+        Some(rpc_reply::Outcome::Ok(bytes)) => {
+            R::Reply::decode(bytes).map_err(|e| bad_reply(R::SERVICE, e))
+        }
+        Some(rpc_reply::Outcome::Error(e)) => Err(ApiError::from_rpc(e)),
+        None => Err(bad_reply(R::SERVICE, "empty reply")),
+    }
+}
+
+/// Forwards an HTTP envelope to `service` and returns the service's answer.
 pub async fn forward(
     client: &Client,
     ns: &Namespace,
-    service: &str,
+    service: Service,
     req: &HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let subject = ns.subject(&format!("svc.{service}.http"));
-    let msg = client
-        .request_with_headers(subject, outgoing_headers(), req.encode_to_vec().into())
-        .await
-        .map_err(|e| request_error(service, e))?;
-    HttpResponse::decode(msg.payload)
-        .map_err(|e| ApiError::BadGateway(format!("{service} sent a bad reply: {e}")))
+    let subject = service.http_subject(ns);
+    let payload = request(client, subject, service, req.encode_to_vec().into()).await?;
+    HttpResponse::decode(payload).map_err(|e| bad_reply(service, e))
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler = Arc<dyn Fn(Bytes) -> BoxFuture<Bytes> + Send + Sync>;
 
-/// One typed RPC method of a service.
-pub struct RpcMethod {
-    name: &'static str,
-    handler: Handler,
-}
-
-/// Declares the RPC `name`, decoding `Req`, answering `Resp` or a typed error.
-pub fn rpc<Req, Resp, F, Fut>(name: &'static str, f: F) -> RpcMethod
+/// Decodes an `R`, runs `f` on it and encodes its reply or error as an [`RpcReply`].
+fn rpc_handler<R, S, F, Fut>(state: S, f: F) -> Handler
 where
-    Req: Message + Default,
-    Resp: Message,
-    F: Fn(Req) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Resp, ApiError>> + Send + 'static,
+    R: Rpc,
+    S: Clone + Send + Sync + 'static,
+    F: Fn(S, R) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R::Reply, ApiError>> + Send + 'static,
 {
     let f = Arc::new(f);
-    let handler: Handler = Arc::new(move |payload: Bytes| {
-        let f = f.clone();
+    Arc::new(move |payload: Bytes| {
+        let (f, state) = (f.clone(), state.clone());
         Box::pin(async move {
-            let outcome = match Req::decode(payload) {
-                Ok(req) => match f(req).await {
-                    Ok(resp) => rpc_reply::Outcome::Ok(resp.encode_to_vec().into()),
+            let outcome = match R::decode(payload) {
+                Ok(req) => match f(state, req).await {
+                    Ok(reply) => rpc_reply::Outcome::Ok(reply.encode_to_vec().into()),
                     Err(e) => rpc_reply::Outcome::Error(e.to_rpc()),
                 },
                 Err(e) => rpc_reply::Outcome::Error(
@@ -149,46 +155,55 @@ where
             .encode_to_vec()
             .into()
         })
-    });
-    RpcMethod { name, handler }
+    })
 }
 
 /// Serves one service's HTTP router and RPC methods over NATS.
 pub struct ServiceHost {
     client: Client,
     ns: Namespace,
-    name: &'static str,
+    service: Service,
     endpoints: Vec<(String, Handler)>,
 }
 
 impl ServiceHost {
-    /// A host for service `name` (one of the DESIGN's service names).
-    pub fn new(client: Client, ns: Namespace, name: &'static str) -> Self {
+    /// A host for `service`, with no endpoints yet.
+    pub fn new(client: Client, ns: Namespace, service: Service) -> Self {
         Self {
             client,
             ns,
-            name,
+            service,
             endpoints: Vec::new(),
         }
     }
 
     /// Serves `router` for requests the gateway forwards.
     pub fn http(mut self, router: Router) -> Self {
-        let subject = self.ns.subject(&format!("svc.{}.http", self.name));
         let handler: Handler = Arc::new(move |payload| {
             let router = router.clone();
             Box::pin(async move { handle_http(router, payload).await.encode_to_vec().into() })
         });
-        self.endpoints.push((subject, handler));
+        self.endpoints
+            .push((self.service.http_subject(&self.ns), handler));
         self
     }
 
-    /// Serves a typed RPC method.
-    pub fn rpc(mut self, method: RpcMethod) -> Self {
-        let subject = self
-            .ns
-            .subject(&format!("rpc.{}.{}", self.name, method.name));
-        self.endpoints.push((subject, method.handler));
+    /// Answers the RPC of request type `R` with `f(state, request)`.
+    pub fn rpc<R, S, F, Fut>(mut self, state: S, f: F) -> Self
+    where
+        R: Rpc,
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, R) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R::Reply, ApiError>> + Send + 'static,
+    {
+        debug_assert_eq!(
+            R::SERVICE,
+            self.service,
+            "{} served by the wrong service",
+            R::METHOD
+        );
+        self.endpoints
+            .push((R::rpc_subject(&self.ns), rpc_handler(state, f)));
         self
     }
 
@@ -199,14 +214,15 @@ impl ServiceHost {
         shutdown: CancellationToken,
         tracker: &TaskTracker,
     ) -> anyhow::Result<()> {
+        let name = self.service.name();
         let service = self
             .client
             .service_builder()
-            .description(format!("postmesh {} ({})", self.name, self.ns.as_str()))
-            .queue_group(self.ns.stream(self.name))
-            .start(self.name, env!("CARGO_PKG_VERSION"))
+            .description(format!("postmesh {name} ({})", self.ns.as_str()))
+            .queue_group(self.ns.stream(name))
+            .start(name, env!("CARGO_PKG_VERSION"))
             .await
-            .map_err(|e| anyhow::anyhow!("starting NATS service {}: {e}", self.name))?;
+            .map_err(|e| anyhow::anyhow!("starting NATS service {name}: {e}"))?;
         for (subject, handler) in self.endpoints {
             let mut endpoint = service
                 .endpoint(&subject)

@@ -140,17 +140,6 @@ pub fn link_http(span: &tracing::Span, headers: &http::HeaderMap) {
 /// A readiness probe: resolves to true when the service's dependencies answer.
 pub type ReadyCheck = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
-/// Ready when the service's database and NATS connection answer.
-pub fn ready_when_db_and_nats(db: sqlx::PgPool, nats: async_nats::Client) -> ReadyCheck {
-    Arc::new(move || {
-        let (db, nats) = (db.clone(), nats.clone());
-        Box::pin(async move {
-            crate::db::ping(&db).await
-                && nats.connection_state() == async_nats::connection::State::Connected
-        })
-    })
-}
-
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until `shutdown`; returns the bound address.
 pub async fn serve_admin(
     addr: SocketAddr,

@@ -1,8 +1,13 @@
-//! A whole Postmesh stack for tests: the real gateway, billing and sender, started in this
-//! process against the real PostgreSQL, Redis and NATS, isolated under a fresh namespace.
-//! The sender can instead run as its own OS process, so a test can kill it.
+//! Test harness, one layer at a time: a service's database alone ([`ServiceDb`], for its
+//! router and queries), or a whole Postmesh stack — the real gateway, billing and sender,
+//! started in this process against the real PostgreSQL, Redis and NATS, isolated under a
+//! fresh namespace ([`Stack`]). The sender can instead run as its own OS process, so a test
+//! can kill it. [`TestClient`] is the one typed client for both.
 
+pub mod client;
 pub mod fake_smtp;
+
+pub use client::TestClient;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,7 +19,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use postmesh_shared::config::env_or;
-use postmesh_shared::{Common, Namespace, Running};
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::{Common, Namespace, Rpc, Running, Service};
 
 /// How the sender of a stack runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -95,6 +101,10 @@ pub fn common(ns: Namespace) -> Common {
         redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
         database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),
         db_max_connections: 10,
+        db_acquire_timeout: Duration::from_secs(5),
+        upstream_timeout: Duration::from_secs(10),
+        drain_timeout: Duration::from_secs(30),
+        outbox_poll: Duration::from_millis(200),
         admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok(),
         production: false,
@@ -109,6 +119,75 @@ fn worker_config() -> sender::WorkerConfig {
         retry_base: Duration::from_millis(200),
         concurrency: 8,
     }
+}
+
+/// The gateway settings of a test stack.
+pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gateway::Config {
+    api_gateway::Config {
+        common: common.clone(),
+        http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        body_limit: 64 * 1024,
+        key_cache_ttl: Duration::from_secs(30),
+        rate,
+        codes: api_gateway::CodeConfig {
+            secret: "test-code-secret".into(),
+            ttl_secs: 300,
+            max_attempts: 5,
+            cooldown_secs: 60,
+            hourly_cap: 10,
+            from_email: "codes@postmesh.test".into(),
+        },
+    }
+}
+
+/// One service's database in a fresh namespace, migrated, and nothing else running: for
+/// testing a service's router (`oneshot`) and queries with only Postgres. Dropped with it.
+pub struct ServiceDb {
+    pub common: Common,
+    pub pool: sqlx::PgPool,
+    service: Service,
+}
+
+impl ServiceDb {
+    /// Creates `service`'s database in a fresh namespace and runs `migrations`.
+    pub async fn create(service: Service, migrations: &[&sqlx::migrate::Migrator]) -> Self {
+        let common = common(fresh_namespace());
+        let pool = postmesh_shared::db::connect(&common, service, migrations)
+            .await
+            .expect("service database");
+        Self {
+            common,
+            pool,
+            service,
+        }
+    }
+}
+
+impl Drop for ServiceDb {
+    fn drop(&mut self) {
+        let (url, name) = (
+            self.common.database_url.clone(),
+            self.service.database(&self.common.namespace),
+        );
+        let pool = self.pool.clone();
+        on_a_fresh_runtime(async move {
+            pool.close().await;
+            let _ = postmesh_shared::db::drop_database(&url, &name).await;
+        });
+    }
+}
+
+/// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`).
+fn on_a_fresh_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let cleanup = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(work);
+        }
+    });
+    let _ = cleanup.join();
 }
 
 impl Stack {
@@ -128,14 +207,9 @@ impl Stack {
 
     /// Starts gateway, billing and a sender as `opts` say.
     pub async fn start_opts(opts: Options) -> Self {
-        let common = common(fresh_namespace());
-        let codes = api_gateway::CodeConfig {
-            secret: "test-code-secret".into(),
-            ttl_secs: 300,
-            max_attempts: 5,
-            cooldown_secs: 60,
-            hourly_cap: 10,
-            from_email: "codes@postmesh.test".into(),
+        let common = Common {
+            upstream_timeout: opts.upstream_timeout,
+            ..common(fresh_namespace())
         };
         let billing = billing::start(billing::Config {
             common: common.clone(),
@@ -143,17 +217,11 @@ impl Stack {
         })
         .await
         .expect("billing starts");
-        let gateway = api_gateway::start(api_gateway::Config {
-            common: common.clone(),
-            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            body_limit: 64 * 1024,
-            key_cache_ttl: Duration::from_secs(30),
-            upstream_timeout: opts.upstream_timeout,
-            rate: opts.rate,
-            codes: codes.clone(),
-        })
-        .await
-        .expect("gateway starts");
+        let gateway_config = gateway_config(&common, opts.rate);
+        let codes = gateway_config.codes.clone();
+        let gateway = api_gateway::start(gateway_config)
+            .await
+            .expect("gateway starts");
         let base = format!("http://{}", gateway.http_addr.expect("gateway listens"));
         let mut stack = Self {
             common,
@@ -203,11 +271,11 @@ impl Stack {
     }
 
     /// A service's database in this stack.
-    pub async fn service_db(&self, service: &str) -> sqlx::PgPool {
+    pub async fn service_db(&self, service: Service) -> sqlx::PgPool {
         let url = format!(
             "{}/{}",
             self.common.database_url,
-            self.ns().database(service)
+            service.database(self.ns())
         );
         sqlx::PgPool::connect(&url).await.expect("service database")
     }
@@ -230,21 +298,29 @@ impl Stack {
             .expect("KEYS")
     }
 
-    /// Calls billing's RPC `method`, as another service would.
-    pub async fn billing_rpc<Req, Resp>(
-        &self,
-        method: &str,
-        req: &Req,
-    ) -> Result<Resp, postmesh_shared::ApiError>
-    where
-        Req: prost::Message,
-        Resp: prost::Message + Default,
-    {
+    /// Calls a service's typed RPC, as another service would.
+    pub async fn rpc<R: Rpc>(&self, req: &R) -> Result<R::Reply, postmesh_shared::ApiError> {
         use postmesh_shared::nats;
-        let client = nats::connect(&self.common.nats_url, "test", Duration::from_secs(5))
+        let client = nats::connect(&self.common.nats_url, R::SERVICE, Duration::from_secs(5))
             .await
             .expect("nats");
-        nats::call(&client, self.ns(), "billing", method, req).await
+        nats::call(&client, self.ns(), req).await
+    }
+
+    /// A typed client of the gateway, calling with `key`.
+    pub fn client(&self, key: &str) -> TestClient {
+        TestClient::http(&self.base, Some(key))
+    }
+
+    /// The sender settings of this stack.
+    fn sender_config(&self) -> sender::Config {
+        sender::Config {
+            common: self.common.clone(),
+            transport: self.transport.0.clone(),
+            outbox_dir: self.outbox.path().to_owned(),
+            smtp_url: self.transport.1.clone(),
+            worker: worker_config(),
+        }
     }
 
     /// The id of an API key, as stored by the gateway.
@@ -259,32 +335,19 @@ impl Stack {
 
     /// Starts the sender (again).
     pub async fn start_sender(&mut self) {
+        let mut config = self.sender_config();
         match self.mode {
             SenderMode::InProcess => {
-                let running = sender::start(sender::Config {
-                    common: self.common.clone(),
-                    transport: self.transport.0.clone(),
-                    outbox_dir: self.outbox.path().to_owned(),
-                    smtp_url: self.transport.1.clone(),
-                    worker: worker_config(),
-                })
-                .await
-                .expect("sender starts");
+                let running = sender::start(config).await.expect("sender starts");
                 self.sender = Some(running);
             }
             SenderMode::ChildProcess => {
-                let w = worker_config();
+                // The same settings as in process, through the environment.
                 let admin = free_port();
-                let child = tokio::process::Command::new(workspace_binary("sender"))
-                    .env("POSTMESH_NAMESPACE", self.ns().as_str())
-                    .env("NATS_URL", &self.common.nats_url)
-                    .env("DATABASE_URL", &self.common.database_url)
-                    .env("ADMIN_ADDR", admin.to_string())
-                    .env("SEND_TRANSPORT", &self.transport.0)
-                    .env("SMTP_URL", &self.transport.1)
-                    .env("OUTBOX_DIR", self.outbox.path())
-                    .env("SEND_ACK_WAIT_SECS", w.ack_wait.as_secs().to_string())
-                    .env("SEND_RETRY_BASE_SECS", "1")
+                config.common.admin_addr = admin;
+                let child = tokio::process::Command::new(workspace_binary(sender::SERVICE.name()))
+                    .env_clear()
+                    .envs(config.to_env())
                     .env("RUST_LOG", "warn")
                     .stdout(Stdio::null())
                     .kill_on_drop(true)
@@ -385,9 +448,11 @@ impl Stack {
 
     /// The key's balance, read through the API.
     pub async fn balance(&self, key: &str) -> i64 {
-        let (status, body) = self.get("/balance", key).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["balance"].as_i64().expect("numeric balance")
+        self.client(key)
+            .get::<postmesh_shared::Success<billing::balance::Balance>>("/balance", StatusCode::OK)
+            .await
+            .body
+            .balance
     }
 
     /// Delivered messages addressed to `to` (compared without regard to case).
@@ -469,29 +534,22 @@ impl Drop for Stack {
             return;
         }
         let common = self.common.clone();
-        let cleanup = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(remove_namespace(&common));
-            }
-        });
-        let _ = cleanup.join();
+        on_a_fresh_runtime(async move { remove_namespace(&common).await });
     }
 }
 
-/// Drops a stack's databases, stream and Redis keys.
-async fn remove_namespace(common: &Common) {
+/// Drops a namespace's databases, streams and Redis keys.
+pub async fn remove_namespace(common: &Common) {
     let ns = &common.namespace;
-    for service in [api_gateway::SERVICE, billing::SERVICE, sender::SERVICE] {
+    for service in Service::ALL {
         let _ =
-            postmesh_shared::db::drop_database(&common.database_url, &ns.database(service)).await;
+            postmesh_shared::db::drop_database(&common.database_url, &service.database(ns)).await;
     }
     if let Ok(client) = async_nats::connect(&common.nats_url).await {
-        let _ = async_nats::jetstream::new(client)
-            .delete_stream(ns.stream("SEND"))
-            .await;
+        let js = async_nats::jetstream::new(client);
+        for stream in Stream::ALL {
+            let _ = js.delete_stream(stream.name(ns)).await;
+        }
     }
     if let Ok(client) = redis::Client::open(common.redis_url.as_str()) {
         if let Ok(mut conn) = client.get_multiplexed_async_connection().await {

@@ -276,17 +276,17 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
         charge_idempotency_key: idem.into(),
         reason: "test".into(),
     };
-    let c: ChargeReply = stack.billing_rpc("charge", &charge("a")).await.unwrap();
+    let c: ChargeReply = stack.rpc(&charge("a")).await.unwrap();
     assert_eq!(c.balance, 3);
     for expected in [true, false] {
-        let r: RefundReply = stack.billing_rpc("refund", &refund("a")).await.unwrap();
+        let r: RefundReply = stack.rpc(&refund("a")).await.unwrap();
         assert_eq!((r.refunded, r.balance), (expected, 5));
     }
     // A refund that arrives before its charge voids the key: the charge then fails, twice.
-    let r: RefundReply = stack.billing_rpc("refund", &refund("b")).await.unwrap();
+    let r: RefundReply = stack.rpc(&refund("b")).await.unwrap();
     assert_eq!((r.refunded, r.balance), (false, 5));
     for _ in 0..2 {
-        let late: Result<ChargeReply, ApiError> = stack.billing_rpc("charge", &charge("b")).await;
+        let late: Result<ChargeReply, ApiError> = stack.rpc(&charge("b")).await;
         assert!(matches!(late, Err(ApiError::Conflict(_))), "{late:?}");
     }
     assert_eq!(stack.balance(&key).await, 5);
@@ -354,12 +354,9 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     };
     // "lost" stands for a caller that died before its work was queued; "kept" was confirmed.
     for idem in ["lost", "kept"] {
-        let _: ChargeReply = stack.billing_rpc("charge", &held(idem)).await.unwrap();
+        let _: ChargeReply = stack.rpc(&held(idem)).await.unwrap();
     }
-    let c: ConfirmReply = stack
-        .billing_rpc("confirm", &confirm("kept"))
-        .await
-        .unwrap();
+    let c: ConfirmReply = stack.rpc(&confirm("kept")).await.unwrap();
     assert!(c.confirmed);
     assert_eq!(stack.balance(&key).await, 1);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -372,7 +369,7 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     }
     // Too late for the lost one; confirming the kept one again changes nothing.
     for (idem, expected) in [("lost", false), ("kept", true)] {
-        let c: ConfirmReply = stack.billing_rpc("confirm", &confirm(idem)).await.unwrap();
+        let c: ConfirmReply = stack.rpc(&confirm(idem)).await.unwrap();
         assert_eq!(c.confirmed, expected, "{idem}");
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;

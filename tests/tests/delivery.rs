@@ -6,7 +6,8 @@ use std::time::Duration;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use prost::Message as _;
 
-use postmesh_shared::proto::SendJob;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::{JobKind, SendJob};
 use postmesh_tests::{extract_code, SenderMode, Stack};
 
 async fn delivery_status(db: &sqlx::PgPool) -> Vec<(String, i32)> {
@@ -101,7 +102,7 @@ async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
                  (extract(epoch from clock_timestamp()) * 1000)::bigint + $6)",
     )
     .bind(uuid::Uuid::parse_str(&job.id).unwrap())
-    .bind(&job.kind)
+    .bind("transactional")
     .bind(&job.to)
     .bind(&job.subject)
     .bind(uuid::Uuid::now_v7())
@@ -116,7 +117,7 @@ async fn publish(stack: &Stack, job: &SendJob) {
     let js = async_nats::jetstream::new(client);
     postmesh_shared::jetstream::publish(
         &js,
-        postmesh_shared::jetstream::send_subject(stack.ns()),
+        Stream::Send.subject(stack.ns()),
         &job.id,
         job.encode_to_vec().into(),
     )
@@ -131,7 +132,7 @@ fn job_to(to: &str) -> SendJob {
         to: vec![to.into()],
         subject: "Leased".into(),
         text: "hello".into(),
-        kind: "transactional".into(),
+        kind: JobKind::Transactional.into(),
         ..Default::default()
     }
 }

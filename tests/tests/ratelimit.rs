@@ -15,17 +15,9 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
     let rate = opts.rate;
     let stack = Stack::start_opts(opts).await;
     // A second gateway replica on the same namespace counts against the same allowance.
-    let replica = api_gateway::start(api_gateway::Config {
-        common: stack.common.clone(),
-        http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        body_limit: 64 * 1024,
-        key_cache_ttl: Duration::from_secs(30),
-        upstream_timeout: Duration::from_secs(10),
-        rate,
-        codes: stack.codes.clone(),
-    })
-    .await
-    .unwrap();
+    let replica = api_gateway::start(postmesh_tests::gateway_config(&stack.common, rate))
+        .await
+        .unwrap();
     let other = format!("http://{}", replica.http_addr.unwrap());
     let (key, calm) = (stack.key(10).await, stack.key(10).await);
     let started = Instant::now();

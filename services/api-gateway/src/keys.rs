@@ -11,9 +11,10 @@ use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
+use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::proto::{AuthContext, GrantReply, GrantRequest};
-use postmesh_shared::{ApiError, EmailAddress, Namespace};
+use postmesh_shared::proto::{AuthContext, GrantRequest};
+use postmesh_shared::{ApiError, EmailAddress};
 
 /// Hex chars in the visible prefix.
 const PREFIX_LEN: usize = 12;
@@ -58,6 +59,24 @@ pub fn generate() -> NewKey {
     let text = format!("pm_{prefix}_{secret}");
     let hash = Sha256::digest(text.as_bytes()).into();
     NewKey { text, prefix, hash }
+}
+
+/// What a key may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum Role {
+    Member,
+    Admin,
+}
+
+impl Role {
+    /// The role's name, as the `AuthContext` carries it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::Admin => "admin",
+        }
+    }
 }
 
 /// A looked-up key: its hash and who it belongs to.
@@ -146,7 +165,7 @@ impl KeyStore {
     }
 
     async fn load(&self, prefix: &str) -> Result<Option<KeyRow>, ApiError> {
-        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, String, String)> = sqlx::query_as(
+        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, Role, String)> = sqlx::query_as(
             "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email
              FROM api_keys k JOIN accounts a ON a.id = k.account_id
              WHERE k.prefix = $1 AND k.revoked_at IS NULL",
@@ -160,7 +179,7 @@ impl KeyStore {
                 account_id: account.to_string(),
                 workspace_id: workspace.to_string(),
                 api_key_id: id.to_string(),
-                role,
+                role: role.as_str().to_owned(),
                 email,
             };
             Some((hash, auth))
@@ -172,8 +191,7 @@ impl KeyStore {
 /// through billing. The key row commits only after billing confirmed the grant.
 pub async fn create_key(
     db: &PgPool,
-    nats: &async_nats::Client,
-    ns: &Namespace,
+    billing: &BillingClient,
     email: &EmailAddress,
     credits: i64,
 ) -> anyhow::Result<String> {
@@ -210,7 +228,8 @@ pub async fn create_key(
         credits,
         idempotency_key: format!("grant:{key_id}"),
     };
-    let _: GrantReply = postmesh_shared::nats::call(nats, ns, "billing", "grant", &grant)
+    billing
+        .grant(&grant)
         .await
         .map_err(|e| anyhow::anyhow!("billing could not grant the credits: {e}"))?;
     tx.commit().await?;

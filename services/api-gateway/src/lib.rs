@@ -11,23 +11,27 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
 use axum::extract::DefaultBodyLimit;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use postmesh_shared::config::{env_or, env_parse};
-use postmesh_shared::{db, telemetry, Common, EmailAddress, Namespace, Running};
+use postmesh_shared::clients::billing::BillingClient;
+use postmesh_shared::config::{env_or, env_parse, env_secs};
+use postmesh_shared::jetstream::outbox::Outbox;
+use postmesh_shared::{db, Common, EmailAddress, Namespace, Running, Runtime, Service};
 
 pub use codes::CodeConfig;
 pub use ratelimit::RateConfig;
 
-/// The name of this service in its database name.
-pub const SERVICE: &str = "api-gateway";
+/// This service.
+pub const SERVICE: Service = Service::ApiGateway;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+/// The service's own migrations (`migrations/`).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+/// The gateway's migrations: its own and the kit's (the outbox of code emails).
+pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRATIONS];
 
 /// Gateway settings.
 #[derive(Clone, Debug)]
@@ -39,17 +43,15 @@ pub struct Config {
     pub body_limit: usize,
     /// How long a looked-up API key is trusted before it is read again.
     pub key_cache_ttl: Duration,
-    /// How long a forwarded request or RPC may take.
-    pub upstream_timeout: Duration,
     /// Per-key request rate (`KEY_RATE_PER_SEC`, default 100; `KEY_RATE_BURST`, default 300).
     pub rate: RateConfig,
     pub codes: CodeConfig,
 }
 
 impl Config {
-    /// Reads the settings from the environment (admin port 9090).
+    /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
-        let common = Common::from_env(9090)?;
+        let common = Common::from_env(SERVICE)?;
         let codes = CodeConfig {
             secret: common.secret("CODE_SECRET", "dev-code-secret")?,
             ttl_secs: 300,
@@ -61,8 +63,7 @@ impl Config {
         Ok(Self {
             http_addr: env_parse("GATEWAY_ADDR", SocketAddr::from(([127, 0, 0, 1], 8080)))?,
             body_limit: env_parse("GATEWAY_BODY_LIMIT", 256 * 1024)?,
-            key_cache_ttl: Duration::from_secs(env_parse("KEY_CACHE_TTL_SECS", 30)?),
-            upstream_timeout: Duration::from_secs(env_parse("UPSTREAM_TIMEOUT_SECS", 10)?),
+            key_cache_ttl: env_secs("KEY_CACHE_TTL_SECS", Duration::from_secs(30))?,
             rate: RateConfig {
                 per_sec: env_parse("KEY_RATE_PER_SEC", 100)?,
                 burst: env_parse("KEY_RATE_BURST", 300)?,
@@ -78,8 +79,10 @@ impl Config {
 pub struct AppState {
     pub ns: Namespace,
     pub nats: async_nats::Client,
-    pub js: jetstream::Context,
+    pub db: PgPool,
     pub redis: ConnectionManager,
+    pub outbox: Outbox,
+    pub billing: BillingClient,
     pub keys: Arc<keys::KeyStore>,
     pub rate: Arc<ratelimit::RateLimit>,
     pub codes: Arc<CodeConfig>,
@@ -94,28 +97,20 @@ pub fn app(state: AppState) -> axum::Router {
         .layer(axum::middleware::from_fn(observe::observe))
 }
 
-async fn connect_db(c: &Common) -> anyhow::Result<PgPool> {
-    db::connect(c, SERVICE, &MIGRATOR).await
-}
-
-/// Starts the gateway: database, Redis, NATS, the public listener and the admin server.
+/// Starts the gateway: its public listener, the outbox relay, Redis in readiness.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let c = &config.common;
-    telemetry::init(SERVICE, c.otlp_endpoint.as_deref());
-    let db = connect_db(c).await?;
-    let redis_client = redis::Client::open(c.redis_url.as_str())?;
-    let redis = ConnectionManager::new(redis_client).await?;
-    let nats =
-        postmesh_shared::nats::connect(&c.nats_url, SERVICE, config.upstream_timeout).await?;
-    let js = jetstream::new(nats.clone());
-    postmesh_shared::jetstream::send_stream(&js, &c.namespace).await?;
+    let mut rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
+    let redis = rt.redis().await?;
+    let ns = rt.common.namespace.clone();
     let state = AppState {
-        ns: c.namespace.clone(),
-        nats: nats.clone(),
-        js,
-        redis: redis.clone(),
+        billing: BillingClient::new(rt.nats.clone(), ns.clone(), rt.tracker.clone()),
+        outbox: rt.outbox(),
+        ns,
+        nats: rt.nats.clone(),
+        db: rt.db.clone(),
+        redis,
         keys: Arc::new(keys::KeyStore::new(
-            db.clone(),
+            rt.db.clone(),
             config.key_cache_ttl,
             keys::DEFAULT_CACHE_CAPACITY,
         )),
@@ -123,35 +118,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         codes: Arc::new(config.codes.clone()),
         body_limit: config.body_limit,
     };
-    let shutdown = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let listener = tokio::net::TcpListener::bind(config.http_addr).await?;
-    let http_addr = listener.local_addr()?;
-    let app = app(state);
-    let stop = shutdown.clone();
-    tracker.spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "HTTP server failed");
-        }
-    });
-    let ready: telemetry::ReadyCheck = Arc::new(move || {
-        let (db, nats, mut redis) = (db.clone(), nats.clone(), redis.clone());
-        Box::pin(async move {
-            let redis_ok = redis::cmd("PING")
-                .query_async::<String>(&mut redis)
-                .await
-                .is_ok();
-            redis_ok
-                && db::ping(&db).await
-                && nats.connection_state() == async_nats::connection::State::Connected
-        })
-    });
-    let admin = telemetry::serve_admin(c.admin_addr, ready, shutdown.clone()).await?;
-    tracing::info!(http = %http_addr, admin = %admin, namespace = c.namespace.as_str(), "gateway started");
-    Ok(Running::new(admin, Some(http_addr), shutdown, tracker))
+    let http = rt.listen(config.http_addr, app(state)).await?;
+    rt.running(Some(http)).await
 }
 
 /// Runs the gateway until Ctrl-C or SIGTERM, then drains in-flight requests.
@@ -164,8 +132,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 pub async fn create_key(common: &Common, email: &str, credits: i64) -> anyhow::Result<String> {
     let email = EmailAddress::parse(email)
         .ok_or_else(|| anyhow::anyhow!("invalid email address {email:?}"))?;
-    let db = connect_db(common).await?;
+    let db = db::connect(common, SERVICE, &MIGRATIONS).await?;
     let nats =
-        postmesh_shared::nats::connect(&common.nats_url, SERVICE, Duration::from_secs(10)).await?;
-    keys::create_key(&db, &nats, &common.namespace, &email, credits).await
+        postmesh_shared::nats::connect(&common.nats_url, SERVICE, common.upstream_timeout).await?;
+    let billing = BillingClient::new(nats, common.namespace.clone(), TaskTracker::new());
+    keys::create_key(&db, &billing, &email, credits).await
 }

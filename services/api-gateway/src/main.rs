@@ -22,7 +22,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             let email = email.context("usage: api-gateway create-key --email E [--credits N]")?;
-            let common = postmesh_shared::Common::from_env(9090)?;
+            let common = postmesh_shared::Common::from_env(api_gateway::SERVICE)?;
             let key = api_gateway::create_key(&common, &email, credits).await?;
             eprintln!("created an API key for {email} with {credits} credits");
             println!("{key}");

@@ -1,99 +1,88 @@
 //! The route table: each path with its auth policy and where it is served — here in the
-//! gateway, or by a service over NATS as an HTTP envelope.
+//! gateway, or by its owning service over NATS as an HTTP envelope. Paths and policies come
+//! from the owners' route lists, so an endpoint is declared once, where it is handled.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::IntoResponse;
-use axum::routing::{any, post, MethodRouter};
+use axum::routing::{any, MethodRouter};
 use axum::Router;
 
 use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
-use postmesh_shared::{nats, ApiError};
+use postmesh_shared::routes::{Manifest, NO_SUCH_ENDPOINT};
+use postmesh_shared::{nats, ApiError, Policy, Service};
 
 use crate::{codes, AppState};
 
-/// Who may call a route.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Anyone.
-    Public,
-    /// A bearer API key (`Authorization: Bearer <key>`).
-    Key,
-}
-
 /// Where a route is served.
-enum Target {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
     /// A handler in the gateway.
-    Local(Box<MethodRouter<AppState>>),
-    /// The named service's router, over NATS.
-    Service(&'static str),
+    Gateway,
+    /// The service's own router, over NATS.
+    Service(Service),
 }
 
-/// One row of the route table.
-struct Route {
-    path: &'static str,
-    policy: Policy,
-    target: Target,
+/// One row of the gateway's route table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub path: &'static str,
+    pub policy: Policy,
+    pub target: Target,
 }
 
-fn table() -> Vec<Route> {
-    use Policy::*;
-    use Target::*;
-    vec![
-        Route {
-            path: "/send-code",
-            policy: Key,
-            target: Local(Box::new(post(codes::send_code))),
-        },
-        Route {
-            path: "/verify-code",
-            policy: Key,
-            target: Local(Box::new(post(codes::verify_code))),
-        },
-        Route {
-            path: "/balance",
-            policy: Key,
-            target: Service("billing"),
-        },
-        Route {
-            path: "/deduct",
-            policy: Key,
-            target: Service("billing"),
-        },
-        Route {
-            path: "/logs",
-            policy: Key,
-            target: Service("billing"),
-        },
-        Route {
-            path: "/logs/download",
-            policy: Key,
-            target: Service("billing"),
-        },
-    ]
+/// The routes each service owns, as it declares them.
+fn forwarded() -> Vec<(Service, Manifest)> {
+    vec![(Service::Billing, billing::routes().manifest())]
+}
+
+/// The whole route table: the gateway's own routes and every service's.
+pub fn table() -> Vec<Entry> {
+    let local = codes::routes()
+        .manifest()
+        .into_iter()
+        .map(|(path, policy)| Entry {
+            path,
+            policy,
+            target: Target::Gateway,
+        });
+    let remote = forwarded().into_iter().flat_map(|(service, routes)| {
+        routes.into_iter().map(move |(path, policy)| Entry {
+            path,
+            policy,
+            target: Target::Service(service),
+        })
+    });
+    local.chain(remote).collect()
 }
 
 /// Builds the public router from the route table.
 pub fn router(state: AppState) -> Router {
+    let mut handlers: Vec<(&'static str, Policy, MethodRouter<AppState>)> = codes::routes()
+        .into_inner()
+        .into_iter()
+        .map(|r| (r.path, r.policy, r.handler))
+        .collect();
+    for (service, routes) in forwarded() {
+        for (path, policy) in routes {
+            let to_service =
+                any(move |state: State<AppState>, req: Request| forward(state, service, req));
+            handlers.push((path, policy, to_service));
+        }
+    }
     let (mut public, mut keyed) = (Router::new(), Router::new());
-    for route in table() {
-        let handler = match route.target {
-            Target::Local(handler) => *handler,
-            Target::Service(service) => {
-                any(move |state: State<AppState>, req: Request| forward(state, service, req))
-            }
-        };
-        match route.policy {
-            Policy::Public => public = public.route(route.path, handler),
-            Policy::Key => keyed = keyed.route(route.path, handler),
+    for (path, policy, handler) in handlers {
+        match policy {
+            Policy::Public => public = public.route(path, handler),
+            Policy::Key => keyed = keyed.route(path, handler),
         }
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     public
         .merge(keyed)
-        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
+        .fallback(|| async { ApiError::NotFound(NO_SUCH_ENDPOINT.into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
@@ -139,7 +128,7 @@ const FORWARDED_REQUEST_HEADERS: [HeaderName; 5] = [
 /// Sends the request to `service` as an envelope and relays its answer.
 async fn forward(
     State(state): State<AppState>,
-    service: &'static str,
+    service: Service,
     req: Request,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = req.into_parts();

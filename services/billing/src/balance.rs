@@ -1,18 +1,29 @@
 //! `GET /balance`: the calling API key's credit balance.
 
 use axum::extract::State;
-use axum::Json;
-use serde_json::{json, Value};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
 
 use postmesh_shared::extract::Caller;
-use postmesh_shared::ApiError;
+use postmesh_shared::{ApiError, Policy, Routes, Success};
 
-use crate::{key_id, AppState};
+use crate::AppState;
 
-pub async fn get_balance(
-    State(st): State<AppState>,
-    Caller(auth): Caller,
-) -> Result<Json<Value>, ApiError> {
-    let balance = crate::ledger::current_balance(&st.db, key_id(&auth)?).await?;
-    Ok(Json(json!({ "success": true, "balance": balance })))
+/// This module's routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new().route("/balance", Policy::Key, get(get_balance))
+}
+
+/// The answer of `GET /balance`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Balance {
+    pub balance: i64,
+}
+
+async fn get_balance(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Success<Balance>, ApiError> {
+    let balance = crate::ledger::current_balance(&state.db, caller.key).await?;
+    Ok(Success::new(Balance { balance }))
 }

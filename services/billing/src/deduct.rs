@@ -1,16 +1,27 @@
 //! `POST /deduct`: takes 1 credit from the calling key, once per `idempotencyKey`.
 
 use axum::extract::State;
-use axum::Json;
+use axum::routing::post;
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::ChargeRequest;
-use postmesh_shared::{ApiError, EmailAddress};
+use postmesh_shared::{ApiError, EmailAddress, Policy, Routes, Success};
 
 use crate::AppState;
+
+/// This module's routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new().route("/deduct", Policy::Key, post(deduct))
+}
+
+/// The answer of `POST /deduct`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deducted {
+    pub message: String,
+    pub balance: i64,
+}
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -19,11 +30,11 @@ struct DeductBody {
     idempotency_key: Option<String>,
 }
 
-pub async fn deduct(
-    State(st): State<AppState>,
-    Caller(auth): Caller,
+async fn deduct(
+    State(state): State<AppState>,
+    caller: Caller,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Success<Deducted>, ApiError> {
     // The body is optional: empty means "no target, no idempotency key".
     let body: DeductBody = if body.iter().all(u8::is_ascii_whitespace) {
         DeductBody::default()
@@ -46,8 +57,9 @@ pub async fn deduct(
         Some(k) => format!("deduct:{k}"),
         None => format!("deduct:{}", uuid::Uuid::new_v4()),
     };
+    let auth = caller.auth;
     let reply = crate::ledger::charge(
-        &st.db,
+        &state.db,
         &ChargeRequest {
             api_key_id: auth.api_key_id,
             account_id: auth.account_id,
@@ -65,7 +77,8 @@ pub async fn deduct(
     } else {
         "Deducted 1 credit"
     };
-    Ok(Json(
-        json!({ "success": true, "message": message, "balance": reply.balance }),
-    ))
+    Ok(Success::new(Deducted {
+        message: message.to_owned(),
+        balance: reply.balance,
+    }))
 }

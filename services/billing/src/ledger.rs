@@ -2,6 +2,7 @@
 //! idempotency key, and the balance moves in the same statement, conditionally, so
 //! concurrent charges never overdraw and a retried charge never charges twice.
 
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -10,7 +11,43 @@ use postmesh_shared::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, GrantReply, GrantRequest,
     RefundReply, RefundRequest,
 };
-use postmesh_shared::ApiError;
+use postmesh_shared::{ApiError, ApiKeyId, TaskId};
+
+/// What a ledger entry did to the balance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    /// Credits taken (negative delta).
+    Charge,
+    /// A charge given back.
+    Refund,
+    /// Credits added.
+    Grant,
+    /// A key refunded before its charge happened: the charge can never take credits.
+    Void,
+}
+
+/// The idempotency key of a ledger entry (unique per API key): 1-200 chars.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerKey(String);
+
+impl LedgerKey {
+    /// Parses a key sent by a caller.
+    pub fn parse(raw: &str) -> Result<Self, LedgerError> {
+        if raw.is_empty() || raw.len() > 200 {
+            return Err(LedgerError::Invalid(
+                "idempotency key must be 1-200 chars".into(),
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 /// Why a ledger operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,17 +78,8 @@ impl From<LedgerError> for ApiError {
     }
 }
 
-fn parse_key_id(raw: &str) -> Result<Uuid, LedgerError> {
-    Uuid::parse_str(raw).map_err(|_| LedgerError::Invalid("invalid api_key_id".into()))
-}
-
-fn check_idempotency_key(key: &str) -> Result<(), LedgerError> {
-    if key.is_empty() || key.len() > 200 {
-        return Err(LedgerError::Invalid(
-            "idempotency key must be 1-200 chars".into(),
-        ));
-    }
-    Ok(())
+fn parse_key_id(raw: &str) -> Result<ApiKeyId, LedgerError> {
+    ApiKeyId::parse(raw).ok_or_else(|| LedgerError::Invalid("invalid api_key_id".into()))
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
@@ -61,7 +89,13 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// Takes `req.cost` credits, once per `(api_key_id, idempotency_key)`.
 pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
-    check_idempotency_key(&req.idempotency_key)?;
+    let idem = LedgerKey::parse(&req.idempotency_key)?;
+    let task_id = match req.task_id.as_deref() {
+        None => None,
+        Some(raw) => {
+            Some(TaskId::parse(raw).ok_or_else(|| LedgerError::Invalid("invalid task_id".into()))?)
+        }
+    };
     if req.cost <= 0 {
         return Err(LedgerError::Invalid("cost must be positive".into()));
     }
@@ -88,7 +122,7 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
          RETURNING (SELECT balance FROM upd)",
     )
     .bind(key_id)
-    .bind(&req.idempotency_key)
+    .bind(idem.as_str())
     .bind(req.cost)
     .bind(now_unix())
     .bind(entry_id)
@@ -98,7 +132,7 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
     .bind(&req.subject)
     .bind(&req.send_mode)
     .bind(req.recipient_count)
-    .bind(&req.task_id)
+    .bind(task_id.map(|t| t.to_string()))
     .bind(req.hold_secs)
     .fetch_optional(db)
     .await;
@@ -108,31 +142,35 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
             duplicate: false,
             entry_id: entry_id.to_string(),
         }),
-        Ok(None) => earlier_charge(db, key_id, &req.idempotency_key).await,
-        Err(e) if is_unique_violation(&e) => earlier_charge(db, key_id, &req.idempotency_key).await,
+        Ok(None) => earlier_charge(db, key_id, &idem).await,
+        Err(e) if is_unique_violation(&e) => earlier_charge(db, key_id, &idem).await,
         Err(e) => Err(e.into()),
     }
 }
 
 /// After a charge that moved nothing: the earlier charge with that key, a cancelled charge,
 /// or no money.
-async fn earlier_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<ChargeReply, LedgerError> {
-    let (entry, kind, balance): (Option<Uuid>, Option<String>, Option<i64>) = sqlx::query_as(
+async fn earlier_charge(
+    db: &PgPool,
+    key_id: ApiKeyId,
+    idem: &LedgerKey,
+) -> Result<ChargeReply, LedgerError> {
+    let (entry, kind, balance): (Option<Uuid>, Option<EntryKind>, Option<i64>) = sqlx::query_as(
         "SELECT e.id, e.kind, (SELECT balance FROM balances WHERE api_key_id = $1)
          FROM (SELECT 1) AS one
          LEFT JOIN ledger e ON e.api_key_id = $1 AND e.idempotency_key = $2",
     )
     .bind(key_id)
-    .bind(idem)
+    .bind(idem.as_str())
     .fetch_one(db)
     .await?;
-    match (entry, kind.as_deref()) {
-        (Some(id), Some("charge")) => Ok(ChargeReply {
+    match (entry, kind) {
+        (Some(id), Some(EntryKind::Charge)) => Ok(ChargeReply {
             balance: balance.unwrap_or(0),
             duplicate: true,
             entry_id: id.to_string(),
         }),
-        (Some(_), Some("void")) => Err(LedgerError::Voided),
+        (Some(_), Some(EntryKind::Void)) => Err(LedgerError::Voided),
         (Some(_), _) => Err(LedgerError::KeyTaken),
         (None, _) => Err(LedgerError::InsufficientBalance),
     }
@@ -143,11 +181,11 @@ async fn earlier_charge(db: &PgPool, key_id: Uuid, idem: &str) -> Result<ChargeR
 /// out and gave up) fails rather than taking credits nobody will give back.
 pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
-    check_idempotency_key(&req.charge_idempotency_key)?;
+    let idem = LedgerKey::parse(&req.charge_idempotency_key)?;
     // A charge may commit between the two statements below; the void then conflicts with it
     // and the next round refunds it. Two rounds always settle it; the third is a safeguard.
     for _ in 0..3 {
-        if let Some(balance) = refund_charge(db, key_id, &req.charge_idempotency_key).await? {
+        if let Some(balance) = refund_charge(db, key_id, &idem).await? {
             tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge refunded");
             return Ok(RefundReply {
                 balance,
@@ -161,12 +199,11 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
         )
         .bind(Uuid::now_v7())
         .bind(key_id)
-        .bind(&req.charge_idempotency_key)
+        .bind(idem.as_str())
         .bind(now_unix())
         .execute(db)
         .await?;
-        let settled = voided.rows_affected() == 1
-            || !charge_unrefunded(db, key_id, &req.charge_idempotency_key).await?;
+        let settled = voided.rows_affected() == 1 || !charge_unrefunded(db, key_id, &idem).await?;
         if settled {
             if voided.rows_affected() == 1 {
                 tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge voided before it happened");
@@ -183,8 +220,8 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
 /// Refunds the charge with key `idem` if it exists and is not refunded yet; the new balance.
 async fn refund_charge(
     db: impl sqlx::PgExecutor<'_>,
-    key_id: Uuid,
-    idem: &str,
+    key_id: ApiKeyId,
+    idem: &LedgerKey,
 ) -> Result<Option<i64>, LedgerError> {
     Ok(sqlx::query_scalar(
         "WITH ins AS (
@@ -201,7 +238,7 @@ async fn refund_charge(
          RETURNING balance",
     )
     .bind(key_id)
-    .bind(idem)
+    .bind(idem.as_str())
     .bind(Uuid::now_v7())
     .bind(now_unix())
     .fetch_optional(db)
@@ -209,14 +246,18 @@ async fn refund_charge(
 }
 
 /// Whether a charge with key `idem` exists and has no refund.
-async fn charge_unrefunded(db: &PgPool, key_id: Uuid, idem: &str) -> Result<bool, LedgerError> {
+async fn charge_unrefunded(
+    db: &PgPool,
+    key_id: ApiKeyId,
+    idem: &LedgerKey,
+) -> Result<bool, LedgerError> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM ledger c
                         WHERE c.api_key_id = $1 AND c.idempotency_key = $2 AND c.kind = 'charge'
                           AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id))",
     )
     .bind(key_id)
-    .bind(idem)
+    .bind(idem.as_str())
     .fetch_one(db)
     .await?)
 }
@@ -225,7 +266,7 @@ async fn charge_unrefunded(db: &PgPool, key_id: Uuid, idem: &str) -> Result<bool
 /// that was never held, is confirmed too; a charge whose hold ran out is not.
 pub async fn confirm(db: &PgPool, req: &ConfirmRequest) -> Result<ConfirmReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
-    check_idempotency_key(&req.charge_idempotency_key)?;
+    let idem = LedgerKey::parse(&req.charge_idempotency_key)?;
     // The row lock orders this against `release_expired_holds`: whichever comes second sees
     // the other's `hold_until`.
     let confirmed: Option<Uuid> = sqlx::query_scalar(
@@ -236,7 +277,7 @@ pub async fn confirm(db: &PgPool, req: &ConfirmRequest) -> Result<ConfirmReply, 
          RETURNING id",
     )
     .bind(key_id)
-    .bind(&req.charge_idempotency_key)
+    .bind(idem.as_str())
     .fetch_optional(db)
     .await?;
     Ok(ConfirmReply {
@@ -251,7 +292,7 @@ pub const HOLD_BATCH: usize = 100;
 /// released. Replicas running this at once take different rows.
 pub async fn release_expired_holds(db: &PgPool) -> Result<usize, LedgerError> {
     let mut tx = db.begin().await?;
-    let expired: Vec<(Uuid, String)> = sqlx::query_as(
+    let expired: Vec<(ApiKeyId, String)> = sqlx::query_as(
         "UPDATE ledger SET hold_until = -1
          WHERE id IN (SELECT id FROM ledger WHERE hold_until > 0 AND hold_until < $1
                       ORDER BY hold_until LIMIT $2 FOR UPDATE SKIP LOCKED)
@@ -262,7 +303,10 @@ pub async fn release_expired_holds(db: &PgPool) -> Result<usize, LedgerError> {
     .fetch_all(&mut *tx)
     .await?;
     for (key_id, idem) in &expired {
-        if refund_charge(&mut *tx, *key_id, idem).await?.is_some() {
+        if refund_charge(&mut *tx, *key_id, &LedgerKey(idem.clone()))
+            .await?
+            .is_some()
+        {
             tracing::info!(api_key_id = %key_id, charge = %idem, "held charge expired; refunded");
         }
     }
@@ -275,7 +319,7 @@ pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, Ledger
     let key_id = parse_key_id(&req.api_key_id)?;
     let account_id = Uuid::parse_str(&req.account_id)
         .map_err(|_| LedgerError::Invalid("invalid account_id".into()))?;
-    check_idempotency_key(&req.idempotency_key)?;
+    let idem = LedgerKey::parse(&req.idempotency_key)?;
     if req.credits < 0 {
         return Err(LedgerError::Invalid("credits must not be negative".into()));
     }
@@ -294,7 +338,7 @@ pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, Ledger
     .bind(key_id)
     .bind(account_id)
     .bind(Uuid::now_v7())
-    .bind(&req.idempotency_key)
+    .bind(idem.as_str())
     .bind(req.credits)
     .bind(now_unix())
     .bind(&req.email)
@@ -313,7 +357,7 @@ pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, Ledger
 }
 
 /// The key's balance; a key that never had credits has 0.
-pub async fn current_balance(db: &PgPool, key_id: Uuid) -> Result<i64, sqlx::Error> {
+pub async fn current_balance(db: &PgPool, key_id: ApiKeyId) -> Result<i64, sqlx::Error> {
     let balance: Option<i64> =
         sqlx::query_scalar("SELECT balance FROM balances WHERE api_key_id = $1")
             .bind(key_id)

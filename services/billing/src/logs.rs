@@ -4,18 +4,27 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::routing::get;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use sqlx::PgPool;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use postmesh_shared::extract::{Caller, QueryParams};
-use postmesh_shared::ApiError;
+use postmesh_shared::{ApiError, ApiKeyId, Policy, Routes, Success};
 
-use crate::{key_id, AppState};
+use crate::ledger::EntryKind;
+use crate::AppState;
+
+/// This module's routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new().route("/logs", Policy::Key, get(list)).route(
+        "/logs/download",
+        Policy::Key,
+        get(download),
+    )
+}
 
 /// Page size when none is asked for.
 const DEFAULT_LIMIT: i64 = 50;
@@ -28,19 +37,19 @@ pub const DOWNLOAD_MAX_ROWS: i64 = 4000;
 pub const DOWNLOAD_MAX_BYTES: usize = 896 * 1024;
 
 /// One consumption log entry, with the spec's field names.
-#[derive(Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct LogEntry {
-    log_id: String,
-    timestamp: String,
-    amount_deducted: f64,
-    caller_email: String,
-    target_email: Option<String>,
-    from_email: Option<String>,
-    subject: Option<String>,
-    send_mode: Option<String>,
-    recipient_count: Option<f64>,
-    task_id: Option<String>,
-    kind: String,
+    pub log_id: String,
+    pub timestamp: String,
+    pub amount_deducted: f64,
+    pub caller_email: String,
+    pub target_email: Option<String>,
+    pub from_email: Option<String>,
+    pub subject: Option<String>,
+    pub send_mode: Option<String>,
+    pub recipient_count: Option<f64>,
+    pub task_id: Option<String>,
+    pub kind: EntryKind,
 }
 
 #[derive(sqlx::FromRow)]
@@ -55,7 +64,7 @@ struct Row {
     send_mode: Option<String>,
     recipient_count: Option<i64>,
     task_id: Option<String>,
-    kind: String,
+    kind: EntryKind,
 }
 
 impl From<Row> for LogEntry {
@@ -80,7 +89,12 @@ impl From<Row> for LogEntry {
     }
 }
 
-async fn page(db: &PgPool, key: Uuid, limit: i64, offset: i64) -> Result<Vec<LogEntry>, ApiError> {
+async fn page(
+    db: &PgPool,
+    key: ApiKeyId,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<LogEntry>, ApiError> {
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, created_at, delta, caller_email, target_email, from_email, subject, send_mode,
                 recipient_count, task_id, kind
@@ -97,16 +111,24 @@ async fn page(db: &PgPool, key: Uuid, limit: i64, offset: i64) -> Result<Vec<Log
 }
 
 #[derive(Deserialize)]
-pub struct PageQuery {
+struct PageQuery {
     limit: Option<i64>,
     offset: Option<i64>,
 }
 
-pub async fn list(
-    State(st): State<AppState>,
-    Caller(auth): Caller,
+/// The answer of `GET /logs`: one page, newest first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LogPage {
+    pub logs: Vec<LogEntry>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
     QueryParams(q): QueryParams<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Success<LogPage>, ApiError> {
     let limit = match q.limit {
         None => DEFAULT_LIMIT,
         Some(n) if n < 1 => return Err(ApiError::BadRequest("limit must be at least 1".into())),
@@ -117,17 +139,16 @@ pub async fn list(
         Some(n) if n < 0 => return Err(ApiError::BadRequest("offset must not be negative".into())),
         Some(n) => n,
     };
-    let logs = page(&st.db, key_id(&auth)?, limit, offset).await?;
-    Ok(Json(
-        json!({ "success": true, "logs": logs, "limit": limit, "offset": offset }),
-    ))
+    let logs = page(&state.db, caller.key, limit, offset).await?;
+    Ok(Success::new(LogPage {
+        logs,
+        limit,
+        offset,
+    }))
 }
 
-pub async fn download(
-    State(st): State<AppState>,
-    Caller(auth): Caller,
-) -> Result<Response, ApiError> {
-    let logs = page(&st.db, key_id(&auth)?, DOWNLOAD_MAX_ROWS, 0).await?;
+async fn download(State(state): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    let logs = page(&state.db, caller.key, DOWNLOAD_MAX_ROWS, 0).await?;
     let mut out = csv::Writer::from_writer(Vec::new());
     for entry in &logs {
         out.serialize(entry)

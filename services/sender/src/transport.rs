@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
+use postmesh_shared::JobId;
+
 /// A failed delivery: permanent ones are not retried.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -36,7 +38,7 @@ impl Transport {
     }
 
     /// Delivers `message`. Delivering the same job again replaces, never duplicates, its file.
-    pub async fn deliver(&self, job_id: &str, message: Message) -> Result<(), TransportError> {
+    pub async fn deliver(&self, job_id: JobId, message: Message) -> Result<(), TransportError> {
         match self {
             Self::File { dir } => {
                 let tmp = dir.join(format!(".{job_id}.tmp"));

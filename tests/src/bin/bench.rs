@@ -57,7 +57,7 @@ async fn start_baseline(stack: &Stack, key: &str) -> anyhow::Result<SocketAddr> 
         .max_connections(1)
         .connect(&format!(
             "{server}/{}",
-            stack.ns().database(api_gateway::SERVICE)
+            api_gateway::SERVICE.database(stack.ns())
         ))
         .await?;
     let prefix = key.split('_').nth(1).unwrap_or_default();
@@ -69,7 +69,7 @@ async fn start_baseline(stack: &Stack, key: &str) -> anyhow::Result<SocketAddr> 
         .max_connections(stack.common.db_max_connections)
         .connect(&format!(
             "{server}/{}",
-            stack.ns().database(billing::SERVICE)
+            billing::SERVICE.database(stack.ns())
         ))
         .await?;
     let state = Baseline {

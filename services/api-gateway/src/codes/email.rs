@@ -1,0 +1,70 @@
+//! The code email: a SEND job written to the gateway's outbox in its own transaction, then
+//! published. Policy: docs/decisions.md, "Verification codes" and "Outbox".
+
+use prost::Message as _;
+
+use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::{AuthContext, JobKind, SendJob};
+use postmesh_shared::{ApiError, EmailAddress, JobId};
+
+use super::store::Code;
+use super::CodeConfig;
+use crate::AppState;
+
+/// The email that carries `code` to `to`.
+fn job(
+    config: &CodeConfig,
+    auth: &AuthContext,
+    to: &EmailAddress,
+    code: &Code,
+    id: JobId,
+) -> SendJob {
+    let minutes = config.ttl_secs / 60;
+    SendJob {
+        id: id.to_string(),
+        account_id: auth.account_id.clone(),
+        api_key_id: auth.api_key_id.clone(),
+        from_email: config.from_email.clone(),
+        from_name: String::new(),
+        to: vec![to.as_str().to_owned()],
+        subject: "Your verification code".into(),
+        text: format!(
+            "Your verification code is {}.\r\n\r\nIt expires in {minutes} minutes. If you did not ask for it, ignore this email.\r\n",
+            code.as_str()
+        ),
+        html: String::new(),
+        kind: JobKind::Verification.into(),
+    }
+}
+
+/// Queues the code email as job `id`. An error means it will never be sent: it was
+/// committed but could not be published, and was withdrawn before the relay took it.
+pub(super) async fn queue(
+    state: &AppState,
+    auth: &AuthContext,
+    to: &EmailAddress,
+    code: &Code,
+    id: JobId,
+) -> Result<(), ApiError> {
+    let message = OutboxMessage {
+        id: id.as_uuid(),
+        subject: Stream::Send.subject(&state.ns),
+        payload: job(&state.codes, auth, to, code, id).encode_to_vec().into(),
+    };
+    let mut tx = state.db.begin().await?;
+    outbox::enqueue(&mut tx, &message).await?;
+    tx.commit().await?;
+    let Err(e) = state.outbox.publish_now(message.id).await else {
+        return Ok(());
+    };
+    match state.outbox.withdraw(message.id).await {
+        Ok(true) => Err(e),
+        Ok(false) => Ok(()),
+        Err(w) => {
+            // Committed and not withdrawn: the relay publishes it once it can.
+            tracing::warn!(error = %e, withdraw = %w, "code email left to the outbox relay");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The JetStream streams of DESIGN §3, declared in one table, publishing with
+//! de-duplication ids, and the transactional [`outbox`] that feeds them.
+
+pub mod outbox;
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::{self, RetentionPolicy};
+use async_nats::jetstream::{self};
+use bytes::Bytes;
+
+use crate::config::Namespace;
+use crate::error::ApiError;
+use crate::nats::outgoing_headers;
+
+/// One of the system's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// Messages to deliver; sender workers take each once.
+    Send,
+    /// Mail received for a workspace; the webhook dispatcher fans it out.
+    Inbound,
+    /// Signed webhook POSTs to make; dispatcher workers take each once.
+    Webhook,
+    /// Workflow events; the sender triggers and exits workflows.
+    Events,
+    /// Delivery outcomes; sender stats and delivery webhooks read them.
+    Delivery,
+}
+
+/// How a stream is declared.
+struct Spec {
+    stream: Stream,
+    name: &'static str,
+    /// Subject filter below the namespace.
+    subjects: &'static str,
+    retention: RetentionPolicy,
+}
+
+/// The streams of DESIGN §3.
+const STREAMS: [Spec; 5] = [
+    Spec {
+        stream: Stream::Send,
+        name: "SEND",
+        subjects: "send.deliver",
+        retention: RetentionPolicy::WorkQueue,
+    },
+    Spec {
+        stream: Stream::Inbound,
+        name: "INBOUND",
+        subjects: "inbound.received",
+        retention: RetentionPolicy::Limits,
+    },
+    Spec {
+        stream: Stream::Webhook,
+        name: "WEBHOOK",
+        subjects: "webhook.deliver",
+        retention: RetentionPolicy::WorkQueue,
+    },
+    Spec {
+        stream: Stream::Events,
+        name: "EVENTS",
+        subjects: "events.>",
+        retention: RetentionPolicy::Limits,
+    },
+    Spec {
+        stream: Stream::Delivery,
+        name: "DELIVERY",
+        subjects: "delivery.>",
+        retention: RetentionPolicy::Limits,
+    },
+];
+
+/// How long a stream keeps a message nobody took.
+const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The window in which a repeated `Nats-Msg-Id` is dropped.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+impl Stream {
+    /// Every stream.
+    pub const ALL: [Stream; 5] = [
+        Stream::Send,
+        Stream::Inbound,
+        Stream::Webhook,
+        Stream::Events,
+        Stream::Delivery,
+    ];
+
+    fn spec(self) -> &'static Spec {
+        STREAMS
+            .iter()
+            .find(|s| s.stream == self)
+            .expect("every stream is in the table")
+    }
+
+    /// `{ns}_{NAME}`: the stream's name in JetStream.
+    pub fn name(self, ns: &Namespace) -> String {
+        ns.stream(self.spec().name)
+    }
+
+    /// `{ns}.{subjects}`: the subjects the stream captures (for a single-subject stream, the
+    /// subject to publish on).
+    pub fn subject(self, ns: &Namespace) -> String {
+        ns.subject(self.spec().subjects)
+    }
+
+    /// Creates the stream unless it exists; returns it.
+    pub async fn ensure(
+        self,
+        js: &jetstream::Context,
+        ns: &Namespace,
+    ) -> anyhow::Result<stream::Stream> {
+        let spec = self.spec();
+        js.get_or_create_stream(stream::Config {
+            name: self.name(ns),
+            subjects: vec![self.subject(ns)],
+            retention: spec.retention,
+            storage: stream::StorageType::File,
+            duplicate_window: DUPLICATE_WINDOW,
+            max_age: MAX_AGE,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating stream {}: {e}", self.name(ns)))
+    }
+}
+
+/// Creates every stream of the namespace that does not exist yet.
+pub async fn ensure_streams(js: &jetstream::Context, ns: &Namespace) -> anyhow::Result<()> {
+    for stream in Stream::ALL {
+        stream.ensure(js, ns).await?;
+    }
+    Ok(())
+}
+
+/// Publishes `payload` and waits until JetStream has stored it. `msg_id` makes a retried
+/// publish a no-op inside the duplicate window.
+pub async fn publish(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<(), ApiError> {
+    publish_with(js, subject, outgoing_headers(), msg_id, payload).await
+}
+
+/// [`publish`] with the given trace headers.
+async fn publish_with(
+    js: &jetstream::Context,
+    subject: String,
+    mut headers: async_nats::HeaderMap,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<(), ApiError> {
+    headers.insert("Nats-Msg-Id", msg_id);
+    let ack = js
+        .publish_with_headers(subject, headers, payload)
+        .await
+        .map_err(|e| ApiError::internal("could not queue the message", e))?;
+    ack.await
+        .map_err(|e| ApiError::internal("the message queue did not confirm", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_names_every_stream_once() {
+        let ns = Namespace::parse("pm").unwrap();
+        let names: Vec<String> = Stream::ALL.iter().map(|s| s.name(&ns)).collect();
+        assert_eq!(
+            names,
+            [
+                "pm_SEND",
+                "pm_INBOUND",
+                "pm_WEBHOOK",
+                "pm_EVENTS",
+                "pm_DELIVERY"
+            ]
+        );
+        assert_eq!(Stream::Send.subject(&ns), "pm.send.deliver");
+        assert_eq!(Stream::Events.subject(&ns), "pm.events.>");
+    }
+}

@@ -1,0 +1,60 @@
+//! Typed RPCs: each request message names its service, method and reply type once, so a
+//! call (`nats::call(&client, &ns, &req)`) cannot pair a request with the wrong method and
+//! needs no annotation, and a server registers the request type it answers.
+
+use prost::Message;
+
+use crate::config::Namespace;
+use crate::proto::{
+    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, GrantReply, GrantRequest,
+    RefundReply, RefundRequest,
+};
+use crate::service::Service;
+
+/// A request message of a typed RPC on `{ns}.rpc.{service}.{method}`.
+pub trait Rpc: Message + Default + Send + Sync + 'static {
+    /// The service that answers it.
+    const SERVICE: Service;
+    /// The method name in its subject.
+    const METHOD: &'static str;
+    /// What a successful call returns.
+    type Reply: Message + Default + Send + 'static;
+
+    /// The subject the request travels on.
+    fn rpc_subject(ns: &Namespace) -> String {
+        Self::SERVICE.rpc_subject(ns, Self::METHOD)
+    }
+}
+
+/// `service "method": Request => Reply;` rows of the RPC table.
+macro_rules! rpcs {
+    ($($service:ident $method:literal: $req:ty => $reply:ty;)*) => {$(
+        impl Rpc for $req {
+            const SERVICE: Service = Service::$service;
+            const METHOD: &'static str = $method;
+            type Reply = $reply;
+        }
+    )*};
+}
+
+// Every RPC of the system (proto/postmesh/v1 holds the messages).
+rpcs! {
+    Billing "charge": ChargeRequest => ChargeReply;
+    Billing "refund": RefundRequest => RefundReply;
+    Billing "confirm": ConfirmRequest => ConfirmReply;
+    Billing "grant": GrantRequest => GrantReply;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_request_knows_its_subject() {
+        let ns = Namespace::parse("pm").unwrap();
+        assert_eq!(ChargeRequest::rpc_subject(&ns), "pm.rpc.billing.charge");
+        assert_eq!(RefundRequest::rpc_subject(&ns), "pm.rpc.billing.refund");
+        assert_eq!(ConfirmRequest::rpc_subject(&ns), "pm.rpc.billing.confirm");
+        assert_eq!(GrantRequest::rpc_subject(&ns), "pm.rpc.billing.grant");
+    }
+}

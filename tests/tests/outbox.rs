@@ -1,0 +1,147 @@
+//! The transactional outbox against the real Postgres and NATS: only committed messages are
+//! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use uuid::Uuid;
+
+use postmesh_shared::jetstream::outbox::{self, Outbox, OutboxMessage};
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::{db, Service};
+use postmesh_tests::{remove_namespace, ServiceDb};
+
+/// A database with the kit's tables, a NATS connection and the namespace's streams.
+async fn setup() -> (
+    ServiceDb,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+) {
+    let store = ServiceDb::create(Service::Domain, &[&db::KIT_MIGRATIONS]).await;
+    let nats = async_nats::connect(&store.common.nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(nats.clone());
+    postmesh_shared::jetstream::ensure_streams(&js, &store.common.namespace)
+        .await
+        .unwrap();
+    (store, nats, js)
+}
+
+async fn write(store: &ServiceDb, n: usize, commit: bool) -> Vec<Uuid> {
+    let mut tx = store.pool.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = Uuid::now_v7();
+        let msg = OutboxMessage {
+            id,
+            subject: Stream::Send.subject(&store.common.namespace),
+            payload: Bytes::from(format!("message {i}")),
+        };
+        outbox::enqueue(&mut tx, &msg).await.unwrap();
+        ids.push(id);
+    }
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+    ids
+}
+
+/// Message ids seen on the subject (core NATS sees every publish, even ones JetStream then
+/// drops as duplicates) until `quiet` passes without one.
+async fn seen(sub: &mut async_nats::Subscriber, quiet: Duration) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Ok(Some(msg)) = tokio::time::timeout(quiet, sub.next()).await {
+        let id = msg.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id"));
+        ids.push(id.expect("Nats-Msg-Id").to_string());
+    }
+    ids
+}
+
+async fn waiting(store: &ServiceDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn only_committed_messages_are_published_and_a_relay_after_a_crash_sends_them() {
+    let (store, nats, js) = setup().await;
+    let ns = store.common.namespace.clone();
+    let mut sub = nats.subscribe(Stream::Send.subject(&ns)).await.unwrap();
+    nats.flush().await.unwrap();
+    // Written and committed, then the writer "crashed" before publishing anything.
+    let committed = write(&store, 3, true).await;
+    let _rolled_back = write(&store, 2, false).await;
+    assert_eq!(waiting(&store).await, 3);
+    assert!(seen(&mut sub, Duration::from_millis(300)).await.is_empty());
+    // A relay started afterwards publishes the committed messages, in order, once.
+    let relay = Outbox::new(store.pool.clone(), js.clone());
+    assert!(!relay.relay_once().await.unwrap(), "one pass was enough");
+    let ids = seen(&mut sub, Duration::from_millis(300)).await;
+    let expected: Vec<String> = committed.iter().map(Uuid::to_string).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(waiting(&store).await, 0);
+    relay.relay_once().await.unwrap();
+    assert!(seen(&mut sub, Duration::from_millis(300)).await.is_empty());
+    let mut stream = js.get_stream(Stream::Send.name(&ns)).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+    remove_namespace(&store.common).await;
+}
+
+#[tokio::test]
+async fn relays_of_several_replicas_publish_each_message_once() {
+    let (store, nats, js) = setup().await;
+    let mut sub = nats
+        .subscribe(Stream::Send.subject(&store.common.namespace))
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+    let written = write(&store, 250, true).await;
+    let replicas: Vec<_> = (0..3)
+        .map(|_| {
+            let relay = Outbox::new(store.pool.clone(), js.clone());
+            tokio::spawn(async move { while relay.relay_once().await.unwrap() {} })
+        })
+        .collect();
+    for replica in replicas {
+        replica.await.unwrap();
+    }
+    let ids = seen(&mut sub, Duration::from_millis(500)).await;
+    assert_eq!(ids.len(), 250, "every message published exactly once");
+    let distinct: HashSet<String> = ids.into_iter().collect();
+    let expected: HashSet<String> = written.iter().map(Uuid::to_string).collect();
+    assert_eq!(distinct, expected);
+    remove_namespace(&store.common).await;
+}
+
+#[tokio::test]
+async fn a_message_published_now_is_not_published_again_and_a_withdrawn_one_never() {
+    let (store, nats, js) = setup().await;
+    let mut sub = nats
+        .subscribe(Stream::Send.subject(&store.common.namespace))
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+    let outbox = Outbox::new(store.pool.clone(), js.clone());
+    let ids = write(&store, 2, true).await;
+    outbox.publish_now(ids[0]).await.unwrap();
+    outbox.publish_now(ids[0]).await.unwrap();
+    assert!(!outbox.withdraw(ids[0]).await.unwrap(), "already published");
+    assert!(outbox.withdraw(ids[1]).await.unwrap());
+    outbox.relay_once().await.unwrap();
+    let seen = seen(&mut sub, Duration::from_millis(300)).await;
+    assert_eq!(seen, vec![ids[0].to_string()]);
+    // Without a stream to take it, a publish fails and the message stays waiting.
+    js.delete_stream(Stream::Send.name(&store.common.namespace))
+        .await
+        .unwrap();
+    let lost = write(&store, 1, true).await;
+    assert!(outbox.publish_now(lost[0]).await.is_err());
+    assert!(outbox.relay_once().await.is_err());
+    assert_eq!(waiting(&store).await, 1);
+    remove_namespace(&store.common).await;
+}
