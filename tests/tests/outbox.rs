@@ -13,19 +13,23 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{db, Service};
 use postmesh_tests::{remove_namespace, ServiceDb};
 
-/// A database with the kit's tables, a NATS connection and the namespace's streams.
+/// A database with the kit's tables, the namespace's streams, and a core NATS subscription
+/// to the SEND subject.
 async fn setup() -> (
     ServiceDb,
-    async_nats::Client,
+    async_nats::Subscriber,
     async_nats::jetstream::Context,
 ) {
     let store = ServiceDb::create(Service::Domain, &[&db::KIT_MIGRATIONS]).await;
     let nats = async_nats::connect(&store.common.nats_url).await.unwrap();
     let js = async_nats::jetstream::new(nats.clone());
-    postmesh_shared::jetstream::ensure_streams(&js, &store.common.namespace)
+    let ns = &store.common.namespace;
+    postmesh_shared::jetstream::ensure_streams(&js, ns)
         .await
         .unwrap();
-    (store, nats, js)
+    let sub = nats.subscribe(Stream::Send.subject(ns)).await.unwrap();
+    nats.flush().await.unwrap();
+    (store, sub, js)
 }
 
 async fn write(store: &ServiceDb, n: usize, commit: bool) -> Vec<Uuid> {
@@ -69,10 +73,8 @@ async fn waiting(store: &ServiceDb) -> i64 {
 
 #[tokio::test]
 async fn only_committed_messages_are_published_and_a_relay_after_a_crash_sends_them() {
-    let (store, nats, js) = setup().await;
+    let (store, mut sub, js) = setup().await;
     let ns = store.common.namespace.clone();
-    let mut sub = nats.subscribe(Stream::Send.subject(&ns)).await.unwrap();
-    nats.flush().await.unwrap();
     // Written and committed, then the writer "crashed" before publishing anything.
     let committed = write(&store, 3, true).await;
     let _rolled_back = write(&store, 2, false).await;
@@ -94,12 +96,7 @@ async fn only_committed_messages_are_published_and_a_relay_after_a_crash_sends_t
 
 #[tokio::test]
 async fn relays_of_several_replicas_publish_each_message_once() {
-    let (store, nats, js) = setup().await;
-    let mut sub = nats
-        .subscribe(Stream::Send.subject(&store.common.namespace))
-        .await
-        .unwrap();
-    nats.flush().await.unwrap();
+    let (store, mut sub, js) = setup().await;
     let written = write(&store, 250, true).await;
     let replicas: Vec<_> = (0..3)
         .map(|_| {
@@ -120,12 +117,7 @@ async fn relays_of_several_replicas_publish_each_message_once() {
 
 #[tokio::test]
 async fn a_message_published_now_is_not_published_again_and_a_withdrawn_one_never() {
-    let (store, nats, js) = setup().await;
-    let mut sub = nats
-        .subscribe(Stream::Send.subject(&store.common.namespace))
-        .await
-        .unwrap();
-    nats.flush().await.unwrap();
+    let (store, mut sub, js) = setup().await;
     let outbox = Outbox::new(store.pool.clone(), js.clone());
     let ids = write(&store, 2, true).await;
     outbox.publish_now(ids[0]).await.unwrap();
