@@ -1,14 +1,7 @@
 //! The per-key request rate: a GCRA limit kept in Redis, so every gateway replica counts
-//! against the same allowance. Over the limit → 429 with `Retry-After`.
-//!
-//! To keep Redis off the path of most requests, a replica with steady traffic on a key takes
-//! allowance in batches sized to a tenth of that key's requests on this replica in the last
-//! second (at most a tenth of a second's worth of the limit, a quarter of the burst, and 100),
-//! and spends it locally for up to a second. Every request is debited in Redis before it is
-//! let through, so over time all replicas together stay within the rate; at one moment a
-//! replica may spend up to one batch beyond the burst. One batch per key is in flight at a
-//! time (concurrent misses ask for one request each), so a replica leaves at most a tenth of
-//! its own traffic on a key unused.
+//! against the same allowance; over the limit → 429 with `Retry-After`. Allowance is taken
+//! from Redis in batches sized to the key's recent traffic and spent locally. Policy:
+//! docs/decisions.md, "Gateway".
 
 use std::collections::HashMap;
 use std::sync::Mutex;
