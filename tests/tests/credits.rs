@@ -4,6 +4,9 @@ use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+use billing::deduct::Deducted;
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::Success;
 use postmesh_tests::Stack;
 
 #[tokio::test]
@@ -77,25 +80,26 @@ async fn unknown_routes_and_oversized_bodies_get_json_errors() {
 async fn deduct_takes_one_credit_and_402s_at_zero() {
     let stack = Stack::start().await;
     let key = stack.key(2).await;
+    let client = stack.client(&key);
     assert_eq!(stack.balance(&key).await, 2);
-    let (s, body) = stack
-        .post("/deduct", &key, json!({ "targetEmail": "a@example.com" }))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["success"], json!(true));
-    assert_eq!(body["balance"], json!(1));
+    let body = json!({ "targetEmail": "a@example.com" });
+    let d: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
+    assert!(d.success);
+    assert_eq!(d.body.balance, 1);
     // The body is optional.
-    let (s, _, body) = stack.call(Method::POST, "/deduct", Some(&key), None).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["balance"], json!(0));
-    let (s, body) = stack.post("/deduct", &key, json!({})).await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
-    assert_eq!(body["success"], json!(false));
-    assert_eq!(stack.balance(&key).await, 0);
-    let (s, _) = stack
-        .post("/deduct", &key, json!({ "targetEmail": "not-an-email" }))
+    let d: Success<Deducted> = client
+        .call(Method::POST, "/deduct", None, StatusCode::OK)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(d.body.balance, 0);
+    let e: ErrorBody = client
+        .post("/deduct", &json!({}), StatusCode::PAYMENT_REQUIRED)
+        .await;
+    assert!(!e.success);
+    assert_eq!(stack.balance(&key).await, 0);
+    let bad = json!({ "targetEmail": "not-an-email" });
+    let _: ErrorBody = client
+        .post("/deduct", &bad, StatusCode::BAD_REQUEST)
+        .await;
     stack.shutdown().await;
 }
 

@@ -74,18 +74,21 @@ impl Config {
     }
 }
 
-/// What request handlers share.
-#[derive(Clone)]
-pub struct AppState {
+/// What request handlers share, behind one `Arc`: every extractor clones it, so a clone is
+/// one reference count, not one per field.
+pub type AppState = Arc<Gateway>;
+
+/// The gateway's shared state.
+pub struct Gateway {
     pub ns: Namespace,
     pub nats: async_nats::Client,
     pub db: PgPool,
     pub redis: ConnectionManager,
     pub outbox: Outbox,
     pub billing: BillingClient,
-    pub keys: Arc<keys::KeyStore>,
-    pub rate: Arc<ratelimit::RateLimit>,
-    pub codes: Arc<CodeConfig>,
+    pub keys: keys::KeyStore,
+    pub rate: ratelimit::RateLimit,
+    pub codes: CodeConfig,
     pub body_limit: usize,
 }
 
@@ -102,22 +105,22 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let mut rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
     let redis = rt.redis().await?;
     let ns = rt.common.namespace.clone();
-    let state = AppState {
+    let state = Arc::new(Gateway {
         billing: BillingClient::new(rt.nats.clone(), ns.clone(), rt.tracker.clone()),
         outbox: rt.outbox(),
         ns,
         nats: rt.nats.clone(),
         db: rt.db.clone(),
         redis,
-        keys: Arc::new(keys::KeyStore::new(
+        keys: keys::KeyStore::new(
             rt.db.clone(),
             config.key_cache_ttl,
             keys::DEFAULT_CACHE_CAPACITY,
-        )),
-        rate: Arc::new(ratelimit::RateLimit::new(config.rate)),
-        codes: Arc::new(config.codes.clone()),
+        ),
+        rate: ratelimit::RateLimit::new(config.rate),
+        codes: config.codes.clone(),
         body_limit: config.body_limit,
-    };
+    });
     let http = rt.listen(config.http_addr, app(state)).await?;
     rt.running(Some(http)).await
 }
