@@ -97,9 +97,7 @@ async fn deduct_takes_one_credit_and_402s_at_zero() {
     assert!(!e.success);
     assert_eq!(stack.balance(&key).await, 0);
     let bad = json!({ "targetEmail": "not-an-email" });
-    let _: ErrorBody = client
-        .post("/deduct", &bad, StatusCode::BAD_REQUEST)
-        .await;
+    let _: ErrorBody = client.post("/deduct", &bad, StatusCode::BAD_REQUEST).await;
     stack.shutdown().await;
 }
 
