@@ -157,8 +157,16 @@ where
 
 /// A duration in seconds, fractions allowed (`0.2`), or `default` when unset or empty.
 pub fn env_secs(name: &str, default: Duration) -> anyhow::Result<Duration> {
-    let secs: f64 = env_parse(name, default.as_secs_f64())?;
-    Duration::try_from_secs_f64(secs).with_context(|| format!("invalid {name}={secs}"))
+    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        None => Ok(default),
+        Some(v) => parse_secs(&v).with_context(|| format!("invalid {name}={v:?}")),
+    }
+}
+
+/// Seconds as text (`30`, `0.2`) as a duration.
+fn parse_secs(raw: &str) -> anyhow::Result<Duration> {
+    let secs: f64 = raw.parse()?;
+    Ok(Duration::try_from_secs_f64(secs)?)
 }
 
 /// A duration as [`env_secs`] reads it back.
@@ -184,10 +192,10 @@ mod tests {
     #[test]
     fn durations_round_trip_through_the_environment() {
         for d in [Duration::from_millis(200), Duration::from_secs(30)] {
-            std::env::set_var("POSTMESH_TEST_SECS", secs(d));
-            assert_eq!(env_secs("POSTMESH_TEST_SECS", Duration::ZERO).unwrap(), d);
+            assert_eq!(parse_secs(&secs(d)).unwrap(), d);
         }
-        std::env::set_var("POSTMESH_TEST_SECS", "-1");
-        assert!(env_secs("POSTMESH_TEST_SECS", Duration::ZERO).is_err());
+        for bad in ["-1", "soon", "NaN"] {
+            assert!(parse_secs(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }
