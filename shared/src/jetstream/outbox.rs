@@ -82,7 +82,12 @@ impl Outbox {
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(row) = row {
-            self.publish(row).await?;
+            // Roll back before answering: a dropped transaction keeps the row locked until
+            // its connection is next used, and a relay would skip the row meanwhile.
+            if let Err(e) = self.publish(row).await {
+                tx.rollback().await?;
+                return Err(e);
+            }
             mark_published(&mut tx, &[id]).await?;
         }
         tx.commit().await?;
