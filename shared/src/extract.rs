@@ -6,7 +6,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::ids::ApiKeyId;
+use crate::ids::{ApiKeyId, WorkspaceId};
 use crate::proto::AuthContext;
 
 /// A JSON body; a malformed or mistyped body is a 400, an oversized one a 413.
@@ -52,6 +52,8 @@ pub struct Caller {
     pub auth: AuthContext,
     /// The calling API key, parsed.
     pub key: ApiKeyId,
+    /// The key's workspace, parsed.
+    pub workspace: WorkspaceId,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
@@ -62,10 +64,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .extensions
             .get::<AuthContext>()
             .and_then(|auth| {
-                let key = ApiKeyId::parse(&auth.api_key_id)?;
                 Some(Self {
+                    key: ApiKeyId::parse(&auth.api_key_id)?,
+                    workspace: WorkspaceId::parse(&auth.workspace_id)?,
                     auth: auth.clone(),
-                    key,
                 })
             })
             .ok_or_else(|| ApiError::Internal("authentication context missing".into()))

@@ -60,6 +60,8 @@ uuid_id! {
     JobId,
     /// A send request (`/send-email`): one task, one or more jobs.
     TaskId,
+    /// The scope of API keys: plans and limits belong to a workspace.
+    WorkspaceId,
 }
 
 /// The `idempotency-key` header of spec §4.3 rule 1: 16-100 letters, digits, `_` or `-`.

@@ -19,6 +19,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod service;
 pub mod telemetry;
+pub mod tls;
 
 /// Messages compiled from `proto/` (package `postmesh.v1`).
 pub mod proto {
@@ -29,10 +30,10 @@ pub mod proto {
 pub use config::{Common, Namespace};
 pub use email::EmailAddress;
 pub use error::ApiError;
-pub use ids::{ApiKeyId, IdempotencyKey, JobId, TaskId};
+pub use ids::{ApiKeyId, IdempotencyKey, JobId, TaskId, WorkspaceId};
 pub use lifecycle::Running;
 pub use response::Success;
 pub use routes::{Policy, Routes};
-pub use rpc::Rpc;
+pub use rpc::{Method, Rpc};
 pub use runtime::Runtime;
 pub use service::Service;

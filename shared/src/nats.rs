@@ -23,7 +23,7 @@ use tracing::Instrument;
 use crate::config::Namespace;
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
-use crate::rpc::Rpc;
+use crate::rpc::{Method, Rpc};
 use crate::service::Service;
 use crate::telemetry;
 
@@ -96,20 +96,25 @@ fn bad_reply(target: Service, e: impl std::fmt::Display) -> ApiError {
 
 /// Calls the typed RPC of `req` and returns its reply or its typed error.
 pub async fn call<R: Rpc>(client: &Client, ns: &Namespace, req: &R) -> Result<R::Reply, ApiError> {
-    let payload = request(
-        client,
-        R::rpc_subject(ns),
-        R::SERVICE,
-        req.encode_to_vec().into(),
-    )
-    .await?;
-    let reply = RpcReply::decode(payload).map_err(|e| bad_reply(R::SERVICE, e))?;
+    call_on(client, ns, R::SERVICE, req).await
+}
+
+/// Calls method `R` of `service` (for methods several services answer).
+pub async fn call_on<R: Method>(
+    client: &Client,
+    ns: &Namespace,
+    service: Service,
+    req: &R,
+) -> Result<R::Reply, ApiError> {
+    let subject = service.rpc_subject(ns, R::METHOD);
+    let payload = request(client, subject, service, req.encode_to_vec().into()).await?;
+    let reply = RpcReply::decode(payload).map_err(|e| bad_reply(service, e))?;
     match reply.outcome {
         Some(rpc_reply::Outcome::Ok(bytes)) => {
-            R::Reply::decode(bytes).map_err(|e| bad_reply(R::SERVICE, e))
+            R::Reply::decode(bytes).map_err(|e| bad_reply(service, e))
         }
         Some(rpc_reply::Outcome::Error(e)) => Err(ApiError::from_rpc(e)),
-        None => Err(bad_reply(R::SERVICE, "empty reply")),
+        None => Err(bad_reply(service, "empty reply")),
     }
 }
 
@@ -131,7 +136,7 @@ type Handler = Arc<dyn Fn(Bytes) -> BoxFuture<Bytes> + Send + Sync>;
 /// Decodes an `R`, runs `f` on it and encodes its reply or error as an [`RpcReply`].
 fn rpc_handler<R, S, F, Fut>(state: S, f: F) -> Handler
 where
-    R: Rpc,
+    R: Method,
     S: Clone + Send + Sync + 'static,
     F: Fn(S, R) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<R::Reply, ApiError>> + Send + 'static,
@@ -189,7 +194,7 @@ impl ServiceHost {
     }
 
     /// Answers the RPC of request type `R` with `f(state, request)`.
-    pub fn rpc<R, S, F, Fut>(mut self, state: S, f: F) -> Self
+    pub fn rpc<R, S, F, Fut>(self, state: S, f: F) -> Self
     where
         R: Rpc,
         S: Clone + Send + Sync + 'static,
@@ -202,8 +207,21 @@ impl ServiceHost {
             "{} served by the wrong service",
             R::METHOD
         );
-        self.endpoints
-            .push((R::rpc_subject(&self.ns), rpc_handler(state, f)));
+        self.method(state, f)
+    }
+
+    /// Answers method `R` on this service's subject (`rpc` checks the owner first).
+    pub fn method<R, S, F, Fut>(mut self, state: S, f: F) -> Self
+    where
+        R: Method,
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, R) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R::Reply, ApiError>> + Send + 'static,
+    {
+        self.endpoints.push((
+            self.service.rpc_subject(&self.ns, R::METHOD),
+            rpc_handler(state, f),
+        ));
         self
     }
 

@@ -6,19 +6,24 @@ use prost::Message;
 
 use crate::config::Namespace;
 use crate::proto::{
-    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, GrantReply, GrantRequest,
-    RefundReply, RefundRequest,
+    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
+    EntitlementsRequest, GrantReply, GrantRequest, RefundReply, RefundRequest, UsageReply,
+    UsageRequest,
 };
 use crate::service::Service;
 
-/// A request message of a typed RPC on `{ns}.rpc.{service}.{method}`.
-pub trait Rpc: Message + Default + Send + Sync + 'static {
-    /// The service that answers it.
-    const SERVICE: Service;
+/// A request message of an RPC method on `{ns}.rpc.{service}.{method}`.
+pub trait Method: Message + Default + Send + Sync + 'static {
     /// The method name in its subject.
     const METHOD: &'static str;
     /// What a successful call returns.
     type Reply: Message + Default + Send + 'static;
+}
+
+/// A method one service answers: a call needs no service named.
+pub trait Rpc: Method {
+    /// The service that answers it.
+    const SERVICE: Service;
 
     /// The subject the request travels on.
     fn rpc_subject(ns: &Namespace) -> String {
@@ -26,15 +31,22 @@ pub trait Rpc: Message + Default + Send + Sync + 'static {
     }
 }
 
-/// `service "method": Request => Reply;` rows of the RPC table.
+/// `service "method": Request => Reply;` rows of the RPC table; `* "method"` is a method
+/// every owning service answers (`nats::call_on` names the service).
 macro_rules! rpcs {
-    ($($service:ident $method:literal: $req:ty => $reply:ty;)*) => {$(
-        impl Rpc for $req {
-            const SERVICE: Service = Service::$service;
+    ($($service:tt $method:literal: $req:ty => $reply:ty;)*) => {$(
+        impl Method for $req {
             const METHOD: &'static str = $method;
             type Reply = $reply;
         }
+        rpcs!(@owner $service $req);
     )*};
+    (@owner * $req:ty) => {};
+    (@owner $service:ident $req:ty) => {
+        impl Rpc for $req {
+            const SERVICE: Service = Service::$service;
+        }
+    };
 }
 
 // Every RPC of the system (proto/postmesh/v1 holds the messages).
@@ -43,6 +55,8 @@ rpcs! {
     Billing "refund": RefundRequest => RefundReply;
     Billing "confirm": ConfirmRequest => ConfirmReply;
     Billing "grant": GrantRequest => GrantReply;
+    Billing "entitlements": EntitlementsRequest => EntitlementsReply;
+    * "usage": UsageRequest => UsageReply;
 }
 
 #[cfg(test)]
@@ -56,5 +70,13 @@ mod tests {
         assert_eq!(RefundRequest::rpc_subject(&ns), "pm.rpc.billing.refund");
         assert_eq!(ConfirmRequest::rpc_subject(&ns), "pm.rpc.billing.confirm");
         assert_eq!(GrantRequest::rpc_subject(&ns), "pm.rpc.billing.grant");
+        assert_eq!(
+            EntitlementsRequest::rpc_subject(&ns),
+            "pm.rpc.billing.entitlements"
+        );
+        assert_eq!(
+            Service::Domain.rpc_subject(&ns, UsageRequest::METHOD),
+            "pm.rpc.domain.usage"
+        );
     }
 }

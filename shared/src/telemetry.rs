@@ -28,6 +28,7 @@ static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
 /// Installs logging, tracing and metrics once per process; later calls are no-ops, so
 /// several services can share a process (as the integration tests do).
 pub fn init(service: &str, otlp_endpoint: Option<&str>) {
+    crate::tls::install_provider();
     TRACER.get_or_init(|| {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
         let resource = opentelemetry_sdk::Resource::builder()

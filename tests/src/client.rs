@@ -28,6 +28,8 @@ enum Target {
 /// A typed client of one API surface.
 pub struct TestClient {
     target: Target,
+    /// Extra headers sent with every request.
+    headers: Vec<(String, String)>,
 }
 
 impl TestClient {
@@ -36,9 +38,10 @@ impl TestClient {
         Self {
             target: Target::Http {
                 base: base.to_owned(),
-                http: reqwest::Client::new(),
+                http: crate::http_client(),
                 key: key.map(str::to_owned),
             },
+            headers: Vec::new(),
         }
     }
 
@@ -46,7 +49,14 @@ impl TestClient {
     pub fn router(router: axum::Router, auth: Option<AuthContext>) -> Self {
         Self {
             target: Target::Router { router, auth },
+            headers: Vec::new(),
         }
+    }
+
+    /// The same client, also sending header `name: value`.
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// Sends one request; the status and the body's bytes.
@@ -62,6 +72,9 @@ impl TestClient {
                 if let Some(key) = key {
                     req = req.bearer_auth(key);
                 }
+                for (name, value) in &self.headers {
+                    req = req.header(name, value);
+                }
                 if let Some(body) = body {
                     req = req.header("content-type", "application/json").body(body);
                 }
@@ -73,7 +86,11 @@ impl TestClient {
                 let mut req = axum::http::Request::builder()
                     .method(method.as_str())
                     .uri(path)
-                    .header("content-type", "application/json")
+                    .header("content-type", "application/json");
+                for (name, value) in &self.headers {
+                    req = req.header(name, value);
+                }
+                let mut req = req
                     .body(Body::from(body.unwrap_or_default()))
                     .expect("request");
                 if let Some(auth) = auth {

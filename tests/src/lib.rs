@@ -6,8 +6,10 @@
 
 pub mod client;
 pub mod fake_smtp;
+pub mod fake_stripe;
 
 pub use client::TestClient;
+pub use fake_stripe::FakeStripe;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +40,8 @@ pub struct Options {
     pub upstream_timeout: Duration,
     /// The gateway's per-key request rate.
     pub rate: api_gateway::RateConfig,
+    /// Billing's Stripe settings (none: payments off).
+    pub stripe: billing::StripeConfig,
 }
 
 impl Options {
@@ -59,7 +63,24 @@ impl Default for Options {
                 per_sec: 1000,
                 burst: 1000,
             },
+            stripe: billing::StripeConfig {
+                api_base: "http://127.0.0.1:9".into(),
+                secret_key: None,
+                webhook_secret: None,
+            },
         }
+    }
+}
+
+/// Billing settings of a test stack: the repository's catalog, `stripe` as given.
+pub fn billing_config(common: &Common, stripe: billing::StripeConfig) -> billing::Config {
+    billing::Config {
+        common: common.clone(),
+        hold_sweep: Duration::from_millis(500),
+        catalog_file: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/catalog.json"),
+        stripe,
+        public_base_url: "https://app.postmesh.test".into(),
+        usage_timeout: Duration::from_millis(500),
     }
 }
 
@@ -81,6 +102,12 @@ pub struct Stack {
     cleaned: bool,
     /// Settings of the verification-code flow, as the gateway was started with.
     pub codes: api_gateway::CodeConfig,
+}
+
+/// An HTTP client for tests (TLS set up as the services set it up).
+pub fn http_client() -> reqwest::Client {
+    postmesh_shared::tls::install_provider();
+    reqwest::Client::new()
 }
 
 /// A fresh namespace: `t` plus random letters and digits.
@@ -211,12 +238,9 @@ impl Stack {
             upstream_timeout: opts.upstream_timeout,
             ..common(fresh_namespace())
         };
-        let billing = billing::start(billing::Config {
-            common: common.clone(),
-            hold_sweep: Duration::from_millis(500),
-        })
-        .await
-        .expect("billing starts");
+        let billing = billing::start(billing_config(&common, opts.stripe))
+            .await
+            .expect("billing starts");
         let gateway_config = gateway_config(&common, opts.rate);
         let codes = gateway_config.codes.clone();
         let gateway = api_gateway::start(gateway_config)
@@ -226,7 +250,7 @@ impl Stack {
         let mut stack = Self {
             common,
             base,
-            http: reqwest::Client::new(),
+            http: http_client(),
             outbox: tempfile::tempdir().expect("temp dir"),
             gateway: Some(gateway),
             billing: Some(billing),

@@ -19,7 +19,7 @@ async fn billing_with_key(credits: i64) -> (ServiceDb, ApiKeyId, TestClient) {
     let key = ApiKeyId::new();
     let account = uuid::Uuid::now_v7().to_string();
     ledger::grant(
-        &store.pool,
+        &mut store.pool.acquire().await.unwrap(),
         &GrantRequest {
             api_key_id: key.to_string(),
             account_id: account.clone(),
@@ -37,9 +37,7 @@ async fn billing_with_key(credits: i64) -> (ServiceDb, ApiKeyId, TestClient) {
         role: "member".into(),
         email: "owner@example.com".into(),
     };
-    let router = billing::router(billing::AppState {
-        db: store.pool.clone(),
-    });
+    let router = billing::router(billing::AppState::new(store.pool.clone()));
     (store, key, TestClient::router(router, Some(auth)))
 }
 
@@ -72,9 +70,7 @@ async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
 #[tokio::test]
 async fn a_request_without_its_caller_is_a_500() {
     let (store, _key, _) = billing_with_key(1).await;
-    let router = billing::router(billing::AppState {
-        db: store.pool.clone(),
-    });
+    let router = billing::router(billing::AppState::new(store.pool.clone()));
     let anonymous = TestClient::router(router, None);
     let e: ErrorBody = anonymous
         .get("/balance", StatusCode::INTERNAL_SERVER_ERROR)

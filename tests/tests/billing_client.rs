@@ -12,10 +12,10 @@ use postmesh_shared::{ApiError, ApiKeyId, Running};
 use postmesh_tests::{common, fresh_namespace, remove_namespace};
 
 async fn start_billing(common: &postmesh_shared::Common) -> Running {
-    billing::start(billing::Config {
-        common: common.clone(),
-        hold_sweep: Duration::from_millis(500),
-    })
+    billing::start(postmesh_tests::billing_config(
+        common,
+        postmesh_tests::Options::default().stripe,
+    ))
     .await
     .expect("billing starts")
 }

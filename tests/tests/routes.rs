@@ -31,16 +31,17 @@ async fn handled(router: &axum::Router, path: &str) -> bool {
     false
 }
 
-/// Each service with HTTP routes: its declared routes and its router. The database is never
-/// reached: without a caller every handler stops at the missing auth context.
+/// Each service with HTTP routes: its declared routes and its router. Keyed handlers stop at
+/// the missing auth context; a public one that reaches for the database fails fast.
 fn services() -> Vec<(Service, Manifest, axum::Router)> {
     let idle = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(200))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
         .unwrap();
     vec![(
         Service::Billing,
         billing::routes().manifest(),
-        billing::router(billing::AppState { db: idle }),
+        billing::router(billing::AppState::new(idle)),
     )]
 }
 

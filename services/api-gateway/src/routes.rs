@@ -117,12 +117,14 @@ async fn require_key(
 }
 
 /// Request headers a service may see. Credentials never leave the gateway.
-const FORWARDED_REQUEST_HEADERS: [HeaderName; 5] = [
+const FORWARDED_REQUEST_HEADERS: [HeaderName; 6] = [
     header::CONTENT_TYPE,
     header::ACCEPT,
     header::USER_AGENT,
     HeaderName::from_static("idempotency-key"),
     HeaderName::from_static("x-request-id"),
+    // Billing checks it against the raw body of Stripe's webhooks.
+    HeaderName::from_static("stripe-signature"),
 ];
 
 /// Sends the request to `service` as an envelope and relays its answer.

@@ -3,7 +3,7 @@
 //! concurrent charges never overdraw and a retried charge never charges twice.
 
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
@@ -315,7 +315,7 @@ pub async fn release_expired_holds(db: &PgPool) -> Result<usize, LedgerError> {
 }
 
 /// Adds credits, once per `(api_key_id, idempotency_key)`; creates the balance if needed.
-pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, LedgerError> {
+pub async fn grant(db: &mut PgConnection, req: &GrantRequest) -> Result<GrantReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
     let account_id = Uuid::parse_str(&req.account_id)
         .map_err(|_| LedgerError::Invalid("invalid account_id".into()))?;
@@ -342,7 +342,7 @@ pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, Ledger
     .bind(req.credits)
     .bind(now_unix())
     .bind(&req.email)
-    .fetch_optional(db)
+    .fetch_optional(&mut *db)
     .await?;
     Ok(match balance {
         Some(balance) => GrantReply {
@@ -350,18 +350,70 @@ pub async fn grant(db: &PgPool, req: &GrantRequest) -> Result<GrantReply, Ledger
             duplicate: false,
         },
         None => GrantReply {
-            balance: current_balance(db, key_id).await?,
+            balance: current_balance(&mut *db, key_id).await?,
             duplicate: true,
         },
     })
 }
 
 /// The key's balance; a key that never had credits has 0.
-pub async fn current_balance(db: &PgPool, key_id: ApiKeyId) -> Result<i64, sqlx::Error> {
+pub async fn current_balance(
+    db: impl sqlx::PgExecutor<'_>,
+    key_id: ApiKeyId,
+) -> Result<i64, sqlx::Error> {
     let balance: Option<i64> =
         sqlx::query_scalar("SELECT balance FROM balances WHERE api_key_id = $1")
             .bind(key_id)
             .fetch_optional(db)
             .await?;
     Ok(balance.unwrap_or(0))
+}
+
+/// Adds `nano` nano-USD to the key's usage balance, once per `(key, idempotency_key)`.
+pub async fn grant_usage(
+    db: &mut PgConnection,
+    key: ApiKeyId,
+    idempotency_key: &str,
+    nano: i64,
+) -> Result<(), LedgerError> {
+    if nano <= 0 {
+        return Err(LedgerError::Invalid("usage grants must be positive".into()));
+    }
+    sqlx::query(
+        "WITH ins AS (
+             INSERT INTO usage_ledger (id, api_key_id, idempotency_key, delta_nano, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT DO NOTHING
+             RETURNING delta_nano)
+         INSERT INTO usage_balances (api_key_id, balance_nano, updated_at)
+         SELECT $2, delta_nano, $5 FROM ins
+         ON CONFLICT (api_key_id) DO UPDATE
+             SET balance_nano = usage_balances.balance_nano + EXCLUDED.balance_nano,
+                 updated_at = EXCLUDED.updated_at",
+    )
+    .bind(Uuid::now_v7())
+    .bind(key)
+    .bind(idempotency_key)
+    .bind(nano)
+    .bind(now_unix())
+    .execute(&mut *db)
+    .await?;
+    Ok(())
+}
+
+/// The key's usage balance in nano-USD, and what its usage took since `since` (Unix seconds).
+pub async fn usage_position(
+    db: &PgPool,
+    key: ApiKeyId,
+    since: i64,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT COALESCE((SELECT balance_nano FROM usage_balances WHERE api_key_id = $1), 0),
+                COALESCE((SELECT -SUM(delta_nano) FROM usage_ledger
+                          WHERE api_key_id = $1 AND delta_nano < 0 AND created_at >= $2), 0)::bigint",
+    )
+    .bind(key)
+    .bind(since)
+    .fetch_one(db)
+    .await
 }

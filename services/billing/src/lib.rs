@@ -1,20 +1,34 @@
 //! Billing: credit balances and the append-only ledger behind them, the consumption log,
-//! and the `charge`, `refund`, `confirm` and `grant` RPCs other services call. Held charges
-//! that nobody confirms are refunded by a periodic sweep.
+//! top-ups and plans over Stripe, entitlements, and the `charge`, `refund`, `confirm`,
+//! `grant` and `entitlements` RPCs other services call. Held charges that nobody confirms
+//! are refunded by a periodic sweep.
 
 pub mod balance;
+pub mod catalog;
+pub mod checkout;
 pub mod deduct;
+pub mod entitlements;
 pub mod ledger;
 pub mod logs;
+pub mod purchases;
 pub mod rpc;
+pub mod stripe;
+pub mod subscriptions;
+pub mod webhooks;
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
 
-use postmesh_shared::config::env_secs;
-use postmesh_shared::{Common, Routes, Running, Runtime, Service};
+use postmesh_shared::config::{env_or, env_secs};
+use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
+
+use crate::catalog::{CatalogFile, FreeLimits};
+use crate::entitlements::UsageCounter;
+use crate::stripe::{PaymentProvider, StripeClient};
 
 /// This service.
 pub const SERVICE: Service = Service::Billing;
@@ -28,15 +42,57 @@ pub struct Config {
     pub common: Common,
     /// How often expired charge holds are refunded (`BILLING_HOLD_SWEEP_SECS`, default 5).
     pub hold_sweep: Duration,
+    /// Packs and plans (`BILLING_CATALOG_FILE`, default `deploy/catalog.json`).
+    pub catalog_file: PathBuf,
+    /// Stripe's settings.
+    pub stripe: StripeConfig,
+    /// Where Checkout and the portal send the buyer back (`PUBLIC_BASE_URL`).
+    pub public_base_url: String,
+    /// How long each owning service may take to count usage (`BILLING_USAGE_TIMEOUT_SECS`).
+    pub usage_timeout: Duration,
+}
+
+/// Stripe's settings; without a secret key, payments are off (503).
+#[derive(Clone, Debug)]
+pub struct StripeConfig {
+    /// `STRIPE_API_BASE`, default `https://api.stripe.com`.
+    pub api_base: String,
+    /// `STRIPE_SECRET_KEY`.
+    pub secret_key: Option<String>,
+    /// `STRIPE_WEBHOOK_SECRET`: the endpoint's signing secret (`whsec_...`).
+    pub webhook_secret: Option<String>,
 }
 
 impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
+        let secret = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Ok(Self {
             common: Common::from_env(SERVICE)?,
             hold_sweep: env_secs("BILLING_HOLD_SWEEP_SECS", Duration::from_secs(5))?,
+            catalog_file: env_or("BILLING_CATALOG_FILE", "deploy/catalog.json").into(),
+            stripe: StripeConfig {
+                api_base: env_or("STRIPE_API_BASE", "https://api.stripe.com"),
+                secret_key: secret("STRIPE_SECRET_KEY"),
+                webhook_secret: secret("STRIPE_WEBHOOK_SECRET"),
+            },
+            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
+            usage_timeout: env_secs("BILLING_USAGE_TIMEOUT_SECS", Duration::from_millis(500))?,
         })
+    }
+}
+
+/// The payment processor and where it sends buyers back.
+pub struct Payments {
+    pub stripe: Box<dyn PaymentProvider>,
+    /// `PUBLIC_BASE_URL`, without a trailing slash.
+    pub public_base_url: String,
+}
+
+impl Payments {
+    /// The address of `path` (with its query) under the public base URL.
+    pub fn return_url(&self, path: &str) -> String {
+        format!("{}{path}", self.public_base_url)
     }
 }
 
@@ -44,6 +100,34 @@ impl Config {
 #[derive(Clone)]
 pub struct AppState {
     pub db: PgPool,
+    /// Stripe, when configured.
+    pub payments: Option<Arc<Payments>>,
+    /// The webhook signing secret, when configured.
+    pub webhook_secret: Option<Arc<str>>,
+    /// Limits of a workspace without a plan.
+    pub free: FreeLimits,
+    /// Asks the owning services for usage; without it every count is 0.
+    pub usage: Option<UsageCounter>,
+}
+
+impl AppState {
+    /// State over `db` alone: no payment processor, no usage counts, no free allowance.
+    pub fn new(db: PgPool) -> Self {
+        Self {
+            db,
+            payments: None,
+            webhook_secret: None,
+            free: FreeLimits::default(),
+            usage: None,
+        }
+    }
+
+    /// The payment processor, or 503 when none is configured.
+    pub fn payments(&self) -> Result<&Payments, ApiError> {
+        self.payments
+            .as_deref()
+            .ok_or_else(|| ApiError::Unavailable("payments are not configured".into()))
+    }
 }
 
 /// Billing's HTTP routes with their auth policy, as the gateway forwards them.
@@ -52,6 +136,11 @@ pub fn routes() -> Routes<AppState> {
         .merge(balance::routes())
         .merge(deduct::routes())
         .merge(logs::routes())
+        .merge(catalog::routes())
+        .merge(purchases::routes())
+        .merge(subscriptions::routes())
+        .merge(entitlements::routes())
+        .merge(webhooks::routes())
 }
 
 /// Billing's HTTP router.
@@ -61,8 +150,37 @@ pub fn router(state: AppState) -> Router {
 
 /// Starts billing: its routes and RPCs on NATS, and the hold sweep.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let catalog = CatalogFile::read(&config.catalog_file)?;
     let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
-    let state = AppState { db: rt.db.clone() };
+    catalog.store(&rt.db).await?;
+    let payments = match &config.stripe.secret_key {
+        Some(key) => Some(Arc::new(Payments {
+            stripe: Box::new(StripeClient::new(
+                &config.stripe.api_base,
+                key,
+                config.common.upstream_timeout,
+            )?),
+            public_base_url: config.public_base_url.trim_end_matches('/').to_owned(),
+        })),
+        None => {
+            tracing::warn!("STRIPE_SECRET_KEY is not set: top-ups and plans answer 503");
+            None
+        }
+    };
+    if payments.is_some() && config.stripe.webhook_secret.is_none() {
+        tracing::warn!("STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks answer 503; only reconcile settles purchases");
+    }
+    let state = AppState {
+        db: rt.db.clone(),
+        payments,
+        webhook_secret: config.stripe.webhook_secret.as_deref().map(Arc::from),
+        free: catalog.free,
+        usage: Some(UsageCounter {
+            nats: rt.nats.clone(),
+            ns: config.common.namespace.clone(),
+            timeout: config.usage_timeout,
+        }),
+    };
     rt.serve(rpc::register(
         rt.host().http(router(state.clone())),
         state.clone(),

@@ -7,14 +7,15 @@ use postmesh_shared::proto::{
 };
 use postmesh_shared::ApiError;
 
-use crate::{ledger, AppState};
+use crate::{entitlements, ledger, AppState};
 
 /// Adds billing's RPCs to `host`.
 pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
     host.rpc(state.clone(), charge)
         .rpc(state.clone(), refund)
         .rpc(state.clone(), confirm)
-        .rpc(state, grant)
+        .rpc(state.clone(), grant)
+        .rpc(state, entitlements::rpc)
 }
 
 async fn charge(state: AppState, req: ChargeRequest) -> Result<ChargeReply, ApiError> {
@@ -30,5 +31,5 @@ async fn confirm(state: AppState, req: ConfirmRequest) -> Result<ConfirmReply, A
 }
 
 async fn grant(state: AppState, req: GrantRequest) -> Result<GrantReply, ApiError> {
-    Ok(ledger::grant(&state.db, &req).await?)
+    Ok(ledger::grant(&mut *state.db.acquire().await?, &req).await?)
 }

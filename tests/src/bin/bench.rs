@@ -119,6 +119,7 @@ async fn load(url: &str, key: &str, conns: usize, secs: u64) -> Run {
             let (url, key) = (url.to_owned(), key.to_owned());
             tokio::spawn(async move {
                 // One client per task: one keep-alive connection each.
+                postmesh_shared::tls::install_provider();
                 let client = reqwest::Client::builder()
                     .pool_max_idle_per_host(1)
                     .build()

@@ -1,0 +1,175 @@
+//! Hosted checkouts, top-up or plan: one row per `(API key, idempotency-key)` holding the
+//! request it stands for, and the Stripe Checkout Session opened for it exactly once
+//! (policy in `docs/decisions.md`, "Checkouts").
+
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey};
+
+use crate::stripe::{CheckoutSession, NewCheckoutSession};
+use crate::Payments;
+
+/// Seconds one request holds the right to open a checkout's session; longer than a Stripe call.
+pub const OPENING_LEASE_SECS: i64 = 30;
+
+/// What an idempotency key stands for when a checkout request arrives.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// A new checkout, inserted in the caller's transaction; this request opens its session.
+    New(Uuid),
+    /// An earlier request with this key failed before its session was recorded; this request
+    /// now opens it.
+    Resume(Uuid),
+    /// The session exists: the first answer, again.
+    Done(Opened),
+}
+
+/// The answer of both checkout endpoints: the checkout and its hosted payment page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    pub id: Uuid,
+    pub url: String,
+}
+
+/// Claims `idem` of `key` for `request` (a canonical text of the body) inside `tx`. The same
+/// key with another request, or while another request with it is opening the session, is 409.
+pub async fn claim(
+    tx: &mut PgConnection,
+    key: ApiKeyId,
+    idem: &IdempotencyKey,
+    request: &str,
+) -> Result<Claim, ApiError> {
+    let now = now_unix();
+    let id = Uuid::now_v7();
+    // A concurrent insert of the same key waits here until the other transaction ends.
+    let inserted = sqlx::query(
+        "INSERT INTO checkouts (id, api_key_id, idempotency_key, request, creating_until, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (api_key_id, idempotency_key) DO NOTHING",
+    )
+    .bind(id)
+    .bind(key)
+    .bind(idem.as_str())
+    .bind(request)
+    .bind(now + OPENING_LEASE_SECS)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    if inserted.rows_affected() == 1 {
+        return Ok(Claim::New(id));
+    }
+    let (id, earlier, url, creating_until): (Uuid, String, Option<String>, Option<i64>) =
+        sqlx::query_as(
+            "SELECT id, request, url, creating_until FROM checkouts
+             WHERE api_key_id = $1 AND idempotency_key = $2 FOR UPDATE",
+        )
+        .bind(key)
+        .bind(idem.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    if earlier != request {
+        return Err(ApiError::Conflict(
+            "this idempotency-key was used for a different request".into(),
+        ));
+    }
+    if let Some(url) = url {
+        return Ok(Claim::Done(Opened { id, url }));
+    }
+    if creating_until.is_some_and(|until| until > now) {
+        return Err(ApiError::Conflict(
+            "a request with this idempotency-key is in progress".into(),
+        ));
+    }
+    sqlx::query("UPDATE checkouts SET creating_until = $2 WHERE id = $1")
+        .bind(id)
+        .bind(now + OPENING_LEASE_SECS)
+        .execute(&mut *tx)
+        .await?;
+    Ok(Claim::Resume(id))
+}
+
+/// Opens the Stripe Checkout Session of checkout `id` and records it. Stripe sees our key
+/// namespaced by the API key, so two callers' keys never collide there. On failure the lease
+/// is given up, so a retry with the same key opens it.
+pub async fn open(
+    db: &PgPool,
+    payments: &Payments,
+    id: Uuid,
+    key: ApiKeyId,
+    idem: &IdempotencyKey,
+    params: &NewCheckoutSession,
+) -> Result<Opened, ApiError> {
+    let stripe_key = format!("{key}:{}", idem.as_str());
+    let session = match payments
+        .stripe
+        .create_checkout_session(params, &stripe_key)
+        .await
+    {
+        Ok(session) => session,
+        Err(e) => {
+            sqlx::query("UPDATE checkouts SET creating_until = 0 WHERE id = $1 AND url IS NULL")
+                .bind(id)
+                .execute(db)
+                .await?;
+            return Err(e.into());
+        }
+    };
+    let url = session
+        .url
+        .ok_or_else(|| ApiError::BadGateway("the payment processor sent no checkout URL".into()))?;
+    sqlx::query(
+        "UPDATE checkouts SET session_id = $2, url = $3, creating_until = NULL WHERE id = $1",
+    )
+    .bind(id)
+    .bind(&session.id)
+    .bind(&url)
+    .execute(db)
+    .await?;
+    Ok(Opened { id, url })
+}
+
+/// The checkout `session` was opened for: its `client_reference_id`, else
+/// `metadata[metadata_key]`. A checkout with no session recorded (the answer that carried it
+/// was lost) gets it now; a session that is not its checkout's, or of no checkout, is `None`.
+pub async fn of_session(
+    tx: &mut PgConnection,
+    session: &CheckoutSession,
+    metadata_key: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    let reference = session
+        .client_reference_id
+        .as_deref()
+        .or(session.metadata.get(metadata_key).map(String::as_str));
+    let Some(id) = reference.and_then(|r| Uuid::parse_str(r).ok()) else {
+        tracing::info!(session = %session.id, "checkout session of no checkout of ours; ignored");
+        return Ok(None);
+    };
+    let recorded: Option<Option<String>> = sqlx::query_scalar(
+        "UPDATE checkouts SET session_id = COALESCE(session_id, $2)
+         WHERE id = $1 RETURNING session_id",
+    )
+    .bind(id)
+    .bind(&session.id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if recorded.flatten().as_deref() == Some(session.id.as_str()) {
+        Ok(Some(id))
+    } else {
+        tracing::warn!(session = %session.id, checkout = %id, "session does not belong to the checkout; ignored");
+        Ok(None)
+    }
+}
+
+/// The recorded Stripe session of checkout `id`.
+pub async fn session_of(db: &PgPool, id: Uuid) -> Result<Option<String>, sqlx::Error> {
+    Ok(
+        sqlx::query_scalar("SELECT session_id FROM checkouts WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?
+            .flatten(),
+    )
+}

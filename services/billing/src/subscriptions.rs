@@ -1,0 +1,331 @@
+//! Plans: `POST /billing/subscription/checkout` opens a hosted subscription checkout,
+//! reconcile re-checks it, the portal manages the subscription; the subscription itself
+//! follows what Stripe reports (status, period, cancel at period end; deleted means no plan).
+
+use axum::extract::{Path, State};
+use axum::routing::post;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::{ApiError, IdempotencyKey, Policy, Routes, Success, WorkspaceId};
+
+use crate::catalog;
+use crate::checkout::{self, Claim, Opened};
+use crate::stripe::{CheckoutSession, LineItem, Mode, NewCheckoutSession, Subscription};
+use crate::AppState;
+
+/// This module's routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .route(
+            "/billing/subscription/checkout",
+            Policy::Key,
+            post(create_checkout),
+        )
+        .route(
+            "/billing/subscription/checkouts/{id}/reconcile",
+            Policy::Key,
+            post(reconcile),
+        )
+        .route("/billing/subscription/portal", Policy::Key, post(portal))
+}
+
+/// Stripe statuses of a subscription that is over: the workspace has no plan.
+const ENDED: &str = "('canceled', 'incomplete_expired')";
+
+/// Stripe statuses whose plan limits apply.
+pub const LIMITS_APPLY: [&str; 3] = ["active", "trialing", "past_due"];
+
+/// Where a subscription checkout stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum CheckoutStatus {
+    Pending,
+    Complete,
+    Expired,
+}
+
+/// A subscription checkout (spec §2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct SubscriptionCheckout {
+    pub id: Uuid,
+    pub status: CheckoutStatus,
+}
+
+/// The answer of the subscription reconcile.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CheckoutView {
+    pub checkout: SubscriptionCheckout,
+}
+
+/// The answer of the portal.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PortalLink {
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckoutBody {
+    plan_id: String,
+}
+
+/// A workspace's plan as Stripe last reported it, with the plan's limits.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct CurrentPlan {
+    pub plan_id: Option<String>,
+    pub name: Option<String>,
+    pub status: String,
+    pub period_start: i64,
+    pub period_end: i64,
+    pub cancel_at_period_end: bool,
+    pub mailboxes: Option<i64>,
+    pub custom_domains: Option<i64>,
+    pub monthly_emails: Option<i64>,
+}
+
+impl CurrentPlan {
+    /// Whether the plan's limits apply (an unpaid or paused plan falls back to the free ones).
+    pub fn in_force(&self) -> bool {
+        LIMITS_APPLY.contains(&self.status.as_str()) && self.plan_id.is_some()
+    }
+}
+
+/// The workspace's subscription that is not over, if any.
+pub async fn current(
+    db: impl sqlx::PgExecutor<'_>,
+    workspace: WorkspaceId,
+) -> Result<Option<CurrentPlan>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT s.plan_id, p.name, s.status, s.period_start, s.period_end, s.cancel_at_period_end,
+                p.mailboxes, p.custom_domains, p.monthly_emails
+         FROM subscriptions s LEFT JOIN plans p ON p.id = s.plan_id
+         WHERE s.workspace_id = $1 AND s.status NOT IN {ENDED}
+         ORDER BY s.created_at DESC LIMIT 1"
+    ))
+    .bind(workspace)
+    .fetch_optional(db)
+    .await
+}
+
+async fn create_checkout(
+    State(state): State<AppState>,
+    caller: Caller,
+    idem: IdempotencyKey,
+    JsonBody(body): JsonBody<CheckoutBody>,
+) -> Result<Success<Opened>, ApiError> {
+    catalog::check_id("plan_id", &body.plan_id)?;
+    let (plan, price) = catalog::plan_for_sale(&state.db, &body.plan_id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no plan {:?}", body.plan_id)))?;
+    let payments = state.payments()?;
+    let mut tx = state.db.begin().await?;
+    let id = match checkout::claim(&mut tx, caller.key, &idem, &format!("plan:{}", plan.id)).await?
+    {
+        Claim::Done(opened) => return Ok(Success::new(opened)),
+        Claim::Resume(id) => id,
+        Claim::New(id) => {
+            // Checked in the claim's transaction: a rejected request leaves no checkout.
+            if current(&mut *tx, caller.workspace).await?.is_some() {
+                return Err(ApiError::Conflict(
+                    "the workspace already has a plan".into(),
+                ));
+            }
+            sqlx::query(
+                "INSERT INTO subscription_checkouts (id, workspace_id, plan_id, status, created_at)
+                 VALUES ($1, $2, $3, 'pending', $4)",
+            )
+            .bind(id)
+            .bind(caller.workspace)
+            .bind(&plan.id)
+            .bind(now_unix())
+            .execute(&mut *tx)
+            .await?;
+            id
+        }
+    };
+    tx.commit().await?;
+    let params = NewCheckoutSession {
+        mode: Mode::Subscription,
+        line_item: LineItem::Price(price),
+        client_reference_id: id.to_string(),
+        metadata: vec![("checkout_id", id.to_string())],
+        subscription_metadata: vec![
+            ("workspace_id", caller.workspace.to_string()),
+            ("plan_id", plan.id.clone()),
+        ],
+        customer: customer_of(&state.db, caller.workspace).await?,
+        success_url: payments
+            .return_url(&format!("/billing/subscription/success?checkout_id={id}")),
+        cancel_url: payments
+            .return_url(&format!("/billing/subscription/cancelled?checkout_id={id}")),
+    };
+    let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
+    Ok(Success::new(opened))
+}
+
+/// The Stripe customer of the workspace's latest subscription, ended or not.
+async fn customer_of(db: &PgPool, workspace: WorkspaceId) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT customer_id FROM subscriptions WHERE workspace_id = $1
+         ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(workspace)
+    .fetch_optional(db)
+    .await
+}
+
+async fn find_checkout(
+    db: &PgPool,
+    workspace: WorkspaceId,
+    id: Uuid,
+) -> Result<Option<SubscriptionCheckout>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, status FROM subscription_checkouts WHERE id = $1 AND workspace_id = $2",
+    )
+    .bind(id)
+    .bind(workspace)
+    .fetch_optional(db)
+    .await
+}
+
+async fn reconcile(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Success<CheckoutView>, ApiError> {
+    let id = Uuid::parse_str(&id)
+        .map_err(|_| ApiError::BadRequest("checkout id must be a uuid".into()))?;
+    let not_found = || ApiError::NotFound("subscription checkout not found".into());
+    let checkout = find_checkout(&state.db, caller.workspace, id)
+        .await?
+        .ok_or_else(not_found)?;
+    let payments = state.payments()?;
+    if checkout.status != CheckoutStatus::Pending {
+        return Ok(Success::new(CheckoutView { checkout }));
+    }
+    let Some(session_id) = checkout::session_of(&state.db, id).await? else {
+        return Ok(Success::new(CheckoutView { checkout }));
+    };
+    let session = payments.stripe.checkout_session(&session_id).await?;
+    let subscription = match (&session.subscription, session.status.as_deref()) {
+        (Some(sub), Some("complete")) => Some(payments.stripe.subscription(sub).await?),
+        _ => None,
+    };
+    let mut tx = state.db.begin().await?;
+    apply_checkout(&mut tx, &session, subscription.as_ref()).await?;
+    tx.commit().await?;
+    let checkout = find_checkout(&state.db, caller.workspace, id)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(Success::new(CheckoutView { checkout }))
+}
+
+async fn portal(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Success<PortalLink>, ApiError> {
+    let customer = customer_of(&state.db, caller.workspace)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("the workspace has no subscription".into()))?;
+    let payments = state.payments()?;
+    let session = payments
+        .stripe
+        .create_portal_session(&customer, &payments.return_url("/billing"))
+        .await?;
+    Ok(Success::new(PortalLink { url: session.url }))
+}
+
+/// Applies a subscription-mode checkout session inside `tx`: complete (with the subscription
+/// it created) or expired; a checkout that is no longer pending stays as it is.
+pub async fn apply_checkout(
+    tx: &mut PgConnection,
+    session: &CheckoutSession,
+    subscription: Option<&Subscription>,
+) -> Result<(), ApiError> {
+    let Some(id) = checkout::of_session(tx, session, "checkout_id").await? else {
+        return Ok(());
+    };
+    let status = match (session.status.as_deref(), subscription) {
+        (Some("complete"), Some(_)) => CheckoutStatus::Complete,
+        (Some("expired"), _) => CheckoutStatus::Expired,
+        _ => return Ok(()),
+    };
+    let workspace: Option<WorkspaceId> = sqlx::query_scalar(
+        "UPDATE subscription_checkouts SET status = $2 WHERE id = $1 AND status = 'pending'
+         RETURNING workspace_id",
+    )
+    .bind(id)
+    .bind(status)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let (Some(workspace), Some(sub)) = (workspace, subscription) {
+        record(tx, sub, Some(workspace)).await?;
+    }
+    Ok(())
+}
+
+/// Stores `sub` as Stripe reports it now. Its workspace comes from its metadata, else from
+/// `workspace`, else from the row already stored; a subscription of no workspace is ignored.
+/// An ended subscription never comes back.
+pub async fn record(
+    tx: &mut PgConnection,
+    sub: &Subscription,
+    workspace: Option<WorkspaceId>,
+) -> Result<(), ApiError> {
+    let workspace = match sub
+        .metadata
+        .get("workspace_id")
+        .and_then(|w| WorkspaceId::parse(w))
+        .or(workspace)
+    {
+        Some(w) => Some(w),
+        None => {
+            sqlx::query_scalar("SELECT workspace_id FROM subscriptions WHERE id = $1")
+                .bind(&sub.id)
+                .fetch_optional(&mut *tx)
+                .await?
+        }
+    };
+    let Some(workspace) = workspace else {
+        tracing::info!(subscription = %sub.id, "subscription of no workspace; ignored");
+        return Ok(());
+    };
+    let plan: Option<String> = match sub.price_id() {
+        Some(price) => {
+            sqlx::query_scalar("SELECT id FROM plans WHERE stripe_price_id = $1")
+                .bind(price)
+                .fetch_optional(&mut *tx)
+                .await?
+        }
+        None => None,
+    };
+    if plan.is_none() {
+        tracing::warn!(subscription = %sub.id, price = ?sub.price_id(), "subscription price is in no plan");
+    }
+    let (start, end) = sub.period();
+    let now = now_unix();
+    sqlx::query(&format!(
+        "INSERT INTO subscriptions (id, workspace_id, customer_id, plan_id, status, period_start,
+                                    period_end, cancel_at_period_end, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+         ON CONFLICT (id) DO UPDATE SET customer_id = $3, plan_id = COALESCE($4, subscriptions.plan_id),
+             status = $5, period_start = $6, period_end = $7, cancel_at_period_end = $8, updated_at = $9
+         WHERE subscriptions.status NOT IN {ENDED}"
+    ))
+    .bind(&sub.id)
+    .bind(workspace)
+    .bind(&sub.customer)
+    .bind(plan)
+    .bind(&sub.status)
+    .bind(start)
+    .bind(end)
+    .bind(sub.cancel_at_period_end)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,751 @@
+//! Top-ups and plans through the real gateway → NATS → billing path, with a fake Stripe
+//! speaking Stripe's wire protocol and signed webhooks delivered to the public endpoint.
+
+use futures::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use billing::catalog::{CatalogPage, PackKind};
+use billing::checkout::Opened;
+use billing::entitlements::EntitlementsPage;
+use billing::purchases::{PurchaseList, PurchaseStatus, PurchaseView};
+use billing::subscriptions::{CheckoutStatus, CheckoutView, PortalLink};
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::proto::{EntitlementsRequest, UsageReply, UsageRequest};
+use postmesh_shared::{nats, Service, Success};
+use postmesh_tests::fake_stripe::{self, FakeStripe};
+use postmesh_tests::{Options, Stack, TestClient};
+
+/// A stack whose billing talks to a fresh fake Stripe.
+async fn stack_with_stripe() -> (Stack, FakeStripe) {
+    let stripe = FakeStripe::start().await;
+    let stack = Stack::start_opts(Options {
+        stripe: stripe.config(),
+        ..Options::default()
+    })
+    .await;
+    (stack, stripe)
+}
+
+/// A unique, valid idempotency key.
+fn idem() -> String {
+    format!("test_{}", uuid::Uuid::new_v4().simple())
+}
+
+fn with_key(stack: &Stack, key: &str, idem: &str) -> TestClient {
+    stack.client(key).with_header("idempotency-key", idem)
+}
+
+/// `POST /billing/checkout` expecting 200.
+async fn top_up(stack: &Stack, key: &str, body: Value) -> Opened {
+    let opened: Success<Opened> = with_key(stack, key, &idem())
+        .post("/billing/checkout", &body, StatusCode::OK)
+        .await;
+    opened.body
+}
+
+async fn purchase(stack: &Stack, key: &str, id: uuid::Uuid) -> billing::purchases::Purchase {
+    let view: Success<PurchaseView> = stack
+        .client(key)
+        .get(&format!("/billing/purchases/{id}"), StatusCode::OK)
+        .await;
+    view.body.purchase
+}
+
+async fn entitlements(stack: &Stack, key: &str) -> EntitlementsPage {
+    let page: Success<EntitlementsPage> = stack
+        .client(key)
+        .get("/billing/entitlements", StatusCode::OK)
+        .await;
+    page.body
+}
+
+#[tokio::test]
+async fn the_catalog_is_public_and_says_whether_payments_are_on() {
+    let off = Stack::start().await;
+    let anyone = TestClient::http(&off.base, None);
+    let page: Success<CatalogPage> = anyone.get("/billing/catalog", StatusCode::OK).await;
+    assert!(!page.body.enabled);
+    let ids: Vec<&str> = page.body.packs.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["credits-1k", "credits-10k", "credits-100k", "usage-20"]
+    );
+    assert_eq!(page.body.packs[3].kind, PackKind::Usage);
+    // Without Stripe, whatever needs it is 503 in the standard body.
+    let key = off.key(0).await;
+    let e: ErrorBody = with_key(&off, &key, &idem())
+        .post(
+            "/billing/checkout",
+            &json!({"pack_id": "credits-1k"}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    assert!(!e.success);
+    let _: ErrorBody = with_key(&off, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "starter"}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    let event = json!({"id": "evt_1", "type": "invoice.paid", "data": {"object": {}}});
+    assert_eq!(
+        FakeStripe::deliver(&off.base, &event).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    off.shutdown().await;
+
+    let (on, _stripe) = stack_with_stripe().await;
+    let page: Success<CatalogPage> = TestClient::http(&on.base, None)
+        .get("/billing/catalog", StatusCode::OK)
+        .await;
+    assert!(page.body.enabled);
+    assert_eq!(page.body.packs.len(), 4);
+    on.shutdown().await;
+}
+
+#[tokio::test]
+async fn checkouts_open_stripe_sessions_for_packs_and_custom_amounts() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    let key_id = stack.key_id(&key).await;
+    let idem_key = idem();
+    let opened: Success<Opened> = with_key(&stack, &key, &idem_key)
+        .post(
+            "/billing/checkout",
+            &json!({"pack_id": "credits-1k"}),
+            StatusCode::OK,
+        )
+        .await;
+    let session = stripe.session(&stripe.session_by_url(&opened.body.url));
+    let id = opened.body.id.to_string();
+    assert_eq!(session["mode"], "payment");
+    assert_eq!(session["client_reference_id"], id.as_str());
+    assert_eq!(session["metadata"]["purchase_id"], id.as_str());
+    assert_eq!(session["amount_total"], 1000);
+    assert_eq!(session["currency"], "usd");
+    assert!(session["success_url"]
+        .as_str()
+        .unwrap()
+        .starts_with("https://app.postmesh.test/"));
+    // Our idempotency key reached Stripe, namespaced by the API key.
+    let created: Vec<_> = stripe
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/checkout/sessions")
+        .collect();
+    assert_eq!(created.len(), 1);
+    assert_eq!(
+        created[0].idempotency_key.as_deref(),
+        Some(format!("{key_id}:{idem_key}").as_str())
+    );
+    let p = purchase(&stack, &key, opened.body.id).await;
+    assert_eq!(
+        (
+            p.pack_name.as_str(),
+            p.credits,
+            p.amount,
+            p.kind,
+            p.status,
+            p.paid_at
+        ),
+        (
+            "1,000 credits",
+            1000,
+            1000,
+            PackKind::Credits,
+            PurchaseStatus::Pending,
+            None
+        )
+    );
+
+    let custom = top_up(&stack, &key, json!({"amount": 2500})).await;
+    let session = stripe.session(&stripe.session_by_url(&custom.url));
+    assert_eq!(session["amount_total"], 2500);
+    let p = purchase(&stack, &key, custom.id).await;
+    assert_eq!((p.credits, p.amount, p.kind), (0, 2500, PackKind::Usage));
+
+    let list: Success<PurchaseList> = stack
+        .client(&key)
+        .get("/billing/purchases", StatusCode::OK)
+        .await;
+    let ids: Vec<_> = list.body.purchases.iter().map(|p| p.id).collect();
+    assert_eq!(ids, [custom.id, opened.body.id], "newest first");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_stands_for_one_request() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    let idem_key = idem();
+    let body = json!({"pack_id": "credits-10k"});
+    let first: Success<Opened> = with_key(&stack, &key, &idem_key)
+        .post("/billing/checkout", &body, StatusCode::OK)
+        .await;
+    let again: Success<Opened> = with_key(&stack, &key, &idem_key)
+        .post("/billing/checkout", &body, StatusCode::OK)
+        .await;
+    assert_eq!(first.body, again.body);
+    let other: ErrorBody = with_key(&stack, &key, &idem_key)
+        .post(
+            "/billing/checkout",
+            &json!({"amount": 5000}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    assert!(!other.success);
+    // Another API key may use the same idempotency key for its own purchase.
+    let other_key = stack.key(0).await;
+    let theirs: Success<Opened> = with_key(&stack, &other_key, &idem_key)
+        .post("/billing/checkout", &body, StatusCode::OK)
+        .await;
+    assert_ne!(theirs.body.id, first.body.id);
+
+    // 20 identical requests at once: one purchase; each answer is it or a 409.
+    let racer = stack.key(0).await;
+    let shared = idem();
+    let clients: Vec<_> = (0..20).map(|_| with_key(&stack, &racer, &shared)).collect();
+    let answers = join_all(clients.iter().map(|c| {
+        c.send(
+            Method::POST,
+            "/billing/checkout",
+            Some(serde_json::to_vec(&body).unwrap()),
+        )
+    }))
+    .await;
+    let mut ids = Vec::new();
+    for (status, bytes) in &answers {
+        match *status {
+            StatusCode::OK => ids.push(serde_json::from_slice::<Opened>(bytes).unwrap().id),
+            StatusCode::CONFLICT => {}
+            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(bytes)),
+        }
+    }
+    assert!(!ids.is_empty());
+    assert!(ids.iter().all(|id| *id == ids[0]));
+    let list: Success<PurchaseList> = stack
+        .client(&racer)
+        .get("/billing/purchases", StatusCode::OK)
+        .await;
+    assert_eq!(list.body.purchases.len(), 1);
+    assert_eq!(list.body.purchases[0].id, ids[0]);
+    let sessions = stripe
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.idempotency_key
+                .as_deref()
+                .is_some_and(|k| k.ends_with(&shared))
+        })
+        .count();
+    assert_eq!(sessions, 1, "one Stripe session for the raced key");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_checkout_input_is_a_400_and_opens_nothing() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    let good = json!({"pack_id": "credits-1k"});
+    // Missing, short, long and badly formed idempotency keys.
+    let _: ErrorBody = stack
+        .client(&key)
+        .post("/billing/checkout", &good, StatusCode::BAD_REQUEST)
+        .await;
+    let long = "k".repeat(101);
+    for bad in ["short-key-15chr", long.as_str(), "has spaces in it ok?"] {
+        let e: ErrorBody = with_key(&stack, &key, bad)
+            .post("/billing/checkout", &good, StatusCode::BAD_REQUEST)
+            .await;
+        assert!(e.error.contains("idempotency-key"), "{bad}: {}", e.error);
+    }
+    let too_long_id = "p".repeat(41);
+    for body in [
+        json!({}),
+        json!({"pack_id": "credits-1k", "amount": 5000}),
+        json!({"pack_id": ""}),
+        json!({"pack_id": too_long_id}),
+        json!({"pack_id": "no-such-pack"}),
+        json!({"pack_id": 7}),
+        json!({"amount": 499}),
+        json!({"amount": 100001}),
+        json!({"amount": "5000"}),
+        json!({"amount": 500.5}),
+    ] {
+        let e: ErrorBody = with_key(&stack, &key, &idem())
+            .post("/billing/checkout", &body, StatusCode::BAD_REQUEST)
+            .await;
+        assert!(!e.success, "{body}");
+    }
+    // The bounds themselves are fine.
+    for amount in [500, 100_000] {
+        top_up(&stack, &key, json!({ "amount": amount })).await;
+    }
+    let _: ErrorBody = stack
+        .client(&key)
+        .get("/billing/purchases/not-a-uuid", StatusCode::BAD_REQUEST)
+        .await;
+    let unknown = uuid::Uuid::now_v7();
+    let _: ErrorBody = stack
+        .client(&key)
+        .get(
+            &format!("/billing/purchases/{unknown}"),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .post(
+            &format!("/billing/purchases/{unknown}/reconcile"),
+            &json!({}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let sessions = stripe
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/checkout/sessions")
+        .count();
+    assert_eq!(sessions, 2, "only the two good requests reached Stripe");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(5).await;
+    let opened = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let session = stripe.session_by_url(&opened.url);
+    let completed = stripe.complete(&session, true);
+
+    // Unsigned, wrongly signed and stale deliveries change nothing.
+    let url = format!("{}/billing/webhooks/stripe", stack.base);
+    let now = postmesh_shared::db::now_unix();
+    let no_signature = postmesh_tests::http_client()
+        .post(&url)
+        .json(&completed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_signature.status(), StatusCode::BAD_REQUEST);
+    let wrong = FakeStripe::deliver_signed(&url, &completed, "whsec_wrong", now).await;
+    assert_eq!(wrong, StatusCode::BAD_REQUEST);
+    let stale =
+        FakeStripe::deliver_signed(&url, &completed, fake_stripe::WEBHOOK_SECRET, now - 600).await;
+    assert_eq!(stale, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        purchase(&stack, &key, opened.id).await.status,
+        PurchaseStatus::Pending
+    );
+    assert_eq!(stack.balance(&key).await, 5);
+
+    // Three deliveries of the event and a reconcile, all at once.
+    let client = stack.client(&key);
+    let reconcile_path = format!("/billing/purchases/{}/reconcile", opened.id);
+    let deliveries = join_all((0..3).map(|_| FakeStripe::deliver(&stack.base, &completed)));
+    let reconcile = client.send(Method::POST, &reconcile_path, None);
+    let (statuses, (reconciled, body)) = tokio::join!(deliveries, reconcile);
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        reconciled,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(stack.balance(&key).await, 1005);
+    // Once more, later: still once.
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &completed).await,
+        StatusCode::OK
+    );
+    let _: Success<PurchaseView> = client
+        .post(&reconcile_path, &json!({}), StatusCode::OK)
+        .await;
+    assert_eq!(stack.balance(&key).await, 1005);
+    let p = purchase(&stack, &key, opened.id).await;
+    assert_eq!(p.status, PurchaseStatus::Paid);
+    assert!(p.paid_at.is_some_and(|t| t >= p.created_at));
+
+    // A usage top-up lands on the usage balance in nano-USD.
+    let usage = top_up(&stack, &key, json!({"amount": 2500})).await;
+    let event = stripe.complete(&stripe.session_by_url(&usage.url), true);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &event).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &event).await,
+        StatusCode::OK
+    );
+    let model = entitlements(&stack, &key).await.entitlements.model;
+    assert_eq!(model.balance_nano, 2500 * 10_000_000);
+    assert_eq!(
+        stack.balance(&key).await,
+        1005,
+        "usage top-ups add no credits"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn expired_and_failed_sessions_end_their_purchases_for_good() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    let expiring = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let expired = stripe.expire(&stripe.session_by_url(&expiring.url));
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &expired).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        purchase(&stack, &key, expiring.id).await.status,
+        PurchaseStatus::Expired
+    );
+
+    // An async payment: completed but unpaid stays pending, then fails.
+    let failing = top_up(&stack, &key, json!({"pack_id": "credits-10k"})).await;
+    let session = stripe.session_by_url(&failing.url);
+    let completed = stripe.complete(&session, false);
+    let failed = stripe.settle_async(&session, false);
+    // Delivered out of order: the failure first, then the completion.
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &failed).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &completed).await,
+        StatusCode::OK
+    );
+    let p = purchase(&stack, &key, failing.id).await;
+    assert_eq!((p.status, p.paid_at), (PurchaseStatus::Failed, None));
+
+    // An async payment that succeeds is paid.
+    let slow = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let session = stripe.session_by_url(&slow.url);
+    let completed = stripe.complete(&session, false);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &completed).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        purchase(&stack, &key, slow.id).await.status,
+        PurchaseStatus::Pending
+    );
+    let succeeded = stripe.settle_async(&session, true);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &succeeded).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        purchase(&stack, &key, slow.id).await.status,
+        PurchaseStatus::Paid
+    );
+    assert_eq!(stack.balance(&key).await, 1000);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stripe_outage_loses_no_purchase() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    // Stripe down while opening: 503, and the same key later opens the same purchase.
+    stripe.set_down(true);
+    let idem_key = idem();
+    let body = json!({"pack_id": "credits-1k"});
+    let _: ErrorBody = with_key(&stack, &key, &idem_key)
+        .post("/billing/checkout", &body, StatusCode::SERVICE_UNAVAILABLE)
+        .await;
+    let list: Success<PurchaseList> = stack
+        .client(&key)
+        .get("/billing/purchases", StatusCode::OK)
+        .await;
+    assert_eq!(list.body.purchases.len(), 1);
+    assert_eq!(list.body.purchases[0].status, PurchaseStatus::Pending);
+    stripe.set_down(false);
+    let opened: Success<Opened> = with_key(&stack, &key, &idem_key)
+        .post("/billing/checkout", &body, StatusCode::OK)
+        .await;
+    assert_eq!(opened.body.id, list.body.purchases[0].id);
+
+    // Paid while our webhook endpoint heard nothing, and Stripe down at reconcile: 503, pending.
+    let session = stripe.session_by_url(&opened.body.url);
+    stripe.complete(&session, true);
+    stripe.set_down(true);
+    let path = format!("/billing/purchases/{}/reconcile", opened.body.id);
+    let e: ErrorBody = stack
+        .client(&key)
+        .post(&path, &json!({}), StatusCode::SERVICE_UNAVAILABLE)
+        .await;
+    assert!(!e.success);
+    assert_eq!(
+        purchase(&stack, &key, opened.body.id).await.status,
+        PurchaseStatus::Pending
+    );
+    stripe.set_down(false);
+    let view: Success<PurchaseView> = stack
+        .client(&key)
+        .post(&path, &json!({}), StatusCode::OK)
+        .await;
+    assert_eq!(view.body.purchase.status, PurchaseStatus::Paid);
+    assert_eq!(stack.balance(&key).await, 1000);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_key_never_sees_anothers_purchases() {
+    let (stack, _stripe) = stack_with_stripe().await;
+    let (alice, bob) = (stack.key(0).await, stack.key(0).await);
+    let opened = top_up(&stack, &alice, json!({"pack_id": "credits-1k"})).await;
+    let bobs = stack.client(&bob);
+    let _: ErrorBody = bobs
+        .get(
+            &format!("/billing/purchases/{}", opened.id),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = bobs
+        .post(
+            &format!("/billing/purchases/{}/reconcile", opened.id),
+            &json!({}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let list: Success<PurchaseList> = bobs.get("/billing/purchases", StatusCode::OK).await;
+    assert!(list.body.purchases.is_empty());
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_plan_follows_stripe_from_checkout_to_deletion() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(3).await;
+    let before = entitlements(&stack, &key).await;
+    assert_eq!(before.entitlements.plan, None);
+    assert_eq!(before.entitlements.emails, None);
+    assert_eq!(
+        (
+            before.entitlements.mailboxes.limit,
+            before.entitlements.custom_domains.limit
+        ),
+        (1, 0),
+        "the free limits of the catalog"
+    );
+    assert_eq!(before.entitlements.legacy_credits, 3);
+    let plans: Vec<&str> = before.plans.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(plans, ["starter", "pro"]);
+
+    // No subscription yet: no portal. Unknown and malformed plans.
+    let _: ErrorBody = stack
+        .client(&key)
+        .post(
+            "/billing/subscription/portal",
+            &json!({}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "gold"}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "p".repeat(41)}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+
+    let opened: Success<Opened> = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "starter"}),
+            StatusCode::OK,
+        )
+        .await;
+    let session_id = stripe.session_by_url(&opened.body.url);
+    let session = stripe.session(&session_id);
+    let checkout_id = opened.body.id.to_string();
+    assert_eq!(session["mode"], "subscription");
+    assert_eq!(session["client_reference_id"], checkout_id.as_str());
+    assert_eq!(session["metadata"]["checkout_id"], checkout_id.as_str());
+    let form = stripe.requests().last().unwrap().form.clone();
+    assert!(form.contains(&(
+        "line_items[0][price]".into(),
+        "price_postmesh_starter_monthly".into()
+    )));
+    let workspace = form
+        .iter()
+        .find(|(k, _)| k == "subscription_data[metadata][workspace_id]")
+        .map(|(_, v)| v.clone())
+        .expect("workspace in the subscription's metadata");
+
+    let completed = stripe.complete(&session_id, true);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &completed).await,
+        StatusCode::OK
+    );
+    let reconciled: Success<CheckoutView> = stack
+        .client(&key)
+        .post(
+            &format!("/billing/subscription/checkouts/{checkout_id}/reconcile"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(reconciled.body.checkout.status, CheckoutStatus::Complete);
+    let sub_id = stripe.session(&session_id)["subscription"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        stripe.subscription(&sub_id)["metadata"]["workspace_id"],
+        workspace.as_str()
+    );
+
+    let now = entitlements(&stack, &key).await.entitlements;
+    let plan = now.plan.expect("a plan");
+    assert_eq!(
+        (plan.id.as_str(), plan.name.as_str(), plan.status.as_str()),
+        ("starter", "Starter", "active")
+    );
+    assert!(!plan.cancel_at_period_end);
+    assert!(plan.period_end > plan.period_start && plan.period_start > 0);
+    assert_eq!(now.emails.map(|e| e.quota), Some(10_000));
+    assert_eq!((now.mailboxes.limit, now.custom_domains.limit), (3, 1));
+    assert_eq!(now.model.period_start, plan.period_start);
+    // Other services get the same limits over the entitlements RPC.
+    let rpc = stack
+        .rpc(&EntitlementsRequest {
+            workspace_id: workspace.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            rpc.plan_id.as_str(),
+            rpc.plan_in_force,
+            rpc.mailboxes,
+            rpc.custom_domains,
+            rpc.monthly_emails
+        ),
+        ("starter", true, 3, 1, Some(10_000))
+    );
+
+    // A second plan for the workspace is a conflict.
+    let _: ErrorBody = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "pro"}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+
+    let portal: Success<PortalLink> = stack
+        .client(&key)
+        .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
+        .await;
+    assert!(portal
+        .body
+        .url
+        .starts_with("https://billing.stripe.com/p/session/"));
+
+    // Renewal and cancel-at-period-end, delivered out of order.
+    let renewed = stripe.renew(&sub_id);
+    let cancelling = stripe.cancel_at_period_end(&sub_id);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &cancelling).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &renewed).await,
+        StatusCode::OK
+    );
+    let later = entitlements(&stack, &key)
+        .await
+        .entitlements
+        .plan
+        .expect("a plan");
+    assert!(later.cancel_at_period_end);
+    assert_eq!(later.period_start, plan.period_end, "the period moved on");
+
+    // Deleted: no plan, free limits again; a late update does not bring it back.
+    let deleted = stripe.delete_subscription(&sub_id);
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &deleted).await,
+        StatusCode::OK
+    );
+    let mut late = cancelling.clone();
+    late["id"] = json!("evt_late_update_after_deletion");
+    assert_eq!(
+        FakeStripe::deliver(&stack.base, &late).await,
+        StatusCode::OK
+    );
+    let after = entitlements(&stack, &key).await.entitlements;
+    assert_eq!(after.plan, None);
+    assert_eq!(after.emails, None);
+    assert_eq!((after.mailboxes.limit, after.custom_domains.limit), (1, 0));
+    // The customer can still reach the portal (invoices), and may subscribe again.
+    let _: Success<PortalLink> = stack
+        .client(&key)
+        .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
+        .await;
+    let _: Success<Opened> = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "pro"}),
+            StatusCode::OK,
+        )
+        .await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn usage_counts_come_from_the_owning_services() {
+    let (stack, _stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    // No owner deployed: every count is 0, and entitlements still answer.
+    let none = entitlements(&stack, &key).await.entitlements;
+    assert_eq!(
+        (
+            none.mailboxes.used,
+            none.custom_domains.used,
+            none.model.executions.used
+        ),
+        (0, 0, 0)
+    );
+
+    // A domain service answering `usage` on NATS: its count shows up.
+    let client = nats::connect(
+        &stack.common.nats_url,
+        Service::Domain,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let host = nats::ServiceHost::new(client, stack.ns().clone(), Service::Domain).method(
+        (),
+        |_: (), req: UsageRequest| async move {
+            assert!(req.period_start > 0);
+            Ok(UsageReply {
+                custom_domains: 2,
+                ..UsageReply::default()
+            })
+        },
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let tracker = tokio_util::task::TaskTracker::new();
+    host.start(shutdown.clone(), &tracker).await.unwrap();
+    let counted = entitlements(&stack, &key).await.entitlements;
+    assert_eq!(counted.custom_domains.used, 2);
+    assert_eq!(counted.mailboxes.used, 0);
+    shutdown.cancel();
+    stack.shutdown().await;
+}
