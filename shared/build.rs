@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "billing.proto",
         "send.proto",
         "usage.proto",
+        "domain.proto",
     ]
     .map(|f| root.join("postmesh/v1").join(f));
     let fds = protox::compile(&files, [&root])?;

@@ -18,6 +18,7 @@ pub mod routes;
 pub mod rpc;
 pub mod runtime;
 pub mod service;
+pub mod ses;
 pub mod telemetry;
 pub mod tls;
 

@@ -7,8 +7,8 @@ use prost::Message;
 use crate::config::Namespace;
 use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
-    EntitlementsRequest, GrantReply, GrantRequest, RefundReply, RefundRequest, UsageReply,
-    UsageRequest,
+    EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
+    RefundReply, RefundRequest, SendableReply, SendableRequest, UsageReply, UsageRequest,
 };
 use crate::service::Service;
 
@@ -56,6 +56,8 @@ rpcs! {
     Billing "confirm": ConfirmRequest => ConfirmReply;
     Billing "grant": GrantRequest => GrantReply;
     Billing "entitlements": EntitlementsRequest => EntitlementsReply;
+    Domain "sendable": SendableRequest => SendableReply;
+    Domain "inbound_domain": InboundDomainRequest => InboundDomainReply;
     * "usage": UsageRequest => UsageReply;
 }
 
@@ -73,6 +75,11 @@ mod tests {
         assert_eq!(
             EntitlementsRequest::rpc_subject(&ns),
             "pm.rpc.billing.entitlements"
+        );
+        assert_eq!(SendableRequest::rpc_subject(&ns), "pm.rpc.domain.sendable");
+        assert_eq!(
+            InboundDomainRequest::rpc_subject(&ns),
+            "pm.rpc.domain.inbound_domain"
         );
         assert_eq!(
             Service::Domain.rpc_subject(&ns, UsageRequest::METHOD),

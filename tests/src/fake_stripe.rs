@@ -5,7 +5,6 @@
 //! Portal sessions and Subscriptions; the test drives payments and sends signed webhooks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
@@ -132,19 +131,29 @@ impl FakeStripe {
                 )
             })
             .with_state(fake.clone());
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .await
-            .expect("fake stripe binds");
-        let addr = listener.local_addr().expect("address");
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .await
-                .expect("fake stripe serves");
-        });
+        let addr = crate::serve_locally(app).await;
         Self {
             base: format!("http://{addr}"),
             ..fake
         }
+    }
+
+    /// Subscribes the workspace of `key` to `plan` as a buyer does: a subscription checkout,
+    /// its session paid, the signed `checkout.session.completed` delivered.
+    pub async fn subscribe(&self, stack: &crate::Stack, key: &str, plan: &str) {
+        let idem = format!("subscribe_{}", uuid::Uuid::new_v4().simple());
+        let opened: Value = stack
+            .client(key)
+            .with_header("idempotency-key", &idem)
+            .post(
+                "/billing/subscription/checkout",
+                &json!({ "plan_id": plan }),
+                StatusCode::OK,
+            )
+            .await;
+        let session = self.session_by_url(opened["url"].as_str().expect("a checkout url"));
+        let completed = self.complete(&session, true);
+        assert_eq!(Self::deliver(&stack.base, &completed).await, StatusCode::OK);
     }
 
     /// Billing's Stripe settings pointing at this fake.

@@ -5,6 +5,9 @@
 //! can kill it. [`TestClient`] is the one typed client for both.
 
 pub mod client;
+pub mod fake_cloudflare;
+pub mod fake_dns;
+pub mod fake_ses;
 pub mod fake_smtp;
 pub mod fake_stripe;
 
@@ -42,6 +45,35 @@ pub struct Options {
     pub rate: api_gateway::RateConfig,
     /// Billing's Stripe settings (none: payments off).
     pub stripe: billing::StripeConfig,
+    /// The domain service's outside systems.
+    pub domain: DomainOptions,
+}
+
+/// Where a test stack's domain service finds DNS, SES and Cloudflare.
+pub struct DomainOptions {
+    /// `DNS_NAMESERVERS` (default: a closed local port, so nothing leaves the machine).
+    pub nameservers: Vec<SocketAddr>,
+    /// SES (default: no credentials, so SES answers 503).
+    pub ses: postmesh_shared::ses::SesConfig,
+    /// `CLOUDFLARE_API_BASE`.
+    pub cloudflare_api_base: String,
+    /// `DOMAIN_RECHECK_SECS`.
+    pub recheck: Duration,
+}
+
+impl Default for DomainOptions {
+    fn default() -> Self {
+        Self {
+            nameservers: vec![SocketAddr::from(([127, 0, 0, 1], 9))],
+            ses: postmesh_shared::ses::SesConfig {
+                endpoint: "http://127.0.0.1:9".into(),
+                region: "us-east-1".into(),
+                credentials: None,
+            },
+            cloudflare_api_base: "http://127.0.0.1:9/client/v4".into(),
+            recheck: Duration::from_secs(300),
+        }
+    }
 }
 
 impl Options {
@@ -68,8 +100,33 @@ impl Default for Options {
                 secret_key: None,
                 webhook_secret: None,
             },
+            domain: DomainOptions::default(),
         }
     }
+}
+
+/// Domain service settings of a test stack.
+pub fn domain_config(common: &Common, opts: DomainOptions) -> domain::Config {
+    domain::Config {
+        common: common.clone(),
+        recheck: opts.recheck,
+        platform_domains: domain::parse_platform_domains("postmesh.localhost").expect("valid"),
+        inbound_mx_host: "mx.postmesh.localhost".into(),
+        nameservers: opts.nameservers,
+        ses: opts.ses,
+        cloudflare_api_base: opts.cloudflare_api_base,
+        secrets_key: "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0".into(),
+    }
+}
+
+/// Serves `app` on a free local port (the fakes of outside systems).
+pub async fn serve_locally(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("a local port");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serves") });
+    addr
 }
 
 /// Billing settings of a test stack: the repository's catalog, `stripe` as given.
@@ -93,6 +150,7 @@ pub struct Stack {
     outbox: tempfile::TempDir,
     gateway: Option<Running>,
     billing: Option<Running>,
+    domain: Option<Running>,
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
     mode: SenderMode,
@@ -241,6 +299,9 @@ impl Stack {
         let billing = billing::start(billing_config(&common, opts.stripe))
             .await
             .expect("billing starts");
+        let domain = domain::start(domain_config(&common, opts.domain))
+            .await
+            .expect("domain service starts");
         let gateway_config = gateway_config(&common, opts.rate);
         let codes = gateway_config.codes.clone();
         let gateway = api_gateway::start(gateway_config)
@@ -254,6 +315,7 @@ impl Stack {
             outbox: tempfile::tempdir().expect("temp dir"),
             gateway: Some(gateway),
             billing: Some(billing),
+            domain: Some(domain),
             sender: None,
             sender_child: None,
             mode: opts.sender,
@@ -272,7 +334,7 @@ impl Stack {
 
     /// Admin servers (`/healthz`, `/readyz`, `/metrics`) of the in-process services.
     pub fn admin_addrs(&self) -> Vec<SocketAddr> {
-        [&self.gateway, &self.billing, &self.sender]
+        [&self.gateway, &self.billing, &self.domain, &self.sender]
             .into_iter()
             .flatten()
             .map(|r| r.admin_addr)
@@ -411,8 +473,18 @@ impl Stack {
 
     /// Creates an account with a fresh address and a key holding `credits`.
     pub async fn key(&self, credits: i64) -> String {
+        self.key_with_role(credits, api_gateway::keys::Role::Member)
+            .await
+    }
+
+    /// Creates an account with a fresh address and an admin key.
+    pub async fn admin_key(&self) -> String {
+        self.key_with_role(0, api_gateway::keys::Role::Admin).await
+    }
+
+    async fn key_with_role(&self, credits: i64, role: api_gateway::keys::Role) -> String {
         let email = format!("dev-{}@example.com", uuid::Uuid::new_v4().simple());
-        api_gateway::create_key(&self.common, &email, credits)
+        api_gateway::create_key(&self.common, &email, role, credits)
             .await
             .expect("key created")
     }
@@ -540,7 +612,7 @@ impl Stack {
     /// Stops every service and drops the stack's databases, stream and Redis keys.
     pub async fn shutdown(mut self) {
         self.kill_sender().await;
-        for running in [self.gateway.take(), self.billing.take()]
+        for running in [self.gateway.take(), self.billing.take(), self.domain.take()]
             .into_iter()
             .flatten()
         {

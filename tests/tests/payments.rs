@@ -711,7 +711,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
 async fn usage_counts_come_from_the_owning_services() {
     let (stack, _stripe) = stack_with_stripe().await;
     let key = stack.key(0).await;
-    // No owner deployed: every count is 0, and entitlements still answer.
+    // Nothing owned yet: every count is 0, and entitlements answer.
     let none = entitlements(&stack, &key).await.entitlements;
     assert_eq!(
         (
@@ -722,20 +722,21 @@ async fn usage_counts_come_from_the_owning_services() {
         (0, 0, 0)
     );
 
-    // A domain service answering `usage` on NATS: its count shows up.
+    // An inbound service answering `usage` on NATS: its count shows up (the stack runs no
+    // inbound service of its own yet).
     let client = nats::connect(
         &stack.common.nats_url,
-        Service::Domain,
+        Service::InboundIngest,
         std::time::Duration::from_secs(5),
     )
     .await
     .unwrap();
-    let host = nats::ServiceHost::new(client, stack.ns().clone(), Service::Domain).method(
+    let host = nats::ServiceHost::new(client, stack.ns().clone(), Service::InboundIngest).method(
         (),
         |_: (), req: UsageRequest| async move {
             assert!(req.period_start > 0);
             Ok(UsageReply {
-                custom_domains: 2,
+                mailboxes: 2,
                 ..UsageReply::default()
             })
         },
@@ -744,8 +745,8 @@ async fn usage_counts_come_from_the_owning_services() {
     let tracker = tokio_util::task::TaskTracker::new();
     host.start(shutdown.clone(), &tracker).await.unwrap();
     let counted = entitlements(&stack, &key).await.entitlements;
-    assert_eq!(counted.custom_domains.used, 2);
-    assert_eq!(counted.mailboxes.used, 0);
+    assert_eq!(counted.mailboxes.used, 2);
+    assert_eq!(counted.custom_domains.used, 0, "the domain service's own count");
     shutdown.cancel();
     stack.shutdown().await;
 }

@@ -70,6 +70,15 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role named `name` (`member` or `admin`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "member" => Some(Role::Member),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
     /// The role's name, as the `AuthContext` carries it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -187,12 +196,14 @@ impl KeyStore {
     }
 }
 
-/// Creates the account for `email` if needed and a new API key holding `credits`, granted
-/// through billing. The key row commits only after billing confirmed the grant.
+/// Creates the account for `email` if needed and a new API key with `role` holding
+/// `credits`, granted through billing. The key row commits only after billing confirmed the
+/// grant.
 pub async fn create_key(
     db: &PgPool,
     billing: &BillingClient,
     email: &EmailAddress,
+    role: Role,
     credits: i64,
 ) -> anyhow::Result<String> {
     anyhow::ensure!(credits >= 0, "credits must not be negative");
@@ -211,13 +222,14 @@ pub async fn create_key(
     let key_id = Uuid::now_v7();
     // One workspace per account for now: the workspace id is the account id.
     sqlx::query(
-        "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, created_at)
-         VALUES ($1, $2, $2, $3, $4, $5)",
+        "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, role, created_at)
+         VALUES ($1, $2, $2, $3, $4, $5, $6)",
     )
     .bind(key_id)
     .bind(account_id)
     .bind(&key.prefix)
     .bind(key.hash.as_slice())
+    .bind(role)
     .bind(now_unix())
     .execute(&mut *tx)
     .await?;

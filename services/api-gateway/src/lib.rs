@@ -17,6 +17,8 @@ use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
 use postmesh_shared::clients::billing::BillingClient;
+
+use crate::keys::Role;
 use postmesh_shared::config::{env_or, env_parse, env_secs};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, EmailAddress, Namespace, Running, Runtime, Service};
@@ -130,14 +132,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     start(config).await?.until_signal().await
 }
 
-/// Creates the account for `email` if needed and a new key with `credits` (billing must be
-/// running); returns the key text.
-pub async fn create_key(common: &Common, email: &str, credits: i64) -> anyhow::Result<String> {
+/// Creates the account for `email` if needed and a new key with `role` and `credits`
+/// (billing must be running); returns the key text.
+pub async fn create_key(
+    common: &Common,
+    email: &str,
+    role: Role,
+    credits: i64,
+) -> anyhow::Result<String> {
     let email = EmailAddress::parse(email)
         .ok_or_else(|| anyhow::anyhow!("invalid email address {email:?}"))?;
     let db = db::connect(common, SERVICE, &MIGRATIONS).await?;
     let nats =
         postmesh_shared::nats::connect(&common.nats_url, SERVICE, common.upstream_timeout).await?;
     let billing = BillingClient::new(nats, common.namespace.clone(), TaskTracker::new());
-    keys::create_key(&db, &billing, &email, credits).await
+    keys::create_key(&db, &billing, &email, role, credits).await
 }

@@ -35,7 +35,10 @@ pub struct Entry {
 
 /// The routes each service owns, as it declares them.
 fn forwarded() -> Vec<(Service, Manifest)> {
-    vec![(Service::Billing, billing::routes().manifest())]
+    vec![
+        (Service::Billing, billing::routes().manifest()),
+        (Service::Domain, domain::routes().manifest()),
+    ]
 }
 
 /// The whole route table: the gateway's own routes and every service's.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
+use postmesh_shared::db::{self, now_unix};
 use postmesh_shared::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, GrantReply, GrantRequest,
     RefundReply, RefundRequest,
@@ -82,10 +82,6 @@ fn parse_key_id(raw: &str) -> Result<ApiKeyId, LedgerError> {
     ApiKeyId::parse(raw).ok_or_else(|| LedgerError::Invalid("invalid api_key_id".into()))
 }
 
-fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))
-}
-
 /// Takes `req.cost` credits, once per `(api_key_id, idempotency_key)`.
 pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
@@ -143,7 +139,7 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
             entry_id: entry_id.to_string(),
         }),
         Ok(None) => earlier_charge(db, key_id, &idem).await,
-        Err(e) if is_unique_violation(&e) => earlier_charge(db, key_id, &idem).await,
+        Err(e) if db::is_unique_violation(&e) => earlier_charge(db, key_id, &idem).await,
         Err(e) => Err(e.into()),
     }
 }

@@ -1,0 +1,134 @@
+//! DNS lookups (TXT for ownership, MX for inbound) with hickory-resolver, against
+//! `DNS_NAMESERVERS` or the system's resolvers. Answers are never cached here: a user who
+//! just fixed a record wants the next check to see it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::RData;
+use hickory_resolver::TokioResolver;
+
+use postmesh_shared::ApiError;
+
+/// One MX record: preference (lower wins) and host, lower-cased without the final dot.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Mx {
+    pub priority: u16,
+    pub host: String,
+}
+
+/// A lookup that could not be answered (timeout, SERVFAIL, refused).
+#[derive(Debug, thiserror::Error)]
+#[error("DNS lookup of {name} failed: {reason}")]
+pub struct LookupError {
+    name: String,
+    reason: String,
+}
+
+impl From<LookupError> for ApiError {
+    fn from(e: LookupError) -> Self {
+        tracing::warn!(error = %e, "DNS lookup failed");
+        ApiError::Unavailable(format!("{e}; retry later"))
+    }
+}
+
+/// The resolver the service asks.
+#[derive(Clone)]
+pub struct Dns {
+    resolver: TokioResolver,
+}
+
+impl Dns {
+    /// A resolver asking `nameservers` (UDP, then TCP), or the system's when empty.
+    pub fn new(nameservers: &[SocketAddr], timeout: Duration) -> anyhow::Result<Self> {
+        let mut builder = if nameservers.is_empty() {
+            TokioResolver::builder_tokio()?
+        } else {
+            let servers = nameservers
+                .iter()
+                .map(|addr| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = addr.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = addr.port();
+                    NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            TokioResolver::builder_with_config(
+                ResolverConfig::from_name_servers(servers),
+                TokioRuntimeProvider::default(),
+            )
+        };
+        let opts = builder.options_mut();
+        opts.cache_size = 0;
+        opts.timeout = timeout;
+        opts.attempts = 2;
+        Ok(Self {
+            resolver: builder.build()?,
+        })
+    }
+
+    /// The TXT strings at `name` (each record's parts joined); none when the name or the
+    /// type does not exist.
+    pub async fn txt(&self, name: &str) -> Result<Vec<String>, LookupError> {
+        let lookup = match self.resolver.txt_lookup(fqdn(name)).await {
+            Ok(lookup) => lookup,
+            Err(e) if e.is_no_records_found() => return Ok(Vec::new()),
+            Err(e) => return Err(failed(name, e)),
+        };
+        Ok(lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::TXT(txt) => Some(
+                    txt.txt_data
+                        .iter()
+                        .map(|part| String::from_utf8_lossy(part))
+                        .collect::<String>(),
+                ),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The MX records of `name`, best first; none when there are none.
+    pub async fn mx(&self, name: &str) -> Result<Vec<Mx>, LookupError> {
+        let lookup = match self.resolver.mx_lookup(fqdn(name)).await {
+            Ok(lookup) => lookup,
+            Err(e) if e.is_no_records_found() => return Ok(Vec::new()),
+            Err(e) => return Err(failed(name, e)),
+        };
+        let mut records: Vec<Mx> = lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::MX(mx) => Some(Mx {
+                    priority: mx.preference,
+                    host: host_name(&mx.exchange.to_ascii()),
+                }),
+                _ => None,
+            })
+            .collect();
+        records.sort_by(|a, b| (a.priority, &a.host).cmp(&(b.priority, &b.host)));
+        Ok(records)
+    }
+}
+
+/// `name` lower-cased without its final dot.
+pub fn host_name(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The absolute form of `name`, so no search domain is ever appended.
+fn fqdn(name: &str) -> String {
+    format!("{}.", name.trim_end_matches('.'))
+}
+
+fn failed(name: &str, e: impl std::fmt::Display) -> LookupError {
+    LookupError {
+        name: name.to_owned(),
+        reason: e.to_string(),
+    }
+}

@@ -1,0 +1,379 @@
+//! Sender domains as a resource: submission (plan limits from billing, a platform-wide
+//! unique name), listing, reading and deleting; the stored record and its public view.
+
+use axum::extract::{Path, State};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgExecutor, PgPool};
+use uuid::Uuid;
+
+use postmesh_shared::db::{self, now_unix};
+use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
+use postmesh_shared::proto::EntitlementsRequest;
+use postmesh_shared::{nats, ApiError, Policy, Routes, Success, WorkspaceId};
+
+use crate::name::DomainName;
+use crate::AppState;
+
+/// Who owns a domain, as the ownership review found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum Ownership {
+    Pending,
+    Verified,
+    Rejected,
+}
+
+/// Whether mail for the domain reaches our MX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum InboundStatus {
+    NotStarted,
+    Pending,
+    Verified,
+}
+
+/// Whether the provider may send as the domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
+pub enum OutboundStatus {
+    NotStarted,
+    Pending,
+    Verified,
+    Failed,
+}
+
+/// A stored sender domain.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct Domain {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub name: String,
+    pub verification_token: String,
+    pub ownership: Ownership,
+    pub inbound_status: InboundStatus,
+    pub outbound_status: OutboundStatus,
+    pub dkim_tokens: Vec<String>,
+    pub created_at: i64,
+    pub verified_at: Option<i64>,
+}
+
+/// The columns of [`Domain`].
+pub const COLUMNS: &str = "id, workspace_id, name, verification_token, ownership, \
+     inbound_status, outbound_status, dkim_tokens, created_at, verified_at";
+
+/// Where ownership is proven: TXT `_postmesh.<domain>`.
+pub const VERIFY_LABEL: &str = "_postmesh";
+
+impl Domain {
+    /// The name of its ownership TXT record.
+    pub fn verification_name(&self) -> String {
+        format!("{VERIFY_LABEL}.{}", self.name)
+    }
+
+    /// 409 unless ownership was verified: setup waits for the review.
+    pub fn require_verified(&self) -> Result<(), ApiError> {
+        match self.ownership {
+            Ownership::Verified => Ok(()),
+            Ownership::Pending => Err(ApiError::Conflict(format!(
+                "ownership of {} is not verified yet: publish TXT {} = {} and call verify-ownership",
+                self.name,
+                self.verification_name(),
+                self.verification_token
+            ))),
+            Ownership::Rejected => Err(ApiError::Conflict(format!(
+                "ownership of {} was rejected",
+                self.name
+            ))),
+        }
+    }
+
+    /// The public view.
+    pub fn view(&self) -> DomainView {
+        DomainView {
+            id: Some(self.id),
+            domain: self.name.clone(),
+            platform: false,
+            ownership_status: self.ownership,
+            inbound_status: self.inbound_status,
+            outbound_status: self.outbound_status,
+            verification: Some(Verification {
+                kind: "TXT".into(),
+                name: self.verification_name(),
+                value: self.verification_token.clone(),
+            }),
+            created_at: Some(self.created_at),
+            verified_at: self.verified_at,
+        }
+    }
+}
+
+/// The ownership record to publish.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Verification {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+    pub value: String,
+}
+
+/// A domain record as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainView {
+    /// None for a platform domain.
+    pub id: Option<Uuid>,
+    pub domain: String,
+    /// A platform domain: sendable by every workspace, not deletable.
+    pub platform: bool,
+    pub ownership_status: Ownership,
+    pub inbound_status: InboundStatus,
+    pub outbound_status: OutboundStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<i64>,
+}
+
+impl DomainView {
+    /// A platform domain's entry.
+    fn platform(name: &DomainName) -> Self {
+        Self {
+            id: None,
+            domain: name.to_string(),
+            platform: true,
+            ownership_status: Ownership::Verified,
+            inbound_status: InboundStatus::Verified,
+            outbound_status: OutboundStatus::Verified,
+            verification: None,
+            created_at: None,
+            verified_at: None,
+        }
+    }
+}
+
+/// `GET /sender-domains` answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainList {
+    pub inbound_mx_host: String,
+    pub domains: Vec<DomainView>,
+}
+
+/// One domain in an answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DomainPage {
+    pub domain: DomainView,
+}
+
+/// `POST /sender-domains` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Submitted {
+    pub message: String,
+    pub domain: DomainView,
+}
+
+/// `DELETE /sender-domains/{id}` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deleted {
+    pub deleted: bool,
+    pub domain: String,
+}
+
+/// The sender-domain resource's routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .route("/sender-domains", Policy::Key, get(list).post(submit))
+        .route("/sender-domains/{id}", Policy::Key, get(show).delete(remove))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    include_unverified: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Success<DomainList>, ApiError> {
+    let all = matches!(q.include_unverified.as_deref(), Some("1" | "true"));
+    let rows: Vec<Domain> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM domains
+         WHERE workspace_id = $1 AND ($2 OR ownership = 'verified')
+         ORDER BY created_at, name"
+    ))
+    .bind(caller.workspace.as_uuid())
+    .bind(all)
+    .fetch_all(&state.db)
+    .await?;
+    let domains = state
+        .settings
+        .platform_domains
+        .iter()
+        .map(DomainView::platform)
+        .chain(rows.iter().map(Domain::view))
+        .collect();
+    Ok(Success::new(DomainList {
+        inbound_mx_host: state.settings.inbound_mx_host.clone(),
+        domains,
+    }))
+}
+
+#[derive(Deserialize)]
+struct Submission {
+    domain: String,
+}
+
+async fn submit(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<Submission>,
+) -> Result<Success<Submitted>, ApiError> {
+    let name = DomainName::parse(&body.domain).map_err(ApiError::BadRequest)?;
+    if state
+        .settings
+        .platform_domains
+        .iter()
+        .any(|p| name.is_within(p))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "{name} is a platform domain: every workspace may already send from it"
+        )));
+    }
+    let limit = custom_domain_limit(&state, caller.workspace).await?;
+    let domain = insert(&state.db, caller.workspace, &name, limit).await?;
+    Ok(Success::new(Submitted {
+        message: format!(
+            "Publish a TXT record {} with the value {}, then call verify-ownership.",
+            domain.verification_name(),
+            domain.verification_token
+        ),
+        domain: domain.view(),
+    }))
+}
+
+/// How many custom domains the workspace's plan allows; 402 when none.
+async fn custom_domain_limit(state: &AppState, workspace: WorkspaceId) -> Result<i64, ApiError> {
+    let ent = nats::call(
+        &state.nats,
+        &state.ns,
+        &EntitlementsRequest {
+            workspace_id: workspace.to_string(),
+        },
+    )
+    .await?;
+    if ent.custom_domains <= 0 {
+        return Err(ApiError::PaymentRequired(
+            "custom sender domains need a plan that includes them: see /billing/entitlements"
+                .into(),
+        ));
+    }
+    Ok(ent.custom_domains)
+}
+
+/// Inserts `name` for `workspace` unless it holds `limit` domains already (403) or the
+/// name is taken anywhere (409). Submissions of one workspace take turns, so two at once
+/// cannot both fit under the limit.
+async fn insert(
+    db: &PgPool,
+    workspace: WorkspaceId,
+    name: &DomainName,
+    limit: i64,
+) -> Result<Domain, ApiError> {
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))")
+        .bind(workspace.as_uuid())
+        .execute(&mut *tx)
+        .await?;
+    let held = count(&mut *tx, workspace).await?;
+    if held >= limit {
+        return Err(ApiError::Forbidden(format!(
+            "your plan allows {limit} custom domain(s) and this workspace has {held}"
+        )));
+    }
+    let token = format!("postmesh-verify={}", hex::encode(rand::random::<[u8; 16]>()));
+    let inserted = sqlx::query_as(&format!(
+        "INSERT INTO domains (id, workspace_id, name, verification_token, created_at)
+         VALUES ($1, $2, $3, $4, $5) RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(workspace.as_uuid())
+    .bind(name.as_str())
+    .bind(&token)
+    .bind(now_unix())
+    .fetch_one(&mut *tx)
+    .await;
+    match inserted {
+        Ok(domain) => {
+            tx.commit().await?;
+            Ok(domain)
+        }
+        Err(e) if db::is_unique_violation(&e) => Err(ApiError::Conflict(format!(
+            "{name} is already registered"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The custom domains a workspace holds (rejected ones do not count).
+pub async fn count(db: impl PgExecutor<'_>, workspace: WorkspaceId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM domains WHERE workspace_id = $1 AND ownership <> 'rejected'")
+        .bind(workspace.as_uuid())
+        .fetch_one(db)
+        .await
+}
+
+async fn show(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Success<DomainPage>, ApiError> {
+    let domain = owned(&state.db, &caller, &id).await?;
+    Ok(Success::new(DomainPage {
+        domain: domain.view(),
+    }))
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Success<Deleted>, ApiError> {
+    let domain = owned(&state.db, &caller, &id).await?;
+    // The provider's identity goes first: a failure there leaves the record to retry with.
+    if !domain.dkim_tokens.is_empty() {
+        state.ses()?.delete_identity(&domain.name).await?;
+    }
+    sqlx::query("DELETE FROM domains WHERE id = $1")
+        .bind(domain.id)
+        .execute(&state.db)
+        .await?;
+    Ok(Success::new(Deleted {
+        deleted: true,
+        domain: domain.name,
+    }))
+}
+
+/// Parses a domain id from the path; not a uuid is a 400.
+pub fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::BadRequest("domain id must be a uuid".into()))
+}
+
+/// The domain `id` of the caller's workspace; another workspace's domain is a 404.
+pub async fn owned(db: &PgPool, caller: &Caller, id: &str) -> Result<Domain, ApiError> {
+    let id = parse_id(id)?;
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM domains WHERE id = $1 AND workspace_id = $2"
+    ))
+    .bind(id)
+    .bind(caller.workspace.as_uuid())
+    .fetch_optional(db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound("no such sender domain".into()))
+}

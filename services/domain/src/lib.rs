@@ -1,0 +1,197 @@
+//! Sender domains: submission within the plan's limits, the ownership review (TXT record,
+//! periodic sweep, admin decision), inbound MX checks, the SES identity for sending, writing
+//! the records at Cloudflare, and the `sendable`, `inbound_domain` and `usage` RPCs.
+
+pub mod apply_dns;
+pub mod cloudflare;
+pub mod dns;
+pub mod domains;
+pub mod inbound;
+pub mod name;
+pub mod outbound;
+pub mod ownership;
+pub mod records;
+pub mod rpc;
+pub mod secrets;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use sqlx::PgPool;
+
+use postmesh_shared::config::{env_or, env_secs};
+use postmesh_shared::ses::{SesClient, SesConfig};
+use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
+
+use crate::cloudflare::Cloudflare;
+use crate::dns::Dns;
+use crate::name::DomainName;
+use crate::secrets::SecretBox;
+
+/// This service.
+pub const SERVICE: Service = Service::Domain;
+
+/// The service's own migrations (`migrations/`).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+/// How long one DNS query may take (each lookup tries twice).
+const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+/// `SECRETS_KEY` outside production when none is set. Never use it for real tokens.
+const DEV_SECRETS_KEY: &str = "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21";
+
+/// Domain service settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub common: Common,
+    /// How often pending ownership is re-checked (`DOMAIN_RECHECK_SECS`, default 300).
+    pub recheck: Duration,
+    /// Domains every workspace may send from (`PLATFORM_DOMAINS`, default `postmesh.localhost`).
+    pub platform_domains: Vec<DomainName>,
+    /// Where inbound mail must be routed (`INBOUND_MX_HOST`, default `mx.postmesh.localhost`).
+    pub inbound_mx_host: String,
+    /// Name servers to ask (`DNS_NAMESERVERS`, `host:port,...`); empty: the system's.
+    pub nameservers: Vec<SocketAddr>,
+    /// Amazon SES (`SES_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`).
+    pub ses: SesConfig,
+    /// Cloudflare's API (`CLOUDFLARE_API_BASE`, default `https://api.cloudflare.com/client/v4`).
+    pub cloudflare_api_base: String,
+    /// Seals saved DNS tokens (`SECRETS_KEY`: 64 hex digits; required in production).
+    pub secrets_key: String,
+}
+
+impl Config {
+    /// Reads the settings from the environment.
+    pub fn from_env() -> anyhow::Result<Self> {
+        let common = Common::from_env(SERVICE)?;
+        Ok(Self {
+            recheck: env_secs("DOMAIN_RECHECK_SECS", Duration::from_secs(300))?,
+            platform_domains: parse_platform_domains(&env_or(
+                "PLATFORM_DOMAINS",
+                "postmesh.localhost",
+            ))?,
+            inbound_mx_host: env_or("INBOUND_MX_HOST", "mx.postmesh.localhost"),
+            nameservers: parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
+            ses: SesConfig::from_env(),
+            cloudflare_api_base: env_or(
+                "CLOUDFLARE_API_BASE",
+                "https://api.cloudflare.com/client/v4",
+            ),
+            secrets_key: common.secret("SECRETS_KEY", DEV_SECRETS_KEY)?,
+            common,
+        })
+    }
+}
+
+/// Parses `PLATFORM_DOMAINS`: a comma list of domain names.
+pub fn parse_platform_domains(raw: &str) -> anyhow::Result<Vec<DomainName>> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| DomainName::parse(s).map_err(|e| anyhow::anyhow!("PLATFORM_DOMAINS: {e}")))
+        .collect()
+}
+
+/// Parses `DNS_NAMESERVERS`: a comma list of `ip:port` (or `ip`, port 53).
+pub fn parse_nameservers(raw: &str) -> anyhow::Result<Vec<SocketAddr>> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<SocketAddr>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| anyhow::anyhow!("DNS_NAMESERVERS: {s:?} is not ip:port"))
+        })
+        .collect()
+}
+
+/// Settings the handlers read.
+#[derive(Debug)]
+pub struct Settings {
+    pub platform_domains: Vec<DomainName>,
+    pub inbound_mx_host: String,
+    /// The SES region, for the MAIL FROM MX record.
+    pub ses_region: String,
+}
+
+/// What request handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub settings: Arc<Settings>,
+    pub dns: Dns,
+    /// SES, when credentials are configured.
+    pub ses: Option<SesClient>,
+    pub cloudflare: Cloudflare,
+    pub secrets: SecretBox,
+    /// For billing's `entitlements`.
+    pub nats: async_nats::Client,
+    pub ns: Namespace,
+}
+
+impl AppState {
+    /// SES, or 503 when it is not configured.
+    pub fn ses(&self) -> Result<&SesClient, ApiError> {
+        self.ses.as_ref().ok_or_else(|| {
+            ApiError::Unavailable(
+                "the mail provider is not configured (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+                    .into(),
+            )
+        })
+    }
+}
+
+/// The domain service's HTTP routes with their auth policy, as the gateway forwards them.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .merge(domains::routes())
+        .merge(ownership::routes())
+        .merge(inbound::routes())
+        .merge(outbound::routes())
+        .merge(apply_dns::routes())
+}
+
+/// The domain service's HTTP router.
+pub fn router(state: AppState) -> Router {
+    routes().into_router(state)
+}
+
+/// Starts the domain service: its routes and RPCs on NATS, and the ownership sweep.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
+    let ses = SesClient::new(&config.ses, config.common.upstream_timeout)?;
+    if ses.is_none() {
+        tracing::warn!("AWS credentials are not set: setup-outbound and verify-outbound answer 503");
+    }
+    let state = AppState {
+        db: rt.db.clone(),
+        settings: Arc::new(Settings {
+            platform_domains: config.platform_domains.clone(),
+            inbound_mx_host: config.inbound_mx_host.clone(),
+            ses_region: config.ses.region.clone(),
+        }),
+        dns: Dns::new(&config.nameservers, DNS_TIMEOUT)?,
+        ses,
+        cloudflare: Cloudflare::new(&config.cloudflare_api_base, config.common.upstream_timeout)?,
+        secrets: SecretBox::from_hex(&config.secrets_key)?,
+        nats: rt.nats.clone(),
+        ns: config.common.namespace.clone(),
+    };
+    rt.serve(rpc::register(
+        rt.host().http(router(state.clone())),
+        state.clone(),
+    ))
+    .await?;
+    let recheck = config.recheck.as_secs().max(1) as i64;
+    rt.every("ownership sweep", config.recheck, move || {
+        let (db, dns) = (state.db.clone(), state.dns.clone());
+        async move { ownership::sweep(&db, &dns, recheck).await }
+    });
+    rt.running(None).await
+}
+
+/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    start(config).await?.until_signal().await
+}

@@ -1,0 +1,73 @@
+//! The DNS records a domain publishes for us: Easy DKIM CNAMEs, the custom MAIL FROM's MX
+//! and SPF (outbound), and the MX that brings its mail to us (inbound).
+
+use serde::{Deserialize, Serialize};
+
+use crate::inbound::MX_PRIORITY;
+
+/// The subdomain SES sends from (bounces come back there).
+pub const MAIL_FROM_LABEL: &str = "mail";
+/// The SPF record of the MAIL FROM domain.
+pub const SPF: &str = "v=spf1 include:amazonses.com ~all";
+
+/// One record to publish.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsRecord {
+    /// `CNAME`, `MX` or `TXT`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+    pub value: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u16>,
+}
+
+impl DnsRecord {
+    fn new(kind: &str, name: String, value: String, priority: Option<u16>) -> Self {
+        Self {
+            kind: kind.into(),
+            name,
+            value,
+            priority,
+        }
+    }
+}
+
+/// The MAIL FROM domain of `domain`.
+pub fn mail_from(domain: &str) -> String {
+    format!("{MAIL_FROM_LABEL}.{domain}")
+}
+
+/// What sending as `domain` through SES in `region` needs: one CNAME per DKIM token, then
+/// the MAIL FROM MX and SPF TXT.
+pub fn outbound(domain: &str, dkim_tokens: &[String], region: &str) -> Vec<DnsRecord> {
+    let mut records: Vec<DnsRecord> = dkim_tokens
+        .iter()
+        .map(|t| {
+            DnsRecord::new(
+                "CNAME",
+                format!("{t}._domainkey.{domain}"),
+                format!("{t}.dkim.amazonses.com"),
+                None,
+            )
+        })
+        .collect();
+    records.push(DnsRecord::new(
+        "MX",
+        mail_from(domain),
+        format!("feedback-smtp.{region}.amazonses.com"),
+        Some(10),
+    ));
+    records.push(DnsRecord::new("TXT", mail_from(domain), SPF.into(), None));
+    records
+}
+
+/// What receiving mail for `domain` needs: our MX at the apex.
+pub fn inbound(domain: &str, mx_host: &str) -> Vec<DnsRecord> {
+    vec![DnsRecord::new(
+        "MX",
+        domain.to_owned(),
+        mx_host.to_owned(),
+        Some(MX_PRIORITY),
+    )]
+}

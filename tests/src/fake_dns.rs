@@ -1,0 +1,153 @@
+//! A local authoritative DNS server (UDP) whose zones the test sets: the domain service's
+//! resolver asks it through `DNS_NAMESERVERS`. It answers like an authoritative server:
+//! REFUSED outside its zones, NXDOMAIN for a name with no records, an empty NOERROR for a
+//! name without records of the asked type, FORMERR for a malformed query.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{MX, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+/// Records by lower-cased name without the final dot.
+#[derive(Default)]
+struct Zones {
+    apexes: HashSet<String>,
+    records: HashMap<String, Vec<RData>>,
+    queries: usize,
+}
+
+impl Zones {
+    fn serves(&self, name: &str) -> bool {
+        self.apexes
+            .iter()
+            .any(|apex| name == apex || name.ends_with(&format!(".{apex}")))
+    }
+}
+
+/// The fake server. Cloning shares it.
+#[derive(Clone)]
+pub struct FakeDns {
+    /// Where it listens: the value of `DNS_NAMESERVERS`.
+    pub addr: SocketAddr,
+    zones: Arc<Mutex<Zones>>,
+}
+
+fn key(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+impl FakeDns {
+    /// Starts the server on a free local UDP port.
+    pub async fn start() -> Self {
+        let socket = tokio::net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("fake dns binds");
+        let addr = socket.local_addr().expect("address");
+        let zones = Arc::new(Mutex::new(Zones::default()));
+        let served = zones.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+                    return;
+                };
+                if let Some(reply) = answer(&served, &buf[..n]) {
+                    let _ = socket.send_to(&reply, peer).await;
+                }
+            }
+        });
+        Self { addr, zones }
+    }
+
+    /// Makes the server authoritative for `apex` (and everything under it).
+    pub fn zone(&self, apex: &str) {
+        self.zones.lock().unwrap().apexes.insert(key(apex));
+    }
+
+    fn set(&self, name: &str, kind: RecordType, data: Vec<RData>) {
+        let mut zones = self.zones.lock().unwrap();
+        let name = key(name);
+        assert!(zones.serves(&name), "{name} is outside the fake's zones");
+        let records = zones.records.entry(name).or_default();
+        records.retain(|r| r.record_type() != kind);
+        records.extend(data);
+    }
+
+    /// Sets the MX records of `name` (preference, host); empty removes them.
+    pub fn set_mx(&self, name: &str, mx: &[(u16, &str)]) {
+        let data = mx
+            .iter()
+            .map(|(pref, host)| {
+                RData::MX(MX::new(
+                    *pref,
+                    Name::from_ascii(format!("{}.", key(host))).expect("host name"),
+                ))
+            })
+            .collect();
+        self.set(name, RecordType::MX, data);
+    }
+
+    /// Sets the TXT records of `name`, one string each; empty removes them.
+    pub fn set_txt(&self, name: &str, values: &[&str]) {
+        let data = values
+            .iter()
+            .map(|v| RData::TXT(TXT::new(vec![(*v).to_owned()])))
+            .collect();
+        self.set(name, RecordType::TXT, data);
+    }
+
+    /// How many queries it has answered.
+    pub fn queries(&self) -> usize {
+        self.zones.lock().unwrap().queries
+    }
+}
+
+/// The reply to one datagram; none for something that is not even a DNS header.
+fn answer(zones: &Mutex<Zones>, datagram: &[u8]) -> Option<Vec<u8>> {
+    let query = match Message::from_vec(datagram) {
+        Ok(q) => q,
+        Err(_) if datagram.len() >= 2 => {
+            let id = u16::from_be_bytes([datagram[0], datagram[1]]);
+            return Message::error_msg(id, OpCode::Query, ResponseCode::FormErr)
+                .to_vec()
+                .ok();
+        }
+        Err(_) => return None,
+    };
+    let id = query.metadata.id;
+    if query.metadata.message_type != MessageType::Query
+        || query.metadata.op_code != OpCode::Query
+        || query.queries.len() != 1
+    {
+        return Message::error_msg(id, OpCode::Query, ResponseCode::FormErr)
+            .to_vec()
+            .ok();
+    }
+    let question = query.queries[0].clone();
+    let name = key(&question.name().to_ascii());
+    let mut zones = zones.lock().unwrap();
+    zones.queries += 1;
+    let mut reply = Message::response(id, OpCode::Query);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.add_query(question.clone());
+    if !zones.serves(&name) {
+        reply.metadata.response_code = ResponseCode::Refused;
+        return reply.to_vec().ok();
+    }
+    reply.metadata.authoritative = true;
+    match zones.records.get(&name).filter(|r| !r.is_empty()) {
+        None => reply.metadata.response_code = ResponseCode::NXDomain,
+        Some(records) => {
+            for data in records
+                .iter()
+                .filter(|d| d.record_type() == question.query_type())
+            {
+                reply.add_answer(Record::from_rdata(question.name().clone(), 60, data.clone()));
+            }
+        }
+    }
+    reply.to_vec().ok()
+}

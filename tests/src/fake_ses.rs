@@ -1,0 +1,497 @@
+//! A fake Amazon SES v2 API, as strict as the real one where Postmesh touches it: every
+//! request must carry a valid SigV4 signature (recomputed here with the fake's secret key,
+//! service `ses`, the configured region, at most 15 minutes off), JSON bodies with only the
+//! documented fields, and errors come back as SES sends them (`x-amzn-ErrorType` and
+//! `{"message"}`). Identities: create, get, custom MAIL FROM, delete.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use postmesh_shared::ses::SesConfig;
+
+/// The access key the fake knows.
+pub const ACCESS_KEY_ID: &str = "AKIAPOSTMESHTEST0001";
+/// Its secret.
+pub const SECRET_ACCESS_KEY: &str = "fake-ses-secret-key-for-tests-only";
+/// The region it serves.
+pub const REGION: &str = "eu-west-1";
+
+/// One identity as SES holds it.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub tokens: Vec<String>,
+    /// `PENDING`, `SUCCESS`, `FAILED`.
+    pub dkim_status: String,
+    pub verified: bool,
+    pub mail_from: Option<String>,
+}
+
+#[derive(Default)]
+struct Account {
+    identities: HashMap<String, Identity>,
+    /// Each request that passed authentication: method and path.
+    requests: Vec<(String, String)>,
+    down: bool,
+    /// The next request fails with this status, error type and message.
+    fail_next: Option<(StatusCode, String, String)>,
+}
+
+/// The fake. Cloning shares it.
+#[derive(Clone)]
+pub struct FakeSes {
+    /// `http://127.0.0.1:<port>`: the `SES_ENDPOINT`.
+    pub base: String,
+    account: Arc<Mutex<Account>>,
+}
+
+/// An SES error answer.
+struct SesFailure(StatusCode, String, String);
+
+impl IntoResponse for SesFailure {
+    fn into_response(self) -> Response {
+        let SesFailure(status, kind, message) = self;
+        (
+            status,
+            [
+                ("x-amzn-ErrorType", kind.clone()),
+                ("content-type", "application/json".into()),
+            ],
+            json!({ "message": message }).to_string(),
+        )
+            .into_response()
+    }
+}
+
+fn failure(status: StatusCode, kind: &str, message: impl Into<String>) -> SesFailure {
+    SesFailure(status, kind.into(), message.into())
+}
+
+fn bad_request(message: impl Into<String>) -> SesFailure {
+    failure(StatusCode::BAD_REQUEST, "BadRequestException", message)
+}
+
+type Answer = Result<axum::Json<Value>, SesFailure>;
+
+impl FakeSes {
+    /// Starts the fake on a free local port.
+    pub async fn start() -> Self {
+        let account = Arc::new(Mutex::new(Account::default()));
+        let fake = Self {
+            base: String::new(),
+            account,
+        };
+        let app = Router::new()
+            .route("/v2/email/identities", post(create_identity))
+            .route(
+                "/v2/email/identities/{identity}",
+                get(get_identity).delete(delete_identity),
+            )
+            .route("/v2/email/identities/{identity}/mail-from", put(put_mail_from))
+            .fallback(|method: Method, uri: Uri| async move {
+                failure(
+                    StatusCode::NOT_FOUND,
+                    "UnknownOperationException",
+                    format!("no operation at {method} {}", uri.path()),
+                )
+            })
+            .layer(axum::middleware::from_fn_with_state(fake.clone(), authenticate))
+            .with_state(fake.clone());
+        let addr = crate::serve_locally(app).await;
+        Self {
+            base: format!("http://{addr}"),
+            ..fake
+        }
+    }
+
+    /// SES settings pointing at this fake, with its credentials.
+    pub fn config(&self) -> SesConfig {
+        SesConfig {
+            endpoint: self.base.clone(),
+            region: REGION.into(),
+            credentials: Some((ACCESS_KEY_ID.into(), SECRET_ACCESS_KEY.into())),
+        }
+    }
+
+    /// While down, every request answers 503 `ServiceUnavailable`... as SES's front does.
+    pub fn set_down(&self, down: bool) {
+        self.account.lock().unwrap().down = down;
+    }
+
+    /// Makes the next request fail with `status` and SES error type `kind`.
+    pub fn fail_next(&self, status: StatusCode, kind: &str, message: &str) {
+        self.account.lock().unwrap().fail_next = Some((status, kind.into(), message.into()));
+    }
+
+    /// The identity `name`, if SES has it.
+    pub fn identity(&self, name: &str) -> Option<Identity> {
+        self.account.lock().unwrap().identities.get(name).cloned()
+    }
+
+    /// Marks the identity's DKIM and MAIL FROM as found in DNS: verified for sending.
+    pub fn verify(&self, name: &str) {
+        let mut account = self.account.lock().unwrap();
+        let identity = account.identities.get_mut(name).expect("identity exists");
+        identity.dkim_status = "SUCCESS".into();
+        identity.verified = true;
+    }
+
+    /// Marks the identity's DKIM as failed.
+    pub fn fail_dkim(&self, name: &str) {
+        let mut account = self.account.lock().unwrap();
+        let identity = account.identities.get_mut(name).expect("identity exists");
+        identity.dkim_status = "FAILED".into();
+    }
+
+    /// Requests that passed authentication, as `(method, path)`.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        self.account.lock().unwrap().requests.clone()
+    }
+}
+
+/// Checks the SigV4 signature of every request, then the outage switches.
+async fn authenticate(
+    State(fake): State<FakeSes>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 10 << 20).await else {
+        return bad_request("body too large").into_response();
+    };
+    if let Err(e) = verify_signature(&parts.method, &parts.uri, &parts.headers, &body) {
+        return e.into_response();
+    }
+    {
+        let mut account = fake.account.lock().unwrap();
+        if account.down {
+            return failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "Service is unavailable. Please try again later.",
+            )
+            .into_response();
+        }
+        if let Some((status, kind, message)) = account.fail_next.take() {
+            return SesFailure(status, kind, message).into_response();
+        }
+        account
+            .requests
+            .push((parts.method.to_string(), parts.uri.path().to_owned()));
+    }
+    next.run(axum::extract::Request::from_parts(parts, body.into()))
+        .await
+}
+
+/// Unix seconds of an `x-amz-date` (`YYYYMMDDTHHMMSSZ`).
+fn unix_of_amz_date(d: &str) -> Option<i64> {
+    let b = d.as_bytes();
+    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| d.get(r)?.parse::<i64>().ok();
+    let (y, m, day) = (num(0..4)?, num(4..6)?, num(6..8)?);
+    let (hh, mm, ss) = (num(9..11)?, num(11..13)?, num(13..15)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(data);
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Percent-encodes `s` as SigV4 does (everything but unreserved characters).
+fn uri_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Recomputes the request's SigV4 signature (AWS's "Create a signed AWS API request").
+fn verify_signature(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), SesFailure> {
+    let forbidden = |kind: &str, message: &str| failure(StatusCode::FORBIDDEN, kind, message);
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            forbidden(
+                "MissingAuthenticationTokenException",
+                "Missing Authentication Token",
+            )
+        })?;
+    let incomplete = || {
+        forbidden(
+            "IncompleteSignatureException",
+            "Authorization header requires Credential, SignedHeaders and Signature",
+        )
+    };
+    let rest = auth.strip_prefix("AWS4-HMAC-SHA256 ").ok_or_else(incomplete)?;
+    let mut fields = HashMap::new();
+    for part in rest.split(", ") {
+        let (k, v) = part.split_once('=').ok_or_else(incomplete)?;
+        fields.insert(k, v);
+    }
+    let (credential, signed_headers, signature) = match (
+        fields.get("Credential"),
+        fields.get("SignedHeaders"),
+        fields.get("Signature"),
+    ) {
+        (Some(c), Some(h), Some(s)) => (*c, *h, *s),
+        _ => return Err(incomplete()),
+    };
+    let scope: Vec<&str> = credential.split('/').collect();
+    if scope.len() != 5 || scope[4] != "aws4_request" {
+        return Err(incomplete());
+    }
+    if scope[0] != ACCESS_KEY_ID {
+        return Err(forbidden(
+            "UnrecognizedClientException",
+            "The security token included in the request is invalid.",
+        ));
+    }
+    if scope[2] != REGION || scope[3] != "ses" {
+        return Err(forbidden(
+            "InvalidSignatureException",
+            "Credential should be scoped to a valid region and to the ses service.",
+        ));
+    }
+    if signature.len() != 64 || !signature.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(incomplete());
+    }
+    let amz_date = headers
+        .get("x-amz-date")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(incomplete)?;
+    if !amz_date.starts_with(scope[1]) || amz_date.len() != 16 {
+        return Err(incomplete());
+    }
+    let signed_at = unix_of_amz_date(amz_date).ok_or_else(incomplete)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64;
+    if (now - signed_at).abs() > 15 * 60 {
+        return Err(forbidden("InvalidSignatureException", "Signature expired"));
+    }
+    let names: Vec<&str> = signed_headers.split(';').collect();
+    if !names.contains(&"host") || !names.contains(&"x-amz-date") {
+        return Err(incomplete());
+    }
+    let mut canonical_headers = String::new();
+    for name in &names {
+        let value = headers
+            .get(*name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| forbidden("InvalidSignatureException", "a signed header is missing"))?;
+        canonical_headers.push_str(&format!("{name}:{}\n", value.trim()));
+    }
+    let path: String = uri
+        .path()
+        .split('/')
+        .map(uri_encode)
+        .collect::<Vec<_>>()
+        .join("/");
+    let mut query: Vec<(String, String)> = uri
+        .query()
+        .map(|q| {
+            serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (uri_encode(&k), uri_encode(&v)))
+        .collect();
+    query.sort();
+    let query = query
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let canonical = format!(
+        "{method}\n{path}\n{query}\n{canonical_headers}\n{signed_headers}\n{}",
+        hex::encode(Sha256::digest(body))
+    );
+    let string_to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{}/{REGION}/ses/aws4_request\n{}",
+        scope[1],
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    );
+    let key = [scope[1], REGION, "ses", "aws4_request"]
+        .iter()
+        .fold(format!("AWS4{SECRET_ACCESS_KEY}").into_bytes(), |key, part| {
+            hmac(&key, part.as_bytes())
+        });
+    let expected = hex::encode(hmac(&key, string_to_sign.as_bytes()));
+    if expected != signature {
+        return Err(forbidden(
+            "SignatureDoesNotMatch",
+            "The request signature we calculated does not match the signature you provided.",
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a JSON body with only the documented fields.
+fn json_body<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, SesFailure> {
+    let json = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return Err(bad_request("Content-Type must be application/json"));
+    }
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+}
+
+fn view(identity: &Identity) -> Value {
+    json!({
+        "IdentityType": "DOMAIN",
+        "FeedbackForwardingStatus": true,
+        "VerifiedForSendingStatus": identity.verified,
+        "VerificationStatus": if identity.verified { "SUCCESS" } else { identity.dkim_status.as_str() },
+        "DkimAttributes": {
+            "SigningEnabled": true,
+            "Status": identity.dkim_status,
+            "Tokens": identity.tokens,
+            "SigningAttributesOrigin": "AWS_SES",
+            "CurrentSigningKeyLength": "RSA_2048_BIT",
+            "NextSigningKeyLength": "RSA_2048_BIT"
+        },
+        "MailFromAttributes": {
+            "MailFromDomain": identity.mail_from.clone().unwrap_or_default(),
+            "MailFromDomainStatus": if identity.mail_from.is_some() {
+                if identity.verified { "SUCCESS" } else { "PENDING" }
+            } else { "" },
+            "BehaviorOnMxFailure": "USE_DEFAULT_VALUE"
+        },
+        "Policies": {},
+        "Tags": []
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct CreateIdentity {
+    email_identity: String,
+    #[serde(default)]
+    tags: Option<Value>,
+    #[serde(default)]
+    dkim_signing_attributes: Option<Value>,
+    #[serde(default)]
+    configuration_set_name: Option<String>,
+}
+
+async fn create_identity(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes) -> Answer {
+    let req: CreateIdentity = json_body(&headers, &body)?;
+    let _ = (req.tags, req.dkim_signing_attributes, req.configuration_set_name);
+    let name = req.email_identity.to_ascii_lowercase();
+    if name.is_empty() || name.contains('@') || !name.contains('.') {
+        return Err(bad_request("EmailIdentity must be a domain or an address"));
+    }
+    let mut account = fake.account.lock().unwrap();
+    if account.identities.contains_key(&name) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            "AlreadyExistsException",
+            format!("Email identity {name} already exist."),
+        ));
+    }
+    let identity = Identity {
+        tokens: (0..3)
+            .map(|_| format!("{:032x}", rand::random::<u128>()))
+            .collect(),
+        dkim_status: "PENDING".into(),
+        verified: false,
+        mail_from: None,
+    };
+    let answer = json!({
+        "IdentityType": "DOMAIN",
+        "VerifiedForSendingStatus": false,
+        "DkimAttributes": view(&identity)["DkimAttributes"].clone()
+    });
+    account.identities.insert(name, identity);
+    Ok(axum::Json(answer))
+}
+
+fn not_found(name: &str) -> SesFailure {
+    failure(
+        StatusCode::NOT_FOUND,
+        "NotFoundException",
+        format!("Email identity {name} does not exist."),
+    )
+}
+
+async fn get_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
+    let account = fake.account.lock().unwrap();
+    let identity = account.identities.get(&name).ok_or_else(|| not_found(&name))?;
+    Ok(axum::Json(view(identity)))
+}
+
+async fn delete_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
+    let mut account = fake.account.lock().unwrap();
+    account.identities.remove(&name).ok_or_else(|| not_found(&name))?;
+    Ok(axum::Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct PutMailFrom {
+    mail_from_domain: Option<String>,
+    behavior_on_mx_failure: Option<String>,
+}
+
+async fn put_mail_from(
+    State(fake): State<FakeSes>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let req: PutMailFrom = json_body(&headers, &body)?;
+    if let Some(behavior) = &req.behavior_on_mx_failure {
+        if !matches!(behavior.as_str(), "USE_DEFAULT_VALUE" | "REJECT_MESSAGE") {
+            return Err(bad_request("BehaviorOnMxFailure must be USE_DEFAULT_VALUE or REJECT_MESSAGE"));
+        }
+    }
+    let mut account = fake.account.lock().unwrap();
+    let identity = account
+        .identities
+        .get_mut(&name)
+        .ok_or_else(|| not_found(&name))?;
+    if let Some(domain) = &req.mail_from_domain {
+        if !domain.ends_with(&format!(".{name}")) {
+            return Err(bad_request(format!(
+                "MAIL FROM domain {domain} must be a subdomain of {name}"
+            )));
+        }
+    }
+    identity.mail_from = req.mail_from_domain;
+    Ok(axum::Json(json!({})))
+}
