@@ -18,7 +18,7 @@ stop() {
 trap stop INT TERM EXIT
 
 # Services first, then the gateway that forwards to them.
-for svc in billing sender api-gateway; do
+for svc in billing domain sender api-gateway; do
   "$bin/$svc" &
   pids+=($!)
 done

@@ -30,7 +30,10 @@ impl SesConfig {
         let region = env_or("AWS_REGION", "us-east-1");
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Self {
-            endpoint: env_or("SES_ENDPOINT", &format!("https://email.{region}.amazonaws.com")),
+            endpoint: env_or(
+                "SES_ENDPOINT",
+                &format!("https://email.{region}.amazonaws.com"),
+            ),
             credentials: var("AWS_ACCESS_KEY_ID").zip(var("AWS_SECRET_ACCESS_KEY")),
             region,
         }

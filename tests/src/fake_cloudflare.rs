@@ -134,7 +134,14 @@ impl FakeCloudflare {
     }
 
     /// Adds a record directly, as if the user made it in the dashboard.
-    pub fn add_record(&self, zone: &str, kind: &str, name: &str, content: &str, priority: Option<u16>) {
+    pub fn add_record(
+        &self,
+        zone: &str,
+        kind: &str,
+        name: &str,
+        content: &str,
+        priority: Option<u16>,
+    ) {
         let mut books = self.books.lock().unwrap();
         let zone = books.zones.get_mut(zone).expect("zone exists");
         zone.records.push(CfRecord {
@@ -188,12 +195,24 @@ fn outage(books: &Books) -> Result<(), CfFailure> {
 
 /// The zone `id` if `token` can see it; an unknown token is 403 (9109), another's zone 404.
 fn zone_for<'a>(books: &'a mut Books, id: &str, token: &str) -> Result<&'a mut Zone, CfFailure> {
-    if !books.zones.values().any(|z| z.tokens.iter().any(|t| t == token)) {
-        return Err(CfFailure(StatusCode::FORBIDDEN, 9109, "Invalid access token".into()));
+    if !books
+        .zones
+        .values()
+        .any(|z| z.tokens.iter().any(|t| t == token))
+    {
+        return Err(CfFailure(
+            StatusCode::FORBIDDEN,
+            9109,
+            "Invalid access token".into(),
+        ));
     }
     match books.zones.get_mut(id) {
         Some(zone) if zone.tokens.iter().any(|t| t == token) => Ok(zone),
-        _ => Err(CfFailure(StatusCode::NOT_FOUND, 7003, "Could not route to zone".into())),
+        _ => Err(CfFailure(
+            StatusCode::NOT_FOUND,
+            7003,
+            "Could not route to zone".into(),
+        )),
     }
 }
 
@@ -214,7 +233,11 @@ async fn list_zones(
     let books = fake.books.lock().unwrap();
     outage(&books)?;
     if !books.zones.values().any(|z| z.tokens.contains(&token)) {
-        return Err(CfFailure(StatusCode::FORBIDDEN, 9109, "Invalid access token".into()));
+        return Err(CfFailure(
+            StatusCode::FORBIDDEN,
+            9109,
+            "Invalid access token".into(),
+        ));
     }
     let _ = (q.page, q.per_page);
     let zones: Vec<Value> = books
@@ -256,7 +279,11 @@ async fn list_records(
     let records: Vec<Value> = zone
         .records
         .iter()
-        .filter(|r| q.name.as_ref().is_none_or(|n| n.eq_ignore_ascii_case(&r.name)))
+        .filter(|r| {
+            q.name
+                .as_ref()
+                .is_none_or(|n| n.eq_ignore_ascii_case(&r.name))
+        })
         .filter(|r| q.kind.as_ref().is_none_or(|k| *k == r.kind))
         .map(|r| record_json(&zone_id, &zone.name, r))
         .collect();
@@ -289,7 +316,10 @@ async fn create_record(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     if !json {
-        return Err(bad(6003, "Invalid request headers: Content-Type must be application/json"));
+        return Err(bad(
+            6003,
+            "Invalid request headers: Content-Type must be application/json",
+        ));
     }
     let req: NewRecord = serde_json::from_slice(&body)
         .map_err(|e| bad(9207, format!("Request body is invalid: {e}")))?;
@@ -299,15 +329,26 @@ async fn create_record(
     let zone = zone_for(&mut books, &zone_id, &token)?;
     let name = req.name.trim_end_matches('.').to_ascii_lowercase();
     if name != zone.name && !name.ends_with(&format!(".{}", zone.name)) {
-        return Err(bad(9005, format!("Record name {name} is outside the zone {}", zone.name)));
+        return Err(bad(
+            9005,
+            format!("Record name {name} is outside the zone {}", zone.name),
+        ));
     }
     if !matches!(req.kind.as_str(), "A" | "AAAA" | "CNAME" | "MX" | "TXT") {
-        return Err(bad(9000, format!("DNS record type {} is invalid", req.kind)));
+        return Err(bad(
+            9000,
+            format!("DNS record type {} is invalid", req.kind),
+        ));
     }
     match req.ttl {
         Some(1) | None => {}
         Some(ttl) if (60..=86_400).contains(&ttl) => {}
-        Some(_) => return Err(bad(9021, "Invalid TTL. Must be between 60 and 86400 seconds, or 1 for Automatic.")),
+        Some(_) => {
+            return Err(bad(
+                9021,
+                "Invalid TTL. Must be between 60 and 86400 seconds, or 1 for Automatic.",
+            ))
+        }
     }
     if req.kind == "MX" && req.priority.is_none() {
         return Err(bad(9101, "priority is required for MX records"));
@@ -329,7 +370,10 @@ async fn create_record(
         return Err(bad(81058, "An identical record already exists."));
     }
     if (req.kind == "CNAME" && !at_name.is_empty()) || at_name.iter().any(|r| r.kind == "CNAME") {
-        return Err(bad(81053, "An A, AAAA, or CNAME record with that host already exists."));
+        return Err(bad(
+            81053,
+            "An A, AAAA, or CNAME record with that host already exists.",
+        ));
     }
     let record = CfRecord {
         id: format!("{:032x}", rand::random::<u128>()),

@@ -145,7 +145,11 @@ fn answer(zones: &Mutex<Zones>, datagram: &[u8]) -> Option<Vec<u8>> {
                 .iter()
                 .filter(|d| d.record_type() == question.query_type())
             {
-                reply.add_answer(Record::from_rdata(question.name().clone(), 60, data.clone()));
+                reply.add_answer(Record::from_rdata(
+                    question.name().clone(),
+                    60,
+                    data.clone(),
+                ));
             }
         }
     }

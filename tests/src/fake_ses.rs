@@ -97,7 +97,10 @@ impl FakeSes {
                 "/v2/email/identities/{identity}",
                 get(get_identity).delete(delete_identity),
             )
-            .route("/v2/email/identities/{identity}/mail-from", put(put_mail_from))
+            .route(
+                "/v2/email/identities/{identity}/mail-from",
+                put(put_mail_from),
+            )
             .fallback(|method: Method, uri: Uri| async move {
                 failure(
                     StatusCode::NOT_FOUND,
@@ -105,7 +108,10 @@ impl FakeSes {
                     format!("no operation at {method} {}", uri.path()),
                 )
             })
-            .layer(axum::middleware::from_fn_with_state(fake.clone(), authenticate))
+            .layer(axum::middleware::from_fn_with_state(
+                fake.clone(),
+                authenticate,
+            ))
             .with_state(fake.clone());
         let addr = crate::serve_locally(app).await;
         Self {
@@ -254,7 +260,9 @@ fn verify_signature(
             "Authorization header requires Credential, SignedHeaders and Signature",
         )
     };
-    let rest = auth.strip_prefix("AWS4-HMAC-SHA256 ").ok_or_else(incomplete)?;
+    let rest = auth
+        .strip_prefix("AWS4-HMAC-SHA256 ")
+        .ok_or_else(incomplete)?;
     let mut fields = HashMap::new();
     for part in rest.split(", ") {
         let (k, v) = part.split_once('=').ok_or_else(incomplete)?;
@@ -322,9 +330,7 @@ fn verify_signature(
         .join("/");
     let mut query: Vec<(String, String)> = uri
         .query()
-        .map(|q| {
-            serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()
-        })
+        .map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default())
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| (uri_encode(&k), uri_encode(&v)))
@@ -344,11 +350,10 @@ fn verify_signature(
         scope[1],
         hex::encode(Sha256::digest(canonical.as_bytes()))
     );
-    let key = [scope[1], REGION, "ses", "aws4_request"]
-        .iter()
-        .fold(format!("AWS4{SECRET_ACCESS_KEY}").into_bytes(), |key, part| {
-            hmac(&key, part.as_bytes())
-        });
+    let key = [scope[1], REGION, "ses", "aws4_request"].iter().fold(
+        format!("AWS4{SECRET_ACCESS_KEY}").into_bytes(),
+        |key, part| hmac(&key, part.as_bytes()),
+    );
     let expected = hex::encode(hmac(&key, string_to_sign.as_bytes()));
     if expected != signature {
         return Err(forbidden(
@@ -360,7 +365,10 @@ fn verify_signature(
 }
 
 /// Parses a JSON body with only the documented fields.
-fn json_body<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, SesFailure> {
+fn json_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, SesFailure> {
     let json = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -411,7 +419,11 @@ struct CreateIdentity {
 
 async fn create_identity(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes) -> Answer {
     let req: CreateIdentity = json_body(&headers, &body)?;
-    let _ = (req.tags, req.dkim_signing_attributes, req.configuration_set_name);
+    let _ = (
+        req.tags,
+        req.dkim_signing_attributes,
+        req.configuration_set_name,
+    );
     let name = req.email_identity.to_ascii_lowercase();
     if name.is_empty() || name.contains('@') || !name.contains('.') {
         return Err(bad_request("EmailIdentity must be a domain or an address"));
@@ -451,13 +463,19 @@ fn not_found(name: &str) -> SesFailure {
 
 async fn get_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
     let account = fake.account.lock().unwrap();
-    let identity = account.identities.get(&name).ok_or_else(|| not_found(&name))?;
+    let identity = account
+        .identities
+        .get(&name)
+        .ok_or_else(|| not_found(&name))?;
     Ok(axum::Json(view(identity)))
 }
 
 async fn delete_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
     let mut account = fake.account.lock().unwrap();
-    account.identities.remove(&name).ok_or_else(|| not_found(&name))?;
+    account
+        .identities
+        .remove(&name)
+        .ok_or_else(|| not_found(&name))?;
     Ok(axum::Json(json!({})))
 }
 
@@ -477,7 +495,9 @@ async fn put_mail_from(
     let req: PutMailFrom = json_body(&headers, &body)?;
     if let Some(behavior) = &req.behavior_on_mx_failure {
         if !matches!(behavior.as_str(), "USE_DEFAULT_VALUE" | "REJECT_MESSAGE") {
-            return Err(bad_request("BehaviorOnMxFailure must be USE_DEFAULT_VALUE or REJECT_MESSAGE"));
+            return Err(bad_request(
+                "BehaviorOnMxFailure must be USE_DEFAULT_VALUE or REJECT_MESSAGE",
+            ));
         }
     }
     let mut account = fake.account.lock().unwrap();

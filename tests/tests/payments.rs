@@ -746,7 +746,10 @@ async fn usage_counts_come_from_the_owning_services() {
     host.start(shutdown.clone(), &tracker).await.unwrap();
     let counted = entitlements(&stack, &key).await.entitlements;
     assert_eq!(counted.mailboxes.used, 2);
-    assert_eq!(counted.custom_domains.used, 0, "the domain service's own count");
+    assert_eq!(
+        counted.custom_domains.used, 0,
+        "the domain service's own count"
+    );
     shutdown.cancel();
     stack.shutdown().await;
 }

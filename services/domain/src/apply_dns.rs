@@ -147,7 +147,9 @@ async fn token_for(
         .open(workspace.as_uuid().as_bytes(), &sealed)
         .and_then(|t| String::from_utf8(t).ok())
         .ok_or_else(|| {
-            ApiError::BadRequest("the saved DNS provider token cannot be read: save it again".into())
+            ApiError::BadRequest(
+                "the saved DNS provider token cannot be read: save it again".into(),
+            )
         })
 }
 
@@ -194,15 +196,12 @@ async fn apply(
     }
 
     let cf = &state.cloudflare;
-    let zone = cf
-        .find_zone(&token, &domain.name)
-        .await?
-        .ok_or_else(|| {
-            ApiError::BadRequest(format!(
-                "no Cloudflare zone for {} is visible to this token",
-                domain.name
-            ))
-        })?;
+    let zone = cf.find_zone(&token, &domain.name).await?.ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "no Cloudflare zone for {} is visible to this token",
+            domain.name
+        ))
+    })?;
     let mut applied = Applied {
         provider: PROVIDER.into(),
         zone: zone.name.clone(),
@@ -341,9 +340,15 @@ mod tests {
         let other_mx = rec("MX", "mx.other.example", Some(10));
         let worse_priority = rec("MX", "feedback-smtp.us-east-1.amazonses.com", Some(20));
         assert!(matches!(compare(&mx, &[other_mx]), Outcome::Conflict(_)));
-        assert!(matches!(compare(&mx, &[worse_priority]), Outcome::Conflict(_)));
+        assert!(matches!(
+            compare(&mx, &[worse_priority]),
+            Outcome::Conflict(_)
+        ));
         let cname = rec("CNAME", "abc.dkim.amazonses.com", None);
-        assert!(matches!(compare(&cname, &[rec("TXT", "x", None)]), Outcome::Conflict(_)));
+        assert!(matches!(
+            compare(&cname, &[rec("TXT", "x", None)]),
+            Outcome::Conflict(_)
+        ));
         assert_eq!(compare(&cname, &[]), Outcome::Missing);
     }
 }

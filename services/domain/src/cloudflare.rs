@@ -112,7 +112,11 @@ impl Cloudflare {
     }
 
     /// The zone holding `domain`: the domain itself or its closest parent the token sees.
-    pub async fn find_zone(&self, token: &str, domain: &str) -> Result<Option<Zone>, CloudflareError> {
+    pub async fn find_zone(
+        &self,
+        token: &str,
+        domain: &str,
+    ) -> Result<Option<Zone>, CloudflareError> {
         let labels: Vec<&str> = domain.split('.').collect();
         for start in 0..labels.len().saturating_sub(1) {
             let candidate = labels[start..].join(".");

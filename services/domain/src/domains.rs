@@ -189,7 +189,11 @@ pub struct Deleted {
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .route("/sender-domains", Policy::Key, get(list).post(submit))
-        .route("/sender-domains/{id}", Policy::Key, get(show).delete(remove))
+        .route(
+            "/sender-domains/{id}",
+            Policy::Key,
+            get(show).delete(remove),
+        )
 }
 
 #[derive(Deserialize)]
@@ -277,8 +281,8 @@ async fn custom_domain_limit(state: &AppState, workspace: WorkspaceId) -> Result
     Ok(ent.custom_domains)
 }
 
-/// Inserts `name` for `workspace` unless it holds `limit` domains already (403) or the
-/// name is taken anywhere (409). Submissions of one workspace take turns, so two at once
+/// Inserts `name` for `workspace` unless the name is taken anywhere (409; the unique index
+/// settles a race) or the workspace holds `limit` domains already (403). Submissions of one workspace take turns, so two at once
 /// cannot both fit under the limit.
 async fn insert(
     db: &PgPool,
@@ -291,13 +295,23 @@ async fn insert(
         .bind(workspace.as_uuid())
         .execute(&mut *tx)
         .await?;
+    let taken: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM domains WHERE name = $1)")
+        .bind(name.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    if taken {
+        return Err(taken_error(name));
+    }
     let held = count(&mut *tx, workspace).await?;
     if held >= limit {
         return Err(ApiError::Forbidden(format!(
             "your plan allows {limit} custom domain(s) and this workspace has {held}"
         )));
     }
-    let token = format!("postmesh-verify={}", hex::encode(rand::random::<[u8; 16]>()));
+    let token = format!(
+        "postmesh-verify={}",
+        hex::encode(rand::random::<[u8; 16]>())
+    );
     let inserted = sqlx::query_as(&format!(
         "INSERT INTO domains (id, workspace_id, name, verification_token, created_at)
          VALUES ($1, $2, $3, $4, $5) RETURNING {COLUMNS}"
@@ -314,19 +328,25 @@ async fn insert(
             tx.commit().await?;
             Ok(domain)
         }
-        Err(e) if db::is_unique_violation(&e) => Err(ApiError::Conflict(format!(
-            "{name} is already registered"
-        ))),
+        Err(e) if db::is_unique_violation(&e) => {
+            Err(ApiError::Conflict(format!("{name} is already registered")))
+        }
         Err(e) => Err(e.into()),
     }
 }
 
+fn taken_error(name: &DomainName) -> ApiError {
+    ApiError::Conflict(format!("{name} is already registered"))
+}
+
 /// The custom domains a workspace holds (rejected ones do not count).
 pub async fn count(db: impl PgExecutor<'_>, workspace: WorkspaceId) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM domains WHERE workspace_id = $1 AND ownership <> 'rejected'")
-        .bind(workspace.as_uuid())
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar(
+        "SELECT count(*) FROM domains WHERE workspace_id = $1 AND ownership <> 'rejected'",
+    )
+    .bind(workspace.as_uuid())
+    .fetch_one(db)
+    .await
 }
 
 async fn show(

@@ -100,7 +100,10 @@ pub fn parse_nameservers(raw: &str) -> anyhow::Result<Vec<SocketAddr>> {
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<SocketAddr>()
-                .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .or_else(|_| {
+                    s.parse::<std::net::IpAddr>()
+                        .map(|ip| SocketAddr::new(ip, 53))
+                })
                 .map_err(|_| anyhow::anyhow!("DNS_NAMESERVERS: {s:?} is not ip:port"))
         })
         .collect()
@@ -162,7 +165,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
     let ses = SesClient::new(&config.ses, config.common.upstream_timeout)?;
     if ses.is_none() {
-        tracing::warn!("AWS credentials are not set: setup-outbound and verify-outbound answer 503");
+        tracing::warn!(
+            "AWS credentials are not set: setup-outbound and verify-outbound answer 503"
+        );
     }
     let state = AppState {
         db: rt.db.clone(),

@@ -18,7 +18,9 @@ impl DomainName {
         }
         if trimmed.parse::<std::net::IpAddr>().is_ok()
             || trimmed.starts_with('[')
-            || trimmed.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+            || trimmed
+                .split('.')
+                .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
         {
             return Err(format!("{trimmed} is an IP address, not a domain name"));
         }
@@ -29,20 +31,27 @@ impl DomainName {
         }
         let labels: Vec<&str> = ascii.split('.').collect();
         if labels.len() < 2 {
-            return Err(format!("{ascii} needs at least two labels (like example.com)"));
+            return Err(format!(
+                "{ascii} needs at least two labels (like example.com)"
+            ));
         }
         for label in &labels {
             let ok = (1..=63).contains(&label.len())
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-');
             if !ok {
                 return Err(format!(
                     "{ascii}: label {label:?} must be 1-63 letters, digits or inner hyphens"
                 ));
             }
         }
-        if labels.last().is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit())) {
+        if labels
+            .last()
+            .is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit()))
+        {
             return Err(format!("{ascii} has a numeric top-level label"));
         }
         Ok(Self(ascii))

@@ -47,7 +47,11 @@ pub fn routes() -> Routes<AppState> {
             Policy::Key,
             post(approve),
         )
-        .route("/admin/sender-domains/{id}/reject", Policy::Key, post(reject))
+        .route(
+            "/admin/sender-domains/{id}/reject",
+            Policy::Key,
+            post(reject),
+        )
 }
 
 async fn verify(
@@ -63,7 +67,10 @@ async fn verify(
     };
     let verified = domain.ownership == Ownership::Verified;
     let message = if verified {
-        format!("{} is verified: set up sending and receiving next", domain.name)
+        format!(
+            "{} is verified: set up sending and receiving next",
+            domain.name
+        )
     } else {
         format!(
             "TXT {} = {} not found yet; DNS changes can take a while to appear",
@@ -153,7 +160,9 @@ pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<bool, Lo
                 tracing::info!(domain = %name, "ownership verified by the sweep")
             }
             Ok(_) => {}
-            Err(LookupErrorOrDb::Dns(e)) => tracing::warn!(domain = %name, error = %e, "ownership check failed"),
+            Err(LookupErrorOrDb::Dns(e)) => {
+                tracing::warn!(domain = %name, error = %e, "ownership check failed")
+            }
             Err(e) => return Err(e),
         }
     }
@@ -227,13 +236,12 @@ async fn review(
     let domain = match updated {
         Some(d) => d,
         None => {
-            let current: Domain = sqlx::query_as(&format!(
-                "SELECT {COLUMNS} FROM domains WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(db)
-            .await?
-            .ok_or_else(|| ApiError::NotFound("no such sender domain".into()))?;
+            let current: Domain =
+                sqlx::query_as(&format!("SELECT {COLUMNS} FROM domains WHERE id = $1"))
+                    .bind(id)
+                    .fetch_optional(db)
+                    .await?
+                    .ok_or_else(|| ApiError::NotFound("no such sender domain".into()))?;
             if current.ownership != decision {
                 return Err(ApiError::Conflict(format!(
                     "{} was already reviewed: {:?}",

@@ -38,7 +38,11 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
             format!("{:?} is not a valid email address", req.from_address),
         ));
     };
-    let raw_domain = address.as_str().rsplit_once('@').map(|(_, d)| d).unwrap_or("");
+    let raw_domain = address
+        .as_str()
+        .rsplit_once('@')
+        .map(|(_, d)| d)
+        .unwrap_or("");
     let domain = match DomainName::parse(raw_domain) {
         Ok(d) => d,
         Err(reason) => return Ok(refuse(raw_domain.to_owned(), reason)),
@@ -50,13 +54,12 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
             domain: domain.to_string(),
         });
     }
-    let ownership: Option<domains::Ownership> = sqlx::query_scalar(
-        "SELECT ownership FROM domains WHERE name = $1 AND workspace_id = $2",
-    )
-    .bind(domain.as_str())
-    .bind(workspace.as_uuid())
-    .fetch_optional(&state.db)
-    .await?;
+    let ownership: Option<domains::Ownership> =
+        sqlx::query_scalar("SELECT ownership FROM domains WHERE name = $1 AND workspace_id = $2")
+            .bind(domain.as_str())
+            .bind(workspace.as_uuid())
+            .fetch_optional(&state.db)
+            .await?;
     Ok(match ownership {
         Some(domains::Ownership::Verified) => SendableReply {
             sendable: true,

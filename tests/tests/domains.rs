@@ -1,0 +1,967 @@
+//! Sender domains end to end through the gateway: plan limits from billing, the ownership
+//! review (TXT record at a local authoritative DNS server, the sweep, an admin), inbound MX
+//! checks, SES identities (a fake SES v2 that checks SigV4), apply-dns at a fake
+//! Cloudflare, the RPCs other services use, and isolation between workspaces.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use postmesh_shared::proto::{InboundDomainRequest, SendableRequest};
+use postmesh_tests::fake_cloudflare::FakeCloudflare;
+use postmesh_tests::fake_dns::FakeDns;
+use postmesh_tests::fake_ses::FakeSes;
+use postmesh_tests::{DomainOptions, FakeStripe, Options, Stack, TestClient};
+
+/// A stack whose domain service asks the fake DNS, SES and Cloudflare, and whose billing
+/// sells plans through a fake Stripe.
+struct World {
+    stack: Stack,
+    stripe: FakeStripe,
+    dns: FakeDns,
+    ses: FakeSes,
+    cloudflare: FakeCloudflare,
+}
+
+impl World {
+    async fn start() -> Self {
+        let stripe = FakeStripe::start().await;
+        let dns = FakeDns::start().await;
+        let ses = FakeSes::start().await;
+        let cloudflare = FakeCloudflare::start().await;
+        let stack = Stack::start_opts(Options {
+            stripe: stripe.config(),
+            domain: DomainOptions {
+                nameservers: vec![dns.addr],
+                ses: ses.config(),
+                cloudflare_api_base: cloudflare.base.clone(),
+                recheck: Duration::from_secs(1),
+            },
+            ..Options::default()
+        })
+        .await;
+        Self {
+            stack,
+            stripe,
+            dns,
+            ses,
+            cloudflare,
+        }
+    }
+
+    /// A key whose workspace has `plan`.
+    async fn subscribed(&self, plan: &str) -> String {
+        let key = self.stack.key(0).await;
+        self.stripe.subscribe(&self.stack, &key, plan).await;
+        key
+    }
+
+    fn client(&self, key: &str) -> TestClient {
+        self.stack.client(key)
+    }
+
+    /// Submits `name`; the answer's domain record.
+    async fn submit(&self, key: &str, name: &str) -> Value {
+        let answer: Value = self
+            .client(key)
+            .post(
+                "/sender-domains",
+                &json!({ "domain": name }),
+                StatusCode::OK,
+            )
+            .await;
+        answer["domain"].clone()
+    }
+
+    /// Submits `name` and has its TXT record verified; the domain's id.
+    async fn verified(&self, key: &str, name: &str) -> String {
+        let domain = self.submit(key, name).await;
+        let id = domain["id"].as_str().unwrap().to_owned();
+        self.dns.zone(name);
+        self.dns.set_txt(
+            domain["verification"]["name"].as_str().unwrap(),
+            &[domain["verification"]["value"].as_str().unwrap()],
+        );
+        let checked = self.act(key, &id, "verify-ownership", StatusCode::OK).await;
+        assert_eq!(checked["verified"], true, "{checked}");
+        id
+    }
+
+    /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
+    async fn act(&self, key: &str, id: &str, action: &str, expected: StatusCode) -> Value {
+        self.client(key)
+            .post(
+                &format!("/sender-domains/{id}/{action}"),
+                &json!({}),
+                expected,
+            )
+            .await
+    }
+}
+
+/// The workspace of `key`, as the gateway stores it.
+async fn workspace_of(stack: &Stack, key: &str) -> String {
+    let db = stack.service_db(postmesh_shared::Service::ApiGateway).await;
+    let workspace: uuid::Uuid =
+        sqlx::query_scalar("SELECT workspace_id FROM api_keys WHERE id = $1")
+            .bind(stack.key_id(key).await)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    workspace.to_string()
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}.example",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+async fn list(world: &World, key: &str, all: bool) -> Value {
+    let path = if all {
+        "/sender-domains?include_unverified=1"
+    } else {
+        "/sender-domains"
+    };
+    world.client(key).get(path, StatusCode::OK).await
+}
+
+fn names(listing: &Value) -> Vec<String> {
+    listing["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["domain"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
+    let world = World::start().await;
+    // No plan: 402, whatever the name.
+    let free = world.stack.key(0).await;
+    let _: Value = world
+        .client(&free)
+        .post(
+            "/sender-domains",
+            &json!({"domain": unique("free")}),
+            StatusCode::PAYMENT_REQUIRED,
+        )
+        .await;
+
+    let starter = world.subscribed("starter").await;
+    for bad in [
+        json!({}),
+        json!({"domain": 5}),
+        json!({"domain": ""}),
+        json!({"domain": "localhost"}),
+        json!({"domain": "exa_mple.com"}),
+        json!({"domain": "-bad.example"}),
+        json!({"domain": "10.0.0.1"}),
+        json!({"domain": format!("{}.example", "a".repeat(64))}),
+        json!({"domain": "postmesh.localhost"}),
+        json!({"domain": "team.postmesh.localhost"}),
+    ] {
+        let err: Value = world
+            .client(&starter)
+            .post("/sender-domains", &bad, StatusCode::BAD_REQUEST)
+            .await;
+        assert_eq!(err["success"], false, "{bad}: {err}");
+    }
+
+    // Unicode names are stored in their ASCII form, and start pending.
+    let name = format!(
+        "bücher-{}.example",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let submitted: Value = world
+        .client(&starter)
+        .post(
+            "/sender-domains",
+            &json!({"domain": name.to_uppercase()}),
+            StatusCode::OK,
+        )
+        .await;
+    let domain = &submitted["domain"];
+    assert!(
+        domain["domain"].as_str().unwrap().starts_with("xn--"),
+        "{domain}"
+    );
+    assert_eq!(domain["ownershipStatus"], "pending");
+    assert_eq!(domain["inboundStatus"], "not_started");
+    assert_eq!(domain["outboundStatus"], "not_started");
+    let verification = &domain["verification"];
+    assert_eq!(verification["type"], "TXT");
+    assert_eq!(
+        verification["name"].as_str().unwrap(),
+        format!("_postmesh.{}", domain["domain"].as_str().unwrap())
+    );
+    let message = submitted["message"].as_str().unwrap();
+    assert!(
+        message.contains(verification["value"].as_str().unwrap()),
+        "{message}"
+    );
+
+    // Starter allows one custom domain: the second is 403, and billing counts the one.
+    let _: Value = world
+        .client(&starter)
+        .post(
+            "/sender-domains",
+            &json!({"domain": unique("second")}),
+            StatusCode::FORBIDDEN,
+        )
+        .await;
+    let ent: Value = world
+        .client(&starter)
+        .get("/billing/entitlements", StatusCode::OK)
+        .await;
+    assert_eq!(ent["entitlements"]["custom_domains"]["used"], 1, "{ent}");
+
+    // The name is taken for everybody, the same workspace included.
+    let pro = world.subscribed("pro").await;
+    for key in [&pro, &starter] {
+        let err: Value = world
+            .client(key)
+            .post(
+                "/sender-domains",
+                &json!({"domain": domain["domain"]}),
+                StatusCode::CONFLICT,
+            )
+            .await;
+        assert_eq!(err["success"], false);
+    }
+
+    // Two workspaces submitting one new name at the same moment: one wins.
+    let other_pro = world.subscribed("pro").await;
+    let (first, second) = (world.client(&pro), world.client(&other_pro));
+    for _ in 0..3 {
+        let contested = unique("race");
+        let (a, b) = tokio::join!(
+            first.send(
+                Method::POST,
+                "/sender-domains",
+                Some(serde_json::to_vec(&json!({"domain": contested})).unwrap())
+            ),
+            second.send(
+                Method::POST,
+                "/sender-domains",
+                Some(serde_json::to_vec(&json!({"domain": contested})).unwrap())
+            ),
+        );
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        assert_eq!(statuses, [StatusCode::OK, StatusCode::CONFLICT]);
+    }
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
+    let world = World::start().await;
+    let key = world.subscribed("pro").await;
+    let name = unique("own");
+    let domain = world.submit(&key, &name).await;
+    let id = domain["id"].as_str().unwrap().to_owned();
+    world.dns.zone(&name);
+
+    // Pending: every setup call is 409, and the domain is not listed as sendable.
+    for action in [
+        "verify-inbound",
+        "setup-outbound",
+        "verify-outbound",
+        "apply-dns",
+    ] {
+        let err: Value = world.act(&key, &id, action, StatusCode::CONFLICT).await;
+        assert!(
+            err["error"].as_str().unwrap().contains("not verified"),
+            "{action}: {err}"
+        );
+    }
+    assert_eq!(
+        names(&list(&world, &key, false).await),
+        ["postmesh.localhost"]
+    );
+    let all = list(&world, &key, true).await;
+    assert_eq!(names(&all), ["postmesh.localhost", name.as_str()]);
+    assert_eq!(all["inboundMxHost"], "mx.postmesh.localhost");
+
+    // Without the record, or with a wrong one, it stays pending.
+    let checked = world
+        .act(&key, &id, "verify-ownership", StatusCode::OK)
+        .await;
+    assert_eq!(checked["verified"], false);
+    world
+        .dns
+        .set_txt(&format!("_postmesh.{name}"), &["postmesh-verify=wrong"]);
+    let checked = world
+        .act(&key, &id, "verify-ownership", StatusCode::OK)
+        .await;
+    assert_eq!(checked["domain"]["ownershipStatus"], "pending");
+
+    // The right token among other TXT records verifies it.
+    let token = domain["verification"]["value"].as_str().unwrap();
+    world
+        .dns
+        .set_txt(&format!("_postmesh.{name}"), &["v=something-else", token]);
+    let checked = world
+        .act(&key, &id, "verify-ownership", StatusCode::OK)
+        .await;
+    assert_eq!(checked["verified"], true, "{checked}");
+    assert_eq!(checked["domain"]["ownershipStatus"], "verified");
+    assert!(checked["domain"]["verifiedAt"].as_i64().unwrap() > 0);
+    assert_eq!(
+        names(&list(&world, &key, false).await),
+        ["postmesh.localhost", name.as_str()]
+    );
+
+    // The sweep verifies a pending domain on its own once its record appears.
+    let swept_name = unique("swept");
+    let swept = world.submit(&key, &swept_name).await;
+    world.dns.zone(&swept_name);
+    world.dns.set_txt(
+        swept["verification"]["name"].as_str().unwrap(),
+        &[swept["verification"]["value"].as_str().unwrap()],
+    );
+    let swept_id = swept["id"].as_str().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let page: Value = world
+            .client(&key)
+            .get(&format!("/sender-domains/{swept_id}"), StatusCode::OK)
+            .await;
+        if page["domain"]["ownershipStatus"] == "verified" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweep never verified it"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The admin review: members may not, admins approve or reject, a decision is final.
+    let admin = world.stack.admin_key().await;
+    let approved_name = unique("approved");
+    let to_approve = world.submit(&key, &approved_name).await;
+    let to_reject = world.submit(&key, &unique("rejected")).await;
+    let (approve_id, reject_id) = (
+        to_approve["id"].as_str().unwrap(),
+        to_reject["id"].as_str().unwrap(),
+    );
+    let queue: Value = world
+        .client(&admin)
+        .get("/admin/sender-domains", StatusCode::OK)
+        .await;
+    assert!(names(&queue).contains(&approved_name), "{queue}");
+    let _: Value = world
+        .client(&key)
+        .get("/admin/sender-domains", StatusCode::FORBIDDEN)
+        .await;
+    let _: Value = world
+        .client(&key)
+        .post(
+            &format!("/admin/sender-domains/{approve_id}/approve"),
+            &json!({}),
+            StatusCode::FORBIDDEN,
+        )
+        .await;
+    let approved: Value = world
+        .client(&admin)
+        .post(
+            &format!("/admin/sender-domains/{approve_id}/approve"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(approved["domain"]["ownershipStatus"], "verified");
+    let rejected: Value = world
+        .client(&admin)
+        .post(
+            &format!("/admin/sender-domains/{reject_id}/reject"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(rejected["domain"]["ownershipStatus"], "rejected");
+    let _: Value = world
+        .client(&admin)
+        .post(
+            &format!("/admin/sender-domains/{reject_id}/approve"),
+            &json!({}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    let _: Value = world
+        .act(&key, reject_id, "verify-ownership", StatusCode::CONFLICT)
+        .await;
+    let _: Value = world
+        .act(&key, reject_id, "setup-outbound", StatusCode::CONFLICT)
+        .await;
+    let _: Value = world
+        .client(&admin)
+        .post(
+            &format!("/admin/sender-domains/{}/approve", uuid::Uuid::new_v4()),
+            &json!({}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
+    let world = World::start().await;
+    let key = world.subscribed("pro").await;
+    let name = unique("in");
+    let id = world.verified(&key, &name).await;
+    let ours = "mx.postmesh.localhost";
+
+    let cases: [(&[(u16, &str)], bool); 5] = [
+        (&[], false),
+        (&[(10, "mx.elsewhere.example")], false),
+        (&[(5, "mx.elsewhere.example"), (10, ours)], false),
+        (&[(20, "backup.elsewhere.example"), (10, ours)], true),
+        (&[(10, "MX.POSTMESH.LOCALHOST")], true),
+    ];
+    for (records, ready) in cases {
+        world.dns.set_mx(&name, records);
+        let check = world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
+        assert_eq!(check["ready"], ready, "{records:?}: {check}");
+        assert_eq!(check["domain"], name.as_str());
+        assert_eq!(
+            check["inboundStatus"],
+            if ready { "verified" } else { "pending" }
+        );
+        assert_eq!(check["expectedMx"]["value"], ours);
+        assert_eq!(check["expectedMx"]["priority"], 10);
+        assert_eq!(check["records"].as_array().unwrap().len(), records.len());
+        assert!(!check["message"].as_str().unwrap().is_empty());
+        let stored: Value = world
+            .client(&key)
+            .get(&format!("/sender-domains/{id}"), StatusCode::OK)
+            .await;
+        assert_eq!(stored["domain"]["inboundStatus"], check["inboundStatus"]);
+    }
+    // The inbound service learns who receives mail for it.
+    let found = world
+        .stack
+        .rpc(&InboundDomainRequest {
+            domain: name.to_uppercase(),
+        })
+        .await
+        .unwrap();
+    assert!(found.found);
+    assert_eq!(found.domain_id, id);
+    world.dns.set_mx(&name, &[(10, "mx.elsewhere.example")]);
+    world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
+    let gone = world
+        .stack
+        .rpc(&InboundDomainRequest {
+            domain: name.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(!gone.found, "no longer routed to us");
+    world.stack.shutdown().await;
+}
+
+fn kinds(records: &Value) -> Vec<String> {
+    records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
+    let world = World::start().await;
+    let key = world.subscribed("pro").await;
+    let name = unique("out");
+    let id = world.verified(&key, &name).await;
+
+    let err: Value = world
+        .act(&key, &id, "verify-outbound", StatusCode::CONFLICT)
+        .await;
+    assert!(
+        err["error"].as_str().unwrap().contains("setup-outbound"),
+        "{err}"
+    );
+
+    let setup = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    assert_eq!(setup["ready"], false);
+    assert_eq!(setup["outboundStatus"], "pending");
+    assert_eq!(
+        kinds(&setup["records"]),
+        ["CNAME", "CNAME", "CNAME", "MX", "TXT"]
+    );
+    let identity = world.ses.identity(&name).expect("identity created at SES");
+    assert_eq!(
+        identity.mail_from.as_deref(),
+        Some(format!("mail.{name}").as_str())
+    );
+    for (record, token) in setup["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&identity.tokens)
+    {
+        assert_eq!(
+            record["name"],
+            format!("{token}._domainkey.{name}").as_str()
+        );
+        assert_eq!(
+            record["value"],
+            format!("{token}.dkim.amazonses.com").as_str()
+        );
+    }
+    let records = setup["records"].as_array().unwrap();
+    assert_eq!(records[3]["name"], format!("mail.{name}").as_str());
+    assert_eq!(records[3]["value"], "feedback-smtp.eu-west-1.amazonses.com");
+    assert_eq!(records[3]["priority"], 10);
+    assert_eq!(records[4]["value"], "v=spf1 include:amazonses.com ~all");
+
+    // Again: the same identity and records, nothing created twice.
+    let creates = |w: &World| {
+        w.ses
+            .requests()
+            .iter()
+            .filter(|(m, p)| m == "POST" && p == "/v2/email/identities")
+            .count()
+    };
+    let again = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    assert_eq!(again["records"], setup["records"]);
+    assert_eq!(creates(&world), 1);
+
+    // Pending until SES has seen the records, then verified.
+    let pending = world
+        .act(&key, &id, "verify-outbound", StatusCode::OK)
+        .await;
+    assert_eq!(
+        (pending["ready"].clone(), pending["outboundStatus"].clone()),
+        (json!(false), json!("pending"))
+    );
+    world.ses.verify(&name);
+    let verified = world
+        .act(&key, &id, "verify-outbound", StatusCode::OK)
+        .await;
+    assert_eq!(verified["ready"], true, "{verified}");
+    assert_eq!(verified["outboundStatus"], "verified");
+    assert_eq!(verified["domain"], name.as_str());
+    let stored: Value = world
+        .client(&key)
+        .get(&format!("/sender-domains/{id}"), StatusCode::OK)
+        .await;
+    assert_eq!(stored["domain"]["outboundStatus"], "verified");
+
+    // SES down is 503 and SES refusing is 502; nothing stored changes.
+    world.ses.set_down(true);
+    let _: Value = world
+        .act(
+            &key,
+            &id,
+            "verify-outbound",
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    let _: Value = world
+        .act(&key, &id, "setup-outbound", StatusCode::SERVICE_UNAVAILABLE)
+        .await;
+    world.ses.set_down(false);
+    world.ses.fail_next(
+        StatusCode::BAD_REQUEST,
+        "LimitExceededException",
+        "Too many identities",
+    );
+    let _: Value = world
+        .act(&key, &id, "verify-outbound", StatusCode::BAD_GATEWAY)
+        .await;
+    world.ses.fail_next(
+        StatusCode::TOO_MANY_REQUESTS,
+        "TooManyRequestsException",
+        "Rate exceeded",
+    );
+    let _: Value = world
+        .act(
+            &key,
+            &id,
+            "verify-outbound",
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    let after: Value = world
+        .client(&key)
+        .get(&format!("/sender-domains/{id}"), StatusCode::OK)
+        .await;
+    assert_eq!(after["domain"]["outboundStatus"], "verified");
+
+    // A failed DKIM shows as failed.
+    let failing_name = unique("dkim");
+    let failing = world.verified(&key, &failing_name).await;
+    world
+        .act(&key, &failing, "setup-outbound", StatusCode::OK)
+        .await;
+    world.ses.fail_dkim(&failing_name);
+    let failed = world
+        .act(&key, &failing, "verify-outbound", StatusCode::OK)
+        .await;
+    assert_eq!(failed["outboundStatus"], "failed");
+
+    // Deleting the domain removes its SES identity and frees the name.
+    let deleted: Value = world
+        .client(&key)
+        .call(
+            Method::DELETE,
+            &format!("/sender-domains/{id}"),
+            None,
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(deleted["deleted"], true);
+    assert!(world.ses.identity(&name).is_none());
+    let _: Value = world
+        .client(&key)
+        .get(&format!("/sender-domains/{id}"), StatusCode::NOT_FOUND)
+        .await;
+    world.submit(&key, &name).await;
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_ses_credentials_outbound_is_unavailable() {
+    let world = World::start().await;
+    // A second stack on the same fakes, but without SES credentials.
+    let stack = Stack::start_opts(Options {
+        stripe: world.stripe.config(),
+        domain: DomainOptions {
+            nameservers: vec![world.dns.addr],
+            ..DomainOptions::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let key = stack.key(0).await;
+    world.stripe.subscribe(&stack, &key, "pro").await;
+    let name = unique("noses");
+    let domain: Value = stack
+        .client(&key)
+        .post("/sender-domains", &json!({"domain": name}), StatusCode::OK)
+        .await;
+    let id = domain["domain"]["id"].as_str().unwrap();
+    let admin = stack.admin_key().await;
+    let _: Value = stack
+        .client(&admin)
+        .post(
+            &format!("/admin/sender-domains/{id}/approve"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    let _: Value = stack
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/setup-outbound"),
+            &json!({}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    stack.shutdown().await;
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
+    let world = World::start().await;
+    let key = world.subscribed("pro").await;
+    let name = unique("cf");
+    let id = world.verified(&key, &name).await;
+    let setup = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    let wanted = setup["records"].as_array().unwrap().clone();
+
+    // No token anywhere, an unknown provider, a bad scope: 400.
+    for body in [
+        json!({}),
+        json!({"provider": "route53", "apiToken": "t"}),
+        json!({"scope": "everything", "apiToken": "t"}),
+    ] {
+        let err: Value = world
+            .client(&key)
+            .post(
+                &format!("/sender-domains/{id}/apply-dns"),
+                &body,
+                StatusCode::BAD_REQUEST,
+            )
+            .await;
+        assert_eq!(err["success"], false, "{body}");
+    }
+    let (status, _) = world
+        .client(&key)
+        .send(
+            Method::POST,
+            &format!("/sender-domains/{id}/apply-dns"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "an empty body has no token either"
+    );
+
+    // The zone already holds one of the DKIM CNAMEs and another SPF at the MAIL FROM name.
+    let token = format!("cf-{}", uuid::Uuid::new_v4().simple());
+    let zone = world.cloudflare.add_zone(&name, &token);
+    world.cloudflare.add_record(
+        &zone,
+        "CNAME",
+        wanted[0]["name"].as_str().unwrap(),
+        wanted[0]["value"].as_str().unwrap(),
+        None,
+    );
+    world.cloudflare.add_record(
+        &zone,
+        "TXT",
+        &format!("mail.{name}"),
+        "\"v=spf1 include:_spf.elsewhere.example ~all\"",
+        None,
+    );
+    // A token that sees no zone for it: 400.
+    let stranger = format!("cf-{}", uuid::Uuid::new_v4().simple());
+    world.cloudflare.add_zone(&unique("elsewhere"), &stranger);
+    let err: Value = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"apiToken": stranger}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    assert!(err["error"].as_str().unwrap().contains("zone"), "{err}");
+
+    // The token is saved (sealed at rest) and used when the body has none.
+    let saved: Value = world
+        .client(&key)
+        .call(
+            Method::PUT,
+            "/sender-domains/dns-provider",
+            Some(
+                serde_json::to_vec(&json!({"provider": "cloudflare", "apiToken": token})).unwrap(),
+            ),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(saved["saved"], true);
+    let db = world
+        .stack
+        .service_db(postmesh_shared::Service::Domain)
+        .await;
+    let sealed: Vec<u8> = sqlx::query_scalar("SELECT sealed_token FROM dns_providers")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(
+        !sealed.windows(token.len()).any(|w| w == token.as_bytes()),
+        "never in clear"
+    );
+
+    let applied: Value = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"provider": "cloudflare"}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(applied["zone"], name.as_str());
+    // Created: two CNAMEs, the MAIL FROM MX and the inbound MX; unchanged: the first CNAME;
+    // left alone: the SPF, reported with what is there.
+    let created = kinds(&applied["created"]);
+    assert_eq!(created, ["MX", "CNAME", "CNAME", "MX"], "{applied}");
+    assert_eq!(applied["unchanged"].as_array().unwrap().len(), 1);
+    assert_eq!(applied["unchanged"][0]["name"], wanted[0]["name"]);
+    let conflicts = applied["conflicts"].as_array().unwrap();
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0]["record"]["type"], "TXT");
+    assert!(conflicts[0]["existing"][0]["value"]
+        .as_str()
+        .unwrap()
+        .contains("elsewhere"));
+    assert_eq!(world.cloudflare.creates(), 4);
+    let spf: Vec<_> = world
+        .cloudflare
+        .records(&zone)
+        .into_iter()
+        .filter(|r| r.kind == "TXT")
+        .collect();
+    assert_eq!(
+        spf.len(),
+        1,
+        "the conflicting SPF is untouched and ours not added"
+    );
+
+    // Twice is a no-op; a wrong saved token loses to the body's.
+    let saved: Value = world
+        .client(&key)
+        .call(
+            Method::PUT,
+            "/sender-domains/dns-provider",
+            Some(
+                serde_json::to_vec(&json!({"provider": "cloudflare", "apiToken": "not-a-token"}))
+                    .unwrap(),
+            ),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(saved["saved"], true);
+    let again: Value = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"apiToken": token, "scope": "all"}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(again["created"], json!([]));
+    assert_eq!(again["unchanged"].as_array().unwrap().len(), 5);
+    assert_eq!(world.cloudflare.creates(), 4);
+    // The saved token is now wrong: Cloudflare refuses it, which is the caller's 400.
+    let _: Value = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"scope": "inbound"}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    // Cloudflare down: 503.
+    world.cloudflare.set_down(true);
+    let _: Value = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"apiToken": token}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_workspace_never_sees_or_changes_anothers_domain() {
+    let world = World::start().await;
+    let owner = world.subscribed("pro").await;
+    let other = world.subscribed("pro").await;
+    let name = unique("mine");
+    let id = world.verified(&owner, &name).await;
+
+    assert!(!names(&list(&world, &other, true).await).contains(&name));
+    let path = format!("/sender-domains/{id}");
+    let _: Value = world.client(&other).get(&path, StatusCode::NOT_FOUND).await;
+    let _: Value = world
+        .client(&other)
+        .call(Method::DELETE, &path, None, StatusCode::NOT_FOUND)
+        .await;
+    for action in [
+        "verify-ownership",
+        "verify-inbound",
+        "setup-outbound",
+        "verify-outbound",
+        "apply-dns",
+    ] {
+        let _: Value = world.act(&other, &id, action, StatusCode::NOT_FOUND).await;
+    }
+    let _: Value = world
+        .client(&other)
+        .get("/sender-domains/not-a-uuid", StatusCode::BAD_REQUEST)
+        .await;
+    let _: Value = world.client(&owner).get(&path, StatusCode::OK).await;
+
+    // Sending from it: the owner may, the other may not; platform domains are for all.
+    let (owner_ws, other_ws) = (
+        workspace_of(&world.stack, &owner).await,
+        workspace_of(&world.stack, &other).await,
+    );
+    let ask = |ws: &str, from: &str| SendableRequest {
+        workspace_id: ws.to_owned(),
+        from_address: from.to_owned(),
+    };
+    let mine = world
+        .stack
+        .rpc(&ask(&owner_ws, &format!("hello@{}", name.to_uppercase())))
+        .await
+        .unwrap();
+    assert!(mine.sendable, "{}", mine.reason);
+    assert_eq!(mine.domain, name);
+    let theirs = world
+        .stack
+        .rpc(&ask(&other_ws, &format!("hello@{name}")))
+        .await
+        .unwrap();
+    assert!(!theirs.sendable);
+    assert!(!theirs.reason.is_empty());
+    let platform = world
+        .stack
+        .rpc(&ask(&other_ws, "news@postmesh.localhost"))
+        .await
+        .unwrap();
+    assert!(platform.sendable);
+    let invalid = world
+        .stack
+        .rpc(&ask(&other_ws, "not an address"))
+        .await
+        .unwrap();
+    assert!(!invalid.sendable);
+    world.stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_fake_ses_refuses_what_ses_refuses() {
+    use postmesh_shared::ses::{SesClient, SesError};
+    let ses = FakeSes::start().await;
+    let client = |config| {
+        SesClient::new(&config, Duration::from_secs(5))
+            .unwrap()
+            .unwrap()
+    };
+    let right = client(ses.config());
+    assert!(matches!(
+        right.get_identity("nothing.example").await,
+        Err(SesError::NotFound)
+    ));
+    let mut wrong_secret = ses.config();
+    wrong_secret.credentials = Some((
+        postmesh_tests::fake_ses::ACCESS_KEY_ID.into(),
+        "not-the-secret".into(),
+    ));
+    let mut wrong_region = ses.config();
+    wrong_region.region = "us-west-2".into();
+    let mut unknown_key = ses.config();
+    unknown_key.credentials = Some(("AKIAUNKNOWN".into(), "x".into()));
+    for (config, kind) in [
+        (wrong_secret, "SignatureDoesNotMatch"),
+        (wrong_region, "InvalidSignatureException"),
+        (unknown_key, "UnrecognizedClientException"),
+    ] {
+        match client(config).get_identity("nothing.example").await {
+            Err(SesError::Rejected {
+                status, kind: got, ..
+            }) => {
+                assert_eq!((status, got.as_str()), (403, kind))
+            }
+            other => panic!("expected {kind}, got {other:?}"),
+        }
+    }
+    let unsigned = reqwest::Client::new()
+        .get(format!("{}/v2/email/identities/x.example", ses.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        unsigned.headers()["x-amzn-errortype"],
+        "MissingAuthenticationTokenException"
+    );
+}
