@@ -331,7 +331,10 @@ mod tests {
         let spf = rec("TXT", records::SPF, None);
         let other_spf = rec("TXT", "v=spf1 include:_spf.google.com ~all", None);
         let verification = rec("TXT", "google-site-verification=abc", None);
-        assert_eq!(compare(&spf, &[verification.clone()]), Outcome::Missing);
+        assert_eq!(
+            compare(&spf, std::slice::from_ref(&verification)),
+            Outcome::Missing
+        );
         assert_eq!(
             compare(&spf, &[verification, other_spf.clone()]),
             Outcome::Conflict(vec![other_spf])
