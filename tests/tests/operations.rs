@@ -10,7 +10,7 @@ async fn every_service_serves_health_readiness_and_metrics() {
     let key = stack.key(1).await;
     assert_eq!(stack.balance(&key).await, 1);
     let admins = stack.admin_addrs();
-    assert_eq!(admins.len(), 3);
+    assert_eq!(admins.len(), 4, "gateway, billing, domain, sender");
     for addr in admins {
         for path in ["/healthz", "/readyz"] {
             let res = stack

@@ -38,11 +38,18 @@ fn services() -> Vec<(Service, Manifest, axum::Router)> {
         .acquire_timeout(std::time::Duration::from_millis(200))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
         .unwrap();
-    vec![(
-        Service::Billing,
-        billing::routes().manifest(),
-        billing::router(billing::AppState::new(idle)),
-    )]
+    vec![
+        (
+            Service::Billing,
+            billing::routes().manifest(),
+            billing::router(billing::AppState::new(idle.clone())),
+        ),
+        (
+            Service::Domain,
+            domain::routes().manifest(),
+            domain::router(domain::AppState::new(idle).unwrap()),
+        ),
+    ]
 }
 
 #[tokio::test]

@@ -264,9 +264,13 @@ async fn submit(
 
 /// How many custom domains the workspace's plan allows; 402 when none.
 async fn custom_domain_limit(state: &AppState, workspace: WorkspaceId) -> Result<i64, ApiError> {
+    let (client, ns) = state
+        .billing
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("billing is not reachable".into()))?;
     let ent = nats::call(
-        &state.nats,
-        &state.ns,
+        client,
+        ns,
         &EntitlementsRequest {
             workspace_id: workspace.to_string(),
         },

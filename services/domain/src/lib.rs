@@ -128,12 +128,30 @@ pub struct AppState {
     pub ses: Option<SesClient>,
     pub cloudflare: Cloudflare,
     pub secrets: SecretBox,
-    /// For billing's `entitlements`.
-    pub nats: async_nats::Client,
-    pub ns: Namespace,
+    /// Where billing's `entitlements` is asked; without it, submissions answer 503.
+    pub billing: Option<(async_nats::Client, Namespace)>,
 }
 
 impl AppState {
+    /// State over `db` alone, for the router: no billing, no SES, no reachable DNS host or
+    /// name server.
+    pub fn new(db: PgPool) -> anyhow::Result<Self> {
+        let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
+        Ok(Self {
+            db,
+            settings: Arc::new(Settings {
+                platform_domains: parse_platform_domains("postmesh.localhost")?,
+                inbound_mx_host: "mx.postmesh.localhost".into(),
+                ses_region: "us-east-1".into(),
+            }),
+            dns: Dns::new(&[nowhere], DNS_TIMEOUT)?,
+            ses: None,
+            cloudflare: Cloudflare::new(&format!("http://{nowhere}"), DNS_TIMEOUT)?,
+            secrets: SecretBox::from_hex(DEV_SECRETS_KEY)?,
+            billing: None,
+        })
+    }
+
     /// SES, or 503 when it is not configured.
     pub fn ses(&self) -> Result<&SesClient, ApiError> {
         self.ses.as_ref().ok_or_else(|| {
@@ -180,8 +198,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ses,
         cloudflare: Cloudflare::new(&config.cloudflare_api_base, config.common.upstream_timeout)?,
         secrets: SecretBox::from_hex(&config.secrets_key)?,
-        nats: rt.nats.clone(),
-        ns: config.common.namespace.clone(),
+        billing: Some((rt.nats.clone(), config.common.namespace.clone())),
     };
     rt.serve(rpc::register(
         rt.host().http(router(state.clone())),

@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn everything_else_is_refused() {
         let long_label = format!("{}.com", "a".repeat(64));
-        let long_name = format!("{}com", "abcdefghi.".repeat(25));
+        let long_name = format!("{}com", "abcdefghi.".repeat(26));
         for bad in [
             "",
             ".",
