@@ -20,9 +20,9 @@ deps: ## start PostgreSQL, Redis and NATS unless already running
 build:
 	$(CARGO) build --workspace
 
-key: deps ## make key EMAIL=you@example.com CREDITS=100 (needs `make run` running)
+key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `make run` running)
 	@test -n "$(EMAIL)" || { echo "usage: make key EMAIL=you@example.com CREDITS=100" >&2; exit 2; }
-	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)"
+	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
 
 bench: deps ## gateway GET /balance vs a single-process baseline; see docs/benchmarks.md
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
