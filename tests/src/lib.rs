@@ -254,9 +254,10 @@ impl Drop for ServiceDb {
             self.common.database_url.clone(),
             self.service.database(&self.common.namespace),
         );
-        let pool = self.pool.clone();
+        // No `pool.close()` here: its connections belong to the test's runtime, which is
+        // blocked in this drop, so closing them could wait forever. `DROP DATABASE ... WITH
+        // (FORCE)` ends them from the server side instead.
         on_a_fresh_runtime(async move {
-            pool.close().await;
             let _ = postmesh_shared::db::drop_database(&url, &name).await;
         });
     }

@@ -88,6 +88,17 @@ impl World {
         id
     }
 
+    /// `POST /admin/sender-domains/{id}/{decision}` (`approve` or `reject`) as `key`.
+    async fn review(&self, key: &str, id: &str, decision: &str, expected: StatusCode) -> Value {
+        self.client(key)
+            .post(
+                &format!("/admin/sender-domains/{id}/{decision}"),
+                &json!({}),
+                expected,
+            )
+            .await
+    }
+
     /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
     async fn act(&self, key: &str, id: &str, action: &str, expected: StatusCode) -> Value {
         self.client(key)
@@ -360,38 +371,18 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
         .get("/admin/sender-domains", StatusCode::FORBIDDEN)
         .await;
     let _: Value = world
-        .client(&key)
-        .post(
-            &format!("/admin/sender-domains/{approve_id}/approve"),
-            &json!({}),
-            StatusCode::FORBIDDEN,
-        )
+        .review(&key, approve_id, "approve", StatusCode::FORBIDDEN)
         .await;
     let approved: Value = world
-        .client(&admin)
-        .post(
-            &format!("/admin/sender-domains/{approve_id}/approve"),
-            &json!({}),
-            StatusCode::OK,
-        )
+        .review(&admin, approve_id, "approve", StatusCode::OK)
         .await;
     assert_eq!(approved["domain"]["ownershipStatus"], "verified");
     let rejected: Value = world
-        .client(&admin)
-        .post(
-            &format!("/admin/sender-domains/{reject_id}/reject"),
-            &json!({}),
-            StatusCode::OK,
-        )
+        .review(&admin, reject_id, "reject", StatusCode::OK)
         .await;
     assert_eq!(rejected["domain"]["ownershipStatus"], "rejected");
     let _: Value = world
-        .client(&admin)
-        .post(
-            &format!("/admin/sender-domains/{reject_id}/approve"),
-            &json!({}),
-            StatusCode::CONFLICT,
-        )
+        .review(&admin, reject_id, "approve", StatusCode::CONFLICT)
         .await;
     let _: Value = world
         .act(&key, reject_id, "verify-ownership", StatusCode::CONFLICT)
@@ -400,10 +391,10 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
         .act(&key, reject_id, "setup-outbound", StatusCode::CONFLICT)
         .await;
     let _: Value = world
-        .client(&admin)
-        .post(
-            &format!("/admin/sender-domains/{}/approve", uuid::Uuid::new_v4()),
-            &json!({}),
+        .review(
+            &admin,
+            &uuid::Uuid::new_v4().to_string(),
+            "approve",
             StatusCode::NOT_FOUND,
         )
         .await;
