@@ -241,13 +241,14 @@ impl ServiceHost {
             .start(name, env!("CARGO_PKG_VERSION"))
             .await
             .map_err(|e| anyhow::anyhow!("starting NATS service {name}: {e}"))?;
+        let mut loops = Vec::new();
         for (subject, handler) in self.endpoints {
             let mut endpoint = service
                 .endpoint(&subject)
                 .await
                 .map_err(|e| anyhow::anyhow!("subscribing {subject}: {e}"))?;
             let inner = tracker.clone();
-            tracker.spawn(async move {
+            loops.push(tracker.spawn(async move {
                 while let Some(req) = endpoint.next().await {
                     let handler = handler.clone();
                     inner.spawn(async move {
@@ -275,11 +276,19 @@ impl ServiceHost {
                         }
                     });
                 }
-            });
+            }));
         }
+        let client = self.client.clone();
         tracker.spawn(async move {
             shutdown.cancelled().await;
             let _ = service.stop().await;
+            // Once every endpoint has unsubscribed, flush: the unsubscriptions reach the
+            // server before the stop is over, so a request sent after it finds no responder
+            // at once instead of waiting for a reply that never comes.
+            for endpoint_loop in loops {
+                let _ = endpoint_loop.await;
+            }
+            let _ = client.flush().await;
         });
         Ok(())
     }
