@@ -282,13 +282,16 @@ impl ServiceHost {
         tracker.spawn(async move {
             shutdown.cancelled().await;
             let _ = service.stop().await;
-            // Once every endpoint has unsubscribed, flush: the unsubscriptions reach the
-            // server before the stop is over, so a request sent after it finds no responder
-            // at once instead of waiting for a reply that never comes.
+            // Once every endpoint has unsubscribed, make sure the server has seen it before the
+            // stop is over, so a request sent after it finds no responder at once instead of
+            // waiting for a reply that never comes.
             for endpoint_loop in loops {
                 let _ = endpoint_loop.await;
             }
-            let _ = client.flush().await;
+            // A request nobody answers is a round trip through the server on this
+            // connection: when its "no responders" comes back, the server has applied the
+            // unsubscriptions sent before it.
+            let _ = client.request(client.new_inbox(), Bytes::new()).await;
         });
         Ok(())
     }
