@@ -12,8 +12,10 @@ use crate::error::ApiError;
 macro_rules! uuid_id {
     ($(#[$doc:meta] $name:ident),* $(,)?) => {$(
         #[$doc]
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type,
+                 serde::Serialize, serde::Deserialize)]
         #[sqlx(transparent)]
+        #[serde(transparent)]
         pub struct $name(Uuid);
 
         impl $name {

@@ -1,6 +1,9 @@
 //! NATS plumbing: HTTP requests carried as envelopes on `{ns}.svc.{service}.http`, and typed
 //! RPCs on `{ns}.rpc.{service}.{method}`, both served with the NATS service API in a queue
 //! group so replicas share the load. `traceparent` and `x-request-id` ride in NATS headers.
+//! A request body too large for one NATS message travels by claim check: [`forward`] puts it
+//! in the namespace's object-store bucket and the envelope carries its key; the service host
+//! reads it back and deletes it once the request is handled.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use async_nats::jetstream::object_store::{self, GetErrorKind, ObjectStore};
 use async_nats::service::ServiceExt;
 use async_nats::{Client, HeaderMap};
 use axum::body::Body;
@@ -118,7 +122,44 @@ pub async fn call_on<R: Method>(
     }
 }
 
-/// Forwards an HTTP envelope to `service` and returns the service's answer.
+/// Request bodies larger than this travel by claim check: well under NATS's default
+/// `max_payload` of 1 MiB, with room for the envelope's other fields and the headers.
+pub const CLAIM_CHECK_THRESHOLD: usize = 512 * 1024;
+
+/// How long a claim-checked body is kept when nobody deletes it (a crash between put and
+/// delete).
+const BODY_MAX_AGE: Duration = Duration::from_secs(3600);
+
+/// `{ns}_BODIES`: the object-store bucket of claim-checked request bodies.
+pub fn bodies_bucket(ns: &Namespace) -> String {
+    ns.stream("BODIES")
+}
+
+/// The namespace's bucket of request bodies, created if it does not exist yet.
+async fn bodies(client: &Client, ns: &Namespace) -> Result<ObjectStore, ApiError> {
+    let js = async_nats::jetstream::new(client.clone());
+    let bucket = bodies_bucket(ns);
+    if let Ok(store) = js.get_object_store(&bucket).await {
+        return Ok(store);
+    }
+    js.create_object_store(object_store::Config {
+        bucket,
+        description: Some("request bodies too large for a NATS message (claim check)".into()),
+        max_age: BODY_MAX_AGE,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| store_unavailable("opening the request body bucket", e))
+}
+
+fn store_unavailable(context: &str, err: impl std::fmt::Display) -> ApiError {
+    tracing::error!(error = %err, "{context}");
+    ApiError::Unavailable(format!("{context} failed"))
+}
+
+/// Forwards an HTTP envelope to `service` and returns the service's answer. A body over
+/// [`CLAIM_CHECK_THRESHOLD`] goes by claim check: stored in [`bodies_bucket`], its key in
+/// `body_key`, the envelope's own body empty.
 pub async fn forward(
     client: &Client,
     ns: &Namespace,
@@ -126,7 +167,30 @@ pub async fn forward(
     req: &HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let subject = service.http_subject(ns);
-    let payload = request(client, subject, service, req.encode_to_vec().into()).await?;
+    let payload = if req.body.len() <= CLAIM_CHECK_THRESHOLD {
+        request(client, subject, service, req.encode_to_vec().into()).await?
+    } else {
+        let store = bodies(client, ns).await?;
+        let key = uuid::Uuid::now_v7().simple().to_string();
+        store
+            .put(key.as_str(), &mut req.body.as_ref())
+            .await
+            .map_err(|e| store_unavailable("storing the request body", e))?;
+        let envelope = HttpRequest {
+            body: Bytes::new(),
+            body_key: key.clone(),
+            ..req.clone()
+        };
+        let answer = request(client, subject, service, envelope.encode_to_vec().into()).await;
+        if answer.is_err() {
+            // The service may never read it; if it still does, it finds the body gone and
+            // answers an error nobody waits for any more.
+            if let Err(e) = store.delete(&key).await {
+                tracing::warn!(error = %e, key, "could not delete an unclaimed request body");
+            }
+        }
+        answer?
+    };
     HttpResponse::decode(payload).map_err(|e| bad_reply(service, e))
 }
 
@@ -182,11 +246,17 @@ impl ServiceHost {
         }
     }
 
-    /// Serves `router` for requests the gateway forwards.
+    /// Serves `router` for requests the gateway forwards (claim-checked bodies included).
     pub fn http(mut self, router: Router) -> Self {
+        let (client, ns) = (self.client.clone(), self.ns.clone());
         let handler: Handler = Arc::new(move |payload| {
-            let router = router.clone();
-            Box::pin(async move { handle_http(router, payload).await.encode_to_vec().into() })
+            let (router, client, ns) = (router.clone(), client.clone(), ns.clone());
+            Box::pin(async move {
+                handle_http(router, &client, &ns, payload)
+                    .await
+                    .encode_to_vec()
+                    .into()
+            })
         });
         self.endpoints
             .push((self.service.http_subject(&self.ns), handler));
@@ -297,10 +367,24 @@ impl ServiceHost {
     }
 }
 
-/// Runs one forwarded request through the service's router.
-async fn handle_http(router: Router, payload: Bytes) -> HttpResponse {
-    let response = match envelope_to_request(payload) {
-        Ok(req) => router.oneshot(req).await.unwrap_or_else(|e| match e {}),
+/// Runs one forwarded request through the service's router; a claim-checked body is read
+/// from the bucket first and deleted once the router has answered.
+async fn handle_http(
+    router: Router,
+    client: &Client,
+    ns: &Namespace,
+    payload: Bytes,
+) -> HttpResponse {
+    let response = match envelope_to_request(client, ns, payload).await {
+        Ok((req, claim)) => {
+            let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+            if let Some((store, key)) = claim {
+                if let Err(e) = store.delete(&key).await {
+                    tracing::warn!(error = %e, key, "could not delete a claimed request body");
+                }
+            }
+            response
+        }
         Err(e) => axum::response::IntoResponse::into_response(e),
     };
     let (parts, body) = response.into_parts();
@@ -323,7 +407,38 @@ async fn handle_http(router: Router, payload: Bytes) -> HttpResponse {
     }
 }
 
-fn envelope_to_request(payload: Bytes) -> Result<http::Request<Body>, ApiError> {
+/// Reads the body `key` names from the namespace's bucket; returns it with the bucket, to
+/// delete it later. A body that is gone (expired, or its request given up) is a 502.
+async fn claim_body(
+    client: &Client,
+    ns: &Namespace,
+    key: &str,
+) -> Result<(Bytes, ObjectStore), ApiError> {
+    use tokio::io::AsyncReadExt;
+    let gone = || ApiError::BadGateway(format!("request body {key} is no longer stored"));
+    let js = async_nats::jetstream::new(client.clone());
+    let store = js.get_object_store(bodies_bucket(ns)).await.map_err(|e| {
+        tracing::warn!(error = %e, key, "request body bucket not found");
+        gone()
+    })?;
+    let mut object = store.get(key).await.map_err(|e| match e.kind() {
+        GetErrorKind::NotFound => gone(),
+        _ => store_unavailable("reading the request body", e),
+    })?;
+    let mut body = Vec::with_capacity(object.info.size);
+    object
+        .read_to_end(&mut body)
+        .await
+        .map_err(|e| store_unavailable("reading the request body", e))?;
+    Ok((body.into(), store))
+}
+
+/// The envelope as a request, with the bucket and key of its claim-checked body if any.
+async fn envelope_to_request(
+    client: &Client,
+    ns: &Namespace,
+    payload: Bytes,
+) -> Result<(http::Request<Body>, Option<(ObjectStore, String)>), ApiError> {
     let env = HttpRequest::decode(payload)
         .map_err(|e| ApiError::BadRequest(format!("undecodable request envelope: {e}")))?;
     let uri = if env.query.is_empty() {
@@ -343,5 +458,10 @@ fn envelope_to_request(payload: Bytes) -> Result<http::Request<Body>, ApiError> 
     if let Some(auth) = env.auth {
         req.extensions_mut().insert(auth);
     }
-    Ok(req)
+    if env.body_key.is_empty() {
+        return Ok((req, None));
+    }
+    let (body, store) = claim_body(client, ns, &env.body_key).await?;
+    *req.body_mut() = Body::from(body);
+    Ok((req, Some((store, env.body_key))))
 }

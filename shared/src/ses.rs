@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
+use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,17 @@ pub enum SesError {
         kind: String,
         message: String,
     },
+}
+
+impl SesError {
+    /// Whether trying the same request again later may succeed: SES unreachable, timing out,
+    /// throttling (`TooManyRequestsException`, `ThrottlingException`) or failing on its side
+    /// (5xx). Refusals (`MessageRejected`, `MailFromDomainNotVerifiedException`,
+    /// `AccountSuspendedException`, `SendingPausedException`, `BadRequestException`, a bad
+    /// signature, a missing identity...) are permanent.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SesError::Unavailable(_))
+    }
 }
 
 impl From<SesError> for ApiError {
@@ -125,6 +137,54 @@ struct PutMailFrom<'a> {
     mail_from_domain: &'a str,
     behavior_on_mx_failure: &'a str,
 }
+
+/// `SendEmail`'s request, with raw content.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct SendEmail<'a> {
+    from_email_address: &'a str,
+    destination: Destination<'a>,
+    content: EmailContent,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Destination<'a> {
+    to_addresses: &'a [String],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct EmailContent {
+    raw: RawMessage,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawMessage {
+    /// The whole MIME message, base64 (standard alphabet, padded).
+    data: String,
+}
+
+/// `SendEmail`'s answer.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct SentEmail {
+    message_id: String,
+}
+
+/// SES error types that mean "slow down" or "failed on our side", whatever the status.
+const TRANSIENT_KINDS: &[&str] = &[
+    "TooManyRequestsException",
+    "ThrottlingException",
+    "Throttling",
+    "InternalServiceErrorException",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+];
 
 /// SES's error body: `{"message": ...}`, its type in `x-amzn-ErrorType` (or `__type`).
 #[derive(Deserialize, Default)]
@@ -201,6 +261,22 @@ impl SesClient {
         }
     }
 
+    /// `SendEmail` with raw content: `raw` (a complete MIME message, headers and body) from
+    /// `from` to each of `destinations`; answers SES's `MessageId`. SES v2 takes up to 40 MB
+    /// per message after base64 and up to 50 recipients; neither is checked here.
+    pub async fn send_raw(
+        &self,
+        from: &str,
+        destinations: &[String],
+        raw: &[u8],
+    ) -> Result<String, SesError> {
+        let body = send_raw_body(from, destinations, raw)?;
+        let sent: SentEmail = self
+            .call("POST", "/v2/email/outbound-emails", Some(body))
+            .await?;
+        Ok(sent.message_id)
+    }
+
     /// Signs and sends one request; maps SES's error shapes.
     async fn call<T: DeserializeOwned>(
         &self,
@@ -249,7 +325,9 @@ impl SesClient {
             .or(detail.kind)
             .map(|k| k.rsplit('#').next().unwrap_or(&k).to_owned())
             .unwrap_or_else(|| "Unknown".into());
-        if status.is_server_error() || status.as_u16() == 429 || kind == "TooManyRequestsException"
+        if status.is_server_error()
+            || matches!(status.as_u16(), 408 | 429)
+            || TRANSIENT_KINDS.contains(&kind.as_str())
         {
             Err(SesError::Unavailable(format!(
                 "{status} {kind}: {}",
@@ -298,6 +376,24 @@ impl SesClient {
     }
 }
 
+/// The JSON body of `SendEmail` for a raw message.
+fn send_raw_body(from: &str, destinations: &[String], raw: &[u8]) -> Result<Vec<u8>, SesError> {
+    serde_json::to_vec(&SendEmail {
+        from_email_address: from,
+        // With raw content SES takes Destination as the envelope only (it never rewrites the
+        // message's own To/Cc headers), so every envelope recipient goes in ToAddresses.
+        destination: Destination {
+            to_addresses: destinations,
+        },
+        content: EmailContent {
+            raw: RawMessage {
+                data: base64::engine::general_purpose::STANDARD.encode(raw),
+            },
+        },
+    })
+    .map_err(|e| SesError::Unavailable(e.to_string()))
+}
+
 /// `s` percent-encoded as one URL path segment.
 fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -309,4 +405,41 @@ fn path_segment(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_raw_body_has_the_documented_shape() {
+        let raw = b"From: a@example.com\r\nTo: b@example.org\r\nSubject: hi\r\n\r\nhello\r\n";
+        let body = send_raw_body(
+            "a@example.com",
+            &["b@example.org".into(), "c@example.net".into()],
+            raw,
+        )
+        .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "FromEmailAddress": "a@example.com",
+                "Destination": { "ToAddresses": ["b@example.org", "c@example.net"] },
+                "Content": { "Raw": { "Data": base64::engine::general_purpose::STANDARD.encode(raw) } }
+            })
+        );
+    }
+
+    #[test]
+    fn transient_errors_are_told_apart() {
+        assert!(SesError::Unavailable("503 ServiceUnavailable".into()).is_transient());
+        assert!(!SesError::NotFound.is_transient());
+        assert!(!SesError::Rejected {
+            status: 400,
+            kind: "MessageRejected".into(),
+            message: "Email address is not verified.".into(),
+        }
+        .is_transient());
+    }
 }

@@ -2,13 +2,15 @@
 //! request must carry a valid SigV4 signature (recomputed here with the fake's secret key,
 //! service `ses`, the configured region, at most 15 minutes off), JSON bodies with only the
 //! documented fields, and errors come back as SES sends them (`x-amzn-ErrorType` and
-//! `{"message"}`). Identities: create, get, custom MAIL FROM, delete.
+//! `{"message"}`). Identities: create, get, custom MAIL FROM, delete. Sending: `SendEmail`
+//! with raw content only, from verified identities only, recorded for [`FakeSes::sent`].
 
+use base64::Engine as _;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -26,6 +28,27 @@ pub const ACCESS_KEY_ID: &str = "AKIAPOSTMESHTEST0001";
 pub const SECRET_ACCESS_KEY: &str = "fake-ses-secret-key-for-tests-only";
 /// The region it serves.
 pub const REGION: &str = "eu-west-1";
+
+/// SES v2's largest message: 40 MB after base64 (the SES quotas page).
+pub const MAX_RAW_MESSAGE: usize = 40 << 20;
+/// The largest request body read: a largest message plus room for the rest of the JSON.
+const MAX_BODY: usize = MAX_RAW_MESSAGE + (8 << 20);
+/// SES's limit of recipients per message (To, Cc and Bcc together).
+const MAX_RECIPIENTS: usize = 50;
+
+/// One message SES accepted (`SendEmail`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentEmail {
+    /// `FromEmailAddress`, or the message's `From:` address when that was not given.
+    pub from: String,
+    /// The envelope recipients: `Destination`'s To, Cc then Bcc addresses, or when it has
+    /// none, the addresses of the message's `To:`, `Cc:` and `Bcc:` headers.
+    pub destinations: Vec<String>,
+    /// The MIME message, decoded.
+    pub raw: Vec<u8>,
+    /// The `MessageId` answered.
+    pub message_id: String,
+}
 
 /// One identity as SES holds it.
 #[derive(Clone, Debug)]
@@ -45,6 +68,8 @@ struct Account {
     down: bool,
     /// The next request fails with this status, error type and message.
     fail_next: Option<(StatusCode, String, String)>,
+    /// Messages accepted, in order.
+    sent: Vec<SentEmail>,
 }
 
 /// The fake. Cloning shares it.
@@ -101,6 +126,7 @@ impl FakeSes {
                 "/v2/email/identities/{identity}/mail-from",
                 put(put_mail_from),
             )
+            .route("/v2/email/outbound-emails", post(send_email))
             .fallback(|method: Method, uri: Uri| async move {
                 failure(
                     StatusCode::NOT_FOUND,
@@ -108,6 +134,8 @@ impl FakeSes {
                     format!("no operation at {method} {}", uri.path()),
                 )
             })
+            // `authenticate` bounds every body already (`MAX_BODY`).
+            .layer(DefaultBodyLimit::disable())
             .layer(axum::middleware::from_fn_with_state(
                 fake.clone(),
                 authenticate,
@@ -159,6 +187,23 @@ impl FakeSes {
         identity.dkim_status = "FAILED".into();
     }
 
+    /// Makes `domain` a verified identity (creating it if SES does not have it), so that mail
+    /// from it and from its subdomains is accepted.
+    pub fn verify_sender_domain(&self, domain: &str) {
+        let mut account = self.account.lock().unwrap();
+        let identity = account
+            .identities
+            .entry(domain.to_ascii_lowercase())
+            .or_insert_with(new_identity);
+        identity.dkim_status = "SUCCESS".into();
+        identity.verified = true;
+    }
+
+    /// The messages SES accepted, oldest first.
+    pub fn sent(&self) -> Vec<SentEmail> {
+        self.account.lock().unwrap().sent.clone()
+    }
+
     /// Requests that passed authentication, as `(method, path)`.
     pub fn requests(&self) -> Vec<(String, String)> {
         self.account.lock().unwrap().requests.clone()
@@ -172,7 +217,7 @@ async fn authenticate(
     next: axum::middleware::Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, 10 << 20).await else {
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
         return bad_request("body too large").into_response();
     };
     if let Err(e) = verify_signature(&parts.method, &parts.uri, &parts.headers, &body) {
@@ -436,14 +481,7 @@ async fn create_identity(State(fake): State<FakeSes>, headers: HeaderMap, body: 
             format!("Email identity {name} already exist."),
         ));
     }
-    let identity = Identity {
-        tokens: (0..3)
-            .map(|_| format!("{:032x}", rand::random::<u128>()))
-            .collect(),
-        dkim_status: "PENDING".into(),
-        verified: false,
-        mail_from: None,
-    };
+    let identity = new_identity();
     let answer = json!({
         "IdentityType": "DOMAIN",
         "VerifiedForSendingStatus": false,
@@ -451,6 +489,18 @@ async fn create_identity(State(fake): State<FakeSes>, headers: HeaderMap, body: 
     });
     account.identities.insert(name, identity);
     Ok(axum::Json(answer))
+}
+
+/// A new domain identity: Easy DKIM pending.
+fn new_identity() -> Identity {
+    Identity {
+        tokens: (0..3)
+            .map(|_| format!("{:032x}", rand::random::<u128>()))
+            .collect(),
+        dkim_status: "PENDING".into(),
+        verified: false,
+        mail_from: None,
+    }
 }
 
 fn not_found(name: &str) -> SesFailure {
@@ -514,4 +564,347 @@ async fn put_mail_from(
     }
     identity.mail_from = req.mail_from_domain;
     Ok(axum::Json(json!({})))
+}
+
+/// `SendEmail`'s request: every documented field is accepted, no other.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct SendEmail {
+    content: EmailContent,
+    #[serde(default)]
+    destination: Option<Destination>,
+    #[serde(default)]
+    from_email_address: Option<String>,
+    #[serde(default)]
+    from_email_address_identity_arn: Option<String>,
+    #[serde(default)]
+    reply_to_addresses: Option<Vec<String>>,
+    #[serde(default)]
+    feedback_forwarding_email_address: Option<String>,
+    #[serde(default)]
+    feedback_forwarding_email_address_identity_arn: Option<String>,
+    #[serde(default)]
+    email_tags: Option<Value>,
+    #[serde(default)]
+    configuration_set_name: Option<String>,
+    #[serde(default)]
+    endpoint_id: Option<String>,
+    #[serde(default)]
+    tenant_name: Option<String>,
+    #[serde(default)]
+    list_management_options: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct EmailContent {
+    #[serde(default)]
+    raw: Option<RawMessage>,
+    #[serde(default)]
+    simple: Option<Value>,
+    #[serde(default)]
+    template: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct RawMessage {
+    data: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct Destination {
+    #[serde(default)]
+    to_addresses: Vec<String>,
+    #[serde(default)]
+    cc_addresses: Vec<String>,
+    #[serde(default)]
+    bcc_addresses: Vec<String>,
+}
+
+fn message_rejected(message: impl Into<String>) -> SesFailure {
+    failure(StatusCode::BAD_REQUEST, "MessageRejected", message)
+}
+
+/// `SendEmail` with raw content.
+async fn send_email(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes) -> Answer {
+    let req: SendEmail = json_body(&headers, &body)?;
+    let _ = (
+        req.from_email_address_identity_arn,
+        req.reply_to_addresses,
+        req.feedback_forwarding_email_address,
+        req.feedback_forwarding_email_address_identity_arn,
+        req.email_tags,
+        req.configuration_set_name,
+        req.endpoint_id,
+        req.tenant_name,
+        req.list_management_options,
+    );
+    let raw = match (req.content.raw, req.content.simple, req.content.template) {
+        (Some(raw), None, None) => raw,
+        (None, None, None) => return Err(bad_request("Content must have Raw, Simple or Template")),
+        (None, _, _) => {
+            return Err(bad_request(
+                "this fake SES only sends Raw content (Simple and Template are not supported)",
+            ))
+        }
+        (Some(_), _, _) => {
+            return Err(bad_request(
+                "Content must have only one of Raw, Simple and Template",
+            ))
+        }
+    };
+    if raw.data.len() > MAX_RAW_MESSAGE {
+        return Err(message_rejected(format!(
+            "Message length is more than {MAX_RAW_MESSAGE} bytes long: '{}'.",
+            raw.data.len()
+        )));
+    }
+    let message = base64::engine::general_purpose::STANDARD
+        .decode(&raw.data)
+        .ok()
+        .ok_or_else(|| bad_request("Content.Raw.Data is not valid base64"))?;
+    let message_headers = parse_headers(&message).map_err(bad_request)?;
+    let header = |name: &str| {
+        message_headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect::<Vec<_>>()
+    };
+    let header_from = header("From")
+        .into_iter()
+        .flat_map(addresses)
+        .next()
+        .ok_or_else(|| bad_request("Missing required header 'From'."))?;
+    let from = req.from_email_address.map(|f| {
+        // `"Name" <address>` is allowed in FromEmailAddress too.
+        addresses(&f).into_iter().next().unwrap_or(f)
+    });
+    let destination = req.destination.unwrap_or_default();
+    let mut destinations: Vec<String> = destination
+        .to_addresses
+        .into_iter()
+        .chain(destination.cc_addresses)
+        .chain(destination.bcc_addresses)
+        .collect();
+    if destinations.is_empty() {
+        destinations = ["To", "Cc", "Bcc"]
+            .into_iter()
+            .flat_map(header)
+            .flat_map(addresses)
+            .collect();
+    }
+    if destinations.is_empty() {
+        return Err(bad_request(
+            "The message must have at least one recipient (To, Cc or Bcc).",
+        ));
+    }
+    if destinations.len() > MAX_RECIPIENTS {
+        return Err(bad_request(format!(
+            "Recipient count exceeds {MAX_RECIPIENTS}."
+        )));
+    }
+    for address in from.iter().chain([&header_from]).chain(&destinations) {
+        if !valid_address(address) {
+            return Err(bad_request(format!("Illegal address: {address}")));
+        }
+    }
+    let mut account = fake.account.lock().unwrap();
+    let mut unverified: Vec<&str> = from
+        .iter()
+        .chain([&header_from])
+        .map(String::as_str)
+        .filter(|address| !sender_verified(&account.identities, address))
+        .collect();
+    unverified.dedup();
+    if !unverified.is_empty() {
+        return Err(message_rejected(format!(
+            "Email address is not verified. The following identities failed the check in region {}: {}",
+            REGION.to_ascii_uppercase(),
+            unverified.join(", ")
+        )));
+    }
+    let message_id = format!(
+        "{:016x}-{}-000000",
+        rand::random::<u64>(),
+        uuid::Uuid::new_v4()
+    );
+    account.sent.push(SentEmail {
+        from: from.unwrap_or(header_from),
+        destinations,
+        raw: message,
+        message_id: message_id.clone(),
+    });
+    Ok(axum::Json(json!({ "MessageId": message_id })))
+}
+
+/// Whether mail from `address` may leave: the address itself, its domain or a parent domain
+/// is a verified identity.
+fn sender_verified(identities: &HashMap<String, Identity>, address: &str) -> bool {
+    let address = address.to_ascii_lowercase();
+    let verified = |name: &str| identities.get(name).is_some_and(|i| i.verified);
+    if verified(&address) {
+        return true;
+    }
+    let Some((_, mut domain)) = address.rsplit_once('@') else {
+        return false;
+    };
+    loop {
+        if verified(domain) {
+            return true;
+        }
+        match domain.split_once('.') {
+            Some((_, parent)) if parent.contains('.') => domain = parent,
+            _ => return false,
+        }
+    }
+}
+
+/// `local@domain.tld`, ASCII (SES does not do SMTPUTF8), no spaces or angle brackets.
+fn valid_address(address: &str) -> bool {
+    let Some((local, domain)) = address.rsplit_once('@') else {
+        return false;
+    };
+    let atom = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_graphic() && !matches!(b, b'<' | b'>' | b'(' | b')' | b','))
+    };
+    atom(local)
+        && atom(domain)
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && !domain.contains('@')
+}
+
+/// The header fields of a message (unfolded), which must have a header and a body separated
+/// by a blank line.
+fn parse_headers(message: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let blank = (0..message.len()).find_map(|i| {
+        if message[i..].starts_with(b"\r\n\r\n") {
+            Some(i + 2)
+        } else if message[i..].starts_with(b"\n\n") {
+            Some(i + 1)
+        } else {
+            None
+        }
+    });
+    let end =
+        blank.ok_or("The message must have a header and a body separated by a blank line.")?;
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for line in message[..end].split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        let text = String::from_utf8_lossy(line);
+        if matches!(line[0], b' ' | b'\t') {
+            let (_, value) = fields
+                .last_mut()
+                .ok_or("The message's header starts with a continuation line.")?;
+            value.push(' ');
+            value.push_str(text.trim());
+            continue;
+        }
+        let (name, value) = text
+            .split_once(':')
+            .filter(|(name, _)| {
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':')
+            })
+            .ok_or_else(|| format!("Illegal header line: {text}"))?;
+        fields.push((name.to_owned(), value.trim().to_owned()));
+    }
+    if fields.is_empty() {
+        return Err("The message has no header.".into());
+    }
+    Ok(fields)
+}
+
+/// The addresses of an address-list header value (RFC 5322, without its rarer corners):
+/// `a@x`, `Name <a@x>`, `"Last, First" <a@x>`, `group: a@x, b@y;`, comments dropped.
+fn addresses(value: &str) -> Vec<String> {
+    let mut items = vec![String::new()];
+    let (mut quoted, mut angle, mut comment) = (false, false, 0u32);
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        let item = items.last_mut().expect("one item at least");
+        match c {
+            '\\' if quoted || comment > 0 => {
+                chars.next();
+            }
+            '"' if comment == 0 => {
+                quoted = !quoted;
+                item.push(c);
+            }
+            '(' if !quoted => comment += 1,
+            ')' if !quoted && comment > 0 => comment -= 1,
+            _ if comment > 0 => {}
+            '<' if !quoted => {
+                angle = true;
+                item.push(c);
+            }
+            '>' if !quoted => {
+                angle = false;
+                item.push(c);
+            }
+            ',' | ';' if !quoted && !angle => items.push(String::new()),
+            ':' if !quoted && !angle => item.clear(), // A group's display name.
+            _ => item.push(c),
+        }
+    }
+    items
+        .iter()
+        .filter_map(|item| {
+            let address = match (item.rfind('<'), item.rfind('>')) {
+                (Some(open), Some(close)) if open < close => &item[open + 1..close],
+                _ => item.as_str(),
+            };
+            let address = address.trim();
+            address.contains('@').then(|| address.to_owned())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_addresses_are_found() {
+        assert_eq!(
+            addresses(r#""Doe, Jane" <jane@example.com>, bob@example.org (Bob)"#),
+            ["jane@example.com", "bob@example.org"]
+        );
+        assert_eq!(
+            addresses("friends: a@x.example, B <b@y.example>;, c@z.example"),
+            ["a@x.example", "b@y.example", "c@z.example"]
+        );
+        assert!(addresses("undisclosed-recipients:;").is_empty());
+    }
+
+    #[test]
+    fn messages_need_a_header_and_a_body() {
+        let fields = parse_headers(b"From: a@x.example\r\nSubject: a\r\n  b\r\n\r\nbody").unwrap();
+        assert_eq!(fields[1], ("Subject".into(), "a b".into()));
+        assert!(parse_headers(b"From: a@x.example\r\n").is_err());
+        assert!(parse_headers(b"\r\n\r\nbody").is_err());
+        assert!(parse_headers(b"not a header\r\n\r\nbody").is_err());
+    }
+
+    #[test]
+    fn subdomains_of_verified_domains_may_send() {
+        let mut identities = HashMap::new();
+        let mut identity = new_identity();
+        identity.verified = true;
+        identities.insert("example.com".to_owned(), identity);
+        identities.insert("pending.example".to_owned(), new_identity());
+        assert!(sender_verified(&identities, "a@example.com"));
+        assert!(sender_verified(&identities, "a@Mail.Example.com"));
+        assert!(!sender_verified(&identities, "a@example.org"));
+        assert!(!sender_verified(&identities, "a@pending.example"));
+        assert!(!sender_verified(&identities, "a@com"));
+    }
 }

@@ -1,6 +1,7 @@
 //! A local SMTP relay for tests: speaks enough RFC 5321 for lettre (EHLO, MAIL, RCPT, DATA,
 //! RSET, NOOP, QUIT), records every accepted message, and can be told to stall before
-//! accepting a message, to refuse recipients with a given reply code, or to never answer.
+//! accepting a message (dropping it if the client hangs up meanwhile), to refuse recipients
+//! with a given reply code, or to never answer.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -81,6 +82,11 @@ impl FakeSmtp {
         self.received.lock().expect("lock").clone()
     }
 
+    /// How many messages were accepted so far (without copying them, for polling).
+    pub fn received_count(&self) -> usize {
+        self.received.lock().expect("lock").len()
+    }
+
     /// Recipients refused so far.
     pub fn refused(&self) -> usize {
         *self.refused.lock().expect("lock")
@@ -135,7 +141,17 @@ async fn session(
                 }
                 data.push_str(&line);
             }
-            tokio::time::sleep(accept_delay).await;
+            // A client that hangs up before the final reply never learnt the message was
+            // taken, so, as real servers do, it is not kept (RFC 1047).
+            let mut probe = String::new();
+            tokio::select! {
+                _ = tokio::time::sleep(accept_delay) => {}
+                read = lines.read_line(&mut probe) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return Ok(());
+                    }
+                }
+            }
             store.lock().expect("lock").push(Received {
                 from: std::mem::take(&mut from),
                 to: std::mem::take(&mut to),

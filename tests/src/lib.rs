@@ -47,6 +47,8 @@ pub struct Options {
     pub stripe: billing::StripeConfig,
     /// The domain service's outside systems.
     pub domain: DomainOptions,
+    /// Billing's plan and pack catalog (default: `deploy/catalog.json`).
+    pub catalog: Option<PathBuf>,
 }
 
 /// Where a test stack's domain service finds DNS, SES and Cloudflare.
@@ -101,6 +103,7 @@ impl Default for Options {
                 webhook_secret: None,
             },
             domain: DomainOptions::default(),
+            catalog: None,
         }
     }
 }
@@ -156,6 +159,8 @@ pub struct Stack {
     mode: SenderMode,
     /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
     transport: (String, String),
+    /// SES of the next sender start (the `ses` transport).
+    ses: postmesh_shared::ses::SesConfig,
     /// Set once `shutdown` removed the stack's data.
     cleaned: bool,
     /// Settings of the verification-code flow, as the gateway was started with.
@@ -297,7 +302,11 @@ impl Stack {
             upstream_timeout: opts.upstream_timeout,
             ..common(fresh_namespace())
         };
-        let billing = billing::start(billing_config(&common, opts.stripe))
+        let mut billing_config = billing_config(&common, opts.stripe);
+        if let Some(catalog) = opts.catalog {
+            billing_config.catalog_file = catalog;
+        }
+        let billing = billing::start(billing_config)
             .await
             .expect("billing starts");
         let domain = domain::start(domain_config(&common, opts.domain))
@@ -321,6 +330,7 @@ impl Stack {
             sender_child: None,
             mode: opts.sender,
             transport: ("file".into(), String::new()),
+            ses: DomainOptions::default().ses,
             cleaned: false,
             codes,
         };
@@ -350,6 +360,12 @@ impl Stack {
     /// Makes the next sender start use `kind` (`file` or `smtp`) and `smtp_url`.
     pub fn use_transport(&mut self, kind: &str, smtp_url: &str) {
         self.transport = (kind.to_owned(), smtp_url.to_owned());
+    }
+
+    /// Makes the next sender start deliver through SES at `ses`.
+    pub fn use_ses(&mut self, ses: postmesh_shared::ses::SesConfig) {
+        self.transport = ("ses".to_owned(), String::new());
+        self.ses = ses;
     }
 
     /// The sender's database, to observe delivery records.
@@ -406,6 +422,10 @@ impl Stack {
             transport: self.transport.0.clone(),
             outbox_dir: self.outbox.path().to_owned(),
             smtp_url: self.transport.1.clone(),
+            ses: self.ses.clone(),
+            message_id_domain: "postmesh.test".into(),
+            default_from: "hello@postmesh.localhost".into(),
+            schedule_poll: Duration::from_millis(200),
             worker: worker_config(),
         }
     }
@@ -470,6 +490,17 @@ impl Stack {
         if let Some(mut child) = self.sender_child.take() {
             child.kill().await.expect("sender killed");
         }
+    }
+
+    /// The email address of the account that owns `key`.
+    pub async fn account_email(&self, key: &str) -> String {
+        sqlx::query_scalar(
+            "SELECT a.email FROM accounts a JOIN api_keys k ON k.account_id = a.id WHERE k.id = $1",
+        )
+        .bind(self.key_id(key).await)
+        .fetch_one(&self.service_db(api_gateway::SERVICE).await)
+        .await
+        .expect("account row")
     }
 
     /// Creates an account with a fresh address and a key holding `credits`.
@@ -635,7 +666,7 @@ impl Drop for Stack {
     }
 }
 
-/// Drops a namespace's databases, streams and Redis keys.
+/// Drops a namespace's databases, streams, object-store bucket and Redis keys.
 pub async fn remove_namespace(common: &Common) {
     let ns = &common.namespace;
     for service in Service::ALL {
@@ -647,6 +678,9 @@ pub async fn remove_namespace(common: &Common) {
         for stream in Stream::ALL {
             let _ = js.delete_stream(stream.name(ns)).await;
         }
+        let _ = js
+            .delete_object_store(postmesh_shared::nats::bodies_bucket(ns))
+            .await;
     }
     if let Ok(client) = redis::Client::open(common.redis_url.as_str()) {
         if let Ok(mut conn) = client.get_multiplexed_async_connection().await {

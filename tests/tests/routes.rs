@@ -1,12 +1,23 @@
 //! One owner per route: every route the gateway forwards is handled by its service's router,
-//! and every route a service declares is in the gateway's table, with the same policy.
+//! and every route a service declares is in the gateway's table, with the same policy and
+//! body limit. And a body too large for a NATS message still reaches its route.
 
-use axum::body::Body;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::routing::post;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use api_gateway::routes::{table, Entry, Target};
-use postmesh_shared::routes::{Manifest, NO_SUCH_ENDPOINT};
-use postmesh_shared::Service;
+use postmesh_shared::nats::{self, ServiceHost, CLAIM_CHECK_THRESHOLD};
+use postmesh_shared::proto::{Header, HttpRequest, HttpResponse};
+use postmesh_shared::routes::{Declared, Manifest, NO_SUCH_ENDPOINT};
+use postmesh_shared::{Policy, Routes, Service};
+use postmesh_tests::Stack;
 
 /// Whether `router` has a handler for `path` under some method: anything but its own
 /// "no such endpoint" 404 (a handler may answer 404 itself, or fail for want of a caller).
@@ -33,12 +44,32 @@ async fn handled(router: &axum::Router, path: &str) -> bool {
 
 /// Each service with HTTP routes: its declared routes and its router. Keyed handlers stop at
 /// the missing auth context; a public one that reaches for the database fails fast.
-fn services() -> Vec<(Service, Manifest, axum::Router)> {
+async fn services() -> Vec<(Service, Manifest, axum::Router)> {
     let idle = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(std::time::Duration::from_millis(200))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
         .unwrap();
+    let nats =
+        async_nats::connect(postmesh_tests::common(postmesh_tests::fresh_namespace()).nats_url)
+            .await
+            .expect("NATS");
+    let sender_state = sender::AppState::new(
+        idle.clone(),
+        nats.clone(),
+        postmesh_tests::fresh_namespace(),
+        tokio_util::task::TaskTracker::new(),
+        postmesh_shared::jetstream::outbox::Outbox::new(
+            idle.clone(),
+            async_nats::jetstream::new(nats),
+        ),
+        postmesh_shared::EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
+    );
     vec![
+        (
+            Service::Sender,
+            sender::routes().manifest(),
+            sender::router(sender_state),
+        ),
         (
             Service::Billing,
             billing::routes().manifest(),
@@ -55,7 +86,7 @@ fn services() -> Vec<(Service, Manifest, axum::Router)> {
 #[tokio::test]
 async fn gateway_routes_and_service_handlers_match_one_to_one() {
     let table = table();
-    let services = services();
+    let services = services().await;
     for entry in &table {
         let Target::Service(service) = entry.target else {
             continue;
@@ -64,8 +95,13 @@ async fn gateway_routes_and_service_handlers_match_one_to_one() {
             .iter()
             .find(|(s, _, _)| *s == service)
             .unwrap_or_else(|| panic!("{service} forwards routes but is not checked here"));
+        let as_declared = Declared {
+            path: entry.path,
+            policy: entry.policy,
+            body_limit: entry.body_limit,
+        };
         assert!(
-            declared.contains(&(entry.path, entry.policy)),
+            declared.contains(&as_declared),
             "{} is forwarded to {service}, which does not declare it",
             entry.path
         );
@@ -76,10 +112,16 @@ async fn gateway_routes_and_service_handlers_match_one_to_one() {
         );
     }
     for (service, declared, _) in &services {
-        for &(path, policy) in declared {
+        for &Declared {
+            path,
+            policy,
+            body_limit,
+        } in declared
+        {
             let entry = Entry {
                 path,
                 policy,
+                body_limit,
                 target: Target::Service(*service),
             };
             assert!(
@@ -94,4 +136,155 @@ async fn gateway_routes_and_service_handlers_match_one_to_one() {
     let before = paths.len();
     paths.dedup();
     assert_eq!(paths.len(), before, "a path has two owners");
+}
+
+/// The length and SHA-256 of the body it received.
+async fn digest(body: Bytes) -> String {
+    format!("{} {}", body.len(), hex::encode(Sha256::digest(&body)))
+}
+
+/// A 2 MiB body, over NATS's 1 MiB `max_payload`, forwarded as the gateway forwards it,
+/// travels by claim check through the namespace's object store to a route that accepts it,
+/// and is deleted once handled; a body whose object is gone is a 502, not a panic.
+#[tokio::test]
+async fn a_body_too_large_for_nats_travels_by_claim_check() {
+    let common = postmesh_tests::common(postmesh_tests::fresh_namespace());
+    let ns = common.namespace.clone();
+    let client = nats::connect(&common.nats_url, Service::Domain, Duration::from_secs(10))
+        .await
+        .expect("nats");
+    let router = Routes::new()
+        .route("/upload", Policy::Public, post(digest))
+        .body_limit(4 * 1024 * 1024)
+        .into_router(());
+    let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
+    ServiceHost::new(client.clone(), ns.clone(), Service::Domain)
+        .http(router)
+        .start(shutdown.clone(), &tracker)
+        .await
+        .expect("service host starts");
+
+    let upload = |body: Vec<u8>| HttpRequest {
+        method: "POST".into(),
+        path: "/upload".into(),
+        headers: vec![Header {
+            name: "content-type".into(),
+            value: "application/octet-stream".into(),
+        }],
+        body: body.into(),
+        ..Default::default()
+    };
+    let text = |reply: &HttpResponse| String::from_utf8_lossy(&reply.body).into_owned();
+
+    let body: Vec<u8> = (0..2 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    assert!(body.len() > CLAIM_CHECK_THRESHOLD);
+    let expected = format!("{} {}", body.len(), hex::encode(Sha256::digest(&body)));
+    let reply = nats::forward(&client, &ns, Service::Domain, &upload(body))
+        .await
+        .expect("forwarded");
+    assert_eq!((reply.status, text(&reply)), (200, expected));
+
+    // The service deleted the body once it had answered.
+    let js = async_nats::jetstream::new(client.clone());
+    let store = js
+        .get_object_store(nats::bodies_bucket(&ns))
+        .await
+        .expect("the claim-check bucket exists");
+    let left: Vec<_> = store.list().await.expect("list").collect().await;
+    assert!(left.is_empty(), "bodies left in the bucket: {left:?}");
+
+    // Over the route's own limit, the service answers 413.
+    let reply = nats::forward(&client, &ns, Service::Domain, &upload(vec![7; 5 << 20]))
+        .await
+        .expect("forwarded");
+    assert_eq!(reply.status, 413, "{}", text(&reply));
+
+    // A claim check whose object is gone is an error answer.
+    let reply = nats::forward(
+        &client,
+        &ns,
+        Service::Domain,
+        &HttpRequest {
+            body_key: "no-such-body".into(),
+            ..upload(Vec::new())
+        },
+    )
+    .await
+    .expect("forwarded");
+    assert_eq!(reply.status, 502, "{}", text(&reply));
+    assert!(
+        text(&reply).contains("no longer stored"),
+        "{}",
+        text(&reply)
+    );
+
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    postmesh_tests::remove_namespace(&common).await;
+}
+
+/// Through the real gateway: a route with its own body limit (`/send-email`) takes a body far
+/// over `GATEWAY_BODY_LIMIT` (64 KiB in tests) and over the claim-check threshold, which
+/// reaches the service whole; over the route's limit the gateway answers 413 in the standard
+/// body; a route without its own limit still stops at `GATEWAY_BODY_LIMIT`.
+#[tokio::test]
+async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
+    let limit = table()
+        .iter()
+        .find(|e| e.path == "/send-email")
+        .and_then(|e| e.body_limit)
+        .expect("/send-email declares its own body limit");
+    assert!(limit > 2 * CLAIM_CHECK_THRESHOLD);
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let post = |path: &str, body: Vec<u8>| {
+        let req = stack
+            .http
+            .post(format!("{}{path}", stack.base))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let res = req.send().await.expect("gateway answers");
+            let status = res.status().as_u16();
+            let json: serde_json::Value = res.json().await.unwrap_or_default();
+            (status, json)
+        }
+    };
+
+    // 2 MiB of blanks and then a stray `x`: the sender's JSON parser reports the column of
+    // the `x`, so it read every byte.
+    let mut body = vec![b' '; 2 * 1024 * 1024];
+    body.push(b'x');
+    let (status, json) = post("/send-email", body).await;
+    assert_eq!(status, 400, "{json}");
+    assert_eq!(json["success"], false, "{json}");
+    let error = json["error"].as_str().unwrap_or_default();
+    assert!(error.contains("column 2097153"), "{error}");
+    let js = async_nats::jetstream::new(
+        async_nats::connect(&stack.common.nats_url)
+            .await
+            .expect("nats"),
+    );
+    let store = js
+        .get_object_store(nats::bodies_bucket(stack.ns()))
+        .await
+        .expect("the claim-check bucket exists");
+    let left: Vec<_> = store.list().await.expect("list").collect().await;
+    assert!(left.is_empty(), "bodies left in the bucket: {left:?}");
+
+    let (status, json) = post("/send-email", vec![b' '; limit + 1]).await;
+    assert_eq!(status, 413, "{json}");
+    assert_eq!(json["success"], false, "{json}");
+    assert_eq!(
+        json["error"],
+        format!("request body over {limit} bytes"),
+        "{json}"
+    );
+
+    let (status, json) = post("/deduct", vec![b' '; 100 * 1024]).await;
+    assert_eq!(status, 413, "{json}");
+    assert_eq!(json["success"], false, "{json}");
+    stack.shutdown().await;
 }

@@ -41,7 +41,8 @@ pub struct Config {
     pub common: Common,
     /// Public HTTP listener (`GATEWAY_ADDR`, default `127.0.0.1:8080`).
     pub http_addr: SocketAddr,
-    /// Largest request body accepted, in bytes (`GATEWAY_BODY_LIMIT`, default 256 KiB).
+    /// Largest request body accepted, in bytes (`GATEWAY_BODY_LIMIT`, default 256 KiB), on
+    /// routes that declare no limit of their own (`Routes::body_limit`).
     pub body_limit: usize,
     /// How long a looked-up API key is trusted before it is read again.
     pub key_cache_ttl: Duration,
@@ -94,7 +95,8 @@ pub struct Gateway {
     pub body_limit: usize,
 }
 
-/// The gateway's public router with its outer layers.
+/// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
+/// body limit; a route with its own limit overrides it with a route layer.
 pub fn app(state: AppState) -> axum::Router {
     let limit = state.body_limit;
     routes::router(state)

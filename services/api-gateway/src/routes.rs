@@ -1,9 +1,10 @@
-//! The route table: each path with its auth policy and where it is served — here in the
-//! gateway, or by its owning service over NATS as an HTTP envelope. Paths and policies come
-//! from the owners' route lists, so an endpoint is declared once, where it is handled.
+//! The route table: each path with its auth policy, its body limit and where it is served —
+//! here in the gateway, or by its owning service over NATS as an HTTP envelope. Paths,
+//! policies and limits come from the owners' route lists, so an endpoint is declared once,
+//! where it is handled.
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::IntoResponse;
@@ -11,7 +12,7 @@ use axum::routing::{any, MethodRouter};
 use axum::Router;
 
 use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
-use postmesh_shared::routes::{Manifest, NO_SUCH_ENDPOINT};
+use postmesh_shared::routes::{Declared, Manifest, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Policy, Service};
 
 use crate::{codes, AppState};
@@ -30,6 +31,8 @@ pub enum Target {
 pub struct Entry {
     pub path: &'static str,
     pub policy: Policy,
+    /// The route's own body limit; `None`: `GATEWAY_BODY_LIMIT`.
+    pub body_limit: Option<usize>,
     pub target: Target,
 }
 
@@ -38,40 +41,52 @@ fn forwarded() -> Vec<(Service, Manifest)> {
     vec![
         (Service::Billing, billing::routes().manifest()),
         (Service::Domain, domain::routes().manifest()),
+        (Service::Sender, sender::routes().manifest()),
     ]
 }
 
 /// The whole route table: the gateway's own routes and every service's.
 pub fn table() -> Vec<Entry> {
+    let entry = |d: Declared, target| Entry {
+        path: d.path,
+        policy: d.policy,
+        body_limit: d.body_limit,
+        target,
+    };
     let local = codes::routes()
         .manifest()
         .into_iter()
-        .map(|(path, policy)| Entry {
-            path,
-            policy,
-            target: Target::Gateway,
-        });
+        .map(|d| entry(d, Target::Gateway));
     let remote = forwarded().into_iter().flat_map(|(service, routes)| {
-        routes.into_iter().map(move |(path, policy)| Entry {
-            path,
-            policy,
-            target: Target::Service(service),
-        })
+        routes
+            .into_iter()
+            .map(move |d| entry(d, Target::Service(service)))
     });
     local.chain(remote).collect()
 }
 
-/// Builds the public router from the route table.
+/// Builds the public router from the route table. A route with its own body limit gets it
+/// as a route layer, over the router-wide `GATEWAY_BODY_LIMIT`.
 pub fn router(state: AppState) -> Router {
     let mut handlers: Vec<(&'static str, Policy, MethodRouter<AppState>)> = codes::routes()
         .into_inner()
         .into_iter()
-        .map(|r| (r.path, r.policy, r.handler))
+        .map(|r| (r.path, r.policy, r.limited_handler()))
         .collect();
     for (service, routes) in forwarded() {
-        for (path, policy) in routes {
-            let to_service =
-                any(move |state: State<AppState>, req: Request| forward(state, service, req));
+        for Declared {
+            path,
+            policy,
+            body_limit,
+        } in routes
+        {
+            let to_service = any(move |state: State<AppState>, req: Request| {
+                forward(state, service, body_limit, req)
+            });
+            let to_service = match body_limit {
+                Some(limit) => to_service.layer(DefaultBodyLimit::max(limit)),
+                None => to_service,
+            };
             handlers.push((path, policy, to_service));
         }
     }
@@ -130,18 +145,20 @@ const FORWARDED_REQUEST_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("stripe-signature"),
 ];
 
-/// Sends the request to `service` as an envelope and relays its answer.
+/// Sends the request to `service` as an envelope and relays its answer. The body may be up
+/// to the route's own limit (`body_limit`), else `GATEWAY_BODY_LIMIT`; one too large for a
+/// NATS message goes by claim check (`nats::forward`).
 async fn forward(
     State(state): State<AppState>,
     service: Service,
+    body_limit: Option<usize>,
     req: Request,
 ) -> Result<Response<Body>, ApiError> {
+    let limit = body_limit.unwrap_or(state.body_limit);
     let (parts, body) = req.into_parts();
-    let body = axum::body::to_bytes(body, state.body_limit)
+    let body = axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| {
-            ApiError::PayloadTooLarge(format!("request body over {} bytes", state.body_limit))
-        })?;
+        .map_err(|_| ApiError::PayloadTooLarge(format!("request body over {limit} bytes")))?;
     let headers = FORWARDED_REQUEST_HEADERS
         .iter()
         .filter_map(|name| {
@@ -159,6 +176,7 @@ async fn forward(
         headers,
         body,
         auth: parts.extensions.get::<AuthContext>().cloned(),
+        body_key: String::new(),
     };
     let reply = nats::forward(&state.nats, &state.ns, service, &envelope).await?;
     let status = u16::try_from(reply.status)

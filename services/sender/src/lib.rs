@@ -1,14 +1,33 @@
-//! Sender: the delivery worker behind the SEND work queue. (Send requests, templates and
-//! campaigns come later; for now it delivers the jobs other services queue.)
+//! Sender: the sending service. Its HTTP routes (forwarded by the gateway) accept sends
+//! (`/send-email`), keep templates and answer task status and SMTP credential checks; its
+//! scheduler releases scheduled tasks; its workers deliver every job of the SEND work queue
+//! (sends and the gateway's verification codes) through the configured transport.
 
+pub mod render;
+pub mod request;
+pub mod schedule;
+pub mod send;
+pub mod smtp_auth;
+pub mod status;
+pub mod tasks;
+pub mod templates;
 pub mod transport;
+pub mod usage;
 pub mod worker;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
+use sqlx::PgPool;
+use tokio_util::task::TaskTracker;
+
+use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
-use postmesh_shared::{Common, Running, Runtime, Service};
+use postmesh_shared::jetstream::outbox::Outbox;
+use postmesh_shared::ses::SesConfig;
+use postmesh_shared::{db, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service};
 
 pub use worker::WorkerConfig;
 
@@ -18,16 +37,27 @@ pub const SERVICE: Service = Service::Sender;
 /// The service's own migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
+/// The sender's migrations: its own and the kit's (the outbox of released jobs).
+pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRATIONS];
+
 /// Sender settings.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub common: Common,
-    /// `file` (default) or `smtp`.
+    /// `file` (default), `smtp` or `ses`.
     pub transport: String,
     /// Where the `file` transport writes `.eml` files.
     pub outbox_dir: PathBuf,
     /// Relay for the `smtp` transport, e.g. `smtp://127.0.0.1:25` or `smtp://h:587?tls=required`.
     pub smtp_url: String,
+    /// Amazon SES, for the `ses` transport (`SES_ENDPOINT`, `AWS_*`).
+    pub ses: SesConfig,
+    /// The domain of the Message-IDs the sender makes (`MESSAGE_ID_DOMAIN`).
+    pub message_id_domain: String,
+    /// The from-address of a send that names none (`SEND_DEFAULT_FROM`).
+    pub default_from: String,
+    /// How often the scheduler looks for due tasks (`SEND_SCHEDULE_POLL_SECS`, default 1).
+    pub schedule_poll: Duration,
     pub worker: WorkerConfig,
 }
 
@@ -39,6 +69,10 @@ impl Config {
             transport: env_or("SEND_TRANSPORT", "file"),
             outbox_dir: env_or("OUTBOX_DIR", "var/outbox").into(),
             smtp_url: env_or("SMTP_URL", "smtp://127.0.0.1:25"),
+            ses: SesConfig::from_env(),
+            message_id_domain: env_or("MESSAGE_ID_DOMAIN", "postmesh.localhost"),
+            default_from: env_or("SEND_DEFAULT_FROM", "no-reply@postmesh.localhost"),
+            schedule_poll: env_secs("SEND_SCHEDULE_POLL_SECS", Duration::from_secs(1))?,
             worker: WorkerConfig {
                 ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
                 max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
@@ -55,25 +89,107 @@ impl Config {
             ("SEND_TRANSPORT", self.transport.clone()),
             ("OUTBOX_DIR", self.outbox_dir.display().to_string()),
             ("SMTP_URL", self.smtp_url.clone()),
+            ("SES_ENDPOINT", self.ses.endpoint.clone()),
+            ("AWS_REGION", self.ses.region.clone()),
+            ("MESSAGE_ID_DOMAIN", self.message_id_domain.clone()),
+            ("SEND_DEFAULT_FROM", self.default_from.clone()),
+            ("SEND_SCHEDULE_POLL_SECS", secs(self.schedule_poll)),
             ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
             ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
             ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
             ("SEND_CONCURRENCY", self.worker.concurrency.to_string()),
         ]);
+        if let Some((id, secret)) = &self.ses.credentials {
+            env.push(("AWS_ACCESS_KEY_ID", id.clone()));
+            env.push(("AWS_SECRET_ACCESS_KEY", secret.clone()));
+        }
         env
     }
 }
 
-/// Starts the sender: its transport and the SEND consumer.
+/// What request handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub nats: async_nats::Client,
+    pub ns: Namespace,
+    pub billing: BillingClient,
+    pub outbox: Outbox,
+    /// Background publishing of accepted jobs; a graceful stop waits for it.
+    pub tracker: TaskTracker,
+    /// The from-address of a send that names none.
+    pub default_from: Arc<EmailAddress>,
+}
+
+impl AppState {
+    /// State over `db`, `nats` and `outbox` in namespace `ns`; background work runs on
+    /// `tracker`.
+    pub fn new(
+        db: PgPool,
+        nats: async_nats::Client,
+        ns: Namespace,
+        tracker: TaskTracker,
+        outbox: Outbox,
+        default_from: EmailAddress,
+    ) -> Self {
+        Self {
+            billing: BillingClient::new(nats.clone(), ns.clone(), tracker.clone()),
+            outbox,
+            db,
+            nats,
+            ns,
+            tracker,
+            default_from: Arc::new(default_from),
+        }
+    }
+}
+
+/// The sender's HTTP routes with their auth policy, as the gateway forwards them.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .merge(send::routes())
+        .merge(status::routes())
+        .merge(templates::routes())
+        .merge(smtp_auth::routes())
+}
+
+/// The sender's HTTP router.
+pub fn router(state: AppState) -> Router {
+    routes().into_router(state)
+}
+
+/// Starts the sender: its routes and RPCs, the scheduler, the outbox relay, the transport
+/// and the SEND consumer.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
-    let transport = transport::Transport::new(
-        &config.transport,
-        config.outbox_dir.clone(),
-        &config.smtp_url,
+    let rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
+    let default_from = EmailAddress::parse(&config.default_from)
+        .ok_or_else(|| anyhow::anyhow!("SEND_DEFAULT_FROM is not an email address"))?;
+    let transport = transport::Transport::new(&config).await?;
+    let state = AppState::new(
+        rt.db.clone(),
+        rt.nats.clone(),
+        rt.common.namespace.clone(),
+        rt.tracker.clone(),
+        rt.outbox(),
+        default_from,
+    );
+    rt.serve(usage::register(
+        rt.host().http(router(state.clone())),
+        state.clone(),
+    ))
+    .await?;
+    let scheduler = state.clone();
+    rt.every("scheduler", config.schedule_poll, move || {
+        let state = scheduler.clone();
+        async move { schedule::release_due(&state).await }
+    });
+    worker::spawn(
+        &rt,
+        transport,
+        config.worker.clone(),
+        &config.message_id_domain,
     )
     .await?;
-    worker::spawn(&rt, transport, config.worker.clone()).await?;
     tracing::info!(transport = %config.transport, "sender delivering");
     rt.running(None).await
 }
@@ -93,6 +209,14 @@ mod tests {
         config.transport = "smtp".into();
         config.smtp_url = "smtp://127.0.0.1:2525".into();
         config.common.upstream_timeout = Duration::from_millis(1500);
+        config.ses = SesConfig {
+            endpoint: "http://127.0.0.1:4566".into(),
+            region: "eu-west-1".into(),
+            credentials: Some(("AKID".into(), "secret".into())),
+        };
+        config.message_id_domain = "mail.example.com".into();
+        config.default_from = "hello@example.com".into();
+        config.schedule_poll = Duration::from_millis(250);
         config.worker = WorkerConfig {
             ack_wait: Duration::from_secs(2),
             max_deliver: 5,

@@ -1,11 +1,15 @@
 //! Delivery transports: `file` writes each message as `{job_id}.eml` (the local default),
-//! `smtp` hands it to any relay through lettre.
+//! `smtp` hands it to any relay through lettre's pool, `ses` sends it raw through Amazon
+//! SES v2 (`SendEmail`). Each answers the provider's id of the delivered message.
 
 use std::path::PathBuf;
 
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
+use postmesh_shared::ses::SesClient;
 use postmesh_shared::JobId;
+
+use crate::Config;
 
 /// A failed delivery: permanent ones are not retried.
 #[derive(Debug, thiserror::Error)]
@@ -20,42 +24,79 @@ pub enum TransportError {
 pub enum Transport {
     File { dir: PathBuf },
     Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    Ses(SesClient),
+}
+
+/// The Message-ID of `message`: the provider id of transports that have none of their own.
+fn message_id(message: &Message) -> String {
+    message
+        .headers()
+        .get_raw("Message-ID")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
 
 impl Transport {
-    /// Builds the transport named by `kind` (`file` or `smtp`).
-    pub async fn new(kind: &str, outbox_dir: PathBuf, smtp_url: &str) -> anyhow::Result<Self> {
-        match kind {
+    /// Builds the transport `config.transport` names (`file`, `smtp` or `ses`).
+    pub async fn new(config: &Config) -> anyhow::Result<Self> {
+        match config.transport.as_str() {
             "file" => {
-                tokio::fs::create_dir_all(&outbox_dir).await?;
-                Ok(Self::File { dir: outbox_dir })
+                tokio::fs::create_dir_all(&config.outbox_dir).await?;
+                Ok(Self::File {
+                    dir: config.outbox_dir.clone(),
+                })
             }
             "smtp" => Ok(Self::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::from_url(smtp_url)?.build(),
+                AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)?.build(),
             )),
-            other => anyhow::bail!("unknown SEND_TRANSPORT {other:?} (use file or smtp)"),
+            "ses" => SesClient::new(&config.ses, config.common.upstream_timeout)?
+                .map(Self::Ses)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "SEND_TRANSPORT=ses needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                    )
+                }),
+            other => anyhow::bail!("unknown SEND_TRANSPORT {other:?} (use file, smtp or ses)"),
         }
     }
 
-    /// Delivers `message`. Delivering the same job again replaces, never duplicates, its file.
-    pub async fn deliver(&self, job_id: JobId, message: Message) -> Result<(), TransportError> {
+    /// Delivers `message`; answers the provider's id of it. Delivering the same job again
+    /// to `file` replaces, never duplicates, its file.
+    pub async fn deliver(&self, job_id: JobId, message: Message) -> Result<String, TransportError> {
         match self {
             Self::File { dir } => {
                 let tmp = dir.join(format!(".{job_id}.tmp"));
                 let path = dir.join(format!("{job_id}.eml"));
                 let io = |e: std::io::Error| TransportError::Transient(e.to_string());
-                tokio::fs::write(&tmp, message.formatted())
-                    .await
-                    .map_err(io)?;
-                tokio::fs::rename(&tmp, &path).await.map_err(io)
+                // The envelope's recipients, so a Bcc copy shows whom it went to.
+                let to: Vec<String> = message
+                    .envelope()
+                    .to()
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect();
+                let mut eml = format!("X-Original-To: {}\r\n", to.join(", ")).into_bytes();
+                eml.extend_from_slice(&message.formatted());
+                tokio::fs::write(&tmp, eml).await.map_err(io)?;
+                tokio::fs::rename(&tmp, &path).await.map_err(io)?;
+                Ok(message_id(&message))
             }
-            Self::Smtp(smtp) => smtp.send(message).await.map(|_| ()).map_err(|e| {
-                if e.is_permanent() {
-                    TransportError::Permanent(e.to_string())
-                } else {
-                    TransportError::Transient(e.to_string())
+            Self::Smtp(smtp) => match smtp.send(message.clone()).await {
+                Ok(_) => Ok(message_id(&message)),
+                Err(e) if e.is_permanent() => Err(TransportError::Permanent(e.to_string())),
+                Err(e) => Err(TransportError::Transient(e.to_string())),
+            },
+            Self::Ses(ses) => {
+                let envelope = message.envelope();
+                let from = envelope.from().map(|a| a.to_string()).unwrap_or_default();
+                let to: Vec<String> = envelope.to().iter().map(|a| a.to_string()).collect();
+                match ses.send_raw(&from, &to, &message.formatted()).await {
+                    Ok(id) => Ok(id),
+                    Err(e) if e.is_transient() => Err(TransportError::Transient(e.to_string())),
+                    Err(e) => Err(TransportError::Permanent(e.to_string())),
                 }
-            }),
+            }
         }
     }
 }

@@ -48,6 +48,35 @@ pub async fn enqueue(tx: &mut PgConnection, msg: &OutboxMessage) -> Result<(), s
     .map(drop)
 }
 
+/// Writes many messages on one `subject` in the caller's transaction, in one statement:
+/// `(id, payload)` pairs, published in this order.
+pub async fn enqueue_many(
+    tx: &mut PgConnection,
+    subject: &str,
+    messages: &[(Uuid, Vec<u8>)],
+) -> Result<(), sqlx::Error> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let traceparent = outgoing_headers().get("traceparent").map(|v| v.to_string());
+    let (ids, payloads): (Vec<Uuid>, Vec<Vec<u8>>) = messages.iter().cloned().unzip();
+    sqlx::query(
+        "INSERT INTO outbox (id, subject, payload, traceparent, request_id, created_at)
+         SELECT m.id, $3, m.payload, $4, $5, $6
+         FROM UNNEST($1::uuid[], $2::bytea[]) WITH ORDINALITY AS m(id, payload, n)
+         ORDER BY m.n",
+    )
+    .bind(&ids)
+    .bind(&payloads)
+    .bind(subject)
+    .bind(traceparent)
+    .bind(current_request_id())
+    .bind(now_unix())
+    .execute(tx)
+    .await
+    .map(drop)
+}
+
 #[derive(sqlx::FromRow)]
 struct Row {
     id: Uuid,
@@ -106,8 +135,8 @@ impl Outbox {
 
     /// Publishes up to [`RELAY_BATCH`] waiting messages, oldest first, and deletes long
     /// published ones; true when more may be waiting. Relays of several replicas take
-    /// different rows (`SKIP LOCKED`). A failed publish ends the pass; its message stays
-    /// waiting for the next one.
+    /// different rows (`SKIP LOCKED`). A message whose publish failed stays waiting for the
+    /// next pass.
     pub async fn relay_once(&self) -> Result<bool, ApiError> {
         let mut tx = self.db.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(
@@ -118,16 +147,17 @@ impl Outbox {
         .fetch_all(&mut *tx)
         .await?;
         let full = rows.len() == RELAY_BATCH;
-        let mut published = Vec::with_capacity(rows.len());
+        // Every message of the batch is sent before any acknowledgement is awaited, so a
+        // batch costs about one round trip; a message counts as published once JetStream
+        // has acknowledged it.
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let acks = futures::future::join_all(rows.into_iter().map(|row| self.publish(row))).await;
+        let mut published = Vec::with_capacity(ids.len());
         let mut failed = None;
-        for row in rows {
-            let id = row.id;
-            match self.publish(row).await {
+        for (id, ack) in ids.into_iter().zip(acks) {
+            match ack {
                 Ok(()) => published.push(id),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
+                Err(e) => failed = failed.or(Some(e)),
             }
         }
         mark_published(&mut tx, &published).await?;

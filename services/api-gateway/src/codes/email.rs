@@ -35,6 +35,8 @@ fn job(
         ),
         html: String::new(),
         kind: JobKind::Verification.into(),
+        workspace_id: auth.workspace_id.clone(),
+        ..Default::default()
     }
 }
 

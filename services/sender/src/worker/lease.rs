@@ -43,14 +43,21 @@ fn kind_name(job: &Job) -> String {
 
 /// Records the job and takes its lease under `lease`, unless it is finished or another
 /// claim holds a live lease.
-pub(super) async fn claim(worker: &Worker, job: &Job, lease: Uuid) -> Result<Claim, sqlx::Error> {
+/// `to` and `subject` are recorded with the claim.
+pub(super) async fn claim(
+    worker: &Worker,
+    job: &Job,
+    to: &[String],
+    subject: &str,
+    lease: Uuid,
+) -> Result<Claim, sqlx::Error> {
     let now = now_unix();
     // Insert, or take over a `sending` row whose lease ran out; a live lease or a finished
     // job leaves the row alone (no row returned).
     let taken: Option<i32> = sqlx::query_scalar(&format!(
         "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
-                                 lease_owner, leased_until_ms)
-         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, {DB_NOW_MS} + $7)
+                                 lease_owner, leased_until_ms, workspace_id, task_id)
+         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, {DB_NOW_MS} + $7, $8, $9)
          ON CONFLICT (job_id) DO UPDATE
              SET attempts = deliveries.attempts + 1, updated_at = $5,
                  lease_owner = $6, leased_until_ms = {DB_NOW_MS} + $7
@@ -59,11 +66,13 @@ pub(super) async fn claim(worker: &Worker, job: &Job, lease: Uuid) -> Result<Cla
     ))
     .bind(job.id)
     .bind(kind_name(job))
-    .bind(&job.send.to)
-    .bind(&job.send.subject)
+    .bind(to)
+    .bind(subject)
     .bind(now)
     .bind(lease)
     .bind(lease_ms(worker))
+    .bind(job.workspace)
+    .bind(job.task.map(|t| t.0))
     .fetch_optional(&worker.db)
     .await?;
     if let Some(attempt) = taken {

@@ -1,38 +1,129 @@
-//! Stage 2, build: the MIME message of a job — plain text, HTML, or both as alternatives.
+//! Stage 2, build: the MIME message of a job — Message-ID on our domain (or the sender's
+//! own), Date, From/To/Cc/Reply-To, the threading headers, plain text and HTML as
+//! alternatives, and attachments — from a code email's job or a task's stored message.
 
-use lettre::message::{Mailbox, MultiPart, SinglePart};
+use lettre::message::header::{ContentType, HeaderName, HeaderValue};
+use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::Message;
 
-use super::Job;
+use crate::tasks::LoadedTask;
 
-/// The job's message; the error says why it can never be built.
-pub(super) fn build(job: &Job) -> Result<Message, String> {
-    let send = &job.send;
-    let from: Mailbox = if send.from_name.is_empty() {
-        send.from_email.parse()
-    } else {
-        format!("{} <{}>", send.from_name, send.from_email).parse()
+/// Marks a test send (`testSend`).
+const TEST_HEADER: &str = "X-Postmesh-Test";
+
+/// What a message is made of.
+pub(super) struct Draft<'a> {
+    pub message_id: String,
+    pub from_email: &'a str,
+    pub from_name: Option<&'a str>,
+    pub to: &'a [String],
+    pub cc: &'a [String],
+    pub bcc: &'a [String],
+    pub reply_to: Option<&'a str>,
+    pub subject: &'a str,
+    pub text: &'a str,
+    pub html: &'a str,
+    pub in_reply_to: Option<&'a str>,
+    pub references: &'a [String],
+    pub attachments: &'a [crate::request::Attachment],
+    pub test: bool,
+}
+
+impl<'a> Draft<'a> {
+    /// The draft of a task's message to `to`; `message_id` unless the task sets its own.
+    pub fn of_task(task: &'a LoadedTask, to: &'a [String], message_id: String) -> Self {
+        let m = &task.message;
+        Self {
+            message_id: m.message_id.clone().unwrap_or(message_id),
+            from_email: &m.from_email,
+            from_name: m.from_name.as_deref(),
+            to,
+            cc: &m.cc,
+            bcc: &m.bcc,
+            reply_to: m.reply_to.as_deref(),
+            subject: &m.subject,
+            text: &m.text,
+            html: &m.html,
+            in_reply_to: m.in_reply_to.as_deref(),
+            references: &m.references,
+            attachments: &task.attachments,
+            test: m.test,
+        }
     }
-    .map_err(|e| format!("invalid from address: {e}"))?;
+}
+
+fn mailbox(what: &str, raw: &str) -> Result<Mailbox, String> {
+    raw.parse()
+        .map_err(|e| format!("invalid {what} address {raw:?}: {e}"))
+}
+
+/// The body: text and/or HTML (as alternatives when both).
+fn body(text: &str, html: &str) -> MultiPart {
+    match (text.is_empty(), html.is_empty()) {
+        (false, false) => MultiPart::alternative_plain_html(text.to_owned(), html.to_owned()),
+        (true, false) => MultiPart::mixed().singlepart(SinglePart::html(html.to_owned())),
+        _ => MultiPart::mixed().singlepart(SinglePart::plain(text.to_owned())),
+    }
+}
+
+/// The draft's message; the error says why it can never be built.
+pub(super) fn build(d: &Draft<'_>) -> Result<Message, String> {
+    let from = match d.from_name {
+        Some(name) => Mailbox::new(
+            Some(name.to_owned()),
+            d.from_email
+                .parse()
+                .map_err(|e| format!("invalid from address: {e}"))?,
+        ),
+        None => mailbox("from", d.from_email)?,
+    };
     let mut builder = Message::builder()
-        .message_id(Some(format!("<{}@postmesh>", job.id)))
+        .message_id(Some(d.message_id.clone()))
+        .date_now()
         .from(from)
-        .subject(send.subject.as_str());
-    if send.to.is_empty() {
+        .subject(d.subject);
+    if d.to.is_empty() {
         return Err("no recipients".into());
     }
-    for to in &send.to {
-        builder = builder.to(to
-            .parse()
-            .map_err(|e| format!("invalid recipient {to:?}: {e}"))?);
+    for to in d.to {
+        builder = builder.to(mailbox("recipient", to)?);
     }
-    let built = match (send.text.is_empty(), send.html.is_empty()) {
-        (_, true) => builder.singlepart(SinglePart::plain(send.text.clone())),
-        (true, false) => builder.singlepart(SinglePart::html(send.html.clone())),
-        (false, false) => builder.multipart(MultiPart::alternative_plain_html(
-            send.text.clone(),
-            send.html.clone(),
-        )),
+    for cc in d.cc {
+        builder = builder.cc(mailbox("cc", cc)?);
+    }
+    for bcc in d.bcc {
+        builder = builder.bcc(mailbox("bcc", bcc)?);
+    }
+    if let Some(reply_to) = d.reply_to {
+        builder = builder.reply_to(mailbox("reply-to", reply_to)?);
+    }
+    if let Some(id) = d.in_reply_to {
+        builder = builder.in_reply_to(id.to_owned());
+    }
+    if !d.references.is_empty() {
+        builder = builder.references(d.references.join(" "));
+    }
+    if d.test {
+        builder = builder.raw_header(HeaderValue::new(
+            HeaderName::new_from_ascii_str(TEST_HEADER),
+            "true".into(),
+        ));
+    }
+    let built = if d.attachments.is_empty() {
+        match (d.text.is_empty(), d.html.is_empty()) {
+            (false, false) => builder.multipart(body(d.text, d.html)),
+            (true, false) => builder.singlepart(SinglePart::html(d.html.to_owned())),
+            _ => builder.singlepart(SinglePart::plain(d.text.to_owned())),
+        }
+    } else {
+        let mut mixed = MultiPart::mixed().multipart(body(d.text, d.html));
+        for a in d.attachments {
+            let kind = ContentType::parse(&a.content_type)
+                .map_err(|e| format!("attachment {:?}: {e}", a.filename))?;
+            mixed =
+                mixed.singlepart(Attachment::new(a.filename.clone()).body(a.content.clone(), kind));
+        }
+        builder.multipart(mixed)
     };
     built.map_err(|e| format!("could not build the message: {e}"))
 }

@@ -3,6 +3,7 @@
 //! record (the outcome) — and only then acks, as the typed [`Outcome`] says. Policy:
 //! docs/decisions.md, "Delivery (sender)".
 
+mod cache;
 mod lease;
 mod message;
 mod record;
@@ -22,8 +23,9 @@ use uuid::Uuid;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::SendJob;
-use postmesh_shared::{telemetry, JobId, Runtime};
+use postmesh_shared::{telemetry, JobId, Runtime, TaskId, WorkspaceId};
 
+use crate::tasks::{self, LoadedTask};
 use crate::transport::{Transport, TransportError};
 
 /// Retry and concurrency settings of the worker.
@@ -45,10 +47,21 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(15 * 60);
 /// Waits for another worker's lease, in units of `ack_wait`, before handing a job back.
 const LEASE_WAITS: u32 = 5;
 
-/// A job as the worker knows it: the message and its parsed id.
+/// A job as the worker knows it: the message and its parsed ids.
 pub(crate) struct Job {
     pub id: JobId,
     pub send: SendJob,
+    pub workspace: Option<WorkspaceId>,
+    /// For a recipient of a task: the task and the recipient's index.
+    pub task: Option<(TaskId, i32)>,
+}
+
+/// What a job delivers: its recipients and subject (recorded with the claim) and, for a
+/// task's job, the task (`None` when it is gone: the job fails).
+struct Letter {
+    to: Vec<String>,
+    subject: String,
+    task: Option<Arc<LoadedTask>>,
 }
 
 /// Where a job stands in `deliveries`.
@@ -84,10 +97,19 @@ pub(crate) struct Worker {
     pub config: WorkerConfig,
     /// Cancelled when the worker stops: a handler waiting on a lease hands its job back.
     pub shutdown: CancellationToken,
+    /// The domain of the Message-IDs made here.
+    pub message_id_domain: String,
+    /// Tasks recently delivered, so a task's recipients do not each read it again.
+    pub tasks: cache::TaskCache,
 }
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
-pub async fn spawn(rt: &Runtime, transport: Transport, config: WorkerConfig) -> anyhow::Result<()> {
+pub async fn spawn(
+    rt: &Runtime,
+    transport: Transport,
+    config: WorkerConfig,
+    message_id_domain: &str,
+) -> anyhow::Result<()> {
     let stream = Stream::Send.ensure(&rt.js, &rt.common.namespace).await?;
     let consumer = stream
         .get_or_create_consumer(
@@ -118,6 +140,8 @@ pub async fn spawn(rt: &Runtime, transport: Transport, config: WorkerConfig) -> 
         transport,
         config,
         shutdown: rt.shutdown.clone(),
+        message_id_domain: message_id_domain.to_owned(),
+        tasks: cache::TaskCache::default(),
     });
     let (jobs, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
     rt.tracker.spawn(async move {
@@ -202,9 +226,68 @@ impl Worker {
         }
     }
 
+    /// The job's recipients, subject and task.
+    async fn letter(&self, job: &Job) -> Result<Letter, sqlx::Error> {
+        let Some((task_id, idx)) = job.task else {
+            return Ok(Letter {
+                to: job.send.to.clone(),
+                subject: job.send.subject.clone(),
+                task: None,
+            });
+        };
+        let task = match self.tasks.get(task_id) {
+            Some(task) => Some(task),
+            None => tasks::load(&self.db, task_id)
+                .await?
+                .map(|t| self.tasks.insert(task_id, t)),
+        };
+        let to = tasks::recipient(&self.db, task_id, idx).await?;
+        Ok(Letter {
+            to: to.into_iter().collect(),
+            subject: task
+                .as_ref()
+                .map(|t| t.message.subject.clone())
+                .unwrap_or_default(),
+            task,
+        })
+    }
+
+    /// The job's MIME message; the error says why it can never be built.
+    fn build(&self, job: &Job, letter: &Letter) -> Result<lettre::Message, String> {
+        let message_id = format!("<{}@{}>", job.id, self.message_id_domain);
+        let draft = match (&job.task, &letter.task) {
+            (None, _) => {
+                let s = &job.send;
+                message::Draft {
+                    message_id,
+                    from_email: &s.from_email,
+                    from_name: Some(s.from_name.as_str()).filter(|n| !n.is_empty()),
+                    to: &s.to,
+                    cc: &[],
+                    bcc: &[],
+                    reply_to: None,
+                    subject: &s.subject,
+                    text: &s.text,
+                    html: &s.html,
+                    in_reply_to: None,
+                    references: &[],
+                    attachments: &[],
+                    test: false,
+                }
+            }
+            (Some(_), Some(task)) => message::Draft::of_task(task, &letter.to, message_id),
+            (Some((task, _)), None) => return Err(format!("task {task} no longer exists")),
+        };
+        message::build(&draft)
+    }
+
     /// claim → build → deliver → record.
     async fn process(&self, job: &Job, lease: Uuid) -> Outcome {
-        let attempt = match lease::claim(self, job, lease).await {
+        let letter = match self.letter(job).await {
+            Ok(letter) => letter,
+            Err(e) => return Outcome::Retry(format!("database: {e}")),
+        };
+        let attempt = match lease::claim(self, job, &letter.to, &letter.subject, lease).await {
             Ok(lease::Claim::Deliver(attempt)) => i64::from(attempt),
             Ok(lease::Claim::Finished(status)) => {
                 tracing::info!(?status, "job already handled; acknowledging the redelivery");
@@ -215,7 +298,7 @@ impl Worker {
             }
             Err(e) => return Outcome::Retry(format!("database: {e}")),
         };
-        let delivered = match message::build(job) {
+        let delivered = match self.build(job, &letter) {
             Ok(message) => self.transport.deliver(job.id, message).await,
             Err(reason) => Err(TransportError::Permanent(reason)),
         };
@@ -260,7 +343,20 @@ impl Worker {
 fn decode(payload: &[u8]) -> Result<Job, String> {
     let send = SendJob::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
     let id = JobId::parse(&send.id).ok_or("job id is not a uuid")?;
-    Ok(Job { id, send })
+    let task = match send.task_id.as_str() {
+        "" => None,
+        raw => {
+            let task = TaskId::parse(raw).ok_or("task id is not a uuid")?;
+            let idx = i32::try_from(send.recipient).map_err(|_| "recipient index out of range")?;
+            Some((task, idx))
+        }
+    };
+    Ok(Job {
+        id,
+        workspace: WorkspaceId::parse(&send.workspace_id),
+        task,
+        send,
+    })
 }
 
 #[cfg(test)]

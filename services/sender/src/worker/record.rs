@@ -13,7 +13,8 @@ use crate::transport::TransportError;
 
 /// What the transport's answer means for the job.
 pub(super) enum Verdict {
-    Sent,
+    /// Delivered; the provider's id of the message.
+    Sent(String),
     /// Failed for good.
     Failed(String),
     /// Failed for now; the job stays `sending` and is tried again.
@@ -22,9 +23,9 @@ pub(super) enum Verdict {
 
 impl Verdict {
     /// The verdict on a delivery; a transient failure of the `last` attempt is final.
-    pub(super) fn of(delivered: Result<(), TransportError>, last: bool) -> Self {
+    pub(super) fn of(delivered: Result<String, TransportError>, last: bool) -> Self {
         match delivered {
-            Ok(()) => Self::Sent,
+            Ok(id) => Self::Sent(id),
             Err(TransportError::Permanent(e)) => Self::Failed(e),
             Err(TransportError::Transient(e)) if last => Self::Failed(e),
             Err(TransportError::Transient(e)) => Self::Retry(e),
@@ -44,10 +45,20 @@ pub(super) async fn record(
     lease: Uuid,
     verdict: Verdict,
 ) -> Outcome {
-    let (status, error, outcome) = match verdict {
-        Verdict::Sent => (DeliveryStatus::Sent, None, Outcome::Done),
-        Verdict::Failed(e) => (DeliveryStatus::Failed, Some(e.clone()), Outcome::Park(e)),
-        Verdict::Retry(e) => (DeliveryStatus::Sending, Some(e.clone()), Outcome::Retry(e)),
+    let (status, error, provider_id, outcome) = match verdict {
+        Verdict::Sent(id) => (DeliveryStatus::Sent, None, Some(id), Outcome::Done),
+        Verdict::Failed(e) => (
+            DeliveryStatus::Failed,
+            Some(e.clone()),
+            None,
+            Outcome::Park(e),
+        ),
+        Verdict::Retry(e) => (
+            DeliveryStatus::Sending,
+            Some(e.clone()),
+            None,
+            Outcome::Retry(e),
+        ),
     };
     let mut recorded = Err(sqlx::Error::PoolTimedOut);
     for pause in RECORD_RETRIES {
@@ -56,7 +67,8 @@ pub(super) async fn record(
             // `sent` always stands (the message went out). A failure or a retry is recorded
             // only while this claim still holds the job; otherwise it belongs to another.
             "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
-                                   lease_owner = NULL, leased_until_ms = 0
+                                   lease_owner = NULL, leased_until_ms = 0,
+                                   provider_message_id = COALESCE($6, provider_message_id)
              WHERE job_id = $1
                AND CASE WHEN $2 = 'sent' THEN status <> 'sent'
                         ELSE status = 'sending' AND lease_owner = $5 END",
@@ -66,6 +78,7 @@ pub(super) async fn record(
         .bind(&error)
         .bind(now_unix())
         .bind(lease)
+        .bind(&provider_id)
         .execute(&worker.db)
         .await;
         if recorded.is_ok() {

@@ -1,0 +1,610 @@
+//! The `/send-email` body, parsed at the edge into a [`SendRequest`] that cannot be invalid:
+//! addresses parsed, recipients deduplicated, content chosen, attachments decoded, the
+//! schedule in range. Each refusal is a 400 that names what is wrong.
+
+use std::collections::{BTreeMap, HashSet};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use postmesh_shared::{ApiError, EmailAddress};
+
+/// Recipients of one send at most (DESIGN §6).
+pub const MAX_RECIPIENTS: usize = 1000;
+/// Total decoded size of a send's attachments at most.
+pub const MAX_ATTACHMENT_BYTES: usize = 10 * 1024 * 1024;
+/// Attachments of one send at most.
+pub const MAX_ATTACHMENTS: usize = 100;
+/// Addresses in `cc` or in `bcc` at most.
+pub const MAX_COPIES: usize = 50;
+/// How far ahead a send may be scheduled.
+pub const MAX_SCHEDULE_AHEAD_SECS: i64 = 30 * 24 * 3600;
+/// Longest header value accepted (RFC 5322's line limit).
+const MAX_HEADER_LEN: usize = 998;
+
+/// `to` as the API takes it: one address, or a list of addresses and recipient objects.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum To {
+    One(String),
+    Many(Vec<ToItem>),
+}
+
+/// One entry of a `to` list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToItem {
+    Address(String),
+    Recipient {
+        email: String,
+        #[serde(rename = "externalId")]
+        external_id: Option<String>,
+    },
+}
+
+/// `cc` / `bcc`: one address (or a comma list), or a list of addresses.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Addresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// One attachment as sent: `content` is base64.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentBody {
+    pub filename: Option<String>,
+    pub content: Option<String>,
+    pub content_type: Option<String>,
+}
+
+/// The `/send-email` body (spec §4.4). Unknown fields are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendBody {
+    pub to: Option<To>,
+    pub audience: Option<Value>,
+    pub campaign_key: Option<String>,
+    pub campaign_name: Option<String>,
+    pub subject: Option<String>,
+    pub html: Option<String>,
+    pub text: Option<String>,
+    pub from_email: Option<String>,
+    pub from_name: Option<String>,
+    pub reply_to: Option<String>,
+    pub cc: Option<Addresses>,
+    pub bcc: Option<Addresses>,
+    pub topic: Option<String>,
+    pub email_type: Option<String>,
+    pub dry_run: Option<bool>,
+    pub test_send: Option<bool>,
+    pub scheduled_at: Option<f64>,
+    pub recipient_reason: Option<String>,
+    pub template_key: Option<String>,
+    pub template_version: Option<f64>,
+    pub source_app: Option<String>,
+    pub business_goal: Option<String>,
+    pub utm: Option<BTreeMap<String, String>>,
+    pub message_id: Option<String>,
+    pub in_reply_to: Option<String>,
+    pub references: Option<Vec<String>>,
+    pub attachments: Option<Vec<AttachmentBody>>,
+    pub variables: Option<Map<String, Value>>,
+}
+
+/// What a message is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum EmailType {
+    Transactional,
+    Lifecycle,
+    Marketing,
+}
+
+/// One recipient to deliver to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recipient {
+    pub email: EmailAddress,
+    pub external_id: Option<String>,
+}
+
+/// A recipient left out of the send, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rejected {
+    pub email: String,
+    pub reason: String,
+}
+
+/// Where the message's content comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// Given in the request.
+    Inline {
+        subject: String,
+        html: String,
+        text: String,
+    },
+    /// A stored template (its latest version unless pinned); `subject` overrides its own.
+    Template {
+        key: String,
+        version: Option<i32>,
+        subject: Option<String>,
+    },
+}
+
+/// A decoded attachment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub filename: String,
+    pub content_type: String,
+    pub content: Vec<u8>,
+}
+
+/// A valid send request.
+#[derive(Clone, Debug)]
+pub struct SendRequest {
+    pub recipients: Vec<Recipient>,
+    pub rejected: Vec<Rejected>,
+    pub content: Content,
+    pub variables: Map<String, Value>,
+    pub from_email: Option<EmailAddress>,
+    pub from_name: Option<String>,
+    pub reply_to: Option<EmailAddress>,
+    pub cc: Vec<EmailAddress>,
+    pub bcc: Vec<EmailAddress>,
+    pub message_id: Option<String>,
+    pub in_reply_to: Option<String>,
+    pub references: Vec<String>,
+    pub attachments: Vec<Attachment>,
+    /// `utm_*` parameters for the links of the HTML body.
+    pub utm: Vec<(String, String)>,
+    pub email_type: EmailType,
+    pub topic: Option<String>,
+    pub source_app: Option<String>,
+    pub business_goal: Option<String>,
+    pub recipient_reason: Option<String>,
+    pub campaign_name: Option<String>,
+    pub dry_run: bool,
+    pub test_send: bool,
+    pub scheduled_at: Option<i64>,
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::BadRequest(msg.into())
+}
+
+/// A text that goes into a header: one line, at most [`MAX_HEADER_LEN`] characters.
+fn header_text(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(value) = value else { return Ok(None) };
+    if value.chars().any(|c| c.is_control()) {
+        return Err(bad(format!("{field} must be a single line of text")));
+    }
+    if value.len() > MAX_HEADER_LEN {
+        return Err(bad(format!(
+            "{field} is longer than {MAX_HEADER_LEN} characters"
+        )));
+    }
+    Ok(Some(value).filter(|v| !v.trim().is_empty()))
+}
+
+fn address(field: &str, raw: &str) -> Result<EmailAddress, ApiError> {
+    EmailAddress::parse(raw).ok_or_else(|| bad(format!("{field}: invalid email address {raw:?}")))
+}
+
+/// A Message-ID as RFC 5322 writes it (`<left@right>`); given with or without brackets.
+fn msg_id(field: &str, raw: &str) -> Result<String, ApiError> {
+    let inner = raw.trim();
+    let inner = inner
+        .strip_prefix('<')
+        .and_then(|s| s.strip_suffix('>'))
+        .unwrap_or(inner);
+    let valid = inner.len() <= 250
+        && inner
+            .split_once('@')
+            .is_some_and(|(l, r)| !l.is_empty() && !r.is_empty())
+        && inner.chars().all(|c| {
+            c.is_ascii_graphic() && !matches!(c, '<' | '>' | '"' | '(' | ')' | ',' | '\\')
+        });
+    if !valid {
+        return Err(bad(format!(
+            "{field}: {raw:?} is not a message id like <id@domain>"
+        )));
+    }
+    Ok(format!("<{inner}>"))
+}
+
+/// A whole number of seconds or a version, given as a JSON number.
+fn whole(field: &str, n: f64) -> Result<i64, ApiError> {
+    if n.is_finite() && n.fract() == 0.0 && n.abs() < 1e15 {
+        Ok(n as i64)
+    } else {
+        Err(bad(format!("{field} must be a whole number")))
+    }
+}
+
+fn copies(field: &str, list: Option<Addresses>) -> Result<Vec<EmailAddress>, ApiError> {
+    let raw: Vec<String> = match list {
+        None => Vec::new(),
+        Some(Addresses::One(s)) => s.split(',').map(str::to_owned).collect(),
+        Some(Addresses::Many(v)) => v,
+    };
+    let list: Vec<EmailAddress> = raw
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| address(field, s))
+        .collect::<Result<_, _>>()?;
+    if list.len() > MAX_COPIES {
+        return Err(bad(format!("{field} has more than {MAX_COPIES} addresses")));
+    }
+    Ok(list)
+}
+
+/// The recipients, deduplicated without regard to case; duplicates are rejected.
+fn recipients(to: To) -> Result<(Vec<Recipient>, Vec<Rejected>), ApiError> {
+    let items = match to {
+        To::One(s) => vec![ToItem::Address(s)],
+        To::Many(v) => v,
+    };
+    if items.is_empty() {
+        return Err(bad("to has no recipients"));
+    }
+    if items.len() > MAX_RECIPIENTS {
+        return Err(bad(format!(
+            "to has {} recipients; at most {MAX_RECIPIENTS} are allowed",
+            items.len()
+        )));
+    }
+    let mut seen = HashSet::with_capacity(items.len());
+    let (mut accepted, mut rejected) = (Vec::with_capacity(items.len()), Vec::new());
+    for item in items {
+        let (raw, external_id) = match item {
+            ToItem::Address(s) => (s, None),
+            ToItem::Recipient { email, external_id } => (email, external_id),
+        };
+        let email = EmailAddress::parse(&raw)
+            .ok_or_else(|| bad(format!("invalid recipient address {raw:?}")))?;
+        let external_id = header_text("externalId", external_id)?;
+        if seen.insert(email.as_str().to_lowercase()) {
+            accepted.push(Recipient { email, external_id });
+        } else {
+            rejected.push(Rejected {
+                email: email.to_string(),
+                reason: "duplicate of an earlier recipient".into(),
+            });
+        }
+    }
+    Ok((accepted, rejected))
+}
+
+fn attachments(list: Option<Vec<AttachmentBody>>) -> Result<Vec<Attachment>, ApiError> {
+    let list = list.unwrap_or_default();
+    if list.len() > MAX_ATTACHMENTS {
+        return Err(bad(format!(
+            "at most {MAX_ATTACHMENTS} attachments are allowed"
+        )));
+    }
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, a) in list.into_iter().enumerate() {
+        let filename = header_text("attachments.filename", a.filename)?
+            .ok_or_else(|| bad(format!("attachment {i} has no filename")))?;
+        if filename.len() > 255 || filename.contains(['/', '\\']) {
+            return Err(bad(format!(
+                "attachment {filename:?}: the filename must be a plain name of at most 255 bytes"
+            )));
+        }
+        let content = a
+            .content
+            .ok_or_else(|| bad(format!("attachment {filename:?} has no content")))?;
+        let compact: String = content
+            .chars()
+            .filter(|c| !c.is_ascii_whitespace())
+            .collect();
+        let content = base64::engine::general_purpose::STANDARD
+            .decode(compact)
+            .map_err(|_| {
+                bad(format!(
+                    "attachment {filename:?}: content is not valid base64"
+                ))
+            })?;
+        total += content.len();
+        if total > MAX_ATTACHMENT_BYTES {
+            return Err(bad(format!(
+                "attachments are larger than {} MiB in all",
+                MAX_ATTACHMENT_BYTES / (1024 * 1024)
+            )));
+        }
+        let content_type = a
+            .content_type
+            .filter(|t| !t.trim().is_empty())
+            .unwrap_or_else(|| "application/octet-stream".into());
+        if lettre::message::header::ContentType::parse(&content_type).is_err() {
+            return Err(bad(format!(
+                "attachment {filename:?}: invalid contentType {content_type:?}"
+            )));
+        }
+        out.push(Attachment {
+            filename,
+            content_type,
+            content,
+        });
+    }
+    Ok(out)
+}
+
+fn utm(raw: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, ApiError> {
+    raw.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let k = k.trim().to_owned();
+            if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(bad(format!("utm: invalid parameter name {k:?}")));
+            }
+            let k = if k.starts_with("utm_") {
+                k
+            } else {
+                format!("utm_{k}")
+            };
+            Ok((k, v))
+        })
+        .collect()
+}
+
+fn content(body: &mut SendBody) -> Result<Content, ApiError> {
+    let subject = header_text("subject", body.subject.take())?;
+    let (html, text) = (body.html.take(), body.text.take());
+    if let Some(key) = body.template_key.take() {
+        let key = key.trim().to_owned();
+        if key.is_empty() {
+            return Err(bad("templateKey is empty"));
+        }
+        if html.is_some() || text.is_some() {
+            return Err(bad("give html/text or templateKey, not both"));
+        }
+        let version = match body.template_version {
+            None => None,
+            Some(v) => Some(
+                i32::try_from(whole("templateVersion", v)?)
+                    .ok()
+                    .filter(|v| *v >= 1)
+                    .ok_or_else(|| bad("templateVersion must be 1 or more"))?,
+            ),
+        };
+        return Ok(Content::Template {
+            key,
+            version,
+            subject,
+        });
+    }
+    if body.template_version.is_some() {
+        return Err(bad("templateVersion needs templateKey"));
+    }
+    let html = html.unwrap_or_default();
+    let text = text.unwrap_or_default();
+    if html.trim().is_empty() && text.trim().is_empty() {
+        return Err(bad(
+            "the message has no content: give html, text or templateKey",
+        ));
+    }
+    let subject = subject.ok_or_else(|| bad("subject is required"))?;
+    Ok(Content::Inline {
+        subject,
+        html,
+        text,
+    })
+}
+
+impl SendRequest {
+    /// Parses `body`; `now` is the current Unix time.
+    pub fn parse(mut body: SendBody, now: i64) -> Result<Self, ApiError> {
+        let targets = [
+            body.to.is_some(),
+            body.audience.is_some(),
+            body.campaign_key.is_some(),
+        ];
+        match targets.iter().filter(|t| **t).count() {
+            0 => return Err(bad("give exactly one of to, audience or campaignKey")),
+            1 => {}
+            _ => return Err(bad("give only one of to, audience or campaignKey")),
+        }
+        let Some(to) = body.to.take() else {
+            return Err(bad(
+                "audience and campaignKey sends are not available yet; give to",
+            ));
+        };
+        let (recipients, rejected) = recipients(to)?;
+        let content = content(&mut body)?;
+        let email_type = match body.email_type.as_deref().map(str::trim) {
+            None | Some("") | Some("transactional") => EmailType::Transactional,
+            Some("lifecycle") => EmailType::Lifecycle,
+            Some("marketing") => EmailType::Marketing,
+            Some(other) => {
+                return Err(bad(format!(
+                    "emailType {other:?} is not one of transactional, lifecycle, marketing"
+                )))
+            }
+        };
+        let scheduled_at = match body.scheduled_at {
+            None => None,
+            Some(at) => {
+                let at = whole("scheduledAt", at)?;
+                if at <= now {
+                    return Err(bad("scheduledAt must be in the future (Unix seconds)"));
+                }
+                if at > now + MAX_SCHEDULE_AHEAD_SECS {
+                    return Err(bad("scheduledAt must be at most 30 days ahead"));
+                }
+                Some(at)
+            }
+        };
+        let references = body
+            .references
+            .unwrap_or_default()
+            .iter()
+            .map(|r| msg_id("references", r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            recipients,
+            rejected,
+            content,
+            variables: body.variables.unwrap_or_default(),
+            from_email: body
+                .from_email
+                .filter(|f| !f.trim().is_empty())
+                .map(|f| address("fromEmail", &f))
+                .transpose()?,
+            from_name: header_text("fromName", body.from_name)?,
+            reply_to: body
+                .reply_to
+                .filter(|f| !f.trim().is_empty())
+                .map(|f| address("replyTo", &f))
+                .transpose()?,
+            cc: copies("cc", body.cc)?,
+            bcc: copies("bcc", body.bcc)?,
+            message_id: body
+                .message_id
+                .map(|m| msg_id("messageId", &m))
+                .transpose()?,
+            in_reply_to: body
+                .in_reply_to
+                .map(|m| msg_id("inReplyTo", &m))
+                .transpose()?,
+            references,
+            attachments: attachments(body.attachments)?,
+            utm: utm(body.utm)?,
+            email_type,
+            topic: header_text("topic", body.topic)?,
+            source_app: header_text("sourceApp", body.source_app)?,
+            business_goal: header_text("businessGoal", body.business_goal)?,
+            recipient_reason: header_text("recipientReason", body.recipient_reason)?,
+            campaign_name: header_text("campaignName", body.campaign_name)?,
+            dry_run: body.dry_run.unwrap_or(false),
+            test_send: body.test_send.unwrap_or(false),
+            scheduled_at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<SendRequest, String> {
+        let body: SendBody = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        SendRequest::parse(body, 1_000_000).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn recipients_are_deduplicated_without_regard_to_case() {
+        let r = parse(serde_json::json!({
+            "to": ["a@x.com", {"email": "A@X.com", "externalId": "c1"}, {"email": "b@x.com", "externalId": "c2"}],
+            "subject": "s", "text": "t"
+        }))
+        .unwrap();
+        assert_eq!(r.recipients.len(), 2);
+        assert_eq!(r.recipients[1].external_id.as_deref(), Some("c2"));
+        assert_eq!(r.rejected.len(), 1);
+        assert_eq!(r.rejected[0].email, "A@x.com");
+    }
+
+    #[test]
+    fn refusals_name_what_is_wrong() {
+        let cases = [
+            (
+                serde_json::json!({"subject": "s", "text": "t"}),
+                "exactly one",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "campaignKey": "k", "subject": "s", "text": "t"}),
+                "only one",
+            ),
+            (
+                serde_json::json!({"to": ["a@x.com", "nope"], "subject": "s", "text": "t"}),
+                "\"nope\"",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s"}),
+                "no content",
+            ),
+            (serde_json::json!({"to": "a@x.com", "text": "t"}), "subject"),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "scheduledAt": 999_999}),
+                "future",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "scheduledAt": 1_000_000 + 31 * 86400}),
+                "30 days",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "scheduledAt": 1_000_100.5}),
+                "whole",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "attachments": [{"filename": "a.txt", "content": "%%%"}]}),
+                "base64",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "attachments": [{"content": "aGk="}]}),
+                "no filename",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "emailType": "spam"}),
+                "emailType",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "a\r\nBcc: x@y.com", "text": "t"}),
+                "single line",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "messageId": "no-at"}),
+                "message id",
+            ),
+            (
+                serde_json::json!({"to": "a@x.com", "templateKey": "k", "html": "<p>"}),
+                "not both",
+            ),
+        ];
+        for (body, needle) in cases {
+            let err = parse(body.clone()).err().unwrap_or_default();
+            assert!(err.contains(needle), "{body} → {err:?}, wanted {needle:?}");
+        }
+        let many: Vec<String> = (0..=MAX_RECIPIENTS)
+            .map(|i| format!("r{i}@x.com"))
+            .collect();
+        let err = parse(serde_json::json!({"to": many, "subject": "s", "text": "t"})).unwrap_err();
+        assert!(err.contains("at most 1000"), "{err}");
+    }
+
+    #[test]
+    fn attachments_are_bounded_by_their_decoded_size() {
+        let chunk = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 5 * 1024 * 1024]);
+        let ok = parse(serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
+            "attachments": [{"filename": "a.bin", "content": chunk}, {"filename": "b.bin", "content": chunk, "contentType": "application/pdf"}]}))
+        .unwrap();
+        assert_eq!(ok.attachments[1].content_type, "application/pdf");
+        let err = parse(serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
+            "attachments": [{"filename": "a.bin", "content": chunk}, {"filename": "b.bin", "content": chunk}, {"filename": "c.bin", "content": "AA=="}]}))
+        .unwrap_err();
+        assert!(err.contains("10 MiB"), "{err}");
+    }
+
+    #[test]
+    fn message_ids_and_utm_are_normalised() {
+        let r = parse(serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
+            "messageId": "abc@example.com", "inReplyTo": "<p@x.com>", "references": ["r1@x.com", "<r2@x.com>"],
+            "utm": {"source": "news", "utm_medium": "email"}, "unknownField": {"any": 1}}))
+        .unwrap();
+        assert_eq!(r.message_id.as_deref(), Some("<abc@example.com>"));
+        assert_eq!(r.references, ["<r1@x.com>", "<r2@x.com>"]);
+        assert_eq!(
+            r.utm,
+            [
+                ("utm_source".to_owned(), "news".to_owned()),
+                ("utm_medium".to_owned(), "email".to_owned())
+            ]
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! The scheduler: releases scheduled tasks once due. Each pass takes due tasks with
+//! `FOR UPDATE SKIP LOCKED`, so replicas split them and a task is released once; a release
+//! writes the task's jobs to the outbox in the same transaction that marks it queued.
+
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::{ApiError, TaskId};
+
+use crate::request::EmailType;
+use crate::tasks::{self, JobOwner};
+use crate::AppState;
+
+/// Tasks one pass releases at most.
+const BATCH: i64 = 20;
+
+#[derive(sqlx::FromRow)]
+struct Due {
+    id: TaskId,
+    account_id: String,
+    api_key_id: Uuid,
+    workspace_id: Uuid,
+    email_type: EmailType,
+}
+
+/// Releases up to [`BATCH`] due tasks; true when more may be due.
+pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let due: Vec<Due> = sqlx::query_as(
+        "SELECT id, account_id, api_key_id, workspace_id, email_type FROM tasks
+         WHERE status = 'scheduled' AND scheduled_at <= $1
+         ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now_unix())
+    .bind(BATCH)
+    .fetch_all(&mut *tx)
+    .await?;
+    for task in &due {
+        let jobs: Vec<(i32, Uuid)> = sqlx::query_as(
+            "SELECT idx, job_id FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+        )
+        .bind(task.id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let owner = JobOwner {
+            account_id: task.account_id.clone(),
+            api_key_id: task.api_key_id.to_string(),
+            workspace_id: task.workspace_id.to_string(),
+        };
+        tasks::enqueue_jobs(&mut tx, &state.ns, task.id, owner, task.email_type, &jobs).await?;
+        sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
+            .bind(task.id)
+            .bind(now_unix())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    if !due.is_empty() {
+        tracing::info!(tasks = due.len(), "scheduled tasks released");
+        crate::send::publish_soon(state);
+    }
+    Ok(due.len() as i64 == BATCH)
+}

@@ -1,0 +1,338 @@
+//! `POST /send-email` and `DELETE /send-email/{taskId}`: a send is parsed, checked (from
+//! address, template, variables, plan quota), priced per recipient and charged as a held
+//! charge keyed by its task id; the task, its recipients and its jobs commit in one
+//! transaction, then the charge is confirmed and the jobs are published. A scheduled task is
+//! held until the scheduler releases it, and can be cancelled (and refunded) until then.
+
+use axum::extract::{Path, State};
+use axum::routing::{delete, post};
+use serde::{Deserialize, Serialize};
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::proto::{ChargeRequest, SendableRequest};
+use postmesh_shared::{nats, ApiError, EmailAddress, Policy, Routes, Success, TaskId};
+
+use crate::render::{add_utm, fill};
+use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
+use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
+use crate::{templates, usage, AppState};
+
+/// Largest `/send-email` body: 10 MiB of attachments as base64, and the rest.
+pub const SEND_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Send routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .route("/send-email", Policy::Key, post(send))
+        .body_limit(SEND_BODY_LIMIT)
+        .route("/send-email/{task_id}", Policy::Key, delete(cancel))
+}
+
+/// Recipients in a send answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RecipientCounts {
+    pub accepted: usize,
+    pub rejected: Vec<RejectedRecipient>,
+}
+
+/// A recipient left out, with the reason.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RejectedRecipient {
+    pub email: String,
+    pub reason: String,
+}
+
+impl From<Rejected> for RejectedRecipient {
+    fn from(r: Rejected) -> Self {
+        Self {
+            email: r.email,
+            reason: r.reason,
+        }
+    }
+}
+
+/// The answer to a send.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendAnswer {
+    /// The task; none for a dry run, which stores nothing.
+    pub task_id: Option<TaskId>,
+    /// `queued` or `scheduled` (for a dry run: what the send would be).
+    pub status: TaskStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<i64>,
+    pub recipients: RecipientCounts,
+    /// Credits charged (for a dry run: that would be charged).
+    pub cost: i64,
+    pub dry_run: bool,
+    pub test_send: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_version: Option<i32>,
+}
+
+/// The message every recipient of the send gets, and the template version it came from.
+async fn compose(
+    state: &AppState,
+    caller: &Caller,
+    req: &SendRequest,
+    from: &EmailAddress,
+) -> Result<(TaskMessage, Option<(String, i32)>), ApiError> {
+    let (subject, html, text, template) = match &req.content {
+        Content::Inline {
+            subject,
+            html,
+            text,
+        } => (subject.clone(), html.clone(), text.clone(), None),
+        Content::Template {
+            key,
+            version,
+            subject,
+        } => {
+            let t = templates::find(&state.db, caller.workspace, key, *version)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::BadRequest(match version {
+                        Some(v) => format!("template {key:?} has no version {v}"),
+                        None => format!("no template {key:?}"),
+                    })
+                })?;
+            let subject = subject.clone().unwrap_or(t.subject);
+            (subject, t.html, t.text, Some((t.key, t.version)))
+        }
+    };
+    let vars = &req.variables;
+    let mut subject = fill(&subject, vars, false)?;
+    if subject.trim().is_empty() || subject.chars().any(|c| c.is_control()) {
+        return Err(ApiError::BadRequest(
+            "the subject is empty or not a single line once filled".into(),
+        ));
+    }
+    let html = add_utm(&fill(&html, vars, true)?, &req.utm);
+    let text = fill(&text, vars, false)?;
+    if req.test_send {
+        subject = format!("[Test] {subject}");
+    }
+    let strings = |list: &[EmailAddress]| list.iter().map(|a| a.to_string()).collect();
+    Ok((
+        TaskMessage {
+            from_email: from.to_string(),
+            from_name: req.from_name.clone(),
+            reply_to: req.reply_to.as_ref().map(|a| a.to_string()),
+            cc: strings(&req.cc),
+            bcc: strings(&req.bcc),
+            subject,
+            html,
+            text,
+            message_id: req.message_id.clone(),
+            in_reply_to: req.in_reply_to.clone(),
+            references: req.references.clone(),
+            test: req.test_send,
+        },
+        template,
+    ))
+}
+
+/// 400 unless the domain service says `from` may be sent from by this workspace.
+async fn check_sendable(
+    state: &AppState,
+    caller: &Caller,
+    from: &EmailAddress,
+) -> Result<(), ApiError> {
+    let reply = nats::call(
+        &state.nats,
+        &state.ns,
+        &SendableRequest {
+            workspace_id: caller.workspace.to_string(),
+            from_address: from.to_string(),
+        },
+    )
+    .await?;
+    if reply.sendable {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest(format!(
+        "fromEmail {from} cannot be used: {}",
+        reply.reason
+    )))
+}
+
+async fn send(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<SendBody>,
+) -> Result<Success<SendAnswer>, ApiError> {
+    let req = SendRequest::parse(body, now_unix())?;
+    let from = req
+        .from_email
+        .clone()
+        .unwrap_or_else(|| (*state.default_from).clone());
+    check_sendable(&state, &caller, &from).await?;
+    let (message, template) = compose(&state, &caller, &req, &from).await?;
+    let (recipients, rejected) = if req.test_send {
+        let own = EmailAddress::parse(&caller.auth.email).ok_or_else(|| {
+            ApiError::BadRequest("testSend needs an account with an email address".into())
+        })?;
+        let own = Recipient {
+            email: own,
+            external_id: None,
+        };
+        (vec![own], Vec::new())
+    } else {
+        (req.recipients.clone(), req.rejected.clone())
+    };
+    let cost = recipients.len() as i64;
+    let quota = usage::Quota::of(&state, &caller).await?;
+    let task_id = TaskId::new();
+    let status = if req.scheduled_at.is_some() {
+        TaskStatus::Scheduled
+    } else {
+        TaskStatus::Queued
+    };
+    let answer = |task_id| SendAnswer {
+        task_id,
+        status,
+        scheduled_at: req.scheduled_at,
+        recipients: RecipientCounts {
+            accepted: recipients.len(),
+            rejected: rejected.iter().cloned().map(Into::into).collect(),
+        },
+        cost,
+        dry_run: req.dry_run,
+        test_send: req.test_send,
+        template_key: template.as_ref().map(|t| t.0.clone()),
+        template_version: template.as_ref().map(|t| t.1),
+    };
+    if req.dry_run {
+        quota.check(&mut *state.db.acquire().await?, cost).await?;
+        return Ok(Success::new(answer(None)));
+    }
+    let held = state
+        .billing
+        .hold(ChargeRequest {
+            api_key_id: caller.key.to_string(),
+            account_id: caller.auth.account_id.clone(),
+            caller_email: caller.auth.email.clone(),
+            cost,
+            idempotency_key: task_id.to_string(),
+            target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
+            from_email: Some(from.to_string()),
+            subject: Some(message.subject.clone()),
+            send_mode: Some(format!("{:?}", req.email_type).to_lowercase()),
+            recipient_count: Some(cost),
+            task_id: Some(task_id.to_string()),
+            hold_secs: 0,
+        })
+        .await?;
+    let task = NewTask {
+        id: task_id,
+        caller: &caller,
+        req: &req,
+        message: &message,
+        recipients: &recipients,
+        template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
+        cost,
+    };
+    match store(&state, &quota, &task).await {
+        Ok(()) => held.confirm().await,
+        Err(e) => {
+            held.refund("send not queued").await;
+            return Err(e);
+        }
+    }
+    if status == TaskStatus::Queued {
+        publish_soon(&state);
+    }
+    metrics::counter!("postmesh_send_recipients_accepted_total").increment(cost as u64);
+    Ok(Success::new(answer(Some(task_id))))
+}
+
+/// Commits the task with its jobs, within the plan's quota.
+async fn store(state: &AppState, quota: &usage::Quota, task: &NewTask<'_>) -> Result<(), ApiError> {
+    let mut tx = state.db.begin().await?;
+    quota.check(&mut tx, task.cost).await?;
+    tasks::insert(&mut tx, &state.ns, task).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Publishes the outbox's waiting jobs in the background (the relay's next tick would
+/// too; this saves its delay).
+pub fn publish_soon(state: &AppState) {
+    let outbox = state.outbox.clone();
+    state.tracker.spawn(async move {
+        loop {
+            match outbox.relay_once().await {
+                Ok(true) => continue,
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "publishing jobs failed; the relay retries");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// The answer to a cancel.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancelled {
+    pub task_id: TaskId,
+    pub status: TaskStatus,
+    /// Credits given back.
+    pub refunded: i64,
+}
+
+/// Parses a task id from a path; a malformed one is a 400.
+pub fn parse_task_id(raw: &str) -> Result<TaskId, ApiError> {
+    TaskId::parse(raw).ok_or_else(|| ApiError::BadRequest(format!("{raw:?} is not a task id")))
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(raw): Path<String>,
+) -> Result<Success<Cancelled>, ApiError> {
+    let task_id = parse_task_id(&raw)?;
+    // The row lock orders this against a scheduler releasing the task at this moment.
+    let cancelled: Option<i64> = sqlx::query_scalar(
+        "UPDATE tasks SET status = 'cancelled', cancelled_at = $3
+         WHERE id = $1 AND api_key_id = $2 AND status = 'scheduled' RETURNING cost",
+    )
+    .bind(task_id)
+    .bind(caller.key)
+    .bind(now_unix())
+    .fetch_optional(&state.db)
+    .await?;
+    let Some(cost) = cancelled else {
+        let status: Option<TaskStatus> =
+            sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1 AND api_key_id = $2")
+                .bind(task_id)
+                .bind(caller.key)
+                .fetch_optional(&state.db)
+                .await?;
+        return Err(match status {
+            None => ApiError::NotFound(format!("no task {task_id}")),
+            Some(s) => ApiError::Conflict(format!(
+                "task {task_id} is {}; only a scheduled task can be cancelled",
+                s.as_str()
+            )),
+        });
+    };
+    state
+        .billing
+        .refund(
+            &caller.key.to_string(),
+            &task_id.to_string(),
+            "scheduled send cancelled",
+        )
+        .await;
+    Ok(Success::new(Cancelled {
+        task_id,
+        status: TaskStatus::Cancelled,
+        refunded: cost,
+    }))
+}

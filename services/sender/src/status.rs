@@ -1,0 +1,148 @@
+//! `GET /email-status/{taskId}`: a task's progress — counts of its recipients queued, sent
+//! and failed, and each recipient's state, paged with `limit`/`offset`.
+
+use axum::extract::{Path, State};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use postmesh_shared::extract::{Caller, QueryParams};
+use postmesh_shared::{ApiError, Policy, Routes, Success, TaskId};
+
+use crate::send::parse_task_id;
+use crate::tasks::TaskStatus;
+use crate::AppState;
+
+/// Recipients listed per page by default, and at most.
+const DEFAULT_LIMIT: i64 = 100;
+const MAX_LIMIT: i64 = 1000;
+
+/// Status routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new().route("/email-status/{task_id}", Policy::Key, get(status))
+}
+
+/// `?limit=&offset=`.
+#[derive(Debug, Deserialize)]
+pub struct Page {
+    pub limit: Option<i64>,
+    pub offset: Option<i64>,
+}
+
+/// One recipient's state.
+#[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct RecipientStatus {
+    pub email: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
+    /// `queued`, `sent` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_message_id: Option<String>,
+}
+
+/// The answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskProgress {
+    pub task_id: TaskId,
+    /// `scheduled`, `cancelled`, `queued` (nothing finished yet), `sending`, `sent` (all
+    /// delivered), `failed` (none delivered) or `partially_failed`.
+    pub status: String,
+    pub total: i64,
+    pub queued: i64,
+    pub sent: i64,
+    pub failed: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<i64>,
+    pub recipients: Vec<RecipientStatus>,
+}
+
+/// The overall status from the task's state and its recipients' counts.
+fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static str {
+    match task {
+        TaskStatus::Scheduled => "scheduled",
+        TaskStatus::Cancelled => "cancelled",
+        TaskStatus::Queued if queued > 0 && sent + failed == 0 => "queued",
+        TaskStatus::Queued if queued > 0 => "sending",
+        TaskStatus::Queued if failed == 0 => "sent",
+        TaskStatus::Queued if sent == 0 => "failed",
+        TaskStatus::Queued => "partially_failed",
+    }
+}
+
+async fn status(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(raw): Path<String>,
+    QueryParams(page): QueryParams<Page>,
+) -> Result<Success<TaskProgress>, ApiError> {
+    let task_id = parse_task_id(&raw)?;
+    let limit = page.limit.unwrap_or(DEFAULT_LIMIT);
+    let offset = page.offset.unwrap_or(0);
+    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
+        )));
+    }
+    let task: Option<(TaskStatus, Option<i64>, i32)> = sqlx::query_as(
+        "SELECT status, scheduled_at, recipient_count FROM tasks WHERE id = $1 AND api_key_id = $2",
+    )
+    .bind(task_id)
+    .bind(caller.key)
+    .fetch_optional(&state.db)
+    .await?;
+    let (task_status, scheduled_at, total) =
+        task.ok_or_else(|| ApiError::NotFound(format!("no task {task_id}")))?;
+    let (sent, failed): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE d.status = 'sent'), count(*) FILTER (WHERE d.status = 'failed')
+         FROM task_recipients r JOIN deliveries d ON d.job_id = r.job_id
+         WHERE r.task_id = $1",
+    )
+    .bind(task_id)
+    .fetch_one(&state.db)
+    .await?;
+    let recipients = sqlx::query_as::<_, RecipientStatus>(
+        "SELECT r.email, r.external_id,
+                CASE WHEN d.status IN ('sent', 'failed') THEN d.status ELSE 'queued' END AS status,
+                CASE WHEN d.status <> 'sent' THEN d.last_error END AS error,
+                d.provider_message_id
+         FROM task_recipients r LEFT JOIN deliveries d ON d.job_id = r.job_id
+         WHERE r.task_id = $1 ORDER BY r.idx LIMIT $2 OFFSET $3",
+    )
+    .bind(task_id)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&state.db)
+    .await?;
+    let total = i64::from(total);
+    let queued = total - sent - failed;
+    Ok(Success::new(TaskProgress {
+        task_id,
+        status: overall(task_status, queued, sent, failed).into(),
+        total,
+        queued,
+        sent,
+        failed,
+        scheduled_at,
+        recipients,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overall_status_follows_the_counts() {
+        assert_eq!(overall(TaskStatus::Scheduled, 3, 0, 0), "scheduled");
+        assert_eq!(overall(TaskStatus::Cancelled, 3, 0, 0), "cancelled");
+        assert_eq!(overall(TaskStatus::Queued, 3, 0, 0), "queued");
+        assert_eq!(overall(TaskStatus::Queued, 2, 1, 0), "sending");
+        assert_eq!(overall(TaskStatus::Queued, 0, 3, 0), "sent");
+        assert_eq!(overall(TaskStatus::Queued, 0, 0, 3), "failed");
+        assert_eq!(overall(TaskStatus::Queued, 0, 2, 1), "partially_failed");
+    }
+}

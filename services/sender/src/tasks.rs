@@ -1,0 +1,271 @@
+//! Tasks as stored: a send's rendered message, its recipients (one SEND job each) and
+//! attachments, written in one transaction with the outbox rows of its jobs — or, for a
+//! scheduled task, with none until the scheduler releases it. The worker reads them back.
+
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::Caller;
+use postmesh_shared::jetstream::outbox;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::{JobKind, SendJob};
+use postmesh_shared::{Namespace, TaskId};
+
+use crate::request::{Attachment, EmailType, Recipient, SendRequest};
+
+/// The rendered message of a task, the same for each of its recipients.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMessage {
+    pub from_email: String,
+    pub from_name: Option<String>,
+    pub reply_to: Option<String>,
+    pub cc: Vec<String>,
+    pub bcc: Vec<String>,
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+    pub message_id: Option<String>,
+    pub in_reply_to: Option<String>,
+    pub references: Vec<String>,
+    /// A test send (`testSend`): marked as such in the message.
+    pub test: bool,
+}
+
+/// Where a task stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    /// Held until `scheduled_at`.
+    Scheduled,
+    /// Its jobs are queued (or delivered).
+    Queued,
+    /// Cancelled before release, and refunded.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// The status as stored and answered.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Queued => "queued",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A task to store.
+pub struct NewTask<'a> {
+    pub id: TaskId,
+    pub caller: &'a Caller,
+    pub req: &'a SendRequest,
+    pub message: &'a TaskMessage,
+    pub recipients: &'a [Recipient],
+    pub template: Option<(&'a str, i32)>,
+    pub cost: i64,
+}
+
+/// The SEND job kind of an email type.
+fn kind(t: EmailType) -> JobKind {
+    match t {
+        EmailType::Transactional => JobKind::Transactional,
+        EmailType::Lifecycle => JobKind::Lifecycle,
+        EmailType::Marketing => JobKind::Marketing,
+    }
+}
+
+/// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them.
+pub async fn insert(
+    tx: &mut PgConnection,
+    ns: &Namespace,
+    task: &NewTask<'_>,
+) -> Result<(), sqlx::Error> {
+    let req = task.req;
+    let now = now_unix();
+    let status = if req.scheduled_at.is_some() {
+        TaskStatus::Scheduled
+    } else {
+        TaskStatus::Queued
+    };
+    sqlx::query(
+        "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, scheduled_at,
+                            message, email_type, topic, source_app, business_goal,
+                            recipient_reason, campaign_name, template_key, template_version,
+                            test_send, cost, recipient_count, created_at, released_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END)",
+    )
+    .bind(task.id)
+    .bind(task.caller.workspace)
+    .bind(task.caller.key)
+    .bind(&task.caller.auth.account_id)
+    .bind(status)
+    .bind(req.scheduled_at)
+    .bind(Json(task.message))
+    .bind(req.email_type)
+    .bind(&req.topic)
+    .bind(&req.source_app)
+    .bind(&req.business_goal)
+    .bind(&req.recipient_reason)
+    .bind(&req.campaign_name)
+    .bind(task.template.map(|t| t.0))
+    .bind(task.template.map(|t| t.1))
+    .bind(req.test_send)
+    .bind(task.cost)
+    .bind(task.recipients.len() as i32)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    let n = task.recipients.len();
+    let (mut idx, mut emails, mut external, mut jobs) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (i, r) in task.recipients.iter().enumerate() {
+        idx.push(i as i32);
+        emails.push(r.email.as_str());
+        external.push(r.external_id.as_deref());
+        jobs.push(Uuid::now_v7());
+    }
+    sqlx::query(
+        "INSERT INTO task_recipients (task_id, idx, email, external_id, job_id)
+         SELECT $1, * FROM UNNEST($2::integer[], $3::text[], $4::text[], $5::uuid[])",
+    )
+    .bind(task.id)
+    .bind(&idx)
+    .bind(&emails)
+    .bind(&external)
+    .bind(&jobs)
+    .execute(&mut *tx)
+    .await?;
+    for (i, a) in req.attachments.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO task_attachments (task_id, idx, filename, content_type, content)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(task.id)
+        .bind(i as i32)
+        .bind(&a.filename)
+        .bind(&a.content_type)
+        .bind(&a.content)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if status == TaskStatus::Queued {
+        let jobs: Vec<(i32, Uuid)> = idx.into_iter().zip(jobs).collect();
+        enqueue_jobs(tx, ns, task.id, task.caller.into(), req.email_type, &jobs).await?;
+    }
+    Ok(())
+}
+
+/// Who a task's jobs are for: account, API key and workspace ids.
+pub struct JobOwner {
+    pub account_id: String,
+    pub api_key_id: String,
+    pub workspace_id: String,
+}
+
+impl From<&Caller> for JobOwner {
+    fn from(caller: &Caller) -> Self {
+        Self {
+            account_id: caller.auth.account_id.clone(),
+            api_key_id: caller.key.to_string(),
+            workspace_id: caller.workspace.to_string(),
+        }
+    }
+}
+
+/// Writes one SEND job per `(recipient index, job id)` to the outbox.
+pub async fn enqueue_jobs(
+    tx: &mut PgConnection,
+    ns: &Namespace,
+    task: TaskId,
+    owner: JobOwner,
+    email_type: EmailType,
+    jobs: &[(i32, Uuid)],
+) -> Result<(), sqlx::Error> {
+    let task_id = task.to_string();
+    let messages: Vec<(Uuid, Vec<u8>)> = jobs
+        .iter()
+        .map(|(idx, job)| {
+            let send = SendJob {
+                id: job.to_string(),
+                account_id: owner.account_id.clone(),
+                api_key_id: owner.api_key_id.clone(),
+                workspace_id: owner.workspace_id.clone(),
+                task_id: task_id.clone(),
+                recipient: *idx as u32,
+                kind: kind(email_type).into(),
+                ..Default::default()
+            };
+            (*job, send.encode_to_vec())
+        })
+        .collect();
+    outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await
+}
+
+/// A task as the worker delivers it.
+#[derive(Clone, Debug)]
+pub struct LoadedTask {
+    pub message: TaskMessage,
+    pub attachments: Vec<Attachment>,
+}
+
+impl LoadedTask {
+    /// Bytes this task holds in memory (for the worker's cache budget).
+    pub fn weight(&self) -> usize {
+        self.attachments
+            .iter()
+            .map(|a| a.content.len())
+            .sum::<usize>()
+            + self.message.html.len()
+            + self.message.text.len()
+            + 1024
+    }
+}
+
+/// The task `id` with its attachments, if it exists.
+pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::Error> {
+    let Some(Json(message)) =
+        sqlx::query_scalar::<_, Json<TaskMessage>>("SELECT message FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let attachments = sqlx::query_as::<_, (String, String, Vec<u8>)>(
+        "SELECT filename, content_type, content FROM task_attachments
+         WHERE task_id = $1 ORDER BY idx",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|(filename, content_type, content)| Attachment {
+        filename,
+        content_type,
+        content,
+    })
+    .collect();
+    Ok(Some(LoadedTask {
+        message,
+        attachments,
+    }))
+}
+
+/// The address of recipient `idx` of task `id`.
+pub async fn recipient(db: &PgPool, id: TaskId, idx: i32) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT email FROM task_recipients WHERE task_id = $1 AND idx = $2")
+        .bind(id)
+        .bind(idx)
+        .fetch_optional(db)
+        .await
+}

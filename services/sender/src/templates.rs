@@ -1,0 +1,198 @@
+//! Templates of a workspace: `POST /templates` stores a key's next version, `GET` lists the
+//! latest versions or reads one, `DELETE` retires every version. A send pins the version
+//! it used and stores the rendered message, so later changes touch no accepted send.
+
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use postmesh_shared::db::{is_unique_violation, now_unix};
+use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
+use postmesh_shared::{ApiError, Policy, Routes, Success, WorkspaceId};
+
+use crate::AppState;
+
+/// Longest template key.
+const MAX_KEY_LEN: usize = 100;
+/// Largest template body (HTML or text), in bytes.
+const MAX_BODY_BYTES: usize = 512 * 1024;
+
+/// Template routes.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .route("/templates", Policy::Key, post(create).get(list))
+        .route("/templates/{key}", Policy::Key, get(read).delete(remove))
+}
+
+/// A stored template version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Template {
+    pub key: String,
+    pub version: i32,
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+    pub created_at: i64,
+}
+
+/// `POST /templates` body.
+#[derive(Debug, Deserialize)]
+pub struct NewTemplate {
+    pub key: Option<String>,
+    pub subject: Option<String>,
+    pub html: Option<String>,
+    pub text: Option<String>,
+}
+
+/// A template key: 1-100 letters, digits, `_`, `-`, `.`.
+fn parse_key(raw: &str) -> Result<String, ApiError> {
+    let key = raw.trim();
+    if key.is_empty()
+        || key.len() > MAX_KEY_LEN
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "template key must be 1-{MAX_KEY_LEN} letters, digits, _, - or ."
+        )));
+    }
+    Ok(key.to_owned())
+}
+
+async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody<NewTemplate>,
+) -> Result<Success<Template>, ApiError> {
+    let key = parse_key(body.key.as_deref().unwrap_or(""))?;
+    let subject = body.subject.unwrap_or_default();
+    if subject.trim().is_empty() || subject.chars().any(|c| c.is_control()) {
+        return Err(ApiError::BadRequest(
+            "subject is required, on a single line".into(),
+        ));
+    }
+    let (html, text) = (body.html.unwrap_or_default(), body.text.unwrap_or_default());
+    if html.trim().is_empty() && text.trim().is_empty() {
+        return Err(ApiError::BadRequest("give html, text or both".into()));
+    }
+    if html.len() > MAX_BODY_BYTES || text.len() > MAX_BODY_BYTES {
+        return Err(ApiError::BadRequest(format!(
+            "html and text must be at most {} KiB each",
+            MAX_BODY_BYTES / 1024
+        )));
+    }
+    // Two posts of one key at once both read the same last version: the loser retries.
+    for _ in 0..5 {
+        let stored = sqlx::query_as::<_, Template>(
+            "INSERT INTO templates (workspace_id, key, version, subject, html, text, created_at)
+             SELECT $1, $2, COALESCE(MAX(version), 0) + 1, $3, $4, $5, $6
+             FROM templates WHERE workspace_id = $1 AND key = $2
+             RETURNING key, version, subject, html, text, created_at",
+        )
+        .bind(caller.workspace)
+        .bind(&key)
+        .bind(&subject)
+        .bind(&html)
+        .bind(&text)
+        .bind(now_unix())
+        .fetch_one(&state.db)
+        .await;
+        match stored {
+            Err(e) if is_unique_violation(&e) => continue,
+            other => return Ok(Success::new(other?)),
+        }
+    }
+    Err(ApiError::Conflict(
+        "the template is being changed concurrently; retry".into(),
+    ))
+}
+
+/// `GET /templates` answer: the latest version of each key.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Success<TemplateList>, ApiError> {
+    let templates = sqlx::query_as::<_, Template>(
+        "SELECT DISTINCT ON (key) key, version, subject, html, text, created_at
+         FROM templates WHERE workspace_id = $1 AND deleted_at IS NULL
+         ORDER BY key, version DESC",
+    )
+    .bind(caller.workspace)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(TemplateList { templates }))
+}
+
+/// `?version=` of `GET /templates/{key}`.
+#[derive(Debug, Deserialize)]
+pub struct VersionQuery {
+    pub version: Option<i32>,
+}
+
+/// The template `key` of `workspace`: `version`, or the latest; `None` when there is none.
+pub async fn find(
+    db: &sqlx::PgPool,
+    workspace: WorkspaceId,
+    key: &str,
+    version: Option<i32>,
+) -> Result<Option<Template>, sqlx::Error> {
+    sqlx::query_as::<_, Template>(
+        "SELECT key, version, subject, html, text, created_at FROM templates
+         WHERE workspace_id = $1 AND key = $2 AND deleted_at IS NULL
+           AND ($3::integer IS NULL OR version = $3)
+         ORDER BY version DESC LIMIT 1",
+    )
+    .bind(workspace)
+    .bind(key)
+    .bind(version)
+    .fetch_optional(db)
+    .await
+}
+
+async fn read(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+    QueryParams(q): QueryParams<VersionQuery>,
+) -> Result<Success<Template>, ApiError> {
+    let key = parse_key(&key)?;
+    find(&state.db, caller.workspace, &key, q.version)
+        .await?
+        .map(Success::new)
+        .ok_or_else(|| ApiError::NotFound(format!("no template {key:?}")))
+}
+
+/// `DELETE /templates/{key}` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deleted {
+    pub key: String,
+    pub deleted: bool,
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(key): Path<String>,
+) -> Result<Success<Deleted>, ApiError> {
+    let key = parse_key(&key)?;
+    let done = sqlx::query(
+        "UPDATE templates SET deleted_at = $3
+         WHERE workspace_id = $1 AND key = $2 AND deleted_at IS NULL",
+    )
+    .bind(caller.workspace)
+    .bind(&key)
+    .bind(now_unix())
+    .execute(&state.db)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(ApiError::NotFound(format!("no template {key:?}")));
+    }
+    Ok(Success::new(Deleted { key, deleted: true }))
+}

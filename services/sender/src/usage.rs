@@ -1,0 +1,106 @@
+//! Emails as the plan counts them: the `usage` RPC answers billing with the workspace's
+//! emails sent this period, and [`Quota`] holds a send to the plan's `monthly_emails`,
+//! counting what is sent and what is accepted but not yet delivered.
+
+use sqlx::PgConnection;
+
+use postmesh_shared::extract::Caller;
+use postmesh_shared::nats::{self, ServiceHost};
+use postmesh_shared::proto::{EntitlementsRequest, UsageReply, UsageRequest};
+use postmesh_shared::{ApiError, WorkspaceId};
+
+use crate::AppState;
+
+/// How far back a task may still have undelivered jobs: 30 days of schedule and the SEND
+/// stream's 7 days, with a margin.
+const IN_FLIGHT_WINDOW_SECS: i64 = 40 * 24 * 3600;
+
+/// Adds the sender's RPCs to `host`.
+pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
+    host.method(state, usage)
+}
+
+/// Emails of `workspace` sent since `period_start`.
+async fn sent_since(
+    db: &mut PgConnection,
+    workspace: WorkspaceId,
+    period_start: i64,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries
+         WHERE workspace_id = $1 AND status = 'sent' AND updated_at >= $2",
+    )
+    .bind(workspace)
+    .bind(period_start)
+    .fetch_one(db)
+    .await
+}
+
+async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
+    let workspace = WorkspaceId::parse(&req.workspace_id)
+        .ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))?;
+    let emails = sent_since(&mut *state.db.acquire().await?, workspace, req.period_start).await?;
+    Ok(UsageReply {
+        emails,
+        ..Default::default()
+    })
+}
+
+/// The plan's email quota for one send.
+pub struct Quota {
+    workspace: WorkspaceId,
+    /// `(monthly_emails, period_start)`, when a plan is in force.
+    limit: Option<(i64, i64)>,
+}
+
+impl Quota {
+    /// The caller's quota, from billing's entitlements.
+    pub async fn of(state: &AppState, caller: &Caller) -> Result<Self, ApiError> {
+        let ent = nats::call(
+            &state.nats,
+            &state.ns,
+            &EntitlementsRequest {
+                workspace_id: caller.workspace.to_string(),
+            },
+        )
+        .await?;
+        Ok(Self {
+            workspace: caller.workspace,
+            limit: ent
+                .monthly_emails
+                .filter(|_| ent.plan_in_force)
+                .map(|q| (q, ent.period_start)),
+        })
+    }
+
+    /// 402 when `more` emails would take the workspace over its quota. Inside a
+    /// transaction, the workspace's lock makes concurrent sends count one after another.
+    pub async fn check(&self, db: &mut PgConnection, more: i64) -> Result<(), ApiError> {
+        let Some((limit, period_start)) = self.limit else {
+            return Ok(());
+        };
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7))")
+            .bind(self.workspace)
+            .execute(&mut *db)
+            .await?;
+        let sent = sent_since(db, self.workspace, period_start).await?;
+        let in_flight: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM task_recipients r
+             JOIN tasks t ON t.id = r.task_id
+             LEFT JOIN deliveries d ON d.job_id = r.job_id
+             WHERE t.workspace_id = $1 AND t.status IN ('queued', 'scheduled')
+               AND t.created_at >= $2 AND (d.status IS NULL OR d.status = 'sending')",
+        )
+        .bind(self.workspace)
+        .bind(postmesh_shared::db::now_unix() - IN_FLIGHT_WINDOW_SECS)
+        .fetch_one(&mut *db)
+        .await?;
+        if sent + in_flight + more > limit {
+            return Err(ApiError::PaymentRequired(format!(
+                "the plan's quota of {limit} emails this period would be exceeded ({} used, {more} more asked)",
+                sent + in_flight
+            )));
+        }
+        Ok(())
+    }
+}
