@@ -702,30 +702,36 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
         ..Options::default()
     })
     .await;
-    let key = stack.key(20).await;
     let send = |n: usize| {
         let to: Vec<String> = (0..n)
             .map(|i| format!("q{i}-{}@example.com", uuid::Uuid::new_v4().simple()))
             .collect();
         json!({"to": to, "subject": "s", "text": "t"})
     };
-    // Without a plan there is no quota.
-    let (s, v) = stack.post("/send-email", &key, send(4)).await;
+    // Without a plan there is no quota, only credits.
+    let free = stack.key(10).await;
+    let (s, v) = stack.post("/send-email", &free, send(4)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+
+    let key = stack.key(20).await;
+    stripe.subscribe(&stack, &key, "starter").await;
+    let used = || async {
+        let (_, ent) = stack.get("/billing/entitlements", &key).await;
+        assert_eq!(ent["entitlements"]["emails"]["quota"], 3, "{ent}");
+        ent["entitlements"]["emails"]["used"]
+            .as_i64()
+            .expect("usage emails")
+    };
+    assert_eq!(used().await, 0);
+    let (s, v) = stack.post("/send-email", &key, send(2)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     wait_finished(&stack, &key, v["taskId"].as_str().unwrap()).await;
-    stripe.subscribe(&stack, &key, "starter").await;
-    // The plan's period starts now: 4 sent before it do not count... but the period
-    // may have started earlier; count what the entitlements say.
-    let (_, ent) = stack.get("/billing/entitlements", &key).await;
-    let used = ent["entitlements"]["emails"]["used"]
-        .as_i64()
-        .expect("usage emails");
-    assert!(used == 0 || used == 4, "{ent}");
-    let room = 3 - used;
-    if room > 0 {
-        let (s, v) = stack.post("/send-email", &key, send(room as usize)).await;
-        assert_eq!(s, StatusCode::OK, "{v}");
-    }
+    assert_eq!(used().await, 2, "usage counts the emails sent");
+    // Two more would make 4 of 3; one more fits.
+    let (s, v) = stack.post("/send-email", &key, send(2)).await;
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
+    let (s, v) = stack.post("/send-email", &key, send(1)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
     let balance = stack.balance(&key).await;
     let (s, v) = stack.post("/send-email", &key, send(1)).await;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
@@ -799,6 +805,38 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     assert!(
         !fast.received().is_empty(),
         "the restarted sender finished the batch"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
+    let stack = Stack::start().await;
+    let key = stack.key(5).await;
+    let b64 = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![0x5au8; n]);
+    let body = |content: String| {
+        json!({"to": "big@example.com", "subject": "Big", "text": "see attached",
+               "attachments": [{"filename": "data.bin", "content": content}]})
+    };
+    let limit = 10 * 1024 * 1024;
+    let (s, v) = stack.post("/send-email", &key, body(b64(limit + 1))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("10 MiB"), "{v}");
+    let (s, v) = stack.post("/send-email", &key, body(b64(limit))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let task = v["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
+    let mail = stack.messages_to("big@example.com");
+    assert_eq!(mail.len(), 1);
+    let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();
+    let attachment = mime.attachments().next().expect("the attachment");
+    assert_eq!(attachment.attachment_name(), Some("data.bin"));
+    assert_eq!(attachment.contents().len(), limit);
+    assert!(attachment.contents().iter().all(|b| *b == 0x5a));
+    assert_eq!(
+        stack.balance(&key).await,
+        4,
+        "the refused send cost nothing"
     );
     stack.shutdown().await;
 }
