@@ -32,24 +32,12 @@ pub struct OutboxMessage {
 
 /// Writes `msg` in the caller's transaction, with the trace context of the work in progress.
 pub async fn enqueue(tx: &mut PgConnection, msg: &OutboxMessage) -> Result<(), sqlx::Error> {
-    let traceparent = outgoing_headers().get("traceparent").map(|v| v.to_string());
-    sqlx::query(
-        "INSERT INTO outbox (id, subject, payload, traceparent, request_id, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(msg.id)
-    .bind(&msg.subject)
-    .bind(msg.payload.as_ref())
-    .bind(traceparent)
-    .bind(current_request_id())
-    .bind(now_unix())
-    .execute(tx)
-    .await
-    .map(drop)
+    enqueue_many(tx, &msg.subject, &[(msg.id, msg.payload.to_vec())]).await
 }
 
-/// Writes many messages on one `subject` in the caller's transaction, in one statement:
-/// `(id, payload)` pairs, published in this order.
+/// Writes many messages on one `subject` in the caller's transaction, in one statement
+/// (`(id, payload)` pairs, published in this order), with the trace context of the work in
+/// progress.
 pub async fn enqueue_many(
     tx: &mut PgConnection,
     subject: &str,

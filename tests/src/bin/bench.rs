@@ -1,13 +1,40 @@
-//! `make bench`: authenticated `GET /balance` through the whole stack (gateway → NATS →
-//! billing → Postgres) against a baseline — one axum + sqlx process answering the same
-//! request with the same query on the same database — under the same load, in the same run.
-//! Prints req/s, p50 and p99 for both and their ratio.
+//! `make bench`: three benchmarks of the whole stack, each against a baseline or a goal, in
+//! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
-//! Settings: `BENCH_SECS` (per round, default 5), `BENCH_CONNS` (concurrent keep-alive
-//! connections, default 32), `BENCH_ROUNDS` (alternating rounds, default 3).
+//! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
+//!    against a baseline — one axum + sqlx process answering the same request with the same
+//!    query on the same database — under the same load. Prints req/s, p50 and p99 for both
+//!    and their ratio.
+//! 2. **Pipeline throughput**: recipients delivered per second from the first
+//!    `POST /send-email` (`BENCH_PIPELINE_SENDS` sends of `BENCH_SEND_RECIPIENTS` distinct
+//!    recipients each, one after another) until a local SMTP sink
+//!    ([`postmesh_tests::fake_smtp::FakeSmtp`], no delay) holds every message: gateway →
+//!    sender (task + outbox) → JetStream SEND stream → sender worker → lettre SMTP → sink.
+//!    Against a baseline: one process sending the same messages (same from, subject and body,
+//!    one per recipient) with lettre's pooled async SMTP transport straight to a fresh sink,
+//!    `BENCH_LETTRE_CONCURRENCY` at once — by default 8, the test stack's worker
+//!    `concurrency`, so both keep the same number of messages in flight. Prints both rates and
+//!    the ratio (goal: ≥ 0.5), and a sink check (lettre with 32 in flight) showing whether the
+//!    sink, not the sender, sets the pace.
+//! 3. **Accept latency** of one `POST /send-email` to `BENCH_SEND_RECIPIENTS` recipients
+//!    (goal: p50 < 150 ms): `BENCH_SEND_REPEATS` sends one after another, after
+//!    `BENCH_SEND_WARMUP` warm-up sends. With `BENCH_SEND_DRAIN=1` (the default) each send
+//!    waits until the sink received every earlier send, so the figure is acceptance on an
+//!    otherwise idle stack; with `0`, sends follow each other `BENCH_SEND_PAUSE_MS` apart
+//!    while the worker delivers the earlier ones.
+//!
+//! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
+//! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
+//! default 3), `BENCH_SEND_RECIPIENTS` (per send, default 1000), `BENCH_PIPELINE_SENDS`
+//! (default 5), `BENCH_PIPELINE_ROUNDS` (alternating baseline/pipeline rounds, default 2),
+//! `BENCH_LETTRE_CONCURRENCY` (default 8), `BENCH_SEND_REPEATS` (default 30),
+//! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_DRAIN` (default 1), `BENCH_SEND_PAUSE_MS`
+//! (default 0), `BENCH_ONLY` (comma-separated subset of `balance,pipeline,accept`; default
+//! all).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,12 +42,16 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
+use lettre::message::SinglePart;
+use lettre::transport::smtp::PoolConfig;
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use postmesh_shared::config::env_parse;
+use postmesh_shared::config::{env_or, env_parse};
+use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::{Options, Stack};
 
 /// The baseline's whole state: known keys and the billing database.
@@ -166,15 +197,15 @@ fn merge(runs: Vec<Run>) -> Run {
     all
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let secs: u64 = env_parse("BENCH_SECS", 5)?;
-    let conns: usize = env_parse("BENCH_CONNS", 32)?;
-    let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
-    // The per-key limiter runs on every request (its cost is measured) but never throttles.
-    let stack = Stack::start_opts(Options::with_rate(10_000_000, 10_000_000)).await;
+/// The `/balance` benchmark: alternating rounds against the baseline; prints the table.
+async fn balance_bench(
+    stack: &Stack,
+    secs: u64,
+    conns: usize,
+    rounds: usize,
+) -> anyhow::Result<()> {
     let key = stack.key(1).await;
-    let baseline = start_baseline(&stack, &key).await?;
+    let baseline = start_baseline(stack, &key).await?;
     let targets = [
         (
             "baseline (axum + sqlx, one process)",
@@ -216,11 +247,373 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "| ratio gateway / baseline | {:.2} | {:.2} | {:.2} | |",
+        "| ratio gateway / baseline | {:.2} | {:.2} | {:.2} | |\n",
         gw.rps() / base.rps(),
         gw.percentile_ms(0.50) / base.percentile_ms(0.50),
         gw.percentile_ms(0.99) / base.percentile_ms(0.99)
     );
-    stack.shutdown().await;
     Ok(())
+}
+
+/// What every benchmark message says: the sender's default from address (sends name no
+/// `fromEmail`), this subject and this plain-text body.
+const FROM: &str = "hello@postmesh.localhost";
+const SUBJECT: &str = "Bench";
+const TEXT: &str = "Hello";
+
+/// Settings of the sending benchmarks.
+struct SendSettings {
+    recipients: usize,
+    pipeline_sends: usize,
+    pipeline_rounds: usize,
+    lettre_concurrency: usize,
+    repeats: usize,
+    warmup: usize,
+    drain: bool,
+    pause: Duration,
+}
+
+impl SendSettings {
+    fn from_env() -> anyhow::Result<Self> {
+        Ok(Self {
+            recipients: env_parse("BENCH_SEND_RECIPIENTS", 1000)?,
+            pipeline_sends: env_parse("BENCH_PIPELINE_SENDS", 5)?,
+            pipeline_rounds: env_parse("BENCH_PIPELINE_ROUNDS", 2)?,
+            lettre_concurrency: env_parse("BENCH_LETTRE_CONCURRENCY", 8)?,
+            repeats: env_parse("BENCH_SEND_REPEATS", 30)?,
+            warmup: env_parse("BENCH_SEND_WARMUP", 3)?,
+            drain: env_parse::<u8>("BENCH_SEND_DRAIN", 1)? != 0,
+            pause: Duration::from_millis(env_parse("BENCH_SEND_PAUSE_MS", 0)?),
+        })
+    }
+
+    /// Credits for every send the benchmarks make, with room to spare.
+    fn credits(&self) -> i64 {
+        let sends = self.pipeline_sends * self.pipeline_rounds + self.warmup + self.repeats + 2;
+        (sends * self.recipients) as i64 * 2
+    }
+}
+
+/// How long to wait for the sink before giving up on a measurement.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A `POST /send-email` body: `n` distinct recipients `{tag}-{i}@example.com`.
+fn send_body(tag: &str, n: usize) -> Vec<u8> {
+    let to: Vec<String> = (0..n).map(|i| format!("{tag}-{i}@example.com")).collect();
+    serde_json::to_vec(&json!({ "to": to, "subject": SUBJECT, "text": TEXT })).expect("a JSON body")
+}
+
+/// Sends a prepared `/send-email` body; answers how long the gateway took to accept it.
+async fn post_send(stack: &Stack, key: &str, body: Vec<u8>, n: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let res = stack
+        .http
+        .post(format!("{}/send-email", stack.base))
+        .bearer_auth(key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = res.status();
+    let bytes = res.bytes().await?;
+    let took = started.elapsed();
+    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    anyhow::ensure!(
+        status.is_success() && answer["recipients"]["accepted"] == n,
+        "the send was not accepted: {status} {answer}"
+    );
+    Ok(took)
+}
+
+/// Waits until `sink` holds at least `count` messages.
+async fn wait_received(sink: &FakeSmtp, count: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DELIVERY_TIMEOUT;
+    while sink.received_count() < count {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the sink holds {} of {count} messages after {DELIVERY_TIMEOUT:?}",
+            sink.received_count()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// Recipients delivered in some time.
+#[derive(Default, Clone, Copy)]
+struct Throughput {
+    messages: usize,
+    elapsed: Duration,
+    /// For the pipeline: until the last send was accepted.
+    accepted: Duration,
+}
+
+impl Throughput {
+    fn rate(&self) -> f64 {
+        self.messages as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn add(&mut self, other: Throughput) {
+        self.messages += other.messages;
+        self.elapsed += other.elapsed;
+        self.accepted += other.accepted;
+    }
+}
+
+/// One pipeline round: `sends` sends of `n` recipients, from the first POST until the sink
+/// holds all of them.
+async fn pipeline_round(
+    stack: &Stack,
+    key: &str,
+    sink: &FakeSmtp,
+    tag: &str,
+    sends: usize,
+    n: usize,
+) -> anyhow::Result<Throughput> {
+    let bodies: Vec<Vec<u8>> = (0..sends)
+        .map(|s| send_body(&format!("{tag}s{s}"), n))
+        .collect();
+    let before = sink.received_count();
+    let started = Instant::now();
+    for body in bodies {
+        post_send(stack, key, body, n).await?;
+    }
+    let accepted = started.elapsed();
+    wait_received(sink, before + sends * n).await?;
+    Ok(Throughput {
+        messages: sends * n,
+        elapsed: started.elapsed(),
+        accepted,
+    })
+}
+
+/// The message the sender's worker builds for one recipient of a bench send.
+fn bench_message(to: &str) -> anyhow::Result<Message> {
+    Ok(Message::builder()
+        .message_id(Some(format!("<{}@postmesh.test>", Uuid::now_v7())))
+        .date_now()
+        .from(FROM.parse()?)
+        .to(to.parse()?)
+        .subject(SUBJECT)
+        .singlepart(SinglePart::plain(TEXT.to_owned()))?)
+}
+
+/// lettre's pooled SMTP transport to `sink`, keeping up to `connections` connections.
+fn lettre_transport(sink: &FakeSmtp, connections: u32) -> AsyncSmtpTransport<Tokio1Executor> {
+    AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(sink.addr.ip().to_string())
+        .port(sink.addr.port())
+        .pool_config(PoolConfig::new().max_size(connections))
+        .build()
+}
+
+/// One baseline round: `total` messages (built here, one per recipient), `concurrency` at
+/// once through `smtp`, until the sink holds all of them.
+async fn lettre_round(
+    smtp: &Arc<AsyncSmtpTransport<Tokio1Executor>>,
+    sink: &FakeSmtp,
+    tag: &str,
+    total: usize,
+    concurrency: usize,
+) -> anyhow::Result<Throughput> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let before = sink.received_count();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (smtp, next, tag) = (smtp.clone(), next.clone(), tag.to_owned());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return anyhow::Ok(());
+                    }
+                    smtp.send(bench_message(&format!("{tag}-{i}@example.com"))?)
+                        .await?;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    wait_received(sink, before + total).await?;
+    let elapsed = started.elapsed();
+    Ok(Throughput {
+        messages: total,
+        elapsed,
+        accepted: elapsed,
+    })
+}
+
+/// Pipeline throughput against the lettre baseline, in alternating rounds; prints the table.
+async fn pipeline_bench(
+    stack: &Stack,
+    key: &str,
+    sink: &FakeSmtp,
+    s: &SendSettings,
+) -> anyhow::Result<()> {
+    let total = s.pipeline_sends * s.recipients;
+    let base_sink = FakeSmtp::start(Behaviour::Accept {
+        accept_delay: Duration::ZERO,
+    })
+    .await;
+    let smtp = Arc::new(lettre_transport(&base_sink, s.lettre_concurrency as u32));
+    // Warm-up: pooled connections on both sides, the worker's task cache, prepared
+    // statements.
+    lettre_round(&smtp, &base_sink, "lw", s.recipients, s.lettre_concurrency).await?;
+    pipeline_round(stack, key, sink, "pw", 1, s.recipients).await?;
+    let (mut base, mut pipe) = (Throughput::default(), Throughput::default());
+    for round in 0..s.pipeline_rounds {
+        let tag = format!("l{round}");
+        base.add(lettre_round(&smtp, &base_sink, &tag, total, s.lettre_concurrency).await?);
+        let tag = format!("p{round}");
+        pipe.add(pipeline_round(stack, key, sink, &tag, s.pipeline_sends, s.recipients).await?);
+    }
+    // Is the sink what limits the baseline? The same messages, 32 at once.
+    let wide = Arc::new(lettre_transport(&base_sink, 32));
+    lettre_round(&wide, &base_sink, "cw", s.recipients, 32).await?;
+    let check = lettre_round(&wide, &base_sink, "c", total, 32).await?;
+    println!(
+        "Pipeline throughput: {} sends × {} recipients per round, {} alternating rounds, \
+         recipients delivered per second to a local SMTP sink\n",
+        s.pipeline_sends, s.recipients, s.pipeline_rounds
+    );
+    println!("| target | recipients | seconds | recipients/s |");
+    println!("|---|---:|---:|---:|");
+    let c = s.lettre_concurrency;
+    for (name, t) in [
+        (
+            format!("baseline: lettre, {c} in flight, one process"),
+            base,
+        ),
+        (
+            format!("postmesh gateway → sender → SEND → worker ({c} in flight) → lettre"),
+            pipe,
+        ),
+    ] {
+        println!(
+            "| {name} | {} | {:.2} | {:.0} |",
+            t.messages,
+            t.elapsed.as_secs_f64(),
+            t.rate()
+        );
+    }
+    let ratio = pipe.rate() / base.rate();
+    println!(
+        "| ratio pipeline / baseline (goal ≥ 0.5: {}) | | | {ratio:.2} |",
+        if ratio >= 0.5 { "met" } else { "missed" }
+    );
+    println!(
+        "| sink check: lettre, 32 in flight | {} | {:.2} | {:.0} |\n",
+        check.messages,
+        check.elapsed.as_secs_f64(),
+        check.rate()
+    );
+    println!(
+        "Of the pipeline's {:.2} s, {:.2} s went to accepting its sends (the rest: delivery \
+         after the last send was accepted).",
+        pipe.elapsed.as_secs_f64(),
+        pipe.accepted.as_secs_f64()
+    );
+    if check.rate() < base.rate() * 1.2 {
+        println!(
+            "Note: 32 messages in flight barely beat {c}: the sink (or the machine) is near its \
+             limit, so the baseline is a floor and the ratio flatters the pipeline."
+        );
+    }
+    println!();
+    Ok(())
+}
+
+/// Accept latency of single sends; prints the table.
+async fn accept_bench(
+    stack: &Stack,
+    key: &str,
+    sink: &FakeSmtp,
+    s: &SendSettings,
+) -> anyhow::Result<()> {
+    let n = s.recipients;
+    let mut latencies_us = Vec::with_capacity(s.repeats);
+    let mut expected = sink.received_count();
+    for i in 0..s.warmup + s.repeats {
+        if s.drain {
+            wait_received(sink, expected).await?;
+        }
+        tokio::time::sleep(s.pause).await;
+        let body = send_body(&format!("a{i}"), n);
+        let took = post_send(stack, key, body, n).await?;
+        expected += n;
+        if i >= s.warmup {
+            latencies_us.push(took.as_micros() as u64);
+        }
+    }
+    // Leave nothing in flight for whatever follows.
+    wait_received(sink, expected).await?;
+    latencies_us.sort_unstable();
+    let run = Run {
+        requests: latencies_us.len(),
+        latencies_us,
+        ..Run::default()
+    };
+    let how = if s.drain {
+        "each after the earlier sends were delivered".to_owned()
+    } else {
+        format!(
+            "{} ms apart, delivery of earlier sends running",
+            s.pause.as_millis()
+        )
+    };
+    println!(
+        "Accept latency: POST /send-email to {n} recipients, {} sends one after another after \
+         {} warm-ups, {how}\n",
+        s.repeats, s.warmup
+    );
+    println!("| metric | ms |");
+    println!("|---|---:|");
+    let p50 = run.percentile_ms(0.50);
+    println!(
+        "| p50 (goal < 150: {}) | {p50:.1} |",
+        if p50 < 150.0 { "met" } else { "missed" }
+    );
+    println!("| p99 | {:.1} |", run.percentile_ms(0.99));
+    println!("| min | {:.1} |", run.percentile_ms(0.0));
+    println!("| max | {:.1} |\n", run.percentile_ms(1.0));
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let secs: u64 = env_parse("BENCH_SECS", 5)?;
+    let conns: usize = env_parse("BENCH_CONNS", 32)?;
+    let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
+    let sending = SendSettings::from_env()?;
+    let only = env_or("BENCH_ONLY", "balance,pipeline,accept");
+    let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
+    // The per-key limiter runs on every request (its cost is measured) but never throttles.
+    let mut stack = Stack::start_opts(Options::with_rate(10_000_000, 10_000_000)).await;
+    let outcome = async {
+        if runs("balance") {
+            balance_bench(&stack, secs, conns, rounds).await?;
+        }
+        if runs("pipeline") || runs("accept") {
+            let sink = FakeSmtp::start(Behaviour::Accept {
+                accept_delay: Duration::ZERO,
+            })
+            .await;
+            stack.kill_sender().await;
+            stack.use_transport("smtp", &sink.url());
+            stack.start_sender().await;
+            let key = stack.key(sending.credits()).await;
+            if runs("pipeline") {
+                pipeline_bench(&stack, &key, &sink, &sending).await?;
+            }
+            if runs("accept") {
+                accept_bench(&stack, &key, &sink, &sending).await?;
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    stack.shutdown().await;
+    outcome
 }
