@@ -653,6 +653,35 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         assert_eq!(mime.subject(), Some("Via SES"));
         assert!(mime.bcc().is_none());
     }
+    // SES throttles the next message: it is retried with backoff and sent once.
+    ses.fail_next(
+        StatusCode::TOO_MANY_REQUESTS,
+        "TooManyRequestsException",
+        "Maximum sending rate exceeded.",
+    );
+    let (_, v) = stack
+        .post(
+            "/send-email",
+            &key,
+            json!({"to": "s4@example.com", "subject": "s", "text": "t"}),
+        )
+        .await;
+    let task = v["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
+    let attempts: i32 = sqlx::query_scalar(
+        "SELECT attempts FROM deliveries WHERE 's4@example.com' = ANY(recipients)",
+    )
+    .fetch_one(&stack.sender_db().await)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 2, "one throttled attempt, one that went through");
+    assert_eq!(
+        ses.sent()
+            .iter()
+            .filter(|m| m.destinations == ["s4@example.com"])
+            .count(),
+        1
+    );
     // SES refuses the next message for good: the recipient is failed, with the reason.
     ses.fail_next(
         StatusCode::BAD_REQUEST,

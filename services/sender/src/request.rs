@@ -104,6 +104,17 @@ pub enum EmailType {
     Marketing,
 }
 
+impl EmailType {
+    /// The name the API and the database use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transactional => "transactional",
+            Self::Lifecycle => "lifecycle",
+            Self::Marketing => "marketing",
+        }
+    }
+}
+
 /// One recipient to deliver to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recipient {

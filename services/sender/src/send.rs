@@ -220,7 +220,7 @@ async fn send(
             target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
             from_email: Some(from.to_string()),
             subject: Some(message.subject.clone()),
-            send_mode: Some(format!("{:?}", req.email_type).to_lowercase()),
+            send_mode: Some(req.email_type.as_str().to_owned()),
             recipient_count: Some(cost),
             task_id: Some(task_id.to_string()),
             hold_secs: 0,
