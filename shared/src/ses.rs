@@ -271,19 +271,40 @@ impl SesClient {
         raw: &[u8],
     ) -> Result<String, SesError> {
         let body = send_raw_body(from, destinations, raw)?;
-        let sent: SentEmail = self
-            .call("POST", "/v2/email/outbound-emails", Some(body))
+        let answer = self
+            .exchange("POST", "/v2/email/outbound-emails", Some(body))
             .await?;
-        Ok(sent.message_id)
+        // Once SES said 2xx the message is out: an unreadable answer must not make a
+        // caller send it again.
+        Ok(serde_json::from_slice::<SentEmail>(&answer)
+            .map(|sent| sent.message_id)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "SES accepted a message but its answer was unreadable");
+                "unknown".into()
+            }))
     }
 
-    /// Signs and sends one request; maps SES's error shapes.
+    /// Signs and sends one request and reads its JSON answer; maps SES's error shapes.
     async fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, SesError> {
+        let bytes = self.exchange(method, path, body).await?;
+        let bytes = if bytes.is_empty() { &b"{}"[..] } else { &bytes };
+        serde_json::from_slice(bytes)
+            .map_err(|e| SesError::Unavailable(format!("unreadable answer: {e}")))
+    }
+
+    /// Signs and sends one request; the body of a 2xx answer (empty when it could not be
+    /// read), or SES's error.
+    async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<bytes::Bytes, SesError> {
         let url = format!("{}{path}", self.endpoint);
         let body = body.unwrap_or_default();
         let mut headers = vec![("content-type", "application/json".to_owned())];
@@ -311,15 +332,13 @@ impl SesClient {
             .get("x-amzn-errortype")
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(':').next().unwrap_or(v).to_owned());
+        if status.is_success() {
+            return Ok(res.bytes().await.unwrap_or_default());
+        }
         let bytes = res
             .bytes()
             .await
             .map_err(|e| SesError::Unavailable(e.to_string()))?;
-        if status.is_success() {
-            let bytes = if bytes.is_empty() { &b"{}"[..] } else { &bytes };
-            return serde_json::from_slice(bytes)
-                .map_err(|e| SesError::Unavailable(format!("unreadable answer: {e}")));
-        }
         let detail: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
         let kind = kind_header
             .or(detail.kind)

@@ -153,6 +153,8 @@ pub struct Stack {
     outbox: tempfile::TempDir,
     gateway: Option<Running>,
     billing: Option<Running>,
+    /// Billing's settings, for a restart.
+    billing_config: billing::Config,
     domain: Option<Running>,
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
@@ -306,7 +308,7 @@ impl Stack {
         if let Some(catalog) = opts.catalog {
             billing_config.catalog_file = catalog;
         }
-        let billing = billing::start(billing_config)
+        let billing = billing::start(billing_config.clone())
             .await
             .expect("billing starts");
         let domain = domain::start(domain_config(&common, opts.domain))
@@ -325,6 +327,7 @@ impl Stack {
             outbox: tempfile::tempdir().expect("temp dir"),
             gateway: Some(gateway),
             billing: Some(billing),
+            billing_config,
             domain: Some(domain),
             sender: None,
             sender_child: None,
@@ -438,6 +441,21 @@ impl Stack {
             .fetch_one(&self.service_db(api_gateway::SERVICE).await)
             .await
             .expect("key row")
+    }
+
+    /// Stops billing (gracefully): its RPCs and routes get no answer until it starts again.
+    pub async fn stop_billing(&mut self) {
+        if let Some(running) = self.billing.take() {
+            running.stop().await;
+        }
+    }
+
+    /// Starts billing again with the settings it had.
+    pub async fn start_billing(&mut self) {
+        let running = billing::start(self.billing_config.clone())
+            .await
+            .expect("billing starts");
+        self.billing = Some(running);
     }
 
     /// Starts the sender (again).

@@ -91,7 +91,7 @@ async fn every_field_reaches_the_delivered_message() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["success"], true);
     assert_eq!(v["status"], "queued");
-    assert_eq!(v["cost"], 1);
+    assert_eq!(v["cost"], 3, "the recipient, the cc and the bcc");
     assert_eq!(v["dryRun"], false);
     assert_eq!(v["recipients"], json!({"accepted": 1, "rejected": []}));
     let task = v["taskId"].as_str().expect("a task id").to_owned();
@@ -105,7 +105,7 @@ async fn every_field_reaches_the_delivered_message() {
     assert_eq!(recipient["email"], "Ann@example.com");
     assert_eq!(recipient["externalId"], "crm-1");
     assert_eq!(recipient["providerMessageId"], "<custom-1@example.com>");
-    assert_eq!(stack.balance(&key).await, 9);
+    assert_eq!(stack.balance(&key).await, 7);
 
     let received = relay.received();
     assert_eq!(received.len(), 1, "one message for the one recipient");
@@ -355,7 +355,7 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
         .post(
             "/send-email",
             &key,
-            json!({"to": ["a@example.com", "b@example.com"], "subject": "Launch", "text": "t", "testSend": true}),
+            json!({"to": ["a@example.com", "b@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -371,6 +371,10 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
     assert_eq!(mail.len(), 1);
     let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();
     assert_eq!(mime.subject(), Some("[Test] Launch"));
+    assert!(
+        !mail[0].contains("boss@example.com"),
+        "a test send has no copies"
+    );
     assert_eq!(
         mime.header("X-Postmesh-Test").and_then(|h| h.as_text()),
         Some("true")
@@ -867,5 +871,43 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
         4,
         "the refused send cost nothing"
     );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
+    let mut stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let (s, v) = stack
+        .post(
+            "/send-email",
+            &key,
+            json!({"to": ["d1@example.com", "d2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let task = v["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(stack.balance(&key).await, 8);
+    stack.stop_billing().await;
+    let (s, _, v) = stack
+        .call(
+            Method::DELETE,
+            &format!("/send-email/{task}"),
+            Some(&key),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["refunded"], 2);
+    let db = stack.sender_db().await;
+    let pending = "SELECT count(*) FROM settlements WHERE action = 'refund' AND done_at IS NULL";
+    assert_eq!(count(&db, pending).await, 1, "the refund is owed");
+    stack.start_billing().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stack.balance(&key).await != 10 {
+        assert!(Instant::now() < deadline, "the refund never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(count(&db, pending).await, 0);
     stack.shutdown().await;
 }

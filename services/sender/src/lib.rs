@@ -7,6 +7,7 @@ pub mod render;
 pub mod request;
 pub mod schedule;
 pub mod send;
+pub mod settle;
 pub mod smtp_auth;
 pub mod status;
 pub mod tasks;
@@ -39,6 +40,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// The sender's migrations: its own and the kit's (the outbox of released jobs).
 pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRATIONS];
+
+/// How often owed billing settlements are retried.
+const SETTLE_POLL: Duration = Duration::from_secs(2);
 
 /// Sender settings.
 #[derive(Clone, Debug)]
@@ -182,6 +186,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     rt.every("scheduler", config.schedule_poll, move || {
         let state = scheduler.clone();
         async move { schedule::release_due(&state).await }
+    });
+    let settler = state.clone();
+    rt.every("billing settlements", SETTLE_POLL, move || {
+        let state = settler.clone();
+        async move { settle::sweep(&state).await }
     });
     worker::spawn(
         &rt,

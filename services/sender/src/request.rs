@@ -16,8 +16,9 @@ pub const MAX_RECIPIENTS: usize = 1000;
 pub const MAX_ATTACHMENT_BYTES: usize = 10 * 1024 * 1024;
 /// Attachments of one send at most.
 pub const MAX_ATTACHMENTS: usize = 100;
-/// Addresses in `cc` or in `bcc` at most.
-pub const MAX_COPIES: usize = 50;
+/// Addresses in `cc` and `bcc` together at most: a message goes to at most 50 addresses,
+/// its recipient included (SES's limit).
+pub const MAX_COPIES: usize = 49;
 /// How far ahead a send may be scheduled.
 pub const MAX_SCHEDULE_AHEAD_SECS: i64 = 30 * 24 * 3600;
 /// Longest header value accepted (RFC 5322's line limit).
@@ -247,9 +248,6 @@ fn copies(field: &str, list: Option<Addresses>) -> Result<Vec<EmailAddress>, Api
         .filter(|s| !s.trim().is_empty())
         .map(|s| address(field, s))
         .collect::<Result<_, _>>()?;
-    if list.len() > MAX_COPIES {
-        return Err(bad(format!("{field} has more than {MAX_COPIES} addresses")));
-    }
     Ok(list)
 }
 
@@ -451,6 +449,17 @@ impl SendRequest {
                 Some(at)
             }
         };
+        let (cc, bcc) = (copies("cc", body.cc)?, copies("bcc", body.bcc)?);
+        if cc.len() + bcc.len() > MAX_COPIES {
+            return Err(bad(format!(
+                "cc and bcc have more than {MAX_COPIES} addresses together"
+            )));
+        }
+        if body.message_id.is_some() && recipients.len() > 1 {
+            return Err(bad(
+                "messageId names one message: give it only on a send to one recipient",
+            ));
+        }
         let references = body
             .references
             .unwrap_or_default()
@@ -473,8 +482,8 @@ impl SendRequest {
                 .filter(|f| !f.trim().is_empty())
                 .map(|f| address("replyTo", &f))
                 .transpose()?,
-            cc: copies("cc", body.cc)?,
-            bcc: copies("bcc", body.bcc)?,
+            cc,
+            bcc,
             message_id: body
                 .message_id
                 .map(|m| msg_id("messageId", &m))
@@ -587,6 +596,15 @@ mod tests {
             .collect();
         let err = parse(serde_json::json!({"to": many, "subject": "s", "text": "t"})).unwrap_err();
         assert!(err.contains("at most 1000"), "{err}");
+    }
+
+    #[test]
+    fn a_message_goes_to_fifty_addresses_at_most() {
+        let copies = |n: usize| (0..n).map(|i| format!("c{i}@x.com")).collect::<Vec<_>>();
+        let body = |cc: usize, bcc: usize| serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "cc": copies(cc), "bcc": copies(bcc)});
+        assert_eq!(parse(body(40, 9)).unwrap().cc.len(), 40);
+        let err = parse(body(40, 10)).unwrap_err();
+        assert!(err.contains("together"), "{err}");
     }
 
     #[test]

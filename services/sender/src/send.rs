@@ -8,6 +8,7 @@ use axum::extract::{Path, State};
 use axum::routing::{delete, post};
 use serde::{Deserialize, Serialize};
 
+use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
@@ -15,6 +16,7 @@ use postmesh_shared::{nats, ApiError, EmailAddress, Policy, Routes, Success, Tas
 
 use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
+use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
 use crate::{templates, usage, AppState};
 
@@ -115,7 +117,13 @@ async fn compose(
     if req.test_send {
         subject = format!("[Test] {subject}");
     }
-    let strings = |list: &[EmailAddress]| list.iter().map(|a| a.to_string()).collect();
+    // A test send goes to the caller alone: no copies.
+    let strings = |list: &[EmailAddress]| {
+        list.iter()
+            .filter(|_| !req.test_send)
+            .map(|a| a.to_string())
+            .collect()
+    };
     Ok((
         TaskMessage {
             from_email: from.to_string(),
@@ -183,7 +191,8 @@ async fn send(
     } else {
         (req.recipients.clone(), req.rejected.clone())
     };
-    let cost = recipients.len() as i64;
+    // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
+    let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
     let quota = usage::Quota::of(&state, &caller).await?;
     let task_id = TaskId::new();
     let status = if req.scheduled_at.is_some() {
@@ -206,12 +215,14 @@ async fn send(
         template_version: template.as_ref().map(|t| t.1),
     };
     if req.dry_run {
-        quota.check(&mut *state.db.acquire().await?, cost).await?;
+        quota
+            .check(&mut *state.db.acquire().await?, recipients.len() as i64)
+            .await?;
         return Ok(Success::new(answer(None)));
     }
-    let held = state
+    state
         .billing
-        .hold(ChargeRequest {
+        .charge(ChargeRequest {
             api_key_id: caller.key.to_string(),
             account_id: caller.auth.account_id.clone(),
             caller_email: caller.auth.email.clone(),
@@ -221,9 +232,10 @@ async fn send(
             from_email: Some(from.to_string()),
             subject: Some(message.subject.clone()),
             send_mode: Some(req.email_type.as_str().to_owned()),
-            recipient_count: Some(cost),
+            recipient_count: Some(recipients.len() as i64),
             task_id: Some(task_id.to_string()),
-            hold_secs: 0,
+            // Held until the send is committed and settled (see `settle`).
+            hold_secs: HOLD.as_secs() as i64,
         })
         .await?;
     let task = NewTask {
@@ -235,27 +247,46 @@ async fn send(
         template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
         cost,
     };
-    match store(&state, &quota, &task).await {
-        Ok(()) => held.confirm().await,
-        Err(e) => {
-            held.refund("send not queued").await;
-            return Err(e);
-        }
+    if let Err(e) = store(&state, &quota, &task).await {
+        let key = caller.key.to_string();
+        state
+            .billing
+            .refund(&key, &task_id.to_string(), "send not queued")
+            .await;
+        return Err(e);
     }
+    settle::now(&state, task_id, Action::Confirm).await;
     if status == TaskStatus::Queued {
         publish_soon(&state);
     }
-    metrics::counter!("postmesh_send_recipients_accepted_total").increment(cost as u64);
+    metrics::counter!("postmesh_send_recipients_accepted_total").increment(recipients.len() as u64);
     Ok(Success::new(answer(Some(task_id))))
 }
 
 /// Commits the task with its jobs, within the plan's quota.
 async fn store(state: &AppState, quota: &usage::Quota, task: &NewTask<'_>) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
-    quota.check(&mut tx, task.cost).await?;
+    quota.check(&mut tx, task.recipients.len() as i64).await?;
     tasks::insert(&mut tx, &state.ns, task).await?;
+    settle::owe(
+        &mut tx,
+        &charge(task.caller, task.id, Action::Confirm, task.cost),
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// The charge of `task` as a settlement owes it.
+fn charge(caller: &Caller, task: TaskId, action: Action, cost: i64) -> settle::Charge {
+    settle::Charge {
+        task_id: task,
+        action,
+        api_key_id: caller.key.as_uuid(),
+        account_id: caller.auth.account_id.clone(),
+        caller_email: caller.auth.email.clone(),
+        cost,
+    }
 }
 
 /// Publishes the outbox's waiting jobs in the background (the relay's next tick would
@@ -297,7 +328,9 @@ async fn cancel(
     Path(raw): Path<String>,
 ) -> Result<Success<Cancelled>, ApiError> {
     let task_id = parse_task_id(&raw)?;
-    // The row lock orders this against a scheduler releasing the task at this moment.
+    // The row lock orders this against a scheduler releasing the task at this moment; the
+    // refund is owed in the same transaction.
+    let mut tx = state.db.begin().await?;
     let cancelled: Option<i64> = sqlx::query_scalar(
         "UPDATE tasks SET status = 'cancelled', cancelled_at = $3
          WHERE id = $1 AND api_key_id = $2 AND status = 'scheduled' RETURNING cost",
@@ -305,8 +338,19 @@ async fn cancel(
     .bind(task_id)
     .bind(caller.key)
     .bind(now_unix())
-    .fetch_optional(&state.db)
+    .fetch_optional(&mut *tx)
     .await?;
+    if let Some(cost) = cancelled {
+        sqlx::query(
+            "DELETE FROM unfinished_jobs WHERE job_id IN
+                 (SELECT job_id FROM task_recipients WHERE task_id = $1)",
+        )
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await?;
+        settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
+    }
+    tx.commit().await?;
     let Some(cost) = cancelled else {
         let status: Option<TaskStatus> =
             sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1 AND api_key_id = $2")
@@ -322,14 +366,7 @@ async fn cancel(
             )),
         });
     };
-    state
-        .billing
-        .refund(
-            &caller.key.to_string(),
-            &task_id.to_string(),
-            "scheduled send cancelled",
-        )
-        .await;
+    settle::now(&state, task_id, Action::Refund).await;
     Ok(Success::new(Cancelled {
         task_id,
         status: TaskStatus::Cancelled,

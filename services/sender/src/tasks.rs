@@ -145,16 +145,30 @@ pub async fn insert(
     .bind(&jobs)
     .execute(&mut *tx)
     .await?;
-    for (i, a) in req.attachments.iter().enumerate() {
+    sqlx::query(
+        "INSERT INTO unfinished_jobs (job_id, workspace_id, created_at)
+         SELECT job, $2, $3 FROM UNNEST($1::uuid[]) AS job",
+    )
+    .bind(&jobs)
+    .bind(task.caller.workspace)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    if !req.attachments.is_empty() {
+        let a = &req.attachments;
         sqlx::query(
             "INSERT INTO task_attachments (task_id, idx, filename, content_type, content)
-             VALUES ($1, $2, $3, $4, $5)",
+             SELECT $1, n - 1, f, t, c
+             FROM UNNEST($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS a(f, t, c, n)",
         )
         .bind(task.id)
-        .bind(i as i32)
-        .bind(&a.filename)
-        .bind(&a.content_type)
-        .bind(&a.content)
+        .bind(a.iter().map(|a| a.filename.as_str()).collect::<Vec<_>>())
+        .bind(
+            a.iter()
+                .map(|a| a.content_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(a.iter().map(|a| a.content.as_slice()).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
     }

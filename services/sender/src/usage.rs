@@ -11,8 +11,8 @@ use postmesh_shared::{ApiError, WorkspaceId};
 
 use crate::AppState;
 
-/// How far back a task may still have undelivered jobs: 30 days of schedule and the SEND
-/// stream's 7 days, with a margin.
+/// How long an unfinished job counts: 30 days of schedule and the SEND stream's 7 days,
+/// with a margin (a job whose outcome was never recorded stops counting after it).
 const IN_FLIGHT_WINDOW_SECS: i64 = 40 * 24 * 3600;
 
 /// Adds the sender's RPCs to `host`.
@@ -85,11 +85,7 @@ impl Quota {
             .await?;
         let sent = sent_since(db, self.workspace, period_start).await?;
         let in_flight: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM task_recipients r
-             JOIN tasks t ON t.id = r.task_id
-             LEFT JOIN deliveries d ON d.job_id = r.job_id
-             WHERE t.workspace_id = $1 AND t.status IN ('queued', 'scheduled')
-               AND t.created_at >= $2 AND (d.status IS NULL OR d.status = 'sending')",
+            "SELECT count(*) FROM unfinished_jobs WHERE workspace_id = $1 AND created_at >= $2",
         )
         .bind(self.workspace)
         .bind(postmesh_shared::db::now_unix() - IN_FLIGHT_WINDOW_SECS)

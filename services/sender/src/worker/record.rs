@@ -66,7 +66,11 @@ pub(super) async fn record(
         recorded = sqlx::query(
             // `sent` always stands (the message went out). A failure or a retry is recorded
             // only while this claim still holds the job; otherwise it belongs to another.
-            "UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
+            // A final outcome takes the job off the quota's unfinished jobs.
+            "WITH finished AS (
+                 DELETE FROM unfinished_jobs WHERE job_id = $1 AND $2 <> 'sending'
+             )
+             UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
                                    lease_owner = NULL, leased_until_ms = 0,
                                    provider_message_id = COALESCE($6, provider_message_id)
              WHERE job_id = $1
