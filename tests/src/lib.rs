@@ -49,6 +49,8 @@ pub struct Options {
     pub domain: DomainOptions,
     /// Billing's plan and pack catalog (default: `deploy/catalog.json`).
     pub catalog: Option<PathBuf>,
+    /// Jobs the sender works on at once (`SEND_CONCURRENCY`; default 8).
+    pub send_concurrency: usize,
 }
 
 /// Where a test stack's domain service finds DNS, SES and Cloudflare.
@@ -104,6 +106,7 @@ impl Default for Options {
             },
             domain: DomainOptions::default(),
             catalog: None,
+            send_concurrency: 8,
         }
     }
 }
@@ -159,6 +162,8 @@ pub struct Stack {
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
     mode: SenderMode,
+    /// The sender's `SEND_CONCURRENCY`.
+    send_concurrency: usize,
     /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
     transport: (String, String),
     /// SES of the next sender start (the `ses` transport).
@@ -203,13 +208,13 @@ pub fn common(ns: Namespace) -> Common {
     }
 }
 
-/// Retry settings that keep tests fast.
-fn worker_config() -> sender::WorkerConfig {
+/// Retry settings that keep tests fast, with `concurrency` jobs at once.
+fn worker_config(concurrency: usize) -> sender::WorkerConfig {
     sender::WorkerConfig {
         ack_wait: Duration::from_secs(2),
         max_deliver: 5,
         retry_base: Duration::from_millis(200),
-        concurrency: 8,
+        concurrency,
     }
 }
 
@@ -332,6 +337,7 @@ impl Stack {
             sender: None,
             sender_child: None,
             mode: opts.sender,
+            send_concurrency: opts.send_concurrency,
             transport: ("file".into(), String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
@@ -429,7 +435,7 @@ impl Stack {
             message_id_domain: "postmesh.test".into(),
             default_from: "hello@postmesh.localhost".into(),
             schedule_poll: Duration::from_millis(200),
-            worker: worker_config(),
+            worker: worker_config(self.send_concurrency),
         }
     }
 

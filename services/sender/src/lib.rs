@@ -41,6 +41,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 /// The sender's migrations: its own and the kit's (the outbox of released jobs).
 pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRATIONS];
 
+/// Database connections beyond one per job in progress.
+const SPARE_CONNECTIONS: u32 = 4;
+
 /// How often owed billing settlements are retried.
 const SETTLE_POLL: Duration = Duration::from_secs(2);
 
@@ -165,7 +168,16 @@ pub fn router(state: AppState) -> Router {
 /// Starts the sender: its routes and RPCs, the scheduler, the outbox relay, the transport
 /// and the SEND consumer.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
+    // Each job in progress holds a connection while it claims and records; requests, the
+    // relay and the scheduler need a few more.
+    let common = Common {
+        db_max_connections: config
+            .common
+            .db_max_connections
+            .max(config.worker.concurrency as u32 + SPARE_CONNECTIONS),
+        ..config.common.clone()
+    };
+    let rt = Runtime::boot(SERVICE, &common, &MIGRATIONS).await?;
     let default_from = EmailAddress::parse(&config.default_from)
         .ok_or_else(|| anyhow::anyhow!("SEND_DEFAULT_FROM is not an email address"))?;
     let transport = transport::Transport::new(&config).await?;

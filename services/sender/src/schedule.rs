@@ -36,12 +36,16 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     .fetch_all(&mut *tx)
     .await?;
     for task in &due {
-        let jobs: Vec<(i32, Uuid)> = sqlx::query_as(
-            "SELECT idx, job_id FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+        let rows: Vec<(i32, Uuid, String)> = sqlx::query_as(
+            "SELECT idx, job_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
         )
         .bind(task.id)
         .fetch_all(&mut *tx)
         .await?;
+        let jobs: Vec<(i32, Uuid, &str)> = rows
+            .iter()
+            .map(|(idx, job, email)| (*idx, *job, email.as_str()))
+            .collect();
         let owner = JobOwner {
             account_id: task.account_id.clone(),
             api_key_id: task.api_key_id.to_string(),

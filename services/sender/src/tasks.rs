@@ -173,7 +173,12 @@ pub async fn insert(
         .await?;
     }
     if status == TaskStatus::Queued {
-        let jobs: Vec<(i32, Uuid)> = idx.into_iter().zip(jobs).collect();
+        let jobs: Vec<(i32, Uuid, &str)> = idx
+            .into_iter()
+            .zip(jobs)
+            .zip(emails)
+            .map(|((i, job), email)| (i, job, email))
+            .collect();
         enqueue_jobs(tx, ns, task.id, task.caller.into(), req.email_type, &jobs).await?;
     }
     Ok(())
@@ -196,21 +201,22 @@ impl From<&Caller> for JobOwner {
     }
 }
 
-/// Writes one SEND job per `(recipient index, job id)` to the outbox.
+/// Writes one SEND job per `(recipient index, job id, address)` to the outbox.
 pub async fn enqueue_jobs(
     tx: &mut PgConnection,
     ns: &Namespace,
     task: TaskId,
     owner: JobOwner,
     email_type: EmailType,
-    jobs: &[(i32, Uuid)],
+    jobs: &[(i32, Uuid, &str)],
 ) -> Result<(), sqlx::Error> {
     let task_id = task.to_string();
     let messages: Vec<(Uuid, Vec<u8>)> = jobs
         .iter()
-        .map(|(idx, job)| {
+        .map(|(idx, job, email)| {
             let send = SendJob {
                 id: job.to_string(),
+                to: vec![(*email).to_owned()],
                 account_id: owner.account_id.clone(),
                 api_key_id: owner.api_key_id.clone(),
                 workspace_id: owner.workspace_id.clone(),
@@ -273,13 +279,4 @@ pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::E
         message,
         attachments,
     }))
-}
-
-/// The address of recipient `idx` of task `id`.
-pub async fn recipient(db: &PgPool, id: TaskId, idx: i32) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT email FROM task_recipients WHERE task_id = $1 AND idx = $2")
-        .bind(id)
-        .bind(idx)
-        .fetch_optional(db)
-        .await
 }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use postmesh_shared::ses::SesClient;
@@ -47,8 +48,14 @@ impl Transport {
                     dir: config.outbox_dir.clone(),
                 })
             }
+            // One pooled connection per job worked on at once: a smaller pool (lettre's
+            // default is 10) makes jobs wait for, or open and close, connections.
             "smtp" => Ok(Self::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)?.build(),
+                AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)?
+                    .pool_config(
+                        PoolConfig::new().max_size(config.worker.concurrency.max(1) as u32),
+                    )
+                    .build(),
             )),
             "ses" => SesClient::new(&config.ses, config.common.upstream_timeout)?
                 .map(Self::Ses)

@@ -72,7 +72,7 @@ pub(super) async fn claim(
     .bind(lease)
     .bind(lease_ms(worker))
     .bind(job.workspace)
-    .bind(job.task.map(|t| t.0))
+    .bind(job.task)
     .fetch_optional(&worker.db)
     .await?;
     if let Some(attempt) = taken {

@@ -52,8 +52,8 @@ pub(crate) struct Job {
     pub id: JobId,
     pub send: SendJob,
     pub workspace: Option<WorkspaceId>,
-    /// For a recipient of a task: the task and the recipient's index.
-    pub task: Option<(TaskId, i32)>,
+    /// For a recipient of a task: the task.
+    pub task: Option<TaskId>,
 }
 
 /// What a job delivers: its recipients and subject (recorded with the claim) and, for a
@@ -120,9 +120,10 @@ pub async fn spawn(
                 ack_wait: config.ack_wait,
                 // Unlimited: attempts are counted in `deliveries` (docs/decisions.md).
                 max_deliver: -1,
-                // No more jobs held than are worked on: a buffered job cannot outlive its
-                // ack deadline unattended and be delivered twice.
-                max_ack_pending: config.concurrency as i64,
+                // One batch waits beside the jobs being worked on, so a free slot never
+                // waits for a pull. A waiting job that outlives its ack deadline and is
+                // delivered again is claimed once: the lease decides (docs/decisions.md).
+                max_ack_pending: 2 * config.concurrency as i64,
                 ..Default::default()
             },
         )
@@ -226,9 +227,9 @@ impl Worker {
         }
     }
 
-    /// The job's recipients, subject and task.
+    /// The job's recipients, subject and task (a task's job names its one recipient).
     async fn letter(&self, job: &Job) -> Result<Letter, sqlx::Error> {
-        let Some((task_id, idx)) = job.task else {
+        let Some(task_id) = job.task else {
             return Ok(Letter {
                 to: job.send.to.clone(),
                 subject: job.send.subject.clone(),
@@ -241,9 +242,8 @@ impl Worker {
                 .await?
                 .map(|t| self.tasks.insert(task_id, t)),
         };
-        let to = tasks::recipient(&self.db, task_id, idx).await?;
         Ok(Letter {
-            to: to.into_iter().collect(),
+            to: job.send.to.clone(),
             subject: task
                 .as_ref()
                 .map(|t| t.message.subject.clone())
@@ -276,7 +276,7 @@ impl Worker {
                 }
             }
             (Some(_), Some(task)) => message::Draft::of_task(task, &letter.to, message_id),
-            (Some((task, _)), None) => return Err(format!("task {task} no longer exists")),
+            (Some(task), None) => return Err(format!("task {task} no longer exists")),
         };
         message::build(&draft)
     }
@@ -316,7 +316,9 @@ impl Worker {
         };
         metrics::counter!("postmesh_sender_deliveries_total", "result" => result).increment(1);
         let _ = match outcome {
-            Outcome::Done => msg.double_ack().await,
+            // Not waited for: a lost ack redelivers a job that is recorded as finished,
+            // and its claim acknowledges it without sending.
+            Outcome::Done => msg.ack().await,
             Outcome::Leased(wait) => {
                 tracing::info!(?wait, "the job's lease is still held; handing the job back");
                 msg.ack_with(AckKind::Nak(Some(wait))).await
@@ -345,11 +347,7 @@ fn decode(payload: &[u8]) -> Result<Job, String> {
     let id = JobId::parse(&send.id).ok_or("job id is not a uuid")?;
     let task = match send.task_id.as_str() {
         "" => None,
-        raw => {
-            let task = TaskId::parse(raw).ok_or("task id is not a uuid")?;
-            let idx = i32::try_from(send.recipient).map_err(|_| "recipient index out of range")?;
-            Some((task, idx))
-        }
+        raw => Some(TaskId::parse(raw).ok_or("task id is not a uuid")?),
     };
     Ok(Job {
         id,
