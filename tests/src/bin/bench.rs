@@ -18,8 +18,7 @@
 //!    lettre's Nagle stall (40 ms a message, see [`quick_ack_front`]) paces both sides alike;
 //!    and through a front that ACKs at once (`BENCH_PIPELINE_SENDS` sends per round,
 //!    `BENCH_PIPELINE_ROUNDS` alternating rounds), where the ratio measures the pipeline's
-//!    own cost. The issue's goal (≥ 0.5) is set on the direct route, the deployed one. A
-//!    sink check (lettre, 32 in flight) shows whether the sink
+//!    own cost. The goal (≥ 0.5) is reported for both routes. A sink check (lettre, 32 in flight) shows whether the sink
 //!    sets the pace.
 //! 3. **Accept latency** of one `POST /send-email` to `BENCH_SEND_RECIPIENTS` recipients
 //!    (goal: p50 < 150 ms): `BENCH_SEND_REPEATS` sends one after another, after
@@ -629,13 +628,16 @@ async fn pipeline_bench(
     row(d, &pipeline, &d_pipe);
     let d_ratio = d_pipe.rate() / d_base.rate();
     println!(
-        "| {d} | ratio pipeline / baseline (goal ≥ 0.5: {}) | | | {d_ratio:.2} |",
+        "| {d} | ratio pipeline / baseline (goal ≥ 0.5 as the issue sets it up: {}) | | | {d_ratio:.2} |",
         if d_ratio >= 0.5 { "met" } else { "missed" }
     );
     row(q, &format!("baseline: lettre, {c} in flight"), &q_base);
     row(q, &pipeline, &q_pipe);
     let q_ratio = q_pipe.rate() / q_base.rate();
-    println!("| {q} | ratio pipeline / baseline (diagnostic: the pipeline's own cost) | | | {q_ratio:.2} |");
+    println!(
+        "| {q} | ratio pipeline / baseline (goal ≥ 0.5 without lettre's stall: {}) | | | {q_ratio:.2} |",
+        if q_ratio >= 0.5 { "met" } else { "missed" }
+    );
     row(q, "sink check: lettre, 32 in flight", &check);
     println!();
     let per_message_ms = c as f64 * 1000.0 / d_base.rate();
