@@ -46,6 +46,11 @@ async fn wait_finished(stack: &Stack, key: &str, task: &str) -> Value {
     wait_status(stack, key, task, |v| v["queued"] == 0).await
 }
 
+/// `POST /send-email` with `key`.
+async fn send(stack: &Stack, key: &str, body: Value) -> (StatusCode, Value) {
+    stack.post("/send-email", key, body).await
+}
+
 async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(db).await.expect(sql)
 }
@@ -87,7 +92,7 @@ async fn every_field_reaches_the_delivered_message() {
         "recipientReason": "customer",
         "someFutureField": {"accepted": "and ignored"}
     });
-    let (s, v) = stack.post("/send-email", &key, body).await;
+    let (s, v) = send(&stack, &key, body).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["success"], true);
     assert_eq!(v["status"], "queued");
@@ -199,13 +204,12 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     let db = stack.sender_db().await;
     let three = json!(["a@example.com", "b@example.com", "c@example.com"]);
     // A dry run checks and prices, and nothing else.
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": three, "subject": "s", "text": "t", "dryRun": true}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": three, "subject": "s", "text": "t", "dryRun": true}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(
         (v["dryRun"].as_bool(), v["cost"].as_i64()),
@@ -213,22 +217,20 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     );
     assert!(v["taskId"].is_null(), "{v}");
     // A dry run still refuses what a send would refuse.
-    let (s, _) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": three, "subject": "s", "text": "{{x}}", "dryRun": true}),
-        )
-        .await;
+    let (s, _) = send(
+        &stack,
+        &key,
+        json!({"to": three, "subject": "s", "text": "{{x}}", "dryRun": true}),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     // Three recipients with two credits: 402, nothing stored or queued.
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": three, "subject": "s", "text": "t"}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": three, "subject": "s", "text": "t"}),
+    )
+    .await;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
     assert_eq!(v["success"], false);
     // Refusals of bad input.
@@ -256,7 +258,7 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
             "future",
         ),
     ] {
-        let (s, v) = stack.post("/send-email", &key, body.clone()).await;
+        let (s, v) = send(&stack, &key, body.clone()).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{body} → {v}");
         let error = v["error"].as_str().unwrap_or_default();
         assert!(
@@ -281,13 +283,12 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
         .collect();
     to.push(json!({"email": "R5@EXAMPLE.com", "externalId": "dup"}));
     to.push(json!("r7@Example.COM"));
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": to, "subject": "Big", "text": "Hello"}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": to, "subject": "Big", "text": "Hello"}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["recipients"]["accepted"], 998);
     let rejected = v["recipients"]["rejected"].as_array().unwrap();
@@ -301,13 +302,12 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
     let task = v["taskId"].as_str().unwrap().to_owned();
 
     let too_many: Vec<String> = (0..1001).map(|i| format!("x{i}@example.com")).collect();
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": too_many, "subject": "s", "text": "t"}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": too_many, "subject": "s", "text": "t"}),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(v["error"].as_str().unwrap().contains("at most 1000"), "{v}");
     assert_eq!(stack.balance(&key).await, 1002);
@@ -351,11 +351,7 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
     let own = stack.account_email(&key).await;
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
+    let (s, v) = send(&stack, &key, json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -389,20 +385,12 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
 async fn variables_fill_placeholders_and_a_missing_one_is_named() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
+    let (s, v) = send(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
         )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(v["error"].as_str().unwrap().contains("\"amount\""), "{v}");
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
+    let (s, v) = send(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -453,17 +441,15 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 
-    let (s, latest) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "t1@example.com", "templateKey": "welcome", "variables": {"name": "Tam"}}),
-        )
-        .await;
+    let (s, latest) = send(
+        &stack,
+        &key,
+        json!({"to": "t1@example.com", "templateKey": "welcome", "variables": {"name": "Tam"}}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{latest}");
     assert_eq!(latest["templateVersion"], 2);
-    let (s, pinned) = stack
-        .post("/send-email", &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}}))
+    let (s, pinned) = send(&stack, &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}}))
         .await;
     assert_eq!(s, StatusCode::OK, "{pinned}");
     assert_eq!(pinned["templateVersion"], 1);
@@ -496,13 +482,12 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
     assert!(s.is_success());
     let (s, _) = stack.get("/templates/welcome", &key).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "t3@example.com", "templateKey": "welcome", "variables": {"name": "x"}}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": "t3@example.com", "templateKey": "welcome", "variables": {"name": "x"}}),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     // Another workspace does not see the templates.
     let other = stack.key(0).await;
@@ -517,13 +502,12 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let at = now() + 2;
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "later@example.com", "subject": "s", "text": "t", "scheduledAt": at}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": "later@example.com", "subject": "s", "text": "t", "scheduledAt": at}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(
         (v["status"].as_str(), v["scheduledAt"].as_i64()),
@@ -537,11 +521,7 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     assert_eq!(done["status"], "sent");
     assert!(now() >= at, "not released early");
 
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+    let (s, v) = send(&stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -579,8 +559,7 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (_, status) = stack.get(&format!("/email-status/{cancelled}"), &key).await;
     assert_eq!(status["status"], "cancelled");
-    let (s, v) = stack
-        .post("/send-email", &key, json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": now() + 31 * 86400}))
+    let (s, v) = send(&stack, &key, json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": now() + 31 * 86400}))
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(stack.balance(&key).await, 9);
@@ -630,11 +609,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     stack.use_ses(ses.config());
     stack.start_sender().await;
     let key = stack.key(10).await;
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": ["s1@example.com", "s2@example.com"], "subject": "Via SES", "html": "<p>hi</p>", "bcc": "audit@example.com"}),
+    let (s, v) = send(&stack, &key, json!({"to": ["s1@example.com", "s2@example.com"], "subject": "Via SES", "html": "<p>hi</p>", "bcc": "audit@example.com"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -664,13 +639,12 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "TooManyRequestsException",
         "Maximum sending rate exceeded.",
     );
-    let (_, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "s4@example.com", "subject": "s", "text": "t"}),
-        )
-        .await;
+    let (_, v) = send(
+        &stack,
+        &key,
+        json!({"to": "s4@example.com", "subject": "s", "text": "t"}),
+    )
+    .await;
     let task = v["taskId"].as_str().unwrap().to_owned();
     assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
     let attempts: i32 = sqlx::query_scalar(
@@ -693,13 +667,12 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "MessageRejected",
         "Email address is on the suppression list",
     );
-    let (_, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "s3@example.com", "subject": "s", "text": "t"}),
-        )
-        .await;
+    let (_, v) = send(
+        &stack,
+        &key,
+        json!({"to": "s3@example.com", "subject": "s", "text": "t"}),
+    )
+    .await;
     let task = v["taskId"].as_str().unwrap().to_owned();
     let done = wait_finished(&stack, &key, &task).await;
     assert_eq!(done["status"], "failed", "{done}");
@@ -736,7 +709,7 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
         ..Options::default()
     })
     .await;
-    let send = |n: usize| {
+    let batch = |n: usize| {
         let to: Vec<String> = (0..n)
             .map(|i| format!("q{i}-{}@example.com", uuid::Uuid::new_v4().simple()))
             .collect();
@@ -744,7 +717,7 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
     };
     // Without a plan there is no quota, only credits.
     let free = stack.key(10).await;
-    let (s, v) = stack.post("/send-email", &free, send(4)).await;
+    let (s, v) = send(&stack, &free, batch(4)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
 
     let key = stack.key(20).await;
@@ -757,26 +730,25 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
             .expect("usage emails")
     };
     assert_eq!(used().await, 0);
-    let (s, v) = stack.post("/send-email", &key, send(2)).await;
+    let (s, v) = send(&stack, &key, batch(2)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     wait_finished(&stack, &key, v["taskId"].as_str().unwrap()).await;
     assert_eq!(used().await, 2, "usage counts the emails sent");
     // Two more would make 4 of 3; one more fits.
-    let (s, v) = stack.post("/send-email", &key, send(2)).await;
+    let (s, v) = send(&stack, &key, batch(2)).await;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
-    let (s, v) = stack.post("/send-email", &key, send(1)).await;
+    let (s, v) = send(&stack, &key, batch(1)).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let balance = stack.balance(&key).await;
-    let (s, v) = stack.post("/send-email", &key, send(1)).await;
+    let (s, v) = send(&stack, &key, batch(1)).await;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
     assert!(v["error"].as_str().unwrap().contains("quota"), "{v}");
-    let (s, _) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": "dry@example.com", "subject": "s", "text": "t", "dryRun": true}),
-        )
-        .await;
+    let (s, _) = send(
+        &stack,
+        &key,
+        json!({"to": "dry@example.com", "subject": "s", "text": "t", "dryRun": true}),
+    )
+    .await;
     assert_eq!(
         s,
         StatusCode::PAYMENT_REQUIRED,
@@ -802,13 +774,12 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     deliver_to(&mut stack, &slow).await;
     let key = stack.key(100).await;
     let to: Vec<String> = (0..40).map(|i| format!("k{i}@example.com")).collect();
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": to, "subject": "Batch", "text": "t"}),
-        )
-        .await;
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": to, "subject": "Batch", "text": "t"}),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let task = v["taskId"].as_str().unwrap().to_owned();
     // The first wave is delivered and recorded; the second is at the relay.
@@ -853,10 +824,10 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
                "attachments": [{"filename": "data.bin", "content": content}]})
     };
     let limit = 10 * 1024 * 1024;
-    let (s, v) = stack.post("/send-email", &key, body(b64(limit + 1))).await;
+    let (s, v) = send(&stack, &key, body(b64(limit + 1))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(v["error"].as_str().unwrap().contains("10 MiB"), "{v}");
-    let (s, v) = stack.post("/send-email", &key, body(b64(limit))).await;
+    let (s, v) = send(&stack, &key, body(b64(limit))).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let task = v["taskId"].as_str().unwrap().to_owned();
     assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
@@ -879,11 +850,7 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
 async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     let mut stack = Stack::start().await;
     let key = stack.key(10).await;
-    let (s, v) = stack
-        .post(
-            "/send-email",
-            &key,
-            json!({"to": ["d1@example.com", "d2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+    let (s, v) = send(&stack, &key, json!({"to": ["d1@example.com", "d2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
