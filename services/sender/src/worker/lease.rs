@@ -2,15 +2,18 @@
 //! database's clock, and renews it with its heartbeats; a live lease of another claim means
 //! wait, a finished job means nothing to do.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::JobId;
 
+use super::batch::Keyed;
 use super::{DeliveryStatus, Job, Worker};
 
 /// The database's clock in milliseconds: leases are set and compared on one clock, whatever
@@ -28,8 +31,8 @@ pub(super) enum Claim {
 }
 
 /// Milliseconds a lease lasts: as long as JetStream's ack deadline.
-fn lease_ms(worker: &Worker) -> i64 {
-    i64::try_from(worker.config.ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
+pub(super) fn lease_ms(ack_wait: Duration) -> i64 {
+    i64::try_from(ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 /// The stored name of a job's kind (`verification`, `transactional`, ...).
@@ -41,41 +44,84 @@ fn kind_name(job: &Job) -> String {
         .to_ascii_lowercase()
 }
 
-/// Records the job and takes its lease under `lease`, unless it is finished or another
-/// claim holds a live lease.
-/// `to` and `subject` are recorded with the claim.
+/// A claim to write: the job, what it delivers, and the claim's lease token.
+pub(super) struct ClaimRow {
+    job_id: JobId,
+    kind: String,
+    /// Recipients, one per line.
+    recipients: String,
+    subject: String,
+    lease: Uuid,
+    workspace: Option<Uuid>,
+    task: Option<Uuid>,
+}
+
+impl Keyed for ClaimRow {
+    type Key = JobId;
+    fn key(&self) -> JobId {
+        self.job_id
+    }
+}
+
+/// Writes a batch of claims (distinct jobs): each inserts its job, or takes over a
+/// `sending` row whose lease ran out; a live lease or a finished job leaves the row alone.
+/// Answers each claim's attempt number when it took the lease.
+pub(super) async fn claim_batch(
+    db: &PgPool,
+    lease_ms: i64,
+    rows: Vec<ClaimRow>,
+) -> Result<Vec<Option<i32>>, sqlx::Error> {
+    let column = |f: fn(&ClaimRow) -> String| rows.iter().map(f).collect::<Vec<_>>();
+    let taken: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
+        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
+                                 lease_owner, leased_until_ms, workspace_id, task_id)
+         SELECT u.job_id, u.kind, string_to_array(u.recipients, E'\\n'), u.subject, 'sending',
+                $8, $8, u.lease, {DB_NOW_MS} + $9, u.workspace_id, u.task_id
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::uuid[],
+                     $7::uuid[]) AS u(job_id, kind, recipients, subject, lease, workspace_id, task_id)
+         ON CONFLICT (job_id) DO UPDATE
+             SET attempts = deliveries.attempts + 1, updated_at = $8,
+                 lease_owner = EXCLUDED.lease_owner, leased_until_ms = {DB_NOW_MS} + $9
+             WHERE deliveries.status = 'sending' AND deliveries.leased_until_ms <= {DB_NOW_MS}
+         RETURNING job_id, attempts"
+    ))
+    .bind(rows.iter().map(|r| r.job_id.as_uuid()).collect::<Vec<_>>())
+    .bind(column(|r| r.kind.clone()))
+    .bind(column(|r| r.recipients.clone()))
+    .bind(column(|r| r.subject.clone()))
+    .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.workspace).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.task).collect::<Vec<_>>())
+    .bind(now_unix())
+    .bind(lease_ms)
+    .fetch_all(db)
+    .await?;
+    let taken: HashMap<Uuid, i32> = taken.into_iter().collect();
+    Ok(rows
+        .iter()
+        .map(|r| taken.get(&r.job_id.as_uuid()).copied())
+        .collect())
+}
+
+/// Records the job (with `to` and `subject`) and takes its lease under `lease`, unless it
+/// is finished or another claim holds a live lease.
 pub(super) async fn claim(
     worker: &Worker,
     job: &Job,
     to: &[String],
     subject: &str,
     lease: Uuid,
-) -> Result<Claim, sqlx::Error> {
-    let now = now_unix();
-    // Insert, or take over a `sending` row whose lease ran out; a live lease or a finished
-    // job leaves the row alone (no row returned).
-    let taken: Option<i32> = sqlx::query_scalar(&format!(
-        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
-                                 lease_owner, leased_until_ms, workspace_id, task_id)
-         VALUES ($1, $2, $3, $4, 'sending', $5, $5, $6, {DB_NOW_MS} + $7, $8, $9)
-         ON CONFLICT (job_id) DO UPDATE
-             SET attempts = deliveries.attempts + 1, updated_at = $5,
-                 lease_owner = $6, leased_until_ms = {DB_NOW_MS} + $7
-             WHERE deliveries.status = 'sending' AND deliveries.leased_until_ms <= {DB_NOW_MS}
-         RETURNING attempts"
-    ))
-    .bind(job.id)
-    .bind(kind_name(job))
-    .bind(to)
-    .bind(subject)
-    .bind(now)
-    .bind(lease)
-    .bind(lease_ms(worker))
-    .bind(job.workspace)
-    .bind(job.task)
-    .fetch_optional(&worker.db)
-    .await?;
-    if let Some(attempt) = taken {
+) -> Result<Claim, String> {
+    let row = ClaimRow {
+        job_id: job.id,
+        kind: kind_name(job),
+        recipients: to.join("\n"),
+        subject: subject.to_owned(),
+        lease,
+        workspace: job.workspace.map(|w| w.as_uuid()),
+        task: job.task.map(|t| t.as_uuid()),
+    };
+    if let Some(attempt) = worker.claims.call(row).await? {
         return Ok(Claim::Deliver(attempt));
     }
     let (status, left_ms): (DeliveryStatus, i64) = sqlx::query_as(&format!(
@@ -83,7 +129,8 @@ pub(super) async fn claim(
     ))
     .bind(job.id)
     .fetch_one(&worker.db)
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
     Ok(match status {
         DeliveryStatus::Sending => {
             Claim::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
@@ -99,7 +146,7 @@ async fn renew(worker: &Worker, job_id: JobId, lease: Uuid) -> Result<(), sqlx::
     ))
     .bind(job_id)
     .bind(lease)
-    .bind(lease_ms(worker))
+    .bind(lease_ms(worker.config.ack_wait))
     .execute(&worker.db)
     .await
     .map(drop)

@@ -3,6 +3,7 @@
 //! record (the outcome) — and only then acks, as the typed [`Outcome`] says. Policy:
 //! docs/decisions.md, "Delivery (sender)".
 
+mod batch;
 mod cache;
 mod lease;
 mod message;
@@ -64,6 +65,17 @@ struct Letter {
     task: Option<Arc<LoadedTask>>,
 }
 
+impl DeliveryStatus {
+    /// The stored name.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Sending => "sending",
+            Self::Sent => "sent",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// Where a job stands in `deliveries`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
@@ -101,6 +113,10 @@ pub(crate) struct Worker {
     pub message_id_domain: String,
     /// Tasks recently delivered, so a task's recipients do not each read it again.
     pub tasks: cache::TaskCache,
+    /// Claims of jobs, written in batches.
+    claims: batch::Batcher<lease::ClaimRow, Option<i32>>,
+    /// Outcomes of jobs, written in batches.
+    records: batch::Batcher<record::RecordRow, bool>,
 }
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
@@ -136,6 +152,7 @@ pub async fn spawn(
         .await
         .map_err(|e| anyhow::anyhow!("pulling from the SEND stream: {e}"))?;
     let limit = Arc::new(Semaphore::new(config.concurrency));
+    let ack_wait = config.ack_wait;
     let worker = Arc::new(Worker {
         db: rt.db.clone(),
         transport,
@@ -143,6 +160,20 @@ pub async fn spawn(
         shutdown: rt.shutdown.clone(),
         message_id_domain: message_id_domain.to_owned(),
         tasks: cache::TaskCache::default(),
+        claims: batch::Batcher::spawn(&rt.tracker, {
+            let (db, lease_ms) = (rt.db.clone(), lease::lease_ms(ack_wait));
+            move |rows| {
+                let db = db.clone();
+                async move { lease::claim_batch(&db, lease_ms, rows).await }
+            }
+        }),
+        records: batch::Batcher::spawn(&rt.tracker, {
+            let db = rt.db.clone();
+            move |rows| {
+                let db = db.clone();
+                async move { record::record_batch(&db, rows).await }
+            }
+        }),
     });
     let (jobs, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
     rt.tracker.spawn(async move {

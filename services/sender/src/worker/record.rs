@@ -1,9 +1,13 @@
 //! Stage 4, record: the delivery's outcome in `deliveries`, written only as the claim's
 //! standing allows, and turned into the [`Outcome`] that decides the ack.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
+use sqlx::PgPool;
 use uuid::Uuid;
+
+use super::batch::Keyed;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::JobId;
@@ -33,6 +37,68 @@ impl Verdict {
     }
 }
 
+/// An outcome to write.
+#[derive(Clone)]
+pub(super) struct RecordRow {
+    job_id: JobId,
+    status: DeliveryStatus,
+    error: Option<String>,
+    /// The claim recording it.
+    lease: Uuid,
+    provider: Option<String>,
+}
+
+impl Keyed for RecordRow {
+    type Key = JobId;
+    fn key(&self) -> JobId {
+        self.job_id
+    }
+}
+
+/// Writes a batch of outcomes (distinct jobs); answers for each whether it was written.
+/// `sent` always stands (the message went out). A failure or a retry is written only while
+/// its claim still holds the job; otherwise the job belongs to another claim. A final
+/// outcome takes the job off the quota's unfinished jobs.
+pub(super) async fn record_batch(
+    db: &PgPool,
+    rows: Vec<RecordRow>,
+) -> Result<Vec<bool>, sqlx::Error> {
+    let written: Vec<Uuid> = sqlx::query_scalar(
+        "WITH u AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[])
+                 AS u(job_id, status, error, lease, provider)
+         ), finished AS (
+             DELETE FROM unfinished_jobs f USING u
+             WHERE f.job_id = u.job_id AND u.status <> 'sending'
+         )
+         UPDATE deliveries d
+         SET status = u.status, last_error = u.error, updated_at = $6, lease_owner = NULL,
+             leased_until_ms = 0, provider_message_id = COALESCE(u.provider, d.provider_message_id)
+         FROM u
+         WHERE d.job_id = u.job_id
+           AND CASE WHEN u.status = 'sent' THEN d.status <> 'sent'
+                    ELSE d.status = 'sending' AND d.lease_owner = u.lease END
+         RETURNING d.job_id",
+    )
+    .bind(rows.iter().map(|r| r.job_id.as_uuid()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.provider.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(now_unix())
+    .fetch_all(db)
+    .await?;
+    let written: HashSet<Uuid> = written.into_iter().collect();
+    Ok(rows
+        .iter()
+        .map(|r| written.contains(&r.job_id.as_uuid()))
+        .collect())
+}
+
 /// Pauses between attempts to record an outcome while the database does not answer.
 const RECORD_RETRIES: [u64; 4] = [0, 100, 500, 2000];
 
@@ -60,39 +126,23 @@ pub(super) async fn record(
             Outcome::Retry(e),
         ),
     };
-    let mut recorded = Err(sqlx::Error::PoolTimedOut);
+    let row = RecordRow {
+        job_id,
+        status,
+        error,
+        lease,
+        provider: provider_id,
+    };
+    let mut recorded = Err(String::new());
     for pause in RECORD_RETRIES {
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        recorded = sqlx::query(
-            // `sent` always stands (the message went out). A failure or a retry is recorded
-            // only while this claim still holds the job; otherwise it belongs to another.
-            // A final outcome takes the job off the quota's unfinished jobs.
-            "WITH finished AS (
-                 DELETE FROM unfinished_jobs WHERE job_id = $1 AND $2 <> 'sending'
-             )
-             UPDATE deliveries SET status = $2, last_error = $3, updated_at = $4,
-                                   lease_owner = NULL, leased_until_ms = 0,
-                                   provider_message_id = COALESCE($6, provider_message_id)
-             WHERE job_id = $1
-               AND CASE WHEN $2 = 'sent' THEN status <> 'sent'
-                        ELSE status = 'sending' AND lease_owner = $5 END",
-        )
-        .bind(job_id)
-        .bind(status)
-        .bind(&error)
-        .bind(now_unix())
-        .bind(lease)
-        .bind(&provider_id)
-        .execute(&worker.db)
-        .await;
+        recorded = worker.records.call(row.clone()).await;
         if recorded.is_ok() {
             break;
         }
     }
     match recorded {
-        Ok(done) if done.rows_affected() == 0 && status != DeliveryStatus::Sent => {
-            Outcome::Superseded
-        }
+        Ok(false) if status != DeliveryStatus::Sent => Outcome::Superseded,
         Ok(_) => outcome,
         Err(e) => {
             tracing::error!(error = %e, ?status, "could not record the delivery outcome");
