@@ -51,6 +51,13 @@ async fn send(stack: &Stack, key: &str, body: Value) -> (StatusCode, Value) {
     stack.post("/send-email", key, body).await
 }
 
+/// Sends a plain message to `to` alone and waits until it is finished; returns its status.
+async fn send_one_and_wait(stack: &Stack, key: &str, to: &str) -> Value {
+    let (s, v) = send(stack, key, json!({"to": to, "subject": "s", "text": "t"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_finished(stack, key, v["taskId"].as_str().expect("a task id")).await
+}
+
 async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(db).await.expect(sql)
 }
@@ -639,14 +646,8 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "TooManyRequestsException",
         "Maximum sending rate exceeded.",
     );
-    let (_, v) = send(
-        &stack,
-        &key,
-        json!({"to": "s4@example.com", "subject": "s", "text": "t"}),
-    )
-    .await;
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
+    let done = send_one_and_wait(&stack, &key, "s4@example.com").await;
+    assert_eq!(done["status"], "sent", "{done}");
     let attempts: i32 = sqlx::query_scalar(
         "SELECT attempts FROM deliveries WHERE 's4@example.com' = ANY(recipients)",
     )
@@ -667,14 +668,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "MessageRejected",
         "Email address is on the suppression list",
     );
-    let (_, v) = send(
-        &stack,
-        &key,
-        json!({"to": "s3@example.com", "subject": "s", "text": "t"}),
-    )
-    .await;
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    let done = wait_finished(&stack, &key, &task).await;
+    let done = send_one_and_wait(&stack, &key, "s3@example.com").await;
     assert_eq!(done["status"], "failed", "{done}");
     assert!(
         done["recipients"][0]["error"]
