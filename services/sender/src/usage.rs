@@ -20,20 +20,21 @@ pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
     host.method(state, usage)
 }
 
+/// Counts the emails of workspace `$1` sent since `$2`.
+const SENT_SINCE: &str = "SELECT count(*) FROM deliveries
+     WHERE workspace_id = $1 AND status = 'sent' AND updated_at >= $2";
+
 /// Emails of `workspace` sent since `period_start`.
 async fn sent_since(
     db: &mut PgConnection,
     workspace: WorkspaceId,
     period_start: i64,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM deliveries
-         WHERE workspace_id = $1 AND status = 'sent' AND updated_at >= $2",
-    )
-    .bind(workspace)
-    .bind(period_start)
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar(SENT_SINCE)
+        .bind(workspace)
+        .bind(period_start)
+        .fetch_one(db)
+        .await
 }
 
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
@@ -83,18 +84,20 @@ impl Quota {
             .bind(self.workspace)
             .execute(&mut *db)
             .await?;
-        let sent = sent_since(db, self.workspace, period_start).await?;
-        let in_flight: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM unfinished_jobs WHERE workspace_id = $1 AND created_at >= $2",
-        )
+        // One statement, so one snapshot: a job finishing meanwhile moves from unfinished
+        // to sent at once, never counted twice or not at all.
+        let used: i64 = sqlx::query_scalar(&format!(
+            "SELECT ({SENT_SINCE})
+                  + (SELECT count(*) FROM unfinished_jobs WHERE workspace_id = $1 AND created_at >= $3)"
+        ))
         .bind(self.workspace)
+        .bind(period_start)
         .bind(postmesh_shared::db::now_unix() - IN_FLIGHT_WINDOW_SECS)
         .fetch_one(&mut *db)
         .await?;
-        if sent + in_flight + more > limit {
+        if used + more > limit {
             return Err(ApiError::PaymentRequired(format!(
-                "the plan's quota of {limit} emails this period would be exceeded ({} used, {more} more asked)",
-                sent + in_flight
+                "the plan's quota of {limit} emails this period would be exceeded ({used} used, {more} more asked)"
             )));
         }
         Ok(())
