@@ -615,7 +615,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     stack.kill_sender().await;
     stack.use_ses(ses.config());
     stack.start_sender().await;
-    let key = stack.key(10).await;
+    let key = stack.key(100).await;
     let (s, v) = send(&stack, &key, json!({"to": ["s1@example.com", "s2@example.com"], "subject": "Via SES", "html": "<p>hi</p>", "bcc": "audit@example.com"}),
         )
         .await;
@@ -640,28 +640,39 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         assert_eq!(mime.subject(), Some("Via SES"));
         assert!(mime.bcc().is_none());
     }
-    // SES throttles the next message: it is retried with backoff and sent once.
+    // SES throttles one message of a send that spans two SEND jobs: that message alone is
+    // tried again, with backoff; every recipient is sent exactly once.
     ses.fail_next(
         StatusCode::TOO_MANY_REQUESTS,
         "TooManyRequestsException",
         "Maximum sending rate exceeded.",
     );
-    let done = send_one_and_wait(&stack, &key, "s4@example.com").await;
-    assert_eq!(done["status"], "sent", "{done}");
-    let attempts: i32 = sqlx::query_scalar(
-        "SELECT attempts FROM deliveries WHERE 's4@example.com' = ANY(recipients)",
+    let to: Vec<String> = (0..60).map(|i| format!("t{i}@example.com")).collect();
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": to, "subject": "Throttled", "text": "t"}),
     )
-    .fetch_one(&stack.sender_db().await)
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let task = v["taskId"].as_str().unwrap().to_owned();
+    let done = wait_finished(&stack, &key, &task).await;
+    assert_eq!(done["status"], "sent", "{done}");
+    let attempts: Vec<i32> = sqlx::query_scalar(
+        "SELECT attempts FROM deliveries WHERE task_id = $1::uuid ORDER BY attempts",
+    )
+    .bind(&task)
+    .fetch_all(&stack.sender_db().await)
     .await
     .unwrap();
-    assert_eq!(attempts, 2, "one throttled attempt, one that went through");
-    assert_eq!(
-        ses.sent()
-            .iter()
-            .filter(|m| m.destinations == ["s4@example.com"])
-            .count(),
-        1
-    );
+    let mut expected = vec![1; 59];
+    expected.push(2);
+    assert_eq!(attempts, expected, "one throttled attempt, then each sent");
+    let sent = ses.sent();
+    for t in &to {
+        let copies = sent.iter().filter(|m| m.destinations == [t.as_str()]);
+        assert_eq!(copies.count(), 1, "{t} sent once");
+    }
     // SES refuses the next message for good: the recipient is failed, with the reason.
     ses.fail_next(
         StatusCode::BAD_REQUEST,
@@ -767,7 +778,8 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     .await;
     deliver_to(&mut stack, &slow).await;
     let key = stack.key(100).await;
-    let to: Vec<String> = (0..40).map(|i| format!("k{i}@example.com")).collect();
+    // Two SEND jobs' worth of recipients (tasks::RECIPIENTS_PER_JOB is 50).
+    let to: Vec<String> = (0..60).map(|i| format!("k{i}@example.com")).collect();
     let (s, v) = send(
         &stack,
         &key,
@@ -780,7 +792,7 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     wait_status(&stack, &key, &task, |v| v["sent"].as_i64() >= Some(1)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = slow.received().len();
-    assert!(before < 40, "the batch was not cut short");
+    assert!(before < 60, "the batch was not cut short");
     stack.kill_sender().await;
 
     let fast = FakeSmtp::start(Behaviour::Accept {

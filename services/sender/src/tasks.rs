@@ -1,5 +1,5 @@
-//! Tasks as stored: a send's rendered message, its recipients (one SEND job each) and
-//! attachments, written in one transaction with the outbox rows of its jobs — or, for a
+//! Tasks as stored: a send's rendered message, its recipients (a SEND job for each slice of
+//! them) and attachments, written in one transaction with the outbox rows of its jobs — or, for a
 //! scheduled task, with none until the scheduler releases it. The worker reads them back.
 
 use prost::Message as _;
@@ -201,31 +201,42 @@ impl From<&Caller> for JobOwner {
     }
 }
 
-/// Writes one SEND job per `(recipient index, job id, address)` to the outbox.
+/// Recipients one SEND job carries at most: one queue message, outbox row and ack for
+/// many recipients, each still delivered, leased and recorded on its own
+/// (docs/decisions.md, "Delivery (sender)").
+pub const RECIPIENTS_PER_JOB: usize = 50;
+
+/// Writes the SEND jobs of `(recipient index, delivery id, address)` triples, in order, to
+/// the outbox: one job per [`RECIPIENTS_PER_JOB`] recipients.
 pub async fn enqueue_jobs(
     tx: &mut PgConnection,
     ns: &Namespace,
     task: TaskId,
     owner: JobOwner,
     email_type: EmailType,
-    jobs: &[(i32, Uuid, &str)],
+    recipients: &[(i32, Uuid, &str)],
 ) -> Result<(), sqlx::Error> {
     let task_id = task.to_string();
-    let messages: Vec<(Uuid, Vec<u8>)> = jobs
-        .iter()
-        .map(|(idx, job, email)| {
+    let messages: Vec<(Uuid, Vec<u8>)> = recipients
+        .chunks(RECIPIENTS_PER_JOB)
+        .map(|slice| {
+            let id = Uuid::now_v7();
             let send = SendJob {
-                id: job.to_string(),
-                to: vec![(*email).to_owned()],
+                id: id.to_string(),
+                to: slice
+                    .iter()
+                    .map(|(_, _, email)| (*email).to_owned())
+                    .collect(),
+                recipient_ids: slice.iter().map(|(_, job, _)| job.to_string()).collect(),
                 account_id: owner.account_id.clone(),
                 api_key_id: owner.api_key_id.clone(),
                 workspace_id: owner.workspace_id.clone(),
                 task_id: task_id.clone(),
-                recipient: *idx as u32,
+                recipient: slice[0].0 as u32,
                 kind: kind(email_type).into(),
                 ..Default::default()
             };
-            (*job, send.encode_to_vec())
+            (id, send.encode_to_vec())
         })
         .collect();
     outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await

@@ -14,7 +14,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::JobId;
 
 use super::batch::Keyed;
-use super::{DeliveryStatus, Job, Worker};
+use super::{Delivery, DeliveryStatus, Job, Worker};
 
 /// The database's clock in milliseconds: leases are set and compared on one clock, whatever
 /// the clocks of the sender hosts say.
@@ -103,19 +103,19 @@ pub(super) async fn claim_batch(
         .collect())
 }
 
-/// Records the job (with `to` and `subject`) and takes its lease under `lease`, unless it
-/// is finished or another claim holds a live lease.
+/// Records the job's message `delivery` (with `subject`) and takes its lease under
+/// `lease`, unless it is finished or another claim holds a live lease.
 pub(super) async fn claim(
     worker: &Worker,
     job: &Job,
-    to: &[String],
+    delivery: &Delivery,
     subject: &str,
     lease: Uuid,
 ) -> Result<Claim, String> {
     let row = ClaimRow {
-        job_id: job.id,
+        job_id: delivery.id,
         kind: kind_name(job),
-        recipients: to.join("\n"),
+        recipients: delivery.to.join("\n"),
         subject: subject.to_owned(),
         lease,
         workspace: job.workspace.map(|w| w.as_uuid()),
@@ -127,7 +127,7 @@ pub(super) async fn claim(
     let (status, left_ms): (DeliveryStatus, i64) = sqlx::query_as(&format!(
         "SELECT status, leased_until_ms - {DB_NOW_MS} FROM deliveries WHERE job_id = $1"
     ))
-    .bind(job.id)
+    .bind(delivery.id)
     .fetch_one(&worker.db)
     .await
     .map_err(|e| e.to_string())?;
@@ -139,12 +139,13 @@ pub(super) async fn claim(
     })
 }
 
-async fn renew(worker: &Worker, job_id: JobId, lease: Uuid) -> Result<(), sqlx::Error> {
+/// Extends the leases `lease` holds on the messages `ids`.
+async fn renew(worker: &Worker, ids: &[JobId], lease: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
         "UPDATE deliveries SET leased_until_ms = {DB_NOW_MS} + $3
-         WHERE job_id = $1 AND lease_owner = $2 AND status = 'sending'"
+         WHERE job_id = ANY($1) AND lease_owner = $2 AND status = 'sending'"
     ))
-    .bind(job_id)
+    .bind(ids.iter().map(|id| id.as_uuid()).collect::<Vec<_>>())
     .bind(lease)
     .bind(lease_ms(worker.config.ack_wait))
     .execute(&worker.db)
@@ -153,14 +154,14 @@ async fn renew(worker: &Worker, job_id: JobId, lease: Uuid) -> Result<(), sqlx::
 }
 
 /// Runs `work` while telling JetStream the job is in progress every half `ack_wait`, so a
-/// slow delivery is not redelivered to another worker while this one is still on it, and
-/// renewing the job's lease in the database, which covers heartbeats to NATS that fail while
+/// slow job is not redelivered to another worker while this one is still on it, and
+/// renewing the leases of its messages `ids` in the database, which covers heartbeats to NATS that fail while
 /// the worker goes on. If the worker dies, both stop and the job is redelivered after
 /// `ack_wait`.
 pub(super) async fn with_heartbeat<T>(
     worker: &Worker,
     msg: &jetstream::Message,
-    job_id: JobId,
+    ids: &[JobId],
     lease: Uuid,
     work: impl Future<Output = T>,
 ) -> T {
@@ -174,10 +175,10 @@ pub(super) async fn with_heartbeat<T>(
                 // The lease first, each call bounded: a stuck NATS connection must not
                 // hold up the lease renewal that covers for it.
                 let bound = period / 2;
-                match tokio::time::timeout(bound, renew(worker, job_id, lease)).await {
+                match tokio::time::timeout(bound, renew(worker, ids, lease)).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the job's lease"),
-                    Err(_) => tracing::warn!("renewing the job's lease timed out"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not renew the job's leases"),
+                    Err(_) => tracing::warn!("renewing the job's leases timed out"),
                 }
                 match tokio::time::timeout(bound, msg.ack_with(AckKind::Progress)).await {
                     Ok(Ok(())) => {}

@@ -50,17 +50,25 @@ const LEASE_WAITS: u32 = 5;
 
 /// A job as the worker knows it: the message and its parsed ids.
 pub(crate) struct Job {
+    /// The SEND message's id.
     pub id: JobId,
     pub send: SendJob,
     pub workspace: Option<WorkspaceId>,
-    /// For a recipient of a task: the task.
+    /// For recipients of a task: the task.
     pub task: Option<TaskId>,
+    /// The messages the job delivers, each on its own.
+    pub deliveries: Vec<Delivery>,
 }
 
-/// What a job delivers: its recipients and subject (recorded with the claim) and, for a
-/// task's job, the task (`None` when it is gone: the job fails).
+/// One message of a job: its own `deliveries` row, lease, Message-ID and outcome.
+pub(crate) struct Delivery {
+    pub id: JobId,
+    pub to: Vec<String>,
+}
+
+/// What a job's messages share: the subject (recorded with each claim) and, for a task's
+/// job, the task (`None` when it is gone: the messages fail).
 struct Letter {
-    to: Vec<String>,
     subject: String,
     task: Option<Arc<LoadedTask>>,
 }
@@ -87,19 +95,55 @@ pub(crate) enum DeliveryStatus {
     Failed,
 }
 
-/// How handling a job ended; decides how the message is acknowledged.
+/// How handling a message (one delivery, or a whole job) ended; decides how the job is
+/// acknowledged.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Delivered now, or before (a redelivery of a finished job).
     Done,
     /// Another claim holds a live lease for about this long.
     Leased(Duration),
-    /// Another claim took the job over while this one worked: the message is its business.
+    /// Another claim took the message over while this one worked: the job is its business.
     Superseded,
     /// A transient failure: try again later.
     Retry(String),
     /// Failed for good (recorded as `failed`).
     Park(String),
+    /// Not started: the worker is stopping.
+    Stopped,
+}
+
+impl Outcome {
+    /// How pressing an outcome is for the job it belongs to.
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Done => 0,
+            Self::Park(_) => 1,
+            Self::Superseded => 2,
+            Self::Stopped => 3,
+            Self::Leased(_) => 4,
+            Self::Retry(_) => 5,
+        }
+    }
+
+    /// The outcome of a job from those of its messages: any retry retries the job (its
+    /// finished messages are skipped then), a held or handed-back one hands it back, one
+    /// taken over leaves it to the other claim; otherwise every message is finished, and
+    /// the job is parked only when each of them failed for good.
+    fn of_job(outcomes: Vec<Outcome>) -> Outcome {
+        let all_parked = outcomes.iter().all(|o| matches!(o, Self::Park(_)));
+        let job = outcomes
+            .into_iter()
+            .fold(Self::Done, |job, outcome| match (job, outcome) {
+                (Self::Leased(a), Self::Leased(b)) => Self::Leased(a.max(b)),
+                (job, outcome) if outcome.rank() > job.rank() => outcome,
+                (job, _) => job,
+            });
+        match job {
+            Self::Park(_) if !all_parked => Self::Done,
+            job => job,
+        }
+    }
 }
 
 /// The delivery stages' shared equipment.
@@ -111,12 +155,16 @@ pub(crate) struct Worker {
     pub shutdown: CancellationToken,
     /// The domain of the Message-IDs made here.
     pub message_id_domain: String,
-    /// Tasks recently delivered, so a task's recipients do not each read it again.
+    /// Tasks recently delivered, so a task's jobs do not each read it again.
     pub tasks: cache::TaskCache,
-    /// Claims of jobs, written in batches.
+    /// Claims of messages, written in batches.
     claims: batch::Batcher<lease::ClaimRow, Option<i32>>,
-    /// Outcomes of jobs, written in batches.
+    /// Outcomes of messages, written in batches.
     records: batch::Batcher<record::RecordRow, bool>,
+    /// Messages claimed and not yet finished, at most [`Worker::claim_ahead`].
+    claimed: Semaphore,
+    /// Messages in the transport's hands, at most `concurrency`.
+    delivering: Semaphore,
 }
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
@@ -136,9 +184,8 @@ pub async fn spawn(
                 ack_wait: config.ack_wait,
                 // Unlimited: attempts are counted in `deliveries` (docs/decisions.md).
                 max_deliver: -1,
-                // One batch waits beside the jobs being worked on, so a free slot never
-                // waits for a pull. A waiting job that outlives its ack deadline and is
-                // delivered again is claimed once: the lease decides (docs/decisions.md).
+                // Jobs handed out and not yet acknowledged. Each is in a handler at once,
+                // kept alive by its heartbeats while it waits for its turn.
                 max_ack_pending: 2 * config.concurrency as i64,
                 ..Default::default()
             },
@@ -151,11 +198,12 @@ pub async fn spawn(
         .messages()
         .await
         .map_err(|e| anyhow::anyhow!("pulling from the SEND stream: {e}"))?;
-    let limit = Arc::new(Semaphore::new(config.concurrency));
     let ack_wait = config.ack_wait;
     let worker = Arc::new(Worker {
         db: rt.db.clone(),
         transport,
+        claimed: Semaphore::new(claim_ahead(&config)),
+        delivering: Semaphore::new(config.concurrency.max(1)),
         config,
         shutdown: rt.shutdown.clone(),
         message_id_domain: message_id_domain.to_owned(),
@@ -178,10 +226,6 @@ pub async fn spawn(
     let (jobs, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
     rt.tracker.spawn(async move {
         loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                p = limit.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            };
             let msg = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 m = messages.next() => m,
@@ -189,10 +233,7 @@ pub async fn spawn(
             match msg {
                 Some(Ok(msg)) => {
                     let worker = worker.clone();
-                    jobs.spawn(async move {
-                        worker.handle(msg).await;
-                        drop(permit);
-                    });
+                    jobs.spawn(async move { worker.handle(msg).await });
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "SEND stream pull failed; retrying");
@@ -205,6 +246,12 @@ pub async fn spawn(
     Ok(())
 }
 
+/// Messages claimed ahead of delivery: the next job's claims are written while the current
+/// one's messages go out, so a free delivery slot never waits for the database.
+fn claim_ahead(config: &WorkerConfig) -> usize {
+    2 * config.concurrency.max(tasks::RECIPIENTS_PER_JOB)
+}
+
 /// The pause before retry number `delivered`: doubling from `base`, at most 15 minutes.
 /// Deliveries are not capped, so a long outage must not push the next try days away.
 pub fn retry_delay(base: Duration, delivered: i64) -> Duration {
@@ -214,12 +261,12 @@ pub fn retry_delay(base: Duration, delivered: i64) -> Duration {
 
 impl Worker {
     /// Handles one message of the SEND stream, start to ack.
-    async fn handle(&self, msg: jetstream::Message) {
+    async fn handle(self: Arc<Self>, msg: jetstream::Message) {
         let span = tracing::info_span!("send.deliver", job_id = tracing::field::Empty);
         telemetry::link_nats(&span, msg.headers.as_ref());
         async {
             let job = match decode(&msg.payload) {
-                Ok(job) => job,
+                Ok(job) => Arc::new(job),
                 Err(reason) => {
                     tracing::error!(%reason, "undeliverable send job dropped from the queue");
                     let _ = msg.ack_with(AckKind::Term).await;
@@ -234,35 +281,60 @@ impl Worker {
         .await
     }
 
-    /// Runs the stages under one claim, waiting (with in-progress acks) while another claim
-    /// holds a live lease, within bounds.
-    async fn run(&self, msg: &jetstream::Message, job: &Job) -> Outcome {
+    /// Runs the job's messages, each under its claim, all under one lease token and one
+    /// heartbeat; waits (with in-progress acks) while other claims hold live leases on some
+    /// of them, within bounds.
+    async fn run(self: &Arc<Self>, msg: &jetstream::Message, job: &Arc<Job>) -> Outcome {
         // A token of this claim: a redelivery to this same process is another claimant.
         let lease = Uuid::now_v7();
+        let ids: Vec<JobId> = job.deliveries.iter().map(|d| d.id).collect();
+        let mut pending: Vec<usize> = (0..job.deliveries.len()).collect();
+        let mut finished = Vec::with_capacity(pending.len());
         let mut waited = Duration::ZERO;
         loop {
-            let work = self.process(job, lease);
-            match lease::with_heartbeat(self, msg, job.id, lease, work).await {
-                Outcome::Leased(wait) if waited < self.config.ack_wait * LEASE_WAITS => {
-                    tracing::info!(?wait, "another worker holds the job's lease; waiting");
-                    let pause = wait.min(self.config.ack_wait / 2);
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return Outcome::Leased(wait),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                    waited += pause;
-                    let _ = msg.ack_with(AckKind::Progress).await;
-                }
-                outcome => return outcome,
+            let work = self.clone().process(job.clone(), pending, lease);
+            let outcomes = lease::with_heartbeat(self, msg, &ids, lease, work).await;
+            let (held, rest): (Vec<_>, Vec<_>) = outcomes
+                .into_iter()
+                .partition(|(_, o)| matches!(o, Outcome::Leased(_)));
+            finished.extend(rest.into_iter().map(|(_, o)| o));
+            let wait = held
+                .iter()
+                .map(|(_, o)| match o {
+                    Outcome::Leased(wait) => *wait,
+                    _ => Duration::ZERO,
+                })
+                .max();
+            let Some(wait) = wait else {
+                return Outcome::of_job(finished);
+            };
+            if waited >= self.config.ack_wait * LEASE_WAITS {
+                finished.push(Outcome::Leased(wait));
+                return Outcome::of_job(finished);
             }
+            tracing::info!(
+                ?wait,
+                held = held.len(),
+                "other claims hold leases; waiting"
+            );
+            let pause = wait.min(self.config.ack_wait / 2);
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    finished.push(Outcome::Leased(wait));
+                    return Outcome::of_job(finished);
+                }
+                _ = tokio::time::sleep(pause) => {}
+            }
+            waited += pause;
+            let _ = msg.ack_with(AckKind::Progress).await;
+            pending = held.into_iter().map(|(i, _)| i).collect();
         }
     }
 
-    /// The job's recipients, subject and task (a task's job names its one recipient).
+    /// The subject and task the job's messages share.
     async fn letter(&self, job: &Job) -> Result<Letter, sqlx::Error> {
         let Some(task_id) = job.task else {
             return Ok(Letter {
-                to: job.send.to.clone(),
                 subject: job.send.subject.clone(),
                 task: None,
             });
@@ -274,7 +346,6 @@ impl Worker {
                 .map(|t| self.tasks.insert(task_id, t)),
         };
         Ok(Letter {
-            to: job.send.to.clone(),
             subject: task
                 .as_ref()
                 .map(|t| t.message.subject.clone())
@@ -283,9 +354,14 @@ impl Worker {
         })
     }
 
-    /// The job's MIME message; the error says why it can never be built.
-    fn build(&self, job: &Job, letter: &Letter) -> Result<lettre::Message, String> {
-        let message_id = format!("<{}@{}>", job.id, self.message_id_domain);
+    /// The MIME message of `delivery`; the error says why it can never be built.
+    fn build(
+        &self,
+        job: &Job,
+        delivery: &Delivery,
+        letter: &Letter,
+    ) -> Result<lettre::Message, String> {
+        let message_id = format!("<{}@{}>", delivery.id, self.message_id_domain);
         let draft = match (&job.task, &letter.task) {
             (None, _) => {
                 let s = &job.send;
@@ -293,7 +369,7 @@ impl Worker {
                     message_id,
                     from_email: &s.from_email,
                     from_name: Some(s.from_name.as_str()).filter(|n| !n.is_empty()),
-                    to: &s.to,
+                    to: &delivery.to,
                     cc: &[],
                     bcc: &[],
                     reply_to: None,
@@ -306,22 +382,65 @@ impl Worker {
                     test: false,
                 }
             }
-            (Some(_), Some(task)) => message::Draft::of_task(task, &letter.to, message_id),
+            (Some(_), Some(task)) => message::Draft::of_task(task, &delivery.to, message_id),
             (Some(task), None) => return Err(format!("task {task} no longer exists")),
         };
         message::build(&draft)
     }
 
-    /// claim → build → deliver → record.
-    async fn process(&self, job: &Job, lease: Uuid) -> Outcome {
-        let letter = match self.letter(job).await {
-            Ok(letter) => letter,
-            Err(e) => return Outcome::Retry(format!("database: {e}")),
+    /// Runs the messages at `indices` of the job, each on its own task; answers each one's
+    /// outcome.
+    async fn process(
+        self: Arc<Self>,
+        job: Arc<Job>,
+        indices: Vec<usize>,
+        lease: Uuid,
+    ) -> Vec<(usize, Outcome)> {
+        let stopped = || indices.iter().map(|&i| (i, Outcome::Stopped)).collect();
+        let count = u32::try_from(indices.len().min(claim_ahead(&self.config))).unwrap_or(1);
+        let _claimed = tokio::select! {
+            _ = self.shutdown.cancelled() => return stopped(),
+            p = self.claimed.acquire_many(count) => p.expect("semaphore is never closed"),
         };
-        let attempt = match lease::claim(self, job, &letter.to, &letter.subject, lease).await {
+        let letter = match self.letter(&job).await {
+            Ok(letter) => Arc::new(letter),
+            Err(e) => {
+                let reason = format!("database: {e}");
+                return indices
+                    .iter()
+                    .map(|&i| (i, Outcome::Retry(reason.clone())))
+                    .collect();
+            }
+        };
+        let mut running = tokio::task::JoinSet::new();
+        for &i in &indices {
+            let (worker, job, letter) = (self.clone(), job.clone(), letter.clone());
+            running.spawn(async move { (i, worker.deliver(&job, i, &letter, lease).await) });
+        }
+        let mut outcomes = Vec::with_capacity(indices.len());
+        while let Some(done) = running.join_next().await {
+            match done {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => tracing::error!(error = %e, "a delivery task failed"),
+            }
+        }
+        // A task that panicked leaves its message to be tried again.
+        for &i in &indices {
+            if !outcomes.iter().any(|(j, _)| *j == i) {
+                outcomes.push((i, Outcome::Retry("delivery task failed".into())));
+            }
+        }
+        outcomes
+    }
+
+    /// claim → build → deliver → record, for the job's message at `index`.
+    async fn deliver(&self, job: &Job, index: usize, letter: &Letter, lease: Uuid) -> Outcome {
+        let delivery = &job.deliveries[index];
+        let claim = lease::claim(self, job, delivery, &letter.subject, lease).await;
+        let attempt = match claim {
             Ok(lease::Claim::Deliver(attempt)) => i64::from(attempt),
             Ok(lease::Claim::Finished(status)) => {
-                tracing::info!(?status, "job already handled; acknowledging the redelivery");
+                tracing::info!(id = %delivery.id, ?status, "message already handled");
                 return Outcome::Done;
             }
             Ok(lease::Claim::Held(left)) => {
@@ -329,43 +448,61 @@ impl Worker {
             }
             Err(e) => return Outcome::Retry(format!("database: {e}")),
         };
-        let delivered = match self.build(job, &letter) {
-            Ok(message) => self.transport.deliver(job.id, message).await,
-            Err(reason) => Err(TransportError::Permanent(reason)),
+        let delivered = {
+            let _slot = self
+                .delivering
+                .acquire()
+                .await
+                .expect("semaphore is never closed");
+            match self.build(job, delivery, letter) {
+                Ok(message) => self.transport.deliver(delivery.id, message).await,
+                Err(reason) => Err(TransportError::Permanent(reason)),
+            }
         };
         let verdict = record::Verdict::of(delivered, attempt >= self.config.max_deliver);
-        record::record(self, job.id, lease, verdict).await
-    }
-
-    /// Acknowledges the message as `outcome` says.
-    async fn acknowledge(&self, msg: &jetstream::Message, outcome: Outcome) {
+        let outcome = record::record(self, delivery.id, lease, verdict).await;
         let result = match &outcome {
             Outcome::Done => "sent",
-            Outcome::Park(_) => "failed",
-            Outcome::Retry(_) => "retry",
-            Outcome::Leased(_) | Outcome::Superseded => "elsewhere",
+            Outcome::Park(reason) => {
+                tracing::error!(id = %delivery.id, %reason, "delivery failed for good");
+                "failed"
+            }
+            Outcome::Retry(reason) => {
+                tracing::warn!(id = %delivery.id, %reason, attempt, "delivery failed; will retry");
+                "retry"
+            }
+            Outcome::Leased(_) | Outcome::Superseded | Outcome::Stopped => "elsewhere",
         };
         metrics::counter!("postmesh_sender_deliveries_total", "result" => result).increment(1);
+        outcome
+    }
+
+    /// Acknowledges the job as `outcome` says.
+    async fn acknowledge(&self, msg: &jetstream::Message, outcome: Outcome) {
         let _ = match outcome {
-            // Not waited for: a lost ack redelivers a job that is recorded as finished,
-            // and its claim acknowledges it without sending.
+            // Not waited for: a lost ack redelivers a job whose messages are recorded as
+            // finished, and their claims acknowledge it without sending.
             Outcome::Done => msg.ack().await,
             Outcome::Leased(wait) => {
-                tracing::info!(?wait, "the job's lease is still held; handing the job back");
+                tracing::info!(
+                    ?wait,
+                    "a message's lease is still held; handing the job back"
+                );
                 msg.ack_with(AckKind::Nak(Some(wait))).await
             }
+            Outcome::Stopped => msg.ack_with(AckKind::Nak(None)).await,
             Outcome::Superseded => {
-                tracing::warn!("another claim took the job over; leaving the message to it");
+                tracing::warn!("another claim took a message over; leaving the job to it");
                 Ok(())
             }
             Outcome::Park(reason) => {
-                tracing::error!(%reason, "delivery failed for good; parked");
+                tracing::error!(%reason, "every message of the job failed for good; parked");
                 msg.ack_with(AckKind::Term).await
             }
             Outcome::Retry(reason) => {
                 let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
                 let delay = retry_delay(self.config.retry_base, delivered);
-                tracing::warn!(%reason, delivered, ?delay, "delivery failed; will retry");
+                tracing::warn!(%reason, delivered, ?delay, "job will be retried");
                 msg.ack_with(AckKind::Nak(Some(delay))).await
             }
         };
@@ -380,11 +517,31 @@ fn decode(payload: &[u8]) -> Result<Job, String> {
         "" => None,
         raw => Some(TaskId::parse(raw).ok_or("task id is not a uuid")?),
     };
+    let deliveries = if send.recipient_ids.is_empty() {
+        vec![Delivery {
+            id,
+            to: send.to.clone(),
+        }]
+    } else if send.recipient_ids.len() != send.to.len() {
+        return Err("recipient ids and addresses differ in number".into());
+    } else {
+        send.recipient_ids
+            .iter()
+            .zip(&send.to)
+            .map(|(rid, to)| {
+                Ok(Delivery {
+                    id: JobId::parse(rid).ok_or("a recipient id is not a uuid")?,
+                    to: vec![to.clone()],
+                })
+            })
+            .collect::<Result<_, String>>()?
+    };
     Ok(Job {
         id,
         workspace: WorkspaceId::parse(&send.workspace_id),
         task,
         send,
+        deliveries,
     })
 }
 
@@ -416,6 +573,62 @@ mod tests {
             id: id.to_string(),
             ..Default::default()
         };
-        assert_eq!(decode(&job.encode_to_vec()).unwrap().id, id);
+        let job = decode(&job.encode_to_vec()).unwrap();
+        assert_eq!(job.id, id);
+        assert_eq!(job.deliveries.len(), 1);
+        assert_eq!(job.deliveries[0].id, id);
+    }
+
+    #[test]
+    fn a_slice_of_recipients_is_one_message_each() {
+        let (a, b) = (JobId::new(), JobId::new());
+        let slice = SendJob {
+            id: JobId::new().to_string(),
+            to: vec!["a@example.com".into(), "b@example.com".into()],
+            recipient_ids: vec![a.to_string(), b.to_string()],
+            ..Default::default()
+        };
+        let job = decode(&slice.encode_to_vec()).unwrap();
+        let got: Vec<_> = job
+            .deliveries
+            .iter()
+            .map(|d| (d.id, d.to.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (a, vec!["a@example.com".to_owned()]),
+                (b, vec!["b@example.com".to_owned()])
+            ]
+        );
+        let short = SendJob {
+            recipient_ids: vec![a.to_string()],
+            ..slice.clone()
+        };
+        assert!(decode(&short.encode_to_vec()).is_err());
+        let bad = SendJob {
+            recipient_ids: vec![a.to_string(), "nope".into()],
+            ..slice
+        };
+        assert!(decode(&bad.encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn a_job_ends_as_its_most_pressing_message() {
+        use Outcome::*;
+        let ms = Duration::from_millis;
+        let retry = || Retry("x".into());
+        let park = || Park("x".into());
+        assert_eq!(Outcome::of_job(vec![Done, Done]), Done);
+        assert_eq!(Outcome::of_job(vec![Done, park()]), Done);
+        assert_eq!(Outcome::of_job(vec![park(), park()]), park());
+        assert_eq!(Outcome::of_job(vec![Done, retry(), Leased(ms(5))]), retry());
+        assert_eq!(
+            Outcome::of_job(vec![Leased(ms(1)), Done, Leased(ms(3))]),
+            Leased(ms(3))
+        );
+        assert_eq!(Outcome::of_job(vec![Superseded, Done, park()]), Superseded);
+        assert_eq!(Outcome::of_job(vec![Done, Stopped]), Stopped);
+        assert_eq!(Outcome::of_job(vec![]), Done);
     }
 }
