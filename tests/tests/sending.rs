@@ -210,19 +210,35 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     let key = stack.key(2).await;
     let db = stack.sender_db().await;
     let three = json!(["a@example.com", "b@example.com", "c@example.com"]);
+    let two = json!(["a@example.com", "b@example.com"]);
     // A dry run checks and prices, and nothing else.
+    let (s, v) = send(
+        &stack,
+        &key,
+        json!({"to": two, "subject": "s", "text": "t", "dryRun": true}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["dryRun"].as_bool(), v["cost"].as_i64()),
+        (Some(true), Some(2))
+    );
+    assert!(v["taskId"].is_null(), "{v}");
+    // The balance is one of its checks: three recipients with two credits is 402.
     let (s, v) = send(
         &stack,
         &key,
         json!({"to": three, "subject": "s", "text": "t", "dryRun": true}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(
-        (v["dryRun"].as_bool(), v["cost"].as_i64()),
-        (Some(true), Some(3))
+    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("insufficient balance"),
+        "{v}"
     );
-    assert!(v["taskId"].is_null(), "{v}");
     // A dry run still refuses what a send would refuse.
     let (s, _) = send(
         &stack,

@@ -100,6 +100,21 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
             "hold_secs must not be negative".into(),
         ));
     }
+    if req.dry_run {
+        let balance: Option<i64> =
+            sqlx::query_scalar("SELECT balance FROM balances WHERE api_key_id = $1")
+                .bind(key_id)
+                .fetch_optional(db)
+                .await?;
+        return match balance {
+            Some(balance) if balance >= req.cost => Ok(ChargeReply {
+                balance,
+                duplicate: false,
+                entry_id: String::new(),
+            }),
+            _ => Err(LedgerError::InsufficientBalance),
+        };
+    }
     let entry_id = Uuid::now_v7();
     // One statement: the balance only moves if the entry is new and the balance covers it.
     // A concurrent duplicate fails on the unique key and rolls the whole statement back.

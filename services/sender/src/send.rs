@@ -214,30 +214,30 @@ async fn send(
         template_key: template.as_ref().map(|t| t.0.clone()),
         template_version: template.as_ref().map(|t| t.1),
     };
+    let charge = ChargeRequest {
+        api_key_id: caller.key.to_string(),
+        account_id: caller.auth.account_id.clone(),
+        caller_email: caller.auth.email.clone(),
+        cost,
+        idempotency_key: task_id.to_string(),
+        target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
+        from_email: Some(from.to_string()),
+        subject: Some(message.subject.clone()),
+        send_mode: Some(req.email_type.as_str().to_owned()),
+        recipient_count: Some(recipients.len() as i64),
+        task_id: Some(task_id.to_string()),
+        // Held until the send is committed and settled (see `settle`).
+        hold_secs: HOLD.as_secs() as i64,
+        dry_run: false,
+    };
     if req.dry_run {
         quota
             .check(&mut *state.db.acquire().await?, recipients.len() as i64)
             .await?;
+        state.billing.covers(charge).await?;
         return Ok(Success::new(answer(None)));
     }
-    state
-        .billing
-        .charge(ChargeRequest {
-            api_key_id: caller.key.to_string(),
-            account_id: caller.auth.account_id.clone(),
-            caller_email: caller.auth.email.clone(),
-            cost,
-            idempotency_key: task_id.to_string(),
-            target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
-            from_email: Some(from.to_string()),
-            subject: Some(message.subject.clone()),
-            send_mode: Some(req.email_type.as_str().to_owned()),
-            recipient_count: Some(recipients.len() as i64),
-            task_id: Some(task_id.to_string()),
-            // Held until the send is committed and settled (see `settle`).
-            hold_secs: HOLD.as_secs() as i64,
-        })
-        .await?;
+    state.billing.charge(charge).await?;
     let task = NewTask {
         id: task_id,
         caller: &caller,

@@ -59,6 +59,13 @@ impl BillingClient {
         }
     }
 
+    /// Whether the balance covers `req.cost`, taking nothing (a dry run's charge): 402 when
+    /// it does not.
+    pub async fn covers(&self, mut req: ChargeRequest) -> Result<ChargeReply, ApiError> {
+        req.dry_run = true;
+        nats::call(&self.nats, &self.ns, &req).await
+    }
+
     /// Takes `req.cost` credits held for [`HOLD`]: unless confirmed by then, billing gives
     /// them back, so a caller that dies before its paid work is queued costs nothing.
     pub async fn hold(&self, mut req: ChargeRequest) -> Result<HeldCharge, ApiError> {
