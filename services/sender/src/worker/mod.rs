@@ -415,7 +415,9 @@ impl Worker {
         let mut running = tokio::task::JoinSet::new();
         for &i in &indices {
             let (worker, job, letter) = (self.clone(), job.clone(), letter.clone());
-            running.spawn(async move { (i, worker.deliver(&job, i, &letter, lease).await) });
+            let work = async move { (i, worker.deliver(&job, i, &letter, lease).await) };
+            // Each message's logs stay in the job's span (and its trace).
+            running.spawn(work.instrument(tracing::Span::current()));
         }
         let mut outcomes = Vec::with_capacity(indices.len());
         while let Some(done) = running.join_next().await {
@@ -440,7 +442,7 @@ impl Worker {
         let attempt = match claim {
             Ok(lease::Claim::Deliver(attempt)) => i64::from(attempt),
             Ok(lease::Claim::Finished(status)) => {
-                tracing::info!(id = %delivery.id, ?status, "message already handled");
+                tracing::debug!(id = %delivery.id, ?status, "message already handled");
                 return Outcome::Done;
             }
             Ok(lease::Claim::Held(left)) => {
