@@ -6,8 +6,8 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
-use crate::ids::{ApiKeyId, WorkspaceId};
-use crate::proto::AuthContext;
+use crate::ids::{AccountId, ApiKeyId, WorkspaceId};
+use crate::proto::{AuthContext, ChargeRequest, Role};
 
 /// A JSON body; a malformed or mistyped body is a 400, an oversized one a 413.
 pub struct JsonBody<T>(pub T);
@@ -47,13 +47,51 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
     }
 }
 
-/// The caller as established by the gateway. Missing context is a 500, as the spec says.
+/// The caller as established by the gateway, parsed once. Missing or malformed context is
+/// a 500, as the spec says: only the gateway sets it.
+#[derive(Clone, Debug)]
 pub struct Caller {
-    pub auth: AuthContext,
-    /// The calling API key, parsed.
-    pub key: ApiKeyId,
-    /// The key's workspace, parsed.
+    pub account: AccountId,
     pub workspace: WorkspaceId,
+    /// The calling API key.
+    pub key: ApiKeyId,
+    pub role: Role,
+    /// The account's email address.
+    pub email: String,
+}
+
+impl Caller {
+    /// Parses the context the gateway attached; `None` when an id is not a uuid or the
+    /// role is unknown.
+    pub fn parse(auth: &AuthContext) -> Option<Self> {
+        Some(Self {
+            account: AccountId::parse(&auth.account_id)?,
+            workspace: WorkspaceId::parse(&auth.workspace_id)?,
+            key: ApiKeyId::parse(&auth.api_key_id)?,
+            role: Role::try_from(auth.role)
+                .ok()
+                .filter(|r| *r != Role::Unspecified)?,
+            email: auth.email.clone(),
+        })
+    }
+
+    /// Whether the caller is an operator of the platform.
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// A charge of `cost` credits to the caller's key under `idempotency_key`; the other
+    /// fields are the caller's to set.
+    pub fn charge(&self, cost: i64, idempotency_key: String) -> ChargeRequest {
+        ChargeRequest {
+            api_key_id: self.key.to_string(),
+            account_id: self.account.to_string(),
+            caller_email: self.email.clone(),
+            cost,
+            idempotency_key,
+            ..Default::default()
+        }
+    }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
@@ -63,13 +101,88 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         parts
             .extensions
             .get::<AuthContext>()
-            .and_then(|auth| {
-                Some(Self {
-                    key: ApiKeyId::parse(&auth.api_key_id)?,
-                    workspace: WorkspaceId::parse(&auth.workspace_id)?,
-                    auth: auth.clone(),
-                })
-            })
+            .and_then(Self::parse)
             .ok_or_else(|| ApiError::Internal("authentication context missing".into()))
+    }
+}
+
+/// The `idempotency-key` header of spec §4.3 rule 1: 16-100 letters, digits, `_` or `-`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The header that carries the key.
+    pub const HEADER: &'static str = "idempotency-key";
+
+    /// Parses a key; anything outside the rule is a 400.
+    pub fn parse(raw: &str) -> Result<Self, ApiError> {
+        let ok = (16..=100).contains(&raw.len())
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if ok {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(ApiError::BadRequest(
+                "idempotency-key must be 16-100 letters, digits, _ or -".into(),
+            ))
+        }
+    }
+
+    /// The key as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The request's `idempotency-key` header; missing or malformed is a 400.
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let raw = parts
+            .headers
+            .get(Self::HEADER)
+            .ok_or_else(|| ApiError::BadRequest("the idempotency-key header is required".into()))?;
+        Self::parse(raw.to_str().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_follow_the_spec_rule() {
+        for good in ["order_2026-11-23a", &"a".repeat(100), "ABCDEFGHIJ-_0123"] {
+            assert_eq!(IdempotencyKey::parse(good).unwrap().as_str(), good);
+        }
+        for bad in [
+            "",
+            "short-key-15chr",
+            &"a".repeat(101),
+            "order 2026-11-23 x",
+            "order.2026.11.23.x",
+        ] {
+            assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_header_is_required() {
+        let req = |v: Option<&str>| {
+            let mut b = axum::http::Request::builder();
+            if let Some(v) = v {
+                b = b.header(IdempotencyKey::HEADER, v);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        let key =
+            IdempotencyKey::from_request_parts(&mut req(Some("order_2026-11-23a")), &()).await;
+        assert_eq!(key.unwrap().as_str(), "order_2026-11-23a");
+        for missing in [None, Some("nope")] {
+            let err = IdempotencyKey::from_request_parts(&mut req(missing), &()).await;
+            assert!(matches!(err, Err(ApiError::BadRequest(_))));
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Plumbing shared by every Postmesh service: configuration, the service list, the error
 //! type mapped to the spec's status codes, typed ids and answers, Postgres/Redis/NATS setup,
-//! typed RPCs and the clients built on them, JetStream streams and the outbox, routes with
-//! their auth policy, the start-up runtime, telemetry, and the protobuf contracts.
+//! typed RPCs and the clients built on them, JetStream streams and the outbox, routers built
+//! from the contracts' route manifests, the start-up runtime and telemetry. What crosses a
+//! process boundary (messages, ids, the RPC table, route manifests) is `postmesh-contracts`.
 
 pub mod clients;
 pub mod config;
@@ -9,32 +10,27 @@ pub mod db;
 pub mod email;
 pub mod error;
 pub mod extract;
-pub mod ids;
 pub mod jetstream;
 pub mod lifecycle;
 pub mod nats;
 pub mod response;
 pub mod routes;
-pub mod rpc;
 pub mod runtime;
-pub mod service;
-pub mod ses;
 pub mod telemetry;
 pub mod tls;
 
-/// Messages compiled from `proto/` (package `postmesh.v1`).
-pub mod proto {
-    #![allow(missing_docs, clippy::doc_lazy_continuation)]
-    include!(concat!(env!("OUT_DIR"), "/postmesh.v1.rs"));
-}
+// The contracts, where services meet them through the kit.
+pub use postmesh_contracts::{ids, proto, rpc, service};
+pub use postmesh_contracts::{
+    AccountId, ApiKeyId, DeliveryId, JobId, Method, Namespace, Policy, Rpc, Service, TaskId,
+    WorkspaceId,
+};
 
-pub use config::{Common, Namespace};
+pub use config::Common;
 pub use email::EmailAddress;
 pub use error::ApiError;
-pub use ids::{ApiKeyId, IdempotencyKey, JobId, TaskId, WorkspaceId};
+pub use extract::IdempotencyKey;
 pub use lifecycle::Running;
 pub use response::Success;
-pub use routes::{Policy, Routes};
-pub use rpc::{Method, Rpc};
+pub use routes::Routes;
 pub use runtime::Runtime;
-pub use service::Service;

@@ -24,12 +24,12 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 use tracing::Instrument;
 
-use crate::config::Namespace;
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
 use crate::rpc::{Method, Rpc};
 use crate::service::Service;
 use crate::telemetry;
+use crate::Namespace;
 
 /// Header carrying the request id end to end.
 pub const REQUEST_ID: &str = "x-request-id";

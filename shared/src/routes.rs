@@ -1,54 +1,45 @@
-//! Routes as their owners declare them: each resource module lists its paths with their
-//! auth policy and handlers; its service merges the lists into its router, and the gateway
-//! builds its route table from the same lists, so an endpoint is a change in one place.
+//! Routers built from the contracts' route manifests: each resource module pairs the
+//! [`RouteSpec`]s it serves with their handlers; its service merges the lists and builds its
+//! router, which refuses to build when the pairs and the service's manifest disagree. The
+//! gateway builds its table from the same manifests, so the two sides cannot drift apart.
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::MethodRouter;
+use axum::handler::Handler;
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
+use postmesh_contracts::{HttpMethod, RouteSpec};
 
 use crate::error::ApiError;
 
-/// Who may call a route; the gateway enforces it before anything else runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Anyone.
-    Public,
-    /// A bearer API key (`Authorization: Bearer <key>`).
-    Key,
-}
-
-/// What the gateway needs to know of one path of a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Declared {
-    pub path: &'static str,
-    pub policy: Policy,
-    /// The route's own largest request body in bytes; `None`: the gateway's default.
-    pub body_limit: Option<usize>,
-}
-
-/// Each path of a service with its policy and body limit.
-pub type Manifest = Vec<Declared>;
-
-/// One path of a service: its auth policy, its handlers and its body limit.
+/// One declared route and the handler that serves it.
 pub struct Route<S> {
-    pub path: &'static str,
-    pub policy: Policy,
-    pub handler: MethodRouter<S>,
-    /// Largest request body in bytes, when the route sets its own (see [`Routes::body_limit`]).
-    pub body_limit: Option<usize>,
+    pub spec: RouteSpec,
+    handler: MethodRouter<S>,
 }
 
 impl<S: Clone + Send + Sync + 'static> Route<S> {
-    /// The handlers, with the route's own body limit applied when it has one.
-    pub fn limited_handler(self) -> MethodRouter<S> {
-        match self.body_limit {
+    /// The handler, answering only the declared method, with the route's own body limit
+    /// when it has one.
+    pub fn into_handler(self) -> MethodRouter<S> {
+        match self.spec.body_limit {
             Some(limit) => self.handler.layer(DefaultBodyLimit::max(limit)),
             None => self.handler,
         }
     }
 }
 
-/// The routes a module or a service owns.
+/// The method filter of a declared method.
+pub fn method_filter(method: HttpMethod) -> MethodFilter {
+    match method {
+        HttpMethod::Get => MethodFilter::GET,
+        HttpMethod::Post => MethodFilter::POST,
+        HttpMethod::Put => MethodFilter::PUT,
+        HttpMethod::Patch => MethodFilter::PATCH,
+        HttpMethod::Delete => MethodFilter::DELETE,
+    }
+}
+
+/// The routes a module or a service serves.
 pub struct Routes<S>(Vec<Route<S>>);
 
 impl<S> Default for Routes<S> {
@@ -63,29 +54,16 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         Self::default()
     }
 
-    /// Adds `path` with its `policy` and `handler`.
-    pub fn route(mut self, path: &'static str, policy: Policy, handler: MethodRouter<S>) -> Self {
+    /// Serves `spec` (its method on its path) with `handler`.
+    pub fn at<H, T>(mut self, spec: RouteSpec, handler: H) -> Self
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
         self.0.push(Route {
-            path,
-            policy,
-            handler,
-            body_limit: None,
+            spec,
+            handler: on(method_filter(spec.method), handler),
         });
-        self
-    }
-
-    /// Lets the route added last accept request bodies up to `bytes`, instead of the
-    /// gateway's default (`GATEWAY_BODY_LIMIT`); bigger bodies are 413, at the gateway and in
-    /// the service's own router. Bodies too big for one NATS message travel by claim check
-    /// (see [`crate::nats::CLAIM_CHECK_THRESHOLD`]).
-    ///
-    /// # Panics
-    /// When no route was added yet.
-    pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.0
-            .last_mut()
-            .expect("body_limit applies to the route added before it")
-            .body_limit = Some(bytes);
         self
     }
 
@@ -95,16 +73,29 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         self
     }
 
-    /// Each path with its policy and body limit: what the gateway needs to know of a service.
-    pub fn manifest(&self) -> Manifest {
-        self.0
-            .iter()
-            .map(|r| Declared {
-                path: r.path,
-                policy: r.policy,
-                body_limit: r.body_limit,
-            })
-            .collect()
+    /// `Ok` when these routes serve exactly `manifest`, each once; otherwise what differs.
+    pub fn check(&self, manifest: &[RouteSpec]) -> Result<(), String> {
+        let served: Vec<RouteSpec> = self.0.iter().map(|r| r.spec).collect();
+        let name = |s: &RouteSpec| format!("{} {}", s.method.as_str(), s.path);
+        let mut problems = Vec::new();
+        for spec in manifest {
+            match served.iter().filter(|s| *s == spec).count() {
+                1 => {}
+                0 => problems.push(format!("{} has no handler", name(spec))),
+                _ => problems.push(format!("{} is served twice", name(spec))),
+            }
+        }
+        for spec in served.iter().filter(|s| !manifest.contains(s)) {
+            problems.push(format!(
+                "{} is served but not in the manifest (or differs from it)",
+                name(spec)
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
     }
 
     /// The routes themselves.
@@ -114,10 +105,17 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
 
     /// The service's router: these routes (each with its own body limit, if any), 404 and
     /// 405 in the standard error body.
-    pub fn into_router(self, state: S) -> Router {
+    ///
+    /// # Panics
+    /// When the routes do not serve exactly `manifest` (a programming error, caught by each
+    /// service's router test before it can ship).
+    pub fn into_router(self, manifest: &[RouteSpec], state: S) -> Router {
+        if let Err(e) = self.check(manifest) {
+            panic!("routes disagree with their manifest: {e}");
+        }
         let mut router = Router::new();
         for route in self.0 {
-            router = router.route(route.path, route.limited_handler());
+            router = router.route(route.spec.path, route.into_handler());
         }
         router
             .fallback(|| async { ApiError::NotFound(NO_SUCH_ENDPOINT.into()) })
@@ -133,7 +131,7 @@ pub const NO_SUCH_ENDPOINT: &str = "no such endpoint";
 mod tests {
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
-    use axum::routing::post;
+    use postmesh_contracts::Policy;
     use tower::ServiceExt;
 
     use super::*;
@@ -143,41 +141,59 @@ mod tests {
         v.as_str().map_or(0, str::len).to_string()
     }
 
+    const SMALL: RouteSpec = RouteSpec {
+        method: HttpMethod::Post,
+        path: "/small",
+        policy: Policy::Key,
+        body_limit: None,
+    };
+    const LARGE: RouteSpec = RouteSpec {
+        method: HttpMethod::Post,
+        path: "/large",
+        policy: Policy::Public,
+        body_limit: Some(4 * 1024 * 1024),
+    };
+    const MANIFEST: &[RouteSpec] = &[SMALL, LARGE];
+
     fn routes() -> Routes<()> {
-        Routes::new()
-            .route("/small", Policy::Key, post(size))
-            .route("/large", Policy::Public, post(size))
-            .body_limit(4 * 1024 * 1024)
+        Routes::new().at(SMALL, size).at(LARGE, size)
     }
 
     #[test]
-    fn body_limit_is_declared_for_the_route_added_last() {
-        assert_eq!(
-            routes().manifest(),
-            vec![
-                Declared {
-                    path: "/small",
-                    policy: Policy::Key,
-                    body_limit: None,
-                },
-                Declared {
-                    path: "/large",
-                    policy: Policy::Public,
-                    body_limit: Some(4 * 1024 * 1024),
-                },
-            ]
-        );
+    fn routes_must_serve_their_manifest_exactly() {
+        assert_eq!(routes().check(MANIFEST), Ok(()));
+        let missing = Routes::<()>::new().at(SMALL, size);
+        let err = missing.check(MANIFEST).unwrap_err();
+        assert!(err.contains("POST /large has no handler"), "{err}");
+        let other = RouteSpec {
+            path: "/other",
+            ..SMALL
+        };
+        let err = routes().at(other, size).check(MANIFEST).unwrap_err();
+        assert!(err.contains("POST /other is served"), "{err}");
+        let err = routes().at(SMALL, size).check(MANIFEST).unwrap_err();
+        assert!(err.contains("served twice"), "{err}");
+        let unlimited = RouteSpec {
+            body_limit: None,
+            ..LARGE
+        };
+        let other_limit = Routes::<()>::new().at(SMALL, size).at(unlimited, size);
+        assert!(other_limit.check(MANIFEST).is_err());
     }
 
     #[test]
-    #[should_panic(expected = "body_limit applies to the route added before it")]
-    fn body_limit_needs_a_route() {
-        let _ = Routes::<()>::new().body_limit(1);
+    #[should_panic(expected = "routes disagree with their manifest")]
+    fn a_router_that_disagrees_does_not_build() {
+        let _ = Routes::<()>::new()
+            .at(SMALL, size)
+            .into_router(MANIFEST, ());
     }
 
-    async fn post_json(router: &Router, path: &str, len: usize) -> StatusCode {
+    async fn send(router: &Router, method: &str, path: &str, len: usize) -> StatusCode {
         let body = serde_json::to_vec(&"x".repeat(len)).unwrap();
-        let req = Request::post(path)
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
             .header("content-type", "application/json")
             .body(Body::from(body))
             .unwrap();
@@ -185,17 +201,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_service_router_applies_each_route_limit() {
-        let router = routes().into_router(());
+    async fn the_service_router_applies_each_route_method_and_limit() {
+        let router = routes().into_router(MANIFEST, ());
+        let too_large = StatusCode::PAYLOAD_TOO_LARGE;
         // axum's default of 2 MiB holds where the route sets no limit.
+        assert_eq!(send(&router, "POST", "/small", 3 << 20).await, too_large);
         assert_eq!(
-            post_json(&router, "/small", 3 << 20).await,
-            StatusCode::PAYLOAD_TOO_LARGE
+            send(&router, "POST", "/large", 3 << 20).await,
+            StatusCode::OK
         );
-        assert_eq!(post_json(&router, "/large", 3 << 20).await, StatusCode::OK);
+        assert_eq!(send(&router, "POST", "/large", 5 << 20).await, too_large);
+        let not_allowed = StatusCode::METHOD_NOT_ALLOWED;
+        assert_eq!(send(&router, "PUT", "/large", 1).await, not_allowed);
         assert_eq!(
-            post_json(&router, "/large", 5 << 20).await,
-            StatusCode::PAYLOAD_TOO_LARGE
+            send(&router, "POST", "/none", 1).await,
+            StatusCode::NOT_FOUND
         );
     }
 }

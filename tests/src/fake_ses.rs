@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use postmesh_shared::ses::SesConfig;
+use postmesh_ses::SesConfig;
 
 /// The access key the fake knows.
 pub const ACCESS_KEY_ID: &str = "AKIAPOSTMESHTEST0001";

@@ -23,8 +23,10 @@ use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+use api_gateway::create_key::CreateKey;
 use postmesh_shared::config::env_or;
 use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::Role;
 use postmesh_shared::{Common, Namespace, Rpc, Running, Service};
 
 /// How the sender of a stack runs.
@@ -58,7 +60,7 @@ pub struct DomainOptions {
     /// `DNS_NAMESERVERS` (default: a closed local port, so nothing leaves the machine).
     pub nameservers: Vec<SocketAddr>,
     /// SES (default: no credentials, so SES answers 503).
-    pub ses: postmesh_shared::ses::SesConfig,
+    pub ses: postmesh_ses::SesConfig,
     /// `CLOUDFLARE_API_BASE`.
     pub cloudflare_api_base: String,
     /// `DOMAIN_RECHECK_SECS`.
@@ -69,7 +71,7 @@ impl Default for DomainOptions {
     fn default() -> Self {
         Self {
             nameservers: vec![SocketAddr::from(([127, 0, 0, 1], 9))],
-            ses: postmesh_shared::ses::SesConfig {
+            ses: postmesh_ses::SesConfig {
                 endpoint: "http://127.0.0.1:9".into(),
                 region: "us-east-1".into(),
                 credentials: None,
@@ -167,7 +169,7 @@ pub struct Stack {
     /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
     transport: (String, String),
     /// SES of the next sender start (the `ses` transport).
-    ses: postmesh_shared::ses::SesConfig,
+    ses: postmesh_ses::SesConfig,
     /// Set once `shutdown` removed the stack's data.
     cleaned: bool,
     /// Settings of the verification-code flow, as the gateway was started with.
@@ -372,7 +374,7 @@ impl Stack {
     }
 
     /// Makes the next sender start deliver through SES at `ses`.
-    pub fn use_ses(&mut self, ses: postmesh_shared::ses::SesConfig) {
+    pub fn use_ses(&mut self, ses: postmesh_ses::SesConfig) {
         self.transport = ("ses".to_owned(), String::new());
         self.ses = ses;
     }
@@ -529,20 +531,25 @@ impl Stack {
 
     /// Creates an account with a fresh address and a key holding `credits`.
     pub async fn key(&self, credits: i64) -> String {
-        self.key_with_role(credits, api_gateway::keys::Role::Member)
-            .await
+        self.key_with_role(credits, Role::Member).await
     }
 
     /// Creates an account with a fresh address and an admin key.
     pub async fn admin_key(&self) -> String {
-        self.key_with_role(0, api_gateway::keys::Role::Admin).await
+        self.key_with_role(0, Role::Admin).await
     }
 
-    async fn key_with_role(&self, credits: i64, role: api_gateway::keys::Role) -> String {
+    async fn key_with_role(&self, credits: i64, role: Role) -> String {
         let email = format!("dev-{}@example.com", uuid::Uuid::new_v4().simple());
-        api_gateway::create_key(&self.common, &email, role, credits)
-            .await
-            .expect("key created")
+        let email = postmesh_shared::EmailAddress::parse(&email).expect("address");
+        CreateKey {
+            email,
+            credits,
+            role,
+        }
+        .create(&self.common)
+        .await
+        .expect("key created")
     }
 
     /// Sends a request through the gateway; returns the status, headers and JSON body

@@ -910,7 +910,7 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
 
 #[tokio::test]
 async fn the_fake_ses_refuses_what_ses_refuses() {
-    use postmesh_shared::ses::{SesClient, SesError};
+    use postmesh_ses::{SesClient, SesError};
     let ses = FakeSes::start().await;
     let client = |config| {
         SesClient::new(&config, Duration::from_secs(5))

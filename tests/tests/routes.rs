@@ -1,50 +1,51 @@
-//! One owner per route: every route the gateway forwards is handled by its service's router,
-//! and every route a service declares is in the gateway's table, with the same policy and
-//! body limit. And a body too large for a NATS message still reaches its route.
+//! One owner per route: each service's served router answers exactly its manifest, and the
+//! gateway's table is the manifests. And a body too large for a NATS message still reaches
+//! its route.
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::routing::post;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use api_gateway::routes::{table, Entry, Target};
+use api_gateway::routes::{table, Target};
+use postmesh_contracts::routes::sender::SEND_EMAIL;
+use postmesh_contracts::{HttpMethod, Policy, RouteSpec};
 use postmesh_shared::nats::{self, ServiceHost, CLAIM_CHECK_THRESHOLD};
 use postmesh_shared::proto::{Header, HttpRequest, HttpResponse};
-use postmesh_shared::routes::{Declared, Manifest, NO_SUCH_ENDPOINT};
-use postmesh_shared::{Policy, Routes, Service};
+use postmesh_shared::routes::NO_SUCH_ENDPOINT;
+use postmesh_shared::{Routes, Service};
 use postmesh_tests::Stack;
 
-/// Whether `router` has a handler for `path` under some method: anything but its own
-/// "no such endpoint" 404 (a handler may answer 404 itself, or fail for want of a caller).
-async fn handled(router: &axum::Router, path: &str) -> bool {
-    let path = path.replace("{id}", &uuid::Uuid::now_v7().to_string());
-    for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
-        let req = axum::http::Request::builder()
-            .method(method)
-            .uri(&path)
-            .body(Body::empty())
-            .unwrap();
-        let res = router.clone().oneshot(req).await.unwrap();
-        let status = res.status().as_u16();
-        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let unrouted = status == 404 && String::from_utf8_lossy(&body).contains(NO_SUCH_ENDPOINT);
-        if !unrouted && status != 405 {
-            return true;
-        }
-    }
-    false
+/// What `router` answers `method path`: `None` when no handler took it (its own "no such
+/// endpoint" 404 or a 405), else the status (a handler may answer 404 itself, or fail for
+/// want of a caller or a database).
+async fn served(router: &axum::Router, method: HttpMethod, path: &str) -> Option<u16> {
+    let path = path
+        .replace("{id}", &uuid::Uuid::now_v7().to_string())
+        .replace("{task_id}", &uuid::Uuid::now_v7().to_string())
+        .replace("{key}", "welcome");
+    let req = axum::http::Request::builder()
+        .method(method.as_str())
+        .uri(&path)
+        .body(Body::empty())
+        .unwrap();
+    let res = router.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let unrouted = status == 404 && String::from_utf8_lossy(&body).contains(NO_SUCH_ENDPOINT);
+    (!unrouted && status != 405).then_some(status)
 }
 
-/// Each service with HTTP routes: its declared routes and its router. Keyed handlers stop at
-/// the missing auth context; a public one that reaches for the database fails fast.
-async fn services() -> Vec<(Service, Manifest, axum::Router)> {
+/// Each service with HTTP routes and the router it serves (`start` serves this same
+/// `router(state)`). Keyed handlers stop at the missing auth context; a public one that
+/// reaches for the database fails fast.
+async fn served_routers() -> Vec<(Service, axum::Router)> {
     let idle = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(std::time::Duration::from_millis(200))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
@@ -65,77 +66,67 @@ async fn services() -> Vec<(Service, Manifest, axum::Router)> {
         postmesh_shared::EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
     );
     vec![
-        (
-            Service::Sender,
-            sender::routes().manifest(),
-            sender::router(sender_state),
-        ),
+        (Service::Sender, sender::router(sender_state)),
         (
             Service::Billing,
-            billing::routes().manifest(),
             billing::router(billing::AppState::new(idle.clone())),
         ),
         (
             Service::Domain,
-            domain::routes().manifest(),
             domain::router(domain::AppState::new(idle).unwrap()),
         ),
     ]
 }
 
+/// Every service's served router answers exactly the methods its manifest declares on each
+/// declared path, and 405 for the others; the gateway forwards exactly the manifests.
 #[tokio::test]
-async fn gateway_routes_and_service_handlers_match_one_to_one() {
-    let table = table();
-    let services = services().await;
-    for entry in &table {
-        let Target::Service(service) = entry.target else {
+async fn served_routers_and_the_gateway_table_match_the_manifests() {
+    let routers = served_routers().await;
+    for service in Service::ALL {
+        let manifest = service.routes();
+        if service == Service::ApiGateway || manifest.is_empty() {
             continue;
-        };
-        let (_, declared, router) = services
+        }
+        let (_, router) = routers
             .iter()
-            .find(|(s, _, _)| *s == service)
-            .unwrap_or_else(|| panic!("{service} forwards routes but is not checked here"));
-        let as_declared = Declared {
-            path: entry.path,
-            policy: entry.policy,
-            body_limit: entry.body_limit,
-        };
-        assert!(
-            declared.contains(&as_declared),
-            "{} is forwarded to {service}, which does not declare it",
-            entry.path
-        );
-        assert!(
-            handled(router, entry.path).await,
-            "{} has no handler in {service}",
-            entry.path
-        );
-    }
-    for (service, declared, _) in &services {
-        for &Declared {
-            path,
-            policy,
-            body_limit,
-        } in declared
-        {
-            let entry = Entry {
-                path,
-                policy,
-                body_limit,
-                target: Target::Service(*service),
-            };
-            assert!(
-                table.contains(&entry),
-                "{service} serves {path}; the gateway does not route it"
-            );
+            .find(|(s, _)| *s == service)
+            .unwrap_or_else(|| panic!("{service} serves routes but is not checked here"));
+        for spec in manifest {
+            for method in HttpMethod::ALL {
+                let declared = manifest
+                    .iter()
+                    .any(|d| d.path == spec.path && d.method == method);
+                let status = served(router, method, spec.path).await;
+                assert_eq!(
+                    status.is_some(),
+                    declared,
+                    "{service}: {} {} answered {status:?}",
+                    method.as_str(),
+                    spec.path
+                );
+            }
         }
     }
-    // Paths are unique across the table: one owner per route.
-    let mut paths: Vec<&str> = table.iter().map(|e| e.path).collect();
-    paths.sort_unstable();
-    let before = paths.len();
-    paths.dedup();
-    assert_eq!(paths.len(), before, "a path has two owners");
+    // The gateway's table is every manifest, each route once, with its owner.
+    let table = table();
+    let expected: usize = Service::ALL.iter().map(|s| s.routes().len()).sum();
+    assert_eq!(table.len(), expected);
+    for service in Service::ALL {
+        for spec in service.routes() {
+            let owners: Vec<_> = table
+                .iter()
+                .filter(|e| e.spec.method == spec.method && e.spec.path == spec.path)
+                .collect();
+            assert_eq!(owners.len(), 1, "{} {}", spec.method.as_str(), spec.path);
+            assert_eq!(owners[0].spec, *spec);
+            let target = match service {
+                Service::ApiGateway => Target::Gateway,
+                other => Target::Service(other),
+            };
+            assert_eq!(owners[0].target, target);
+        }
+    }
 }
 
 /// The length and SHA-256 of the body it received.
@@ -153,10 +144,15 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     let client = nats::connect(&common.nats_url, Service::Domain, Duration::from_secs(10))
         .await
         .expect("nats");
+    let upload_route = RouteSpec {
+        method: HttpMethod::Post,
+        path: "/upload",
+        policy: Policy::Public,
+        body_limit: Some(4 * 1024 * 1024),
+    };
     let router = Routes::new()
-        .route("/upload", Policy::Public, post(digest))
-        .body_limit(4 * 1024 * 1024)
-        .into_router(());
+        .at(upload_route, digest)
+        .into_router(&[upload_route], ());
     let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
     ServiceHost::new(client.clone(), ns.clone(), Service::Domain)
         .http(router)
@@ -230,10 +226,8 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
 /// body; a route without its own limit still stops at `GATEWAY_BODY_LIMIT`.
 #[tokio::test]
 async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
-    let limit = table()
-        .iter()
-        .find(|e| e.path == "/send-email")
-        .and_then(|e| e.body_limit)
+    let limit = SEND_EMAIL
+        .body_limit
         .expect("/send-email declares its own body limit");
     assert!(limit > 2 * CLAIM_CHECK_THRESHOLD);
     let stack = Stack::start().await;
@@ -285,6 +279,11 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
 
     let (status, json) = post("/deduct", vec![b' '; 100 * 1024]).await;
     assert_eq!(status, 413, "{json}");
+    assert_eq!(json["success"], false, "{json}");
+
+    // The gateway routes only declared methods: `POST /balance` is 405 before any auth.
+    let (status, json) = post("/balance", Vec::new()).await;
+    assert_eq!(status, 405, "{json}");
     assert_eq!(json["success"], false, "{json}");
     stack.shutdown().await;
 }

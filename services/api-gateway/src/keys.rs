@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::proto::{AuthContext, GrantRequest};
+use postmesh_shared::proto::{AuthContext, GrantRequest, Role};
 use postmesh_shared::{ApiError, EmailAddress};
 
 /// Hex chars in the visible prefix.
@@ -59,33 +59,6 @@ pub fn generate() -> NewKey {
     let text = format!("pm_{prefix}_{secret}");
     let hash = Sha256::digest(text.as_bytes()).into();
     NewKey { text, prefix, hash }
-}
-
-/// What a key may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-pub enum Role {
-    Member,
-    Admin,
-}
-
-impl Role {
-    /// The role named `name` (`member` or `admin`).
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "member" => Some(Role::Member),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
-    }
-
-    /// The role's name, as the `AuthContext` carries it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Member => "member",
-            Role::Admin => "admin",
-        }
-    }
 }
 
 /// A looked-up key: its hash and who it belongs to.
@@ -174,7 +147,7 @@ impl KeyStore {
     }
 
     async fn load(&self, prefix: &str) -> Result<Option<KeyRow>, ApiError> {
-        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, Role, String)> = sqlx::query_as(
+        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, String, String)> = sqlx::query_as(
             "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email
              FROM api_keys k JOIN accounts a ON a.id = k.account_id
              WHERE k.prefix = $1 AND k.revoked_at IS NULL",
@@ -188,7 +161,7 @@ impl KeyStore {
                 account_id: account.to_string(),
                 workspace_id: workspace.to_string(),
                 api_key_id: id.to_string(),
-                role: role.as_str().to_owned(),
+                role: Role::parse(&role)? as i32,
                 email,
             };
             Some((hash, auth))
@@ -229,7 +202,7 @@ pub async fn create_key(
     .bind(account_id)
     .bind(&key.prefix)
     .bind(key.hash.as_slice())
-    .bind(role)
+    .bind(role.name())
     .bind(now_unix())
     .execute(&mut *tx)
     .await?;

@@ -2,6 +2,7 @@
 //! forwards every other route to its service over NATS as an HTTP envelope.
 
 pub mod codes;
+pub mod create_key;
 pub mod keys;
 pub mod observe;
 pub mod ratelimit;
@@ -14,14 +15,12 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
-use tokio_util::task::TaskTracker;
 
 use postmesh_shared::clients::billing::BillingClient;
 
-use crate::keys::Role;
 use postmesh_shared::config::{env_or, env_parse, env_secs};
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::{db, Common, EmailAddress, Namespace, Running, Runtime, Service};
+use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
 pub use codes::CodeConfig;
 pub use ratelimit::RateConfig;
@@ -132,21 +131,4 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// Runs the gateway until Ctrl-C or SIGTERM, then drains in-flight requests.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     start(config).await?.until_signal().await
-}
-
-/// Creates the account for `email` if needed and a new key with `role` and `credits`
-/// (billing must be running); returns the key text.
-pub async fn create_key(
-    common: &Common,
-    email: &str,
-    role: Role,
-    credits: i64,
-) -> anyhow::Result<String> {
-    let email = EmailAddress::parse(email)
-        .ok_or_else(|| anyhow::anyhow!("invalid email address {email:?}"))?;
-    let db = db::connect(common, SERVICE, &MIGRATIONS).await?;
-    let nats =
-        postmesh_shared::nats::connect(&common.nats_url, SERVICE, common.upstream_timeout).await?;
-    let billing = BillingClient::new(nats, common.namespace.clone(), TaskTracker::new());
-    keys::create_key(&db, &billing, &email, role, credits).await
 }

@@ -8,12 +8,13 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::IntoResponse;
-use axum::routing::{any, MethodRouter};
+use axum::routing::{on, MethodRouter};
 use axum::Router;
 
+use postmesh_contracts::{Policy, RouteSpec};
 use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
-use postmesh_shared::routes::{Declared, Manifest, NO_SUCH_ENDPOINT};
-use postmesh_shared::{nats, ApiError, Policy, Service};
+use postmesh_shared::routes::{method_filter, NO_SUCH_ENDPOINT};
+use postmesh_shared::{nats, ApiError, Service};
 
 use crate::{codes, AppState};
 
@@ -29,72 +30,63 @@ pub enum Target {
 /// One row of the gateway's route table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
-    pub path: &'static str,
-    pub policy: Policy,
-    /// The route's own body limit; `None`: `GATEWAY_BODY_LIMIT`.
-    pub body_limit: Option<usize>,
+    pub spec: RouteSpec,
     pub target: Target,
 }
 
-/// The routes each service owns, as it declares them.
-fn forwarded() -> Vec<(Service, Manifest)> {
-    vec![
-        (Service::Billing, billing::routes().manifest()),
-        (Service::Domain, domain::routes().manifest()),
-        (Service::Sender, sender::routes().manifest()),
-    ]
-}
-
-/// The whole route table: the gateway's own routes and every service's.
+/// The whole route table: the gateway's own routes and every service's, from the manifests.
 pub fn table() -> Vec<Entry> {
-    let entry = |d: Declared, target| Entry {
-        path: d.path,
-        policy: d.policy,
-        body_limit: d.body_limit,
-        target,
-    };
-    let local = codes::routes()
-        .manifest()
+    Service::ALL
         .into_iter()
-        .map(|d| entry(d, Target::Gateway));
-    let remote = forwarded().into_iter().flat_map(|(service, routes)| {
-        routes
-            .into_iter()
-            .map(move |d| entry(d, Target::Service(service)))
-    });
-    local.chain(remote).collect()
+        .flat_map(|service| {
+            let target = match service {
+                Service::ApiGateway => Target::Gateway,
+                other => Target::Service(other),
+            };
+            service
+                .routes()
+                .iter()
+                .map(move |&spec| Entry { spec, target })
+        })
+        .collect()
 }
 
 /// Builds the public router from the route table. A route with its own body limit gets it
 /// as a route layer, over the router-wide `GATEWAY_BODY_LIMIT`.
+///
+/// # Panics
+/// When the gateway's own handlers do not serve exactly its manifest.
 pub fn router(state: AppState) -> Router {
-    let mut handlers: Vec<(&'static str, Policy, MethodRouter<AppState>)> = codes::routes()
+    let local = codes::routes();
+    if let Err(e) = local.check(Service::ApiGateway.routes()) {
+        panic!("the gateway's routes disagree with their manifest: {e}");
+    }
+    let mut handlers: Vec<(RouteSpec, MethodRouter<AppState>)> = local
         .into_inner()
         .into_iter()
-        .map(|r| (r.path, r.policy, r.limited_handler()))
+        .map(|r| (r.spec, r.into_handler()))
         .collect();
-    for (service, routes) in forwarded() {
-        for Declared {
-            path,
-            policy,
-            body_limit,
-        } in routes
-        {
-            let to_service = any(move |state: State<AppState>, req: Request| {
-                forward(state, service, body_limit, req)
-            });
-            let to_service = match body_limit {
-                Some(limit) => to_service.layer(DefaultBodyLimit::max(limit)),
-                None => to_service,
-            };
-            handlers.push((path, policy, to_service));
-        }
+    for Entry { spec, target } in table() {
+        let Target::Service(service) = target else {
+            continue;
+        };
+        let to_service = on(
+            method_filter(spec.method),
+            move |state: State<AppState>, req: Request| {
+                forward(state, service, spec.body_limit, req)
+            },
+        );
+        let to_service = match spec.body_limit {
+            Some(limit) => to_service.layer(DefaultBodyLimit::max(limit)),
+            None => to_service,
+        };
+        handlers.push((spec, to_service));
     }
     let (mut public, mut keyed) = (Router::new(), Router::new());
-    for (path, policy, handler) in handlers {
-        match policy {
-            Policy::Public => public = public.route(path, handler),
-            Policy::Key => keyed = keyed.route(path, handler),
+    for (spec, handler) in handlers {
+        match spec.policy {
+            Policy::Public => public = public.route(spec.path, handler),
+            Policy::Key => keyed = keyed.route(spec.path, handler),
         }
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));

@@ -1,17 +1,17 @@
 //! `GET /balance`: the calling API key's credit balance.
 
 use axum::extract::State;
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::AppState;
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/balance", Policy::Key, get(get_balance))
+    Routes::new().at(api::BALANCE, get_balance)
 }
 
 /// The answer of `GET /balance`.

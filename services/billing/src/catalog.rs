@@ -6,17 +6,17 @@ use std::path::Path;
 
 use anyhow::Context;
 use axum::extract::State;
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_contracts::routes::billing as api;
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::AppState;
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/billing/catalog", Policy::Public, get(catalog))
+    Routes::new().at(api::CATALOG, catalog)
 }
 
 /// What a pack buys.

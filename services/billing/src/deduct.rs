@@ -1,19 +1,19 @@
 //! `POST /deduct`: takes 1 credit from the calling key, once per `idempotencyKey`.
 
 use axum::extract::State;
-use axum::routing::post;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::ChargeRequest;
-use postmesh_shared::{ApiError, EmailAddress, Policy, Routes, Success};
+use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
 
 use crate::AppState;
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/deduct", Policy::Key, post(deduct))
+    Routes::new().at(api::DEDUCT, deduct)
 }
 
 /// The answer of `POST /deduct`.
@@ -57,18 +57,12 @@ async fn deduct(
         Some(k) => format!("deduct:{k}"),
         None => format!("deduct:{}", uuid::Uuid::new_v4()),
     };
-    let auth = caller.auth;
     let reply = crate::ledger::charge(
         &state.db,
         &ChargeRequest {
-            api_key_id: auth.api_key_id,
-            account_id: auth.account_id,
-            caller_email: auth.email,
-            cost: 1,
-            idempotency_key: idem,
             target_email: target.map(|t| t.to_string()),
             send_mode: Some("deduct".into()),
-            ..Default::default()
+            ..caller.charge(1, idem)
         },
     )
     .await?;

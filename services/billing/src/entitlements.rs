@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use async_nats::Client;
 use axum::extract::State;
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::{EntitlementsReply, EntitlementsRequest, UsageReply, UsageRequest};
-use postmesh_shared::{nats, ApiError, Namespace, Policy, Routes, Service, Success, WorkspaceId};
+use postmesh_shared::{nats, ApiError, Namespace, Routes, Service, Success, WorkspaceId};
 
 use crate::catalog::{self, FreeLimits, Plan};
 use crate::subscriptions::{self, CurrentPlan};
@@ -20,7 +20,7 @@ use crate::{ledger, AppState};
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/billing/entitlements", Policy::Key, get(show))
+    Routes::new().at(api::ENTITLEMENTS, show)
 }
 
 /// The services that own counted resources: sender (emails, workflow executions), domain

@@ -130,8 +130,8 @@ impl AppState {
     }
 }
 
-/// Billing's HTTP routes with their auth policy, as the gateway forwards them.
-pub fn routes() -> Routes<AppState> {
+/// Every route the service serves, with its handler.
+fn routes() -> Routes<AppState> {
     Routes::new()
         .merge(balance::routes())
         .merge(deduct::routes())
@@ -145,7 +145,7 @@ pub fn routes() -> Routes<AppState> {
 
 /// Billing's HTTP router.
 pub fn router(state: AppState) -> Router {
-    routes().into_router(state)
+    routes().into_router(SERVICE.routes(), state)
 }
 
 /// Starts billing: its routes and RPCs on NATS, and the hold sweep.

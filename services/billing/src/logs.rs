@@ -4,26 +4,24 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::{Caller, QueryParams};
-use postmesh_shared::{ApiError, ApiKeyId, Policy, Routes, Success};
+use postmesh_shared::{ApiError, ApiKeyId, Routes, Success};
 
 use crate::ledger::EntryKind;
 use crate::AppState;
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/logs", Policy::Key, get(list)).route(
-        "/logs/download",
-        Policy::Key,
-        get(download),
-    )
+    Routes::new()
+        .at(api::LOGS, list)
+        .at(api::LOGS_DOWNLOAD, download)
 }
 
 /// Page size when none is asked for.

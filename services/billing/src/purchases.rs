@@ -3,15 +3,15 @@
 //! says so, by webhook or reconcile, and paid credits the buying key exactly once.
 
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::proto::GrantRequest;
-use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey, Policy, Routes, Success};
+use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey, Routes, Success};
 
 use crate::catalog::{self, PackKind};
 use crate::checkout::{self, Claim, Opened};
@@ -22,14 +22,10 @@ use crate::AppState;
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/billing/checkout", Policy::Key, post(create))
-        .route("/billing/purchases", Policy::Key, get(list))
-        .route("/billing/purchases/{id}", Policy::Key, get(show))
-        .route(
-            "/billing/purchases/{id}/reconcile",
-            Policy::Key,
-            post(reconcile),
-        )
+        .at(api::CHECKOUT, create)
+        .at(api::PURCHASES, list)
+        .at(api::PURCHASE, show)
+        .at(api::PURCHASE_RECONCILE, reconcile)
 }
 
 /// Smallest and largest custom top-up, USD cents (spec §8).
@@ -168,8 +164,8 @@ async fn create(
             )
             .bind(id)
             .bind(caller.key)
-            .bind(caller_account(&caller)?)
-            .bind(&caller.auth.email)
+            .bind(caller.account)
+            .bind(&caller.email)
             .bind(pack_id)
             .bind(name)
             .bind(credits)
@@ -202,11 +198,6 @@ async fn create(
     };
     let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
     Ok(Success::new(opened))
-}
-
-fn caller_account(caller: &Caller) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(&caller.auth.account_id)
-        .map_err(|_| ApiError::Internal("authentication context has no account".into()))
 }
 
 /// Parses a purchase id from the path; not a uuid is a 400.

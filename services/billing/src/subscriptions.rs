@@ -3,14 +3,14 @@
 //! follows what Stripe reports (status, period, cancel at period end; deleted means no plan).
 
 use axum::extract::{Path, State};
-use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
-use postmesh_shared::{ApiError, IdempotencyKey, Policy, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, IdempotencyKey, Routes, Success, WorkspaceId};
 
 use crate::catalog;
 use crate::checkout::{self, Claim, Opened};
@@ -20,17 +20,9 @@ use crate::AppState;
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route(
-            "/billing/subscription/checkout",
-            Policy::Key,
-            post(create_checkout),
-        )
-        .route(
-            "/billing/subscription/checkouts/{id}/reconcile",
-            Policy::Key,
-            post(reconcile),
-        )
-        .route("/billing/subscription/portal", Policy::Key, post(portal))
+        .at(api::SUBSCRIPTION_CHECKOUT, create_checkout)
+        .at(api::SUBSCRIPTION_RECONCILE, reconcile)
+        .at(api::SUBSCRIPTION_PORTAL, portal)
 }
 
 /// Stripe statuses of a subscription that is over: the workspace has no plan.

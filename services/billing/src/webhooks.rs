@@ -4,13 +4,13 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::routing::post;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::purchases::{self, Outcome};
 use crate::stripe::{self, CheckoutSession, Subscription};
@@ -18,7 +18,7 @@ use crate::{subscriptions, AppState};
 
 /// This module's routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/billing/webhooks/stripe", Policy::Public, post(receive))
+    Routes::new().at(api::STRIPE_WEBHOOK, receive)
 }
 
 /// The header carrying the signature.

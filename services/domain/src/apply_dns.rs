@@ -4,12 +4,12 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::routing::{post, put};
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
-use postmesh_shared::{ApiError, Policy, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
 
 use crate::cloudflare::Record;
 use crate::dns::host_name;
@@ -73,8 +73,8 @@ pub struct Saved {
 /// The apply-dns routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/sender-domains/{id}/apply-dns", Policy::Key, post(apply))
-        .route("/sender-domains/dns-provider", Policy::Key, put(save_token))
+        .at(api::DOMAIN_APPLY_DNS, apply)
+        .at(api::DNS_PROVIDER, save_token)
 }
 
 fn check_provider(provider: &str) -> Result<(), ApiError> {

@@ -2,15 +2,15 @@
 //! unique name), listing, reading and deleting; the stored record and its public view.
 
 use axum::extract::{Path, State};
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
+use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::{self, now_unix};
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
 use postmesh_shared::proto::EntitlementsRequest;
-use postmesh_shared::{nats, ApiError, Policy, Routes, Success, WorkspaceId};
+use postmesh_shared::{nats, ApiError, Routes, Success, WorkspaceId};
 
 use crate::name::DomainName;
 use crate::AppState;
@@ -188,12 +188,10 @@ pub struct Deleted {
 /// The sender-domain resource's routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/sender-domains", Policy::Key, get(list).post(submit))
-        .route(
-            "/sender-domains/{id}",
-            Policy::Key,
-            get(show).delete(remove),
-        )
+        .at(api::DOMAINS, list)
+        .at(api::DOMAIN_SUBMIT, submit)
+        .at(api::DOMAIN, show)
+        .at(api::DOMAIN_DELETE, remove)
 }
 
 #[derive(Deserialize)]

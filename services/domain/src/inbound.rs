@@ -2,12 +2,12 @@
 //! point at `INBOUND_MX_HOST`. The latest check's result is stored.
 
 use axum::extract::{Path, State};
-use axum::routing::post;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::dns::{host_name, Mx};
 use crate::domains::{self, InboundStatus};
@@ -31,11 +31,7 @@ pub struct InboundCheck {
 
 /// The inbound routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route(
-        "/sender-domains/{id}/verify-inbound",
-        Policy::Key,
-        post(verify),
-    )
+    Routes::new().at(api::DOMAIN_VERIFY_INBOUND, verify)
 }
 
 /// Whether the best MX records (lowest preference) are all `expected`.

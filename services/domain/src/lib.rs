@@ -21,8 +21,8 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
+use postmesh_ses::{SesClient, SesConfig};
 use postmesh_shared::config::{env_or, env_secs};
-use postmesh_shared::ses::{SesClient, SesConfig};
 use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::cloudflare::Cloudflare;
@@ -163,8 +163,8 @@ impl AppState {
     }
 }
 
-/// The domain service's HTTP routes with their auth policy, as the gateway forwards them.
-pub fn routes() -> Routes<AppState> {
+/// Every route the service serves, with its handler.
+fn routes() -> Routes<AppState> {
     Routes::new()
         .merge(domains::routes())
         .merge(ownership::routes())
@@ -175,7 +175,7 @@ pub fn routes() -> Routes<AppState> {
 
 /// The domain service's HTTP router.
 pub fn router(state: AppState) -> Router {
-    routes().into_router(state)
+    routes().into_router(SERVICE.routes(), state)
 }
 
 /// Starts the domain service: its routes and RPCs on NATS, and the ownership sweep.

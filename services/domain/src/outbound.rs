@@ -3,13 +3,13 @@
 //! `verify-outbound` reads the identity's status back and stores it.
 
 use axum::extract::{Path, State};
-use axum::routing::post;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::domain as api;
+use postmesh_ses::{EmailIdentity, SesError};
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::ses::{EmailIdentity, SesError};
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::domains::{self, OutboundStatus};
 use crate::records::{self, DnsRecord};
@@ -34,16 +34,8 @@ pub struct OutboundSetup {
 /// The outbound routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route(
-            "/sender-domains/{id}/setup-outbound",
-            Policy::Key,
-            post(setup),
-        )
-        .route(
-            "/sender-domains/{id}/verify-outbound",
-            Policy::Key,
-            post(verify),
-        )
+        .at(api::DOMAIN_SETUP_OUTBOUND, setup)
+        .at(api::DOMAIN_VERIFY_OUTBOUND, verify)
 }
 
 /// Our status of an identity as SES reports it.

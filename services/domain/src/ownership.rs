@@ -3,14 +3,14 @@
 //! `verified` (TXT found, or approved) or `rejected` (an admin's decision, final).
 
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::{ApiError, Policy, Routes, Success};
+use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::dns::{Dns, LookupError};
 use crate::domains::{self, Domain, DomainView, Ownership, COLUMNS};
@@ -36,22 +36,10 @@ pub struct PendingList {
 /// The ownership review's routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route(
-            "/sender-domains/{id}/verify-ownership",
-            Policy::Key,
-            post(verify),
-        )
-        .route("/admin/sender-domains", Policy::Key, get(pending))
-        .route(
-            "/admin/sender-domains/{id}/approve",
-            Policy::Key,
-            post(approve),
-        )
-        .route(
-            "/admin/sender-domains/{id}/reject",
-            Policy::Key,
-            post(reject),
-        )
+        .at(api::DOMAIN_VERIFY_OWNERSHIP, verify)
+        .at(api::ADMIN_DOMAINS, pending)
+        .at(api::ADMIN_DOMAIN_APPROVE, approve)
+        .at(api::ADMIN_DOMAIN_REJECT, reject)
 }
 
 async fn verify(
@@ -171,7 +159,7 @@ pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<bool, Lo
 
 /// 403 unless the caller's key has the admin role.
 fn require_admin(caller: &Caller) -> Result<(), ApiError> {
-    if caller.auth.role == "admin" {
+    if caller.is_admin() {
         Ok(())
     } else {
         Err(ApiError::Forbidden(
@@ -221,7 +209,7 @@ async fn review(
 ) -> Result<Success<Reviewed>, ApiError> {
     require_admin(caller)?;
     let id = domains::parse_id(id)?;
-    let reviewer = Uuid::parse_str(&caller.auth.account_id).ok();
+    let reviewer = Some(caller.account.as_uuid());
     let updated: Option<Domain> = sqlx::query_as(&format!(
         "UPDATE domains SET ownership = $2, reviewed_by = $3,
              verified_at = CASE WHEN $2 = 'verified' THEN $4 ELSE verified_at END

@@ -24,10 +24,10 @@ use axum::Router;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
+use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::ses::SesConfig;
 use postmesh_shared::{db, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service};
 
 pub use worker::WorkerConfig;
@@ -151,8 +151,8 @@ impl AppState {
     }
 }
 
-/// The sender's HTTP routes with their auth policy, as the gateway forwards them.
-pub fn routes() -> Routes<AppState> {
+/// Every route the service serves, with its handler.
+fn routes() -> Routes<AppState> {
     Routes::new()
         .merge(send::routes())
         .merge(status::routes())
@@ -162,7 +162,7 @@ pub fn routes() -> Routes<AppState> {
 
 /// The sender's HTTP router.
 pub fn router(state: AppState) -> Router {
-    routes().into_router(state)
+    routes().into_router(SERVICE.routes(), state)
 }
 
 /// Starts the sender: its routes and RPCs, the scheduler, the outbox relay, the transport

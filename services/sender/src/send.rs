@@ -5,14 +5,14 @@
 //! held until the scheduler releases it, and can be cancelled (and refunded) until then.
 
 use axum::extract::{Path, State};
-use axum::routing::{delete, post};
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress, Policy, Routes, Success, TaskId};
+use postmesh_shared::{nats, ApiError, EmailAddress, Routes, Success, TaskId};
 
 use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
@@ -20,15 +20,11 @@ use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
 use crate::{templates, usage, AppState};
 
-/// Largest `/send-email` body: 10 MiB of attachments as base64, and the rest.
-pub const SEND_BODY_LIMIT: usize = 16 * 1024 * 1024;
-
 /// Send routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/send-email", Policy::Key, post(send))
-        .body_limit(SEND_BODY_LIMIT)
-        .route("/send-email/{task_id}", Policy::Key, delete(cancel))
+        .at(api::SEND_EMAIL, send)
+        .at(api::SEND_CANCEL, cancel)
 }
 
 /// Recipients in a send answer.
@@ -180,7 +176,7 @@ async fn send(
     check_sendable(&state, &caller, &from).await?;
     let (message, template) = compose(&state, &caller, &req, &from).await?;
     let (recipients, rejected) = if req.test_send {
-        let own = EmailAddress::parse(&caller.auth.email).ok_or_else(|| {
+        let own = EmailAddress::parse(&caller.email).ok_or_else(|| {
             ApiError::BadRequest("testSend needs an account with an email address".into())
         })?;
         let own = Recipient {
@@ -216,8 +212,8 @@ async fn send(
     };
     let charge = ChargeRequest {
         api_key_id: caller.key.to_string(),
-        account_id: caller.auth.account_id.clone(),
-        caller_email: caller.auth.email.clone(),
+        account_id: caller.account.to_string(),
+        caller_email: caller.email.clone(),
         cost,
         idempotency_key: task_id.to_string(),
         target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
@@ -283,8 +279,8 @@ fn charge(caller: &Caller, task: TaskId, action: Action, cost: i64) -> settle::C
         task_id: task,
         action,
         api_key_id: caller.key.as_uuid(),
-        account_id: caller.auth.account_id.clone(),
-        caller_email: caller.auth.email.clone(),
+        account_id: caller.account.to_string(),
+        caller_email: caller.email.clone(),
         cost,
     }
 }

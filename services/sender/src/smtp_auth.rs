@@ -5,18 +5,18 @@
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::{EmailAddress, Policy, Routes};
+use postmesh_shared::{EmailAddress, Routes};
 
 use crate::AppState;
 
 /// SMTP credential routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/smtp-auth", Policy::Key, post(check))
+    Routes::new().at(api::SMTP_AUTH, check)
 }
 
 /// The answer, for success and failure alike.
@@ -53,10 +53,7 @@ async fn check(caller: Caller, body: Bytes) -> Response {
             "username must be the email address bound to the API key",
         );
     };
-    if address
-        .as_str()
-        .eq_ignore_ascii_case(caller.auth.email.trim())
-    {
+    if address.as_str().eq_ignore_ascii_case(caller.email.trim()) {
         answer(StatusCode::OK, address.to_string(), "")
     } else {
         answer(

@@ -2,11 +2,11 @@
 //! and failed, and each recipient's state, paged with `limit`/`offset`.
 
 use axum::extract::{Path, State};
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_shared::extract::{Caller, QueryParams};
-use postmesh_shared::{ApiError, Policy, Routes, Success, TaskId};
+use postmesh_shared::{ApiError, Routes, Success, TaskId};
 
 use crate::send::parse_task_id;
 use crate::tasks::TaskStatus;
@@ -18,7 +18,7 @@ const MAX_LIMIT: i64 = 1000;
 
 /// Status routes.
 pub fn routes() -> Routes<AppState> {
-    Routes::new().route("/email-status/{task_id}", Policy::Key, get(status))
+    Routes::new().at(api::EMAIL_STATUS, status)
 }
 
 /// `?limit=&offset=`.

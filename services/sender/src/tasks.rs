@@ -103,7 +103,7 @@ pub async fn insert(
     .bind(task.id)
     .bind(task.caller.workspace)
     .bind(task.caller.key)
-    .bind(&task.caller.auth.account_id)
+    .bind(task.caller.account.to_string())
     .bind(status)
     .bind(req.scheduled_at)
     .bind(Json(task.message))
@@ -194,7 +194,7 @@ pub struct JobOwner {
 impl From<&Caller> for JobOwner {
     fn from(caller: &Caller) -> Self {
         Self {
-            account_id: caller.auth.account_id.clone(),
+            account_id: caller.account.to_string(),
             api_key_id: caller.key.to_string(),
             workspace_id: caller.workspace.to_string(),
         }

@@ -3,12 +3,12 @@
 //! it used and stores the rendered message, so later changes touch no accepted send.
 
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
-use postmesh_shared::{ApiError, Policy, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
 
 use crate::AppState;
 
@@ -20,8 +20,10 @@ const MAX_BODY_BYTES: usize = 512 * 1024;
 /// Template routes.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/templates", Policy::Key, post(create).get(list))
-        .route("/templates/{key}", Policy::Key, get(read).delete(remove))
+        .at(api::TEMPLATE_CREATE, create)
+        .at(api::TEMPLATES, list)
+        .at(api::TEMPLATE, read)
+        .at(api::TEMPLATE_DELETE, remove)
 }
 
 /// A stored template version.

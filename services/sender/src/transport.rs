@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
-use postmesh_shared::ses::SesClient;
+use postmesh_ses::SesClient;
 use postmesh_shared::JobId;
 
 use crate::Config;

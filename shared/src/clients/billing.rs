@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::config::Namespace;
 use crate::error::ApiError;
 use crate::nats;
 use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmRequest, GrantReply, GrantRequest, RefundRequest,
 };
 use crate::rpc::Rpc;
+use crate::Namespace;
 
 /// How long a held charge waits for its confirm before billing refunds it.
 pub const HOLD: Duration = Duration::from_secs(60);

@@ -9,9 +9,9 @@ use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self};
 use bytes::Bytes;
 
-use crate::config::Namespace;
 use crate::error::ApiError;
 use crate::nats::outgoing_headers;
+use crate::Namespace;
 
 /// One of the system's streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,9 +3,10 @@
 
 use prost::Message as _;
 
+use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::{AuthContext, JobKind, SendJob};
+use postmesh_shared::proto::{JobKind, SendJob};
 use postmesh_shared::{ApiError, EmailAddress, JobId};
 
 use super::store::Code;
@@ -13,18 +14,12 @@ use super::CodeConfig;
 use crate::AppState;
 
 /// The email that carries `code` to `to`.
-fn job(
-    config: &CodeConfig,
-    auth: &AuthContext,
-    to: &EmailAddress,
-    code: &Code,
-    id: JobId,
-) -> SendJob {
+fn job(config: &CodeConfig, caller: &Caller, to: &EmailAddress, code: &Code, id: JobId) -> SendJob {
     let minutes = config.ttl_secs / 60;
     SendJob {
         id: id.to_string(),
-        account_id: auth.account_id.clone(),
-        api_key_id: auth.api_key_id.clone(),
+        account_id: caller.account.to_string(),
+        api_key_id: caller.key.to_string(),
         from_email: config.from_email.clone(),
         from_name: String::new(),
         to: vec![to.as_str().to_owned()],
@@ -35,7 +30,7 @@ fn job(
         ),
         html: String::new(),
         kind: JobKind::Verification.into(),
-        workspace_id: auth.workspace_id.clone(),
+        workspace_id: caller.workspace.to_string(),
         ..Default::default()
     }
 }
@@ -44,7 +39,7 @@ fn job(
 /// committed but could not be published, and was withdrawn before the relay took it.
 pub(super) async fn queue(
     state: &AppState,
-    auth: &AuthContext,
+    caller: &Caller,
     to: &EmailAddress,
     code: &Code,
     id: JobId,
@@ -52,7 +47,9 @@ pub(super) async fn queue(
     let message = OutboxMessage {
         id: id.as_uuid(),
         subject: Stream::Send.subject(&state.ns),
-        payload: job(&state.codes, auth, to, code, id).encode_to_vec().into(),
+        payload: job(&state.codes, caller, to, code, id)
+            .encode_to_vec()
+            .into(),
     };
     let mut tx = state.db.begin().await?;
     outbox::enqueue(&mut tx, &message).await?;

@@ -7,13 +7,13 @@ mod email;
 mod store;
 
 use axum::extract::State;
-use axum::routing::post;
 use serde::Deserialize;
 
+use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::extract::{Caller, JsonBody};
-use postmesh_shared::proto::{AuthContext, ChargeRequest};
+use postmesh_shared::proto::ChargeRequest;
 use postmesh_shared::response::Message;
-use postmesh_shared::{ApiError, EmailAddress, JobId, Policy, Routes, Success};
+use postmesh_shared::{ApiError, EmailAddress, JobId, Routes, Success};
 
 use crate::AppState;
 use store::{Check, Code, CodeStore, Limit};
@@ -38,8 +38,8 @@ pub struct CodeConfig {
 /// The routes served by the gateway itself.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
-        .route("/send-code", Policy::Key, post(send_code))
-        .route("/verify-code", Policy::Key, post(verify_code))
+        .at(api::SEND_CODE, send_code)
+        .at(api::VERIFY_CODE, verify_code)
 }
 
 #[derive(Deserialize)]
@@ -58,15 +58,10 @@ fn parse_email(raw: &str) -> Result<EmailAddress, ApiError> {
 }
 
 /// The one-credit charge of a code call, under `key`.
-fn code_charge(auth: &AuthContext, key: String, target: &EmailAddress) -> ChargeRequest {
+fn code_charge(caller: &Caller, key: String, target: &EmailAddress) -> ChargeRequest {
     ChargeRequest {
-        api_key_id: auth.api_key_id.clone(),
-        account_id: auth.account_id.clone(),
-        caller_email: auth.email.clone(),
-        cost: 1,
-        idempotency_key: key,
         target_email: Some(target.as_str().to_owned()),
-        ..Default::default()
+        ..caller.charge(1, key)
     }
 }
 
@@ -77,8 +72,7 @@ async fn send_code(
     JsonBody(body): JsonBody<SendCodeBody>,
 ) -> Result<Success<Message>, ApiError> {
     let email = parse_email(&body.email)?;
-    let auth = &caller.auth;
-    let mut store = CodeStore::new(&state, &auth.account_id, &email);
+    let mut store = CodeStore::new(&state, caller.account, &email);
     match store.limit().await? {
         Limit::Allowed => {}
         Limit::Cooldown(retry_after) => {
@@ -94,7 +88,7 @@ async fn send_code(
             })
         }
     }
-    let issued = issue(&state, auth, &email, &mut store).await;
+    let issued = issue(&state, &caller, &email, &mut store).await;
     if issued.is_err() {
         store.lift_limit().await;
     }
@@ -106,21 +100,21 @@ async fn send_code(
 /// charge; a failed step refunds the charge and leaves the previous code in place.
 async fn issue(
     state: &AppState,
-    auth: &AuthContext,
+    caller: &Caller,
     email: &EmailAddress,
     store: &mut CodeStore<'_>,
 ) -> Result<(), ApiError> {
     let job = JobId::new();
     let charge = state
         .billing
-        .hold(code_charge(auth, format!("send-code:{job}"), email))
+        .hold(code_charge(caller, format!("send-code:{job}"), email))
         .await?;
     let code = Code::random();
     if let Err(e) = store.stage(job, &code).await {
         charge.refund("code could not be stored").await;
         return Err(e);
     }
-    if let Err(e) = email::queue(state, auth, email, &code, job).await {
+    if let Err(e) = email::queue(state, caller, email, &code, job).await {
         store.discard(job).await;
         charge.refund("code email could not be queued").await;
         return Err(e);
@@ -143,16 +137,15 @@ async fn verify_code(
     let email = parse_email(&body.email)?;
     let code = Code::parse(&body.code)
         .ok_or_else(|| ApiError::BadRequest("code must be 6 digits".into()))?;
-    let auth = &caller.auth;
     let charge = state
         .billing
         .hold(code_charge(
-            auth,
+            &caller,
             format!("verify-code:{}", uuid::Uuid::now_v7()),
             &email,
         ))
         .await?;
-    let mut store = CodeStore::new(&state, &auth.account_id, &email);
+    let mut store = CodeStore::new(&state, caller.account, &email);
     let check = match store.check(&code).await {
         Ok(check) => check,
         Err(e) => {

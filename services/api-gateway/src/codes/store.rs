@@ -7,7 +7,7 @@ use rand::Rng;
 use redis::aio::ConnectionManager;
 use sha2::Sha256;
 
-use postmesh_shared::{ApiError, EmailAddress, JobId};
+use postmesh_shared::{AccountId, ApiError, EmailAddress, JobId};
 
 use super::CodeConfig;
 use crate::AppState;
@@ -121,7 +121,7 @@ fn redis_err(e: redis::RedisError) -> ApiError {
 pub(super) struct CodeStore<'a> {
     redis: ConnectionManager,
     config: &'a CodeConfig,
-    account_id: &'a str,
+    account_id: String,
     email: &'a EmailAddress,
     code: String,
     cooldown: String,
@@ -130,7 +130,8 @@ pub(super) struct CodeStore<'a> {
 
 impl<'a> CodeStore<'a> {
     /// The store of `account_id`'s codes for `email`.
-    pub(super) fn new(state: &'a AppState, account_id: &'a str, email: &'a EmailAddress) -> Self {
+    pub(super) fn new(state: &'a AppState, account: AccountId, email: &'a EmailAddress) -> Self {
+        let account_id = account.to_string();
         // One hash tag for all keys of a (account, recipient): the scripts and the pending-code
         // RENAME touch several of them, which Redis Cluster allows only within one slot.
         let tag = format!("{{{account_id}:{}}}", recipient_id(email));
@@ -183,7 +184,7 @@ impl<'a> CodeStore<'a> {
     /// until [`CodeStore::promote`].
     pub(super) async fn stage(&mut self, job: JobId, code: &Code) -> Result<(), ApiError> {
         let pending = self.pending(job);
-        let digest = code.digest(&self.config.secret, self.account_id, self.email);
+        let digest = code.digest(&self.config.secret, &self.account_id, self.email);
         redis::pipe()
             .atomic()
             .hset(&pending, "h", digest)
@@ -222,7 +223,7 @@ impl<'a> CodeStore<'a> {
     pub(super) async fn check(&mut self, code: &Code) -> Result<Check, ApiError> {
         let outcome: i64 = redis::Script::new(VERIFY_SCRIPT)
             .key(&self.code)
-            .arg(code.digest(&self.config.secret, self.account_id, self.email))
+            .arg(code.digest(&self.config.secret, &self.account_id, self.email))
             .arg(self.config.max_attempts)
             .invoke_async(&mut self.redis)
             .await

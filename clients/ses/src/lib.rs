@@ -11,8 +11,8 @@ use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::config::env_or;
-use crate::error::ApiError;
+use postmesh_shared::config::env_or;
+use postmesh_shared::ApiError;
 
 /// SES settings shared by every service that talks to it.
 #[derive(Clone, Debug)]
@@ -211,7 +211,7 @@ impl SesClient {
         let Some((key_id, secret)) = &config.credentials else {
             return Ok(None);
         };
-        crate::tls::install_provider();
+        postmesh_shared::tls::install_provider();
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .user_agent(concat!("postmesh/", env!("CARGO_PKG_VERSION")))

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::config::Namespace;
+use crate::namespace::Namespace;
 
 /// One Postmesh service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

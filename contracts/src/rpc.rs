@@ -4,7 +4,7 @@
 
 use prost::Message;
 
-use crate::config::Namespace;
+use crate::namespace::Namespace;
 use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
     EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
