@@ -30,7 +30,7 @@ static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn init(service: &str, otlp_endpoint: Option<&str>) {
     crate::tls::install_provider();
     TRACER.get_or_init(|| {
-        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        install_propagator();
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name(service.to_owned())
             .build();
@@ -48,24 +48,32 @@ pub fn init(service: &str, otlp_endpoint: Option<&str>) {
         }
         // Without an exporter spans still get ids, so trace context propagates.
         let provider = builder.build();
-        let tracer = provider.tracer(service.to_owned());
-        // `RUST_LOG` filters the log output only: spans still exist at info level for
-        // tracing, so trace context propagates whatever the log level.
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-        let logs = tracing_subscriber::fmt::layer()
-            .json()
-            .with_current_span(true)
-            .with_filter(filter);
-        let traces = tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(LevelFilter::INFO);
-        let _ = tracing_subscriber::registry()
-            .with(logs)
-            .with(traces)
-            .try_init();
+        let _ = subscriber(filter, provider.tracer(service.to_owned())).try_init();
         provider
     });
     metrics_handle();
+}
+
+/// W3C trace context (`traceparent`) as the process's propagator.
+fn install_propagator() {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+}
+
+/// JSON logs filtered by `log_filter` (`RUST_LOG`), and spans exported through `tracer` at
+/// info level whatever the log level, so trace context propagates even when logs are quiet.
+fn subscriber(
+    log_filter: EnvFilter,
+    tracer: opentelemetry_sdk::trace::Tracer,
+) -> impl tracing::Subscriber + Send + Sync + 'static {
+    let logs = tracing_subscriber::fmt::layer()
+        .json()
+        .with_current_span(true)
+        .with_filter(log_filter);
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(LevelFilter::INFO);
+    tracing_subscriber::registry().with(logs).with(traces)
 }
 
 /// Flushes buffered spans (call before exit).
@@ -179,17 +187,25 @@ mod tests {
 
     use super::*;
 
+    /// Runs `check` under the service subscriber with logs at `log_level`, scoped to this
+    /// thread: no test depends on which one initialised the process first.
+    fn with_logs_at(log_level: &str, check: impl FnOnce()) {
+        install_propagator();
+        let tracer = SdkTracerProvider::builder()
+            .build()
+            .tracer("telemetry-test");
+        let subscriber = subscriber(EnvFilter::new(log_level), tracer);
+        tracing::subscriber::with_default(subscriber, check);
+    }
+
     #[test]
     fn trace_context_crosses_nats_headers() {
-        init("telemetry-test", None);
-        assert_propagates();
+        with_logs_at("info", assert_propagates);
     }
 
     #[test]
     fn trace_context_propagates_even_when_logs_are_quiet() {
-        std::env::set_var("RUST_LOG", "error");
-        init("telemetry-test", None);
-        assert_propagates();
+        with_logs_at("error", assert_propagates);
     }
 
     fn assert_propagates() {

@@ -10,6 +10,7 @@ pub mod fake_dns;
 pub mod fake_ses;
 pub mod fake_smtp;
 pub mod fake_stripe;
+pub mod peek;
 
 pub use client::TestClient;
 pub use fake_stripe::FakeStripe;
@@ -349,6 +350,30 @@ impl Stack {
         stack
     }
 
+    /// A stack over services started elsewhere (child processes) in `common`'s namespace,
+    /// whose gateway is at `base`: its helpers and cleanup, no services of its own.
+    pub fn attach(common: Common, base: String) -> Self {
+        let opts = Options::default();
+        Self {
+            billing_config: billing_config(&common, opts.stripe),
+            codes: gateway_config(&common, opts.rate).codes,
+            common,
+            base,
+            http: http_client(),
+            outbox: tempfile::tempdir().expect("temp dir"),
+            gateway: None,
+            billing: None,
+            domain: None,
+            sender: None,
+            sender_child: None,
+            mode: SenderMode::ChildProcess,
+            send_concurrency: opts.send_concurrency,
+            transport: ("file".into(), String::new()),
+            ses: DomainOptions::default().ses,
+            cleaned: false,
+        }
+    }
+
     /// The namespace of this stack.
     pub fn ns(&self) -> &Namespace {
         &self.common.namespace
@@ -478,14 +503,7 @@ impl Stack {
                 // The same settings as in process, through the environment.
                 let admin = free_port();
                 config.common.admin_addr = admin;
-                let child = tokio::process::Command::new(workspace_binary(sender::SERVICE.name()))
-                    .env_clear()
-                    .envs(config.to_env())
-                    .env("RUST_LOG", "warn")
-                    .stdout(Stdio::null())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .expect("sender binary runs (build the workspace first)");
+                let child = spawn_service(sender::SERVICE, config.to_env());
                 self.sender_child = Some(child);
                 self.wait_ready(admin).await;
             }
@@ -493,7 +511,7 @@ impl Stack {
     }
 
     /// Waits until the admin server at `addr` reports ready.
-    async fn wait_ready(&self, addr: SocketAddr) {
+    pub async fn wait_ready(&self, addr: SocketAddr) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ready = self.http.get(format!("http://{addr}/readyz")).send().await;
@@ -635,7 +653,8 @@ impl Stack {
         found
     }
 
-    /// Waits until `count` messages to `to` were delivered; returns them.
+    /// Waits until `count` messages to `to` were delivered; returns them. Fails the test
+    /// when fewer arrive within `timeout`.
     pub async fn wait_for_messages(
         &self,
         to: &str,
@@ -645,9 +664,24 @@ impl Stack {
         let deadline = Instant::now() + timeout;
         loop {
             let found = self.messages_to(to);
-            if found.len() >= count || Instant::now() > deadline {
+            if found.len() >= count {
                 return found;
             }
+            assert!(
+                Instant::now() < deadline,
+                "expected {count} emails to {to} within {timeout:?}, found {}",
+                found.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Fails the test if any message to `to` is delivered within `quiet`.
+    pub async fn assert_no_messages(&self, to: &str, quiet: Duration) {
+        let deadline = Instant::now() + quiet;
+        while Instant::now() < deadline {
+            let found = self.messages_to(to);
+            assert!(found.is_empty(), "delivered to {to}: {found:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -657,11 +691,6 @@ impl Stack {
         let messages = self
             .wait_for_messages(to, count, Duration::from_secs(15))
             .await;
-        assert!(
-            messages.len() >= count,
-            "expected {count} emails to {to}, found {}",
-            messages.len()
-        );
         let codes: Vec<String> = messages.iter().filter_map(|m| extract_code(m)).collect();
         assert_eq!(
             codes.len(),
@@ -727,8 +756,21 @@ pub async fn remove_namespace(common: &Common) {
     }
 }
 
+/// Starts `service`'s binary as a child process with only `env` (killed when dropped).
+pub fn spawn_service(service: Service, env: Vec<(&'static str, String)>) -> tokio::process::Child {
+    tokio::process::Command::new(workspace_binary(service.name()))
+        .env_clear()
+        .envs(env)
+        .env("RUST_LOG", "warn")
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("service binary runs (build the workspace first)")
+}
+
 /// A local port that was free a moment ago.
-fn free_port() -> SocketAddr {
+pub fn free_port() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr")
 }

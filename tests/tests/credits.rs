@@ -7,7 +7,7 @@ use serde_json::json;
 use billing::deduct::Deducted;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
-use postmesh_tests::Stack;
+use postmesh_tests::{peek, Stack};
 
 #[tokio::test]
 async fn requests_without_or_with_a_bad_key_are_401() {
@@ -229,17 +229,8 @@ async fn a_large_log_downloads_within_the_message_size_limit() {
     let key_id = stack.key_id(&key).await;
     // 4000 entries with long addresses: well over 1 MiB of CSV if all were sent.
     let long = format!("{}@example.com", "a".repeat(230));
-    sqlx::query(
-        "INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at,
-                             caller_email, target_email)
-         SELECT gen_random_uuid(), $1, 'bulk:' || n, 'charge', -1, 1700000000 + n, 'me@example.com', $2
-         FROM generate_series(1, 4000) AS n",
-    )
-    .bind(key_id)
-    .bind(&long)
-    .execute(&stack.service_db(billing::SERVICE).await)
-    .await
-    .unwrap();
+    let billing = stack.service_db(billing::SERVICE).await;
+    peek::billing::insert_charges(&billing, key_id, 4000, &long).await;
     let res = stack
         .http
         .get(format!("{}/logs/download", stack.base))
@@ -316,11 +307,7 @@ async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
     let store = KeyStore::new(db.clone(), std::time::Duration::from_secs(60), 8);
     store.authenticate(&key).await.expect("a real key");
     // Revoked in the database, the key keeps working only while it stays cached.
-    sqlx::query("UPDATE api_keys SET revoked_at = 1 WHERE id = $1")
-        .bind(key_id)
-        .execute(&db)
-        .await
-        .unwrap();
+    peek::gateway::revoke_key(&db, key_id).await;
     for _ in 0..40 {
         let made_up = generate().text;
         assert!(store.authenticate(&made_up).await.is_err());

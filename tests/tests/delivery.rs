@@ -8,14 +8,7 @@ use prost::Message as _;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{JobKind, SendJob};
-use postmesh_tests::{extract_code, SenderMode, Stack};
-
-async fn delivery_status(db: &sqlx::PgPool) -> Vec<(String, i32)> {
-    sqlx::query_as("SELECT status, attempts FROM deliveries")
-        .fetch_all(db)
-        .await
-        .unwrap()
-}
+use postmesh_tests::{extract_code, peek, SenderMode, Stack};
 
 #[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
@@ -31,14 +24,14 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     assert_eq!(s.as_u16(), 200, "{body}");
     let db = stack.sender_db().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while delivery_status(&db).await.is_empty() {
+    while peek::sender::deliveries(&db).await.is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the worker never took the job"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(delivery_status(&db).await[0].0, "sending");
+    assert_eq!(peek::sender::deliveries(&db).await[0].0, "sending");
     stack.kill_sender().await; // SIGKILL while the job is in flight, unacked
 
     stack.use_transport("file", "");
@@ -46,7 +39,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     let code = stack.code_sent_to(to, 1).await;
     let (s, body) = stack.verify(&key, to, &code).await;
     assert_eq!(s.as_u16(), 200, "{body}");
-    let rows = delivery_status(&db).await;
+    let rows = peek::sender::deliveries(&db).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, "sent");
     assert!(rows[0].1 >= 2, "the redelivery was counted: {rows:?}");
@@ -71,7 +64,7 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     let db = stack.sender_db().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let rows = delivery_status(&db).await;
+        let rows = peek::sender::deliveries(&db).await;
         if rows.first().is_some_and(|r| r.0 == "sent") {
             break;
         }
@@ -95,21 +88,8 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
 
 /// Records `job` as being delivered by another worker whose lease runs `ms` more.
 async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
-    sqlx::query(
-        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
-                                 lease_owner, leased_until_ms)
-         VALUES ($1, $2, $3, $4, 'sending', 0, 0, $5,
-                 (extract(epoch from clock_timestamp()) * 1000)::bigint + $6)",
-    )
-    .bind(uuid::Uuid::parse_str(&job.id).unwrap())
-    .bind("transactional")
-    .bind(&job.to)
-    .bind(&job.subject)
-    .bind(uuid::Uuid::now_v7())
-    .bind(ms)
-    .execute(db)
-    .await
-    .unwrap();
+    let id = uuid::Uuid::parse_str(&job.id).unwrap();
+    peek::sender::lease_elsewhere(db, id, &job.to, &job.subject, ms).await;
 }
 
 async fn publish(stack: &Stack, job: &SendJob) {
@@ -169,11 +149,7 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
         stack.messages_to(to_b).is_empty(),
         "sent under a live lease"
     );
-    sqlx::query("UPDATE deliveries SET status = 'sent', lease_owner = NULL WHERE job_id = $1")
-        .bind(uuid::Uuid::parse_str(&b.id).unwrap())
-        .execute(&db)
-        .await
-        .unwrap();
+    peek::sender::finish_elsewhere(&db, uuid::Uuid::parse_str(&b.id).unwrap()).await;
     // A's holder never finishes: once its lease runs out, this worker delivers A, once.
     let got = stack
         .wait_for_messages(to_a, 1, Duration::from_secs(15))
@@ -182,12 +158,8 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     // The outcome is recorded just after the message is written.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, owner): (String, Option<uuid::Uuid>) =
-            sqlx::query_as("SELECT status, lease_owner FROM deliveries WHERE job_id = $1")
-                .bind(uuid::Uuid::parse_str(&a.id).unwrap())
-                .fetch_one(&db)
-                .await
-                .unwrap();
+        let a_id = uuid::Uuid::parse_str(&a.id).unwrap();
+        let (status, owner) = peek::sender::delivery_state(&db, a_id).await;
         if status == "sent" {
             assert_eq!(owner, None, "the lease is released");
             break;
@@ -209,14 +181,7 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
 async fn settled_delivery(db: &sqlx::PgPool, to: &str) -> (String, i32, Option<String>) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let row: Option<(String, i32, Option<String>)> = sqlx::query_as(
-            "SELECT status, attempts, last_error FROM deliveries WHERE $1 = ANY(recipients)",
-        )
-        .bind(to)
-        .fetch_optional(db)
-        .await
-        .unwrap();
-        match row {
+        match peek::sender::delivery_to(db, to).await {
             Some(row) if row.0 != "sending" => return row,
             other => assert!(
                 std::time::Instant::now() < deadline,

@@ -12,7 +12,7 @@ use postmesh_shared::proto::{InboundDomainRequest, SendableRequest};
 use postmesh_tests::fake_cloudflare::FakeCloudflare;
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::fake_ses::FakeSes;
-use postmesh_tests::{DomainOptions, FakeStripe, Options, Stack, TestClient};
+use postmesh_tests::{peek, DomainOptions, FakeStripe, Options, Stack, TestClient};
 
 /// A stack whose domain service asks the fake DNS, SES and Cloudflare, and whose billing
 /// sells plans through a fake Stripe.
@@ -114,13 +114,9 @@ impl World {
 /// The workspace of `key`, as the gateway stores it.
 async fn workspace_of(stack: &Stack, key: &str) -> String {
     let db = stack.service_db(postmesh_shared::Service::ApiGateway).await;
-    let workspace: uuid::Uuid =
-        sqlx::query_scalar("SELECT workspace_id FROM api_keys WHERE id = $1")
-            .bind(stack.key_id(key).await)
-            .fetch_one(&db)
-            .await
-            .unwrap();
-    workspace.to_string()
+    peek::gateway::workspace_of(&db, stack.key_id(key).await)
+        .await
+        .to_string()
 }
 
 fn unique(prefix: &str) -> String {
@@ -749,10 +745,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
         .stack
         .service_db(postmesh_shared::Service::Domain)
         .await;
-    let sealed: Vec<u8> = sqlx::query_scalar("SELECT sealed_token FROM dns_providers")
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    let sealed = peek::domain::sealed_dns_token(&db).await;
     assert!(
         !sealed.windows(token.len()).any(|w| w == token.as_bytes()),
         "never in clear"

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use postmesh_shared::jetstream::outbox::{self, Outbox, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{db, Service};
-use postmesh_tests::{remove_namespace, ServiceDb};
+use postmesh_tests::{peek, remove_namespace, ServiceDb};
 
 /// A database with the kit's tables, the namespace's streams, and a core NATS subscription
 /// to the SEND subject.
@@ -65,10 +65,7 @@ async fn seen(sub: &mut async_nats::Subscriber, quiet: Duration) -> Vec<String> 
 }
 
 async fn waiting(store: &ServiceDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-        .fetch_one(&store.pool)
-        .await
-        .unwrap()
+    peek::kit::unpublished(&store.pool).await
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
-use postmesh_tests::{FakeStripe, Options, SenderMode, Stack};
+use postmesh_tests::{peek, FakeStripe, Options, SenderMode, Stack};
 
 fn now() -> i64 {
     postmesh_shared::db::now_unix()
@@ -56,10 +56,6 @@ async fn send_one_and_wait(stack: &Stack, key: &str, to: &str) -> Value {
     let (s, v) = send(stack, key, json!({"to": to, "subject": "s", "text": "t"})).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     wait_finished(stack, key, v["taskId"].as_str().expect("a task id")).await
-}
-
-async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(db).await.expect(sql)
 }
 
 #[tokio::test]
@@ -179,18 +175,7 @@ async fn every_field_reaches_the_delivered_message() {
     );
 
     let db = stack.sender_db().await;
-    let stored: (
-        String,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) = sqlx::query_as(
-        "SELECT email_type, topic, source_app, business_goal, recipient_reason FROM tasks",
-    )
-    .fetch_one(&db)
-    .await
-    .unwrap();
+    let stored = peek::sender::task_labels(&db).await;
     assert_eq!(
         stored,
         (
@@ -291,9 +276,7 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(stack.balance(&key).await, 2, "nothing was charged");
-    assert_eq!(count(&db, "SELECT count(*) FROM tasks").await, 0);
-    assert_eq!(count(&db, "SELECT count(*) FROM outbox").await, 0);
-    assert_eq!(count(&db, "SELECT count(*) FROM deliveries").await, 0);
+    assert_eq!(peek::sender::stored_rows(&db).await, (0, 0, 0));
     stack.shutdown().await;
 }
 
@@ -674,13 +657,8 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     let task = v["taskId"].as_str().unwrap().to_owned();
     let done = wait_finished(&stack, &key, &task).await;
     assert_eq!(done["status"], "sent", "{done}");
-    let attempts: Vec<i32> = sqlx::query_scalar(
-        "SELECT attempts FROM deliveries WHERE task_id = $1::uuid ORDER BY attempts",
-    )
-    .bind(&task)
-    .fetch_all(&stack.sender_db().await)
-    .await
-    .unwrap();
+    let task_id = uuid::Uuid::parse_str(&task).unwrap();
+    let attempts = peek::sender::delivery_attempts(&stack.sender_db().await, task_id).await;
     let mut expected = vec![1; 59];
     expected.push(2);
     assert_eq!(attempts, expected, "one throttled attempt, then each sent");
@@ -890,14 +868,17 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["refunded"], 2);
     let db = stack.sender_db().await;
-    let pending = "SELECT count(*) FROM settlements WHERE action = 'refund' AND done_at IS NULL";
-    assert_eq!(count(&db, pending).await, 1, "the refund is owed");
+    assert_eq!(
+        peek::sender::owed_refunds(&db).await,
+        1,
+        "the refund is owed"
+    );
     stack.start_billing().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while stack.balance(&key).await != 10 {
         assert!(Instant::now() < deadline, "the refund never arrived");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(count(&db, pending).await, 0);
+    assert_eq!(peek::sender::owed_refunds(&db).await, 0);
     stack.shutdown().await;
 }

@@ -5,7 +5,7 @@
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, TaskId};
+use postmesh_shared::{ApiError, DeliveryId, TaskId};
 
 use crate::request::EmailType;
 use crate::tasks::{self, JobOwner};
@@ -36,22 +36,30 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     .fetch_all(&mut *tx)
     .await?;
     for task in &due {
-        let rows: Vec<(i32, Uuid, String)> = sqlx::query_as(
-            "SELECT idx, job_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+        let rows: Vec<(i32, DeliveryId, String)> = sqlx::query_as(
+            "SELECT idx, delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
         )
         .bind(task.id)
         .fetch_all(&mut *tx)
         .await?;
-        let jobs: Vec<(i32, Uuid, &str)> = rows
+        let recipients: Vec<(i32, DeliveryId, &str)> = rows
             .iter()
-            .map(|(idx, job, email)| (*idx, *job, email.as_str()))
+            .map(|(idx, delivery, email)| (*idx, *delivery, email.as_str()))
             .collect();
         let owner = JobOwner {
             account_id: task.account_id.clone(),
             api_key_id: task.api_key_id.to_string(),
             workspace_id: task.workspace_id.to_string(),
         };
-        tasks::enqueue_jobs(&mut tx, &state.ns, task.id, owner, task.email_type, &jobs).await?;
+        tasks::enqueue_jobs(
+            &mut tx,
+            &state.ns,
+            task.id,
+            owner,
+            task.email_type,
+            &recipients,
+        )
+        .await?;
         sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
             .bind(task.id)
             .bind(now_unix())

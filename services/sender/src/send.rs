@@ -338,8 +338,8 @@ async fn cancel(
     .await?;
     if let Some(cost) = cancelled {
         sqlx::query(
-            "DELETE FROM unfinished_jobs WHERE job_id IN
-                 (SELECT job_id FROM task_recipients WHERE task_id = $1)",
+            "DELETE FROM unfinished_deliveries WHERE delivery_id IN
+                 (SELECT delivery_id FROM task_recipients WHERE task_id = $1)",
         )
         .bind(task_id)
         .execute(&mut *tx)

@@ -98,7 +98,7 @@ async fn status(
         task.ok_or_else(|| ApiError::NotFound(format!("no task {task_id}")))?;
     let (sent, failed): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE d.status = 'sent'), count(*) FILTER (WHERE d.status = 'failed')
-         FROM task_recipients r JOIN deliveries d ON d.job_id = r.job_id
+         FROM task_recipients r JOIN deliveries d ON d.delivery_id = r.delivery_id
          WHERE r.task_id = $1",
     )
     .bind(task_id)
@@ -109,7 +109,7 @@ async fn status(
                 CASE WHEN d.status IN ('sent', 'failed') THEN d.status ELSE 'queued' END AS status,
                 CASE WHEN d.status <> 'sent' THEN d.last_error END AS error,
                 d.provider_message_id
-         FROM task_recipients r LEFT JOIN deliveries d ON d.job_id = r.job_id
+         FROM task_recipients r LEFT JOIN deliveries d ON d.delivery_id = r.delivery_id
          WHERE r.task_id = $1 ORDER BY r.idx LIMIT $2 OFFSET $3",
     )
     .bind(task_id)

@@ -13,7 +13,7 @@ use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{JobKind, SendJob};
-use postmesh_shared::{Namespace, TaskId};
+use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId};
 
 use crate::request::{Attachment, EmailType, Recipient, SendRequest};
 
@@ -122,7 +122,7 @@ pub async fn insert(
     .execute(&mut *tx)
     .await?;
     let n = task.recipients.len();
-    let (mut idx, mut emails, mut external, mut jobs) = (
+    let (mut idx, mut emails, mut external, mut deliveries) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -132,24 +132,24 @@ pub async fn insert(
         idx.push(i as i32);
         emails.push(r.email.as_str());
         external.push(r.external_id.as_deref());
-        jobs.push(Uuid::now_v7());
+        deliveries.push(DeliveryId::new());
     }
     sqlx::query(
-        "INSERT INTO task_recipients (task_id, idx, email, external_id, job_id)
+        "INSERT INTO task_recipients (task_id, idx, email, external_id, delivery_id)
          SELECT $1, * FROM UNNEST($2::integer[], $3::text[], $4::text[], $5::uuid[])",
     )
     .bind(task.id)
     .bind(&idx)
     .bind(&emails)
     .bind(&external)
-    .bind(&jobs)
+    .bind(&deliveries)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "INSERT INTO unfinished_jobs (job_id, workspace_id, created_at)
-         SELECT job, $2, $3 FROM UNNEST($1::uuid[]) AS job",
+        "INSERT INTO unfinished_deliveries (delivery_id, workspace_id, created_at)
+         SELECT d, $2, $3 FROM UNNEST($1::uuid[]) AS d",
     )
-    .bind(&jobs)
+    .bind(&deliveries)
     .bind(task.caller.workspace)
     .bind(now)
     .execute(&mut *tx)
@@ -173,13 +173,21 @@ pub async fn insert(
         .await?;
     }
     if status == TaskStatus::Queued {
-        let jobs: Vec<(i32, Uuid, &str)> = idx
+        let recipients: Vec<(i32, DeliveryId, &str)> = idx
             .into_iter()
-            .zip(jobs)
+            .zip(deliveries)
             .zip(emails)
-            .map(|((i, job), email)| (i, job, email))
+            .map(|((i, delivery), email)| (i, delivery, email))
             .collect();
-        enqueue_jobs(tx, ns, task.id, task.caller.into(), req.email_type, &jobs).await?;
+        enqueue_jobs(
+            tx,
+            ns,
+            task.id,
+            task.caller.into(),
+            req.email_type,
+            &recipients,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -214,20 +222,20 @@ pub async fn enqueue_jobs(
     task: TaskId,
     owner: JobOwner,
     email_type: EmailType,
-    recipients: &[(i32, Uuid, &str)],
+    recipients: &[(i32, DeliveryId, &str)],
 ) -> Result<(), sqlx::Error> {
     let task_id = task.to_string();
     let messages: Vec<(Uuid, Vec<u8>)> = recipients
         .chunks(RECIPIENTS_PER_JOB)
         .map(|slice| {
-            let id = Uuid::now_v7();
+            let id = JobId::new();
             let send = SendJob {
                 id: id.to_string(),
                 to: slice
                     .iter()
                     .map(|(_, _, email)| (*email).to_owned())
                     .collect(),
-                recipient_ids: slice.iter().map(|(_, job, _)| job.to_string()).collect(),
+                recipient_ids: slice.iter().map(|(_, id, _)| id.to_string()).collect(),
                 account_id: owner.account_id.clone(),
                 api_key_id: owner.api_key_id.clone(),
                 workspace_id: owner.workspace_id.clone(),
@@ -236,7 +244,7 @@ pub async fn enqueue_jobs(
                 kind: kind(email_type).into(),
                 ..Default::default()
             };
-            (id, send.encode_to_vec())
+            (id.as_uuid(), send.encode_to_vec())
         })
         .collect();
     outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await

@@ -1,4 +1,4 @@
-//! Delivery transports: `file` writes each message as `{job_id}.eml` (the local default),
+//! Delivery transports: `file` writes each message as `{delivery_id}.eml` (the local default),
 //! `smtp` hands it to any relay through lettre's pool, `ses` sends it raw through Amazon
 //! SES v2 (`SendEmail`). Each answers the provider's id of the delivered message.
 
@@ -8,7 +8,7 @@ use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use postmesh_ses::SesClient;
-use postmesh_shared::JobId;
+use postmesh_shared::DeliveryId;
 
 use crate::Config;
 
@@ -70,11 +70,15 @@ impl Transport {
 
     /// Delivers `message`; answers the provider's id of it. Delivering the same job again
     /// to `file` replaces, never duplicates, its file.
-    pub async fn deliver(&self, job_id: JobId, message: Message) -> Result<String, TransportError> {
+    pub async fn deliver(
+        &self,
+        delivery_id: DeliveryId,
+        message: Message,
+    ) -> Result<String, TransportError> {
         match self {
             Self::File { dir } => {
-                let tmp = dir.join(format!(".{job_id}.tmp"));
-                let path = dir.join(format!("{job_id}.eml"));
+                let tmp = dir.join(format!(".{delivery_id}.tmp"));
+                let path = dir.join(format!("{delivery_id}.eml"));
                 let io = |e: std::io::Error| TransportError::Transient(e.to_string());
                 // The envelope's recipients, so a Bcc copy shows whom it went to.
                 let to: Vec<String> = message

@@ -88,7 +88,7 @@ impl Quota {
         // to sent at once, never counted twice or not at all.
         let used: i64 = sqlx::query_scalar(&format!(
             "SELECT ({SENT_SINCE})
-                  + (SELECT count(*) FROM unfinished_jobs WHERE workspace_id = $1 AND created_at >= $3)"
+                  + (SELECT count(*) FROM unfinished_deliveries WHERE workspace_id = $1 AND created_at >= $3)"
         ))
         .bind(self.workspace)
         .bind(period_start)

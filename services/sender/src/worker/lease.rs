@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::JobId;
+use postmesh_shared::DeliveryId;
 
 use super::batch::Keyed;
 use super::{Delivery, DeliveryStatus, Job, Worker};
@@ -46,7 +46,7 @@ fn kind_name(job: &Job) -> String {
 
 /// A claim to write: the job, what it delivers, and the claim's lease token.
 pub(super) struct ClaimRow {
-    job_id: JobId,
+    delivery_id: DeliveryId,
     kind: String,
     /// Recipients, one per line.
     recipients: String,
@@ -57,9 +57,9 @@ pub(super) struct ClaimRow {
 }
 
 impl Keyed for ClaimRow {
-    type Key = JobId;
-    fn key(&self) -> JobId {
-        self.job_id
+    type Key = DeliveryId;
+    fn key(&self) -> DeliveryId {
+        self.delivery_id
     }
 }
 
@@ -73,19 +73,19 @@ pub(super) async fn claim_batch(
 ) -> Result<Vec<Option<i32>>, sqlx::Error> {
     let column = |f: fn(&ClaimRow) -> String| rows.iter().map(f).collect::<Vec<_>>();
     let taken: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
-        "INSERT INTO deliveries (job_id, kind, recipients, subject, status, created_at, updated_at,
+        "INSERT INTO deliveries (delivery_id, kind, recipients, subject, status, created_at, updated_at,
                                  lease_owner, leased_until_ms, workspace_id, task_id)
-         SELECT u.job_id, u.kind, string_to_array(u.recipients, E'\\n'), u.subject, 'sending',
+         SELECT u.delivery_id, u.kind, string_to_array(u.recipients, E'\\n'), u.subject, 'sending',
                 $8, $8, u.lease, {DB_NOW_MS} + $9, u.workspace_id, u.task_id
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::uuid[],
-                     $7::uuid[]) AS u(job_id, kind, recipients, subject, lease, workspace_id, task_id)
-         ON CONFLICT (job_id) DO UPDATE
+                     $7::uuid[]) AS u(delivery_id, kind, recipients, subject, lease, workspace_id, task_id)
+         ON CONFLICT (delivery_id) DO UPDATE
              SET attempts = deliveries.attempts + 1, updated_at = $8,
                  lease_owner = EXCLUDED.lease_owner, leased_until_ms = {DB_NOW_MS} + $9
              WHERE deliveries.status = 'sending' AND deliveries.leased_until_ms <= {DB_NOW_MS}
-         RETURNING job_id, attempts"
+         RETURNING delivery_id, attempts"
     ))
-    .bind(rows.iter().map(|r| r.job_id.as_uuid()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.delivery_id.as_uuid()).collect::<Vec<_>>())
     .bind(column(|r| r.kind.clone()))
     .bind(column(|r| r.recipients.clone()))
     .bind(column(|r| r.subject.clone()))
@@ -99,7 +99,7 @@ pub(super) async fn claim_batch(
     let taken: HashMap<Uuid, i32> = taken.into_iter().collect();
     Ok(rows
         .iter()
-        .map(|r| taken.get(&r.job_id.as_uuid()).copied())
+        .map(|r| taken.get(&r.delivery_id.as_uuid()).copied())
         .collect())
 }
 
@@ -113,7 +113,7 @@ pub(super) async fn claim(
     lease: Uuid,
 ) -> Result<Claim, String> {
     let row = ClaimRow {
-        job_id: delivery.id,
+        delivery_id: delivery.id,
         kind: kind_name(job),
         recipients: delivery.to.join("\n"),
         subject: subject.to_owned(),
@@ -125,7 +125,7 @@ pub(super) async fn claim(
         return Ok(Claim::Deliver(attempt));
     }
     let (status, left_ms): (DeliveryStatus, i64) = sqlx::query_as(&format!(
-        "SELECT status, leased_until_ms - {DB_NOW_MS} FROM deliveries WHERE job_id = $1"
+        "SELECT status, leased_until_ms - {DB_NOW_MS} FROM deliveries WHERE delivery_id = $1"
     ))
     .bind(delivery.id)
     .fetch_one(&worker.db)
@@ -140,10 +140,10 @@ pub(super) async fn claim(
 }
 
 /// Extends the leases `lease` holds on the messages `ids`.
-async fn renew(worker: &Worker, ids: &[JobId], lease: Uuid) -> Result<(), sqlx::Error> {
+async fn renew(worker: &Worker, ids: &[DeliveryId], lease: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
         "UPDATE deliveries SET leased_until_ms = {DB_NOW_MS} + $3
-         WHERE job_id = ANY($1) AND lease_owner = $2 AND status = 'sending'"
+         WHERE delivery_id = ANY($1) AND lease_owner = $2 AND status = 'sending'"
     ))
     .bind(ids.iter().map(|id| id.as_uuid()).collect::<Vec<_>>())
     .bind(lease)
@@ -161,7 +161,7 @@ async fn renew(worker: &Worker, ids: &[JobId], lease: Uuid) -> Result<(), sqlx::
 pub(super) async fn with_heartbeat<T>(
     worker: &Worker,
     msg: &jetstream::Message,
-    ids: &[JobId],
+    ids: &[DeliveryId],
     lease: Uuid,
     work: impl Future<Output = T>,
 ) -> T {

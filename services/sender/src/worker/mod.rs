@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::SendJob;
-use postmesh_shared::{telemetry, JobId, Runtime, TaskId, WorkspaceId};
+use postmesh_shared::{telemetry, DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
 use crate::tasks::{self, LoadedTask};
 use crate::transport::{Transport, TransportError};
@@ -62,7 +62,7 @@ pub(crate) struct Job {
 
 /// One message of a job: its own `deliveries` row, lease, Message-ID and outcome.
 pub(crate) struct Delivery {
-    pub id: JobId,
+    pub id: DeliveryId,
     pub to: Vec<String>,
 }
 
@@ -287,7 +287,7 @@ impl Worker {
     async fn run(self: &Arc<Self>, msg: &jetstream::Message, job: &Arc<Job>) -> Outcome {
         // A token of this claim: a redelivery to this same process is another claimant.
         let lease = Uuid::now_v7();
-        let ids: Vec<JobId> = job.deliveries.iter().map(|d| d.id).collect();
+        let ids: Vec<DeliveryId> = job.deliveries.iter().map(|d| d.id).collect();
         let mut pending: Vec<usize> = (0..job.deliveries.len()).collect();
         let mut finished = Vec::with_capacity(pending.len());
         let mut waited = Duration::ZERO;
@@ -520,8 +520,9 @@ fn decode(payload: &[u8]) -> Result<Job, String> {
         raw => Some(TaskId::parse(raw).ok_or("task id is not a uuid")?),
     };
     let deliveries = if send.recipient_ids.is_empty() {
+        // A code email is one message under the job's own id.
         vec![Delivery {
-            id,
+            id: DeliveryId::from(id.as_uuid()),
             to: send.to.clone(),
         }]
     } else if send.recipient_ids.len() != send.to.len() {
@@ -532,7 +533,7 @@ fn decode(payload: &[u8]) -> Result<Job, String> {
             .zip(&send.to)
             .map(|(rid, to)| {
                 Ok(Delivery {
-                    id: JobId::parse(rid).ok_or("a recipient id is not a uuid")?,
+                    id: DeliveryId::parse(rid).ok_or("a recipient id is not a uuid")?,
                     to: vec![to.clone()],
                 })
             })
@@ -578,12 +579,12 @@ mod tests {
         let job = decode(&job.encode_to_vec()).unwrap();
         assert_eq!(job.id, id);
         assert_eq!(job.deliveries.len(), 1);
-        assert_eq!(job.deliveries[0].id, id);
+        assert_eq!(job.deliveries[0].id.as_uuid(), id.as_uuid());
     }
 
     #[test]
     fn a_slice_of_recipients_is_one_message_each() {
-        let (a, b) = (JobId::new(), JobId::new());
+        let (a, b) = (DeliveryId::new(), DeliveryId::new());
         let slice = SendJob {
             id: JobId::new().to_string(),
             to: vec!["a@example.com".into(), "b@example.com".into()],

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::batch::Keyed;
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::JobId;
+use postmesh_shared::DeliveryId;
 
 use super::{DeliveryStatus, Outcome, Worker};
 use crate::transport::TransportError;
@@ -40,7 +40,7 @@ impl Verdict {
 /// An outcome to write.
 #[derive(Clone)]
 pub(super) struct RecordRow {
-    job_id: JobId,
+    delivery_id: DeliveryId,
     status: DeliveryStatus,
     error: Option<String>,
     /// The claim recording it.
@@ -49,9 +49,9 @@ pub(super) struct RecordRow {
 }
 
 impl Keyed for RecordRow {
-    type Key = JobId;
-    fn key(&self) -> JobId {
-        self.job_id
+    type Key = DeliveryId;
+    fn key(&self) -> DeliveryId {
+        self.delivery_id
     }
 }
 
@@ -66,21 +66,25 @@ pub(super) async fn record_batch(
     let written: Vec<Uuid> = sqlx::query_scalar(
         "WITH u AS (
              SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[])
-                 AS u(job_id, status, error, lease, provider)
+                 AS u(delivery_id, status, error, lease, provider)
          ), finished AS (
-             DELETE FROM unfinished_jobs f USING u
-             WHERE f.job_id = u.job_id AND u.status <> 'sending'
+             DELETE FROM unfinished_deliveries f USING u
+             WHERE f.delivery_id = u.delivery_id AND u.status <> 'sending'
          )
          UPDATE deliveries d
          SET status = u.status, last_error = u.error, updated_at = $6, lease_owner = NULL,
              leased_until_ms = 0, provider_message_id = COALESCE(u.provider, d.provider_message_id)
          FROM u
-         WHERE d.job_id = u.job_id
+         WHERE d.delivery_id = u.delivery_id
            AND CASE WHEN u.status = 'sent' THEN d.status <> 'sent'
                     ELSE d.status = 'sending' AND d.lease_owner = u.lease END
-         RETURNING d.job_id",
+         RETURNING d.delivery_id",
     )
-    .bind(rows.iter().map(|r| r.job_id.as_uuid()).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.delivery_id.as_uuid())
+            .collect::<Vec<_>>(),
+    )
     .bind(rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
@@ -95,7 +99,7 @@ pub(super) async fn record_batch(
     let written: HashSet<Uuid> = written.into_iter().collect();
     Ok(rows
         .iter()
-        .map(|r| written.contains(&r.job_id.as_uuid()))
+        .map(|r| written.contains(&r.delivery_id.as_uuid()))
         .collect())
 }
 
@@ -107,7 +111,7 @@ const RECORD_RETRIES: [u64; 4] = [0, 100, 500, 2000];
 /// retry that would send it again.
 pub(super) async fn record(
     worker: &Worker,
-    job_id: JobId,
+    delivery_id: DeliveryId,
     lease: Uuid,
     verdict: Verdict,
 ) -> Outcome {
@@ -127,7 +131,7 @@ pub(super) async fn record(
         ),
     };
     let row = RecordRow {
-        job_id,
+        delivery_id,
         status,
         error,
         lease,

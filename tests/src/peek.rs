@@ -1,0 +1,245 @@
+//! The services' own tables, as tests reach them: each read (and the few writes a test
+//! needs to stage a situation) named for what it means. Tests touch another service's
+//! tables only through these, so a schema change is fixed in one place.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// One number from `sql` (a `count(*)` or the like) with `key` bound as `$1` when given.
+async fn scalar(db: &PgPool, sql: &str, key: Option<Uuid>) -> i64 {
+    let query = sqlx::query_scalar(sql);
+    let query = match key {
+        Some(key) => query.bind(key),
+        None => query,
+    };
+    query.fetch_one(db).await.expect(sql)
+}
+
+/// The kit's own tables, in any service's database.
+pub mod kit {
+    use super::*;
+
+    /// Outbox messages not yet published.
+    pub async fn unpublished(db: &PgPool) -> i64 {
+        scalar(
+            db,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+            None,
+        )
+        .await
+    }
+}
+
+/// Billing's ledger and balances.
+pub mod billing {
+    use super::*;
+
+    /// Charges held and neither confirmed nor released.
+    pub async fn open_holds(db: &PgPool) -> i64 {
+        scalar(
+            db,
+            "SELECT count(*) FROM ledger WHERE hold_until IS NOT NULL",
+            None,
+        )
+        .await
+    }
+
+    /// Ledger entries of `kind` (`charge`, `refund`, `void`, ...) for a key.
+    pub async fn ledger_rows(db: &PgPool, key_id: Uuid, kind: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM ledger WHERE api_key_id = $1 AND kind = $2")
+            .bind(key_id)
+            .bind(kind)
+            .fetch_one(db)
+            .await
+            .expect("ledger rows")
+    }
+
+    /// Locks a key's balance row in `tx`, so charges against it wait until `tx` ends.
+    pub async fn lock_balance(tx: &mut sqlx::PgConnection, key_id: Uuid) {
+        sqlx::query("SELECT balance FROM balances WHERE api_key_id = $1 FOR UPDATE")
+            .bind(key_id)
+            .execute(tx)
+            .await
+            .expect("balance row locked");
+    }
+
+    /// Charges still running against balances (statements of another connection).
+    pub async fn charges_running(db: &PgPool) -> i64 {
+        scalar(
+            db,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND state = 'active' AND query LIKE '%balance = balance -%'",
+            None,
+        )
+        .await
+    }
+
+    /// Writes `n` one-credit charges of a key straight into the ledger, to `target`.
+    pub async fn insert_charges(db: &PgPool, key_id: Uuid, n: i32, target: &str) {
+        sqlx::query(
+            "INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at,
+                                 caller_email, target_email)
+             SELECT gen_random_uuid(), $1, 'bulk:' || n, 'charge', -1, 1700000000 + n,
+                    'me@example.com', $2
+             FROM generate_series(1, $3) AS n",
+        )
+        .bind(key_id)
+        .bind(target)
+        .bind(n)
+        .execute(db)
+        .await
+        .expect("charges written");
+    }
+}
+
+/// The gateway's accounts and keys.
+pub mod gateway {
+    use super::*;
+
+    /// Revokes a key in the database alone (caches keep it until they expire).
+    pub async fn revoke_key(db: &PgPool, key_id: Uuid) {
+        sqlx::query("UPDATE api_keys SET revoked_at = 1 WHERE id = $1")
+            .bind(key_id)
+            .execute(db)
+            .await
+            .expect("key revoked");
+    }
+
+    /// The workspace of a key.
+    pub async fn workspace_of(db: &PgPool, key_id: Uuid) -> Uuid {
+        sqlx::query_scalar("SELECT workspace_id FROM api_keys WHERE id = $1")
+            .bind(key_id)
+            .fetch_one(db)
+            .await
+            .expect("key row")
+    }
+}
+
+/// The domain service's saved settings.
+pub mod domain {
+    use super::*;
+
+    /// The saved DNS provider token, as stored.
+    pub async fn sealed_dns_token(db: &PgPool) -> Vec<u8> {
+        sqlx::query_scalar("SELECT sealed_token FROM dns_providers")
+            .fetch_one(db)
+            .await
+            .expect("a saved token")
+    }
+}
+
+/// The sender's tasks, deliveries and settlements.
+pub mod sender {
+    use super::*;
+
+    /// Rows the sender stores for sends: `(tasks, outbox messages, deliveries)`.
+    pub async fn stored_rows(db: &PgPool) -> (i64, i64, i64) {
+        (
+            scalar(db, "SELECT count(*) FROM tasks", None).await,
+            scalar(db, "SELECT count(*) FROM outbox", None).await,
+            scalar(db, "SELECT count(*) FROM deliveries", None).await,
+        )
+    }
+
+    /// Every delivery's status and attempts.
+    pub async fn deliveries(db: &PgPool) -> Vec<(String, i32)> {
+        sqlx::query_as("SELECT status, attempts FROM deliveries")
+            .fetch_all(db)
+            .await
+            .expect("deliveries")
+    }
+
+    /// Status, attempts and last error of the delivery to `to`, if there is one.
+    pub async fn delivery_to(db: &PgPool, to: &str) -> Option<(String, i32, Option<String>)> {
+        sqlx::query_as(
+            "SELECT status, attempts, last_error FROM deliveries WHERE $1 = ANY(recipients)",
+        )
+        .bind(to)
+        .fetch_optional(db)
+        .await
+        .expect("deliveries")
+    }
+
+    /// Refunds owed to billing and not yet settled.
+    pub async fn owed_refunds(db: &PgPool) -> i64 {
+        scalar(
+            db,
+            "SELECT count(*) FROM settlements WHERE action = 'refund' AND done_at IS NULL",
+            None,
+        )
+        .await
+    }
+
+    /// The labels stored with the only task: `(email_type, topic, source_app,
+    /// business_goal, recipient_reason)`.
+    pub async fn task_labels(
+        db: &PgPool,
+    ) -> (
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) {
+        sqlx::query_as(
+            "SELECT email_type, topic, source_app, business_goal, recipient_reason FROM tasks",
+        )
+        .fetch_one(db)
+        .await
+        .expect("one task")
+    }
+
+    /// The attempts of each delivery of a task, fewest first.
+    pub async fn delivery_attempts(db: &PgPool, task: Uuid) -> Vec<i32> {
+        sqlx::query_scalar("SELECT attempts FROM deliveries WHERE task_id = $1 ORDER BY attempts")
+            .bind(task)
+            .fetch_all(db)
+            .await
+            .expect("deliveries")
+    }
+
+    /// Records a delivery as being sent by another worker whose lease runs `ms` more.
+    pub async fn lease_elsewhere(
+        db: &PgPool,
+        delivery: Uuid,
+        to: &[String],
+        subject: &str,
+        ms: i64,
+    ) {
+        sqlx::query(
+            "INSERT INTO deliveries (delivery_id, kind, recipients, subject, status, created_at,
+                                     updated_at, lease_owner, leased_until_ms)
+             VALUES ($1, 'transactional', $2, $3, 'sending', 0, 0, $4,
+                     (extract(epoch from clock_timestamp()) * 1000)::bigint + $5)",
+        )
+        .bind(delivery)
+        .bind(to)
+        .bind(subject)
+        .bind(Uuid::now_v7())
+        .bind(ms)
+        .execute(db)
+        .await
+        .expect("delivery leased");
+    }
+
+    /// Records a delivery as sent by its other worker, which lets go of its lease.
+    pub async fn finish_elsewhere(db: &PgPool, delivery: Uuid) {
+        sqlx::query(
+            "UPDATE deliveries SET status = 'sent', lease_owner = NULL WHERE delivery_id = $1",
+        )
+        .bind(delivery)
+        .execute(db)
+        .await
+        .expect("delivery finished");
+    }
+
+    /// A delivery's status and the lease that holds it, if any.
+    pub async fn delivery_state(db: &PgPool, delivery: Uuid) -> (String, Option<Uuid>) {
+        sqlx::query_as("SELECT status, lease_owner FROM deliveries WHERE delivery_id = $1")
+            .bind(delivery)
+            .fetch_one(db)
+            .await
+            .expect("delivery row")
+    }
+}
