@@ -4,8 +4,8 @@
 //! database driver or telemetry.
 
 pub mod ids;
+mod names;
 pub mod namespace;
-mod role;
 pub mod routes;
 pub mod rpc;
 pub mod service;

@@ -1,7 +1,9 @@
 //! Request extractors that answer bad input with the spec's `{success:false, error}` body.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use std::str::FromStr;
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
@@ -44,6 +46,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
             .map_err(|e: QueryRejection| {
                 ApiError::BadRequest(format!("invalid query: {}", e.body_text()))
             })
+    }
+}
+
+/// The path's one parameter (`{id}`, `{task_id}`) parsed as `T`, a typed id or a uuid; a
+/// malformed one is a 400 that names it.
+pub struct IdPath<T>(pub T);
+
+impl<S: Send + Sync, T: FromStr + Send> FromRequestParts<S> for IdPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+        raw.parse()
+            .map(Self)
+            .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
     }
 }
 

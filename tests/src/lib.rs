@@ -29,6 +29,7 @@ use postmesh_shared::config::env_or;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{Common, Namespace, Rpc, Running, Service};
+use sender::TransportKind;
 
 /// How the sender of a stack runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -168,7 +169,7 @@ pub struct Stack {
     /// The sender's `SEND_CONCURRENCY`.
     send_concurrency: usize,
     /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
-    transport: (String, String),
+    transport: (TransportKind, String),
     /// SES of the next sender start (the `ses` transport).
     ses: postmesh_ses::SesConfig,
     /// Set once `shutdown` removed the stack's data.
@@ -341,7 +342,7 @@ impl Stack {
             sender_child: None,
             mode: opts.sender,
             send_concurrency: opts.send_concurrency,
-            transport: ("file".into(), String::new()),
+            transport: (TransportKind::File, String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
             codes,
@@ -368,7 +369,7 @@ impl Stack {
             sender_child: None,
             mode: SenderMode::ChildProcess,
             send_concurrency: opts.send_concurrency,
-            transport: ("file".into(), String::new()),
+            transport: (TransportKind::File, String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
         }
@@ -393,14 +394,19 @@ impl Stack {
         self.outbox.path()
     }
 
-    /// Makes the next sender start use `kind` (`file` or `smtp`) and `smtp_url`.
-    pub fn use_transport(&mut self, kind: &str, smtp_url: &str) {
-        self.transport = (kind.to_owned(), smtp_url.to_owned());
+    /// Makes the next sender start write `.eml` files (the default).
+    pub fn use_file(&mut self) {
+        self.transport = (TransportKind::File, String::new());
+    }
+
+    /// Makes the next sender start deliver to the SMTP relay at `smtp_url`.
+    pub fn use_smtp(&mut self, smtp_url: &str) {
+        self.transport = (TransportKind::Smtp, smtp_url.to_owned());
     }
 
     /// Makes the next sender start deliver through SES at `ses`.
     pub fn use_ses(&mut self, ses: postmesh_ses::SesConfig) {
-        self.transport = ("ses".to_owned(), String::new());
+        self.transport = (TransportKind::Ses, String::new());
         self.ses = ses;
     }
 
@@ -455,7 +461,7 @@ impl Stack {
     fn sender_config(&self) -> sender::Config {
         sender::Config {
             common: self.common.clone(),
-            transport: self.transport.0.clone(),
+            transport: self.transport.0,
             outbox_dir: self.outbox.path().to_owned(),
             smtp_url: self.transport.1.clone(),
             ses: self.ses.clone(),

@@ -17,7 +17,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     // The first worker's relay hangs, so it is caught in the middle of delivering.
     let hung = FakeSmtp::start(Behaviour::Silent).await;
     stack.kill_sender().await;
-    stack.use_transport("smtp", &hung.url());
+    stack.use_smtp(&hung.url());
     stack.start_sender().await;
     let to = "mallory@example.com";
     let (s, body) = stack.send_code(&key, to).await;
@@ -34,7 +34,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     assert_eq!(peek::sender::deliveries(&db).await[0].0, "sending");
     stack.kill_sender().await; // SIGKILL while the job is in flight, unacked
 
-    stack.use_transport("file", "");
+    stack.use_file();
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
     let (s, body) = stack.verify(&key, to, &code).await;
@@ -56,7 +56,7 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     })
     .await;
     stack.kill_sender().await;
-    stack.use_transport("smtp", &relay.url());
+    stack.use_smtp(&relay.url());
     stack.start_sender().await;
     let to = "niaj@example.com";
     let (s, _) = stack.send_code(&key, to).await;
@@ -200,7 +200,7 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
     // "Try again later" on every attempt: retried until the last attempt, then parked.
     let busy = FakeSmtp::start(Behaviour::Refuse { code: 451 }).await;
     stack.kill_sender().await;
-    stack.use_transport("smtp", &busy.url());
+    stack.use_smtp(&busy.url());
     stack.start_sender().await;
     let (s, _) = stack.send_code(&key, "busy@example.com").await;
     assert_eq!(s.as_u16(), 200);
@@ -211,7 +211,7 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
     // "Never": parked after the first attempt.
     let gone = FakeSmtp::start(Behaviour::Refuse { code: 550 }).await;
     stack.kill_sender().await;
-    stack.use_transport("smtp", &gone.url());
+    stack.use_smtp(&gone.url());
     stack.start_sender().await;
     let (s, _) = stack.send_code(&key, "gone@example.com").await;
     assert_eq!(s.as_u16(), 200);

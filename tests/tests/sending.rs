@@ -21,7 +21,7 @@ fn now() -> i64 {
 /// Restarts the stack's sender on the SMTP relay `relay`.
 async fn deliver_to(stack: &mut Stack, relay: &FakeSmtp) {
     stack.kill_sender().await;
-    stack.use_transport("smtp", &relay.url());
+    stack.use_smtp(&relay.url());
     stack.start_sender().await;
 }
 

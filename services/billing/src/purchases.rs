@@ -2,14 +2,14 @@
 //! amount; the purchase moves pending → paid | expired | failed (never back) when Stripe
 //! says so, by webhook or reconcile, and paid credits the buying key exactly once.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::GrantRequest;
 use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey, Routes, Success};
 
@@ -200,11 +200,6 @@ async fn create(
     Ok(Success::new(opened))
 }
 
-/// Parses a purchase id from the path; not a uuid is a 400.
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::BadRequest("purchase id must be a uuid".into()))
-}
-
 const COLUMNS: &str = "id, pack_name, credits, amount, currency, kind, status, created_at, paid_at";
 
 /// The purchase `id` of `key`; another key's purchase is none.
@@ -236,9 +231,9 @@ async fn list(
 async fn show(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
-    let purchase = find(&state.db, caller.key, parse_id(&id)?)
+    let purchase = find(&state.db, caller.key, id)
         .await?
         .ok_or_else(not_found)?;
     Ok(Success::new(PurchaseView { purchase }))
@@ -251,9 +246,8 @@ fn not_found() -> ApiError {
 async fn reconcile(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
-    let id = parse_id(&id)?;
     let purchase = find(&state.db, caller.key, id)
         .await?
         .ok_or_else(not_found)?;

@@ -2,14 +2,14 @@
 //! reconcile re-checks it, the portal manages the subscription; the subscription itself
 //! follows what Stripe reports (status, period, cancel at period end; deleted means no plan).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::{ApiError, IdempotencyKey, Routes, Success, WorkspaceId};
 
 use crate::catalog;
@@ -187,10 +187,8 @@ async fn find_checkout(
 async fn reconcile(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<CheckoutView>, ApiError> {
-    let id = Uuid::parse_str(&id)
-        .map_err(|_| ApiError::BadRequest("checkout id must be a uuid".into()))?;
     let not_found = || ApiError::NotFound("subscription checkout not found".into());
     let checkout = find_checkout(&state.db, caller.workspace, id)
         .await?

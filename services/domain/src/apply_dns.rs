@@ -3,7 +3,7 @@
 //! one (it is reported instead). The workspace's saved token is sealed at rest.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use postmesh_contracts::routes::domain as api;
@@ -13,7 +13,7 @@ use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
 
 use crate::cloudflare::Record;
 use crate::dns::host_name;
-use crate::domains;
+use crate::domains::VerifiedDomain;
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -156,7 +156,7 @@ async fn token_for(
 async fn apply(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    VerifiedDomain(domain): VerifiedDomain,
     body: Bytes,
 ) -> Result<Success<Applied>, ApiError> {
     let req: ApplyRequest = if body.iter().all(u8::is_ascii_whitespace) {
@@ -167,8 +167,6 @@ async fn apply(
     };
     check_provider(req.provider.as_deref().unwrap_or(PROVIDER))?;
     let scope = req.scope.unwrap_or(Scope::All);
-    let domain = domains::owned(&state.db, &caller, &id).await?;
-    domain.require_verified()?;
     let token = token_for(&state, caller.workspace, req.api_token).await?;
 
     let mut wanted = Vec::new();

@@ -1,14 +1,15 @@
 //! Sender domains as a resource: submission (plan limits from billing, a platform-wide
 //! unique name), listing, reading and deleting; the stored record and its public view.
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::{self, now_unix};
-use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::{nats, ApiError, Routes, Success, WorkspaceId};
 
@@ -351,12 +352,7 @@ pub async fn count(db: impl PgExecutor<'_>, workspace: WorkspaceId) -> Result<i6
     .await
 }
 
-async fn show(
-    State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
-) -> Result<Success<DomainPage>, ApiError> {
-    let domain = owned(&state.db, &caller, &id).await?;
+async fn show(OwnedDomain(domain): OwnedDomain) -> Result<Success<DomainPage>, ApiError> {
     Ok(Success::new(DomainPage {
         domain: domain.view(),
     }))
@@ -364,10 +360,8 @@ async fn show(
 
 async fn remove(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
+    OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Deleted>, ApiError> {
-    let domain = owned(&state.db, &caller, &id).await?;
     // The provider's identity goes first: a failure there leaves the record to retry with.
     if !domain.dkim_tokens.is_empty() {
         state.ses()?.delete_identity(&domain.name).await?;
@@ -382,14 +376,8 @@ async fn remove(
     }))
 }
 
-/// Parses a domain id from the path; not a uuid is a 400.
-pub fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::BadRequest("domain id must be a uuid".into()))
-}
-
 /// The domain `id` of the caller's workspace; another workspace's domain is a 404.
-pub async fn owned(db: &PgPool, caller: &Caller, id: &str) -> Result<Domain, ApiError> {
-    let id = parse_id(id)?;
+async fn owned(db: &PgPool, caller: &Caller, id: Uuid) -> Result<Domain, ApiError> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM domains WHERE id = $1 AND workspace_id = $2"
     ))
@@ -398,4 +386,31 @@ pub async fn owned(db: &PgPool, caller: &Caller, id: &str) -> Result<Domain, Api
     .fetch_optional(db)
     .await?
     .ok_or_else(|| ApiError::NotFound("no such sender domain".into()))
+}
+
+/// The caller's domain that the path's `{id}` names: 400 for a malformed id, 404 for none
+/// or another workspace's.
+pub struct OwnedDomain(pub Domain);
+
+impl FromRequestParts<AppState> for OwnedDomain {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let IdPath(id) = IdPath::<Uuid>::from_request_parts(parts, state).await?;
+        owned(&state.db, &caller, id).await.map(Self)
+    }
+}
+
+/// An [`OwnedDomain`] whose ownership is verified, as every setup call needs; 409 otherwise.
+pub struct VerifiedDomain(pub Domain);
+
+impl FromRequestParts<AppState> for VerifiedDomain {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let OwnedDomain(domain) = OwnedDomain::from_request_parts(parts, state).await?;
+        domain.require_verified()?;
+        Ok(Self(domain))
+    }
 }

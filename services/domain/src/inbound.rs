@@ -1,16 +1,15 @@
 //! Inbound mail: a domain receives through us when its highest-priority MX records all
 //! point at `INBOUND_MX_HOST`. The latest check's result is stored.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::Caller;
 use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::dns::{host_name, Mx};
-use crate::domains::{self, InboundStatus};
+use crate::domains::{InboundStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -47,11 +46,8 @@ pub fn routes_to(records: &[Mx], expected: &str) -> bool {
 
 async fn verify(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
+    VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<InboundCheck>, ApiError> {
-    let domain = domains::owned(&state.db, &caller, &id).await?;
-    domain.require_verified()?;
     let expected = host_name(&state.settings.inbound_mx_host);
     let found = state.dns.mx(&domain.name).await?;
     let ready = routes_to(&found, &expected);

@@ -2,16 +2,15 @@
 //! identity with Easy DKIM and a custom MAIL FROM and answers the records to publish;
 //! `verify-outbound` reads the identity's status back and stores it.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use postmesh_contracts::routes::domain as api;
 use postmesh_ses::{EmailIdentity, SesError};
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::Caller;
 use postmesh_shared::{ApiError, Routes, Success};
 
-use crate::domains::{self, OutboundStatus};
+use crate::domains::{OutboundStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -56,11 +55,8 @@ pub fn status_of(identity: &EmailIdentity) -> OutboundStatus {
 
 async fn setup(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
+    VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {
-    let domain = domains::owned(&state.db, &caller, &id).await?;
-    domain.require_verified()?;
     let ses = state.ses()?;
     let identity = match ses.get_identity(&domain.name).await {
         Ok(identity) => identity,
@@ -81,11 +77,8 @@ async fn setup(
 
 async fn verify(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
+    VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {
-    let domain = domains::owned(&state.db, &caller, &id).await?;
-    domain.require_verified()?;
     if domain.outbound_status == OutboundStatus::NotStarted {
         return Err(ApiError::Conflict(format!(
             "sending is not enabled for {}: call setup-outbound first",

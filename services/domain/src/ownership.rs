@@ -2,18 +2,18 @@
 //! periodic sweep, and an admin's approval or rejection. Only `pending` moves: to
 //! `verified` (TXT found, or approved) or `rejected` (an admin's decision, final).
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::Caller;
+use postmesh_shared::extract::{Caller, IdPath};
 use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::dns::{Dns, LookupError};
-use crate::domains::{self, Domain, DomainView, Ownership, COLUMNS};
+use crate::domains::{Domain, DomainView, OwnedDomain, Ownership, COLUMNS};
 use crate::AppState;
 
 /// Pending domains one sweep pass checks at most.
@@ -44,10 +44,8 @@ pub fn routes() -> Routes<AppState> {
 
 async fn verify(
     State(state): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
+    OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Reviewed>, ApiError> {
-    let domain = domains::owned(&state.db, &caller, &id).await?;
     let domain = match domain.ownership {
         Ownership::Pending => check(&state.db, &state.dns, domain).await?,
         Ownership::Verified => domain,
@@ -186,17 +184,17 @@ async fn pending(
 async fn approve(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Reviewed>, ApiError> {
-    review(&state.db, &caller, &id, Ownership::Verified).await
+    review(&state.db, &caller, id, Ownership::Verified).await
 }
 
 async fn reject(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Reviewed>, ApiError> {
-    review(&state.db, &caller, &id, Ownership::Rejected).await
+    review(&state.db, &caller, id, Ownership::Rejected).await
 }
 
 /// An admin's decision on a pending domain of any workspace; deciding again the same way
@@ -204,11 +202,10 @@ async fn reject(
 async fn review(
     db: &PgPool,
     caller: &Caller,
-    id: &str,
+    id: Uuid,
     decision: Ownership,
 ) -> Result<Success<Reviewed>, ApiError> {
     require_admin(caller)?;
-    let id = domains::parse_id(id)?;
     let reviewer = Some(caller.account.as_uuid());
     let updated: Option<Domain> = sqlx::query_as(&format!(
         "UPDATE domains SET ownership = $2, reviewed_by = $3,

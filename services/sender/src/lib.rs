@@ -13,6 +13,8 @@ pub mod status;
 pub mod tasks;
 pub mod templates;
 pub mod transport;
+
+pub use transport::TransportKind;
 pub mod usage;
 pub mod worker;
 
@@ -51,8 +53,8 @@ const SETTLE_POLL: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug)]
 pub struct Config {
     pub common: Common,
-    /// `file` (default), `smtp` or `ses`.
-    pub transport: String,
+    /// `SEND_TRANSPORT`: `file` (default), `smtp` or `ses`.
+    pub transport: TransportKind,
     /// Where the `file` transport writes `.eml` files.
     pub outbox_dir: PathBuf,
     /// Relay for the `smtp` transport, e.g. `smtp://127.0.0.1:25` or `smtp://h:587?tls=required`.
@@ -73,7 +75,7 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
             common: Common::from_env(SERVICE)?,
-            transport: env_or("SEND_TRANSPORT", "file"),
+            transport: env_parse("SEND_TRANSPORT", TransportKind::File)?,
             outbox_dir: env_or("OUTBOX_DIR", "var/outbox").into(),
             smtp_url: env_or("SMTP_URL", "smtp://127.0.0.1:25"),
             ses: SesConfig::from_env(),
@@ -93,7 +95,7 @@ impl Config {
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = self.common.to_env();
         env.extend([
-            ("SEND_TRANSPORT", self.transport.clone()),
+            ("SEND_TRANSPORT", self.transport.to_string()),
             ("OUTBOX_DIR", self.outbox_dir.display().to_string()),
             ("SMTP_URL", self.smtp_url.clone()),
             ("SES_ENDPOINT", self.ses.endpoint.clone()),
@@ -227,7 +229,7 @@ mod tests {
     #[test]
     fn a_child_process_reads_back_the_same_settings() {
         let mut config = Config::from_env().unwrap();
-        config.transport = "smtp".into();
+        config.transport = TransportKind::Smtp;
         config.smtp_url = "smtp://127.0.0.1:2525".into();
         config.common.upstream_timeout = Duration::from_millis(1500);
         config.ses = SesConfig {

@@ -8,6 +8,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use postmesh_shared::proto::JobKind;
 use postmesh_shared::{ApiError, EmailAddress};
 
 /// Recipients of one send at most (DESIGN §6).
@@ -106,6 +107,25 @@ pub enum EmailType {
 }
 
 impl EmailType {
+    /// The type named `name` in a request (`transactional` when none is given).
+    pub fn parse(name: Option<&str>) -> Option<Self> {
+        match name.map(str::trim) {
+            None | Some("") | Some("transactional") => Some(Self::Transactional),
+            Some("lifecycle") => Some(Self::Lifecycle),
+            Some("marketing") => Some(Self::Marketing),
+            Some(_) => None,
+        }
+    }
+
+    /// The kind of the SEND jobs that carry it.
+    pub fn job_kind(self) -> JobKind {
+        match self {
+            Self::Transactional => JobKind::Transactional,
+            Self::Lifecycle => JobKind::Lifecycle,
+            Self::Marketing => JobKind::Marketing,
+        }
+    }
+
     /// The name the API and the database use.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -426,16 +446,12 @@ impl SendRequest {
         };
         let (recipients, rejected) = recipients(to)?;
         let content = content(&mut body)?;
-        let email_type = match body.email_type.as_deref().map(str::trim) {
-            None | Some("") | Some("transactional") => EmailType::Transactional,
-            Some("lifecycle") => EmailType::Lifecycle,
-            Some("marketing") => EmailType::Marketing,
-            Some(other) => {
-                return Err(bad(format!(
-                    "emailType {other:?} is not one of transactional, lifecycle, marketing"
-                )))
-            }
-        };
+        let email_type = EmailType::parse(body.email_type.as_deref()).ok_or_else(|| {
+            bad(format!(
+                "emailType {:?} is not one of transactional, lifecycle, marketing",
+                body.email_type.as_deref().unwrap_or_default()
+            ))
+        })?;
         let scheduled_at = match body.scheduled_at {
             None => None,
             Some(at) => {

@@ -4,13 +4,13 @@
 //! transaction, then the charge is confirmed and the jobs are published. A scheduled task is
 //! held until the scheduler releases it, and can be cancelled (and refunded) until then.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use postmesh_contracts::routes::sender as api;
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
 use postmesh_shared::{nats, ApiError, EmailAddress, Routes, Success, TaskId};
 
@@ -313,17 +313,11 @@ pub struct Cancelled {
     pub refunded: i64,
 }
 
-/// Parses a task id from a path; a malformed one is a 400.
-pub fn parse_task_id(raw: &str) -> Result<TaskId, ApiError> {
-    TaskId::parse(raw).ok_or_else(|| ApiError::BadRequest(format!("{raw:?} is not a task id")))
-}
-
 async fn cancel(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw): Path<String>,
+    IdPath(task_id): IdPath<TaskId>,
 ) -> Result<Success<Cancelled>, ApiError> {
-    let task_id = parse_task_id(&raw)?;
     // The row lock orders this against a scheduler releasing the task at this moment; the
     // refund is owed in the same transaction.
     let mut tx = state.db.begin().await?;

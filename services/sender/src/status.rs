@@ -1,14 +1,13 @@
 //! `GET /email-status/{taskId}`: a task's progress — counts of its recipients queued, sent
 //! and failed, and each recipient's state, paged with `limit`/`offset`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use postmesh_contracts::routes::sender as api;
-use postmesh_shared::extract::{Caller, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, QueryParams};
 use postmesh_shared::{ApiError, Routes, Success, TaskId};
 
-use crate::send::parse_task_id;
 use crate::tasks::TaskStatus;
 use crate::AppState;
 
@@ -76,10 +75,9 @@ fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static st
 async fn status(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw): Path<String>,
+    IdPath(task_id): IdPath<TaskId>,
     QueryParams(page): QueryParams<Page>,
 ) -> Result<Success<TaskProgress>, ApiError> {
-    let task_id = parse_task_id(&raw)?;
     let limit = page.limit.unwrap_or(DEFAULT_LIMIT);
     let offset = page.offset.unwrap_or(0);
     if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {

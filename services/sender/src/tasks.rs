@@ -12,7 +12,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::{JobKind, SendJob};
+use postmesh_shared::proto::SendJob;
 use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId};
 
 use crate::request::{Attachment, EmailType, Recipient, SendRequest};
@@ -68,15 +68,6 @@ pub struct NewTask<'a> {
     pub recipients: &'a [Recipient],
     pub template: Option<(&'a str, i32)>,
     pub cost: i64,
-}
-
-/// The SEND job kind of an email type.
-fn kind(t: EmailType) -> JobKind {
-    match t {
-        EmailType::Transactional => JobKind::Transactional,
-        EmailType::Lifecycle => JobKind::Lifecycle,
-        EmailType::Marketing => JobKind::Marketing,
-    }
 }
 
 /// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them.
@@ -241,7 +232,7 @@ pub async fn enqueue_jobs(
                 workspace_id: owner.workspace_id.clone(),
                 task_id: task_id.clone(),
                 recipient: slice[0].0 as u32,
-                kind: kind(email_type).into(),
+                kind: email_type.job_kind().into(),
                 ..Default::default()
             };
             (id.as_uuid(), send.encode_to_vec())

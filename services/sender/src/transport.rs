@@ -21,6 +21,49 @@ pub enum TransportError {
     Transient(String),
 }
 
+/// The transport `SEND_TRANSPORT` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// `.eml` files in `OUTBOX_DIR` (the local default).
+    File,
+    /// Any SMTP relay at `SMTP_URL`.
+    Smtp,
+    /// Amazon SES v2.
+    Ses,
+}
+
+impl TransportKind {
+    /// The setting's value (`file`, `smtp`, `ses`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Smtp => "smtp",
+            Self::Ses => "ses",
+        }
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "file" => Ok(Self::File),
+            "smtp" => Ok(Self::Smtp),
+            "ses" => Ok(Self::Ses),
+            other => Err(format!(
+                "unknown transport {other:?} (use file, smtp or ses)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where messages go.
 pub enum Transport {
     File { dir: PathBuf },
@@ -41,8 +84,8 @@ fn message_id(message: &Message) -> String {
 impl Transport {
     /// Builds the transport `config.transport` names (`file`, `smtp` or `ses`).
     pub async fn new(config: &Config) -> anyhow::Result<Self> {
-        match config.transport.as_str() {
-            "file" => {
+        match config.transport {
+            TransportKind::File => {
                 tokio::fs::create_dir_all(&config.outbox_dir).await?;
                 Ok(Self::File {
                     dir: config.outbox_dir.clone(),
@@ -50,21 +93,20 @@ impl Transport {
             }
             // One pooled connection per job worked on at once: a smaller pool (lettre's
             // default is 10) makes jobs wait for, or open and close, connections.
-            "smtp" => Ok(Self::Smtp(
+            TransportKind::Smtp => Ok(Self::Smtp(
                 AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)?
                     .pool_config(
                         PoolConfig::new().max_size(config.worker.concurrency.max(1) as u32),
                     )
                     .build(),
             )),
-            "ses" => SesClient::new(&config.ses, config.common.upstream_timeout)?
+            TransportKind::Ses => SesClient::new(&config.ses, config.common.upstream_timeout)?
                 .map(Self::Ses)
                 .ok_or_else(|| {
                     anyhow::anyhow!(
                         "SEND_TRANSPORT=ses needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
                     )
                 }),
-            other => anyhow::bail!("unknown SEND_TRANSPORT {other:?} (use file, smtp or ses)"),
         }
     }
 

@@ -541,7 +541,7 @@ async fn compare(
     s: &SendSettings,
 ) -> anyhow::Result<(Throughput, Throughput)> {
     stack.kill_sender().await;
-    stack.use_transport("smtp", &format!("smtp://{}", route.pipeline_via));
+    stack.use_smtp(&format!("smtp://{}", route.pipeline_via));
     stack.start_sender().await;
     let c = s.lettre_concurrency;
     let smtp = Arc::new(lettre_transport(route.baseline_via, c as u32));
@@ -601,7 +601,7 @@ async fn pipeline_bench(
     let total = s.pipeline_sends * s.recipients;
     let check = lettre_round(&wide, &base_sink, "c", total, 32).await?;
     stack.kill_sender().await;
-    stack.use_transport("smtp", &sink.url());
+    stack.use_smtp(&sink.url());
     stack.start_sender().await;
 
     let c = s.lettre_concurrency;
@@ -742,7 +742,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .await;
             stack.kill_sender().await;
-            stack.use_transport("smtp", &sink.url());
+            stack.use_smtp(&sink.url());
             stack.start_sender().await;
             let key = stack.key(sending.credits()).await;
             if runs("pipeline") {

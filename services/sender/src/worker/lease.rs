@@ -35,19 +35,10 @@ pub(super) fn lease_ms(ack_wait: Duration) -> i64 {
     i64::try_from(ack_wait.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
-/// The stored name of a job's kind (`verification`, `transactional`, ...).
-fn kind_name(job: &Job) -> String {
-    job.send
-        .kind()
-        .as_str_name()
-        .trim_start_matches("JOB_KIND_")
-        .to_ascii_lowercase()
-}
-
 /// A claim to write: the job, what it delivers, and the claim's lease token.
 pub(super) struct ClaimRow {
     delivery_id: DeliveryId,
-    kind: String,
+    kind: &'static str,
     /// Recipients, one per line.
     recipients: String,
     subject: String,
@@ -86,7 +77,7 @@ pub(super) async fn claim_batch(
          RETURNING delivery_id, attempts"
     ))
     .bind(rows.iter().map(|r| r.delivery_id.as_uuid()).collect::<Vec<_>>())
-    .bind(column(|r| r.kind.clone()))
+    .bind(rows.iter().map(|r| r.kind).collect::<Vec<_>>())
     .bind(column(|r| r.recipients.clone()))
     .bind(column(|r| r.subject.clone()))
     .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
@@ -114,7 +105,7 @@ pub(super) async fn claim(
 ) -> Result<Claim, String> {
     let row = ClaimRow {
         delivery_id: delivery.id,
-        kind: kind_name(job),
+        kind: job.send.kind().name(),
         recipients: delivery.to.join("\n"),
         subject: subject.to_owned(),
         lease,

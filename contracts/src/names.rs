@@ -1,6 +1,6 @@
-//! The role names of [`Role`] as operators type them and the gateway stores them.
+//! The names of the proto enums as people type them and the services store them.
 
-use crate::proto::Role;
+use crate::proto::{JobKind, Role};
 
 impl Role {
     /// The role named `name` (`member` or `admin`).
@@ -22,6 +22,19 @@ impl Role {
     }
 }
 
+impl JobKind {
+    /// The kind's stored name (`verification`, `transactional`, `lifecycle`, `marketing`).
+    pub fn name(self) -> &'static str {
+        match self {
+            JobKind::Unspecified => "unspecified",
+            JobKind::Verification => "verification",
+            JobKind::Transactional => "transactional",
+            JobKind::Lifecycle => "lifecycle",
+            JobKind::Marketing => "marketing",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -33,5 +46,6 @@ mod tests {
         }
         assert_eq!(Role::parse("owner"), None);
         assert_eq!(Role::parse("unspecified"), None);
+        assert_eq!(JobKind::Marketing.name(), "marketing");
     }
 }
