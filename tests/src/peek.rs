@@ -210,7 +210,7 @@ pub mod sender {
         sqlx::query(
             "INSERT INTO deliveries (delivery_id, kind, recipients, subject, status, created_at,
                                      updated_at, lease_owner, leased_until_ms)
-             VALUES ($1, 'transactional', $2, $3, 'sending', 0, 0, $4,
+             VALUES ($1, 'verification', $2, $3, 'sending', 0, 0, $4,
                      (extract(epoch from clock_timestamp()) * 1000)::bigint + $5)",
         )
         .bind(delivery)

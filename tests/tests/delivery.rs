@@ -7,7 +7,7 @@ use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use prost::Message as _;
 
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::{JobKind, SendJob};
+use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
 use postmesh_tests::{extract_code, peek, SenderMode, Stack};
 
 #[tokio::test]
@@ -89,7 +89,11 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
 /// Records `job` as being delivered by another worker whose lease runs `ms` more.
 async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
     let id = uuid::Uuid::parse_str(&job.id).unwrap();
-    peek::sender::lease_elsewhere(db, id, &job.to, &job.subject, ms).await;
+    let Some(send_job::Body::Code(email)) = &job.body else {
+        panic!("a code email job");
+    };
+    let to = std::slice::from_ref(&email.to);
+    peek::sender::lease_elsewhere(db, id, to, &email.subject, ms).await;
 }
 
 async fn publish(stack: &Stack, job: &SendJob) {
@@ -108,11 +112,13 @@ async fn publish(stack: &Stack, job: &SendJob) {
 fn job_to(to: &str) -> SendJob {
     SendJob {
         id: uuid::Uuid::now_v7().to_string(),
-        from_email: "app@postmesh.test".into(),
-        to: vec![to.into()],
-        subject: "Leased".into(),
-        text: "hello".into(),
-        kind: JobKind::Transactional.into(),
+        kind: JobKind::Verification.into(),
+        body: Some(send_job::Body::Code(CodeEmail {
+            from_email: "app@postmesh.test".into(),
+            to: to.into(),
+            subject: "Leased".into(),
+            text: "hello".into(),
+        })),
         ..Default::default()
     }
 }

@@ -148,7 +148,7 @@ async fn each_service_process_counts_its_own_work() {
         ),
         (
             Service::Sender,
-            &["postmesh_sender_deliveries_total{result=\"sent\"}".into()],
+            &["postmesh_queue_items_total{queue=\"sender\",result=\"done\"}".into()],
             &["rpc.billing".into(), "postmesh_http_requests_total".into()],
         ),
     ];

@@ -2,13 +2,11 @@
 //! `FOR UPDATE SKIP LOCKED`, so replicas split them and a task is released once; a release
 //! writes the task's jobs to the outbox in the same transaction that marks it queued.
 
-use uuid::Uuid;
-
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, DeliveryId, TaskId};
+use postmesh_shared::{ApiError, DeliveryId, TaskId, WorkspaceId};
 
 use crate::request::EmailType;
-use crate::tasks::{self, JobOwner};
+use crate::tasks;
 use crate::AppState;
 
 /// Tasks one pass releases at most.
@@ -17,9 +15,7 @@ const BATCH: i64 = 20;
 #[derive(sqlx::FromRow)]
 struct Due {
     id: TaskId,
-    account_id: String,
-    api_key_id: Uuid,
-    workspace_id: Uuid,
+    workspace_id: WorkspaceId,
     email_type: EmailType,
 }
 
@@ -27,7 +23,7 @@ struct Due {
 pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     let mut tx = state.db.begin().await?;
     let due: Vec<Due> = sqlx::query_as(
-        "SELECT id, account_id, api_key_id, workspace_id, email_type FROM tasks
+        "SELECT id, workspace_id, email_type FROM tasks
          WHERE status = 'scheduled' AND scheduled_at <= $1
          ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED",
     )
@@ -36,30 +32,22 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     .fetch_all(&mut *tx)
     .await?;
     for task in &due {
-        let rows: Vec<(i32, DeliveryId, String)> = sqlx::query_as(
-            "SELECT idx, delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+        let rows: Vec<(DeliveryId, String)> = sqlx::query_as(
+            "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
         )
         .bind(task.id)
         .fetch_all(&mut *tx)
         .await?;
-        let recipients: Vec<(i32, DeliveryId, &str)> = rows
+        let recipients: Vec<(DeliveryId, &str)> = rows
             .iter()
-            .map(|(idx, delivery, email)| (*idx, *delivery, email.as_str()))
+            .map(|(delivery, email)| (*delivery, email.as_str()))
             .collect();
-        let owner = JobOwner {
-            account_id: task.account_id.clone(),
-            api_key_id: task.api_key_id.to_string(),
-            workspace_id: task.workspace_id.to_string(),
+        let jobs = tasks::Jobs {
+            task: task.id,
+            workspace: task.workspace_id,
+            email_type: task.email_type,
         };
-        tasks::enqueue_jobs(
-            &mut tx,
-            &state.ns,
-            task.id,
-            owner,
-            task.email_type,
-            &recipients,
-        )
-        .await?;
+        jobs.enqueue(&mut tx, &state.ns, &recipients).await?;
         sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
             .bind(task.id)
             .bind(now_unix())

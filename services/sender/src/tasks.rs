@@ -12,8 +12,8 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::SendJob;
-use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId};
+use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
+use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId, WorkspaceId};
 
 use crate::request::{Attachment, EmailType, Recipient, SendRequest};
 
@@ -164,40 +164,15 @@ pub async fn insert(
         .await?;
     }
     if status == TaskStatus::Queued {
-        let recipients: Vec<(i32, DeliveryId, &str)> = idx
-            .into_iter()
-            .zip(deliveries)
-            .zip(emails)
-            .map(|((i, delivery), email)| (i, delivery, email))
-            .collect();
-        enqueue_jobs(
-            tx,
-            ns,
-            task.id,
-            task.caller.into(),
-            req.email_type,
-            &recipients,
-        )
-        .await?;
+        let recipients: Vec<(DeliveryId, &str)> = deliveries.into_iter().zip(emails).collect();
+        let jobs = Jobs {
+            task: task.id,
+            workspace: task.caller.workspace,
+            email_type: req.email_type,
+        };
+        jobs.enqueue(tx, ns, &recipients).await?;
     }
     Ok(())
-}
-
-/// Who a task's jobs are for: account, API key and workspace ids.
-pub struct JobOwner {
-    pub account_id: String,
-    pub api_key_id: String,
-    pub workspace_id: String,
-}
-
-impl From<&Caller> for JobOwner {
-    fn from(caller: &Caller) -> Self {
-        Self {
-            account_id: caller.account.to_string(),
-            api_key_id: caller.key.to_string(),
-            workspace_id: caller.workspace.to_string(),
-        }
-    }
 }
 
 /// Recipients one SEND job carries at most: one queue message, outbox row and ack for
@@ -205,40 +180,47 @@ impl From<&Caller> for JobOwner {
 /// (docs/decisions.md, "Delivery (sender)").
 pub const RECIPIENTS_PER_JOB: usize = 50;
 
-/// Writes the SEND jobs of `(recipient index, delivery id, address)` triples, in order, to
-/// the outbox: one job per [`RECIPIENTS_PER_JOB`] recipients.
-pub async fn enqueue_jobs(
-    tx: &mut PgConnection,
-    ns: &Namespace,
-    task: TaskId,
-    owner: JobOwner,
-    email_type: EmailType,
-    recipients: &[(i32, DeliveryId, &str)],
-) -> Result<(), sqlx::Error> {
-    let task_id = task.to_string();
-    let messages: Vec<(Uuid, Vec<u8>)> = recipients
-        .chunks(RECIPIENTS_PER_JOB)
-        .map(|slice| {
-            let id = JobId::new();
-            let send = SendJob {
-                id: id.to_string(),
-                to: slice
-                    .iter()
-                    .map(|(_, _, email)| (*email).to_owned())
-                    .collect(),
-                recipient_ids: slice.iter().map(|(_, id, _)| id.to_string()).collect(),
-                account_id: owner.account_id.clone(),
-                api_key_id: owner.api_key_id.clone(),
-                workspace_id: owner.workspace_id.clone(),
-                task_id: task_id.clone(),
-                recipient: slice[0].0 as u32,
-                kind: email_type.job_kind().into(),
-                ..Default::default()
-            };
-            (id.as_uuid(), send.encode_to_vec())
-        })
-        .collect();
-    outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await
+/// The SEND jobs of one task.
+pub struct Jobs {
+    pub task: TaskId,
+    pub workspace: WorkspaceId,
+    pub email_type: EmailType,
+}
+
+impl Jobs {
+    /// Writes the jobs of `(delivery id, address)` pairs, in order, to the outbox: one job
+    /// per [`RECIPIENTS_PER_JOB`] recipients.
+    pub async fn enqueue(
+        &self,
+        tx: &mut PgConnection,
+        ns: &Namespace,
+        recipients: &[(DeliveryId, &str)],
+    ) -> Result<(), sqlx::Error> {
+        let (task_id, workspace_id) = (self.task.to_string(), self.workspace.to_string());
+        let messages: Vec<(Uuid, Vec<u8>)> = recipients
+            .chunks(RECIPIENTS_PER_JOB)
+            .map(|slice| {
+                let id = JobId::new();
+                let send = SendJob {
+                    id: id.to_string(),
+                    workspace_id: workspace_id.clone(),
+                    kind: self.email_type.job_kind().into(),
+                    body: Some(send_job::Body::Slice(TaskSlice {
+                        task_id: task_id.clone(),
+                        recipients: slice
+                            .iter()
+                            .map(|(delivery, email)| SliceRecipient {
+                                delivery_id: delivery.to_string(),
+                                email: (*email).to_owned(),
+                            })
+                            .collect(),
+                    })),
+                };
+                (id.as_uuid(), send.encode_to_vec())
+            })
+            .collect();
+        outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await
+    }
 }
 
 /// A task as the worker delivers it.

@@ -6,7 +6,7 @@ use prost::Message as _;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::{JobKind, SendJob};
+use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
 use postmesh_shared::{ApiError, EmailAddress, JobId};
 
 use super::store::Code;
@@ -18,20 +18,17 @@ fn job(config: &CodeConfig, caller: &Caller, to: &EmailAddress, code: &Code, id:
     let minutes = config.ttl_secs / 60;
     SendJob {
         id: id.to_string(),
-        account_id: caller.account.to_string(),
-        api_key_id: caller.key.to_string(),
-        from_email: config.from_email.clone(),
-        from_name: String::new(),
-        to: vec![to.as_str().to_owned()],
-        subject: "Your verification code".into(),
-        text: format!(
-            "Your verification code is {}.\r\n\r\nIt expires in {minutes} minutes. If you did not ask for it, ignore this email.\r\n",
-            code.as_str()
-        ),
-        html: String::new(),
-        kind: JobKind::Verification.into(),
         workspace_id: caller.workspace.to_string(),
-        ..Default::default()
+        kind: JobKind::Verification.into(),
+        body: Some(send_job::Body::Code(CodeEmail {
+            from_email: config.from_email.clone(),
+            to: to.as_str().to_owned(),
+            subject: "Your verification code".into(),
+            text: format!(
+                "Your verification code is {}.\r\n\r\nIt expires in {minutes} minutes. If you did not ask for it, ignore this email.\r\n",
+                code.as_str()
+            ),
+        })),
     }
 }
 

@@ -6,6 +6,8 @@ use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::Message;
 
+use postmesh_shared::proto::CodeEmail;
+
 use crate::tasks::LoadedTask;
 
 /// Marks a test send (`testSend`).
@@ -16,7 +18,7 @@ pub(super) struct Draft<'a> {
     pub message_id: String,
     pub from_email: &'a str,
     pub from_name: Option<&'a str>,
-    pub to: &'a [String],
+    pub to: &'a str,
     pub cc: &'a [String],
     pub bcc: &'a [String],
     pub reply_to: Option<&'a str>,
@@ -30,8 +32,28 @@ pub(super) struct Draft<'a> {
 }
 
 impl<'a> Draft<'a> {
+    /// The draft of a verification code email.
+    pub fn of_code(code: &'a CodeEmail, message_id: String) -> Self {
+        Self {
+            message_id,
+            from_email: &code.from_email,
+            from_name: None,
+            to: &code.to,
+            cc: &[],
+            bcc: &[],
+            reply_to: None,
+            subject: &code.subject,
+            text: &code.text,
+            html: "",
+            in_reply_to: None,
+            references: &[],
+            attachments: &[],
+            test: false,
+        }
+    }
+
     /// The draft of a task's message to `to`; `message_id` unless the task sets its own.
-    pub fn of_task(task: &'a LoadedTask, to: &'a [String], message_id: String) -> Self {
+    pub fn of_task(task: &'a LoadedTask, to: &'a str, message_id: String) -> Self {
         let m = &task.message;
         Self {
             message_id: m.message_id.clone().unwrap_or(message_id),
@@ -82,12 +104,7 @@ pub(super) fn build(d: &Draft<'_>) -> Result<Message, String> {
         .date_now()
         .from(from)
         .subject(d.subject);
-    if d.to.is_empty() {
-        return Err("no recipients".into());
-    }
-    for to in d.to {
-        builder = builder.to(mailbox("recipient", to)?);
-    }
+    builder = builder.to(mailbox("recipient", d.to)?);
     for cc in d.cc {
         builder = builder.cc(mailbox("cc", cc)?);
     }

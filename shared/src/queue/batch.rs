@@ -1,38 +1,37 @@
-//! Many jobs' writes as one statement: a job's claim or outcome is handed to a [`Batcher`],
-//! whose task writes whatever has queued up meanwhile in one statement and answers each job
-//! its own result. Under load this turns one commit per job into one per batch; alone, a
-//! job waits for nothing.
+//! Many items' writes as one statement: an item's claim or outcome is handed to a
+//! [`Batcher`], whose task writes whatever has queued up meanwhile in one statement and
+//! answers each item its own result. Under load this turns one commit per item into one per
+//! batch; alone, an item waits for nothing.
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::hash::Hash;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
+use uuid::Uuid;
 
 /// Items written by one statement at most.
 const MAX_BATCH: usize = 64;
 
-/// An item keyed by its job: one statement takes each job once.
+/// A row keyed by its item: one statement takes each item once.
 pub(super) trait Keyed {
-    type Key: Eq + Hash + Send;
-    fn key(&self) -> Self::Key;
+    fn key(&self) -> Uuid;
 }
 
 type Reply<O> = oneshot::Sender<Result<O, String>>;
 
-/// Batches items of type `I` into statements answering `O` per item.
+/// Batches rows of type `I` into statements answering `O` per row.
 pub(super) struct Batcher<I, O> {
     tx: mpsc::UnboundedSender<(I, Reply<O>)>,
 }
 
 impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
-    /// Starts the batching task on `tracker`; `run` writes a batch (distinct jobs) and
-    /// answers one output per item, in order. The task ends when the batcher is dropped.
+    /// Starts the batching task on `tracker`; `run` writes a batch (distinct items) and
+    /// answers one output per row, in order. The task ends when the batcher is dropped.
     pub fn spawn<F, Fut>(tracker: &TaskTracker, run: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Vec<O>, sqlx::Error>> + Send,
+        Fut: Future<Output = Result<Vec<O>, String>> + Send,
     {
         let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O>)>();
         tracker.spawn(async move {
@@ -50,7 +49,7 @@ impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
                         Err(_) => break,
                     }
                 }
-                // A job met twice (two claims of one job) waits for the next statement.
+                // An item met twice (two claims of one item) waits for the next statement.
                 let mut seen = HashSet::new();
                 let (batch, later): (Vec<_>, Vec<_>) = waiting
                     .drain(..)
@@ -64,7 +63,6 @@ impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
                         }
                     }
                     Err(e) => {
-                        let e = e.to_string();
                         for reply in replies {
                             let _ = reply.send(Err(e.clone()));
                         }

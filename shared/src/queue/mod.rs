@@ -1,0 +1,654 @@
+//! The queue worker every consuming service plugs its stages into: a durable JetStream
+//! consumer with prefetch; per job, its items (messages, webhook calls) each claimed under
+//! a lease on the database clock, renewed with heartbeats; the service's work; the outcome
+//! recorded; claims and outcomes written in batches; the job acknowledged as its most
+//! pressing item says — a retry as NAK-with-delay, a live lease elsewhere as a wait, a
+//! permanent failure parked; graceful drain on shutdown. Policy: docs/decisions.md,
+//! "Delivery (sender)".
+//!
+//! A service implements [`Stages`] (decode, items, prepare, work, and the SQL of its claims,
+//! standing, renewals and outcomes) and calls [`spawn`].
+
+mod batch;
+mod lease;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::jetstream::Stream;
+use crate::runtime::Runtime;
+use crate::telemetry;
+use batch::{Batcher, Keyed};
+
+pub use lease::{lease_ms, DB_NOW_MS};
+
+/// Settings of a queue worker.
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    /// The durable consumer's name (also the `queue` label of its metrics and spans).
+    pub name: &'static str,
+    /// How long JetStream waits for an ack before redelivering a job; leases last as long.
+    pub ack_wait: Duration,
+    /// Attempts (claims that reached the work) before an item fails for good.
+    pub max_deliver: i64,
+    /// Delay before the first retry; doubles with each attempt.
+    pub retry_base: Duration,
+    /// Items worked on at once.
+    pub concurrency: usize,
+    /// Items claimed and not yet finished at most: claims run ahead of the work, so a free
+    /// work slot never waits for the database.
+    pub claim_ahead: usize,
+}
+
+/// The longest pause before a job is tried again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(15 * 60);
+
+/// Waits for another worker's lease, in units of `ack_wait`, before handing a job back.
+const LEASE_WAITS: u32 = 5;
+
+/// Pauses between attempts to record an outcome while the database does not answer.
+const RECORD_RETRIES: [u64; 4] = [0, 100, 500, 2000];
+
+/// Why an item's work failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Will never succeed: the item fails for good.
+    #[error("permanent failure: {0}")]
+    Permanent(String),
+    /// May succeed later: the item is tried again (until `max_deliver`).
+    #[error("temporary failure: {0}")]
+    Transient(String),
+}
+
+/// Where an item stands when a claim did not take it.
+pub enum Standing {
+    /// Finished before: nothing to do.
+    Finished,
+    /// Another claim holds a live lease for about this long.
+    Held(Duration),
+}
+
+/// A claim to write: the item, this claim's lease token and the service's own columns.
+pub struct ClaimRow<D> {
+    pub item: Uuid,
+    pub lease: Uuid,
+    pub data: D,
+}
+
+impl<D> Keyed for ClaimRow<D> {
+    fn key(&self) -> Uuid {
+        self.item
+    }
+}
+
+/// What an item's work means for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Done; the work's detail (a provider's message id).
+    Done(String),
+    /// Failed for good.
+    Failed(String),
+    /// Failed for now; the item stays claimable and is tried again.
+    Retry(String),
+}
+
+impl Verdict {
+    /// The verdict on a piece of work; a transient failure of the `last` attempt is final.
+    pub fn of(result: Result<String, Failure>, last: bool) -> Self {
+        match result {
+            Ok(detail) => Self::Done(detail),
+            Err(Failure::Permanent(e)) => Self::Failed(e),
+            Err(Failure::Transient(e)) if last => Self::Failed(e),
+            Err(Failure::Transient(e)) => Self::Retry(e),
+        }
+    }
+}
+
+/// An outcome to write, by the claim that holds the item.
+#[derive(Clone, Debug)]
+pub struct RecordRow {
+    pub item: Uuid,
+    pub lease: Uuid,
+    pub verdict: Verdict,
+}
+
+impl Keyed for RecordRow {
+    fn key(&self) -> Uuid {
+        self.item
+    }
+}
+
+/// The service's part of a queue worker. Each stage takes only what it needs.
+pub trait Stages: Send + Sync + 'static {
+    /// A decoded job.
+    type Job: Send + Sync + 'static;
+    /// What a job's items share, read once per run of the job (the sender's task).
+    type Shared: Send + Sync + 'static;
+    /// What a claim writes besides the lease: the item's own columns.
+    type ClaimData: Send + 'static;
+
+    /// Parses a message; the error says why the job can never run (it is dropped).
+    fn decode(&self, payload: &[u8]) -> Result<Self::Job, String>;
+
+    /// The ids of the job's items, each claimed, worked and recorded on its own.
+    fn items(&self, job: &Self::Job) -> Vec<Uuid>;
+
+    /// Reads what the job's items share; an error retries the job.
+    fn prepare(&self, job: &Self::Job)
+        -> impl Future<Output = Result<Self::Shared, String>> + Send;
+
+    /// What the claim of the item at `index` writes.
+    fn claim_data(&self, job: &Self::Job, shared: &Self::Shared, index: usize) -> Self::ClaimData;
+
+    /// Writes claims of distinct items in one statement: each takes its item's lease
+    /// (`lease_ms` from now on the database clock) unless the item is finished or another
+    /// claim's lease is live; answers each taken claim's attempt number.
+    fn claim(
+        &self,
+        rows: Vec<ClaimRow<Self::ClaimData>>,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<Vec<Option<i32>>, String>> + Send;
+
+    /// Where an item stands that a claim did not take.
+    fn standing(&self, item: Uuid) -> impl Future<Output = Result<Standing, String>> + Send;
+
+    /// The item's work; `Ok` carries a detail to record.
+    fn work(
+        &self,
+        job: &Self::Job,
+        shared: &Self::Shared,
+        index: usize,
+    ) -> impl Future<Output = Result<String, Failure>> + Send;
+
+    /// Writes outcomes of distinct items in one statement; answers whether each was written.
+    /// `Done` always stands (the work happened); a failure or a retry only while its claim
+    /// still holds the item.
+    fn record(
+        &self,
+        rows: Vec<RecordRow>,
+    ) -> impl Future<Output = Result<Vec<bool>, String>> + Send;
+
+    /// Extends the leases `lease` holds on `items` to `lease_ms` from now.
+    fn renew(
+        &self,
+        items: &[Uuid],
+        lease: Uuid,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// How handling an item, or a whole job, ended; decides how the job is acknowledged.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done now, or before (a redelivery of a finished item).
+    Done,
+    /// Another claim holds a live lease for about this long.
+    Leased(Duration),
+    /// Another claim took the item over while this one worked: the job is its business.
+    Superseded,
+    /// A transient failure: try again later.
+    Retry(String),
+    /// Failed for good (recorded as such).
+    Park(String),
+    /// Not started: the worker is stopping.
+    Stopped,
+}
+
+impl Outcome {
+    /// How pressing an outcome is for the job it belongs to.
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Done => 0,
+            Self::Park(_) => 1,
+            Self::Superseded => 2,
+            Self::Stopped => 3,
+            Self::Leased(_) => 4,
+            Self::Retry(_) => 5,
+        }
+    }
+
+    /// The outcome of a job from those of its items: any retry retries the job (its
+    /// finished items are skipped then), a held or handed-back one hands it back, one taken
+    /// over leaves it to the other claim; otherwise every item is finished, and the job is
+    /// parked only when each of them failed for good.
+    pub fn of_job(outcomes: Vec<Outcome>) -> Outcome {
+        let all_parked = outcomes.iter().all(|o| matches!(o, Self::Park(_)));
+        let job = outcomes
+            .into_iter()
+            .fold(Self::Done, |job, outcome| match (job, outcome) {
+                (Self::Leased(a), Self::Leased(b)) => Self::Leased(a.max(b)),
+                (job, outcome) if outcome.rank() > job.rank() => outcome,
+                (job, _) => job,
+            });
+        match job {
+            Self::Park(_) if !all_parked => Self::Done,
+            job => job,
+        }
+    }
+}
+
+/// The pause before retry number `delivered`: doubling from `base`, at most 15 minutes.
+/// Deliveries are not capped, so a long outage must not push the next try days away.
+pub fn retry_delay(base: Duration, delivered: i64) -> Duration {
+    let doublings = u32::try_from((delivered - 1).clamp(0, 16)).unwrap_or(16);
+    (base * 2u32.pow(doublings)).min(MAX_RETRY_DELAY)
+}
+
+/// A running queue worker: the service's stages and the kit's equipment.
+struct Worker<S: Stages> {
+    stages: Arc<S>,
+    config: QueueConfig,
+    /// Cancelled when the worker stops: a job waiting on a lease hands itself back.
+    shutdown: CancellationToken,
+    claims: Batcher<ClaimRow<S::ClaimData>, Option<i32>>,
+    records: Batcher<RecordRow, bool>,
+    /// Items claimed and not yet finished, at most `claim_ahead`.
+    claimed: Semaphore,
+    /// Items in the work stage, at most `concurrency`.
+    working: Semaphore,
+}
+
+/// Consumes `stream` with `stages` until the runtime shuts down; jobs in progress finish
+/// first (the runtime's tracker waits for them).
+pub async fn spawn<S: Stages>(
+    rt: &Runtime,
+    stream: Stream,
+    config: QueueConfig,
+    stages: S,
+) -> anyhow::Result<()> {
+    let js_stream = stream.ensure(&rt.js, &rt.common.namespace).await?;
+    let consumer = js_stream
+        .get_or_create_consumer(
+            config.name,
+            pull::Config {
+                durable_name: Some(config.name.into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                // Unlimited: attempts are counted in the database (docs/decisions.md).
+                max_deliver: -1,
+                // Jobs handed out and not yet acknowledged. Each is in a handler at once,
+                // kept alive by its heartbeats while it waits for its turn.
+                max_ack_pending: 2 * config.concurrency as i64,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the {} consumer: {e}", config.name))?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(config.concurrency)
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("pulling from {}: {e}", stream.name(&rt.common.namespace)))?;
+    let stages = Arc::new(stages);
+    let lease_ms = lease_ms(config.ack_wait);
+    let worker = Arc::new(Worker {
+        claims: Batcher::spawn(&rt.tracker, {
+            let stages = stages.clone();
+            move |rows| {
+                let stages = stages.clone();
+                async move { stages.claim(rows, lease_ms).await }
+            }
+        }),
+        records: Batcher::spawn(&rt.tracker, {
+            let stages = stages.clone();
+            move |rows| {
+                let stages = stages.clone();
+                async move { stages.record(rows).await }
+            }
+        }),
+        stages,
+        claimed: Semaphore::new(config.claim_ahead.max(1)),
+        working: Semaphore::new(config.concurrency.max(1)),
+        config,
+        shutdown: rt.shutdown.clone(),
+    });
+    let (jobs, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
+    rt.tracker.spawn(async move {
+        loop {
+            let msg = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                m = messages.next() => m,
+            };
+            match msg {
+                Some(Ok(msg)) => {
+                    let worker = worker.clone();
+                    jobs.spawn(async move { worker.handle(msg).await });
+                }
+                Some(Err(e)) => {
+                    let queue = worker.config.name;
+                    tracing::warn!(error = %e, queue, "queue pull failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                None => break,
+            }
+        }
+    });
+    Ok(())
+}
+
+impl<S: Stages> Worker<S> {
+    /// Handles one message of the stream, start to ack.
+    async fn handle(self: Arc<Self>, msg: jetstream::Message) {
+        let span = tracing::info_span!(
+            "queue.job",
+            queue = self.config.name,
+            job = tracing::field::Empty
+        );
+        telemetry::link_nats(&span, msg.headers.as_ref());
+        async {
+            let job = match self.stages.decode(&msg.payload) {
+                Ok(job) => Arc::new(job),
+                Err(reason) => {
+                    tracing::error!(%reason, "a job that can never run dropped from the queue");
+                    let _ = msg.ack_with(AckKind::Term).await;
+                    return;
+                }
+            };
+            if let Some(id) = msg.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
+                tracing::Span::current().record("job", id.as_str());
+            }
+            let outcome = self.run(&msg, &job).await;
+            self.acknowledge(&msg, outcome).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs the job's items, each under its claim, all under one lease token and one
+    /// heartbeat; waits (with in-progress acks) while other claims hold live leases on some
+    /// of them, within bounds.
+    async fn run(self: &Arc<Self>, msg: &jetstream::Message, job: &Arc<S::Job>) -> Outcome {
+        // A token of this claim: a redelivery to this same process is another claimant.
+        let lease = Uuid::now_v7();
+        let ids: Arc<[Uuid]> = self.stages.items(job).into();
+        let mut pending: Vec<usize> = (0..ids.len()).collect();
+        let mut finished = Vec::with_capacity(pending.len());
+        let mut waited = Duration::ZERO;
+        loop {
+            let work = self
+                .clone()
+                .process(job.clone(), ids.clone(), pending, lease);
+            let outcomes = self.with_heartbeat(msg, &ids, lease, work).await;
+            let (held, rest): (Vec<_>, Vec<_>) = outcomes
+                .into_iter()
+                .partition(|(_, o)| matches!(o, Outcome::Leased(_)));
+            finished.extend(rest.into_iter().map(|(_, o)| o));
+            let wait = held
+                .iter()
+                .map(|(_, o)| match o {
+                    Outcome::Leased(wait) => *wait,
+                    _ => Duration::ZERO,
+                })
+                .max();
+            let Some(wait) = wait else {
+                return Outcome::of_job(finished);
+            };
+            if waited >= self.config.ack_wait * LEASE_WAITS {
+                finished.push(Outcome::Leased(wait));
+                return Outcome::of_job(finished);
+            }
+            tracing::info!(
+                ?wait,
+                held = held.len(),
+                "other claims hold leases; waiting"
+            );
+            let pause = wait.min(self.config.ack_wait / 2);
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    finished.push(Outcome::Leased(wait));
+                    return Outcome::of_job(finished);
+                }
+                _ = tokio::time::sleep(pause) => {}
+            }
+            waited += pause;
+            let _ = msg.ack_with(AckKind::Progress).await;
+            pending = held.into_iter().map(|(i, _)| i).collect();
+        }
+    }
+
+    /// Runs `work` while telling JetStream the job is in progress every half `ack_wait`, so
+    /// a slow job is not redelivered to another worker while this one is still on it, and
+    /// renewing the leases of its items `ids` in the database, which covers heartbeats to
+    /// NATS that fail while the worker goes on. If the worker dies, both stop and the job is
+    /// redelivered after `ack_wait`.
+    async fn with_heartbeat<T>(
+        &self,
+        msg: &jetstream::Message,
+        ids: &[Uuid],
+        lease: Uuid,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let renew = || {
+            self.stages
+                .renew(ids, lease, lease_ms(self.config.ack_wait))
+        };
+        lease::with_heartbeat(msg, self.config.ack_wait, renew, work).await
+    }
+
+    /// Runs the items at `indices` of the job, each on its own task; answers each one's
+    /// outcome.
+    async fn process(
+        self: Arc<Self>,
+        job: Arc<S::Job>,
+        ids: Arc<[Uuid]>,
+        indices: Vec<usize>,
+        lease: Uuid,
+    ) -> Vec<(usize, Outcome)> {
+        let stopped = || indices.iter().map(|&i| (i, Outcome::Stopped)).collect();
+        let count = u32::try_from(indices.len().min(self.config.claim_ahead.max(1))).unwrap_or(1);
+        let _claimed = tokio::select! {
+            _ = self.shutdown.cancelled() => return stopped(),
+            p = self.claimed.acquire_many(count) => p.expect("semaphore is never closed"),
+        };
+        let shared = match self.stages.prepare(&job).await {
+            Ok(shared) => Arc::new(shared),
+            Err(reason) => {
+                return indices
+                    .iter()
+                    .map(|&i| (i, Outcome::Retry(reason.clone())))
+                    .collect();
+            }
+        };
+        let mut running = tokio::task::JoinSet::new();
+        for &i in &indices {
+            let (worker, job, shared, id) = (self.clone(), job.clone(), shared.clone(), ids[i]);
+            let work = async move { (i, worker.item(&job, &shared, i, id, lease).await) };
+            // Each item's logs stay in the job's span (and its trace).
+            running.spawn(work.instrument(tracing::Span::current()));
+        }
+        let mut outcomes = Vec::with_capacity(indices.len());
+        while let Some(done) = running.join_next().await {
+            match done {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => tracing::error!(error = %e, "an item's task failed"),
+            }
+        }
+        // A task that panicked leaves its item to be tried again.
+        for &i in &indices {
+            if !outcomes.iter().any(|(j, _)| *j == i) {
+                outcomes.push((i, Outcome::Retry("the item's task failed".into())));
+            }
+        }
+        outcomes
+    }
+
+    /// claim → work → record, for the job's item at `index`.
+    async fn item(
+        &self,
+        job: &S::Job,
+        shared: &S::Shared,
+        index: usize,
+        id: Uuid,
+        lease: Uuid,
+    ) -> Outcome {
+        let row = ClaimRow {
+            item: id,
+            lease,
+            data: self.stages.claim_data(job, shared, index),
+        };
+        let attempt = match self.claims.call(row).await {
+            Ok(Some(attempt)) => i64::from(attempt),
+            Ok(None) => match self.stages.standing(id).await {
+                Ok(Standing::Finished) => {
+                    tracing::debug!(%id, "item already handled");
+                    return Outcome::Done;
+                }
+                Ok(Standing::Held(left)) => {
+                    return Outcome::Leased(left.max(Duration::from_millis(100)))
+                }
+                Err(e) => return Outcome::Retry(format!("database: {e}")),
+            },
+            Err(e) => return Outcome::Retry(format!("database: {e}")),
+        };
+        let result = {
+            let _slot = self
+                .working
+                .acquire()
+                .await
+                .expect("semaphore is never closed");
+            self.stages.work(job, shared, index).await
+        };
+        let verdict = Verdict::of(result, attempt >= self.config.max_deliver);
+        let outcome = self.record(id, lease, verdict).await;
+        let result = match &outcome {
+            Outcome::Done => "done",
+            Outcome::Park(reason) => {
+                tracing::error!(%id, %reason, "failed for good");
+                "failed"
+            }
+            Outcome::Retry(reason) => {
+                tracing::warn!(%id, %reason, attempt, "failed; will retry");
+                "retry"
+            }
+            Outcome::Leased(_) | Outcome::Superseded | Outcome::Stopped => "elsewhere",
+        };
+        let labels = [("queue", self.config.name), ("result", result)];
+        metrics::counter!("postmesh_queue_items_total", &labels).increment(1);
+        outcome
+    }
+
+    /// Records `verdict` for the item and releases its lease. The work is done (or given up
+    /// on), so a database error is retried briefly but never turns done work into a retry
+    /// that would do it again.
+    async fn record(&self, item: Uuid, lease: Uuid, verdict: Verdict) -> Outcome {
+        let outcome = match &verdict {
+            Verdict::Done(_) => Outcome::Done,
+            Verdict::Failed(e) => Outcome::Park(e.clone()),
+            Verdict::Retry(e) => Outcome::Retry(e.clone()),
+        };
+        let done = matches!(verdict, Verdict::Done(_));
+        let row = RecordRow {
+            item,
+            lease,
+            verdict,
+        };
+        let mut recorded = Err(String::new());
+        for pause in RECORD_RETRIES {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            recorded = self.records.call(row.clone()).await;
+            if recorded.is_ok() {
+                break;
+            }
+        }
+        match recorded {
+            Ok(false) if !done => Outcome::Superseded,
+            Ok(_) => outcome,
+            Err(e) => {
+                tracing::error!(error = %e, ?row.verdict, "could not record the outcome");
+                outcome
+            }
+        }
+    }
+
+    /// Acknowledges the job as `outcome` says.
+    async fn acknowledge(&self, msg: &jetstream::Message, outcome: Outcome) {
+        let _ = match outcome {
+            // Not waited for: a lost ack redelivers a job whose items are recorded as
+            // finished, and their claims acknowledge it without doing them again.
+            Outcome::Done => msg.ack().await,
+            Outcome::Leased(wait) => {
+                tracing::info!(?wait, "an item's lease is still held; handing the job back");
+                msg.ack_with(AckKind::Nak(Some(wait))).await
+            }
+            Outcome::Stopped => msg.ack_with(AckKind::Nak(None)).await,
+            Outcome::Superseded => {
+                tracing::warn!("another claim took an item over; leaving the job to it");
+                Ok(())
+            }
+            Outcome::Park(reason) => {
+                tracing::error!(%reason, "every item of the job failed for good; parked");
+                msg.ack_with(AckKind::Term).await
+            }
+            Outcome::Retry(reason) => {
+                let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+                let delay = retry_delay(self.config.retry_base, delivered);
+                tracing::warn!(%reason, delivered, ?delay, "job will be retried");
+                msg.ack_with(AckKind::Nak(Some(delay))).await
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_doubling_up_to_a_cap() {
+        let base = Duration::from_secs(5);
+        assert_eq!(retry_delay(base, 1), Duration::from_secs(5));
+        assert_eq!(retry_delay(base, 2), Duration::from_secs(10));
+        assert_eq!(retry_delay(base, 4), Duration::from_secs(40));
+        assert_eq!(retry_delay(base, 9), MAX_RETRY_DELAY);
+        assert_eq!(retry_delay(base, i64::MAX), MAX_RETRY_DELAY);
+        assert_eq!(retry_delay(base, 0), base);
+    }
+
+    #[test]
+    fn a_job_ends_as_its_most_pressing_item() {
+        use Outcome::*;
+        let ms = Duration::from_millis;
+        let retry = || Retry("x".into());
+        let park = || Park("x".into());
+        assert_eq!(Outcome::of_job(vec![Done, Done]), Done);
+        assert_eq!(Outcome::of_job(vec![Done, park()]), Done);
+        assert_eq!(Outcome::of_job(vec![park(), park()]), park());
+        assert_eq!(Outcome::of_job(vec![Done, retry(), Leased(ms(5))]), retry());
+        assert_eq!(
+            Outcome::of_job(vec![Leased(ms(1)), Done, Leased(ms(3))]),
+            Leased(ms(3))
+        );
+        assert_eq!(Outcome::of_job(vec![Superseded, Done, park()]), Superseded);
+        assert_eq!(Outcome::of_job(vec![Done, Stopped]), Stopped);
+        assert_eq!(Outcome::of_job(vec![]), Done);
+    }
+
+    #[test]
+    fn a_transient_failure_of_the_last_attempt_is_final() {
+        let transient = || Err(Failure::Transient("busy".into()));
+        assert_eq!(
+            Verdict::of(transient(), false),
+            Verdict::Retry("busy".into())
+        );
+        assert_eq!(
+            Verdict::of(transient(), true),
+            Verdict::Failed("busy".into())
+        );
+        let refused = Err(Failure::Permanent("no".into()));
+        assert_eq!(Verdict::of(refused, false), Verdict::Failed("no".into()));
+        assert_eq!(
+            Verdict::of(Ok("id".into()), true),
+            Verdict::Done("id".into())
+        );
+    }
+}
