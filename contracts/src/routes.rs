@@ -4,11 +4,6 @@
 
 use crate::service::Service;
 
-pub mod billing;
-pub mod domain;
-pub mod gateway;
-pub mod sender;
-
 /// Who may call a route; the gateway enforces it before anything else runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -62,23 +57,86 @@ pub struct RouteSpec {
     pub body_limit: Option<usize>,
 }
 
-/// A route under an API key with the default body limit.
-pub(crate) const fn keyed(method: HttpMethod, path: &'static str) -> RouteSpec {
-    RouteSpec {
-        method,
-        path,
-        policy: Policy::Key,
-        body_limit: None,
+/// Declares a service's manifest: a `const` per route (`NAME = Method "/path" Policy`,
+/// `, limit <bytes>` for a body limit of its own) and `ROUTES`, all of them in order.
+macro_rules! manifest {
+    ($($name:ident = $method:ident $path:literal $policy:ident $(, limit $limit:expr)?;)*) => {
+        use $crate::routes::{HttpMethod, Policy, RouteSpec};
+        $(
+            #[doc = concat!("`", stringify!($method), " ", $path, "`")]
+            pub const $name: RouteSpec = RouteSpec {
+                method: HttpMethod::$method,
+                path: $path,
+                policy: Policy::$policy,
+                body_limit: manifest!(@limit $($limit)?),
+            };
+        )*
+        /// Every route the service serves.
+        pub const ROUTES: &[RouteSpec] = &[$($name),*];
+    };
+    (@limit) => { None };
+    (@limit $limit:expr) => { Some($limit) };
+}
+
+/// The gateway's own routes: verification codes.
+pub mod gateway {
+    manifest! {
+        SEND_CODE = Post "/send-code" Key;
+        VERIFY_CODE = Post "/verify-code" Key;
     }
 }
 
-/// A route anyone may call, with the default body limit.
-pub(crate) const fn public(method: HttpMethod, path: &'static str) -> RouteSpec {
-    RouteSpec {
-        method,
-        path,
-        policy: Policy::Public,
-        body_limit: None,
+/// Billing's routes: balances, the consumption log, top-ups, plans and Stripe's webhooks.
+pub mod billing {
+    manifest! {
+        BALANCE = Get "/balance" Key;
+        DEDUCT = Post "/deduct" Key;
+        LOGS = Get "/logs" Key;
+        LOGS_DOWNLOAD = Get "/logs/download" Key;
+        CATALOG = Get "/billing/catalog" Public;
+        CHECKOUT = Post "/billing/checkout" Key;
+        PURCHASES = Get "/billing/purchases" Key;
+        PURCHASE = Get "/billing/purchases/{id}" Key;
+        PURCHASE_RECONCILE = Post "/billing/purchases/{id}/reconcile" Key;
+        SUBSCRIPTION_CHECKOUT = Post "/billing/subscription/checkout" Key;
+        SUBSCRIPTION_RECONCILE = Post "/billing/subscription/checkouts/{id}/reconcile" Key;
+        SUBSCRIPTION_PORTAL = Post "/billing/subscription/portal" Key;
+        ENTITLEMENTS = Get "/billing/entitlements" Key;
+        STRIPE_WEBHOOK = Post "/billing/webhooks/stripe" Public;
+    }
+}
+
+/// The domain service's routes: sender domains, their checks and the admin review.
+pub mod domain {
+    manifest! {
+        DOMAINS = Get "/sender-domains" Key;
+        DOMAIN_SUBMIT = Post "/sender-domains" Key;
+        DOMAIN = Get "/sender-domains/{id}" Key;
+        DOMAIN_DELETE = Delete "/sender-domains/{id}" Key;
+        DOMAIN_VERIFY_OWNERSHIP = Post "/sender-domains/{id}/verify-ownership" Key;
+        DOMAIN_VERIFY_INBOUND = Post "/sender-domains/{id}/verify-inbound" Key;
+        DOMAIN_SETUP_OUTBOUND = Post "/sender-domains/{id}/setup-outbound" Key;
+        DOMAIN_VERIFY_OUTBOUND = Post "/sender-domains/{id}/verify-outbound" Key;
+        DOMAIN_APPLY_DNS = Post "/sender-domains/{id}/apply-dns" Key;
+        DNS_PROVIDER = Put "/sender-domains/dns-provider" Key;
+        ADMIN_DOMAINS = Get "/admin/sender-domains" Key;
+        ADMIN_DOMAIN_APPROVE = Post "/admin/sender-domains/{id}/approve" Key;
+        ADMIN_DOMAIN_REJECT = Post "/admin/sender-domains/{id}/reject" Key;
+    }
+}
+
+/// The sender's routes: sends, their status, templates and SMTP credentials.
+pub mod sender {
+    manifest! {
+        // Up to 1000 recipients and 10 MiB of attachments (base64): 16 MiB.
+        SEND_EMAIL = Post "/send-email" Key, limit 16 * 1024 * 1024;
+        SEND_CANCEL = Delete "/send-email/{task_id}" Key;
+        EMAIL_STATUS = Get "/email-status/{task_id}" Key;
+        TEMPLATE_CREATE = Post "/templates" Key;
+        TEMPLATES = Get "/templates" Key;
+        TEMPLATE = Get "/templates/{key}" Key;
+        TEMPLATE_DELETE = Delete "/templates/{key}" Key;
+        SMTP_AUTH = Post "/smtp-auth" Key;
     }
 }
 

@@ -9,15 +9,9 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use postmesh_contracts::routes::billing as api;
-use postmesh_shared::{ApiError, Routes, Success};
+use postmesh_shared::{ApiError, Success};
 
 use crate::AppState;
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::CATALOG, catalog)
-}
 
 /// What a pack buys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
@@ -257,7 +251,9 @@ pub struct CatalogPage {
     pub packs: Vec<Pack>,
 }
 
-async fn catalog(State(state): State<AppState>) -> Result<Success<CatalogPage>, ApiError> {
+pub(crate) async fn catalog(
+    State(state): State<AppState>,
+) -> Result<Success<CatalogPage>, ApiError> {
     let packs = packs(&state.db).await.map_err(|e| {
         tracing::warn!(error = %e, "reading the catalog");
         ApiError::Unavailable("the catalog is unavailable now; retry later".into())

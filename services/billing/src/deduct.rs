@@ -4,17 +4,11 @@ use axum::extract::State;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::ChargeRequest;
-use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
+use postmesh_shared::{ApiError, EmailAddress, Success};
 
 use crate::AppState;
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::DEDUCT, deduct)
-}
 
 /// The answer of `POST /deduct`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -30,7 +24,7 @@ struct DeductBody {
     idempotency_key: Option<String>,
 }
 
-async fn deduct(
+pub(crate) async fn deduct(
     State(state): State<AppState>,
     caller: Caller,
     body: Bytes,

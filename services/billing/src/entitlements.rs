@@ -9,19 +9,13 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::{EntitlementsReply, EntitlementsRequest, UsageReply, UsageRequest};
-use postmesh_shared::{nats, ApiError, Namespace, Routes, Service, Success, WorkspaceId};
+use postmesh_shared::{nats, ApiError, Namespace, Service, Success, WorkspaceId};
 
 use crate::catalog::{self, FreeLimits, Plan};
 use crate::subscriptions::{self, CurrentPlan};
 use crate::{ledger, AppState};
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::ENTITLEMENTS, show)
-}
 
 /// The services that own counted resources: sender (emails, workflow executions), domain
 /// (custom domains), inbound-ingest (mailboxes).
@@ -210,7 +204,7 @@ pub struct EntitlementsPage {
     pub plans: Vec<Plan>,
 }
 
-async fn show(
+pub(crate) async fn show(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Success<EntitlementsPage>, ApiError> {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
+use postmesh_contracts::routes::billing as api;
 use postmesh_shared::config::{env_or, env_secs};
 use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
 
@@ -133,14 +134,20 @@ impl AppState {
 /// Every route the service serves, with its handler.
 fn routes() -> Routes<AppState> {
     Routes::new()
-        .merge(balance::routes())
-        .merge(deduct::routes())
-        .merge(logs::routes())
-        .merge(catalog::routes())
-        .merge(purchases::routes())
-        .merge(subscriptions::routes())
-        .merge(entitlements::routes())
-        .merge(webhooks::routes())
+        .at(api::BALANCE, balance::get_balance)
+        .at(api::DEDUCT, deduct::deduct)
+        .at(api::LOGS, logs::list)
+        .at(api::LOGS_DOWNLOAD, logs::download)
+        .at(api::CATALOG, catalog::catalog)
+        .at(api::CHECKOUT, purchases::create)
+        .at(api::PURCHASES, purchases::list)
+        .at(api::PURCHASE, purchases::show)
+        .at(api::PURCHASE_RECONCILE, purchases::reconcile)
+        .at(api::SUBSCRIPTION_CHECKOUT, subscriptions::create_checkout)
+        .at(api::SUBSCRIPTION_RECONCILE, subscriptions::reconcile)
+        .at(api::SUBSCRIPTION_PORTAL, subscriptions::portal)
+        .at(api::ENTITLEMENTS, entitlements::show)
+        .at(api::STRIPE_WEBHOOK, webhooks::receive)
 }
 
 /// Billing's HTTP router.

@@ -10,19 +10,11 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::extract::{Caller, QueryParams};
-use postmesh_shared::{ApiError, ApiKeyId, Routes, Success};
+use postmesh_shared::{ApiError, ApiKeyId, Success};
 
 use crate::ledger::EntryKind;
 use crate::AppState;
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::LOGS, list)
-        .at(api::LOGS_DOWNLOAD, download)
-}
 
 /// Page size when none is asked for.
 const DEFAULT_LIMIT: i64 = 50;
@@ -109,7 +101,7 @@ async fn page(
 }
 
 #[derive(Deserialize)]
-struct PageQuery {
+pub(crate) struct PageQuery {
     limit: Option<i64>,
     offset: Option<i64>,
 }
@@ -122,7 +114,7 @@ pub struct LogPage {
     pub offset: i64,
 }
 
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     caller: Caller,
     QueryParams(q): QueryParams<PageQuery>,
@@ -145,7 +137,10 @@ async fn list(
     }))
 }
 
-async fn download(State(state): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+pub(crate) async fn download(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
     let logs = page(&state.db, caller.key, DOWNLOAD_MAX_ROWS, 0).await?;
     let mut out = csv::Writer::from_writer(Vec::new());
     for entry in &logs {

@@ -7,26 +7,16 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::GrantRequest;
-use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey, Routes, Success};
+use postmesh_shared::{ApiError, ApiKeyId, IdempotencyKey, Success};
 
 use crate::catalog::{self, PackKind};
 use crate::checkout::{self, Claim, Opened};
 use crate::ledger;
 use crate::stripe::{CheckoutSession, LineItem, Mode, NewCheckoutSession};
 use crate::AppState;
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::CHECKOUT, create)
-        .at(api::PURCHASES, list)
-        .at(api::PURCHASE, show)
-        .at(api::PURCHASE_RECONCILE, reconcile)
-}
 
 /// Smallest and largest custom top-up, USD cents (spec §8).
 pub const CUSTOM_AMOUNT: std::ops::RangeInclusive<i64> = 500..=100_000;
@@ -76,7 +66,7 @@ pub struct PurchaseList {
 
 /// The body of `POST /billing/checkout`: exactly one of the two.
 #[derive(Debug, Deserialize)]
-struct CheckoutBody {
+pub(crate) struct CheckoutBody {
     pack_id: Option<String>,
     amount: Option<i64>,
 }
@@ -117,7 +107,7 @@ impl Order {
     }
 }
 
-async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
     idem: IdempotencyKey,
@@ -213,7 +203,7 @@ pub async fn find(db: &PgPool, key: ApiKeyId, id: Uuid) -> Result<Option<Purchas
     .await
 }
 
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Success<PurchaseList>, ApiError> {
@@ -228,7 +218,7 @@ async fn list(
     Ok(Success::new(PurchaseList { purchases }))
 }
 
-async fn show(
+pub(crate) async fn show(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,
@@ -243,7 +233,7 @@ fn not_found() -> ApiError {
     ApiError::NotFound("purchase not found".into())
 }
 
-async fn reconcile(
+pub(crate) async fn reconcile(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,

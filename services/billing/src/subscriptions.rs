@@ -7,23 +7,14 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
-use postmesh_shared::{ApiError, IdempotencyKey, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, IdempotencyKey, Success, WorkspaceId};
 
 use crate::catalog;
 use crate::checkout::{self, Claim, Opened};
 use crate::stripe::{CheckoutSession, LineItem, Mode, NewCheckoutSession, Subscription};
 use crate::AppState;
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::SUBSCRIPTION_CHECKOUT, create_checkout)
-        .at(api::SUBSCRIPTION_RECONCILE, reconcile)
-        .at(api::SUBSCRIPTION_PORTAL, portal)
-}
 
 /// Stripe statuses of a subscription that is over: the workspace has no plan.
 const ENDED: &str = "('canceled', 'incomplete_expired')";
@@ -61,7 +52,7 @@ pub struct PortalLink {
 }
 
 #[derive(Debug, Deserialize)]
-struct CheckoutBody {
+pub(crate) struct CheckoutBody {
     plan_id: String,
 }
 
@@ -103,7 +94,7 @@ pub async fn current(
     .await
 }
 
-async fn create_checkout(
+pub(crate) async fn create_checkout(
     State(state): State<AppState>,
     caller: Caller,
     idem: IdempotencyKey,
@@ -184,7 +175,7 @@ async fn find_checkout(
     .await
 }
 
-async fn reconcile(
+pub(crate) async fn reconcile(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,
@@ -214,7 +205,7 @@ async fn reconcile(
     Ok(Success::new(CheckoutView { checkout }))
 }
 
-async fn portal(
+pub(crate) async fn portal(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Success<PortalLink>, ApiError> {

@@ -8,18 +8,12 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use postmesh_contracts::routes::billing as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, Routes, Success};
+use postmesh_shared::{ApiError, Success};
 
 use crate::purchases::{self, Outcome};
 use crate::stripe::{self, CheckoutSession, Subscription};
 use crate::{subscriptions, AppState};
-
-/// This module's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::STRIPE_WEBHOOK, receive)
-}
 
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -57,7 +51,7 @@ fn parse<T: serde::de::DeserializeOwned>(object: Value) -> Result<T, ApiError> {
         .map_err(|e| ApiError::BadRequest(format!("unexpected event object: {e}")))
 }
 
-async fn receive(
+pub(crate) async fn receive(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,

@@ -6,10 +6,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
-use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::cloudflare::Record;
 use crate::dns::host_name;
@@ -58,7 +57,7 @@ pub struct Applied {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SaveToken {
+pub(crate) struct SaveToken {
     provider: String,
     api_token: String,
 }
@@ -68,13 +67,6 @@ struct SaveToken {
 pub struct Saved {
     pub provider: String,
     pub saved: bool,
-}
-
-/// The apply-dns routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::DOMAIN_APPLY_DNS, apply)
-        .at(api::DNS_PROVIDER, save_token)
 }
 
 fn check_provider(provider: &str) -> Result<(), ApiError> {
@@ -87,7 +79,7 @@ fn check_provider(provider: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn save_token(
+pub(crate) async fn save_token(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<SaveToken>,
@@ -153,7 +145,7 @@ async fn token_for(
         })
 }
 
-async fn apply(
+pub(crate) async fn apply(
     State(state): State<AppState>,
     caller: Caller,
     VerifiedDomain(domain): VerifiedDomain,

@@ -7,11 +7,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
-use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::{self, now_unix};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::EntitlementsRequest;
-use postmesh_shared::{nats, ApiError, Routes, Success, WorkspaceId};
+use postmesh_shared::{nats, ApiError, Success, WorkspaceId};
 
 use crate::name::DomainName;
 use crate::AppState;
@@ -186,21 +185,12 @@ pub struct Deleted {
     pub domain: String,
 }
 
-/// The sender-domain resource's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::DOMAINS, list)
-        .at(api::DOMAIN_SUBMIT, submit)
-        .at(api::DOMAIN, show)
-        .at(api::DOMAIN_DELETE, remove)
-}
-
 #[derive(Deserialize)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     include_unverified: Option<String>,
 }
 
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     caller: Caller,
     QueryParams(q): QueryParams<ListQuery>,
@@ -229,11 +219,11 @@ async fn list(
 }
 
 #[derive(Deserialize)]
-struct Submission {
+pub(crate) struct Submission {
     domain: String,
 }
 
-async fn submit(
+pub(crate) async fn submit(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<Submission>,
@@ -352,13 +342,15 @@ pub async fn count(db: impl PgExecutor<'_>, workspace: WorkspaceId) -> Result<i6
     .await
 }
 
-async fn show(OwnedDomain(domain): OwnedDomain) -> Result<Success<DomainPage>, ApiError> {
+pub(crate) async fn show(
+    OwnedDomain(domain): OwnedDomain,
+) -> Result<Success<DomainPage>, ApiError> {
     Ok(Success::new(DomainPage {
         domain: domain.view(),
     }))
 }
 
-async fn remove(
+pub(crate) async fn remove(
     State(state): State<AppState>,
     OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Deleted>, ApiError> {

@@ -4,17 +4,13 @@
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, Routes, Success};
+use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{host_name, Mx};
 use crate::domains::{InboundStatus, VerifiedDomain};
-use crate::records::{self, DnsRecord};
+use crate::records::{self, DnsRecord, MX_PRIORITY};
 use crate::AppState;
-
-/// The preference we ask users to publish for our MX.
-pub const MX_PRIORITY: u16 = 10;
 
 /// `verify-inbound` answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -28,11 +24,6 @@ pub struct InboundCheck {
     pub message: String,
 }
 
-/// The inbound routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::DOMAIN_VERIFY_INBOUND, verify)
-}
-
 /// Whether the best MX records (lowest preference) are all `expected`.
 pub fn routes_to(records: &[Mx], expected: &str) -> bool {
     let Some(best) = records.iter().map(|r| r.priority).min() else {
@@ -44,7 +35,7 @@ pub fn routes_to(records: &[Mx], expected: &str) -> bool {
         .all(|r| r.host == expected)
 }
 
-async fn verify(
+pub(crate) async fn verify(
     State(state): State<AppState>,
     VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<InboundCheck>, ApiError> {

@@ -21,6 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
+use postmesh_contracts::routes::domain as api;
 use postmesh_ses::{SesClient, SesConfig};
 use postmesh_shared::config::{env_or, env_secs};
 use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
@@ -166,11 +167,19 @@ impl AppState {
 /// Every route the service serves, with its handler.
 fn routes() -> Routes<AppState> {
     Routes::new()
-        .merge(domains::routes())
-        .merge(ownership::routes())
-        .merge(inbound::routes())
-        .merge(outbound::routes())
-        .merge(apply_dns::routes())
+        .at(api::DOMAINS, domains::list)
+        .at(api::DOMAIN_SUBMIT, domains::submit)
+        .at(api::DOMAIN, domains::show)
+        .at(api::DOMAIN_DELETE, domains::remove)
+        .at(api::DOMAIN_VERIFY_OWNERSHIP, ownership::verify)
+        .at(api::ADMIN_DOMAINS, ownership::pending)
+        .at(api::ADMIN_DOMAIN_APPROVE, ownership::approve)
+        .at(api::ADMIN_DOMAIN_REJECT, ownership::reject)
+        .at(api::DOMAIN_VERIFY_INBOUND, inbound::verify)
+        .at(api::DOMAIN_SETUP_OUTBOUND, outbound::setup)
+        .at(api::DOMAIN_VERIFY_OUTBOUND, outbound::verify)
+        .at(api::DOMAIN_APPLY_DNS, apply_dns::apply)
+        .at(api::DNS_PROVIDER, apply_dns::save_token)
 }
 
 /// The domain service's HTTP router.

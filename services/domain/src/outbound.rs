@@ -5,10 +5,9 @@
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::domain as api;
 use postmesh_ses::{EmailIdentity, SesError};
 use postmesh_shared::db::now_unix;
-use postmesh_shared::{ApiError, Routes, Success};
+use postmesh_shared::{ApiError, Success};
 
 use crate::domains::{OutboundStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
@@ -30,13 +29,6 @@ pub struct OutboundSetup {
     pub records: Vec<DnsRecord>,
 }
 
-/// The outbound routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::DOMAIN_SETUP_OUTBOUND, setup)
-        .at(api::DOMAIN_VERIFY_OUTBOUND, verify)
-}
-
 /// Our status of an identity as SES reports it.
 pub fn status_of(identity: &EmailIdentity) -> OutboundStatus {
     let dkim = identity
@@ -53,7 +45,7 @@ pub fn status_of(identity: &EmailIdentity) -> OutboundStatus {
     }
 }
 
-async fn setup(
+pub(crate) async fn setup(
     State(state): State<AppState>,
     VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {
@@ -75,7 +67,7 @@ async fn setup(
     Ok(Success::new(answer(&state, &domain.name, &identity)))
 }
 
-async fn verify(
+pub(crate) async fn verify(
     State(state): State<AppState>,
     VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {

@@ -7,10 +7,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use postmesh_contracts::routes::domain as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath};
-use postmesh_shared::{ApiError, Routes, Success};
+use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{Dns, LookupError};
 use crate::domains::{Domain, DomainView, OwnedDomain, Ownership, COLUMNS};
@@ -33,16 +32,7 @@ pub struct PendingList {
     pub domains: Vec<DomainView>,
 }
 
-/// The ownership review's routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::DOMAIN_VERIFY_OWNERSHIP, verify)
-        .at(api::ADMIN_DOMAINS, pending)
-        .at(api::ADMIN_DOMAIN_APPROVE, approve)
-        .at(api::ADMIN_DOMAIN_REJECT, reject)
-}
-
-async fn verify(
+pub(crate) async fn verify(
     State(state): State<AppState>,
     OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Reviewed>, ApiError> {
@@ -166,7 +156,7 @@ fn require_admin(caller: &Caller) -> Result<(), ApiError> {
     }
 }
 
-async fn pending(
+pub(crate) async fn pending(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Success<PendingList>, ApiError> {
@@ -181,7 +171,7 @@ async fn pending(
     }))
 }
 
-async fn approve(
+pub(crate) async fn approve(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,
@@ -189,7 +179,7 @@ async fn approve(
     review(&state.db, &caller, id, Ownership::Verified).await
 }
 
-async fn reject(
+pub(crate) async fn reject(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,

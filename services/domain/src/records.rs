@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::inbound::MX_PRIORITY;
-
+/// The preference we ask users to publish for our MX.
+pub const MX_PRIORITY: u16 = 10;
 /// The subdomain SES sends from (bounces come back there).
 pub const MAIL_FROM_LABEL: &str = "mail";
 /// The SPF record of the MAIL FROM domain.

@@ -26,6 +26,7 @@ use axum::Router;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
@@ -156,10 +157,14 @@ impl AppState {
 /// Every route the service serves, with its handler.
 fn routes() -> Routes<AppState> {
     Routes::new()
-        .merge(send::routes())
-        .merge(status::routes())
-        .merge(templates::routes())
-        .merge(smtp_auth::routes())
+        .at(api::SEND_EMAIL, send::send)
+        .at(api::SEND_CANCEL, send::cancel)
+        .at(api::EMAIL_STATUS, status::status)
+        .at(api::TEMPLATE_CREATE, templates::create)
+        .at(api::TEMPLATES, templates::list)
+        .at(api::TEMPLATE, templates::read)
+        .at(api::TEMPLATE_DELETE, templates::remove)
+        .at(api::SMTP_AUTH, smtp_auth::check)
 }
 
 /// The sender's HTTP router.

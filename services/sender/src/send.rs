@@ -7,25 +7,17 @@
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::sender as api;
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress, Routes, Success, TaskId};
+use postmesh_shared::{nats, ApiError, EmailAddress, Success, TaskId};
 
 use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
 use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
 use crate::{templates, usage, AppState};
-
-/// Send routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::SEND_EMAIL, send)
-        .at(api::SEND_CANCEL, cancel)
-}
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -163,7 +155,7 @@ async fn check_sendable(
     )))
 }
 
-async fn send(
+pub(crate) async fn send(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<SendBody>,
@@ -313,7 +305,7 @@ pub struct Cancelled {
     pub refunded: i64,
 }
 
-async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(task_id): IdPath<TaskId>,

@@ -8,16 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::sender as api;
 use postmesh_shared::extract::Caller;
-use postmesh_shared::{EmailAddress, Routes};
-
-use crate::AppState;
-
-/// SMTP credential routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::SMTP_AUTH, check)
-}
+use postmesh_shared::EmailAddress;
 
 /// The answer, for success and failure alike.
 #[derive(Debug, Serialize, Deserialize)]
@@ -41,7 +33,7 @@ fn answer(status: StatusCode, username: String, error: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn check(caller: Caller, body: Bytes) -> Response {
+pub(crate) async fn check(caller: Caller, body: Bytes) -> Response {
     let username = serde_json::from_slice::<Body>(&body)
         .ok()
         .and_then(|b| b.username)

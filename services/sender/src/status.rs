@@ -4,9 +4,8 @@
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::sender as api;
 use postmesh_shared::extract::{Caller, IdPath, QueryParams};
-use postmesh_shared::{ApiError, Routes, Success, TaskId};
+use postmesh_shared::{ApiError, Success, TaskId};
 
 use crate::tasks::TaskStatus;
 use crate::AppState;
@@ -14,11 +13,6 @@ use crate::AppState;
 /// Recipients listed per page by default, and at most.
 const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
-
-/// Status routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new().at(api::EMAIL_STATUS, status)
-}
 
 /// `?limit=&offset=`.
 #[derive(Debug, Deserialize)]
@@ -72,7 +66,7 @@ fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static st
     }
 }
 
-async fn status(
+pub(crate) async fn status(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(task_id): IdPath<TaskId>,

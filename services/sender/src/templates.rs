@@ -5,10 +5,9 @@
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
 
-use postmesh_contracts::routes::sender as api;
 use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
-use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
+use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::AppState;
 
@@ -16,15 +15,6 @@ use crate::AppState;
 const MAX_KEY_LEN: usize = 100;
 /// Largest template body (HTML or text), in bytes.
 const MAX_BODY_BYTES: usize = 512 * 1024;
-
-/// Template routes.
-pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::TEMPLATE_CREATE, create)
-        .at(api::TEMPLATES, list)
-        .at(api::TEMPLATE, read)
-        .at(api::TEMPLATE_DELETE, remove)
-}
 
 /// A stored template version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -63,7 +53,7 @@ fn parse_key(raw: &str) -> Result<String, ApiError> {
     Ok(key.to_owned())
 }
 
-async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
     JsonBody(body): JsonBody<NewTemplate>,
@@ -117,7 +107,7 @@ pub struct TemplateList {
     pub templates: Vec<Template>,
 }
 
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Success<TemplateList>, ApiError> {
@@ -158,7 +148,7 @@ pub async fn find(
     .await
 }
 
-async fn read(
+pub(crate) async fn read(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
@@ -178,7 +168,7 @@ pub struct Deleted {
     pub deleted: bool,
 }
 
-async fn remove(
+pub(crate) async fn remove(
     State(state): State<AppState>,
     caller: Caller,
     Path(key): Path<String>,
