@@ -279,6 +279,19 @@ impl Drop for ServiceDb {
     }
 }
 
+/// The context the gateway attaches for a fresh account with `role` (its workspace is its
+/// account, as the gateway makes them), for calling a service's router directly.
+pub fn caller(role: Role) -> postmesh_shared::proto::AuthContext {
+    let account = uuid::Uuid::now_v7().to_string();
+    postmesh_shared::proto::AuthContext {
+        workspace_id: account.clone(),
+        account_id: account,
+        api_key_id: uuid::Uuid::now_v7().to_string(),
+        role: role.into(),
+        email: "owner@example.com".into(),
+    }
+}
+
 /// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`).
 fn on_a_fresh_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let cleanup = std::thread::spawn(move || {

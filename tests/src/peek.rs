@@ -120,6 +120,20 @@ pub mod gateway {
 pub mod domain {
     use super::*;
 
+    /// A pending domain `name` of `workspace`, as a submission leaves it.
+    pub async fn insert_pending(db: &PgPool, id: Uuid, workspace: Uuid, name: &str) {
+        sqlx::query(
+            "INSERT INTO domains (id, workspace_id, name, verification_token, created_at)
+             VALUES ($1, $2, $3, 'token', 0)",
+        )
+        .bind(id)
+        .bind(workspace)
+        .bind(name)
+        .execute(db)
+        .await
+        .expect("domain row");
+    }
+
     /// The saved DNS provider token, as stored.
     pub async fn sealed_dns_token(db: &PgPool) -> Vec<u8> {
         sqlx::query_scalar("SELECT sealed_token FROM dns_providers")

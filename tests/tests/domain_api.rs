@@ -1,0 +1,93 @@
+//! The domain service's router with only Postgres behind it: no NATS, no gateway. Its
+//! extractors answer before any handler work: a malformed id is a 400, another
+//! workspace's (or no) domain a 404, an unverified one 409, the review admins' alone.
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use domain::domains::{DomainList, Ownership};
+use domain::ownership::PendingList;
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::proto::Role;
+use postmesh_shared::Success;
+use postmesh_tests::{caller, peek, ServiceDb, TestClient};
+
+/// The domain service's database and its router called by a fresh caller with `role`,
+/// and that caller's workspace.
+async fn domain_router(role: Role) -> (ServiceDb, TestClient, uuid::Uuid) {
+    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
+    let router = domain::router(domain::AppState::new(store.pool.clone()).unwrap());
+    let auth = caller(role);
+    let workspace = auth.workspace_id.parse().unwrap();
+    (store, TestClient::router(router, Some(auth)), workspace)
+}
+
+#[tokio::test]
+async fn listing_shows_the_platform_domains_and_ids_are_checked_at_the_edge() {
+    let (_store, client, _) = domain_router(Role::Member).await;
+    let list: Success<DomainList> = client.get("/sender-domains", StatusCode::OK).await;
+    assert_eq!(list.body.inbound_mx_host, "mx.postmesh.localhost");
+    let names: Vec<_> = list
+        .body
+        .domains
+        .iter()
+        .map(|d| d.domain.as_str())
+        .collect();
+    assert_eq!(names, ["postmesh.localhost"]);
+
+    let e: ErrorBody = client
+        .get("/sender-domains/not-a-uuid", StatusCode::BAD_REQUEST)
+        .await;
+    assert!(e.error.contains("\"not-a-uuid\""), "{}", e.error);
+    let unknown = format!("/sender-domains/{}", uuid::Uuid::now_v7());
+    let e: ErrorBody = client.get(&unknown, StatusCode::NOT_FOUND).await;
+    assert_eq!(e.error, "no such sender domain");
+    for step in [
+        "verify-inbound",
+        "setup-outbound",
+        "verify-outbound",
+        "apply-dns",
+    ] {
+        let path = format!("{unknown}/{step}");
+        let e: ErrorBody = client.post(&path, &json!({}), StatusCode::NOT_FOUND).await;
+        assert_eq!(e.error, "no such sender domain", "{step}");
+    }
+}
+
+#[tokio::test]
+async fn setup_steps_of_an_unverified_domain_are_409() {
+    let (store, client, workspace) = domain_router(Role::Member).await;
+    // A pending domain of this caller's workspace, as a submission leaves it.
+    let id = uuid::Uuid::now_v7();
+    peek::domain::insert_pending(&store.pool, id, workspace, "pending.example").await;
+    let shown: Success<domain::domains::DomainPage> = client
+        .get(&format!("/sender-domains/{id}"), StatusCode::OK)
+        .await;
+    assert_eq!(shown.body.domain.ownership_status, Ownership::Pending);
+    for step in ["verify-inbound", "setup-outbound", "verify-outbound"] {
+        let path = format!("/sender-domains/{id}/{step}");
+        let e: ErrorBody = client.post(&path, &json!({}), StatusCode::CONFLICT).await;
+        assert!(e.error.contains("not verified"), "{step}: {}", e.error);
+    }
+}
+
+#[tokio::test]
+async fn the_ownership_review_is_for_admins() {
+    let (_store, member, _) = domain_router(Role::Member).await;
+    let e: ErrorBody = member
+        .get("/admin/sender-domains", StatusCode::FORBIDDEN)
+        .await;
+    assert!(!e.success);
+    let (_store, admin, _) = domain_router(Role::Admin).await;
+    let pending: Success<PendingList> = admin.get("/admin/sender-domains", StatusCode::OK).await;
+    assert!(pending.body.domains.is_empty());
+    let path = format!("/admin/sender-domains/{}/approve", uuid::Uuid::now_v7());
+    let _: ErrorBody = admin.post(&path, &json!({}), StatusCode::NOT_FOUND).await;
+    let _: ErrorBody = admin
+        .post(
+            "/admin/sender-domains/nope/approve",
+            &json!({}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+}
