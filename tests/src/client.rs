@@ -3,6 +3,7 @@
 //! it). A status other than the expected one fails the test with the answer's body.
 
 use axum::body::Body;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -59,13 +60,8 @@ impl TestClient {
         self
     }
 
-    /// Sends one request; the status and the body's bytes.
-    pub async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> (StatusCode, Vec<u8>) {
+    /// Sends one request (a body is sent as JSON); the whole answer.
+    pub async fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Answer {
         match &self.target {
             Target::Http { base, http, key } => {
                 let mut req = http.request(method, format!("{base}{path}"));
@@ -79,8 +75,11 @@ impl TestClient {
                     req = req.header("content-type", "application/json").body(body);
                 }
                 let res = req.send().await.expect("the gateway answers");
-                let status = res.status();
-                (status, res.bytes().await.expect("body").to_vec())
+                Answer {
+                    status: res.status(),
+                    headers: res.headers().clone(),
+                    body: res.bytes().await.expect("body").to_vec(),
+                }
             }
             Target::Router { router, auth } => {
                 let mut req = axum::http::Request::builder()
@@ -98,12 +97,31 @@ impl TestClient {
                 }
                 let res = router.clone().oneshot(req).await.expect("infallible");
                 let status = StatusCode::from_u16(res.status().as_u16()).expect("status");
+                let mut headers = HeaderMap::new();
+                for (name, value) in res.headers() {
+                    if let (Ok(name), Ok(value)) = (
+                        HeaderName::from_bytes(name.as_str().as_bytes()),
+                        HeaderValue::from_bytes(value.as_bytes()),
+                    ) {
+                        headers.append(name, value);
+                    }
+                }
                 let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
                     .await
                     .expect("body");
-                (status, bytes.to_vec())
+                Answer {
+                    status,
+                    headers,
+                    body: bytes.to_vec(),
+                }
             }
         }
+    }
+
+    /// Sends `body` as JSON with `method`; the whole answer, whatever its status.
+    pub async fn request(&self, method: Method, path: &str, body: &impl Serialize) -> Answer {
+        let body = serde_json::to_vec(body).expect("JSON body");
+        self.send(method, path, Some(body)).await
     }
 
     /// Sends a request, asserts its status, and parses the JSON answer as `T`.
@@ -114,16 +132,19 @@ impl TestClient {
         body: Option<Vec<u8>>,
         expected: StatusCode,
     ) -> T {
-        let (status, bytes) = self.send(method.clone(), path, body).await;
-        let text = String::from_utf8_lossy(&bytes);
-        assert_eq!(status, expected, "{method} {path}: {text}");
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|e| panic!("{method} {path}: unexpected body ({e}): {text}"))
+        self.send(method.clone(), path, body)
+            .await
+            .expect(expected, &format!("{method} {path}"))
     }
 
     /// `GET path`, expecting `expected`, answer parsed as `T`.
     pub async fn get<T: DeserializeOwned>(&self, path: &str, expected: StatusCode) -> T {
         self.call(Method::GET, path, None, expected).await
+    }
+
+    /// `DELETE path`, expecting `expected`, answer parsed as `T`.
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str, expected: StatusCode) -> T {
+        self.call(Method::DELETE, path, None, expected).await
     }
 
     /// `POST path` with a JSON body, expecting `expected`, answer parsed as `T`.
@@ -135,5 +156,43 @@ impl TestClient {
     ) -> T {
         let body = serde_json::to_vec(body).expect("JSON body");
         self.call(Method::POST, path, Some(body), expected).await
+    }
+}
+
+/// One answer: its status, headers and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// Asserts the status (`what` names the request in the failure), then parses the JSON
+    /// body as `T`; either failing shows the body.
+    pub fn expect<T: DeserializeOwned>(&self, expected: StatusCode, what: &str) -> T {
+        let text = String::from_utf8_lossy(&self.body);
+        assert_eq!(self.status, expected, "{what}: {text}");
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{what}: unexpected body ({e}): {text}"))
+    }
+
+    /// The body as `T`, whatever the status.
+    pub fn json<T: DeserializeOwned>(&self) -> T {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "unexpected body ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header"))
+            .to_str()
+            .expect("a text header")
     }
 }

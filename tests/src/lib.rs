@@ -12,7 +12,7 @@ pub mod fake_smtp;
 pub mod fake_stripe;
 pub mod peek;
 
-pub use client::TestClient;
+pub use client::{Answer, TestClient};
 pub use fake_stripe::FakeStripe;
 
 use std::net::SocketAddr;
@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
 
 use api_gateway::create_key::CreateKey;
 use postmesh_shared::config::env_or;
@@ -589,57 +588,33 @@ impl Stack {
         .expect("key created")
     }
 
-    /// Sends a request through the gateway; returns the status, headers and JSON body
-    /// (`Value::Null` when the body is not JSON).
-    pub async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        key: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(key) = key {
-            req = req.bearer_auth(key);
-        }
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let res = req.send().await.expect("gateway answers");
-        let status = res.status();
-        let headers = res.headers().clone();
-        let bytes = res.bytes().await.expect("body");
-        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, headers, json)
+    /// A client of the gateway without a key.
+    pub fn anonymous(&self) -> TestClient {
+        TestClient::http(&self.base, None)
     }
 
-    /// `GET path` with `key`.
-    pub async fn get(&self, path: &str, key: &str) -> (StatusCode, Value) {
-        let (s, _, v) = self.call(Method::GET, path, Some(key), None).await;
-        (s, v)
-    }
-
-    /// `POST path` with `key` and a JSON body.
-    pub async fn post(&self, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
-        let (s, _, v) = self.call(Method::POST, path, Some(key), Some(body)).await;
-        (s, v)
-    }
-
-    /// `POST /send-code` with `key`.
-    pub async fn send_code(&self, key: &str, email: impl serde::Serialize) -> (StatusCode, Value) {
-        self.post("/send-code", key, serde_json::json!({ "email": email }))
+    /// `POST /send-code` with `key`; the whole answer.
+    pub async fn send_code(&self, key: &str, email: impl serde::Serialize) -> Answer {
+        self.client(key)
+            .request(
+                Method::POST,
+                "/send-code",
+                &serde_json::json!({ "email": email }),
+            )
             .await
     }
 
-    /// `POST /verify-code` with `key`.
+    /// `POST /verify-code` with `key`; the whole answer.
     pub async fn verify(
         &self,
         key: &str,
         email: impl serde::Serialize,
         code: impl serde::Serialize,
-    ) -> (StatusCode, Value) {
+    ) -> Answer {
         let body = serde_json::json!({ "email": email, "code": code });
-        self.post("/verify-code", key, body).await
+        self.client(key)
+            .request(Method::POST, "/verify-code", &body)
+            .await
     }
 
     /// The key's balance, read through the API.

@@ -5,6 +5,10 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+use billing::logs::LogPage;
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::response::Message;
+use postmesh_shared::Success;
 use postmesh_tests::{peek, Options, SenderMode, Stack};
 
 #[tokio::test]
@@ -12,30 +16,34 @@ async fn a_delivered_code_verifies_once() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let to = "alice@example.com";
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["success"], json!(true));
-    assert!(body["message"].is_string());
+    let sent: Success<Message> = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::OK, "send_code");
+    assert!(sent.success && !sent.body.message.is_empty());
     let code = stack.code_sent_to(to, 1).await;
     let eml = &stack.messages_to(to)[0];
     assert!(eml.contains("From: codes@postmesh.test"), "{eml}");
     assert_eq!(stack.balance(&key).await, 9);
 
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["success"], json!(true));
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     assert_eq!(stack.balance(&key).await, 8);
     // Both charges were confirmed once their work was done: no hold is left to expire.
     let billing = stack.service_db(billing::SERVICE).await;
     assert_eq!(peek::billing::open_holds(&billing).await, 0);
     // A used code is gone: the same code again is 404, and refunded.
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
-    assert_eq!(body["success"], json!(false));
+    let e: ErrorBody = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::NOT_FOUND, "verify");
+    assert!(!e.success);
     assert_eq!(stack.balance(&key).await, 8);
     // The code never rests in Redis in plain text.
     let mut conn = stack.redis().await;
-    let (s, _) = stack.send_code(&key, "bob@example.com").await;
+    let s = stack.send_code(&key, "bob@example.com").await.status;
     assert_eq!(s, StatusCode::OK);
     let code = stack.code_sent_to("bob@example.com", 1).await;
     let keys = stack.redis_keys("*").await;
@@ -67,7 +75,7 @@ async fn all_keys_of_one_recipient_share_a_cluster_slot() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
     let to = "Slot@Example.com";
-    let (s, _) = stack.send_code(&key, to).await;
+    let s = stack.send_code(&key, to).await.status;
     assert_eq!(s, StatusCode::OK);
     stack.code_sent_to(to, 1).await;
     let keys = stack.redis_keys("code:*").await;
@@ -90,9 +98,11 @@ async fn wrong_and_malformed_codes_are_400() {
     stack.send_code(&key, to).await;
     let code = stack.code_sent_to(to, 1).await;
     let wrong = format!("{:06}", (code.parse::<u32>().unwrap() + 1) % 1_000_000);
-    let (s, body) = stack.verify(&key, to, wrong).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
-    assert_eq!(body["success"], json!(false));
+    let e: ErrorBody = stack
+        .verify(&key, to, wrong)
+        .await
+        .expect(StatusCode::BAD_REQUEST, "verify");
+    assert!(!e.success);
     for bad in [
         json!("12345"),
         json!("1234567"),
@@ -100,30 +110,37 @@ async fn wrong_and_malformed_codes_are_400() {
         json!(123456),
         json!(null),
     ] {
-        let (s, body) = stack.verify(&key, to, &bad).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        let e: ErrorBody = stack
+            .verify(&key, to, &bad)
+            .await
+            .expect(StatusCode::BAD_REQUEST, &format!("verify {bad}"));
+        assert!(!e.success);
     }
-    let (s, _) = stack.verify(&key, "nope", &code).await;
+    let s = stack.verify(&key, "nope", &code).await.status;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     for bad in [
         json!({ "email": "not an email" }),
         json!({}),
         json!({ "email": 5 }),
     ] {
-        let (s, body) = stack.post("/send-code", &key, bad.clone()).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        let _: ErrorBody = stack
+            .client(&key)
+            .post("/send-code", &bad, StatusCode::BAD_REQUEST)
+            .await;
     }
-    let (s, _, body) = stack
-        .call(Method::POST, "/send-code", Some(&key), None)
+    let _: ErrorBody = stack
+        .client(&key)
+        .call(Method::POST, "/send-code", None, StatusCode::BAD_REQUEST)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
     // Malformed input costs nothing; the one wrong guess and the send did.
     assert_eq!(stack.balance(&key).await, 18);
     // One wrong guess does not void the code.
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     // A code for another address is not found.
-    let (s, _) = stack.verify(&key, "dave@example.com", &code).await;
+    let s = stack.verify(&key, "dave@example.com", &code).await.status;
     assert_eq!(s, StatusCode::NOT_FOUND);
     stack.shutdown().await;
 }
@@ -138,12 +155,16 @@ async fn five_wrong_attempts_void_the_code() {
     let n: u32 = code.parse().unwrap();
     for i in 1..=5 {
         let wrong = format!("{:06}", (n + i) % 1_000_000);
-        let (s, body) = stack.verify(&key, to, wrong).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "attempt {i}: {body}");
+        let _: ErrorBody = stack
+            .verify(&key, to, wrong)
+            .await
+            .expect(StatusCode::BAD_REQUEST, &format!("attempt {i}"));
     }
     // The right code no longer works: the code is void.
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    let _: ErrorBody = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::NOT_FOUND, "verify");
     stack.shutdown().await;
 }
 
@@ -151,22 +172,26 @@ async fn five_wrong_attempts_void_the_code() {
 async fn codes_cost_credits_and_402_at_zero() {
     let stack = Stack::start().await;
     let key = stack.key(1).await;
-    let (s, _) = stack.send_code(&key, "frank@example.com").await;
+    let s = stack.send_code(&key, "frank@example.com").await.status;
     assert_eq!(s, StatusCode::OK);
     let code = stack.code_sent_to("frank@example.com", 1).await;
     assert_eq!(stack.balance(&key).await, 0);
-    let (s, body) = stack.verify(&key, "frank@example.com", &code).await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{body}");
-    assert_eq!(body["success"], json!(false));
-    let (s, body) = stack.send_code(&key, "grace@example.com").await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{body}");
+    let e: ErrorBody = stack
+        .verify(&key, "frank@example.com", &code)
+        .await
+        .expect(StatusCode::PAYMENT_REQUIRED, "verify");
+    assert!(!e.success);
+    let _: ErrorBody = stack
+        .send_code(&key, "grace@example.com")
+        .await
+        .expect(StatusCode::PAYMENT_REQUIRED, "send_code");
     // A refused send sends nothing and is not counted against the recipient's cooldown:
     // asking again is another 402, not a 429.
     assert!(stack.messages_to("grace@example.com").is_empty());
-    let (s, _) = stack.send_code(&key, "grace@example.com").await;
+    let s = stack.send_code(&key, "grace@example.com").await.status;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
-    let (_, logs) = stack.get("/logs", &key).await;
-    assert_eq!(logs["logs"].as_array().unwrap().len(), 1);
+    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
+    assert_eq!(logs.body.logs.len(), 1);
     stack.shutdown().await;
 }
 
@@ -175,23 +200,16 @@ async fn resends_are_limited_with_retry_after() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let to = "heidi@example.com";
-    let (s, _) = stack.send_code(&key, to).await;
+    let s = stack.send_code(&key, to).await.status;
     assert_eq!(s, StatusCode::OK);
-    let (s, headers, body) = stack
-        .call(
-            Method::POST,
-            "/send-code",
-            Some(&key),
-            Some(json!({ "email": to })),
-        )
-        .await;
-    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["success"], json!(false));
-    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let refused = stack.send_code(&key, to).await;
+    let e: ErrorBody = refused.expect(StatusCode::TOO_MANY_REQUESTS, "a resend");
+    assert!(!e.success);
+    let wait: u64 = refused.header("retry-after").parse().unwrap();
     assert!((1..=stack.codes.cooldown_secs).contains(&wait), "{wait}");
     // The refused resend was not charged; other recipients are unaffected.
     assert_eq!(stack.balance(&key).await, 9);
-    let (s, _) = stack.send_code(&key, "ivan@example.com").await;
+    let s = stack.send_code(&key, "ivan@example.com").await.status;
     assert_eq!(s, StatusCode::OK);
     // Once the cooldown is over, the hourly cap still stops a flood to one address.
     let mut conn = stack.redis().await;
@@ -214,16 +232,9 @@ async fn resends_are_limited_with_retry_after() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let (s, headers, _) = stack
-        .call(
-            Method::POST,
-            "/send-code",
-            Some(&key),
-            Some(json!({ "email": to })),
-        )
-        .await;
-    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
-    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let refused = stack.send_code(&key, to).await;
+    let _: ErrorBody = refused.expect(StatusCode::TOO_MANY_REQUESTS, "a flood");
+    let wait: u64 = refused.header("retry-after").parse().unwrap();
     assert!((1700..=1800).contains(&wait), "{wait}");
     stack.shutdown().await;
 }
@@ -238,8 +249,10 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
 
     stack.kill_sender().await;
     let to = "judy@example.com";
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::OK, "send_code");
     // Nothing is delivered with no sender running.
     stack
         .assert_no_messages(to, std::time::Duration::from_secs(2))
@@ -247,8 +260,10 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
 
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     // Delivered exactly once.
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(stack.messages_to(to).len(), 1);
@@ -259,15 +274,17 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
 async fn recipients_are_matched_without_regard_to_case() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
-    let (s, _) = stack.send_code(&key, "Olivia@Example.com").await;
+    let s = stack.send_code(&key, "Olivia@Example.com").await.status;
     assert_eq!(s, StatusCode::OK);
     // The same mailbox in other case shares the cooldown...
-    let (s, _) = stack.send_code(&key, "oLIVIA@example.COM").await;
+    let s = stack.send_code(&key, "oLIVIA@example.COM").await.status;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     // ...and the code.
     let code = stack.code_sent_to("Olivia@Example.com", 1).await;
-    let (s, body) = stack.verify(&key, "olivia@example.com", &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, "olivia@example.com", &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     stack.shutdown().await;
 }
 
@@ -290,7 +307,7 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     stack.send_code(&key, to).await;
     let first = stack.code_sent_to(to, 1).await;
     end_cooldowns(&stack).await;
-    let (s, _) = stack.send_code(&key, to).await;
+    let s = stack.send_code(&key, to).await.status;
     assert_eq!(s, StatusCode::OK);
     let messages = stack
         .wait_for_messages(to, 2, Duration::from_secs(15))
@@ -308,10 +325,12 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
         .find(|c| **c != first)
         .expect("the resend carries a new code");
     // The first code was replaced.
-    let (s, _) = stack.verify(&key, to, &first).await;
+    let s = stack.verify(&key, to, &first).await.status;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    let (s, body) = stack.verify(&key, to, second).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, second)
+        .await
+        .expect(StatusCode::OK, "verify");
 
     // A send whose email cannot be queued is a 500, refunded, and the code before it stays.
     let to = "rupert@example.com";
@@ -324,15 +343,19 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
         .await
         .unwrap();
     end_cooldowns(&stack).await;
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
-    assert_eq!(body["success"], json!(false));
+    let e: ErrorBody = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::INTERNAL_SERVER_ERROR, "send_code");
+    assert!(!e.success);
     assert_eq!(stack.balance(&key).await, before);
     // Not counted against the cooldown either.
-    let (s, _) = stack.send_code(&key, to).await;
+    let s = stack.send_code(&key, to).await.status;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     stack.shutdown().await;
 }
 
@@ -350,9 +373,11 @@ async fn a_charge_that_outlives_the_gateway_timeout_never_takes_credits() {
     let mut lock = billing.begin().await.unwrap();
     peek::billing::lock_balance(&mut lock, key_id).await;
     let to = "late@example.com";
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s, StatusCode::BAD_GATEWAY, "{body}");
-    assert_eq!(body["success"], json!(false));
+    let e: ErrorBody = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::BAD_GATEWAY, "send_code");
+    assert!(!e.success);
     // The gateway gave up on the charge and voided its key while billing still waits.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while peek::billing::ledger_rows(&billing, key_id, "void").await != 1 {
@@ -382,14 +407,17 @@ async fn a_charge_that_outlives_the_gateway_timeout_never_takes_credits() {
     assert_eq!(stack.balance(&key).await, 3);
     assert!(stack.messages_to(to).is_empty());
     // The failure lifted the cooldown: a retry goes through and costs one credit.
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::OK, "send_code");
     let code = stack.code_sent_to(to, 1).await;
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify");
     assert_eq!(stack.balance(&key).await, 1);
-    let (s, body) = stack.get("/logs", &key).await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    assert_eq!(body["logs"].as_array().map(Vec::len), Some(2), "{body}");
+    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
+    assert_eq!(logs.body.logs.len(), 2);
     stack.shutdown().await;
 }

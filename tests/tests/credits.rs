@@ -5,6 +5,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use billing::deduct::Deducted;
+use billing::ledger::EntryKind;
+use billing::logs::LogPage;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use postmesh_tests::{peek, Stack};
@@ -13,23 +15,28 @@ use postmesh_tests::{peek, Stack};
 async fn requests_without_or_with_a_bad_key_are_401() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
-    let (s, _, body) = stack.call(Method::GET, "/balance", None, None).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED);
-    assert_eq!(body["success"], json!(false));
-    assert!(body["error"].is_string());
+    let e: ErrorBody = stack
+        .anonymous()
+        .get("/balance", StatusCode::UNAUTHORIZED)
+        .await;
+    assert!(!e.success && !e.error.is_empty());
     // Well-formed but unknown, tampered secret, and garbage tokens.
     let mut tampered = key.clone();
     let last = tampered.pop().unwrap();
     tampered.push(if last == '0' { '1' } else { '0' });
     let unknown = api_gateway::keys::generate().text;
     for bad in [tampered.as_str(), unknown.as_str(), "nonsense"] {
-        let (s, _, body) = stack.call(Method::GET, "/balance", Some(bad), None).await;
-        assert_eq!(s, StatusCode::UNAUTHORIZED, "{bad}");
-        assert_eq!(body["success"], json!(false));
+        let e: ErrorBody = stack
+            .client(bad)
+            .get("/balance", StatusCode::UNAUTHORIZED)
+            .await;
+        assert!(!e.success, "{bad}");
     }
     for path in ["/deduct", "/send-code", "/verify-code"] {
-        let (s, _, _) = stack.call(Method::POST, path, None, Some(json!({}))).await;
-        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
+        let _: ErrorBody = stack
+            .anonymous()
+            .post(path, &json!({}), StatusCode::UNAUTHORIZED)
+            .await;
     }
     // The real key still works after the failures (and from the cache).
     assert_eq!(stack.balance(&key).await, 5);
@@ -41,36 +48,34 @@ async fn requests_without_or_with_a_bad_key_are_401() {
 async fn unknown_routes_and_oversized_bodies_get_json_errors() {
     let stack = Stack::start().await;
     let key = stack.key(1).await;
-    let (s, h, body) = stack.call(Method::GET, "/nope", Some(&key), None).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    assert_eq!(body["success"], json!(false));
-    assert!(h.contains_key("x-request-id"));
+    let client = stack.client(&key);
+    let nope = client.send(Method::GET, "/nope", None).await;
+    let e: ErrorBody = nope.expect(StatusCode::NOT_FOUND, "GET /nope");
+    assert!(!e.success);
+    assert!(nope.headers.contains_key("x-request-id"));
     // Wrong methods, on a gateway route and on a forwarded one.
     for (method, path) in [(Method::GET, "/send-code"), (Method::POST, "/balance")] {
-        let (s, _, body) = stack.call(method, path, Some(&key), None).await;
-        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{path}");
-        assert_eq!(body["success"], json!(false), "{path}");
+        let e: ErrorBody = client
+            .call(method, path, None, StatusCode::METHOD_NOT_ALLOWED)
+            .await;
+        assert!(!e.success, "{path}");
     }
     let big = "x".repeat(100 * 1024);
-    let (s, _, body) = stack
-        .call(
-            Method::POST,
+    let e: ErrorBody = client
+        .post(
             "/deduct",
-            Some(&key),
-            Some(json!({ "targetEmail": big })),
+            &json!({ "targetEmail": big }),
+            StatusCode::PAYLOAD_TOO_LARGE,
         )
         .await;
-    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(body["success"], json!(false));
-    let (s, _, body) = stack
-        .call(
-            Method::POST,
+    assert!(!e.success);
+    let _: ErrorBody = client
+        .post(
             "/send-code",
-            Some(&key),
-            Some(json!({ "email": big })),
+            &json!({ "email": big }),
+            StatusCode::PAYLOAD_TOO_LARGE,
         )
         .await;
-    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
     // Nothing was charged by the rejected requests.
     assert_eq!(stack.balance(&key).await, 1);
     stack.shutdown().await;
@@ -106,31 +111,30 @@ async fn an_idempotency_key_deducts_once() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let body = json!({ "idempotencyKey": "order-7f3a-0001", "targetEmail": "a@example.com" });
-    let first = stack.post("/deduct", &key, body.clone()).await;
-    let again = stack.post("/deduct", &key, body.clone()).await;
-    assert_eq!(first.0, StatusCode::OK);
-    assert_eq!(again.0, StatusCode::OK);
-    assert_eq!(first.1["balance"], json!(9));
-    assert_eq!(again.1["balance"], json!(9));
+    let client = stack.client(&key);
+    for _ in 0..2 {
+        let d: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
+        assert_eq!(d.body.balance, 9);
+    }
     // Concurrent retries of one key still charge once.
-    let retries = join_all((0..10).map(|_| {
-        stack.post(
-            "/deduct",
-            &key,
-            json!({ "idempotencyKey": "order-7f3a-0002" }),
-        )
-    }))
-    .await;
-    assert!(retries.iter().all(|(s, _)| *s == StatusCode::OK));
+    let retry = json!({ "idempotencyKey": "order-7f3a-0002" });
+    let retries = join_all((0..10).map(|_| client.request(Method::POST, "/deduct", &retry))).await;
+    assert!(
+        retries.iter().all(|a| a.status == StatusCode::OK),
+        "{retries:?}"
+    );
     assert_eq!(stack.balance(&key).await, 8);
-    let (s, _) = stack
-        .post("/deduct", &key, json!({ "idempotencyKey": "" }))
+    let empty = json!({ "idempotencyKey": "" });
+    let _: ErrorBody = client
+        .post("/deduct", &empty, StatusCode::BAD_REQUEST)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
     // Keys are per API key: another key's same idempotency key is its own charge.
     let other = stack.key(1).await;
-    let (s, body) = stack.post("/deduct", &other, body).await;
-    assert_eq!((s, body["balance"].clone()), (StatusCode::OK, json!(0)));
+    let d: Success<Deducted> = stack
+        .client(&other)
+        .post("/deduct", &body, StatusCode::OK)
+        .await;
+    assert_eq!(d.body.balance, 0);
     assert_eq!(stack.balance(&key).await, 8);
     stack.shutdown().await;
 }
@@ -139,16 +143,15 @@ async fn an_idempotency_key_deducts_once() {
 async fn concurrent_deducts_never_overdraw() {
     let stack = Stack::start().await;
     let key = stack.key(20).await;
-    let results = join_all((0..60).map(|_| stack.post("/deduct", &key, json!({})))).await;
-    let ok = results.iter().filter(|(s, _)| *s == StatusCode::OK).count();
-    let broke = results
-        .iter()
-        .filter(|(s, _)| *s == StatusCode::PAYMENT_REQUIRED)
-        .count();
+    let client = stack.client(&key);
+    let empty = json!({});
+    let results = join_all((0..60).map(|_| client.request(Method::POST, "/deduct", &empty))).await;
+    let count = |status| results.iter().filter(|a| a.status == status).count();
+    let (ok, broke) = (count(StatusCode::OK), count(StatusCode::PAYMENT_REQUIRED));
     assert_eq!((ok, broke), (20, 40), "{results:?}");
     assert_eq!(stack.balance(&key).await, 0);
-    let (_, logs) = stack.get("/logs?limit=100", &key).await;
-    assert_eq!(logs["logs"].as_array().unwrap().len(), 20);
+    let logs: Success<LogPage> = client.get("/logs?limit=100", StatusCode::OK).await;
+    assert_eq!(logs.body.logs.len(), 20);
     stack.shutdown().await;
 }
 
@@ -156,31 +159,24 @@ async fn concurrent_deducts_never_overdraw() {
 async fn logs_page_and_download_as_csv() {
     let stack = Stack::start().await;
     let key = stack.key(130).await;
+    let client = stack.client(&key);
     for i in 0..120 {
-        let (s, _) = stack
-            .post(
-                "/deduct",
-                &key,
-                json!({ "targetEmail": format!("r{i}@example.com") }),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK);
+        let body = json!({ "targetEmail": format!("r{i}@example.com") });
+        let _: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
     }
-    let (s, page) = stack.get("/logs", &key).await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(page["limit"], json!(50));
-    assert_eq!(page["offset"], json!(0));
-    let logs = page["logs"].as_array().unwrap();
-    assert_eq!(logs.len(), 50);
+    let answer = client.send(Method::GET, "/logs", None).await;
+    let page: Success<LogPage> = answer.expect(StatusCode::OK, "GET /logs");
+    assert_eq!((page.body.limit, page.body.offset), (50, 0));
+    assert_eq!(page.body.logs.len(), 50);
     // Newest first, with the spec's fields.
-    let newest = &logs[0];
-    assert_eq!(newest["target_email"], json!("r119@example.com"));
-    assert_eq!(newest["amount_deducted"], json!(1.0));
-    assert!(newest["caller_email"]
-        .as_str()
-        .unwrap()
-        .ends_with("@example.com"));
-    assert!(newest["log_id"].is_string() && newest["timestamp"].is_string());
+    let newest = &page.body.logs[0];
+    assert_eq!(newest.target_email.as_deref(), Some("r119@example.com"));
+    assert_eq!(newest.amount_deducted, 1.0);
+    assert!(newest.caller_email.ends_with("@example.com"));
+    assert!(!newest.log_id.is_empty() && !newest.timestamp.is_empty());
+    // Fields without a value are still there, as null (the wire format, not the type).
+    let raw: serde_json::Value = answer.json();
+    let newest = &raw["logs"][0];
     for field in [
         "from_email",
         "subject",
@@ -190,14 +186,15 @@ async fn logs_page_and_download_as_csv() {
     ] {
         assert!(newest.get(field).is_some(), "{field} missing");
     }
-    let (_, page) = stack.get("/logs?limit=500&offset=100", &key).await;
-    assert_eq!(page["limit"], json!(100));
-    let rest = page["logs"].as_array().unwrap();
+    let rest: Success<LogPage> = client
+        .get("/logs?limit=500&offset=100", StatusCode::OK)
+        .await;
+    assert_eq!(rest.body.limit, 100);
+    let rest = rest.body.logs;
     assert_eq!(rest.len(), 20);
-    assert_eq!(rest[19]["target_email"], json!("r0@example.com"));
+    assert_eq!(rest[19].target_email.as_deref(), Some("r0@example.com"));
     for bad in ["/logs?limit=0", "/logs?offset=-1", "/logs?limit=abc"] {
-        let (s, body) = stack.get(bad, &key).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        let _: ErrorBody = client.get(bad, StatusCode::BAD_REQUEST).await;
     }
     let res = stack
         .http
@@ -217,8 +214,10 @@ async fn logs_page_and_download_as_csv() {
     assert!(headers.iter().any(|h| h == "target_email"), "{headers:?}");
     let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
     assert_eq!(rows.len(), 120);
-    let (s, _, _) = stack.call(Method::GET, "/logs/download", None, None).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let _: ErrorBody = stack
+        .anonymous()
+        .get("/logs/download", StatusCode::UNAUTHORIZED)
+        .await;
     stack.shutdown().await;
 }
 
@@ -284,15 +283,9 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
     }
     assert_eq!(stack.balance(&key).await, 5);
     // The consumption log shows the charge and its refund, not the void.
-    let (s, body) = stack.get("/logs", &key).await;
-    assert_eq!(s, StatusCode::OK);
-    let kinds: Vec<&str> = body["logs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["refund", "charge"], "{body}");
+    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
+    let kinds: Vec<EntryKind> = logs.body.logs.iter().map(|l| l.kind).collect();
+    assert_eq!(kinds, [EntryKind::Refund, EntryKind::Charge]);
     stack.shutdown().await;
 }
 
@@ -363,7 +356,7 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(stack.balance(&key).await, 3);
-    let (_, body) = stack.get("/logs", &key).await;
-    assert_eq!(body["logs"].as_array().map(Vec::len), Some(3), "{body}");
+    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
+    assert_eq!(logs.body.logs.len(), 3);
     stack.shutdown().await;
 }

@@ -8,7 +8,10 @@ use prost::Message as _;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
+use postmesh_shared::response::Message;
+use postmesh_shared::Success;
 use postmesh_tests::{extract_code, peek, SenderMode, Stack};
+use reqwest::StatusCode;
 
 #[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
@@ -20,8 +23,10 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     stack.use_smtp(&hung.url());
     stack.start_sender().await;
     let to = "mallory@example.com";
-    let (s, body) = stack.send_code(&key, to).await;
-    assert_eq!(s.as_u16(), 200, "{body}");
+    let _: Success<Message> = stack
+        .send_code(&key, to)
+        .await
+        .expect(StatusCode::OK, "send-code");
     let db = stack.sender_db().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while peek::sender::deliveries(&db).await.is_empty() {
@@ -37,8 +42,10 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     stack.use_file();
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
-    let (s, body) = stack.verify(&key, to, &code).await;
-    assert_eq!(s.as_u16(), 200, "{body}");
+    let _: Success<Message> = stack
+        .verify(&key, to, &code)
+        .await
+        .expect(StatusCode::OK, "verify-code");
     let rows = peek::sender::deliveries(&db).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, "sent");
@@ -59,7 +66,7 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     stack.use_smtp(&relay.url());
     stack.start_sender().await;
     let to = "niaj@example.com";
-    let (s, _) = stack.send_code(&key, to).await;
+    let s = stack.send_code(&key, to).await.status;
     assert_eq!(s.as_u16(), 200);
     let db = stack.sender_db().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -81,7 +88,7 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
     assert_eq!(got[0].to, vec![format!("<{to}>")]);
     assert_eq!(got[0].from, "<codes@postmesh.test>");
     let code = extract_code(&got[0].data).expect("code in the message");
-    let (s, _) = stack.verify(&key, to, &code).await;
+    let s = stack.verify(&key, to, &code).await.status;
     assert_eq!(s.as_u16(), 200);
     stack.shutdown().await;
 }
@@ -208,7 +215,7 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
     stack.kill_sender().await;
     stack.use_smtp(&busy.url());
     stack.start_sender().await;
-    let (s, _) = stack.send_code(&key, "busy@example.com").await;
+    let s = stack.send_code(&key, "busy@example.com").await.status;
     assert_eq!(s.as_u16(), 200);
     let (status, attempts, error) = settled_delivery(&db, "busy@example.com").await;
     assert_eq!((status.as_str(), attempts), ("failed", 5));
@@ -219,7 +226,7 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
     stack.kill_sender().await;
     stack.use_smtp(&gone.url());
     stack.start_sender().await;
-    let (s, _) = stack.send_code(&key, "gone@example.com").await;
+    let s = stack.send_code(&key, "gone@example.com").await.status;
     assert_eq!(s.as_u16(), 200);
     let (status, attempts, error) = settled_delivery(&db, "gone@example.com").await;
     assert_eq!((status.as_str(), attempts), ("failed", 1));

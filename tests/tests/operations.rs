@@ -67,7 +67,8 @@ async fn request_ids_are_echoed_or_generated() {
 /// services would share one registry and could not be told apart).
 #[tokio::test]
 async fn each_service_process_counts_its_own_work() {
-    use postmesh_shared::Service;
+    use postmesh_shared::response::Message;
+    use postmesh_shared::{Service, Success};
     use postmesh_tests::{common, free_port, fresh_namespace, spawn_service, Stack};
 
     let common = common(fresh_namespace());
@@ -100,8 +101,10 @@ async fn each_service_process_counts_its_own_work() {
     }
     let key = stack.key(5).await;
     assert_eq!(stack.balance(&key).await, 5);
-    let (s, body) = stack.send_code(&key, "ops@example.com").await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let _: Success<Message> = stack
+        .send_code(&key, "ops@example.com")
+        .await
+        .expect(StatusCode::OK, "send_code");
     let domains = stack
         .http
         .get(format!("http://{gateway_addr}/sender-domains"))
@@ -154,21 +157,28 @@ async fn each_service_process_counts_its_own_work() {
     ];
     for (service, present, absent) in own {
         let admin = admins.iter().find(|(s, _)| *s == service).unwrap().1;
-        let metrics = stack
-            .http
-            .get(format!("http://{admin}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        for series in present {
-            assert!(
-                metrics.contains(series.as_str()),
-                "{service} lacks {series}:\n{metrics}"
-            );
-        }
+        // A counter may be recorded just after the answer it counts: wait for it, within bounds.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let metrics = loop {
+            let metrics = stack
+                .http
+                .get(format!("http://{admin}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let missing = present.iter().find(|s| !metrics.contains(s.as_str()));
+            match missing {
+                None => break metrics,
+                Some(series) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "{service} lacks {series}:\n{metrics}"
+                ),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
         for series in absent {
             assert!(
                 !metrics.contains(series.as_str()),

@@ -216,11 +216,11 @@ async fn an_idempotency_key_stands_for_one_request() {
     }))
     .await;
     let mut ids = Vec::new();
-    for (status, bytes) in &answers {
-        match *status {
-            StatusCode::OK => ids.push(serde_json::from_slice::<Opened>(bytes).unwrap().id),
+    for answer in &answers {
+        match answer.status {
+            StatusCode::OK => ids.push(answer.json::<Opened>().id),
             StatusCode::CONFLICT => {}
-            other => panic!("unexpected {other}: {}", String::from_utf8_lossy(bytes)),
+            other => panic!("unexpected {other}: {answer:?}"),
         }
     }
     assert!(!ids.is_empty());
@@ -346,7 +346,8 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
     let reconcile_path = format!("/billing/purchases/{}/reconcile", opened.id);
     let deliveries = join_all((0..3).map(|_| FakeStripe::deliver(&stack.base, &completed)));
     let reconcile = client.send(Method::POST, &reconcile_path, None);
-    let (statuses, (reconciled, body)) = tokio::join!(deliveries, reconcile);
+    let (statuses, answer) = tokio::join!(deliveries, reconcile);
+    let (reconciled, body) = (answer.status, answer.body);
     assert!(
         statuses.iter().all(|s| *s == StatusCode::OK),
         "{statuses:?}"

@@ -73,9 +73,9 @@ async fn allowance_taken_in_batches_never_exceeds_the_rate() {
     let started = Instant::now();
     let mut allowed = 0u64;
     let mut limited = 0u64;
+    let client = stack.client(&key);
     for _ in 0..400 {
-        let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;
-        match s {
+        match client.send(Method::GET, "/balance", None).await.status {
             StatusCode::OK => allowed += 1,
             StatusCode::TOO_MANY_REQUESTS => limited += 1,
             other => panic!("unexpected {other}"),
@@ -103,13 +103,12 @@ async fn concurrent_requests_within_the_burst_all_pass() {
     let stack = Stack::start_opts(Options::with_rate(100, 100)).await;
     let key = stack.key(10).await;
     // One request first, so the key has steady traffic and the gateway fetches a batch.
-    let (s, _, _) = stack.call(Method::GET, "/balance", Some(&key), None).await;
-    assert_eq!(s, StatusCode::OK);
-    let answers =
-        join_all((0..60).map(|_| stack.call(Method::GET, "/balance", Some(&key), None))).await;
+    let client = stack.client(&key);
+    assert_eq!(stack.balance(&key).await, 10);
+    let answers = join_all((0..60).map(|_| client.send(Method::GET, "/balance", None))).await;
     let limited = answers
         .iter()
-        .filter(|(s, _, _)| *s == StatusCode::TOO_MANY_REQUESTS)
+        .filter(|a| a.status == StatusCode::TOO_MANY_REQUESTS)
         .count();
     assert_eq!(limited, 0, "61 requests in a burst of 100");
     stack.shutdown().await;

@@ -10,9 +10,17 @@ use mail_parser::{MessageParser, MimeHeaders};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use billing::entitlements::EntitlementsPage;
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
-use postmesh_tests::{peek, FakeStripe, Options, SenderMode, Stack};
+use postmesh_tests::{peek, Answer, FakeStripe, Options, SenderMode, Stack};
+use sender::send::{Cancelled, SendAnswer};
+use sender::smtp_auth::SmtpAuth;
+use sender::status::TaskProgress;
+use sender::tasks::TaskStatus;
+use sender::templates::{Deleted, Template, TemplateList};
 
 fn now() -> i64 {
     postmesh_shared::db::now_unix()
@@ -25,37 +33,69 @@ async fn deliver_to(stack: &mut Stack, relay: &FakeSmtp) {
     stack.start_sender().await;
 }
 
-/// `GET /email-status/{task}` until `done(status)` holds; returns the last answer.
-async fn wait_status(stack: &Stack, key: &str, task: &str, done: impl Fn(&Value) -> bool) -> Value {
+/// `GET /email-status/{task}` until `done(progress)` holds; returns the last answer.
+async fn wait_status(
+    stack: &Stack,
+    key: &str,
+    task: TaskId,
+    done: impl Fn(&TaskProgress) -> bool,
+) -> TaskProgress {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (s, v) = stack
-            .get(&format!("/email-status/{task}?limit=1000"), key)
-            .await;
-        assert_eq!(s, StatusCode::OK, "{v}");
-        if done(&v) {
-            return v;
+        let progress = status(stack, key, task, "?limit=1000").await;
+        if done(&progress) {
+            return progress;
         }
-        assert!(Instant::now() < deadline, "task never got there: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "task never got there: {progress:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// Waits until the task has no recipient left queued; returns its status.
-async fn wait_finished(stack: &Stack, key: &str, task: &str) -> Value {
-    wait_status(stack, key, task, |v| v["queued"] == 0).await
+/// `GET /email-status/{task}{query}` with `key`.
+async fn status(stack: &Stack, key: &str, task: TaskId, query: &str) -> TaskProgress {
+    let path = format!("/email-status/{task}{query}");
+    let progress: Success<TaskProgress> = stack.client(key).get(&path, StatusCode::OK).await;
+    progress.body
 }
 
-/// `POST /send-email` with `key`.
-async fn send(stack: &Stack, key: &str, body: Value) -> (StatusCode, Value) {
-    stack.post("/send-email", key, body).await
+/// Waits until the task has no recipient left queued; returns its status.
+async fn wait_finished(stack: &Stack, key: &str, task: TaskId) -> TaskProgress {
+    wait_status(stack, key, task, |p| p.queued == 0).await
+}
+
+/// `POST /send-email` with `key`; the whole answer.
+async fn send(stack: &Stack, key: &str, body: Value) -> Answer {
+    stack
+        .client(key)
+        .request(Method::POST, "/send-email", &body)
+        .await
+}
+
+/// A send that is accepted; its answer.
+async fn accepted(stack: &Stack, key: &str, body: Value) -> SendAnswer {
+    let answer: Success<SendAnswer> = send(stack, key, body)
+        .await
+        .expect(StatusCode::OK, "POST /send-email");
+    assert!(answer.success);
+    answer.body
+}
+
+/// A send refused with `status`; its error.
+async fn refused(stack: &Stack, key: &str, body: Value, status: StatusCode) -> String {
+    let error: ErrorBody = send(stack, key, body)
+        .await
+        .expect(status, "POST /send-email");
+    assert!(!error.success);
+    error.error
 }
 
 /// Sends a plain message to `to` alone and waits until it is finished; returns its status.
-async fn send_one_and_wait(stack: &Stack, key: &str, to: &str) -> Value {
-    let (s, v) = send(stack, key, json!({"to": to, "subject": "s", "text": "t"})).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    wait_finished(stack, key, v["taskId"].as_str().expect("a task id")).await
+async fn send_one_and_wait(stack: &Stack, key: &str, to: &str) -> TaskProgress {
+    let v = accepted(stack, key, json!({"to": to, "subject": "s", "text": "t"})).await;
+    wait_finished(stack, key, v.task_id.expect("a task id")).await
 }
 
 #[tokio::test]
@@ -95,24 +135,23 @@ async fn every_field_reaches_the_delivered_message() {
         "recipientReason": "customer",
         "someFutureField": {"accepted": "and ignored"}
     });
-    let (s, v) = send(&stack, &key, body).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["success"], true);
-    assert_eq!(v["status"], "queued");
-    assert_eq!(v["cost"], 3, "the recipient, the cc and the bcc");
-    assert_eq!(v["dryRun"], false);
-    assert_eq!(v["recipients"], json!({"accepted": 1, "rejected": []}));
-    let task = v["taskId"].as_str().expect("a task id").to_owned();
-    let status = wait_finished(&stack, &key, &task).await;
-    assert_eq!(status["status"], "sent", "{status}");
+    let v = accepted(&stack, &key, body).await;
+    assert_eq!(v.status, TaskStatus::Queued);
+    assert_eq!(v.cost, 3, "the recipient, the cc and the bcc");
+    assert!(!v.dry_run);
+    assert_eq!(v.recipients.accepted, 1);
+    assert!(v.recipients.rejected.is_empty());
+    let task = v.task_id.expect("a task id");
+    let status = wait_finished(&stack, &key, task).await;
+    assert_eq!(status.status, "sent", "{status:?}");
+    assert_eq!((status.total, status.sent), (1, 1));
+    let recipient = &status.recipients[0];
+    assert_eq!(recipient.email, "Ann@example.com");
+    assert_eq!(recipient.external_id.as_deref(), Some("crm-1"));
     assert_eq!(
-        (status["total"].as_i64(), status["sent"].as_i64()),
-        (Some(1), Some(1))
+        recipient.provider_message_id.as_deref(),
+        Some("<custom-1@example.com>")
     );
-    let recipient = &status["recipients"][0];
-    assert_eq!(recipient["email"], "Ann@example.com");
-    assert_eq!(recipient["externalId"], "crm-1");
-    assert_eq!(recipient["providerMessageId"], "<custom-1@example.com>");
     assert_eq!(stack.balance(&key).await, 7);
 
     let received = relay.received();
@@ -197,50 +236,39 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     let three = json!(["a@example.com", "b@example.com", "c@example.com"]);
     let two = json!(["a@example.com", "b@example.com"]);
     // A dry run checks and prices, and nothing else.
-    let (s, v) = send(
+    let v = accepted(
         &stack,
         &key,
         json!({"to": two, "subject": "s", "text": "t", "dryRun": true}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(
-        (v["dryRun"].as_bool(), v["cost"].as_i64()),
-        (Some(true), Some(2))
-    );
-    assert!(v["taskId"].is_null(), "{v}");
+    assert_eq!((v.dry_run, v.cost), (true, 2));
+    assert!(v.task_id.is_none(), "{v:?}");
     // The balance is one of its checks: three recipients with two credits is 402.
-    let (s, v) = send(
+    let error = refused(
         &stack,
         &key,
         json!({"to": three, "subject": "s", "text": "t", "dryRun": true}),
+        StatusCode::PAYMENT_REQUIRED,
     )
     .await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
-    assert!(
-        v["error"]
-            .as_str()
-            .unwrap()
-            .contains("insufficient balance"),
-        "{v}"
-    );
+    assert!(error.contains("insufficient balance"), "{error}");
     // A dry run still refuses what a send would refuse.
-    let (s, _) = send(
+    refused(
         &stack,
         &key,
         json!({"to": three, "subject": "s", "text": "{{x}}", "dryRun": true}),
+        StatusCode::BAD_REQUEST,
     )
     .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
     // Three recipients with two credits: 402, nothing stored or queued.
-    let (s, v) = send(
+    refused(
         &stack,
         &key,
         json!({"to": three, "subject": "s", "text": "t"}),
+        StatusCode::PAYMENT_REQUIRED,
     )
     .await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
-    assert_eq!(v["success"], false);
     // Refusals of bad input.
     for (body, needle) in [
         (
@@ -266,9 +294,8 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
             "future",
         ),
     ] {
-        let (s, v) = send(&stack, &key, body.clone()).await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{body} → {v}");
-        let error = v["error"].as_str().unwrap_or_default();
+        let error = refused(&stack, &key, body.clone(), StatusCode::BAD_REQUEST).await;
+        let error = error.as_str();
         assert!(
             error.contains(needle),
             "{body} → {error:?}, wanted {needle:?}"
@@ -289,48 +316,36 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
         .collect();
     to.push(json!({"email": "R5@EXAMPLE.com", "externalId": "dup"}));
     to.push(json!("r7@Example.COM"));
-    let (s, v) = send(
+    let v = accepted(
         &stack,
         &key,
         json!({"to": to, "subject": "Big", "text": "Hello"}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["recipients"]["accepted"], 998);
-    let rejected = v["recipients"]["rejected"].as_array().unwrap();
-    assert_eq!(rejected.len(), 2, "{v}");
-    assert!(rejected[0]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("duplicate"));
-    assert_eq!(v["cost"], 998);
+    assert_eq!(v.recipients.accepted, 998);
+    let rejected = &v.recipients.rejected;
+    assert_eq!(rejected.len(), 2, "{v:?}");
+    assert!(rejected[0].reason.contains("duplicate"));
+    assert_eq!(v.cost, 998);
     assert_eq!(stack.balance(&key).await, 1002);
-    let task = v["taskId"].as_str().unwrap().to_owned();
+    let task = v.task_id.expect("a task id");
 
     let too_many: Vec<String> = (0..1001).map(|i| format!("x{i}@example.com")).collect();
-    let (s, v) = send(
+    let error = refused(
         &stack,
         &key,
         json!({"to": too_many, "subject": "s", "text": "t"}),
+        StatusCode::BAD_REQUEST,
     )
     .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(v["error"].as_str().unwrap().contains("at most 1000"), "{v}");
+    assert!(error.contains("at most 1000"), "{error}");
     assert_eq!(stack.balance(&key).await, 1002);
 
     // Progress, paged, up to `sent`.
-    let done = wait_finished(&stack, &key, &task).await;
-    assert_eq!(done["status"], "sent");
-    assert_eq!(done["sent"], 998);
-    let (_, page) = stack
-        .get(&format!("/email-status/{task}?limit=10&offset=990"), &key)
-        .await;
-    let emails: Vec<&str> = page["recipients"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["email"].as_str().unwrap())
-        .collect();
+    let done = wait_finished(&stack, &key, task).await;
+    assert_eq!((done.status.as_str(), done.sent), ("sent", 998));
+    let page = status(&stack, &key, task, "?limit=10&offset=990").await;
+    let emails: Vec<&str> = page.recipients.iter().map(|r| r.email.as_str()).collect();
     assert_eq!(
         emails,
         (990..998)
@@ -345,10 +360,14 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
     );
     // Another key cannot see the task.
     let other = stack.key(0).await;
-    let (s, _) = stack.get(&format!("/email-status/{task}"), &other).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _) = stack.get("/email-status/not-a-task", &key).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let _: ErrorBody = stack
+        .client(&other)
+        .get(&format!("/email-status/{task}"), StatusCode::NOT_FOUND)
+        .await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .get("/email-status/not-a-task", StatusCode::BAD_REQUEST)
+        .await;
     stack.shutdown().await;
 }
 
@@ -357,16 +376,12 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
     let own = stack.account_email(&key).await;
-    let (s, v) = send(&stack, &key, json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
+    let v = accepted(&stack, &key, json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(
-        (v["cost"].as_i64(), v["testSend"].as_bool()),
-        (Some(1), Some(true))
-    );
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    wait_finished(&stack, &key, &task).await;
+    assert_eq!((v.cost, v.test_send), (1, true));
+    let task = v.task_id.expect("a task id");
+    wait_finished(&stack, &key, task).await;
     let mail = stack
         .wait_for_messages(&own, 1, Duration::from_secs(10))
         .await;
@@ -391,15 +406,12 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
 async fn variables_fill_placeholders_and_a_missing_one_is_named() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
-    let (s, v) = send(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
+    let error = refused(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
+        StatusCode::BAD_REQUEST).await;
+    assert!(error.contains("\"amount\""), "{error}");
+    accepted(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
         )
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(v["error"].as_str().unwrap().contains("\"amount\""), "{v}");
-    let (s, v) = send(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
     let mail = stack
         .wait_for_messages("v@example.com", 1, Duration::from_secs(10))
         .await;
@@ -414,51 +426,38 @@ async fn variables_fill_placeholders_and_a_missing_one_is_named() {
 async fn templates_are_versioned_and_a_send_pins_its_version() {
     let stack = Stack::start().await;
     let key = stack.key(5).await;
-    let (s, v1) = stack
-        .post(
-            "/templates",
-            &key,
-            json!({"key": "welcome", "subject": "Welcome v1", "text": "one {{name}}"}),
-        )
+    let client = stack.client(&key);
+    let body = json!({"key": "welcome", "subject": "Welcome v1", "text": "one {{name}}"});
+    let v1: Success<Template> = client.post("/templates", &body, StatusCode::OK).await;
+    assert_eq!(v1.body.version, 1);
+    let body =
+        json!({"key": "welcome", "subject": "Welcome {{name}}", "html": "<b>two {{name}}</b>"});
+    let v2: Success<Template> = client.post("/templates", &body, StatusCode::OK).await;
+    assert_eq!(v2.body.version, 2);
+    let list: Success<TemplateList> = client.get("/templates", StatusCode::OK).await;
+    let versions: Vec<i32> = list.body.templates.iter().map(|t| t.version).collect();
+    assert_eq!(versions, [2]);
+    let old: Success<Template> = client
+        .get("/templates/welcome?version=1", StatusCode::OK)
         .await;
-    assert_eq!(s, StatusCode::OK, "{v1}");
-    assert_eq!(v1["version"], 1);
-    let (_, v2) = stack
-        .post(
-            "/templates",
-            &key,
-            json!({"key": "welcome", "subject": "Welcome {{name}}", "html": "<b>two {{name}}</b>"}),
-        )
+    assert_eq!(old.body.subject, "Welcome v1");
+    let _: ErrorBody = client
+        .get("/templates/welcome?version=9", StatusCode::NOT_FOUND)
         .await;
-    assert_eq!(v2["version"], 2);
-    let (_, list) = stack.get("/templates", &key).await;
-    assert_eq!(list["templates"].as_array().unwrap().len(), 1);
-    assert_eq!(list["templates"][0]["version"], 2);
-    let (_, old) = stack.get("/templates/welcome?version=1", &key).await;
-    assert_eq!(old["subject"], "Welcome v1");
-    let (s, _) = stack.get("/templates/welcome?version=9", &key).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _) = stack
-        .post(
-            "/templates",
-            &key,
-            json!({"key": "bad key!", "subject": "s", "text": "t"}),
-        )
+    let bad = json!({"key": "bad key!", "subject": "s", "text": "t"});
+    let _: ErrorBody = client
+        .post("/templates", &bad, StatusCode::BAD_REQUEST)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
 
-    let (s, latest) = send(
+    let latest = accepted(
         &stack,
         &key,
         json!({"to": "t1@example.com", "templateKey": "welcome", "variables": {"name": "Tam"}}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{latest}");
-    assert_eq!(latest["templateVersion"], 2);
-    let (s, pinned) = send(&stack, &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}}))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{pinned}");
-    assert_eq!(pinned["templateVersion"], 1);
+    assert_eq!(latest.template_version, Some(2));
+    let pinned = accepted(&stack, &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}})).await;
+    assert_eq!(pinned.template_version, Some(1));
     let parse = |eml: &str| {
         let m = MessageParser::default().parse(eml.as_bytes()).unwrap();
         (
@@ -482,23 +481,22 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
         ("Welcome v1", Some("one Tia"))
     );
 
-    let (s, _, _) = stack
-        .call(Method::DELETE, "/templates/welcome", Some(&key), None)
+    let deleted: Success<Deleted> = client.delete("/templates/welcome", StatusCode::OK).await;
+    assert!(deleted.success);
+    let _: ErrorBody = client
+        .get("/templates/welcome", StatusCode::NOT_FOUND)
         .await;
-    assert!(s.is_success());
-    let (s, _) = stack.get("/templates/welcome", &key).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, v) = send(
+    refused(
         &stack,
         &key,
         json!({"to": "t3@example.com", "templateKey": "welcome", "variables": {"name": "x"}}),
+        StatusCode::BAD_REQUEST,
     )
     .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     // Another workspace does not see the templates.
     let other = stack.key(0).await;
-    let (_, list) = stack.get("/templates", &other).await;
-    assert_eq!(list["templates"], json!([]));
+    let list: Success<TemplateList> = stack.client(&other).get("/templates", StatusCode::OK).await;
+    assert!(list.body.templates.is_empty());
     assert_eq!(stack.balance(&key).await, 3);
     stack.shutdown().await;
 }
@@ -508,66 +506,48 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let at = now() + 2;
-    let (s, v) = send(
+    let v = accepted(
         &stack,
         &key,
         json!({"to": "later@example.com", "subject": "s", "text": "t", "scheduledAt": at}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(
-        (v["status"].as_str(), v["scheduledAt"].as_i64()),
-        (Some("scheduled"), Some(at))
+        (v.status, v.scheduled_at),
+        (TaskStatus::Scheduled, Some(at))
     );
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    let (_, early) = stack.get(&format!("/email-status/{task}"), &key).await;
-    assert_eq!(early["status"], "scheduled");
+    let task = v.task_id.expect("a task id");
+    let early = status(&stack, &key, task, "").await;
+    assert_eq!(early.status, "scheduled");
     assert!(stack.messages_to("later@example.com").is_empty());
-    let done = wait_finished(&stack, &key, &task).await;
-    assert_eq!(done["status"], "sent");
+    let done = wait_finished(&stack, &key, task).await;
+    assert_eq!(done.status, "sent");
     assert!(now() >= at, "not released early");
 
-    let (s, v) = send(&stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+    let v = accepted(&stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let cancelled = v["taskId"].as_str().unwrap().to_owned();
+    let cancelled = v.task_id.expect("a task id");
     assert_eq!(stack.balance(&key).await, 7);
     let path = format!("/send-email/{cancelled}");
-    let (s, _, v) = stack.call(Method::DELETE, &path, Some(&key), None).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(
-        (v["status"].as_str(), v["refunded"].as_i64()),
-        (Some("cancelled"), Some(2))
-    );
+    let client = stack.client(&key);
+    let c: Success<Cancelled> = client.delete(&path, StatusCode::OK).await;
+    assert_eq!((c.body.status, c.body.refunded), (TaskStatus::Cancelled, 2));
     assert_eq!(stack.balance(&key).await, 9);
-    let (s, _, _) = stack.call(Method::DELETE, &path, Some(&key), None).await;
-    assert_eq!(
-        s,
-        StatusCode::CONFLICT,
-        "a cancelled task cannot be cancelled again"
-    );
-    let (s, _, _) = stack
-        .call(
-            Method::DELETE,
-            &format!("/send-email/{task}"),
-            Some(&key),
-            None,
-        )
-        .await;
-    assert_eq!(
-        s,
-        StatusCode::CONFLICT,
-        "a released task cannot be cancelled"
-    );
+    // A cancelled task cannot be cancelled again, nor a released one.
+    let _: ErrorBody = client.delete(&path, StatusCode::CONFLICT).await;
+    let released = format!("/send-email/{task}");
+    let _: ErrorBody = client.delete(&released, StatusCode::CONFLICT).await;
     let other = stack.key(0).await;
-    let (s, _, _) = stack.call(Method::DELETE, &path, Some(&other), None).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    let (_, status) = stack.get(&format!("/email-status/{cancelled}"), &key).await;
-    assert_eq!(status["status"], "cancelled");
-    let (s, v) = send(&stack, &key, json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": now() + 31 * 86400}))
+    let _: ErrorBody = stack
+        .client(&other)
+        .delete(&path, StatusCode::NOT_FOUND)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let after = status(&stack, &key, cancelled, "").await;
+    assert_eq!(after.status, "cancelled");
+    let late = now() + 31 * 86400;
+    let late = json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": late});
+    refused(&stack, &key, late, StatusCode::BAD_REQUEST).await;
     assert_eq!(stack.balance(&key).await, 9);
     stack.shutdown().await;
 }
@@ -577,32 +557,28 @@ async fn smtp_auth_accepts_the_keys_own_address_only() {
     let stack = Stack::start().await;
     let key = stack.key(0).await;
     let own = stack.account_email(&key).await;
-    let (s, v) = stack
-        .post("/smtp-auth", &key, json!({"username": own.to_uppercase()}))
+    let client = stack.client(&key);
+    let body = json!({"username": own.to_uppercase()});
+    let v: SmtpAuth = client.post("/smtp-auth", &body, StatusCode::OK).await;
+    assert!(v.authenticated);
+    assert_eq!(v.error, "");
+    let body = json!({"username": "someone-else@example.com"});
+    let v: SmtpAuth = client
+        .post("/smtp-auth", &body, StatusCode::FORBIDDEN)
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["authenticated"], true);
-    assert_eq!(v["error"], "");
-    let (s, v) = stack
-        .post(
-            "/smtp-auth",
-            &key,
-            json!({"username": "someone-else@example.com"}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(
-        (v["authenticated"].as_bool(), v["username"].as_str()),
-        (Some(false), Some("someone-else@example.com"))
+        (v.authenticated, v.username.as_str()),
+        (false, "someone-else@example.com")
     );
-    assert!(!v["error"].as_str().unwrap().is_empty());
-    let (s, v) = stack
-        .post("/smtp-auth", &key, json!({"username": "not an address"}))
+    assert!(!v.error.is_empty());
+    let body = json!({"username": "not an address"});
+    let v: SmtpAuth = client
+        .post("/smtp-auth", &body, StatusCode::BAD_REQUEST)
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert_eq!(v["authenticated"], false);
-    let (s, _) = stack.post("/smtp-auth", &key, json!({})).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(!v.authenticated);
+    let _: SmtpAuth = client
+        .post("/smtp-auth", &json!({}), StatusCode::BAD_REQUEST)
+        .await;
     stack.shutdown().await;
 }
 
@@ -615,22 +591,21 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     stack.use_ses(ses.config());
     stack.start_sender().await;
     let key = stack.key(100).await;
-    let (s, v) = send(&stack, &key, json!({"to": ["s1@example.com", "s2@example.com"], "subject": "Via SES", "html": "<p>hi</p>", "bcc": "audit@example.com"}),
+    let v = accepted(&stack, &key, json!({"to": ["s1@example.com", "s2@example.com"], "subject": "Via SES", "html": "<p>hi</p>", "bcc": "audit@example.com"}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    let done = wait_finished(&stack, &key, &task).await;
-    assert_eq!(done["status"], "sent", "{done}");
+    let task = v.task_id.expect("a task id");
+    let done = wait_finished(&stack, &key, task).await;
+    assert_eq!(done.status, "sent", "{done:?}");
     let sent = ses.sent();
     assert_eq!(sent.len(), 2);
-    for r in done["recipients"].as_array().unwrap() {
-        let email = r["email"].as_str().unwrap();
+    for r in &done.recipients {
+        let email = r.email.as_str();
         let message = sent
             .iter()
             .find(|m| m.destinations.iter().any(|d| d == email))
             .expect("sent through SES");
-        assert_eq!(r["providerMessageId"], message.message_id.as_str());
+        assert_eq!(r.provider_message_id.as_ref(), Some(&message.message_id));
         assert!(message
             .destinations
             .iter()
@@ -647,18 +622,16 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "Maximum sending rate exceeded.",
     );
     let to: Vec<String> = (0..60).map(|i| format!("t{i}@example.com")).collect();
-    let (s, v) = send(
+    let v = accepted(
         &stack,
         &key,
         json!({"to": to, "subject": "Throttled", "text": "t"}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    let done = wait_finished(&stack, &key, &task).await;
-    assert_eq!(done["status"], "sent", "{done}");
-    let task_id = uuid::Uuid::parse_str(&task).unwrap();
-    let attempts = peek::sender::delivery_attempts(&stack.sender_db().await, task_id).await;
+    let task = v.task_id.expect("a task id");
+    let done = wait_finished(&stack, &key, task).await;
+    assert_eq!(done.status, "sent", "{done:?}");
+    let attempts = peek::sender::delivery_attempts(&stack.sender_db().await, task.as_uuid()).await;
     let mut expected = vec![1; 59];
     expected.push(2);
     assert_eq!(attempts, expected, "one throttled attempt, then each sent");
@@ -674,14 +647,9 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "Email address is on the suppression list",
     );
     let done = send_one_and_wait(&stack, &key, "s3@example.com").await;
-    assert_eq!(done["status"], "failed", "{done}");
-    assert!(
-        done["recipients"][0]["error"]
-            .as_str()
-            .unwrap()
-            .contains("MessageRejected"),
-        "{done}"
-    );
+    assert_eq!(done.status, "failed", "{done:?}");
+    let error = done.recipients[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("MessageRejected"), "{done:?}");
     stack.shutdown().await;
 }
 
@@ -716,43 +684,32 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
     };
     // Without a plan there is no quota, only credits.
     let free = stack.key(10).await;
-    let (s, v) = send(&stack, &free, batch(4)).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    accepted(&stack, &free, batch(4)).await;
 
     let key = stack.key(20).await;
     stripe.subscribe(&stack, &key, "starter").await;
     let used = || async {
-        let (_, ent) = stack.get("/billing/entitlements", &key).await;
-        assert_eq!(ent["entitlements"]["emails"]["quota"], 3, "{ent}");
-        ent["entitlements"]["emails"]["used"]
-            .as_i64()
-            .expect("usage emails")
+        let page: Success<EntitlementsPage> = stack
+            .client(&key)
+            .get("/billing/entitlements", StatusCode::OK)
+            .await;
+        let emails = page.body.entitlements.emails.expect("a plan's email quota");
+        assert_eq!(emails.quota, 3);
+        emails.used
     };
     assert_eq!(used().await, 0);
-    let (s, v) = send(&stack, &key, batch(2)).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    wait_finished(&stack, &key, v["taskId"].as_str().unwrap()).await;
+    let v = accepted(&stack, &key, batch(2)).await;
+    wait_finished(&stack, &key, v.task_id.expect("a task id")).await;
     assert_eq!(used().await, 2, "usage counts the emails sent");
     // Two more would make 4 of 3; one more fits.
-    let (s, v) = send(&stack, &key, batch(2)).await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
-    let (s, v) = send(&stack, &key, batch(1)).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    refused(&stack, &key, batch(2), StatusCode::PAYMENT_REQUIRED).await;
+    accepted(&stack, &key, batch(1)).await;
     let balance = stack.balance(&key).await;
-    let (s, v) = send(&stack, &key, batch(1)).await;
-    assert_eq!(s, StatusCode::PAYMENT_REQUIRED, "{v}");
-    assert!(v["error"].as_str().unwrap().contains("quota"), "{v}");
-    let (s, _) = send(
-        &stack,
-        &key,
-        json!({"to": "dry@example.com", "subject": "s", "text": "t", "dryRun": true}),
-    )
-    .await;
-    assert_eq!(
-        s,
-        StatusCode::PAYMENT_REQUIRED,
-        "a dry run checks the quota too"
-    );
+    let error = refused(&stack, &key, batch(1), StatusCode::PAYMENT_REQUIRED).await;
+    assert!(error.contains("quota"), "{error}");
+    // A dry run checks the quota too.
+    let dry = json!({"to": "dry@example.com", "subject": "s", "text": "t", "dryRun": true});
+    refused(&stack, &key, dry, StatusCode::PAYMENT_REQUIRED).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         stack.balance(&key).await,
@@ -774,16 +731,15 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     let key = stack.key(100).await;
     // Two SEND jobs' worth of recipients (tasks::RECIPIENTS_PER_JOB is 50).
     let to: Vec<String> = (0..60).map(|i| format!("k{i}@example.com")).collect();
-    let (s, v) = send(
+    let v = accepted(
         &stack,
         &key,
         json!({"to": to, "subject": "Batch", "text": "t"}),
     )
     .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let task = v["taskId"].as_str().unwrap().to_owned();
+    let task = v.task_id.expect("a task id");
     // The first wave is delivered and recorded; the second is at the relay.
-    wait_status(&stack, &key, &task, |v| v["sent"].as_i64() >= Some(1)).await;
+    wait_status(&stack, &key, task, |p| p.sent >= 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = slow.received().len();
     assert!(before < 60, "the batch was not cut short");
@@ -794,8 +750,8 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     })
     .await;
     deliver_to(&mut stack, &fast).await;
-    let done = wait_finished(&stack, &key, &task).await;
-    assert_eq!(done["status"], "sent", "{done}");
+    let done = wait_finished(&stack, &key, task).await;
+    assert_eq!(done.status, "sent", "{done:?}");
     tokio::time::sleep(Duration::from_secs(3)).await; // room for a duplicate to show up
     let mut delivered: Vec<String> = slow
         .received()
@@ -824,13 +780,11 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
                "attachments": [{"filename": "data.bin", "content": content}]})
     };
     let limit = 10 * 1024 * 1024;
-    let (s, v) = send(&stack, &key, body(b64(limit + 1))).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
-    assert!(v["error"].as_str().unwrap().contains("10 MiB"), "{v}");
-    let (s, v) = send(&stack, &key, body(b64(limit))).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let task = v["taskId"].as_str().unwrap().to_owned();
-    assert_eq!(wait_finished(&stack, &key, &task).await["status"], "sent");
+    let error = refused(&stack, &key, body(b64(limit + 1)), StatusCode::BAD_REQUEST).await;
+    assert!(error.contains("10 MiB"), "{error}");
+    let v = accepted(&stack, &key, body(b64(limit))).await;
+    let task = v.task_id.expect("a task id");
+    assert_eq!(wait_finished(&stack, &key, task).await.status, "sent");
     let mail = stack.messages_to("big@example.com");
     assert_eq!(mail.len(), 1);
     let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();
@@ -850,23 +804,17 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
 async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     let mut stack = Stack::start().await;
     let key = stack.key(10).await;
-    let (s, v) = send(&stack, &key, json!({"to": ["d1@example.com", "d2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+    let v = accepted(&stack, &key, json!({"to": ["d1@example.com", "d2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    let task = v["taskId"].as_str().unwrap().to_owned();
+    let task = v.task_id.expect("a task id");
     assert_eq!(stack.balance(&key).await, 8);
     stack.stop_billing().await;
-    let (s, _, v) = stack
-        .call(
-            Method::DELETE,
-            &format!("/send-email/{task}"),
-            Some(&key),
-            None,
-        )
+    let cancelled: Success<Cancelled> = stack
+        .client(&key)
+        .delete(&format!("/send-email/{task}"), StatusCode::OK)
         .await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["refunded"], 2);
+    assert_eq!(cancelled.body.refunded, 2);
     let db = stack.sender_db().await;
     assert_eq!(
         peek::sender::owed_refunds(&db).await,
