@@ -5,8 +5,21 @@
 
 use std::time::Duration;
 
+use billing::entitlements::EntitlementsPage;
+use domain::apply_dns::{Applied, Saved};
+use domain::domains::{
+    Deleted, DomainList, DomainPage, DomainView, InboundStatus, OutboundStatus, Ownership,
+    Submitted,
+};
+use domain::inbound::InboundCheck;
+use domain::outbound::OutboundSetup;
+use domain::ownership::{PendingList, Reviewed};
+use domain::records::DnsRecord;
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::Success;
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::json;
 
 use postmesh_shared::proto::{InboundDomainRequest, SendableRequest};
 use postmesh_tests::fake_cloudflare::FakeCloudflare;
@@ -62,8 +75,8 @@ impl World {
     }
 
     /// Submits `name`; the answer's domain record.
-    async fn submit(&self, key: &str, name: &str) -> Value {
-        let answer: Value = self
+    async fn submit(&self, key: &str, name: &str) -> DomainView {
+        let answer: Success<Submitted> = self
             .client(key)
             .post(
                 "/sender-domains",
@@ -71,25 +84,30 @@ impl World {
                 StatusCode::OK,
             )
             .await;
-        answer["domain"].clone()
+        answer.body.domain
     }
 
     /// Submits `name` and has its TXT record verified; the domain's id.
     async fn verified(&self, key: &str, name: &str) -> String {
         let domain = self.submit(key, name).await;
-        let id = domain["id"].as_str().unwrap().to_owned();
+        let id = domain.id.expect("a custom domain's id").to_string();
         self.dns.zone(name);
-        self.dns.set_txt(
-            domain["verification"]["name"].as_str().unwrap(),
-            &[domain["verification"]["value"].as_str().unwrap()],
-        );
-        let checked = self.act(key, &id, "verify-ownership", StatusCode::OK).await;
-        assert_eq!(checked["verified"], true, "{checked}");
+        let txt = domain.verification.expect("the TXT record to publish");
+        self.dns.set_txt(&txt.name, &[txt.value.as_str()]);
+        let checked: Success<Reviewed> =
+            self.act(key, &id, "verify-ownership", StatusCode::OK).await;
+        assert!(checked.body.verified, "{checked:?}");
         id
     }
 
     /// `POST /admin/sender-domains/{id}/{decision}` (`approve` or `reject`) as `key`.
-    async fn review(&self, key: &str, id: &str, decision: &str, expected: StatusCode) -> Value {
+    async fn review<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        id: &str,
+        decision: &str,
+        expected: StatusCode,
+    ) -> T {
         self.client(key)
             .post(
                 &format!("/admin/sender-domains/{id}/{decision}"),
@@ -100,7 +118,13 @@ impl World {
     }
 
     /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
-    async fn act(&self, key: &str, id: &str, action: &str, expected: StatusCode) -> Value {
+    async fn act<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        id: &str,
+        action: &str,
+        expected: StatusCode,
+    ) -> T {
         self.client(key)
             .post(
                 &format!("/sender-domains/{id}/{action}"),
@@ -126,22 +150,18 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-async fn list(world: &World, key: &str, all: bool) -> Value {
+async fn list(world: &World, key: &str, all: bool) -> DomainList {
     let path = if all {
         "/sender-domains?include_unverified=1"
     } else {
         "/sender-domains"
     };
-    world.client(key).get(path, StatusCode::OK).await
+    let list: Success<DomainList> = world.client(key).get(path, StatusCode::OK).await;
+    list.body
 }
 
-fn names(listing: &Value) -> Vec<String> {
-    listing["domains"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["domain"].as_str().unwrap().to_owned())
-        .collect()
+fn names(domains: &[DomainView]) -> Vec<String> {
+    domains.iter().map(|d| d.domain.clone()).collect()
 }
 
 #[tokio::test]
@@ -149,7 +169,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
     let world = World::start().await;
     // No plan: 402, whatever the name.
     let free = world.stack.key(0).await;
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&free)
         .post(
             "/sender-domains",
@@ -171,11 +191,11 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         json!({"domain": "postmesh.localhost"}),
         json!({"domain": "team.postmesh.localhost"}),
     ] {
-        let err: Value = world
+        let err: ErrorBody = world
             .client(&starter)
             .post("/sender-domains", &bad, StatusCode::BAD_REQUEST)
             .await;
-        assert_eq!(err["success"], false, "{bad}: {err}");
+        assert!(!err.success, "{bad}: {err:?}");
     }
 
     // Unicode names are stored in their ASCII form, and start pending.
@@ -183,7 +203,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         "bücher-{}.example",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    let submitted: Value = world
+    let submitted: Success<Submitted> = world
         .client(&starter)
         .post(
             "/sender-domains",
@@ -191,28 +211,19 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
             StatusCode::OK,
         )
         .await;
-    let domain = &submitted["domain"];
-    assert!(
-        domain["domain"].as_str().unwrap().starts_with("xn--"),
-        "{domain}"
-    );
-    assert_eq!(domain["ownershipStatus"], "pending");
-    assert_eq!(domain["inboundStatus"], "not_started");
-    assert_eq!(domain["outboundStatus"], "not_started");
-    let verification = &domain["verification"];
-    assert_eq!(verification["type"], "TXT");
-    assert_eq!(
-        verification["name"].as_str().unwrap(),
-        format!("_postmesh.{}", domain["domain"].as_str().unwrap())
-    );
-    let message = submitted["message"].as_str().unwrap();
-    assert!(
-        message.contains(verification["value"].as_str().unwrap()),
-        "{message}"
-    );
+    let domain = &submitted.body.domain;
+    assert!(domain.domain.starts_with("xn--"), "{domain:?}");
+    assert_eq!(domain.ownership_status, Ownership::Pending);
+    assert_eq!(domain.inbound_status, InboundStatus::NotStarted);
+    assert_eq!(domain.outbound_status, OutboundStatus::NotStarted);
+    let verification = domain.verification.as_ref().expect("a TXT record");
+    assert_eq!(verification.kind, "TXT");
+    assert_eq!(verification.name, format!("_postmesh.{}", domain.domain));
+    let message = &submitted.body.message;
+    assert!(message.contains(&verification.value), "{message}");
 
     // Starter allows one custom domain: the second is 403, and billing counts the one.
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&starter)
         .post(
             "/sender-domains",
@@ -220,24 +231,24 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
             StatusCode::FORBIDDEN,
         )
         .await;
-    let ent: Value = world
+    let ent: Success<EntitlementsPage> = world
         .client(&starter)
         .get("/billing/entitlements", StatusCode::OK)
         .await;
-    assert_eq!(ent["entitlements"]["custom_domains"]["used"], 1, "{ent}");
+    assert_eq!(ent.body.entitlements.custom_domains.used, 1);
 
     // The name is taken for everybody, the same workspace included.
     let pro = world.subscribed("pro").await;
     for key in [&pro, &starter] {
-        let err: Value = world
+        let err: ErrorBody = world
             .client(key)
             .post(
                 "/sender-domains",
-                &json!({"domain": domain["domain"]}),
+                &json!({"domain": domain.domain}),
                 StatusCode::CONFLICT,
             )
             .await;
-        assert_eq!(err["success"], false);
+        assert!(!err.success);
     }
 
     // Two workspaces submitting one new name at the same moment: one wins.
@@ -270,7 +281,7 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
     let key = world.subscribed("pro").await;
     let name = unique("own");
     let domain = world.submit(&key, &name).await;
-    let id = domain["id"].as_str().unwrap().to_owned();
+    let id = domain.id.expect("an id").to_string();
     world.dns.zone(&name);
 
     // Pending: every setup call is 409, and the domain is not listed as sendable.
@@ -280,46 +291,43 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
         "verify-outbound",
         "apply-dns",
     ] {
-        let err: Value = world.act(&key, &id, action, StatusCode::CONFLICT).await;
-        assert!(
-            err["error"].as_str().unwrap().contains("not verified"),
-            "{action}: {err}"
-        );
+        let err: ErrorBody = world.act(&key, &id, action, StatusCode::CONFLICT).await;
+        assert!(err.error.contains("not verified"), "{action}: {err:?}");
     }
     assert_eq!(
-        names(&list(&world, &key, false).await),
+        names(&list(&world, &key, false).await.domains),
         ["postmesh.localhost"]
     );
     let all = list(&world, &key, true).await;
-    assert_eq!(names(&all), ["postmesh.localhost", name.as_str()]);
-    assert_eq!(all["inboundMxHost"], "mx.postmesh.localhost");
+    assert_eq!(names(&all.domains), ["postmesh.localhost", name.as_str()]);
+    assert_eq!(all.inbound_mx_host, "mx.postmesh.localhost");
 
     // Without the record, or with a wrong one, it stays pending.
-    let checked = world
+    let checked: Success<Reviewed> = world
         .act(&key, &id, "verify-ownership", StatusCode::OK)
         .await;
-    assert_eq!(checked["verified"], false);
+    assert!(!checked.body.verified);
     world
         .dns
         .set_txt(&format!("_postmesh.{name}"), &["postmesh-verify=wrong"]);
-    let checked = world
+    let checked: Success<Reviewed> = world
         .act(&key, &id, "verify-ownership", StatusCode::OK)
         .await;
-    assert_eq!(checked["domain"]["ownershipStatus"], "pending");
+    assert_eq!(checked.body.domain.ownership_status, Ownership::Pending);
 
     // The right token among other TXT records verifies it.
-    let token = domain["verification"]["value"].as_str().unwrap();
+    let token = domain.verification.expect("a TXT record").value;
     world
         .dns
-        .set_txt(&format!("_postmesh.{name}"), &["v=something-else", token]);
-    let checked = world
+        .set_txt(&format!("_postmesh.{name}"), &["v=something-else", &token]);
+    let checked: Success<Reviewed> = world
         .act(&key, &id, "verify-ownership", StatusCode::OK)
         .await;
-    assert_eq!(checked["verified"], true, "{checked}");
-    assert_eq!(checked["domain"]["ownershipStatus"], "verified");
-    assert!(checked["domain"]["verifiedAt"].as_i64().unwrap() > 0);
+    assert!(checked.body.verified, "{checked:?}");
+    assert_eq!(checked.body.domain.ownership_status, Ownership::Verified);
+    assert!(checked.body.domain.verified_at.unwrap() > 0);
     assert_eq!(
-        names(&list(&world, &key, false).await),
+        names(&list(&world, &key, false).await.domains),
         ["postmesh.localhost", name.as_str()]
     );
 
@@ -327,18 +335,16 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
     let swept_name = unique("swept");
     let swept = world.submit(&key, &swept_name).await;
     world.dns.zone(&swept_name);
-    world.dns.set_txt(
-        swept["verification"]["name"].as_str().unwrap(),
-        &[swept["verification"]["value"].as_str().unwrap()],
-    );
-    let swept_id = swept["id"].as_str().unwrap();
+    let txt = swept.verification.expect("a TXT record");
+    world.dns.set_txt(&txt.name, &[txt.value.as_str()]);
+    let swept_id = swept.id.expect("an id");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let page: Value = world
+        let page: Success<DomainPage> = world
             .client(&key)
             .get(&format!("/sender-domains/{swept_id}"), StatusCode::OK)
             .await;
-        if page["domain"]["ownershipStatus"] == "verified" {
+        if page.body.domain.ownership_status == Ownership::Verified {
             break;
         }
         assert!(
@@ -353,40 +359,44 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
     let approved_name = unique("approved");
     let to_approve = world.submit(&key, &approved_name).await;
     let to_reject = world.submit(&key, &unique("rejected")).await;
-    let (approve_id, reject_id) = (
-        to_approve["id"].as_str().unwrap(),
-        to_reject["id"].as_str().unwrap(),
+    let ids = (
+        to_approve.id.unwrap().to_string(),
+        to_reject.id.unwrap().to_string(),
     );
-    let queue: Value = world
+    let (approve_id, reject_id) = (ids.0.as_str(), ids.1.as_str());
+    let queue: Success<PendingList> = world
         .client(&admin)
         .get("/admin/sender-domains", StatusCode::OK)
         .await;
-    assert!(names(&queue).contains(&approved_name), "{queue}");
-    let _: Value = world
+    assert!(
+        names(&queue.body.domains).contains(&approved_name),
+        "{queue:?}"
+    );
+    let _: ErrorBody = world
         .client(&key)
         .get("/admin/sender-domains", StatusCode::FORBIDDEN)
         .await;
-    let _: Value = world
+    let _: ErrorBody = world
         .review(&key, approve_id, "approve", StatusCode::FORBIDDEN)
         .await;
-    let approved: Value = world
+    let approved: Success<Reviewed> = world
         .review(&admin, approve_id, "approve", StatusCode::OK)
         .await;
-    assert_eq!(approved["domain"]["ownershipStatus"], "verified");
-    let rejected: Value = world
+    assert_eq!(approved.body.domain.ownership_status, Ownership::Verified);
+    let rejected: Success<Reviewed> = world
         .review(&admin, reject_id, "reject", StatusCode::OK)
         .await;
-    assert_eq!(rejected["domain"]["ownershipStatus"], "rejected");
-    let _: Value = world
+    assert_eq!(rejected.body.domain.ownership_status, Ownership::Rejected);
+    let _: ErrorBody = world
         .review(&admin, reject_id, "approve", StatusCode::CONFLICT)
         .await;
-    let _: Value = world
+    let _: ErrorBody = world
         .act(&key, reject_id, "verify-ownership", StatusCode::CONFLICT)
         .await;
-    let _: Value = world
+    let _: ErrorBody = world
         .act(&key, reject_id, "setup-outbound", StatusCode::CONFLICT)
         .await;
-    let _: Value = world
+    let _: ErrorBody = world
         .review(
             &admin,
             &uuid::Uuid::new_v4().to_string(),
@@ -414,22 +424,26 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
     ];
     for (records, ready) in cases {
         world.dns.set_mx(&name, records);
-        let check = world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
-        assert_eq!(check["ready"], ready, "{records:?}: {check}");
-        assert_eq!(check["domain"], name.as_str());
-        assert_eq!(
-            check["inboundStatus"],
-            if ready { "verified" } else { "pending" }
-        );
-        assert_eq!(check["expectedMx"]["value"], ours);
-        assert_eq!(check["expectedMx"]["priority"], 10);
-        assert_eq!(check["records"].as_array().unwrap().len(), records.len());
-        assert!(!check["message"].as_str().unwrap().is_empty());
-        let stored: Value = world
+        let check: Success<InboundCheck> =
+            world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
+        let check = check.body;
+        assert_eq!(check.ready, ready, "{records:?}: {check:?}");
+        assert_eq!(check.domain, name);
+        let status = if ready {
+            InboundStatus::Verified
+        } else {
+            InboundStatus::Pending
+        };
+        assert_eq!(check.inbound_status, status);
+        assert_eq!(check.expected_mx.value, ours);
+        assert_eq!(check.expected_mx.priority, Some(10));
+        assert_eq!(check.records.len(), records.len());
+        assert!(!check.message.is_empty());
+        let stored: Success<DomainPage> = world
             .client(&key)
             .get(&format!("/sender-domains/{id}"), StatusCode::OK)
             .await;
-        assert_eq!(stored["domain"]["inboundStatus"], check["inboundStatus"]);
+        assert_eq!(stored.body.domain.inbound_status, check.inbound_status);
     }
     // The inbound service learns who receives mail for it.
     let found = world
@@ -442,7 +456,7 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
     assert!(found.found);
     assert_eq!(found.domain_id, id);
     world.dns.set_mx(&name, &[(10, "mx.elsewhere.example")]);
-    world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
+    let _: Success<InboundCheck> = world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
     let gone = world
         .stack
         .rpc(&InboundDomainRequest {
@@ -454,13 +468,8 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
     world.stack.shutdown().await;
 }
 
-fn kinds(records: &Value) -> Vec<String> {
-    records
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["type"].as_str().unwrap().to_owned())
-        .collect()
+fn kinds(records: &[DnsRecord]) -> Vec<&str> {
+    records.iter().map(|r| r.kind.as_str()).collect()
 }
 
 #[tokio::test]
@@ -470,19 +479,18 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
     let name = unique("out");
     let id = world.verified(&key, &name).await;
 
-    let err: Value = world
+    let err: ErrorBody = world
         .act(&key, &id, "verify-outbound", StatusCode::CONFLICT)
         .await;
-    assert!(
-        err["error"].as_str().unwrap().contains("setup-outbound"),
-        "{err}"
-    );
+    assert!(err.error.contains("setup-outbound"), "{err:?}");
 
-    let setup = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
-    assert_eq!(setup["ready"], false);
-    assert_eq!(setup["outboundStatus"], "pending");
+    let setup: Success<OutboundSetup> =
+        world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    let setup = setup.body;
+    assert!(!setup.ready);
+    assert_eq!(setup.outbound_status, OutboundStatus::Pending);
     assert_eq!(
-        kinds(&setup["records"]),
+        kinds(&setup.records),
         ["CNAME", "CNAME", "CNAME", "MX", "TXT"]
     );
     let identity = world.ses.identity(&name).expect("identity created at SES");
@@ -490,26 +498,15 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
         identity.mail_from.as_deref(),
         Some(format!("mail.{name}").as_str())
     );
-    for (record, token) in setup["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(&identity.tokens)
-    {
-        assert_eq!(
-            record["name"],
-            format!("{token}._domainkey.{name}").as_str()
-        );
-        assert_eq!(
-            record["value"],
-            format!("{token}.dkim.amazonses.com").as_str()
-        );
+    for (record, token) in setup.records.iter().zip(&identity.tokens) {
+        assert_eq!(record.name, format!("{token}._domainkey.{name}"));
+        assert_eq!(record.value, format!("{token}.dkim.amazonses.com"));
     }
-    let records = setup["records"].as_array().unwrap();
-    assert_eq!(records[3]["name"], format!("mail.{name}").as_str());
-    assert_eq!(records[3]["value"], "feedback-smtp.eu-west-1.amazonses.com");
-    assert_eq!(records[3]["priority"], 10);
-    assert_eq!(records[4]["value"], "v=spf1 include:amazonses.com ~all");
+    let records = &setup.records;
+    assert_eq!(records[3].name, format!("mail.{name}"));
+    assert_eq!(records[3].value, "feedback-smtp.eu-west-1.amazonses.com");
+    assert_eq!(records[3].priority, Some(10));
+    assert_eq!(records[4].value, "v=spf1 include:amazonses.com ~all");
 
     // Again: the same identity and records, nothing created twice.
     let creates = |w: &World| {
@@ -519,34 +516,35 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
             .filter(|(m, p)| m == "POST" && p == "/v2/email/identities")
             .count()
     };
-    let again = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
-    assert_eq!(again["records"], setup["records"]);
+    let again: Success<OutboundSetup> =
+        world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    assert_eq!(again.body.records, setup.records);
     assert_eq!(creates(&world), 1);
 
     // Pending until SES has seen the records, then verified.
-    let pending = world
+    let pending: Success<OutboundSetup> = world
         .act(&key, &id, "verify-outbound", StatusCode::OK)
         .await;
     assert_eq!(
-        (pending["ready"].clone(), pending["outboundStatus"].clone()),
-        (json!(false), json!("pending"))
+        (pending.body.ready, pending.body.outbound_status),
+        (false, OutboundStatus::Pending)
     );
     world.ses.verify(&name);
-    let verified = world
+    let verified: Success<OutboundSetup> = world
         .act(&key, &id, "verify-outbound", StatusCode::OK)
         .await;
-    assert_eq!(verified["ready"], true, "{verified}");
-    assert_eq!(verified["outboundStatus"], "verified");
-    assert_eq!(verified["domain"], name.as_str());
-    let stored: Value = world
+    assert!(verified.body.ready, "{verified:?}");
+    assert_eq!(verified.body.outbound_status, OutboundStatus::Verified);
+    assert_eq!(verified.body.domain, name);
+    let stored: Success<DomainPage> = world
         .client(&key)
         .get(&format!("/sender-domains/{id}"), StatusCode::OK)
         .await;
-    assert_eq!(stored["domain"]["outboundStatus"], "verified");
+    assert_eq!(stored.body.domain.outbound_status, OutboundStatus::Verified);
 
     // SES down is 503 and SES refusing is 502; nothing stored changes.
     world.ses.set_down(true);
-    let _: Value = world
+    let _: ErrorBody = world
         .act(
             &key,
             &id,
@@ -554,7 +552,7 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
             StatusCode::SERVICE_UNAVAILABLE,
         )
         .await;
-    let _: Value = world
+    let _: ErrorBody = world
         .act(&key, &id, "setup-outbound", StatusCode::SERVICE_UNAVAILABLE)
         .await;
     world.ses.set_down(false);
@@ -563,7 +561,7 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
         "LimitExceededException",
         "Too many identities",
     );
-    let _: Value = world
+    let _: ErrorBody = world
         .act(&key, &id, "verify-outbound", StatusCode::BAD_GATEWAY)
         .await;
     world.ses.fail_next(
@@ -571,7 +569,7 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
         "TooManyRequestsException",
         "Rate exceeded",
     );
-    let _: Value = world
+    let _: ErrorBody = world
         .act(
             &key,
             &id,
@@ -579,37 +577,32 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
             StatusCode::SERVICE_UNAVAILABLE,
         )
         .await;
-    let after: Value = world
+    let after: Success<DomainPage> = world
         .client(&key)
         .get(&format!("/sender-domains/{id}"), StatusCode::OK)
         .await;
-    assert_eq!(after["domain"]["outboundStatus"], "verified");
+    assert_eq!(after.body.domain.outbound_status, OutboundStatus::Verified);
 
     // A failed DKIM shows as failed.
     let failing_name = unique("dkim");
     let failing = world.verified(&key, &failing_name).await;
-    world
+    let _: Success<OutboundSetup> = world
         .act(&key, &failing, "setup-outbound", StatusCode::OK)
         .await;
     world.ses.fail_dkim(&failing_name);
-    let failed = world
+    let failed: Success<OutboundSetup> = world
         .act(&key, &failing, "verify-outbound", StatusCode::OK)
         .await;
-    assert_eq!(failed["outboundStatus"], "failed");
+    assert_eq!(failed.body.outbound_status, OutboundStatus::Failed);
 
     // Deleting the domain removes its SES identity and frees the name.
-    let deleted: Value = world
+    let deleted: Success<Deleted> = world
         .client(&key)
-        .call(
-            Method::DELETE,
-            &format!("/sender-domains/{id}"),
-            None,
-            StatusCode::OK,
-        )
+        .delete(&format!("/sender-domains/{id}"), StatusCode::OK)
         .await;
-    assert_eq!(deleted["deleted"], true);
+    assert!(deleted.body.deleted);
     assert!(world.ses.identity(&name).is_none());
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&key)
         .get(&format!("/sender-domains/{id}"), StatusCode::NOT_FOUND)
         .await;
@@ -633,13 +626,13 @@ async fn without_ses_credentials_outbound_is_unavailable() {
     let key = stack.key(0).await;
     world.stripe.subscribe(&stack, &key, "pro").await;
     let name = unique("noses");
-    let domain: Value = stack
+    let submitted: Success<Submitted> = stack
         .client(&key)
         .post("/sender-domains", &json!({"domain": name}), StatusCode::OK)
         .await;
-    let id = domain["domain"]["id"].as_str().unwrap();
+    let id = submitted.body.domain.id.expect("an id");
     let admin = stack.admin_key().await;
-    let _: Value = stack
+    let _: Success<Reviewed> = stack
         .client(&admin)
         .post(
             &format!("/admin/sender-domains/{id}/approve"),
@@ -647,7 +640,7 @@ async fn without_ses_credentials_outbound_is_unavailable() {
             StatusCode::OK,
         )
         .await;
-    let _: Value = stack
+    let _: ErrorBody = stack
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/setup-outbound"),
@@ -665,8 +658,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
     let key = world.subscribed("pro").await;
     let name = unique("cf");
     let id = world.verified(&key, &name).await;
-    let setup = world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
-    let wanted = setup["records"].as_array().unwrap().clone();
+    let setup: Success<OutboundSetup> =
+        world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
+    let wanted = setup.body.records;
 
     // No token anywhere, an unknown provider, a bad scope: 400.
     for body in [
@@ -674,7 +668,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
         json!({"provider": "route53", "apiToken": "t"}),
         json!({"scope": "everything", "apiToken": "t"}),
     ] {
-        let err: Value = world
+        let err: ErrorBody = world
             .client(&key)
             .post(
                 &format!("/sender-domains/{id}/apply-dns"),
@@ -682,7 +676,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
                 StatusCode::BAD_REQUEST,
             )
             .await;
-        assert_eq!(err["success"], false, "{body}");
+        assert!(!err.success, "{body}");
     }
     let status = world
         .client(&key)
@@ -702,13 +696,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
     // The zone already holds one of the DKIM CNAMEs and another SPF at the MAIL FROM name.
     let token = format!("cf-{}", uuid::Uuid::new_v4().simple());
     let zone = world.cloudflare.add_zone(&name, &token);
-    world.cloudflare.add_record(
-        &zone,
-        "CNAME",
-        wanted[0]["name"].as_str().unwrap(),
-        wanted[0]["value"].as_str().unwrap(),
-        None,
-    );
+    world
+        .cloudflare
+        .add_record(&zone, "CNAME", &wanted[0].name, &wanted[0].value, None);
     world.cloudflare.add_record(
         &zone,
         "TXT",
@@ -719,7 +709,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
     // A token that sees no zone for it: 400.
     let stranger = format!("cf-{}", uuid::Uuid::new_v4().simple());
     world.cloudflare.add_zone(&unique("elsewhere"), &stranger);
-    let err: Value = world
+    let err: ErrorBody = world
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/apply-dns"),
@@ -727,10 +717,10 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::BAD_REQUEST,
         )
         .await;
-    assert!(err["error"].as_str().unwrap().contains("zone"), "{err}");
+    assert!(err.error.contains("zone"), "{err:?}");
 
     // The token is saved (sealed at rest) and used when the body has none.
-    let saved: Value = world
+    let saved: Success<Saved> = world
         .client(&key)
         .call(
             Method::PUT,
@@ -741,7 +731,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::OK,
         )
         .await;
-    assert_eq!(saved["saved"], true);
+    assert!(saved.body.saved);
     let db = world
         .stack
         .service_db(postmesh_shared::Service::Domain)
@@ -752,7 +742,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
         "never in clear"
     );
 
-    let applied: Value = world
+    let applied: Success<Applied> = world
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/apply-dns"),
@@ -760,20 +750,18 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::OK,
         )
         .await;
-    assert_eq!(applied["zone"], name.as_str());
+    let applied = applied.body;
+    assert_eq!(applied.zone, name);
     // Created: two CNAMEs, the MAIL FROM MX and the inbound MX; unchanged: the first CNAME;
     // left alone: the SPF, reported with what is there.
-    let created = kinds(&applied["created"]);
-    assert_eq!(created, ["MX", "CNAME", "CNAME", "MX"], "{applied}");
-    assert_eq!(applied["unchanged"].as_array().unwrap().len(), 1);
-    assert_eq!(applied["unchanged"][0]["name"], wanted[0]["name"]);
-    let conflicts = applied["conflicts"].as_array().unwrap();
+    let created = kinds(&applied.created);
+    assert_eq!(created, ["MX", "CNAME", "CNAME", "MX"], "{applied:?}");
+    assert_eq!(applied.unchanged.len(), 1);
+    assert_eq!(applied.unchanged[0].name, wanted[0].name);
+    let conflicts = &applied.conflicts;
     assert_eq!(conflicts.len(), 1);
-    assert_eq!(conflicts[0]["record"]["type"], "TXT");
-    assert!(conflicts[0]["existing"][0]["value"]
-        .as_str()
-        .unwrap()
-        .contains("elsewhere"));
+    assert_eq!(conflicts[0].record.kind, "TXT");
+    assert!(conflicts[0].existing[0].value.contains("elsewhere"));
     assert_eq!(world.cloudflare.creates(), 4);
     let spf: Vec<_> = world
         .cloudflare
@@ -788,7 +776,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
     );
 
     // Twice is a no-op; a wrong saved token loses to the body's.
-    let saved: Value = world
+    let saved: Success<Saved> = world
         .client(&key)
         .call(
             Method::PUT,
@@ -800,8 +788,8 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::OK,
         )
         .await;
-    assert_eq!(saved["saved"], true);
-    let again: Value = world
+    assert!(saved.body.saved);
+    let again: Success<Applied> = world
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/apply-dns"),
@@ -809,11 +797,11 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::OK,
         )
         .await;
-    assert_eq!(again["created"], json!([]));
-    assert_eq!(again["unchanged"].as_array().unwrap().len(), 5);
+    assert!(again.body.created.is_empty());
+    assert_eq!(again.body.unchanged.len(), 5);
     assert_eq!(world.cloudflare.creates(), 4);
     // The saved token is now wrong: Cloudflare refuses it, which is the caller's 400.
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/apply-dns"),
@@ -823,7 +811,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
         .await;
     // Cloudflare down: 503.
     world.cloudflare.set_down(true);
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&key)
         .post(
             &format!("/sender-domains/{id}/apply-dns"),
@@ -842,10 +830,10 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
     let name = unique("mine");
     let id = world.verified(&owner, &name).await;
 
-    assert!(!names(&list(&world, &other, true).await).contains(&name));
+    assert!(!names(&list(&world, &other, true).await.domains).contains(&name));
     let path = format!("/sender-domains/{id}");
-    let _: Value = world.client(&other).get(&path, StatusCode::NOT_FOUND).await;
-    let _: Value = world
+    let _: ErrorBody = world.client(&other).get(&path, StatusCode::NOT_FOUND).await;
+    let _: ErrorBody = world
         .client(&other)
         .call(Method::DELETE, &path, None, StatusCode::NOT_FOUND)
         .await;
@@ -856,13 +844,13 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
         "verify-outbound",
         "apply-dns",
     ] {
-        let _: Value = world.act(&other, &id, action, StatusCode::NOT_FOUND).await;
+        let _: ErrorBody = world.act(&other, &id, action, StatusCode::NOT_FOUND).await;
     }
-    let _: Value = world
+    let _: ErrorBody = world
         .client(&other)
         .get("/sender-domains/not-a-uuid", StatusCode::BAD_REQUEST)
         .await;
-    let _: Value = world.client(&owner).get(&path, StatusCode::OK).await;
+    let _: Success<DomainPage> = world.client(&owner).get(&path, StatusCode::OK).await;
 
     // Sending from it: the owner may, the other may not; platform domains are for all.
     let (owner_ws, other_ws) = (
