@@ -13,6 +13,7 @@ pub mod extract;
 pub mod jetstream;
 pub mod lifecycle;
 pub mod nats;
+pub mod outside;
 pub mod queue;
 pub mod response;
 pub mod routes;

@@ -280,46 +280,49 @@ impl FakeStripe {
     /// The customer sets the subscription to cancel at the end of its period (in the portal).
     /// Returns the `customer.subscription.updated` event.
     pub fn cancel_at_period_end(&self, sub_id: &str) -> Value {
+        self.change_subscription(sub_id, |sub| {
+            sub["cancel_at_period_end"] = json!(true);
+            event("customer.subscription.updated", sub.clone())
+        })
+    }
+
+    /// Applies `change` to subscription `sub_id`; its answer.
+    fn change_subscription<T>(&self, sub_id: &str, change: impl FnOnce(&mut Value) -> T) -> T {
         let mut books = self.books.lock().unwrap();
-        let sub = books
-            .subscriptions
-            .get_mut(sub_id)
-            .expect("subscription exists");
-        sub["cancel_at_period_end"] = json!(true);
-        event("customer.subscription.updated", sub.clone())
+        change(
+            books
+                .subscriptions
+                .get_mut(sub_id)
+                .expect("subscription exists"),
+        )
     }
 
     /// The subscription ends. Returns the `customer.subscription.deleted` event.
     pub fn delete_subscription(&self, sub_id: &str) -> Value {
-        let mut books = self.books.lock().unwrap();
-        let sub = books
-            .subscriptions
-            .get_mut(sub_id)
-            .expect("subscription exists");
-        sub["status"] = json!("canceled");
-        sub["canceled_at"] = json!(now());
-        event("customer.subscription.deleted", sub.clone())
+        self.change_subscription(sub_id, |sub| {
+            sub["status"] = json!("canceled");
+            sub["canceled_at"] = json!(now());
+            event("customer.subscription.deleted", sub.clone())
+        })
     }
 
     /// The next period is paid: the subscription's period moves on. Returns `invoice.paid`
     /// in the shape of API version 2025-03-31 (`parent.subscription_details`).
     pub fn renew(&self, sub_id: &str) -> Value {
-        let mut books = self.books.lock().unwrap();
-        let sub = books
-            .subscriptions
-            .get_mut(sub_id)
-            .expect("subscription exists");
-        let item = &mut sub["items"]["data"][0];
-        let end = item["current_period_end"].as_i64().unwrap();
-        item["current_period_start"] = json!(end);
-        item["current_period_end"] = json!(end + PERIOD_SECS);
+        let (customer, end) = self.change_subscription(sub_id, |sub| {
+            let item = &mut sub["items"]["data"][0];
+            let end = item["current_period_end"].as_i64().unwrap();
+            item["current_period_start"] = json!(end);
+            item["current_period_end"] = json!(end + PERIOD_SECS);
+            (sub["customer"].clone(), end)
+        });
         event(
             "invoice.paid",
             json!({
                 "id": random_id("in"),
                 "object": "invoice",
                 "status": "paid",
-                "customer": sub["customer"].clone(),
+                "customer": customer,
                 "parent": { "type": "subscription_details",
                             "subscription_details": { "subscription": sub_id } },
                 "lines": { "object": "list", "data": [{

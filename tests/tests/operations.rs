@@ -4,6 +4,12 @@ use reqwest::StatusCode;
 
 use postmesh_tests::Stack;
 
+/// What the admin server at `addr` serves on `/metrics`.
+async fn metrics_of(stack: &Stack, addr: std::net::SocketAddr) -> String {
+    let res = stack.http.get(format!("http://{addr}/metrics")).send();
+    res.await.unwrap().text().await.unwrap()
+}
+
 #[tokio::test]
 async fn every_service_serves_health_readiness_and_metrics() {
     let stack = Stack::start().await;
@@ -21,15 +27,7 @@ async fn every_service_serves_health_readiness_and_metrics() {
                 .unwrap();
             assert_eq!(res.status(), StatusCode::OK, "{addr}{path}");
         }
-        let metrics = stack
-            .http
-            .get(format!("http://{addr}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_of(&stack, addr).await;
         // In one process the services share a registry; what each counts on its own is
         // checked with one process per service below.
         assert!(metrics.contains("# TYPE postmesh_"), "{metrics}");
@@ -160,15 +158,7 @@ async fn each_service_process_counts_its_own_work() {
         // A counter may be recorded just after the answer it counts: wait for it, within bounds.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let metrics = loop {
-            let metrics = stack
-                .http
-                .get(format!("http://{admin}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let metrics = metrics_of(&stack, admin).await;
             let missing = present.iter().find(|s| !metrics.contains(s.as_str()));
             match missing {
                 None => break metrics,

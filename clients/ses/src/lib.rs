@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use postmesh_shared::config::env_or;
-use postmesh_shared::ApiError;
+use postmesh_shared::{outside, ApiError};
 
 /// SES settings shared by every service that talks to it.
 #[derive(Clone, Debug)]
@@ -211,13 +211,9 @@ impl SesClient {
         let Some((key_id, secret)) = &config.credentials else {
             return Ok(None);
         };
-        postmesh_shared::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("postmesh/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let agent = concat!("postmesh/", env!("CARGO_PKG_VERSION"));
         Ok(Some(Self {
-            http,
+            http: outside::http_client(agent, timeout)?,
             endpoint: config.endpoint.trim_end_matches('/').to_owned(),
             region: config.region.clone(),
             credentials: Credentials::new(key_id, secret, None, None, "postmesh"),
@@ -321,24 +317,19 @@ impl SesClient {
         for (name, value) in headers {
             req = req.header(name, value);
         }
-        let res = req
-            .body(body)
-            .send()
+        let reply = outside::exchange(req.body(body))
             .await
-            .map_err(|e| SesError::Unavailable(e.to_string()))?;
-        let status = res.status();
-        let kind_header = res
-            .headers()
+            .map_err(SesError::Unavailable)?;
+        let status = reply.status;
+        let kind_header = reply
+            .headers
             .get("x-amzn-errortype")
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(':').next().unwrap_or(v).to_owned());
         if status.is_success() {
-            return Ok(res.bytes().await.unwrap_or_default());
+            return Ok(reply.body);
         }
-        let bytes = res
-            .bytes()
-            .await
-            .map_err(|e| SesError::Unavailable(e.to_string()))?;
+        let bytes = reply.body;
         let detail: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
         let kind = kind_header
             .or(detail.kind)

@@ -218,19 +218,20 @@ pub(crate) async fn list(
     Ok(Success::new(PurchaseList { purchases }))
 }
 
+/// The purchase `id` of `key`, or 404 (another key's purchase included).
+async fn owned(db: &PgPool, key: ApiKeyId, id: Uuid) -> Result<Purchase, ApiError> {
+    find(db, key, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("purchase not found".into()))
+}
+
 pub(crate) async fn show(
     State(state): State<AppState>,
     caller: Caller,
     IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
-    let purchase = find(&state.db, caller.key, id)
-        .await?
-        .ok_or_else(not_found)?;
+    let purchase = owned(&state.db, caller.key, id).await?;
     Ok(Success::new(PurchaseView { purchase }))
-}
-
-fn not_found() -> ApiError {
-    ApiError::NotFound("purchase not found".into())
 }
 
 pub(crate) async fn reconcile(
@@ -238,9 +239,7 @@ pub(crate) async fn reconcile(
     caller: Caller,
     IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
-    let purchase = find(&state.db, caller.key, id)
-        .await?
-        .ok_or_else(not_found)?;
+    let purchase = owned(&state.db, caller.key, id).await?;
     let payments = state.payments()?;
     if purchase.status != PurchaseStatus::Pending {
         return Ok(Success::new(PurchaseView { purchase }));
@@ -255,9 +254,7 @@ pub(crate) async fn reconcile(
         apply(&mut tx, &session, outcome).await?;
         tx.commit().await?;
     }
-    let purchase = find(&state.db, caller.key, id)
-        .await?
-        .ok_or_else(not_found)?;
+    let purchase = owned(&state.db, caller.key, id).await?;
     Ok(Success::new(PurchaseView { purchase }))
 }
 

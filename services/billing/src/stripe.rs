@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::Sha256;
 
-use postmesh_shared::ApiError;
+use postmesh_shared::{outside, ApiError};
 
 /// How far a webhook's signed timestamp may be from our clock (Stripe's default tolerance).
 pub const SIGNATURE_TOLERANCE_SECS: i64 = 300;
@@ -283,13 +283,9 @@ impl StripeClient {
     /// A client of the API at `base` (`https://api.stripe.com`) with `secret_key`; each call
     /// gives up after `timeout`.
     pub fn new(base: &str, secret_key: &str, timeout: Duration) -> anyhow::Result<Self> {
-        postmesh_shared::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("postmesh-billing/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let agent = concat!("postmesh-billing/", env!("CARGO_PKG_VERSION"));
         Ok(Self {
-            http,
+            http: outside::http_client(agent, timeout)?,
             base: base.trim_end_matches('/').to_owned(),
             secret_key: secret_key.to_owned(),
         })
@@ -299,16 +295,10 @@ impl StripeClient {
         &self,
         req: reqwest::RequestBuilder,
     ) -> Result<T, StripeError> {
-        let res = req
-            .bearer_auth(&self.secret_key)
-            .send()
+        let reply = outside::exchange(req.bearer_auth(&self.secret_key))
             .await
-            .map_err(|e| StripeError::Unavailable(e.to_string()))?;
-        let status = res.status();
-        let body = res
-            .bytes()
-            .await
-            .map_err(|e| StripeError::Unavailable(e.to_string()))?;
+            .map_err(StripeError::Unavailable)?;
+        let (status, body) = (reply.status, reply.body);
         if status.is_success() {
             return serde_json::from_slice(&body)
                 .map_err(|e| StripeError::Unavailable(format!("unreadable answer: {e}")));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use postmesh_shared::ApiError;
+use postmesh_shared::{outside, ApiError};
 
 /// Why a Cloudflare call failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,13 +100,9 @@ pub struct Cloudflare {
 impl Cloudflare {
     /// A client of the API at `base` (`https://api.cloudflare.com/client/v4`).
     pub fn new(base: &str, timeout: Duration) -> anyhow::Result<Self> {
-        postmesh_shared::tls::install_provider();
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("postmesh-domain/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let agent = concat!("postmesh-domain/", env!("CARGO_PKG_VERSION"));
         Ok(Self {
-            http,
+            http: outside::http_client(agent, timeout)?,
             base: base.trim_end_matches('/').to_owned(),
         })
     }
@@ -180,16 +176,10 @@ impl Cloudflare {
         token: &str,
         req: reqwest::RequestBuilder,
     ) -> Result<T, CloudflareError> {
-        let res = req
-            .bearer_auth(token)
-            .send()
+        let reply = outside::exchange(req.bearer_auth(token))
             .await
-            .map_err(|e| CloudflareError::Unavailable(e.to_string()))?;
-        let status = res.status();
-        let body = res
-            .bytes()
-            .await
-            .map_err(|e| CloudflareError::Unavailable(e.to_string()))?;
+            .map_err(CloudflareError::Unavailable)?;
+        let (status, body) = (reply.status, reply.body);
         let envelope: Option<Envelope<T>> = serde_json::from_slice(&body).ok();
         let message = envelope
             .as_ref()
