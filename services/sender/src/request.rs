@@ -426,25 +426,42 @@ fn content(body: &mut SendBody) -> Result<Content, ApiError> {
     })
 }
 
+/// The one target of a send: today `to`; `audience` and `campaignKey` are refused.
+fn target(body: &mut SendBody) -> Result<To, ApiError> {
+    let targets = [
+        body.to.is_some(),
+        body.audience.is_some(),
+        body.campaign_key.is_some(),
+    ];
+    match targets.iter().filter(|t| **t).count() {
+        0 => return Err(bad("give exactly one of to, audience or campaignKey")),
+        1 => {}
+        _ => return Err(bad("give only one of to, audience or campaignKey")),
+    }
+    body.to
+        .take()
+        .ok_or_else(|| bad("audience and campaignKey sends are not available yet; give to"))
+}
+
+/// `scheduledAt`: none, or a whole Unix time in the next 30 days.
+fn schedule(raw: Option<f64>, now: i64) -> Result<Option<i64>, ApiError> {
+    let Some(at) = raw else {
+        return Ok(None);
+    };
+    let at = whole("scheduledAt", at)?;
+    if at <= now {
+        return Err(bad("scheduledAt must be in the future (Unix seconds)"));
+    }
+    if at > now + MAX_SCHEDULE_AHEAD_SECS {
+        return Err(bad("scheduledAt must be at most 30 days ahead"));
+    }
+    Ok(Some(at))
+}
+
 impl SendRequest {
     /// Parses `body`; `now` is the current Unix time.
     pub fn parse(mut body: SendBody, now: i64) -> Result<Self, ApiError> {
-        let targets = [
-            body.to.is_some(),
-            body.audience.is_some(),
-            body.campaign_key.is_some(),
-        ];
-        match targets.iter().filter(|t| **t).count() {
-            0 => return Err(bad("give exactly one of to, audience or campaignKey")),
-            1 => {}
-            _ => return Err(bad("give only one of to, audience or campaignKey")),
-        }
-        let Some(to) = body.to.take() else {
-            return Err(bad(
-                "audience and campaignKey sends are not available yet; give to",
-            ));
-        };
-        let (recipients, rejected) = recipients(to)?;
+        let (recipients, rejected) = recipients(target(&mut body)?)?;
         let content = content(&mut body)?;
         let email_type = EmailType::parse(body.email_type.as_deref()).ok_or_else(|| {
             bad(format!(
@@ -452,19 +469,7 @@ impl SendRequest {
                 body.email_type.as_deref().unwrap_or_default()
             ))
         })?;
-        let scheduled_at = match body.scheduled_at {
-            None => None,
-            Some(at) => {
-                let at = whole("scheduledAt", at)?;
-                if at <= now {
-                    return Err(bad("scheduledAt must be in the future (Unix seconds)"));
-                }
-                if at > now + MAX_SCHEDULE_AHEAD_SECS {
-                    return Err(bad("scheduledAt must be at most 30 days ahead"));
-                }
-                Some(at)
-            }
-        };
+        let scheduled_at = schedule(body.scheduled_at, now)?;
         let (cc, bcc) = (copies("cc", body.cc)?, copies("bcc", body.bcc)?);
         if cc.len() + bcc.len() > MAX_COPIES {
             return Err(bad(format!(

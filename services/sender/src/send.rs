@@ -167,30 +167,26 @@ pub(crate) async fn send(
         .unwrap_or_else(|| (*state.default_from).clone());
     check_sendable(&state, &caller, &from).await?;
     let (message, template) = compose(&state, &caller, &req, &from).await?;
-    let (recipients, rejected) = if req.test_send {
-        let own = EmailAddress::parse(&caller.email).ok_or_else(|| {
-            ApiError::BadRequest("testSend needs an account with an email address".into())
-        })?;
-        let own = Recipient {
-            email: own,
-            external_id: None,
-        };
-        (vec![own], Vec::new())
-    } else {
-        (req.recipients.clone(), req.rejected.clone())
-    };
+    let (recipients, rejected) = recipients_of(&caller, &req)?;
     // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
     let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
     let quota = usage::Quota::of(&state, &caller).await?;
-    let task_id = TaskId::new();
-    let status = if req.scheduled_at.is_some() {
-        TaskStatus::Scheduled
-    } else {
-        TaskStatus::Queued
+    let task = NewTask {
+        id: TaskId::new(),
+        status: match req.scheduled_at {
+            Some(_) => TaskStatus::Scheduled,
+            None => TaskStatus::Queued,
+        },
+        caller: &caller,
+        req: &req,
+        message: &message,
+        recipients: &recipients,
+        template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
+        cost,
     };
     let answer = |task_id| SendAnswer {
         task_id,
-        status,
+        status: task.status,
         scheduled_at: req.scheduled_at,
         recipients: RecipientCounts {
             accepted: recipients.len(),
@@ -202,22 +198,7 @@ pub(crate) async fn send(
         template_key: template.as_ref().map(|t| t.0.clone()),
         template_version: template.as_ref().map(|t| t.1),
     };
-    let charge = ChargeRequest {
-        api_key_id: caller.key.to_string(),
-        account_id: caller.account.to_string(),
-        caller_email: caller.email.clone(),
-        cost,
-        idempotency_key: task_id.to_string(),
-        target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
-        from_email: Some(from.to_string()),
-        subject: Some(message.subject.clone()),
-        send_mode: Some(req.email_type.as_str().to_owned()),
-        recipient_count: Some(recipients.len() as i64),
-        task_id: Some(task_id.to_string()),
-        // Held until the send is committed and settled (see `settle`).
-        hold_secs: HOLD.as_secs() as i64,
-        dry_run: false,
-    };
+    let charge = charge_of(&task, &from);
     if req.dry_run {
         quota
             .check(&mut *state.db.acquire().await?, recipients.len() as i64)
@@ -225,30 +206,69 @@ pub(crate) async fn send(
         state.billing.covers(charge).await?;
         return Ok(Success::new(answer(None)));
     }
-    state.billing.charge(charge).await?;
-    let task = NewTask {
-        id: task_id,
-        caller: &caller,
-        req: &req,
-        message: &message,
-        recipients: &recipients,
-        template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
-        cost,
+    accept(&state, &quota, &task, charge).await?;
+    Ok(Success::new(answer(Some(task.id))))
+}
+
+/// Who the send goes to: its recipients and those left out, or for a test send the
+/// caller alone.
+fn recipients_of(
+    caller: &Caller,
+    req: &SendRequest,
+) -> Result<(Vec<Recipient>, Vec<Rejected>), ApiError> {
+    if !req.test_send {
+        return Ok((req.recipients.clone(), req.rejected.clone()));
+    }
+    let own = EmailAddress::parse(&caller.email).ok_or_else(|| {
+        ApiError::BadRequest("testSend needs an account with an email address".into())
+    })?;
+    let own = Recipient {
+        email: own,
+        external_id: None,
     };
-    if let Err(e) = store(&state, &quota, &task).await {
-        let key = caller.key.to_string();
+    Ok((vec![own], Vec::new()))
+}
+
+/// The held charge of `task`, keyed by its id, with what the consumption log shows.
+fn charge_of(task: &NewTask<'_>, from: &EmailAddress) -> ChargeRequest {
+    let recipients = task.recipients;
+    ChargeRequest {
+        target_email: (recipients.len() == 1).then(|| recipients[0].email.to_string()),
+        from_email: Some(from.to_string()),
+        subject: Some(task.message.subject.clone()),
+        send_mode: Some(task.req.email_type.as_str().to_owned()),
+        recipient_count: Some(recipients.len() as i64),
+        task_id: Some(task.id.to_string()),
+        // Held until the send is committed and settled (see `settle`).
+        hold_secs: HOLD.as_secs() as i64,
+        ..task.caller.charge(task.cost, task.id.to_string())
+    }
+}
+
+/// Takes the charge, commits the task (refunding the charge when that fails), settles the
+/// charge, and publishes a queued task's jobs.
+async fn accept(
+    state: &AppState,
+    quota: &usage::Quota,
+    task: &NewTask<'_>,
+    charge: ChargeRequest,
+) -> Result<(), ApiError> {
+    state.billing.charge(charge).await?;
+    if let Err(e) = store(state, quota, task).await {
+        let key = task.caller.key.to_string();
         state
             .billing
-            .refund(&key, &task_id.to_string(), "send not queued")
+            .refund(&key, &task.id.to_string(), "send not queued")
             .await;
         return Err(e);
     }
-    settle::now(&state, task_id, Action::Confirm).await;
-    if status == TaskStatus::Queued {
-        publish_soon(&state);
+    settle::now(state, task.id, Action::Confirm).await;
+    if task.status == TaskStatus::Queued {
+        publish_soon(state);
     }
-    metrics::counter!("postmesh_send_recipients_accepted_total").increment(recipients.len() as u64);
-    Ok(Success::new(answer(Some(task_id))))
+    metrics::counter!("postmesh_send_recipients_accepted_total")
+        .increment(task.recipients.len() as u64);
+    Ok(())
 }
 
 /// Commits the task with its jobs, within the plan's quota.

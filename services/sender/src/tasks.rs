@@ -62,6 +62,8 @@ impl TaskStatus {
 /// A task to store.
 pub struct NewTask<'a> {
     pub id: TaskId,
+    /// Queued now, or scheduled: decided once, by the send.
+    pub status: TaskStatus,
     pub caller: &'a Caller,
     pub req: &'a SendRequest,
     pub message: &'a TaskMessage,
@@ -76,13 +78,32 @@ pub async fn insert(
     ns: &Namespace,
     task: &NewTask<'_>,
 ) -> Result<(), sqlx::Error> {
-    let req = task.req;
     let now = now_unix();
-    let status = if req.scheduled_at.is_some() {
-        TaskStatus::Scheduled
-    } else {
-        TaskStatus::Queued
-    };
+    insert_task(tx, task, now).await?;
+    let deliveries = insert_recipients(tx, task, now).await?;
+    insert_attachments(tx, task).await?;
+    if task.status == TaskStatus::Queued {
+        let recipients: Vec<(DeliveryId, &str)> = deliveries
+            .into_iter()
+            .zip(task.recipients.iter().map(|r| r.email.as_str()))
+            .collect();
+        let jobs = Jobs {
+            task: task.id,
+            workspace: task.caller.workspace,
+            email_type: task.req.email_type,
+        };
+        jobs.enqueue(tx, ns, &recipients).await?;
+    }
+    Ok(())
+}
+
+/// The task's row: its rendered message, labels, price and status.
+async fn insert_task(
+    tx: &mut PgConnection,
+    task: &NewTask<'_>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let req = task.req;
     sqlx::query(
         "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, scheduled_at,
                             message, email_type, topic, source_app, business_goal,
@@ -95,7 +116,7 @@ pub async fn insert(
     .bind(task.caller.workspace)
     .bind(task.caller.key)
     .bind(task.caller.account.to_string())
-    .bind(status)
+    .bind(task.status)
     .bind(req.scheduled_at)
     .bind(Json(task.message))
     .bind(req.email_type)
@@ -111,20 +132,25 @@ pub async fn insert(
     .bind(task.recipients.len() as i32)
     .bind(now)
     .execute(&mut *tx)
-    .await?;
-    let n = task.recipients.len();
-    let (mut idx, mut emails, mut external, mut deliveries) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (i, r) in task.recipients.iter().enumerate() {
-        idx.push(i as i32);
-        emails.push(r.email.as_str());
-        external.push(r.external_id.as_deref());
-        deliveries.push(DeliveryId::new());
-    }
+    .await
+    .map(drop)
+}
+
+/// The task's recipients, each with a new delivery id, counted as unfinished for the
+/// quota; their delivery ids, in order.
+async fn insert_recipients(
+    tx: &mut PgConnection,
+    task: &NewTask<'_>,
+    now: i64,
+) -> Result<Vec<DeliveryId>, sqlx::Error> {
+    let idx: Vec<i32> = (0..task.recipients.len() as i32).collect();
+    let emails: Vec<&str> = task.recipients.iter().map(|r| r.email.as_str()).collect();
+    let external: Vec<Option<&str>> = task
+        .recipients
+        .iter()
+        .map(|r| r.external_id.as_deref())
+        .collect();
+    let deliveries: Vec<DeliveryId> = task.recipients.iter().map(|_| DeliveryId::new()).collect();
     sqlx::query(
         "INSERT INTO task_recipients (task_id, idx, email, external_id, delivery_id)
          SELECT $1, * FROM UNNEST($2::integer[], $3::text[], $4::text[], $5::uuid[])",
@@ -145,34 +171,31 @@ pub async fn insert(
     .bind(now)
     .execute(&mut *tx)
     .await?;
-    if !req.attachments.is_empty() {
-        let a = &req.attachments;
-        sqlx::query(
-            "INSERT INTO task_attachments (task_id, idx, filename, content_type, content)
-             SELECT $1, n - 1, f, t, c
-             FROM UNNEST($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS a(f, t, c, n)",
-        )
-        .bind(task.id)
-        .bind(a.iter().map(|a| a.filename.as_str()).collect::<Vec<_>>())
-        .bind(
-            a.iter()
-                .map(|a| a.content_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(a.iter().map(|a| a.content.as_slice()).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await?;
+    Ok(deliveries)
+}
+
+/// The task's attachments, in order, in one statement.
+async fn insert_attachments(tx: &mut PgConnection, task: &NewTask<'_>) -> Result<(), sqlx::Error> {
+    let a = &task.req.attachments;
+    if a.is_empty() {
+        return Ok(());
     }
-    if status == TaskStatus::Queued {
-        let recipients: Vec<(DeliveryId, &str)> = deliveries.into_iter().zip(emails).collect();
-        let jobs = Jobs {
-            task: task.id,
-            workspace: task.caller.workspace,
-            email_type: req.email_type,
-        };
-        jobs.enqueue(tx, ns, &recipients).await?;
-    }
-    Ok(())
+    sqlx::query(
+        "INSERT INTO task_attachments (task_id, idx, filename, content_type, content)
+         SELECT $1, n - 1, f, t, c
+         FROM UNNEST($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS a(f, t, c, n)",
+    )
+    .bind(task.id)
+    .bind(a.iter().map(|a| a.filename.as_str()).collect::<Vec<_>>())
+    .bind(
+        a.iter()
+            .map(|a| a.content_type.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(a.iter().map(|a| a.content.as_slice()).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await
+    .map(drop)
 }
 
 /// Recipients one SEND job carries at most: one queue message, outbox row and ack for
