@@ -604,6 +604,31 @@ impl Stack {
             .await
     }
 
+    /// `POST /send-code` with `key`, which must succeed.
+    pub async fn send_code_ok(&self, key: &str, email: &str) {
+        let sent: postmesh_shared::Success<postmesh_shared::response::Message> = self
+            .send_code(key, email)
+            .await
+            .expect(StatusCode::OK, &format!("send-code to {email}"));
+        assert!(sent.success);
+    }
+
+    /// `POST /verify-code` with `key`, which must succeed.
+    pub async fn verify_ok(&self, key: &str, email: &str, code: &str) {
+        let checked: postmesh_shared::Success<postmesh_shared::response::Message> = self
+            .verify(key, email, code)
+            .await
+            .expect(StatusCode::OK, &format!("verify-code for {email}"));
+        assert!(checked.success);
+    }
+
+    /// The first page of the key's consumption log, newest first.
+    pub async fn logs(&self, key: &str) -> Vec<billing::logs::LogEntry> {
+        let page: postmesh_shared::Success<billing::logs::LogPage> =
+            self.client(key).get("/logs", StatusCode::OK).await;
+        page.body.logs
+    }
+
     /// `POST /verify-code` with `key`; the whole answer.
     pub async fn verify(
         &self,

@@ -5,7 +5,6 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use billing::logs::LogPage;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::response::Message;
 use postmesh_shared::Success;
@@ -26,10 +25,7 @@ async fn a_delivered_code_verifies_once() {
     assert!(eml.contains("From: codes@postmesh.test"), "{eml}");
     assert_eq!(stack.balance(&key).await, 9);
 
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, &code).await;
     assert_eq!(stack.balance(&key).await, 8);
     // Both charges were confirmed once their work was done: no hold is left to expire.
     let billing = stack.service_db(billing::SERVICE).await;
@@ -135,10 +131,7 @@ async fn wrong_and_malformed_codes_are_400() {
     // Malformed input costs nothing; the one wrong guess and the send did.
     assert_eq!(stack.balance(&key).await, 18);
     // One wrong guess does not void the code.
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, &code).await;
     // A code for another address is not found.
     let s = stack.verify(&key, "dave@example.com", &code).await.status;
     assert_eq!(s, StatusCode::NOT_FOUND);
@@ -190,8 +183,7 @@ async fn codes_cost_credits_and_402_at_zero() {
     assert!(stack.messages_to("grace@example.com").is_empty());
     let s = stack.send_code(&key, "grace@example.com").await.status;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
-    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
-    assert_eq!(logs.body.logs.len(), 1);
+    assert_eq!(stack.logs(&key).await.len(), 1);
     stack.shutdown().await;
 }
 
@@ -249,10 +241,7 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
 
     stack.kill_sender().await;
     let to = "judy@example.com";
-    let _: Success<Message> = stack
-        .send_code(&key, to)
-        .await
-        .expect(StatusCode::OK, "send_code");
+    stack.send_code_ok(&key, to).await;
     // Nothing is delivered with no sender running.
     stack
         .assert_no_messages(to, std::time::Duration::from_secs(2))
@@ -260,10 +249,7 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
 
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, &code).await;
     // Delivered exactly once.
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(stack.messages_to(to).len(), 1);
@@ -281,10 +267,7 @@ async fn recipients_are_matched_without_regard_to_case() {
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     // ...and the code.
     let code = stack.code_sent_to("Olivia@Example.com", 1).await;
-    let _: Success<Message> = stack
-        .verify(&key, "olivia@example.com", &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, "olivia@example.com", &code).await;
     stack.shutdown().await;
 }
 
@@ -327,10 +310,7 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     // The first code was replaced.
     let s = stack.verify(&key, to, &first).await.status;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    let _: Success<Message> = stack
-        .verify(&key, to, second)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, second).await;
 
     // A send whose email cannot be queued is a 500, refunded, and the code before it stays.
     let to = "rupert@example.com";
@@ -352,10 +332,7 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     // Not counted against the cooldown either.
     let s = stack.send_code(&key, to).await.status;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, &code).await;
     stack.shutdown().await;
 }
 
@@ -407,17 +384,10 @@ async fn a_charge_that_outlives_the_gateway_timeout_never_takes_credits() {
     assert_eq!(stack.balance(&key).await, 3);
     assert!(stack.messages_to(to).is_empty());
     // The failure lifted the cooldown: a retry goes through and costs one credit.
-    let _: Success<Message> = stack
-        .send_code(&key, to)
-        .await
-        .expect(StatusCode::OK, "send_code");
+    stack.send_code_ok(&key, to).await;
     let code = stack.code_sent_to(to, 1).await;
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify");
+    stack.verify_ok(&key, to, &code).await;
     assert_eq!(stack.balance(&key).await, 1);
-    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
-    assert_eq!(logs.body.logs.len(), 2);
+    assert_eq!(stack.logs(&key).await.len(), 2);
     stack.shutdown().await;
 }

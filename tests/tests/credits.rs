@@ -356,7 +356,6 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(stack.balance(&key).await, 3);
-    let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
-    assert_eq!(logs.body.logs.len(), 3);
+    assert_eq!(stack.logs(&key).await.len(), 3);
     stack.shutdown().await;
 }

@@ -8,10 +8,7 @@ use prost::Message as _;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
-use postmesh_shared::response::Message;
-use postmesh_shared::Success;
 use postmesh_tests::{extract_code, peek, SenderMode, Stack};
-use reqwest::StatusCode;
 
 #[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
@@ -23,10 +20,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     stack.use_smtp(&hung.url());
     stack.start_sender().await;
     let to = "mallory@example.com";
-    let _: Success<Message> = stack
-        .send_code(&key, to)
-        .await
-        .expect(StatusCode::OK, "send-code");
+    stack.send_code_ok(&key, to).await;
     let db = stack.sender_db().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while peek::sender::deliveries(&db).await.is_empty() {
@@ -42,10 +36,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     stack.use_file();
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
-    let _: Success<Message> = stack
-        .verify(&key, to, &code)
-        .await
-        .expect(StatusCode::OK, "verify-code");
+    stack.verify_ok(&key, to, &code).await;
     let rows = peek::sender::deliveries(&db).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, "sent");

@@ -65,8 +65,7 @@ async fn request_ids_are_echoed_or_generated() {
 /// services would share one registry and could not be told apart).
 #[tokio::test]
 async fn each_service_process_counts_its_own_work() {
-    use postmesh_shared::response::Message;
-    use postmesh_shared::{Service, Success};
+    use postmesh_shared::Service;
     use postmesh_tests::{common, free_port, fresh_namespace, spawn_service, Stack};
 
     let common = common(fresh_namespace());
@@ -99,10 +98,7 @@ async fn each_service_process_counts_its_own_work() {
     }
     let key = stack.key(5).await;
     assert_eq!(stack.balance(&key).await, 5);
-    let _: Success<Message> = stack
-        .send_code(&key, "ops@example.com")
-        .await
-        .expect(StatusCode::OK, "send_code");
+    stack.send_code_ok(&key, "ops@example.com").await;
     let domains = stack
         .http
         .get(format!("http://{gateway_addr}/sender-domains"))
