@@ -29,9 +29,7 @@ impl MigrationSource<'static> for Combined {
 
 /// Connects to the service's database, creating it if needed, and runs `migrations`.
 pub async fn connect(
-    common: &Common,
-    service: Service,
-    migrations: &[&Migrator],
+    common: &Common, service: Service, migrations: &[&Migrator],
 ) -> anyhow::Result<PgPool> {
     let name = service.database(&common.namespace);
     let server = PgConnectOptions::from_str(&common.database_url)

@@ -21,11 +21,8 @@ pub struct Running {
 impl Running {
     /// Wraps the pieces of a started service; a stop waits up to `drain_timeout`.
     pub fn new(
-        admin_addr: SocketAddr,
-        http_addr: Option<SocketAddr>,
-        shutdown: CancellationToken,
-        tracker: TaskTracker,
-        drain_timeout: Duration,
+        admin_addr: SocketAddr, http_addr: Option<SocketAddr>, shutdown: CancellationToken,
+        tracker: TaskTracker, drain_timeout: Duration,
     ) -> Self {
         Self {
             admin_addr,

@@ -60,9 +60,7 @@ pub fn outgoing_headers() -> HeaderMap {
 
 /// Connects to NATS as `service`; `request_timeout` bounds every request/reply.
 pub async fn connect(
-    url: &str,
-    service: Service,
-    request_timeout: Duration,
+    url: &str, service: Service, request_timeout: Duration,
 ) -> anyhow::Result<Client> {
     async_nats::ConnectOptions::new()
         .name(service.name())
@@ -75,10 +73,7 @@ pub async fn connect(
 /// Sends `payload` to `subject` and waits for the answer of `target`; a failed request
 /// becomes the error the caller sees (no responders 503, timeout 502).
 async fn request(
-    client: &Client,
-    subject: String,
-    target: Service,
-    payload: Bytes,
+    client: &Client, subject: String, target: Service, payload: Bytes,
 ) -> Result<Bytes, ApiError> {
     use async_nats::RequestErrorKind::*;
     match client
@@ -105,10 +100,7 @@ pub async fn call<R: Rpc>(client: &Client, ns: &Namespace, req: &R) -> Result<R:
 
 /// Calls method `R` of `service` (for methods several services answer).
 pub async fn call_on<R: Method>(
-    client: &Client,
-    ns: &Namespace,
-    service: Service,
-    req: &R,
+    client: &Client, ns: &Namespace, service: Service, req: &R,
 ) -> Result<R::Reply, ApiError> {
     let subject = service.rpc_subject(ns, R::METHOD);
     let payload = request(client, subject, service, req.encode_to_vec().into()).await?;
@@ -161,10 +153,7 @@ fn store_unavailable(context: &str, err: impl std::fmt::Display) -> ApiError {
 /// [`CLAIM_CHECK_THRESHOLD`] goes by claim check: stored in [`bodies_bucket`], its key in
 /// `body_key`, the envelope's own body empty.
 pub async fn forward(
-    client: &Client,
-    ns: &Namespace,
-    service: Service,
-    req: &HttpRequest,
+    client: &Client, ns: &Namespace, service: Service, req: &HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let subject = service.http_subject(ns);
     let payload = if req.body.len() <= CLAIM_CHECK_THRESHOLD {
@@ -298,9 +287,7 @@ impl ServiceHost {
     /// Subscribes every endpoint and answers requests until `shutdown`; in-flight requests
     /// are tracked by `tracker` so a graceful stop waits for them.
     pub async fn start(
-        self,
-        shutdown: CancellationToken,
-        tracker: &TaskTracker,
+        self, shutdown: CancellationToken, tracker: &TaskTracker,
     ) -> anyhow::Result<()> {
         let name = self.service.name();
         let service = self
@@ -370,10 +357,7 @@ impl ServiceHost {
 /// Runs one forwarded request through the service's router; a claim-checked body is read
 /// from the bucket first and deleted once the router has answered.
 async fn handle_http(
-    router: Router,
-    client: &Client,
-    ns: &Namespace,
-    payload: Bytes,
+    router: Router, client: &Client, ns: &Namespace, payload: Bytes,
 ) -> HttpResponse {
     let response = match envelope_to_request(client, ns, payload).await {
         Ok((req, claim)) => {
@@ -410,9 +394,7 @@ async fn handle_http(
 /// Reads the body `key` names from the namespace's bucket; returns it with the bucket, to
 /// delete it later. A body that is gone (expired, or its request given up) is a 502.
 async fn claim_body(
-    client: &Client,
-    ns: &Namespace,
-    key: &str,
+    client: &Client, ns: &Namespace, key: &str,
 ) -> Result<(Bytes, ObjectStore), ApiError> {
     use tokio::io::AsyncReadExt;
     let gone = || ApiError::BadGateway(format!("request body {key} is no longer stored"));
@@ -435,9 +417,7 @@ async fn claim_body(
 
 /// The envelope as a request, with the bucket and key of its claim-checked body if any.
 async fn envelope_to_request(
-    client: &Client,
-    ns: &Namespace,
-    payload: Bytes,
+    client: &Client, ns: &Namespace, payload: Bytes,
 ) -> Result<(http::Request<Body>, Option<(ObjectStore, String)>), ApiError> {
     let env = HttpRequest::decode(payload)
         .map_err(|e| ApiError::BadRequest(format!("undecodable request envelope: {e}")))?;

@@ -44,9 +44,7 @@ impl Runtime {
     /// plus [`db::KIT_MIGRATIONS`] when it uses the outbox), connects NATS and declares the
     /// JetStream streams.
     pub async fn boot(
-        service: Service,
-        common: &Common,
-        migrations: &[&Migrator],
+        service: Service, common: &Common, migrations: &[&Migrator],
     ) -> anyhow::Result<Self> {
         telemetry::init(service.name(), common.otlp_endpoint.as_deref());
         let db = db::connect(common, service, migrations).await?;

@@ -63,8 +63,7 @@ fn install_propagator() {
 /// JSON logs filtered by `log_filter` (`RUST_LOG`), and spans exported through `tracer` at
 /// info level whatever the log level, so trace context propagates even when logs are quiet.
 fn subscriber(
-    log_filter: EnvFilter,
-    tracer: opentelemetry_sdk::trace::Tracer,
+    log_filter: EnvFilter, tracer: opentelemetry_sdk::trace::Tracer,
 ) -> impl tracing::Subscriber + Send + Sync + 'static {
     let logs = tracing_subscriber::fmt::layer()
         .json()
@@ -151,9 +150,7 @@ pub type ReadyCheck = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>>
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until `shutdown`; returns the bound address.
 pub async fn serve_admin(
-    addr: SocketAddr,
-    ready: ReadyCheck,
-    shutdown: CancellationToken,
+    addr: SocketAddr, ready: ReadyCheck, shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))

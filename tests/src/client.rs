@@ -126,11 +126,7 @@ impl TestClient {
 
     /// Sends a request, asserts its status, and parses the JSON answer as `T`.
     pub async fn call<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-        expected: StatusCode,
+        &self, method: Method, path: &str, body: Option<Vec<u8>>, expected: StatusCode,
     ) -> T {
         self.send(method.clone(), path, body)
             .await
@@ -149,10 +145,7 @@ impl TestClient {
 
     /// `POST path` with a JSON body, expecting `expected`, answer parsed as `T`.
     pub async fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &impl Serialize,
-        expected: StatusCode,
+        &self, path: &str, body: &impl Serialize, expected: StatusCode,
     ) -> T {
         let body = serde_json::to_vec(body).expect("JSON body");
         self.call(Method::POST, path, Some(body), expected).await

@@ -135,12 +135,7 @@ impl FakeCloudflare {
 
     /// Adds a record directly, as if the user made it in the dashboard.
     pub fn add_record(
-        &self,
-        zone: &str,
-        kind: &str,
-        name: &str,
-        content: &str,
-        priority: Option<u16>,
+        &self, zone: &str, kind: &str, name: &str, content: &str, priority: Option<u16>,
     ) {
         let mut books = self.books.lock().unwrap();
         let zone = books.zones.get_mut(zone).expect("zone exists");
@@ -225,9 +220,7 @@ struct ZoneQuery {
 }
 
 async fn list_zones(
-    State(fake): State<FakeCloudflare>,
-    headers: HeaderMap,
-    Query(q): Query<ZoneQuery>,
+    State(fake): State<FakeCloudflare>, headers: HeaderMap, Query(q): Query<ZoneQuery>,
 ) -> Answer {
     let token = token(&headers)?;
     let books = fake.books.lock().unwrap();
@@ -261,9 +254,7 @@ struct RecordQuery {
 }
 
 async fn list_records(
-    State(fake): State<FakeCloudflare>,
-    Path(zone_id): Path<String>,
-    headers: HeaderMap,
+    State(fake): State<FakeCloudflare>, Path(zone_id): Path<String>, headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Answer {
     let token = token(&headers)?;
@@ -305,9 +296,7 @@ struct NewRecord {
 }
 
 async fn create_record(
-    State(fake): State<FakeCloudflare>,
-    Path(zone_id): Path<String>,
-    headers: HeaderMap,
+    State(fake): State<FakeCloudflare>, Path(zone_id): Path<String>, headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
     let token = token(&headers)?;

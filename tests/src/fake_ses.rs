@@ -212,9 +212,7 @@ impl FakeSes {
 
 /// Checks the SigV4 signature of every request, then the outage switches.
 async fn authenticate(
-    State(fake): State<FakeSes>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
+    State(fake): State<FakeSes>, req: axum::extract::Request, next: axum::middleware::Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
@@ -284,10 +282,7 @@ fn uri_encode(s: &str) -> String {
 
 /// Recomputes the request's SigV4 signature (AWS's "Create a signed AWS API request").
 fn verify_signature(
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: &[u8],
+    method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8],
 ) -> Result<(), SesFailure> {
     let forbidden = |kind: &str, message: &str| failure(StatusCode::FORBIDDEN, kind, message);
     let auth = headers
@@ -411,8 +406,7 @@ fn verify_signature(
 
 /// Parses a JSON body with only the documented fields.
 fn json_body<T: serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &[u8],
+    headers: &HeaderMap, body: &[u8],
 ) -> Result<T, SesFailure> {
     let json = headers
         .get("content-type")
@@ -537,10 +531,7 @@ struct PutMailFrom {
 }
 
 async fn put_mail_from(
-    State(fake): State<FakeSes>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    State(fake): State<FakeSes>, Path(name): Path<String>, headers: HeaderMap, body: Bytes,
 ) -> Answer {
     let req: PutMailFrom = json_body(&headers, &body)?;
     if let Some(behavior) = &req.behavior_on_mx_failure {

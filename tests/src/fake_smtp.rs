@@ -97,9 +97,7 @@ impl FakeSmtp {
 type Refusal = (u16, Arc<Mutex<usize>>);
 
 async fn session(
-    socket: TcpStream,
-    accept_delay: Duration,
-    refuse: Option<Refusal>,
+    socket: TcpStream, accept_delay: Duration, refuse: Option<Refusal>,
     store: Arc<Mutex<Vec<Received>>>,
 ) -> std::io::Result<()> {
     let (read, mut write) = socket.into_split();

@@ -381,11 +381,7 @@ fn event(kind: &str, object: Value) -> Value {
 
 /// Checks the secret key, records the request and answers 500 while down.
 fn admit(
-    fake: &FakeStripe,
-    method: &str,
-    path: &str,
-    headers: &HeaderMap,
-    form: Vec<(String, String)>,
+    fake: &FakeStripe, method: &str, path: &str, headers: &HeaderMap, form: Vec<(String, String)>,
 ) -> Result<(), Failure> {
     let auth = headers
         .get("authorization")
@@ -437,10 +433,7 @@ fn form(headers: &HeaderMap, body: &Bytes) -> Result<Vec<(String, String)>, Fail
 
 /// A POST's form, admitted as [`admit`] admits requests.
 fn admit_post(
-    fake: &FakeStripe,
-    path: &str,
-    headers: &HeaderMap,
-    body: &Bytes,
+    fake: &FakeStripe, path: &str, headers: &HeaderMap, body: &Bytes,
 ) -> Result<Vec<(String, String)>, Failure> {
     let params = form(headers, body)?;
     admit(fake, "POST", path, headers, params.clone())?;
@@ -468,9 +461,7 @@ fn replay(fake: &FakeStripe, key: Option<&str>, params: &[(String, String)]) -> 
 }
 
 async fn create_session(
-    State(fake): State<FakeStripe>,
-    headers: HeaderMap,
-    body: Bytes,
+    State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes,
 ) -> Response {
     let params = match admit_post(&fake, "/v1/checkout/sessions", &headers, &body) {
         Ok(p) => p,
@@ -699,9 +690,7 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
 }
 
 async fn retrieve_session(
-    State(fake): State<FakeStripe>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>,
 ) -> Response {
     let found = admit(
         &fake,
@@ -722,9 +711,7 @@ async fn retrieve_session(
 }
 
 async fn retrieve_subscription(
-    State(fake): State<FakeStripe>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>,
 ) -> Response {
     let found = admit(
         &fake,
@@ -753,9 +740,7 @@ fn retrieved(found: Result<Option<Value>, Failure>, object: &str, id: &str) -> R
 }
 
 async fn create_portal_session(
-    State(fake): State<FakeStripe>,
-    headers: HeaderMap,
-    body: Bytes,
+    State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes,
 ) -> Response {
     let params = match admit_post(&fake, "/v1/billing_portal/sessions", &headers, &body) {
         Ok(p) => p,

@@ -631,10 +631,7 @@ impl Stack {
 
     /// `POST /verify-code` with `key`; the whole answer.
     pub async fn verify(
-        &self,
-        key: &str,
-        email: impl serde::Serialize,
-        code: impl serde::Serialize,
+        &self, key: &str, email: impl serde::Serialize, code: impl serde::Serialize,
     ) -> Answer {
         let body = serde_json::json!({ "email": email, "code": code });
         self.client(key)
@@ -675,10 +672,7 @@ impl Stack {
     /// Waits until `count` messages to `to` were delivered; returns them. Fails the test
     /// when fewer arrive within `timeout`.
     pub async fn wait_for_messages(
-        &self,
-        to: &str,
-        count: usize,
-        timeout: Duration,
+        &self, to: &str, count: usize, timeout: Duration,
     ) -> Vec<String> {
         let deadline = Instant::now() + timeout;
         loop {

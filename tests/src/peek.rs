@@ -215,11 +215,7 @@ pub mod sender {
 
     /// Records a delivery as being sent by another worker whose lease runs `ms` more.
     pub async fn lease_elsewhere(
-        db: &PgPool,
-        delivery: Uuid,
-        to: &[String],
-        subject: &str,
-        ms: i64,
+        db: &PgPool, delivery: Uuid, to: &[String], subject: &str, ms: i64,
     ) {
         sqlx::query(
             "INSERT INTO deliveries (delivery_id, kind, recipients, subject, status, created_at,

@@ -102,11 +102,7 @@ impl World {
 
     /// `POST /admin/sender-domains/{id}/{decision}` (`approve` or `reject`) as `key`.
     async fn review<T: DeserializeOwned>(
-        &self,
-        key: &str,
-        id: &str,
-        decision: &str,
-        expected: StatusCode,
+        &self, key: &str, id: &str, decision: &str, expected: StatusCode,
     ) -> T {
         self.client(key)
             .post(
@@ -119,11 +115,7 @@ impl World {
 
     /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
     async fn act<T: DeserializeOwned>(
-        &self,
-        key: &str,
-        id: &str,
-        action: &str,
-        expected: StatusCode,
+        &self, key: &str, id: &str, action: &str, expected: StatusCode,
     ) -> T {
         self.client(key)
             .post(

@@ -35,10 +35,7 @@ async fn deliver_to(stack: &mut Stack, relay: &FakeSmtp) {
 
 /// `GET /email-status/{task}` until `done(progress)` holds; returns the last answer.
 async fn wait_status(
-    stack: &Stack,
-    key: &str,
-    task: TaskId,
-    done: impl Fn(&TaskProgress) -> bool,
+    stack: &Stack, key: &str, task: TaskId, done: impl Fn(&TaskProgress) -> bool,
 ) -> TaskProgress {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

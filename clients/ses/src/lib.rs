@@ -261,10 +261,7 @@ impl SesClient {
     /// `from` to each of `destinations`; answers SES's `MessageId`. SES v2 takes up to 40 MB
     /// per message after base64 and up to 50 recipients; neither is checked here.
     pub async fn send_raw(
-        &self,
-        from: &str,
-        destinations: &[String],
-        raw: &[u8],
+        &self, from: &str, destinations: &[String], raw: &[u8],
     ) -> Result<String, SesError> {
         let body = send_raw_body(from, destinations, raw)?;
         let answer = self
@@ -282,10 +279,7 @@ impl SesClient {
 
     /// Signs and sends one request and reads its JSON answer; maps SES's error shapes.
     async fn call<T: DeserializeOwned>(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Vec<u8>>,
+        &self, method: &str, path: &str, body: Option<Vec<u8>>,
     ) -> Result<T, SesError> {
         let bytes = self.exchange(method, path, body).await?;
         let bytes = if bytes.is_empty() { &b"{}"[..] } else { &bytes };
@@ -296,10 +290,7 @@ impl SesClient {
     /// Signs and sends one request; the body of a 2xx answer (empty when it could not be
     /// read), or SES's error.
     async fn exchange(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Vec<u8>>,
+        &self, method: &str, path: &str, body: Option<Vec<u8>>,
     ) -> Result<bytes::Bytes, SesError> {
         let url = format!("{}{path}", self.endpoint);
         let body = body.unwrap_or_default();
@@ -356,11 +347,7 @@ impl SesClient {
 
     /// The SigV4 headers (`authorization`, `x-amz-date`, ...) for one request.
     fn sign(
-        &self,
-        method: &str,
-        url: &str,
-        headers: &[(&str, String)],
-        body: &[u8],
+        &self, method: &str, url: &str, headers: &[(&str, String)], body: &[u8],
     ) -> anyhow::Result<Vec<(&'static str, String)>> {
         let identity = self.credentials.clone().into();
         let params = v4::SigningParams::builder()

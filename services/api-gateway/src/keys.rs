@@ -173,11 +173,7 @@ impl KeyStore {
 /// `credits`, granted through billing. The key row commits only after billing confirmed the
 /// grant.
 pub async fn create_key(
-    db: &PgPool,
-    billing: &BillingClient,
-    email: &EmailAddress,
-    role: Role,
-    credits: i64,
+    db: &PgPool, billing: &BillingClient, email: &EmailAddress, role: Role, credits: i64,
 ) -> anyhow::Result<String> {
     anyhow::ensure!(credits >= 0, "credits must not be negative");
     let mut tx = db.begin().await?;

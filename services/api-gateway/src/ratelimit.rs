@@ -135,10 +135,7 @@ impl RateLimit {
     /// Counts one request of `api_key_id`; 429 when it is over the limit. When Redis cannot
     /// answer, the request goes through (a limiter outage must not stop the API).
     pub async fn check(
-        &self,
-        redis: &mut ConnectionManager,
-        ns: &Namespace,
-        api_key_id: &str,
+        &self, redis: &mut ConnectionManager, ns: &Namespace, api_key_id: &str,
     ) -> Result<(), ApiError> {
         if self.config.per_sec == 0 {
             return Ok(());

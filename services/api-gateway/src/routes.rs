@@ -100,9 +100,7 @@ pub fn router(state: AppState) -> Router {
 /// Admits requests carrying a valid API key within its request rate, attaching the caller's
 /// `AuthContext`.
 async fn require_key(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
+    State(state): State<AppState>, mut req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
     let token = req
         .headers()
@@ -141,10 +139,7 @@ const FORWARDED_REQUEST_HEADERS: [HeaderName; 6] = [
 /// to the route's own limit (`body_limit`), else `GATEWAY_BODY_LIMIT`; one too large for a
 /// NATS message goes by claim check (`nats::forward`).
 async fn forward(
-    State(state): State<AppState>,
-    service: Service,
-    body_limit: Option<usize>,
-    req: Request,
+    State(state): State<AppState>, service: Service, body_limit: Option<usize>, req: Request,
 ) -> Result<Response<Body>, ApiError> {
     let limit = body_limit.unwrap_or(state.body_limit);
     let (parts, body) = req.into_parts();

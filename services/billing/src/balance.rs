@@ -15,8 +15,7 @@ pub struct Balance {
 }
 
 pub(crate) async fn get_balance(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<Balance>, ApiError> {
     let balance = crate::ledger::current_balance(&state.db, caller.key).await?;
     Ok(Success::new(Balance { balance }))

@@ -37,10 +37,7 @@ pub struct Opened {
 /// Claims `idem` of `key` for `request` (a canonical text of the body) inside `tx`. The same
 /// key with another request, or while another request with it is opening the session, is 409.
 pub async fn claim(
-    tx: &mut PgConnection,
-    key: ApiKeyId,
-    idem: &IdempotencyKey,
-    request: &str,
+    tx: &mut PgConnection, key: ApiKeyId, idem: &IdempotencyKey, request: &str,
 ) -> Result<Claim, ApiError> {
     let now = now_unix();
     let id = Uuid::now_v7();
@@ -95,11 +92,7 @@ pub async fn claim(
 /// namespaced by the API key, so two callers' keys never collide there. On failure the lease
 /// is given up, so a retry with the same key opens it.
 pub async fn open(
-    db: &PgPool,
-    payments: &Payments,
-    id: Uuid,
-    key: ApiKeyId,
-    idem: &IdempotencyKey,
+    db: &PgPool, payments: &Payments, id: Uuid, key: ApiKeyId, idem: &IdempotencyKey,
     params: &NewCheckoutSession,
 ) -> Result<Opened, ApiError> {
     let stripe_key = format!("{key}:{}", idem.as_str());
@@ -135,9 +128,7 @@ pub async fn open(
 /// `metadata[metadata_key]`. A checkout with no session recorded (the answer that carried it
 /// was lost) gets it now; a session that is not its checkout's, or of no checkout, is `None`.
 pub async fn of_session(
-    tx: &mut PgConnection,
-    session: &CheckoutSession,
-    metadata_key: &str,
+    tx: &mut PgConnection, session: &CheckoutSession, metadata_key: &str,
 ) -> Result<Option<Uuid>, sqlx::Error> {
     let reference = session
         .client_reference_id

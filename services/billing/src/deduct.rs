@@ -25,9 +25,7 @@ struct DeductBody {
 }
 
 pub(crate) async fn deduct(
-    State(state): State<AppState>,
-    caller: Caller,
-    body: Bytes,
+    State(state): State<AppState>, caller: Caller, body: Bytes,
 ) -> Result<Success<Deducted>, ApiError> {
     // The body is optional: empty means "no target, no idempotency key".
     let body: DeductBody = if body.iter().all(u8::is_ascii_whitespace) {

@@ -78,9 +78,7 @@ pub struct Limits {
 
 /// The limits of `workspace`: its plan's while the plan is in force, else `free`.
 pub async fn limits(
-    db: &PgPool,
-    free: FreeLimits,
-    workspace: WorkspaceId,
+    db: &PgPool, free: FreeLimits, workspace: WorkspaceId,
 ) -> Result<Limits, sqlx::Error> {
     let plan = subscriptions::current(db, workspace).await?;
     let in_force = plan.as_ref().filter(|p| p.in_force());
@@ -205,8 +203,7 @@ pub struct EntitlementsPage {
 }
 
 pub(crate) async fn show(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<EntitlementsPage>, ApiError> {
     let limits = limits(&state.db, state.free, caller.workspace).await?;
     let (period_start, _) = limits.period;

@@ -162,9 +162,7 @@ pub async fn charge(db: &PgPool, req: &ChargeRequest) -> Result<ChargeReply, Led
 /// After a charge that moved nothing: the earlier charge with that key, a cancelled charge,
 /// or no money.
 async fn earlier_charge(
-    db: &PgPool,
-    key_id: ApiKeyId,
-    idem: &LedgerKey,
+    db: &PgPool, key_id: ApiKeyId, idem: &LedgerKey,
 ) -> Result<ChargeReply, LedgerError> {
     let (entry, kind, balance): (Option<Uuid>, Option<EntryKind>, Option<i64>) = sqlx::query_as(
         "SELECT e.id, e.kind, (SELECT balance FROM balances WHERE api_key_id = $1)
@@ -230,9 +228,7 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
 
 /// Refunds the charge with key `idem` if it exists and is not refunded yet; the new balance.
 async fn refund_charge(
-    db: impl sqlx::PgExecutor<'_>,
-    key_id: ApiKeyId,
-    idem: &LedgerKey,
+    db: impl sqlx::PgExecutor<'_>, key_id: ApiKeyId, idem: &LedgerKey,
 ) -> Result<Option<i64>, LedgerError> {
     Ok(sqlx::query_scalar(
         "WITH ins AS (
@@ -258,9 +254,7 @@ async fn refund_charge(
 
 /// Whether a charge with key `idem` exists and has no refund.
 async fn charge_unrefunded(
-    db: &PgPool,
-    key_id: ApiKeyId,
-    idem: &LedgerKey,
+    db: &PgPool, key_id: ApiKeyId, idem: &LedgerKey,
 ) -> Result<bool, LedgerError> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM ledger c
@@ -369,8 +363,7 @@ pub async fn grant(db: &mut PgConnection, req: &GrantRequest) -> Result<GrantRep
 
 /// The key's balance; a key that never had credits has 0.
 pub async fn current_balance(
-    db: impl sqlx::PgExecutor<'_>,
-    key_id: ApiKeyId,
+    db: impl sqlx::PgExecutor<'_>, key_id: ApiKeyId,
 ) -> Result<i64, sqlx::Error> {
     let balance: Option<i64> =
         sqlx::query_scalar("SELECT balance FROM balances WHERE api_key_id = $1")
@@ -382,10 +375,7 @@ pub async fn current_balance(
 
 /// Adds `nano` nano-USD to the key's usage balance, once per `(key, idempotency_key)`.
 pub async fn grant_usage(
-    db: &mut PgConnection,
-    key: ApiKeyId,
-    idempotency_key: &str,
-    nano: i64,
+    db: &mut PgConnection, key: ApiKeyId, idempotency_key: &str, nano: i64,
 ) -> Result<(), LedgerError> {
     if nano <= 0 {
         return Err(LedgerError::Invalid("usage grants must be positive".into()));
@@ -414,9 +404,7 @@ pub async fn grant_usage(
 
 /// The key's usage balance in nano-USD, and what its usage took since `since` (Unix seconds).
 pub async fn usage_position(
-    db: &PgPool,
-    key: ApiKeyId,
-    since: i64,
+    db: &PgPool, key: ApiKeyId, since: i64,
 ) -> Result<(i64, i64), sqlx::Error> {
     sqlx::query_as(
         "SELECT COALESCE((SELECT balance_nano FROM usage_balances WHERE api_key_id = $1), 0),

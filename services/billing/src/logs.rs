@@ -80,10 +80,7 @@ impl From<Row> for LogEntry {
 }
 
 async fn page(
-    db: &PgPool,
-    key: ApiKeyId,
-    limit: i64,
-    offset: i64,
+    db: &PgPool, key: ApiKeyId, limit: i64, offset: i64,
 ) -> Result<Vec<LogEntry>, ApiError> {
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, created_at, delta, caller_email, target_email, from_email, subject, send_mode,
@@ -115,9 +112,7 @@ pub struct LogPage {
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
-    QueryParams(q): QueryParams<PageQuery>,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<LogPage>, ApiError> {
     let limit = match q.limit {
         None => DEFAULT_LIMIT,
@@ -138,8 +133,7 @@ pub(crate) async fn list(
 }
 
 pub(crate) async fn download(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Response, ApiError> {
     let logs = page(&state.db, caller.key, DOWNLOAD_MAX_ROWS, 0).await?;
     let mut out = csv::Writer::from_writer(Vec::new());

@@ -108,9 +108,7 @@ impl Order {
 }
 
 pub(crate) async fn create(
-    State(state): State<AppState>,
-    caller: Caller,
-    idem: IdempotencyKey,
+    State(state): State<AppState>, caller: Caller, idem: IdempotencyKey,
     JsonBody(body): JsonBody<CheckoutBody>,
 ) -> Result<Success<Opened>, ApiError> {
     let order = body.parse()?;
@@ -204,8 +202,7 @@ pub async fn find(db: &PgPool, key: ApiKeyId, id: Uuid) -> Result<Option<Purchas
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<PurchaseList>, ApiError> {
     let purchases = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM purchases WHERE api_key_id = $1
@@ -226,18 +223,14 @@ async fn owned(db: &PgPool, key: ApiKeyId, id: Uuid) -> Result<Purchase, ApiErro
 }
 
 pub(crate) async fn show(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(id): IdPath<Uuid>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
     let purchase = owned(&state.db, caller.key, id).await?;
     Ok(Success::new(PurchaseView { purchase }))
 }
 
 pub(crate) async fn reconcile(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(id): IdPath<Uuid>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<PurchaseView>, ApiError> {
     let purchase = owned(&state.db, caller.key, id).await?;
     let payments = state.payments()?;
@@ -292,9 +285,7 @@ impl Outcome {
 /// racing each other apply it once: the second finds it no longer pending. A session that is
 /// not one of our purchases changes nothing.
 pub async fn apply(
-    tx: &mut PgConnection,
-    session: &CheckoutSession,
-    outcome: Outcome,
+    tx: &mut PgConnection, session: &CheckoutSession, outcome: Outcome,
 ) -> Result<(), ApiError> {
     let Some(id) = checkout::of_session(tx, session, "purchase_id").await? else {
         return Ok(());

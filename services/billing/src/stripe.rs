@@ -236,15 +236,12 @@ pub struct PortalSession {
 pub trait PaymentProvider: Send + Sync {
     /// Creates a Checkout Session; the same `idempotency_key` returns the same session.
     fn create_checkout_session<'a>(
-        &'a self,
-        params: &'a NewCheckoutSession,
-        idempotency_key: &'a str,
+        &'a self, params: &'a NewCheckoutSession, idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>>;
 
     /// Retrieves a Checkout Session.
     fn checkout_session<'a>(
-        &'a self,
-        id: &'a str,
+        &'a self, id: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>>;
 
     /// Retrieves a subscription.
@@ -252,9 +249,7 @@ pub trait PaymentProvider: Send + Sync {
 
     /// Creates a Billing Portal session for `customer`.
     fn create_portal_session<'a>(
-        &'a self,
-        customer: &'a str,
-        return_url: &'a str,
+        &'a self, customer: &'a str, return_url: &'a str,
     ) -> BoxFuture<'a, Result<PortalSession, StripeError>>;
 }
 
@@ -292,8 +287,7 @@ impl StripeClient {
     }
 
     async fn send<T: DeserializeOwned>(
-        &self,
-        req: reqwest::RequestBuilder,
+        &self, req: reqwest::RequestBuilder,
     ) -> Result<T, StripeError> {
         let reply = outside::exchange(req.bearer_auth(&self.secret_key))
             .await
@@ -331,9 +325,7 @@ impl StripeClient {
 
 impl PaymentProvider for StripeClient {
     fn create_checkout_session<'a>(
-        &'a self,
-        params: &'a NewCheckoutSession,
-        idempotency_key: &'a str,
+        &'a self, params: &'a NewCheckoutSession, idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
         Box::pin(
             self.send(
@@ -346,8 +338,7 @@ impl PaymentProvider for StripeClient {
     }
 
     fn checkout_session<'a>(
-        &'a self,
-        id: &'a str,
+        &'a self, id: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
         Box::pin(
             self.send(
@@ -362,9 +353,7 @@ impl PaymentProvider for StripeClient {
     }
 
     fn create_portal_session<'a>(
-        &'a self,
-        customer: &'a str,
-        return_url: &'a str,
+        &'a self, customer: &'a str, return_url: &'a str,
     ) -> BoxFuture<'a, Result<PortalSession, StripeError>> {
         Box::pin(
             self.send(
@@ -390,10 +379,7 @@ pub enum SignatureError {
 /// Checks `header` (`t=<unix>,v1=<hex>[,v1=...]`) against `payload` signed with `secret`:
 /// HMAC-SHA256 of `"{t}.{payload}"`, compared in constant time, `t` within the tolerance of `now`.
 pub fn verify_signature(
-    header: &str,
-    payload: &[u8],
-    secret: &str,
-    now: i64,
+    header: &str, payload: &[u8], secret: &str, now: i64,
 ) -> Result<(), SignatureError> {
     let mut timestamp = None;
     let mut signatures = Vec::new();

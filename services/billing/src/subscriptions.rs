@@ -79,8 +79,7 @@ impl CurrentPlan {
 
 /// The workspace's subscription that is not over, if any.
 pub async fn current(
-    db: impl sqlx::PgExecutor<'_>,
-    workspace: WorkspaceId,
+    db: impl sqlx::PgExecutor<'_>, workspace: WorkspaceId,
 ) -> Result<Option<CurrentPlan>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT s.plan_id, p.name, s.status, s.period_start, s.period_end, s.cancel_at_period_end,
@@ -95,9 +94,7 @@ pub async fn current(
 }
 
 pub(crate) async fn create_checkout(
-    State(state): State<AppState>,
-    caller: Caller,
-    idem: IdempotencyKey,
+    State(state): State<AppState>, caller: Caller, idem: IdempotencyKey,
     JsonBody(body): JsonBody<CheckoutBody>,
 ) -> Result<Success<Opened>, ApiError> {
     catalog::check_id("plan_id", &body.plan_id)?;
@@ -162,9 +159,7 @@ async fn customer_of(db: &PgPool, workspace: WorkspaceId) -> Result<Option<Strin
 }
 
 async fn find_checkout(
-    db: &PgPool,
-    workspace: WorkspaceId,
-    id: Uuid,
+    db: &PgPool, workspace: WorkspaceId, id: Uuid,
 ) -> Result<Option<SubscriptionCheckout>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, status FROM subscription_checkouts WHERE id = $1 AND workspace_id = $2",
@@ -176,9 +171,7 @@ async fn find_checkout(
 }
 
 pub(crate) async fn reconcile(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(id): IdPath<Uuid>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<CheckoutView>, ApiError> {
     let not_found = || ApiError::NotFound("subscription checkout not found".into());
     let checkout = find_checkout(&state.db, caller.workspace, id)
@@ -206,8 +199,7 @@ pub(crate) async fn reconcile(
 }
 
 pub(crate) async fn portal(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<PortalLink>, ApiError> {
     let customer = customer_of(&state.db, caller.workspace)
         .await?
@@ -223,9 +215,7 @@ pub(crate) async fn portal(
 /// Applies a subscription-mode checkout session inside `tx`: complete (with the subscription
 /// it created) or expired; a checkout that is no longer pending stays as it is.
 pub async fn apply_checkout(
-    tx: &mut PgConnection,
-    session: &CheckoutSession,
-    subscription: Option<&Subscription>,
+    tx: &mut PgConnection, session: &CheckoutSession, subscription: Option<&Subscription>,
 ) -> Result<(), ApiError> {
     let Some(id) = checkout::of_session(tx, session, "checkout_id").await? else {
         return Ok(());
@@ -253,9 +243,7 @@ pub async fn apply_checkout(
 /// `workspace`, else from the row already stored; a subscription of no workspace is ignored.
 /// An ended subscription never comes back.
 pub async fn record(
-    tx: &mut PgConnection,
-    sub: &Subscription,
-    workspace: Option<WorkspaceId>,
+    tx: &mut PgConnection, sub: &Subscription, workspace: Option<WorkspaceId>,
 ) -> Result<(), ApiError> {
     let workspace = match sub
         .metadata

@@ -52,9 +52,7 @@ fn parse<T: serde::de::DeserializeOwned>(object: Value) -> Result<T, ApiError> {
 }
 
 pub(crate) async fn receive(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
+    State(state): State<AppState>, headers: HeaderMap, body: Bytes,
 ) -> Result<Success<Received>, ApiError> {
     let secret = state
         .webhook_secret

@@ -80,9 +80,7 @@ fn check_provider(provider: &str) -> Result<(), ApiError> {
 }
 
 pub(crate) async fn save_token(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<SaveToken>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SaveToken>,
 ) -> Result<Success<Saved>, ApiError> {
     check_provider(&body.provider)?;
     let token = body.api_token.trim();
@@ -114,9 +112,7 @@ pub(crate) async fn save_token(
 
 /// The body's token, else the workspace's saved one; none is a 400.
 async fn token_for(
-    state: &AppState,
-    workspace: WorkspaceId,
-    given: Option<String>,
+    state: &AppState, workspace: WorkspaceId, given: Option<String>,
 ) -> Result<String, ApiError> {
     if let Some(token) = given.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) {
         return Ok(token);
@@ -146,9 +142,7 @@ async fn token_for(
 }
 
 pub(crate) async fn apply(
-    State(state): State<AppState>,
-    caller: Caller,
-    VerifiedDomain(domain): VerifiedDomain,
+    State(state): State<AppState>, caller: Caller, VerifiedDomain(domain): VerifiedDomain,
     body: Bytes,
 ) -> Result<Success<Applied>, ApiError> {
     let req: ApplyRequest = if body.iter().all(u8::is_ascii_whitespace) {

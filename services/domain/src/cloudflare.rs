@@ -109,9 +109,7 @@ impl Cloudflare {
 
     /// The zone holding `domain`: the domain itself or its closest parent the token sees.
     pub async fn find_zone(
-        &self,
-        token: &str,
-        domain: &str,
+        &self, token: &str, domain: &str,
     ) -> Result<Option<Zone>, CloudflareError> {
         let labels: Vec<&str> = domain.split('.').collect();
         for start in 0..labels.len().saturating_sub(1) {
@@ -133,10 +131,7 @@ impl Cloudflare {
 
     /// Every record at `name` in the zone.
     pub async fn records(
-        &self,
-        token: &str,
-        zone: &str,
-        name: &str,
+        &self, token: &str, zone: &str, name: &str,
     ) -> Result<Vec<Record>, CloudflareError> {
         self.send(
             token,
@@ -149,10 +144,7 @@ impl Cloudflare {
 
     /// Creates a record; `content` as Cloudflare wants it (TXT quoted).
     pub async fn create(
-        &self,
-        token: &str,
-        zone: &str,
-        record: &Record,
+        &self, token: &str, zone: &str, record: &Record,
     ) -> Result<Record, CloudflareError> {
         let body = NewRecord {
             kind: &record.kind,
@@ -172,9 +164,7 @@ impl Cloudflare {
     }
 
     async fn send<T: DeserializeOwned>(
-        &self,
-        token: &str,
-        req: reqwest::RequestBuilder,
+        &self, token: &str, req: reqwest::RequestBuilder,
     ) -> Result<T, CloudflareError> {
         let reply = outside::exchange(req.bearer_auth(token))
             .await

@@ -191,9 +191,7 @@ pub(crate) struct ListQuery {
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
-    QueryParams(q): QueryParams<ListQuery>,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<DomainList>, ApiError> {
     let all = matches!(q.include_unverified.as_deref(), Some("1" | "true"));
     let rows: Vec<Domain> = sqlx::query_as(&format!(
@@ -224,9 +222,7 @@ pub(crate) struct Submission {
 }
 
 pub(crate) async fn submit(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<Submission>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<Submission>,
 ) -> Result<Success<Submitted>, ApiError> {
     let name = DomainName::parse(&body.domain).map_err(ApiError::BadRequest)?;
     if state
@@ -278,10 +274,7 @@ async fn custom_domain_limit(state: &AppState, workspace: WorkspaceId) -> Result
 /// settles a race) or the workspace holds `limit` domains already (403). Submissions of one workspace take turns, so two at once
 /// cannot both fit under the limit.
 async fn insert(
-    db: &PgPool,
-    workspace: WorkspaceId,
-    name: &DomainName,
-    limit: i64,
+    db: &PgPool, workspace: WorkspaceId, name: &DomainName, limit: i64,
 ) -> Result<Domain, ApiError> {
     let mut tx = db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))")
@@ -351,8 +344,7 @@ pub(crate) async fn show(
 }
 
 pub(crate) async fn remove(
-    State(state): State<AppState>,
-    OwnedDomain(domain): OwnedDomain,
+    State(state): State<AppState>, OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Deleted>, ApiError> {
     // The provider's identity goes first: a failure there leaves the record to retry with.
     if !domain.dkim_tokens.is_empty() {

@@ -36,8 +36,7 @@ pub fn routes_to(records: &[Mx], expected: &str) -> bool {
 }
 
 pub(crate) async fn verify(
-    State(state): State<AppState>,
-    VerifiedDomain(domain): VerifiedDomain,
+    State(state): State<AppState>, VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<InboundCheck>, ApiError> {
     let expected = host_name(&state.settings.inbound_mx_host);
     let found = state.dns.mx(&domain.name).await?;

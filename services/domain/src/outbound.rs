@@ -46,8 +46,7 @@ pub fn status_of(identity: &EmailIdentity) -> OutboundStatus {
 }
 
 pub(crate) async fn setup(
-    State(state): State<AppState>,
-    VerifiedDomain(domain): VerifiedDomain,
+    State(state): State<AppState>, VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {
     let ses = state.ses()?;
     let identity = match ses.get_identity(&domain.name).await {
@@ -68,8 +67,7 @@ pub(crate) async fn setup(
 }
 
 pub(crate) async fn verify(
-    State(state): State<AppState>,
-    VerifiedDomain(domain): VerifiedDomain,
+    State(state): State<AppState>, VerifiedDomain(domain): VerifiedDomain,
 ) -> Result<Success<OutboundSetup>, ApiError> {
     if domain.outbound_status == OutboundStatus::NotStarted {
         return Err(ApiError::Conflict(format!(

@@ -33,8 +33,7 @@ pub struct PendingList {
 }
 
 pub(crate) async fn verify(
-    State(state): State<AppState>,
-    OwnedDomain(domain): OwnedDomain,
+    State(state): State<AppState>, OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Reviewed>, ApiError> {
     let domain = match domain.ownership {
         Ownership::Pending => check(&state.db, &state.dns, domain).await?,
@@ -157,8 +156,7 @@ fn require_admin(caller: &Caller) -> Result<(), ApiError> {
 }
 
 pub(crate) async fn pending(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<PendingList>, ApiError> {
     require_admin(&caller)?;
     let rows: Vec<Domain> = sqlx::query_as(&format!(
@@ -172,17 +170,13 @@ pub(crate) async fn pending(
 }
 
 pub(crate) async fn approve(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(id): IdPath<Uuid>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Reviewed>, ApiError> {
     review(&state.db, &caller, id, Ownership::Verified).await
 }
 
 pub(crate) async fn reject(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(id): IdPath<Uuid>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Reviewed>, ApiError> {
     review(&state.db, &caller, id, Ownership::Rejected).await
 }
@@ -190,10 +184,7 @@ pub(crate) async fn reject(
 /// An admin's decision on a pending domain of any workspace; deciding again the same way
 /// changes nothing, deciding otherwise is a 409.
 async fn review(
-    db: &PgPool,
-    caller: &Caller,
-    id: Uuid,
-    decision: Ownership,
+    db: &PgPool, caller: &Caller, id: Uuid, decision: Ownership,
 ) -> Result<Success<Reviewed>, ApiError> {
     require_admin(caller)?;
     let reviewer = Some(caller.account.as_uuid());

@@ -79,8 +79,7 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
 
 /// The workspace that receives mail for a domain verified for inbound.
 async fn inbound_domain(
-    state: AppState,
-    req: InboundDomainRequest,
+    state: AppState, req: InboundDomainRequest,
 ) -> Result<InboundDomainReply, ApiError> {
     let Ok(domain) = DomainName::parse(&req.domain) else {
         return Ok(InboundDomainReply::default());

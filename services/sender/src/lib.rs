@@ -135,11 +135,7 @@ impl AppState {
     /// State over `db`, `nats` and `outbox` in namespace `ns`; background work runs on
     /// `tracker`.
     pub fn new(
-        db: PgPool,
-        nats: async_nats::Client,
-        ns: Namespace,
-        tracker: TaskTracker,
-        outbox: Outbox,
+        db: PgPool, nats: async_nats::Client, ns: Namespace, tracker: TaskTracker, outbox: Outbox,
         default_from: EmailAddress,
     ) -> Self {
         Self {

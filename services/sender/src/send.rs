@@ -65,10 +65,7 @@ pub struct SendAnswer {
 
 /// The message every recipient of the send gets, and the template version it came from.
 async fn compose(
-    state: &AppState,
-    caller: &Caller,
-    req: &SendRequest,
-    from: &EmailAddress,
+    state: &AppState, caller: &Caller, req: &SendRequest, from: &EmailAddress,
 ) -> Result<(TaskMessage, Option<(String, i32)>), ApiError> {
     let (subject, html, text, template) = match &req.content {
         Content::Inline {
@@ -133,9 +130,7 @@ async fn compose(
 
 /// 400 unless the domain service says `from` may be sent from by this workspace.
 async fn check_sendable(
-    state: &AppState,
-    caller: &Caller,
-    from: &EmailAddress,
+    state: &AppState, caller: &Caller, from: &EmailAddress,
 ) -> Result<(), ApiError> {
     let reply = nats::call(
         &state.nats,
@@ -156,9 +151,7 @@ async fn check_sendable(
 }
 
 pub(crate) async fn send(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<SendBody>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
     let req = SendRequest::parse(body, now_unix())?;
     let from = req
@@ -213,8 +206,7 @@ pub(crate) async fn send(
 /// Who the send goes to: its recipients and those left out, or for a test send the
 /// caller alone.
 fn recipients_of(
-    caller: &Caller,
-    req: &SendRequest,
+    caller: &Caller, req: &SendRequest,
 ) -> Result<(Vec<Recipient>, Vec<Rejected>), ApiError> {
     if !req.test_send {
         return Ok((req.recipients.clone(), req.rejected.clone()));
@@ -248,10 +240,7 @@ fn charge_of(task: &NewTask<'_>, from: &EmailAddress) -> ChargeRequest {
 /// Takes the charge, commits the task (refunding the charge when that fails), settles the
 /// charge, and publishes a queued task's jobs.
 async fn accept(
-    state: &AppState,
-    quota: &usage::Quota,
-    task: &NewTask<'_>,
-    charge: ChargeRequest,
+    state: &AppState, quota: &usage::Quota, task: &NewTask<'_>, charge: ChargeRequest,
 ) -> Result<(), ApiError> {
     state.billing.charge(charge).await?;
     if let Err(e) = store(state, quota, task).await {
@@ -326,9 +315,7 @@ pub struct Cancelled {
 }
 
 pub(crate) async fn cancel(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(task_id): IdPath<TaskId>,
+    State(state): State<AppState>, caller: Caller, IdPath(task_id): IdPath<TaskId>,
 ) -> Result<Success<Cancelled>, ApiError> {
     // The row lock orders this against a scheduler releasing the task at this moment; the
     // refund is owed in the same transaction.

@@ -120,9 +120,7 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
 
 /// Tries the settlement rows `tx` holds locked, recording each outcome or its next try.
 async fn settle(
-    state: &AppState,
-    tx: &mut Transaction<'_, Postgres>,
-    due: Vec<(Charge, i32)>,
+    state: &AppState, tx: &mut Transaction<'_, Postgres>, due: Vec<(Charge, i32)>,
 ) -> Result<(), sqlx::Error> {
     for (charge, attempts) in due {
         let (done, outcome, next) = match attempt(state, &charge).await {

@@ -67,9 +67,7 @@ fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static st
 }
 
 pub(crate) async fn status(
-    State(state): State<AppState>,
-    caller: Caller,
-    IdPath(task_id): IdPath<TaskId>,
+    State(state): State<AppState>, caller: Caller, IdPath(task_id): IdPath<TaskId>,
     QueryParams(page): QueryParams<Page>,
 ) -> Result<Success<TaskProgress>, ApiError> {
     let limit = page.limit.unwrap_or(DEFAULT_LIMIT);

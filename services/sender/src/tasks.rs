@@ -74,9 +74,7 @@ pub struct NewTask<'a> {
 
 /// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them.
 pub async fn insert(
-    tx: &mut PgConnection,
-    ns: &Namespace,
-    task: &NewTask<'_>,
+    tx: &mut PgConnection, ns: &Namespace, task: &NewTask<'_>,
 ) -> Result<(), sqlx::Error> {
     let now = now_unix();
     insert_task(tx, task, now).await?;
@@ -99,9 +97,7 @@ pub async fn insert(
 
 /// The task's row: its rendered message, labels, price and status.
 async fn insert_task(
-    tx: &mut PgConnection,
-    task: &NewTask<'_>,
-    now: i64,
+    tx: &mut PgConnection, task: &NewTask<'_>, now: i64,
 ) -> Result<(), sqlx::Error> {
     let req = task.req;
     sqlx::query(
@@ -139,9 +135,7 @@ async fn insert_task(
 /// The task's recipients, each with a new delivery id, counted as unfinished for the
 /// quota; their delivery ids, in order.
 async fn insert_recipients(
-    tx: &mut PgConnection,
-    task: &NewTask<'_>,
-    now: i64,
+    tx: &mut PgConnection, task: &NewTask<'_>, now: i64,
 ) -> Result<Vec<DeliveryId>, sqlx::Error> {
     let idx: Vec<i32> = (0..task.recipients.len() as i32).collect();
     let emails: Vec<&str> = task.recipients.iter().map(|r| r.email.as_str()).collect();
@@ -214,10 +208,7 @@ impl Jobs {
     /// Writes the jobs of `(delivery id, address)` pairs, in order, to the outbox: one job
     /// per [`RECIPIENTS_PER_JOB`] recipients.
     pub async fn enqueue(
-        &self,
-        tx: &mut PgConnection,
-        ns: &Namespace,
-        recipients: &[(DeliveryId, &str)],
+        &self, tx: &mut PgConnection, ns: &Namespace, recipients: &[(DeliveryId, &str)],
     ) -> Result<(), sqlx::Error> {
         let (task_id, workspace_id) = (self.task.to_string(), self.workspace.to_string());
         let messages: Vec<(Uuid, Vec<u8>)> = recipients

@@ -54,9 +54,7 @@ fn parse_key(raw: &str) -> Result<String, ApiError> {
 }
 
 pub(crate) async fn create(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<NewTemplate>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewTemplate>,
 ) -> Result<Success<Template>, ApiError> {
     let key = parse_key(body.key.as_deref().unwrap_or(""))?;
     let subject = body.subject.unwrap_or_default();
@@ -108,8 +106,7 @@ pub struct TemplateList {
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
+    State(state): State<AppState>, caller: Caller,
 ) -> Result<Success<TemplateList>, ApiError> {
     let templates = sqlx::query_as::<_, Template>(
         "SELECT DISTINCT ON (key) key, version, subject, html, text, created_at
@@ -130,10 +127,7 @@ pub struct VersionQuery {
 
 /// The template `key` of `workspace`: `version`, or the latest; `None` when there is none.
 pub async fn find(
-    db: &sqlx::PgPool,
-    workspace: WorkspaceId,
-    key: &str,
-    version: Option<i32>,
+    db: &sqlx::PgPool, workspace: WorkspaceId, key: &str, version: Option<i32>,
 ) -> Result<Option<Template>, sqlx::Error> {
     sqlx::query_as::<_, Template>(
         "SELECT key, version, subject, html, text, created_at FROM templates
@@ -149,9 +143,7 @@ pub async fn find(
 }
 
 pub(crate) async fn read(
-    State(state): State<AppState>,
-    caller: Caller,
-    Path(key): Path<String>,
+    State(state): State<AppState>, caller: Caller, Path(key): Path<String>,
     QueryParams(q): QueryParams<VersionQuery>,
 ) -> Result<Success<Template>, ApiError> {
     let key = parse_key(&key)?;
@@ -169,9 +161,7 @@ pub struct Deleted {
 }
 
 pub(crate) async fn remove(
-    State(state): State<AppState>,
-    caller: Caller,
-    Path(key): Path<String>,
+    State(state): State<AppState>, caller: Caller, Path(key): Path<String>,
 ) -> Result<Success<Deleted>, ApiError> {
     let key = parse_key(&key)?;
     let done = sqlx::query(

@@ -113,9 +113,7 @@ impl Transport {
     /// Delivers `message`; answers the provider's id of it. Delivering the same job again
     /// to `file` replaces, never duplicates, its file.
     pub async fn deliver(
-        &self,
-        delivery_id: DeliveryId,
-        message: Message,
+        &self, delivery_id: DeliveryId, message: Message,
     ) -> Result<String, TransportError> {
         match self {
             Self::File { dir } => {

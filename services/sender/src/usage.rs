@@ -26,9 +26,7 @@ const SENT_SINCE: &str = "SELECT count(*) FROM deliveries
 
 /// Emails of `workspace` sent since `period_start`.
 async fn sent_since(
-    db: &mut PgConnection,
-    workspace: WorkspaceId,
-    period_start: i64,
+    db: &mut PgConnection, workspace: WorkspaceId, period_start: i64,
 ) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(SENT_SINCE)
         .bind(workspace)

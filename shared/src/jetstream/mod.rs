@@ -106,9 +106,7 @@ impl Stream {
 
     /// Creates the stream unless it exists; returns it.
     pub async fn ensure(
-        self,
-        js: &jetstream::Context,
-        ns: &Namespace,
+        self, js: &jetstream::Context, ns: &Namespace,
     ) -> anyhow::Result<stream::Stream> {
         let spec = self.spec();
         js.get_or_create_stream(stream::Config {
@@ -136,20 +134,14 @@ pub async fn ensure_streams(js: &jetstream::Context, ns: &Namespace) -> anyhow::
 /// Publishes `payload` and waits until JetStream has stored it. `msg_id` makes a retried
 /// publish a no-op inside the duplicate window.
 pub async fn publish(
-    js: &jetstream::Context,
-    subject: String,
-    msg_id: &str,
-    payload: Bytes,
+    js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes,
 ) -> Result<(), ApiError> {
     publish_with(js, subject, outgoing_headers(), msg_id, payload).await
 }
 
 /// [`publish`] with the given trace headers.
 async fn publish_with(
-    js: &jetstream::Context,
-    subject: String,
-    mut headers: async_nats::HeaderMap,
-    msg_id: &str,
+    js: &jetstream::Context, subject: String, mut headers: async_nats::HeaderMap, msg_id: &str,
     payload: Bytes,
 ) -> Result<(), ApiError> {
     headers.insert("Nats-Msg-Id", msg_id);

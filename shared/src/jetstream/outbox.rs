@@ -39,9 +39,7 @@ pub async fn enqueue(tx: &mut PgConnection, msg: &OutboxMessage) -> Result<(), s
 /// (`(id, payload)` pairs, published in this order), with the trace context of the work in
 /// progress.
 pub async fn enqueue_many(
-    tx: &mut PgConnection,
-    subject: &str,
-    messages: &[(Uuid, Vec<u8>)],
+    tx: &mut PgConnection, subject: &str, messages: &[(Uuid, Vec<u8>)],
 ) -> Result<(), sqlx::Error> {
     if messages.is_empty() {
         return Ok(());

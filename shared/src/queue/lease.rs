@@ -19,10 +19,7 @@ pub fn lease_ms(ack_wait: Duration) -> i64 {
 /// its ack deadline, each call bounded: a stuck NATS connection must not hold up the lease
 /// renewal that covers for it.
 pub(super) async fn with_heartbeat<T, R, F>(
-    msg: &jetstream::Message,
-    ack_wait: Duration,
-    renew: R,
-    work: impl Future<Output = T>,
+    msg: &jetstream::Message, ack_wait: Duration, renew: R, work: impl Future<Output = T>,
 ) -> T
 where
     R: Fn() -> F,

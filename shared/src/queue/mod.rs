@@ -153,9 +153,7 @@ pub trait Stages: Send + Sync + 'static {
     /// (`lease_ms` from now on the database clock) unless the item is finished or another
     /// claim's lease is live; answers each taken claim's attempt number.
     fn claim(
-        &self,
-        rows: Vec<ClaimRow<Self::ClaimData>>,
-        lease_ms: i64,
+        &self, rows: Vec<ClaimRow<Self::ClaimData>>, lease_ms: i64,
     ) -> impl Future<Output = Result<Vec<Option<i32>>, String>> + Send;
 
     /// Where an item stands that a claim did not take.
@@ -163,26 +161,19 @@ pub trait Stages: Send + Sync + 'static {
 
     /// The item's work; `Ok` carries a detail to record.
     fn work(
-        &self,
-        job: &Self::Job,
-        shared: &Self::Shared,
-        index: usize,
+        &self, job: &Self::Job, shared: &Self::Shared, index: usize,
     ) -> impl Future<Output = Result<String, Failure>> + Send;
 
     /// Writes outcomes of distinct items in one statement; answers whether each was written.
     /// `Done` always stands (the work happened); a failure or a retry only while its claim
     /// still holds the item.
     fn record(
-        &self,
-        rows: Vec<RecordRow>,
+        &self, rows: Vec<RecordRow>,
     ) -> impl Future<Output = Result<Vec<bool>, String>> + Send;
 
     /// Extends the leases `lease` holds on `items` to `lease_ms` from now.
     fn renew(
-        &self,
-        items: &[Uuid],
-        lease: Uuid,
-        lease_ms: i64,
+        &self, items: &[Uuid], lease: Uuid, lease_ms: i64,
     ) -> impl Future<Output = Result<(), String>> + Send;
 }
 
@@ -260,10 +251,7 @@ struct Worker<S: Stages> {
 /// Consumes `stream` with `stages` until the runtime shuts down; jobs in progress finish
 /// first (the runtime's tracker waits for them).
 pub async fn spawn<S: Stages>(
-    rt: &Runtime,
-    stream: Stream,
-    config: QueueConfig,
-    stages: S,
+    rt: &Runtime, stream: Stream, config: QueueConfig, stages: S,
 ) -> anyhow::Result<()> {
     let js_stream = stream.ensure(&rt.js, &rt.common.namespace).await?;
     let consumer = js_stream
@@ -422,11 +410,7 @@ impl<S: Stages> Worker<S> {
     /// NATS that fail while the worker goes on. If the worker dies, both stop and the job is
     /// redelivered after `ack_wait`.
     async fn with_heartbeat<T>(
-        &self,
-        msg: &jetstream::Message,
-        ids: &[Uuid],
-        lease: Uuid,
-        work: impl Future<Output = T>,
+        &self, msg: &jetstream::Message, ids: &[Uuid], lease: Uuid, work: impl Future<Output = T>,
     ) -> T {
         let renew = || {
             self.stages
@@ -438,11 +422,7 @@ impl<S: Stages> Worker<S> {
     /// Runs the items at `indices` of the job, each on its own task; answers each one's
     /// outcome.
     async fn process(
-        self: Arc<Self>,
-        job: Arc<S::Job>,
-        ids: Arc<[Uuid]>,
-        indices: Vec<usize>,
-        lease: Uuid,
+        self: Arc<Self>, job: Arc<S::Job>, ids: Arc<[Uuid]>, indices: Vec<usize>, lease: Uuid,
     ) -> Vec<(usize, Outcome)> {
         let stopped = || indices.iter().map(|&i| (i, Outcome::Stopped)).collect();
         let count = u32::try_from(indices.len().min(self.config.claim_ahead.max(1))).unwrap_or(1);
@@ -484,12 +464,7 @@ impl<S: Stages> Worker<S> {
 
     /// claim → work → record, for the job's item at `index`.
     async fn item(
-        &self,
-        job: &S::Job,
-        shared: &S::Shared,
-        index: usize,
-        id: Uuid,
-        lease: Uuid,
+        &self, job: &S::Job, shared: &S::Shared, index: usize, id: Uuid, lease: Uuid,
     ) -> Outcome {
         let row = ClaimRow {
             item: id,

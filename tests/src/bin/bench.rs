@@ -69,8 +69,7 @@ struct Baseline {
 }
 
 async fn baseline_balance(
-    State(b): State<Baseline>,
-    headers: HeaderMap,
+    State(b): State<Baseline>, headers: HeaderMap,
 ) -> Result<Json<Value>, StatusCode> {
     let key_id = headers
         .get(header::AUTHORIZATION)
@@ -206,10 +205,7 @@ fn merge(runs: Vec<Run>) -> Run {
 
 /// The `/balance` benchmark: alternating rounds against the baseline; prints the table.
 async fn balance_bench(
-    stack: &Stack,
-    secs: u64,
-    conns: usize,
-    rounds: usize,
+    stack: &Stack, secs: u64, conns: usize, rounds: usize,
 ) -> anyhow::Result<()> {
     let key = stack.key(1).await;
     let baseline = start_baseline(stack, &key).await?;
@@ -376,12 +372,7 @@ impl Throughput {
 /// One pipeline round: `sends` sends of `n` recipients, from the first POST until the sink
 /// holds all of them.
 async fn pipeline_round(
-    stack: &Stack,
-    key: &str,
-    sink: &FakeSmtp,
-    tag: &str,
-    sends: usize,
-    n: usize,
+    stack: &Stack, key: &str, sink: &FakeSmtp, tag: &str, sends: usize, n: usize,
 ) -> anyhow::Result<Throughput> {
     let bodies: Vec<Vec<u8>> = (0..sends)
         .map(|s| send_body(&format!("{tag}s{s}"), n))
@@ -422,10 +413,7 @@ fn lettre_transport(addr: SocketAddr, connections: u32) -> AsyncSmtpTransport<To
 /// One baseline round: `total` messages (built here, one per recipient), `concurrency` at
 /// once through `smtp`, until the sink holds all of them.
 async fn lettre_round(
-    smtp: &Arc<AsyncSmtpTransport<Tokio1Executor>>,
-    sink: &FakeSmtp,
-    tag: &str,
-    total: usize,
+    smtp: &Arc<AsyncSmtpTransport<Tokio1Executor>>, sink: &FakeSmtp, tag: &str, total: usize,
     concurrency: usize,
 ) -> anyhow::Result<Throughput> {
     let next = Arc::new(AtomicUsize::new(0));
@@ -533,12 +521,7 @@ struct Route<'a> {
 /// Baseline and pipeline on `route`, in `rounds` alternating rounds of `sends` sends each,
 /// after a warm-up; answers (baseline, pipeline).
 async fn compare(
-    stack: &mut Stack,
-    key: &str,
-    route: &Route<'_>,
-    sends: usize,
-    rounds: usize,
-    s: &SendSettings,
+    stack: &mut Stack, key: &str, route: &Route<'_>, sends: usize, rounds: usize, s: &SendSettings,
 ) -> anyhow::Result<(Throughput, Throughput)> {
     stack.kill_sender().await;
     stack.use_smtp(&format!("smtp://{}", route.pipeline_via));
@@ -570,10 +553,7 @@ async fn compare(
 /// Pipeline throughput against the lettre baseline, straight to the sinks and through
 /// quick-ACK fronts; prints the table. Leaves the sender delivering straight to `sink`.
 async fn pipeline_bench(
-    stack: &mut Stack,
-    key: &str,
-    sink: &FakeSmtp,
-    s: &SendSettings,
+    stack: &mut Stack, key: &str, sink: &FakeSmtp, s: &SendSettings,
 ) -> anyhow::Result<()> {
     let base_sink = FakeSmtp::start(Behaviour::Accept {
         accept_delay: Duration::ZERO,
@@ -662,10 +642,7 @@ async fn pipeline_bench(
 
 /// Accept latency of single sends; prints the table.
 async fn accept_bench(
-    stack: &Stack,
-    key: &str,
-    sink: &FakeSmtp,
-    s: &SendSettings,
+    stack: &Stack, key: &str, sink: &FakeSmtp, s: &SendSettings,
 ) -> anyhow::Result<()> {
     let n = s.recipients;
     let mut latencies_us = Vec::with_capacity(s.repeats);

@@ -35,11 +35,7 @@ fn job(config: &CodeConfig, caller: &Caller, to: &EmailAddress, code: &Code, id:
 /// Queues the code email as job `id`. An error means it will never be sent: it was
 /// committed but could not be published, and was withdrawn before the relay took it.
 pub(super) async fn queue(
-    state: &AppState,
-    caller: &Caller,
-    to: &EmailAddress,
-    code: &Code,
-    id: JobId,
+    state: &AppState, caller: &Caller, to: &EmailAddress, code: &Code, id: JobId,
 ) -> Result<(), ApiError> {
     let message = OutboxMessage {
         id: id.as_uuid(),

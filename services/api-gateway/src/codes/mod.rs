@@ -67,9 +67,7 @@ fn code_charge(caller: &Caller, key: String, target: &EmailAddress) -> ChargeReq
 
 /// `POST /send-code`.
 async fn send_code(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<SendCodeBody>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendCodeBody>,
 ) -> Result<Success<Message>, ApiError> {
     let email = parse_email(&body.email)?;
     let mut store = CodeStore::new(&state, caller.account, &email);
@@ -99,10 +97,7 @@ async fn send_code(
 /// Charges (held), stages the code, queues its email, activates the code, and confirms the
 /// charge; a failed step refunds the charge and leaves the previous code in place.
 async fn issue(
-    state: &AppState,
-    caller: &Caller,
-    email: &EmailAddress,
-    store: &mut CodeStore<'_>,
+    state: &AppState, caller: &Caller, email: &EmailAddress, store: &mut CodeStore<'_>,
 ) -> Result<(), ApiError> {
     let job = JobId::new();
     let charge = state
@@ -130,9 +125,7 @@ async fn issue(
 
 /// `POST /verify-code`. The check is charged; a missing or expired code is refunded.
 async fn verify_code(
-    State(state): State<AppState>,
-    caller: Caller,
-    JsonBody(body): JsonBody<VerifyCodeBody>,
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<VerifyCodeBody>,
 ) -> Result<Success<Message>, ApiError> {
     let email = parse_email(&body.email)?;
     let code = Code::parse(&body.code)

@@ -26,9 +26,7 @@ pub(super) struct Claim {
 /// `sending` row whose lease ran out; a live lease or a finished message leaves the row
 /// alone. Answers each claim's attempt number when it took the lease.
 pub(super) async fn claim_batch(
-    db: &PgPool,
-    lease_ms: i64,
-    rows: Vec<ClaimRow<Claim>>,
+    db: &PgPool, lease_ms: i64, rows: Vec<ClaimRow<Claim>>,
 ) -> Result<Vec<Option<i32>>, sqlx::Error> {
     let taken: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
         "INSERT INTO deliveries (delivery_id, kind, recipients, subject, status, created_at,
@@ -85,10 +83,7 @@ pub(super) async fn standing(db: &PgPool, delivery: Uuid) -> Result<Standing, sq
 
 /// Extends the leases `lease` holds on the messages `ids` to `lease_ms` from now.
 pub(super) async fn renew(
-    db: &PgPool,
-    ids: &[Uuid],
-    lease: Uuid,
-    lease_ms: i64,
+    db: &PgPool, ids: &[Uuid], lease: Uuid, lease_ms: i64,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
         "UPDATE deliveries SET leased_until_ms = {DB_NOW_MS} + $3

@@ -75,10 +75,7 @@ struct Delivery {
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
 pub async fn spawn(
-    rt: &Runtime,
-    transport: Transport,
-    config: WorkerConfig,
-    message_id_domain: &str,
+    rt: &Runtime, transport: Transport, config: WorkerConfig, message_id_domain: &str,
 ) -> anyhow::Result<()> {
     let stages = Delivery {
         db: rt.db.clone(),
@@ -181,9 +178,7 @@ impl Stages for Delivery {
     }
 
     async fn claim(
-        &self,
-        rows: Vec<ClaimRow<lease::Claim>>,
-        lease_ms: i64,
+        &self, rows: Vec<ClaimRow<lease::Claim>>, lease_ms: i64,
     ) -> Result<Vec<Option<i32>>, String> {
         lease::claim_batch(&self.db, lease_ms, rows)
             .await

@@ -33,8 +33,7 @@ fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
 /// only while its claim still holds the message; otherwise it belongs to another claim. A
 /// final outcome takes the message off the quota's unfinished deliveries.
 pub(super) async fn record_batch(
-    db: &PgPool,
-    rows: Vec<RecordRow>,
+    db: &PgPool, rows: Vec<RecordRow>,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let columns: Vec<_> = rows.iter().map(|r| columns(&r.verdict)).collect();
     let written: Vec<Uuid> = sqlx::query_scalar(
