@@ -4,7 +4,6 @@
 //! zone, TTL, MX priority), no duplicate and no record beside a CNAME.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -33,21 +32,17 @@ struct Zone {
     records: Vec<CfRecord>,
 }
 
+/// What the fake holds.
 #[derive(Default)]
-struct Books {
+pub struct Books {
     zones: HashMap<String, Zone>,
     /// Records created through the API.
     creates: usize,
     down: bool,
 }
 
-/// The fake. Cloning shares it.
-#[derive(Clone)]
-pub struct FakeCloudflare {
-    /// `http://127.0.0.1:<port>/client/v4`: the `CLOUDFLARE_API_BASE`.
-    pub base: String,
-    books: Arc<Mutex<Books>>,
-}
+/// The fake: its `base` is the `CLOUDFLARE_API_BASE`.
+pub type FakeCloudflare = crate::Fake<Books>;
 
 /// A Cloudflare error answer.
 struct CfFailure(StatusCode, i64, String);
@@ -94,35 +89,32 @@ fn record_json(zone_id: &str, zone: &str, r: &CfRecord) -> Value {
 impl FakeCloudflare {
     /// Starts the fake on a free local port.
     pub async fn start() -> Self {
-        let fake = Self {
-            base: String::new(),
-            books: Arc::new(Mutex::new(Books::default())),
-        };
-        let app = Router::new()
-            .route("/client/v4/zones", get(list_zones))
-            .route(
-                "/client/v4/zones/{zone}/dns_records",
-                get(list_records).post(create_record),
-            )
-            .fallback(|method: Method, uri: Uri| async move {
-                CfFailure(
-                    StatusCode::NOT_FOUND,
-                    7003,
-                    format!("Could not route to {}, perhaps your object identifier is invalid? ({method})", uri.path()),
+        Self::serve("/client/v4", |fake| {
+            Router::new()
+                .route("/client/v4/zones", get(list_zones))
+                .route(
+                    "/client/v4/zones/{zone}/dns_records",
+                    get(list_records).post(create_record),
                 )
-            })
-            .with_state(fake.clone());
-        let addr = crate::serve_locally(app).await;
-        Self {
-            base: format!("http://{addr}/client/v4"),
-            ..fake
-        }
+                .fallback(|method: Method, uri: Uri| async move {
+                    CfFailure(
+                        StatusCode::NOT_FOUND,
+                        7003,
+                        format!(
+                            "Could not route to {}, perhaps your object identifier is invalid? ({method})",
+                            uri.path()
+                        ),
+                    )
+                })
+                .with_state(fake)
+        })
+        .await
     }
 
     /// Adds the zone `name` that `token` can edit; returns its id.
     pub fn add_zone(&self, name: &str, token: &str) -> String {
         let id = format!("{:032x}", rand::random::<u128>());
-        self.books.lock().unwrap().zones.insert(
+        self.books().zones.insert(
             id.clone(),
             Zone {
                 name: name.into(),
@@ -137,7 +129,7 @@ impl FakeCloudflare {
     pub fn add_record(
         &self, zone: &str, kind: &str, name: &str, content: &str, priority: Option<u16>,
     ) {
-        let mut books = self.books.lock().unwrap();
+        let mut books = self.books();
         let zone = books.zones.get_mut(zone).expect("zone exists");
         zone.records.push(CfRecord {
             id: format!("{:032x}", rand::random::<u128>()),
@@ -151,17 +143,17 @@ impl FakeCloudflare {
 
     /// The zone's records.
     pub fn records(&self, zone: &str) -> Vec<CfRecord> {
-        self.books.lock().unwrap().zones[zone].records.clone()
+        self.books().zones[zone].records.clone()
     }
 
     /// Records created through the API so far.
     pub fn creates(&self) -> usize {
-        self.books.lock().unwrap().creates
+        self.books().creates
     }
 
     /// While down, every request answers 503.
     pub fn set_down(&self, down: bool) {
-        self.books.lock().unwrap().down = down;
+        self.books().down = down;
     }
 }
 
@@ -223,7 +215,7 @@ async fn list_zones(
     State(fake): State<FakeCloudflare>, headers: HeaderMap, Query(q): Query<ZoneQuery>,
 ) -> Answer {
     let token = token(&headers)?;
-    let books = fake.books.lock().unwrap();
+    let books = fake.books();
     outage(&books)?;
     if !books.zones.values().any(|z| z.tokens.contains(&token)) {
         return Err(CfFailure(
@@ -258,7 +250,7 @@ async fn list_records(
     Query(q): Query<RecordQuery>,
 ) -> Answer {
     let token = token(&headers)?;
-    let mut books = fake.books.lock().unwrap();
+    let mut books = fake.books();
     outage(&books)?;
     if let Some(per_page) = q.per_page {
         if !(5..=5_000_000).contains(&per_page) {
@@ -313,7 +305,7 @@ async fn create_record(
     let req: NewRecord = serde_json::from_slice(&body)
         .map_err(|e| bad(9207, format!("Request body is invalid: {e}")))?;
     let _ = (&req.comment, &req.tags);
-    let mut books = fake.books.lock().unwrap();
+    let mut books = fake.books();
     outage(&books)?;
     let zone = zone_for(&mut books, &zone_id, &token)?;
     let name = req.name.trim_end_matches('.').to_ascii_lowercase();

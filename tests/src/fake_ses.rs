@@ -7,7 +7,6 @@
 
 use base64::Engine as _;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -60,8 +59,9 @@ pub struct Identity {
     pub mail_from: Option<String>,
 }
 
+/// What the fake holds.
 #[derive(Default)]
-struct Account {
+pub struct Account {
     identities: HashMap<String, Identity>,
     /// Each request that passed authentication: method and path.
     requests: Vec<(String, String)>,
@@ -72,13 +72,8 @@ struct Account {
     sent: Vec<SentEmail>,
 }
 
-/// The fake. Cloning shares it.
-#[derive(Clone)]
-pub struct FakeSes {
-    /// `http://127.0.0.1:<port>`: the `SES_ENDPOINT`.
-    pub base: String,
-    account: Arc<Mutex<Account>>,
-}
+/// The fake: its `base` is the `SES_ENDPOINT`.
+pub type FakeSes = crate::Fake<Account>;
 
 /// An SES error answer.
 struct SesFailure(StatusCode, String, String);
@@ -111,41 +106,34 @@ type Answer = Result<axum::Json<Value>, SesFailure>;
 impl FakeSes {
     /// Starts the fake on a free local port.
     pub async fn start() -> Self {
-        let account = Arc::new(Mutex::new(Account::default()));
-        let fake = Self {
-            base: String::new(),
-            account,
-        };
-        let app = Router::new()
-            .route("/v2/email/identities", post(create_identity))
-            .route(
-                "/v2/email/identities/{identity}",
-                get(get_identity).delete(delete_identity),
-            )
-            .route(
-                "/v2/email/identities/{identity}/mail-from",
-                put(put_mail_from),
-            )
-            .route("/v2/email/outbound-emails", post(send_email))
-            .fallback(|method: Method, uri: Uri| async move {
-                failure(
-                    StatusCode::NOT_FOUND,
-                    "UnknownOperationException",
-                    format!("no operation at {method} {}", uri.path()),
+        Self::serve("", |fake| {
+            Router::new()
+                .route("/v2/email/identities", post(create_identity))
+                .route(
+                    "/v2/email/identities/{identity}",
+                    get(get_identity).delete(delete_identity),
                 )
-            })
-            // `authenticate` bounds every body already (`MAX_BODY`).
-            .layer(DefaultBodyLimit::disable())
-            .layer(axum::middleware::from_fn_with_state(
-                fake.clone(),
-                authenticate,
-            ))
-            .with_state(fake.clone());
-        let addr = crate::serve_locally(app).await;
-        Self {
-            base: format!("http://{addr}"),
-            ..fake
-        }
+                .route(
+                    "/v2/email/identities/{identity}/mail-from",
+                    put(put_mail_from),
+                )
+                .route("/v2/email/outbound-emails", post(send_email))
+                .fallback(|method: Method, uri: Uri| async move {
+                    failure(
+                        StatusCode::NOT_FOUND,
+                        "UnknownOperationException",
+                        format!("no operation at {method} {}", uri.path()),
+                    )
+                })
+                // `authenticate` bounds every body already (`MAX_BODY`).
+                .layer(DefaultBodyLimit::disable())
+                .layer(axum::middleware::from_fn_with_state(
+                    fake.clone(),
+                    authenticate,
+                ))
+                .with_state(fake)
+        })
+        .await
     }
 
     /// SES settings pointing at this fake, with its credentials.
@@ -159,22 +147,22 @@ impl FakeSes {
 
     /// While down, every request answers 503 `ServiceUnavailable`... as SES's front does.
     pub fn set_down(&self, down: bool) {
-        self.account.lock().unwrap().down = down;
+        self.books().down = down;
     }
 
     /// Makes the next request fail with `status` and SES error type `kind`.
     pub fn fail_next(&self, status: StatusCode, kind: &str, message: &str) {
-        self.account.lock().unwrap().fail_next = Some((status, kind.into(), message.into()));
+        self.books().fail_next = Some((status, kind.into(), message.into()));
     }
 
     /// The identity `name`, if SES has it.
     pub fn identity(&self, name: &str) -> Option<Identity> {
-        self.account.lock().unwrap().identities.get(name).cloned()
+        self.books().identities.get(name).cloned()
     }
 
     /// Marks the identity's DKIM and MAIL FROM as found in DNS: verified for sending.
     pub fn verify(&self, name: &str) {
-        let mut account = self.account.lock().unwrap();
+        let mut account = self.books();
         let identity = account.identities.get_mut(name).expect("identity exists");
         identity.dkim_status = "SUCCESS".into();
         identity.verified = true;
@@ -182,7 +170,7 @@ impl FakeSes {
 
     /// Marks the identity's DKIM as failed.
     pub fn fail_dkim(&self, name: &str) {
-        let mut account = self.account.lock().unwrap();
+        let mut account = self.books();
         let identity = account.identities.get_mut(name).expect("identity exists");
         identity.dkim_status = "FAILED".into();
     }
@@ -190,7 +178,7 @@ impl FakeSes {
     /// Makes `domain` a verified identity (creating it if SES does not have it), so that mail
     /// from it and from its subdomains is accepted.
     pub fn verify_sender_domain(&self, domain: &str) {
-        let mut account = self.account.lock().unwrap();
+        let mut account = self.books();
         let identity = account
             .identities
             .entry(domain.to_ascii_lowercase())
@@ -201,12 +189,12 @@ impl FakeSes {
 
     /// The messages SES accepted, oldest first.
     pub fn sent(&self) -> Vec<SentEmail> {
-        self.account.lock().unwrap().sent.clone()
+        self.books().sent.clone()
     }
 
     /// Requests that passed authentication, as `(method, path)`.
     pub fn requests(&self) -> Vec<(String, String)> {
-        self.account.lock().unwrap().requests.clone()
+        self.books().requests.clone()
     }
 }
 
@@ -222,7 +210,7 @@ async fn authenticate(
         return e.into_response();
     }
     {
-        let mut account = fake.account.lock().unwrap();
+        let mut account = fake.books();
         if account.down {
             return failure(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -448,26 +436,22 @@ fn view(identity: &Identity) -> Value {
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
 struct CreateIdentity {
     email_identity: String,
+    // Accepted as SES accepts them, never read (hence the leading underscores).
     #[serde(default)]
-    tags: Option<Value>,
+    _tags: Option<Value>,
     #[serde(default)]
-    dkim_signing_attributes: Option<Value>,
+    _dkim_signing_attributes: Option<Value>,
     #[serde(default)]
-    configuration_set_name: Option<String>,
+    _configuration_set_name: Option<String>,
 }
 
 async fn create_identity(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes) -> Answer {
     let req: CreateIdentity = json_body(&headers, &body)?;
-    let _ = (
-        req.tags,
-        req.dkim_signing_attributes,
-        req.configuration_set_name,
-    );
     let name = req.email_identity.to_ascii_lowercase();
     if name.is_empty() || name.contains('@') || !name.contains('.') {
         return Err(bad_request("EmailIdentity must be a domain or an address"));
     }
-    let mut account = fake.account.lock().unwrap();
+    let mut account = fake.books();
     if account.identities.contains_key(&name) {
         return Err(failure(
             StatusCode::BAD_REQUEST,
@@ -506,7 +490,7 @@ fn not_found(name: &str) -> SesFailure {
 }
 
 async fn get_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
-    let account = fake.account.lock().unwrap();
+    let account = fake.books();
     let identity = account
         .identities
         .get(&name)
@@ -515,7 +499,7 @@ async fn get_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> 
 }
 
 async fn delete_identity(State(fake): State<FakeSes>, Path(name): Path<String>) -> Answer {
-    let mut account = fake.account.lock().unwrap();
+    let mut account = fake.books();
     account
         .identities
         .remove(&name)
@@ -541,7 +525,7 @@ async fn put_mail_from(
             ));
         }
     }
-    let mut account = fake.account.lock().unwrap();
+    let mut account = fake.books();
     let identity = account
         .identities
         .get_mut(&name)
@@ -562,28 +546,29 @@ async fn put_mail_from(
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
 struct SendEmail {
     content: EmailContent,
+    // Fields with a leading underscore are accepted as SES accepts them, never read.
     #[serde(default)]
     destination: Option<Destination>,
     #[serde(default)]
     from_email_address: Option<String>,
     #[serde(default)]
-    from_email_address_identity_arn: Option<String>,
+    _from_email_address_identity_arn: Option<String>,
     #[serde(default)]
-    reply_to_addresses: Option<Vec<String>>,
+    _reply_to_addresses: Option<Vec<String>>,
     #[serde(default)]
-    feedback_forwarding_email_address: Option<String>,
+    _feedback_forwarding_email_address: Option<String>,
     #[serde(default)]
-    feedback_forwarding_email_address_identity_arn: Option<String>,
+    _feedback_forwarding_email_address_identity_arn: Option<String>,
     #[serde(default)]
-    email_tags: Option<Value>,
+    _email_tags: Option<Value>,
     #[serde(default)]
-    configuration_set_name: Option<String>,
+    _configuration_set_name: Option<String>,
     #[serde(default)]
-    endpoint_id: Option<String>,
+    _endpoint_id: Option<String>,
     #[serde(default)]
-    tenant_name: Option<String>,
+    _tenant_name: Option<String>,
     #[serde(default)]
-    list_management_options: Option<Value>,
+    _list_management_options: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -621,17 +606,6 @@ fn message_rejected(message: impl Into<String>) -> SesFailure {
 /// `SendEmail` with raw content.
 async fn send_email(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes) -> Answer {
     let req: SendEmail = json_body(&headers, &body)?;
-    let _ = (
-        req.from_email_address_identity_arn,
-        req.reply_to_addresses,
-        req.feedback_forwarding_email_address,
-        req.feedback_forwarding_email_address_identity_arn,
-        req.email_tags,
-        req.configuration_set_name,
-        req.endpoint_id,
-        req.tenant_name,
-        req.list_management_options,
-    );
     let raw = match (req.content.raw, req.content.simple, req.content.template) {
         (Some(raw), None, None) => raw,
         (None, None, None) => return Err(bad_request("Content must have Raw, Simple or Template")),
@@ -702,7 +676,7 @@ async fn send_email(State(fake): State<FakeSes>, headers: HeaderMap, body: Bytes
             return Err(bad_request(format!("Illegal address: {address}")));
         }
     }
-    let mut account = fake.account.lock().unwrap();
+    let mut account = fake.books();
     let mut unverified: Vec<&str> = from
         .iter()
         .chain([&header_from])

@@ -5,7 +5,6 @@
 //! Portal sessions and Subscriptions; the test drives payments and sends signed webhooks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -40,8 +39,9 @@ pub struct Recorded {
 /// Parameters, status and answer of an idempotent request.
 type Saved = (Vec<(String, String)>, StatusCode, Value);
 
+/// What the fake holds.
 #[derive(Default)]
-struct Books {
+pub struct Books {
     sessions: HashMap<String, Value>,
     /// `subscription_data[metadata]` of subscription-mode sessions.
     subscription_metadata: HashMap<String, Value>,
@@ -53,13 +53,8 @@ struct Books {
     down: bool,
 }
 
-/// The running fake.
-#[derive(Clone)]
-pub struct FakeStripe {
-    /// `http://127.0.0.1:<port>`: billing's `STRIPE_API_BASE`.
-    pub base: String,
-    books: Arc<Mutex<Books>>,
-}
+/// The fake: its `base` is billing's `STRIPE_API_BASE`.
+pub type FakeStripe = crate::Fake<Books>;
 
 fn now() -> i64 {
     std::time::SystemTime::now()
@@ -112,30 +107,23 @@ fn invalid(message: &str, param: Option<&str>) -> Failure {
 impl FakeStripe {
     /// Starts the fake on a free local port.
     pub async fn start() -> Self {
-        let books = Arc::new(Mutex::new(Books::default()));
-        let fake = Self {
-            base: String::new(),
-            books,
-        };
-        let app = Router::new()
-            .route("/v1/checkout/sessions", post(create_session))
-            .route("/v1/checkout/sessions/{id}", get(retrieve_session))
-            .route("/v1/subscriptions/{id}", get(retrieve_subscription))
-            .route("/v1/billing_portal/sessions", post(create_portal_session))
-            .fallback(|method: Method, uri: Uri| async move {
-                stripe_error(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    &format!("Unrecognized request URL ({method}: {}).", uri.path()),
-                    None,
-                )
-            })
-            .with_state(fake.clone());
-        let addr = crate::serve_locally(app).await;
-        Self {
-            base: format!("http://{addr}"),
-            ..fake
-        }
+        Self::serve("", |fake| {
+            Router::new()
+                .route("/v1/checkout/sessions", post(create_session))
+                .route("/v1/checkout/sessions/{id}", get(retrieve_session))
+                .route("/v1/subscriptions/{id}", get(retrieve_subscription))
+                .route("/v1/billing_portal/sessions", post(create_portal_session))
+                .fallback(|method: Method, uri: Uri| async move {
+                    stripe_error(
+                        StatusCode::NOT_FOUND,
+                        "invalid_request_error",
+                        &format!("Unrecognized request URL ({method}: {}).", uri.path()),
+                        None,
+                    )
+                })
+                .with_state(fake)
+        })
+        .await
     }
 
     /// Subscribes the workspace of `key` to `plan` as a buyer does: a subscription checkout,
@@ -167,27 +155,27 @@ impl FakeStripe {
 
     /// While down, every API call answers 500 `api_error`, as during a Stripe outage.
     pub fn set_down(&self, down: bool) {
-        self.books.lock().unwrap().down = down;
+        self.books().down = down;
     }
 
     /// Every request received so far.
     pub fn requests(&self) -> Vec<Recorded> {
-        self.books.lock().unwrap().requests.clone()
+        self.books().requests.clone()
     }
 
     /// The session `id` as Stripe holds it.
     pub fn session(&self, id: &str) -> Value {
-        self.books.lock().unwrap().sessions[id].clone()
+        self.books().sessions[id].clone()
     }
 
     /// The subscription `id` as Stripe holds it.
     pub fn subscription(&self, id: &str) -> Value {
-        self.books.lock().unwrap().subscriptions[id].clone()
+        self.books().subscriptions[id].clone()
     }
 
     /// The id of the session whose `url` is `url`.
     pub fn session_by_url(&self, url: &str) -> String {
-        let books = self.books.lock().unwrap();
+        let books = self.books();
         books
             .sessions
             .values()
@@ -200,7 +188,7 @@ impl FakeStripe {
     /// A subscription-mode session creates its customer and active subscription. Returns
     /// the `checkout.session.completed` event.
     pub fn complete(&self, session_id: &str, paid: bool) -> Value {
-        let mut books = self.books.lock().unwrap();
+        let mut books = self.books();
         let books = &mut *books;
         let session = books.sessions.get_mut(session_id).expect("session exists");
         assert_eq!(session["status"], "open", "only an open session completes");
@@ -251,7 +239,7 @@ impl FakeStripe {
 
     /// An async payment of a completed session settles. Returns its event.
     pub fn settle_async(&self, session_id: &str, succeeded: bool) -> Value {
-        let mut books = self.books.lock().unwrap();
+        let mut books = self.books();
         let session = books.sessions.get_mut(session_id).expect("session exists");
         assert_eq!(session["status"], "complete");
         if succeeded {
@@ -270,7 +258,7 @@ impl FakeStripe {
 
     /// The session runs out unpaid. Returns the `checkout.session.expired` event.
     pub fn expire(&self, session_id: &str) -> Value {
-        let mut books = self.books.lock().unwrap();
+        let mut books = self.books();
         let session = books.sessions.get_mut(session_id).expect("session exists");
         assert_eq!(session["status"], "open", "only an open session expires");
         session["status"] = json!("expired");
@@ -288,7 +276,7 @@ impl FakeStripe {
 
     /// Applies `change` to subscription `sub_id`; its answer.
     fn change_subscription<T>(&self, sub_id: &str, change: impl FnOnce(&mut Value) -> T) -> T {
-        let mut books = self.books.lock().unwrap();
+        let mut books = self.books();
         change(
             books
                 .subscriptions
@@ -395,7 +383,7 @@ fn admit(
             None,
         ));
     }
-    let mut books = fake.books.lock().unwrap();
+    let mut books = fake.books();
     books.requests.push(Recorded {
         method: method.into(),
         path: path.into(),
@@ -443,7 +431,7 @@ fn admit_post(
 /// Replays an idempotent answer, or refuses a key reused with other parameters.
 fn replay(fake: &FakeStripe, key: Option<&str>, params: &[(String, String)]) -> Option<Response> {
     let key = key?;
-    let books = fake.books.lock().unwrap();
+    let books = fake.books();
     let (earlier, status, answer) = books.idempotent.get(key)?;
     if earlier.as_slice() != params {
         return Some(stripe_error(
@@ -462,33 +450,28 @@ fn replay(fake: &FakeStripe, key: Option<&str>, params: &[(String, String)]) -> 
 
 async fn create_session(
     State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes,
-) -> Response {
-    let params = match admit_post(&fake, "/v1/checkout/sessions", &headers, &body) {
-        Ok(p) => p,
-        Err(res) => return res.into_response(),
-    };
+) -> Result<Response, Failure> {
+    let params = admit_post(&fake, "/v1/checkout/sessions", &headers, &body)?;
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if key.as_ref().is_some_and(|k| k.len() > 255) {
-        return invalid("Idempotency keys can be at most 255 characters.", None).into_response();
+        return Err(invalid(
+            "Idempotency keys can be at most 255 characters.",
+            None,
+        ));
     }
     if let Some(res) = replay(&fake, key.as_deref(), &params) {
-        return res.into_response();
+        return Ok(res);
     }
-    let (status, answer) = match new_session(&fake, &params) {
-        Ok(session) => (StatusCode::OK, session),
-        Err(res) => return res.into_response(),
-    };
+    let answer = new_session(&fake, &params)?;
     if let Some(key) = key {
-        fake.books
-            .lock()
-            .unwrap()
+        fake.books()
             .idempotent
-            .insert(key, (params, status, answer.clone()));
+            .insert(key, (params, StatusCode::OK, answer.clone()));
     }
-    (status, Json(answer)).into_response()
+    Ok(Json(answer).into_response())
 }
 
 /// Validates the parameters of a new Checkout Session as Stripe does and stores it.
@@ -571,7 +554,7 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
             Some("subscription_data"),
         ));
     }
-    let books = fake.books.lock().unwrap();
+    let books = fake.books();
     let customer = fields.get("customer").map(|c| c.to_string());
     if let Some(c) = &customer {
         if !books.customers.contains(c) {
@@ -681,7 +664,7 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
         "livemode": false,
         "price": price,
     });
-    let mut books = fake.books.lock().unwrap();
+    let mut books = fake.books();
     books.sessions.insert(id.clone(), session.clone());
     books
         .subscription_metadata
@@ -692,40 +675,27 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
 async fn retrieve_session(
     State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>,
 ) -> Response {
-    let found = admit(
-        &fake,
-        "GET",
-        &format!("/v1/checkout/sessions/{id}"),
-        &headers,
-        Vec::new(),
-    )
-    .map(|()| {
-        fake.books
-            .lock()
-            .unwrap()
-            .sessions
-            .get(&id)
-            .map(public_session)
-    });
-    retrieved(found, "checkout.session", &id)
+    let path = format!("/v1/checkout/sessions/{id}");
+    retrieve(&fake, &headers, &path, "checkout.session", &id, |books| {
+        books.sessions.get(&id).map(public_session)
+    })
 }
 
 async fn retrieve_subscription(
     State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>,
 ) -> Response {
-    let found = admit(
-        &fake,
-        "GET",
-        &format!("/v1/subscriptions/{id}"),
-        &headers,
-        Vec::new(),
-    )
-    .map(|()| fake.books.lock().unwrap().subscriptions.get(&id).cloned());
-    retrieved(found, "subscription", &id)
+    let path = format!("/v1/subscriptions/{id}");
+    retrieve(&fake, &headers, &path, "subscription", &id, |books| {
+        books.subscriptions.get(&id).cloned()
+    })
 }
 
-/// The answer of a retrieve: the object, Stripe's `No such <object>` 404, or the refusal.
-fn retrieved(found: Result<Option<Value>, Failure>, object: &str, id: &str) -> Response {
+/// A GET of one `object` by `id`: admitted and recorded, then found in the books or 404.
+fn retrieve(
+    fake: &FakeStripe, headers: &HeaderMap, path: &str, object: &str, id: &str,
+    find: impl FnOnce(&Books) -> Option<Value>,
+) -> Response {
+    let found = admit(fake, "GET", path, headers, Vec::new()).map(|()| find(&fake.books()));
     match found {
         Ok(Some(v)) => Json(v).into_response(),
         Ok(None) => stripe_error(
@@ -741,11 +711,8 @@ fn retrieved(found: Result<Option<Value>, Failure>, object: &str, id: &str) -> R
 
 async fn create_portal_session(
     State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes,
-) -> Response {
-    let params = match admit_post(&fake, "/v1/billing_portal/sessions", &headers, &body) {
-        Ok(p) => p,
-        Err(res) => return res.into_response(),
-    };
+) -> Result<Json<Value>, Failure> {
+    let params = admit_post(&fake, "/v1/billing_portal/sessions", &headers, &body)?;
     let mut customer = None;
     let mut return_url = None;
     for (k, v) in &params {
@@ -753,20 +720,27 @@ async fn create_portal_session(
             "customer" => customer = Some(v.clone()),
             "return_url" => return_url = Some(v.clone()),
             _ => {
-                return invalid(&format!("Received unknown parameter: {k}"), Some(k))
-                    .into_response()
+                return Err(invalid(
+                    &format!("Received unknown parameter: {k}"),
+                    Some(k),
+                ))
             }
         }
     }
     let Some(customer) = customer else {
-        return invalid("Missing required param: customer.", Some("customer")).into_response();
+        return Err(invalid(
+            "Missing required param: customer.",
+            Some("customer"),
+        ));
     };
-    if !fake.books.lock().unwrap().customers.contains(&customer) {
-        return invalid(&format!("No such customer: '{customer}'"), Some("customer"))
-            .into_response();
+    if !fake.books().customers.contains(&customer) {
+        return Err(invalid(
+            &format!("No such customer: '{customer}'"),
+            Some("customer"),
+        ));
     }
     let id = random_id("bps");
-    Json(json!({
+    Ok(Json(json!({
         "id": id,
         "object": "billing_portal.session",
         "customer": customer,
@@ -774,6 +748,5 @@ async fn create_portal_session(
         "livemode": false,
         "created": now(),
         "url": format!("https://billing.stripe.com/p/session/test_{id}"),
-    }))
-    .into_response()
+    })))
 }

@@ -15,9 +15,11 @@ pub mod peek;
 pub use client::{Answer, TestClient};
 pub use fake_stripe::FakeStripe;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -128,14 +130,61 @@ pub fn domain_config(common: &Common, opts: DomainOptions) -> domain::Config {
     }
 }
 
-/// Serves `app` on a free local port (the fakes of outside systems).
-pub async fn serve_locally(app: axum::Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("a local port");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serves") });
-    addr
+/// Polls `probe` every 50 ms until it answers `Ok`, and fails the test with the last `Err`
+/// (what it saw instead) once `within` has passed.
+pub async fn eventually<T, E: std::fmt::Debug, F: Future<Output = Result<T, E>>>(
+    within: Duration, mut probe: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(done) => return done,
+            Err(seen) => assert!(Instant::now() < deadline, "not within {within:?}: {seen:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fake of an outside system: where it listens and its books. Cloning shares the books.
+pub struct Fake<B> {
+    /// `http://127.0.0.1:<port>` and the API's root path: what a client is pointed at.
+    pub base: String,
+    books: Arc<Mutex<B>>,
+}
+
+impl<B> Clone for Fake<B> {
+    fn clone(&self) -> Self {
+        Self {
+            base: self.base.clone(),
+            books: self.books.clone(),
+        }
+    }
+}
+
+impl<B: Default + Send + 'static> Fake<B> {
+    /// Serves the router `app` builds (given the fake, for its state) on a free local port;
+    /// `root` is the API's path under the port (empty for the host's root).
+    async fn serve(root: &str, app: impl FnOnce(Self) -> axum::Router) -> Self {
+        let fake = Self {
+            base: String::new(),
+            books: Arc::default(),
+        };
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("a local port");
+        let addr = listener.local_addr().expect("address");
+        let app = app(fake.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("serves") });
+        Self {
+            base: format!("http://{addr}{root}"),
+            ..fake
+        }
+    }
+
+    /// The books, locked.
+    fn books(&self) -> MutexGuard<'_, B> {
+        self.books.lock().expect("books")
+    }
 }
 
 /// Billing settings of a test stack: the repository's catalog, `stripe` as given.
@@ -292,7 +341,7 @@ pub fn caller(role: Role) -> postmesh_shared::proto::AuthContext {
 }
 
 /// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`).
-fn on_a_fresh_runtime(work: impl std::future::Future<Output = ()> + Send + 'static) {
+fn on_a_fresh_runtime(work: impl Future<Output = ()> + Send + 'static) {
     let cleanup = std::thread::spawn(move || {
         if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -411,9 +460,11 @@ impl Stack {
         self.transport = (TransportKind::File, String::new());
     }
 
-    /// Makes the next sender start deliver to the SMTP relay at `smtp_url`.
-    pub fn use_smtp(&mut self, smtp_url: &str) {
+    /// Restarts the sender delivering to the SMTP relay at `smtp_url`.
+    pub async fn deliver_by_smtp(&mut self, smtp_url: &str) {
+        self.kill_sender().await;
         self.transport = (TransportKind::Smtp, smtp_url.to_owned());
+        self.start_sender().await;
     }
 
     /// Makes the next sender start deliver through SES at `ses`.
@@ -530,18 +581,14 @@ impl Stack {
 
     /// Waits until the admin server at `addr` reports ready.
     pub async fn wait_ready(&self, addr: SocketAddr) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually(Duration::from_secs(30), || async move {
             let ready = self.http.get(format!("http://{addr}/readyz")).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                return;
+            match ready.map(|r| r.status()) {
+                Ok(status) if status.is_success() => Ok(()),
+                other => Err(format!("service at {addr} not ready: {other:?}")),
             }
-            assert!(
-                Instant::now() < deadline,
-                "service at {addr} never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Stops the sender: gracefully in process, with SIGKILL as a child process.
@@ -674,19 +721,15 @@ impl Stack {
     pub async fn wait_for_messages(
         &self, to: &str, count: usize, timeout: Duration,
     ) -> Vec<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        eventually(timeout, || async move {
             let found = self.messages_to(to);
             if found.len() >= count {
-                return found;
+                Ok(found)
+            } else {
+                Err(format!("{} of {count} emails to {to}", found.len()))
             }
-            assert!(
-                Instant::now() < deadline,
-                "expected {count} emails to {to} within {timeout:?}, found {}",
-                found.len()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Fails the test if any message to `to` is delivered within `quiet`.

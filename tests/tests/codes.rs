@@ -8,7 +8,7 @@ use serde_json::json;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::response::Message;
 use postmesh_shared::Success;
-use postmesh_tests::{peek, Options, SenderMode, Stack};
+use postmesh_tests::{eventually, peek, Options, SenderMode, Stack};
 
 #[tokio::test]
 async fn a_delivered_code_verifies_once() {
@@ -356,27 +356,23 @@ async fn a_charge_that_outlives_the_gateway_timeout_never_takes_credits() {
         .expect(StatusCode::BAD_GATEWAY, "send_code");
     assert!(!e.success);
     // The gateway gave up on the charge and voided its key while billing still waits.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while peek::billing::ledger_rows(&billing, key_id, "void").await != 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the charge was never voided"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let billing_db = &billing;
+    eventually(Duration::from_secs(20), || async move {
+        match peek::billing::ledger_rows(billing_db, key_id, "void").await {
+            1 => Ok(()),
+            voids => Err(format!("the charge is not voided: {voids} voids")),
+        }
+    })
+    .await;
     lock.rollback().await.unwrap();
     // The late charge now runs into the void and takes nothing.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if peek::billing::charges_running(&billing).await == 0 {
-            break;
+    eventually(Duration::from_secs(10), || async move {
+        match peek::billing::charges_running(billing_db).await {
+            0 => Ok(()),
+            running => Err(format!("the late charge is still running: {running}")),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the late charge never finished"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert_eq!(
         peek::billing::ledger_rows(&billing, key_id, "charge").await,
         0

@@ -8,7 +8,7 @@ use prost::Message as _;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
-use postmesh_tests::{extract_code, peek, SenderMode, Stack};
+use postmesh_tests::{eventually, extract_code, peek, SenderMode, Stack};
 
 #[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
@@ -16,28 +16,28 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
     let key = stack.key(5).await;
     // The first worker's relay hangs, so it is caught in the middle of delivering.
     let hung = FakeSmtp::start(Behaviour::Silent).await;
-    stack.kill_sender().await;
-    stack.use_smtp(&hung.url());
-    stack.start_sender().await;
+    stack.deliver_by_smtp(&hung.url()).await;
     let to = "mallory@example.com";
     stack.send_code_ok(&key, to).await;
     let db = stack.sender_db().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while peek::sender::deliveries(&db).await.is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker never took the job"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(peek::sender::deliveries(&db).await[0].0, "sending");
+    let db = &db;
+    let rows = eventually(Duration::from_secs(15), || async move {
+        let rows = peek::sender::deliveries(db).await;
+        if rows.is_empty() {
+            Err("the worker never took the job")
+        } else {
+            Ok(rows)
+        }
+    })
+    .await;
+    assert_eq!(rows[0].0, "sending");
     stack.kill_sender().await; // SIGKILL while the job is in flight, unacked
 
     stack.use_file();
     stack.start_sender().await;
     let code = stack.code_sent_to(to, 1).await;
     stack.verify_ok(&key, to, &code).await;
-    let rows = peek::sender::deliveries(&db).await;
+    let rows = peek::sender::deliveries(db).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, "sent");
     assert!(rows[0].1 >= 2, "the redelivery was counted: {rows:?}");
@@ -53,25 +53,20 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
         accept_delay: Duration::from_secs(5),
     })
     .await;
-    stack.kill_sender().await;
-    stack.use_smtp(&relay.url());
-    stack.start_sender().await;
+    stack.deliver_by_smtp(&relay.url()).await;
     let to = "niaj@example.com";
     let s = stack.send_code(&key, to).await.status;
     assert_eq!(s.as_u16(), 200);
     let db = stack.sender_db().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let rows = peek::sender::deliveries(&db).await;
-        if rows.first().is_some_and(|r| r.0 == "sent") {
-            break;
+    let db = &db;
+    eventually(Duration::from_secs(20), || async move {
+        let rows = peek::sender::deliveries(db).await;
+        match rows.first() {
+            Some(row) if row.0 == "sent" => Ok(()),
+            _ => Err(rows),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not delivered: {rows:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     // Give a would-be redelivery time to reach the relay too.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let got = relay.received();
@@ -160,20 +155,15 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
         .await;
     assert_eq!(got.len(), 1);
     // The outcome is recorded just after the message is written.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let a_id = uuid::Uuid::parse_str(&a.id).unwrap();
-        let (status, owner) = peek::sender::delivery_state(&db, a_id).await;
-        if status == "sent" {
-            assert_eq!(owner, None, "the lease is released");
-            break;
+    let (db, a_id) = (&db, uuid::Uuid::parse_str(&a.id).unwrap());
+    let owner = eventually(Duration::from_secs(10), || async move {
+        match peek::sender::delivery_state(db, a_id).await {
+            (status, owner) if status == "sent" => Ok(owner),
+            (status, _) => Err(status),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never recorded: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert_eq!(owner, None, "the lease is released");
     // B was finished by its holder: never sent again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(stack.messages_to(to_b).is_empty());
@@ -183,17 +173,13 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
 
 /// Status, attempts and last error of the delivery to `to`, once it is no longer `sending`.
 async fn settled_delivery(db: &sqlx::PgPool, to: &str) -> (String, i32, Option<String>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), || async move {
         match peek::sender::delivery_to(db, to).await {
-            Some(row) if row.0 != "sending" => return row,
-            other => assert!(
-                std::time::Instant::now() < deadline,
-                "never settled: {other:?}"
-            ),
+            Some(row) if row.0 != "sending" => Ok(row),
+            other => Err(other),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -201,28 +187,19 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
     let mut stack = Stack::start().await;
     let key = stack.key(5).await;
     let db = stack.sender_db().await;
-    // "Try again later" on every attempt: retried until the last attempt, then parked.
-    let busy = FakeSmtp::start(Behaviour::Refuse { code: 451 }).await;
-    stack.kill_sender().await;
-    stack.use_smtp(&busy.url());
-    stack.start_sender().await;
-    let s = stack.send_code(&key, "busy@example.com").await.status;
-    assert_eq!(s.as_u16(), 200);
-    let (status, attempts, error) = settled_delivery(&db, "busy@example.com").await;
-    assert_eq!((status.as_str(), attempts), ("failed", 5));
-    assert!(error.is_some_and(|e| e.contains("451")));
-    assert_eq!(busy.refused(), 5);
-    // "Never": parked after the first attempt.
-    let gone = FakeSmtp::start(Behaviour::Refuse { code: 550 }).await;
-    stack.kill_sender().await;
-    stack.use_smtp(&gone.url());
-    stack.start_sender().await;
-    let s = stack.send_code(&key, "gone@example.com").await.status;
-    assert_eq!(s.as_u16(), 200);
-    let (status, attempts, error) = settled_delivery(&db, "gone@example.com").await;
-    assert_eq!((status.as_str(), attempts), ("failed", 1));
-    assert!(error.is_some_and(|e| e.contains("550")));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(gone.refused(), 1);
+    // "Try again later" (451) on every attempt: retried until the last attempt, then parked.
+    // "Never" (550): parked after the first attempt.
+    for (code, to, attempts) in [(451, "busy@example.com", 5), (550, "gone@example.com", 1)] {
+        let relay = FakeSmtp::start(Behaviour::Refuse { code }).await;
+        stack.deliver_by_smtp(&relay.url()).await;
+        let s = stack.send_code(&key, to).await.status;
+        assert_eq!(s.as_u16(), 200);
+        let (status, tried, error) = settled_delivery(&db, to).await;
+        assert_eq!((status.as_str(), tried), ("failed", attempts), "{to}");
+        assert!(error.is_some_and(|e| e.contains(&code.to_string())), "{to}");
+        // No attempt beyond the last.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(relay.refused(), attempts as usize, "{to}");
+    }
     stack.shutdown().await;
 }

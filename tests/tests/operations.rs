@@ -1,8 +1,10 @@
 //! What operators rely on: health, readiness, metrics, request ids.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 
-use postmesh_tests::Stack;
+use postmesh_tests::{eventually, Stack};
 
 /// What the admin server at `addr` serves on `/metrics`.
 async fn metrics_of(stack: &Stack, addr: std::net::SocketAddr) -> String {
@@ -107,14 +109,14 @@ async fn each_service_process_counts_its_own_work() {
         .await
         .unwrap();
     assert_eq!(domains.status(), StatusCode::OK);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::fs::read_dir(outbox.path()).unwrap().count() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the code was never sent"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let outbox_dir = outbox.path();
+    eventually(Duration::from_secs(20), || async move {
+        match std::fs::read_dir(outbox_dir).unwrap().count() {
+            0 => Err("the code was never sent"),
+            _ => Ok(()),
+        }
+    })
+    .await;
 
     let ns = common.namespace.as_str();
     let own: [(Service, &[String], &[String]); 4] = [
@@ -152,19 +154,15 @@ async fn each_service_process_counts_its_own_work() {
     for (service, present, absent) in own {
         let admin = admins.iter().find(|(s, _)| *s == service).unwrap().1;
         // A counter may be recorded just after the answer it counts: wait for it, within bounds.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let metrics = loop {
-            let metrics = metrics_of(&stack, admin).await;
-            let missing = present.iter().find(|s| !metrics.contains(s.as_str()));
-            match missing {
-                None => break metrics,
-                Some(series) => assert!(
-                    std::time::Instant::now() < deadline,
-                    "{service} lacks {series}:\n{metrics}"
-                ),
+        let stack = &stack;
+        let metrics = eventually(Duration::from_secs(10), || async move {
+            let metrics = metrics_of(stack, admin).await;
+            match present.iter().find(|s| !metrics.contains(s.as_str())) {
+                None => Ok(metrics),
+                Some(series) => Err(format!("{service} lacks {series}:\n{metrics}")),
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         for series in absent {
             assert!(
                 !metrics.contains(series.as_str()),

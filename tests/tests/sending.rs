@@ -3,7 +3,7 @@
 //! cancellation, task status, the SMTP and SES transports, `/smtp-auth`, the plan's quota,
 //! and a sender killed mid-batch.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use mail_parser::{MessageParser, MimeHeaders};
@@ -15,7 +15,7 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
-use postmesh_tests::{peek, Answer, FakeStripe, Options, SenderMode, Stack};
+use postmesh_tests::{eventually, peek, Answer, FakeStripe, Options, SenderMode, Stack};
 use sender::send::{Cancelled, SendAnswer};
 use sender::smtp_auth::SmtpAuth;
 use sender::status::TaskProgress;
@@ -26,29 +26,20 @@ fn now() -> i64 {
     postmesh_shared::db::now_unix()
 }
 
-/// Restarts the stack's sender on the SMTP relay `relay`.
-async fn deliver_to(stack: &mut Stack, relay: &FakeSmtp) {
-    stack.kill_sender().await;
-    stack.use_smtp(&relay.url());
-    stack.start_sender().await;
-}
-
 /// `GET /email-status/{task}` until `done(progress)` holds; returns the last answer.
 async fn wait_status(
     stack: &Stack, key: &str, task: TaskId, done: impl Fn(&TaskProgress) -> bool,
 ) -> TaskProgress {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let done = &done;
+    eventually(Duration::from_secs(30), || async move {
         let progress = status(stack, key, task, "?limit=1000").await;
         if done(&progress) {
-            return progress;
+            Ok(progress)
+        } else {
+            Err(progress)
         }
-        assert!(
-            Instant::now() < deadline,
-            "task never got there: {progress:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// `GET /email-status/{task}{query}` with `key`.
@@ -102,7 +93,7 @@ async fn every_field_reaches_the_delivered_message() {
         accept_delay: Duration::ZERO,
     })
     .await;
-    deliver_to(&mut stack, &relay).await;
+    stack.deliver_by_smtp(&relay.url()).await;
     let key = stack.key(10).await;
     let pdf = b"%PDF-1.4 not really a pdf \x00\x01\x02".to_vec();
     let body = json!({
@@ -724,7 +715,7 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
         accept_delay: Duration::from_secs(2),
     })
     .await;
-    deliver_to(&mut stack, &slow).await;
+    stack.deliver_by_smtp(&slow.url()).await;
     let key = stack.key(100).await;
     // Two SEND jobs' worth of recipients (tasks::RECIPIENTS_PER_JOB is 50).
     let to: Vec<String> = (0..60).map(|i| format!("k{i}@example.com")).collect();
@@ -746,7 +737,7 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
         accept_delay: Duration::ZERO,
     })
     .await;
-    deliver_to(&mut stack, &fast).await;
+    stack.deliver_by_smtp(&fast.url()).await;
     let done = wait_finished(&stack, &key, task).await;
     assert_eq!(done.status, "sent", "{done:?}");
     tokio::time::sleep(Duration::from_secs(3)).await; // room for a duplicate to show up
@@ -819,11 +810,14 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
         "the refund is owed"
     );
     stack.start_billing().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stack.balance(&key).await != 10 {
-        assert!(Instant::now() < deadline, "the refund never arrived");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (stack_ref, key_ref) = (&stack, &key);
+    eventually(Duration::from_secs(30), || async move {
+        match stack_ref.balance(key_ref).await {
+            10 => Ok(()),
+            other => Err(format!("the refund has not arrived: {other}")),
+        }
+    })
+    .await;
     assert_eq!(peek::sender::owed_refunds(&db).await, 0);
     stack.shutdown().await;
 }

@@ -318,8 +318,14 @@ impl StripeClient {
         }
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+    /// A GET of `path` under the API base.
+    fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(format!("{}{path}", self.base))
+    }
+
+    /// A POST to `path` under the API base.
+    fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.post(format!("{}{path}", self.base))
     }
 }
 
@@ -327,41 +333,27 @@ impl PaymentProvider for StripeClient {
     fn create_checkout_session<'a>(
         &'a self, params: &'a NewCheckoutSession, idempotency_key: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
-        Box::pin(
-            self.send(
-                self.http
-                    .post(self.url("/v1/checkout/sessions"))
-                    .header("Idempotency-Key", idempotency_key)
-                    .form(&params.form()),
-            ),
-        )
+        let req = self
+            .post("/v1/checkout/sessions")
+            .header("Idempotency-Key", idempotency_key);
+        Box::pin(self.send(req.form(&params.form())))
     }
 
     fn checkout_session<'a>(
         &'a self, id: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
-        Box::pin(
-            self.send(
-                self.http
-                    .get(self.url(&format!("/v1/checkout/sessions/{id}"))),
-            ),
-        )
+        Box::pin(self.send(self.get(&format!("/v1/checkout/sessions/{id}"))))
     }
 
     fn subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Subscription, StripeError>> {
-        Box::pin(self.send(self.http.get(self.url(&format!("/v1/subscriptions/{id}")))))
+        Box::pin(self.send(self.get(&format!("/v1/subscriptions/{id}"))))
     }
 
     fn create_portal_session<'a>(
         &'a self, customer: &'a str, return_url: &'a str,
     ) -> BoxFuture<'a, Result<PortalSession, StripeError>> {
-        Box::pin(
-            self.send(
-                self.http
-                    .post(self.url("/v1/billing_portal/sessions"))
-                    .form(&[("customer", customer), ("return_url", return_url)]),
-            ),
-        )
+        let form = [("customer", customer), ("return_url", return_url)];
+        Box::pin(self.send(self.post("/v1/billing_portal/sessions").form(&form)))
     }
 }
 

@@ -523,9 +523,9 @@ struct Route<'a> {
 async fn compare(
     stack: &mut Stack, key: &str, route: &Route<'_>, sends: usize, rounds: usize, s: &SendSettings,
 ) -> anyhow::Result<(Throughput, Throughput)> {
-    stack.kill_sender().await;
-    stack.use_smtp(&format!("smtp://{}", route.pipeline_via));
-    stack.start_sender().await;
+    stack
+        .deliver_by_smtp(&format!("smtp://{}", route.pipeline_via))
+        .await;
     let c = s.lettre_concurrency;
     let smtp = Arc::new(lettre_transport(route.baseline_via, c as u32));
     let tag = route.name;
@@ -580,9 +580,7 @@ async fn pipeline_bench(
     lettre_round(&wide, &base_sink, "cw", WARMUP_MESSAGES, 32).await?;
     let total = s.pipeline_sends * s.recipients;
     let check = lettre_round(&wide, &base_sink, "c", total, 32).await?;
-    stack.kill_sender().await;
-    stack.use_smtp(&sink.url());
-    stack.start_sender().await;
+    stack.deliver_by_smtp(&sink.url()).await;
 
     let c = s.lettre_concurrency;
     println!(
@@ -717,9 +715,7 @@ async fn main() -> anyhow::Result<()> {
                 accept_delay: Duration::ZERO,
             })
             .await;
-            stack.kill_sender().await;
-            stack.use_smtp(&sink.url());
-            stack.start_sender().await;
+            stack.deliver_by_smtp(&sink.url()).await;
             let key = stack.key(sending.credits()).await;
             if runs("pipeline") {
                 pipeline_bench(&mut stack, &key, &sink, &sending).await?;
