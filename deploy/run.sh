@@ -17,8 +17,11 @@ stop() {
 }
 trap stop INT TERM EXIT
 
+# The upstream MTA's secret for /inbound-email/* (unset, those routes answer 503).
+export INBOUND_SECRET="${INBOUND_SECRET:-dev-inbound-secret}"
+
 # Services first, then the gateway that forwards to them.
-for svc in billing domain sender api-gateway; do
+for svc in billing domain inbound-ingest sender api-gateway; do
   "$bin/$svc" &
   pids+=($!)
 done

@@ -72,6 +72,12 @@ uuid_id! {
     TaskId,
     /// The scope of API keys: plans and limits belong to a workspace.
     WorkspaceId,
+    /// An inbox address that receives mail.
+    AddressId,
+    /// A conversation in one inbox.
+    ThreadId,
+    /// One stored copy of a received message (one per recipient inbox).
+    InboundMessageId,
 }
 
 #[cfg(test)]

@@ -16,7 +16,10 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/postmesh.v1.rs"));
 }
 
-pub use ids::{AccountId, ApiKeyId, DeliveryId, JobId, TaskId, WorkspaceId};
+pub use ids::{
+    AccountId, AddressId, ApiKeyId, DeliveryId, InboundMessageId, JobId, TaskId, ThreadId,
+    WorkspaceId,
+};
 pub use namespace::Namespace;
 pub use routes::{HttpMethod, Policy, RouteSpec};
 pub use rpc::{Method, Rpc};

@@ -11,6 +11,8 @@ pub enum Policy {
     Public,
     /// A bearer API key (`Authorization: Bearer <key>`).
     Key,
+    /// The upstream MTA: `x-service-inbound-secret` equal to the gateway's `INBOUND_SECRET`.
+    InboundSecret,
 }
 
 /// The HTTP methods routes are declared with.
@@ -140,6 +142,22 @@ pub mod sender {
     }
 }
 
+/// Inbound mail's routes: inbox addresses, the MTA's validate and ingest, threads.
+pub mod inbound {
+    manifest! {
+        ADDRESSES = Get "/inbox/addresses" Key;
+        ADDRESS_CREATE = Post "/inbox/addresses" Key;
+        ADDRESS_DELETE = Delete "/inbox/addresses/{id}" Key;
+        VALIDATE = Post "/inbound-email/validate" InboundSecret;
+        // 10 MiB of MIME as base64 (13,981,016 bytes) and the envelope around it.
+        INGEST = Post "/inbound-email/ingest" InboundSecret, limit 14 * 1024 * 1024;
+        THREADS = Get "/inbox/threads" Key;
+        THREAD = Get "/inbox/threads/{id}" Key;
+        THREAD_READ = Post "/inbox/threads/{id}/read" Key;
+        MESSAGE_RAW = Get "/inbox/messages/{id}/raw" Key;
+    }
+}
+
 impl Service {
     /// The HTTP routes the service serves (the gateway's own for [`Service::ApiGateway`]).
     pub const fn routes(self) -> &'static [RouteSpec] {
@@ -148,7 +166,8 @@ impl Service {
             Service::Billing => billing::ROUTES,
             Service::Domain => domain::ROUTES,
             Service::Sender => sender::ROUTES,
-            Service::InboundIngest | Service::WebhookDispatcher => &[],
+            Service::InboundIngest => inbound::ROUTES,
+            Service::WebhookDispatcher => &[],
         }
     }
 }
@@ -172,5 +191,8 @@ mod tests {
         }
         assert!(seen.contains(&(HttpMethod::Get, "/balance")));
         assert_eq!(sender::SEND_EMAIL.body_limit, Some(16 << 20));
+        // The ingest route carries 10 MiB of MIME as base64.
+        let base64_of_10_mib = (10usize << 20).div_ceil(3) * 4;
+        assert!(inbound::INGEST.body_limit.unwrap() > base64_of_10_mib + 4096);
     }
 }

@@ -24,8 +24,8 @@ pub mod tls;
 // The contracts, where services meet them through the kit.
 pub use postmesh_contracts::{ids, proto, rpc, service};
 pub use postmesh_contracts::{
-    AccountId, ApiKeyId, DeliveryId, JobId, Method, Namespace, Policy, Rpc, Service, TaskId,
-    WorkspaceId,
+    AccountId, AddressId, ApiKeyId, DeliveryId, InboundMessageId, JobId, Method, Namespace, Policy,
+    Rpc, Service, TaskId, ThreadId, WorkspaceId,
 };
 
 pub use config::Common;

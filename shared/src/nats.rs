@@ -3,7 +3,8 @@
 //! group so replicas share the load. `traceparent` and `x-request-id` ride in NATS headers.
 //! A request body too large for one NATS message travels by claim check: [`forward`] puts it
 //! in the namespace's object-store bucket and the envelope carries its key; the service host
-//! reads it back and deletes it once the request is handled.
+//! reads it back and deletes it once the request is handled. An answer too large goes back
+//! the same way, read and deleted by [`forward`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -159,12 +160,7 @@ pub async fn forward(
     let payload = if req.body.len() <= CLAIM_CHECK_THRESHOLD {
         request(client, subject, service, req.encode_to_vec().into()).await?
     } else {
-        let store = bodies(client, ns).await?;
-        let key = uuid::Uuid::now_v7().simple().to_string();
-        store
-            .put(key.as_str(), &mut req.body.as_ref())
-            .await
-            .map_err(|e| store_unavailable("storing the request body", e))?;
+        let key = put_body(client, ns, &req.body).await?;
         let envelope = HttpRequest {
             body: Bytes::new(),
             body_key: key.clone(),
@@ -174,13 +170,30 @@ pub async fn forward(
         if answer.is_err() {
             // The service may never read it; if it still does, it finds the body gone and
             // answers an error nobody waits for any more.
-            if let Err(e) = store.delete(&key).await {
-                tracing::warn!(error = %e, key, "could not delete an unclaimed request body");
-            }
+            delete_body(client, ns, &key).await;
         }
         answer?
     };
-    HttpResponse::decode(payload).map_err(|e| bad_reply(service, e))
+    let mut answer = HttpResponse::decode(payload).map_err(|e| bad_reply(service, e))?;
+    if !answer.body_key.is_empty() {
+        let key = std::mem::take(&mut answer.body_key);
+        let (body, store) = claim_body(client, ns, &key).await?;
+        answer.body = body;
+        if let Err(e) = store.delete(&key).await {
+            tracing::warn!(error = %e, key, "could not delete a claimed answer body");
+        }
+    }
+    Ok(answer)
+}
+
+/// Deletes the body stored under `key`, if it is still there.
+async fn delete_body(client: &Client, ns: &Namespace, key: &str) {
+    let js = async_nats::jetstream::new(client.clone());
+    if let Ok(store) = js.get_object_store(bodies_bucket(ns)).await {
+        if let Err(e) = store.delete(key).await {
+            tracing::warn!(error = %e, key, "could not delete an unclaimed request body");
+        }
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -355,7 +368,8 @@ impl ServiceHost {
 }
 
 /// Runs one forwarded request through the service's router; a claim-checked body is read
-/// from the bucket first and deleted once the router has answered.
+/// from the bucket first and deleted once the router has answered. An answer too large for
+/// a NATS message goes back by claim check too (the gateway deletes it once read).
 async fn handle_http(
     router: Router, client: &Client, ns: &Namespace, payload: Bytes,
 ) -> HttpResponse {
@@ -371,6 +385,20 @@ async fn handle_http(
         }
         Err(e) => axum::response::IntoResponse::into_response(e),
     };
+    let mut answer = response_envelope(response).await;
+    if answer.body.len() > CLAIM_CHECK_THRESHOLD {
+        match put_body(client, ns, &answer.body).await {
+            Ok(key) => (answer.body, answer.body_key) = (Bytes::new(), key),
+            Err(e) => {
+                answer = response_envelope(axum::response::IntoResponse::into_response(e)).await
+            }
+        }
+    }
+    answer
+}
+
+/// An answer of the router as an envelope, its body inline.
+async fn response_envelope(response: axum::response::Response) -> HttpResponse {
     let (parts, body) = response.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
@@ -388,7 +416,19 @@ async fn handle_http(
             })
             .collect(),
         body,
+        body_key: String::new(),
     }
+}
+
+/// Stores `body` in the namespace's bucket under a new key; returns the key.
+async fn put_body(client: &Client, ns: &Namespace, body: &[u8]) -> Result<String, ApiError> {
+    let store = bodies(client, ns).await?;
+    let key = uuid::Uuid::now_v7().simple().to_string();
+    store
+        .put(key.as_str(), &mut &body[..])
+        .await
+        .map_err(|e| store_unavailable("storing a body", e))?;
+    Ok(key)
 }
 
 /// Reads the body `key` names from the namespace's bucket; returns it with the bucket, to

@@ -56,7 +56,12 @@ pub struct Options {
     pub catalog: Option<PathBuf>,
     /// Jobs the sender works on at once (`SEND_CONCURRENCY`; default 8).
     pub send_concurrency: usize,
+    /// The gateway's `INBOUND_SECRET` (default [`INBOUND_SECRET`]; none: unset).
+    pub inbound_secret: Option<String>,
 }
+
+/// The `INBOUND_SECRET` of a test stack's gateway.
+pub const INBOUND_SECRET: &str = "test-inbound-secret";
 
 /// Where a test stack's domain service finds DNS, SES and Cloudflare.
 pub struct DomainOptions {
@@ -112,6 +117,7 @@ impl Default for Options {
             domain: DomainOptions::default(),
             catalog: None,
             send_concurrency: 8,
+            inbound_secret: Some(INBOUND_SECRET.into()),
         }
     }
 }
@@ -211,6 +217,7 @@ pub struct Stack {
     /// Billing's settings, for a restart.
     billing_config: billing::Config,
     domain: Option<Running>,
+    inbound: Option<Running>,
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
     mode: SenderMode,
@@ -286,8 +293,21 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
             hourly_cap: 10,
             from_email: "codes@postmesh.test".into(),
         },
+        inbound_secret: Some(INBOUND_SECRET.into()),
     }
 }
+
+/// The inbound service's settings of a test stack: the default platform inbound domain.
+pub fn inbound_config(common: &Common) -> inbound_ingest::Config {
+    inbound_ingest::Config {
+        common: common.clone(),
+        inbound_domain: inbound_ingest::addresses::Domain::parse(INBOUND_DOMAIN).expect("valid"),
+        retention_days: 30,
+    }
+}
+
+/// The platform inbound domain of a test stack.
+pub const INBOUND_DOMAIN: &str = "inbound.postmesh.localhost";
 
 /// One service's database in a fresh namespace, migrated, and nothing else running: for
 /// testing a service's router (`oneshot`) and queries with only Postgres. Dropped with it.
@@ -384,7 +404,13 @@ impl Stack {
         let domain = domain::start(domain_config(&common, opts.domain))
             .await
             .expect("domain service starts");
-        let gateway_config = gateway_config(&common, opts.rate);
+        let inbound = inbound_ingest::start(inbound_config(&common))
+            .await
+            .expect("inbound service starts");
+        let gateway_config = api_gateway::Config {
+            inbound_secret: opts.inbound_secret,
+            ..gateway_config(&common, opts.rate)
+        };
         let codes = gateway_config.codes.clone();
         let gateway = api_gateway::start(gateway_config)
             .await
@@ -399,6 +425,7 @@ impl Stack {
             billing: Some(billing),
             billing_config,
             domain: Some(domain),
+            inbound: Some(inbound),
             sender: None,
             sender_child: None,
             mode: opts.sender,
@@ -426,6 +453,7 @@ impl Stack {
             gateway: None,
             billing: None,
             domain: None,
+            inbound: None,
             sender: None,
             sender_child: None,
             mode: SenderMode::ChildProcess,
@@ -443,11 +471,17 @@ impl Stack {
 
     /// Admin servers (`/healthz`, `/readyz`, `/metrics`) of the in-process services.
     pub fn admin_addrs(&self) -> Vec<SocketAddr> {
-        [&self.gateway, &self.billing, &self.domain, &self.sender]
-            .into_iter()
-            .flatten()
-            .map(|r| r.admin_addr)
-            .collect()
+        [
+            &self.gateway,
+            &self.billing,
+            &self.domain,
+            &self.inbound,
+            &self.sender,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|r| r.admin_addr)
+        .collect()
     }
 
     /// Where the sender writes delivered messages.
@@ -760,9 +794,14 @@ impl Stack {
     /// Stops every service and drops the stack's databases, stream and Redis keys.
     pub async fn shutdown(mut self) {
         self.kill_sender().await;
-        for running in [self.gateway.take(), self.billing.take(), self.domain.take()]
-            .into_iter()
-            .flatten()
+        for running in [
+            self.gateway.take(),
+            self.billing.take(),
+            self.domain.take(),
+            self.inbound.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             running.stop().await;
         }

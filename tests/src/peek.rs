@@ -134,6 +134,22 @@ pub mod domain {
         .expect("domain row");
     }
 
+    /// A domain `name` of `workspace` with ownership and inbound MX verified, as the review
+    /// and `verify-inbound` leave it.
+    pub async fn insert_inbound_verified(db: &PgPool, workspace: Uuid, name: &str) {
+        sqlx::query(
+            "INSERT INTO domains (id, workspace_id, name, verification_token, ownership,
+                 inbound_status, created_at)
+             VALUES ($1, $2, $3, 'token', 'verified', 'verified', 0)",
+        )
+        .bind(Uuid::now_v7())
+        .bind(workspace)
+        .bind(name)
+        .execute(db)
+        .await
+        .expect("domain row");
+    }
+
     /// The saved DNS provider token, as stored.
     pub async fn sealed_dns_token(db: &PgPool) -> Vec<u8> {
         sqlx::query_scalar("SELECT sealed_token FROM dns_providers")
@@ -251,5 +267,22 @@ pub mod sender {
             .fetch_one(db)
             .await
             .expect("delivery row")
+    }
+}
+
+/// The inbound service's stored mail.
+pub mod inbound {
+    use super::*;
+
+    /// Stored copies of messages, with their raw forms (each copy has one).
+    pub async fn messages(db: &PgPool) -> i64 {
+        let (copies, raws): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM message_raw)",
+        )
+        .fetch_one(db)
+        .await
+        .expect("counts");
+        assert_eq!(copies, raws, "each stored copy has its raw form");
+        copies
     }
 }

@@ -18,7 +18,7 @@ async fn every_service_serves_health_readiness_and_metrics() {
     let key = stack.key(1).await;
     assert_eq!(stack.balance(&key).await, 1);
     let admins = stack.admin_addrs();
-    assert_eq!(admins.len(), 4, "gateway, billing, domain, sender");
+    assert_eq!(admins.len(), 5, "gateway, billing, domain, inbound, sender");
     for addr in admins {
         for path in ["/healthz", "/readyz"] {
             let res = stack
@@ -78,6 +78,7 @@ async fn each_service_process_counts_its_own_work() {
     for service in [
         Service::Billing,
         Service::Domain,
+        Service::InboundIngest,
         Service::Sender,
         Service::ApiGateway,
     ] {
@@ -109,6 +110,14 @@ async fn each_service_process_counts_its_own_work() {
         .await
         .unwrap();
     assert_eq!(domains.status(), StatusCode::OK);
+    let inboxes = stack
+        .http
+        .get(format!("http://{gateway_addr}/inbox/addresses"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(inboxes.status(), StatusCode::OK);
     let outbox_dir = outbox.path();
     eventually(Duration::from_secs(20), || async move {
         match std::fs::read_dir(outbox_dir).unwrap().count() {
@@ -119,7 +128,7 @@ async fn each_service_process_counts_its_own_work() {
     .await;
 
     let ns = common.namespace.as_str();
-    let own: [(Service, &[String], &[String]); 4] = [
+    let own: [(Service, &[String], &[String]); 5] = [
         (
             Service::ApiGateway,
             &[
@@ -144,6 +153,14 @@ async fn each_service_process_counts_its_own_work() {
             Service::Domain,
             &[format!("subject=\"{ns}.svc.domain.http\"")],
             &["rpc.billing".into(), "postmesh_http_requests_total".into()],
+        ),
+        (
+            Service::InboundIngest,
+            &[format!("subject=\"{ns}.svc.inbound-ingest.http\"")],
+            &[
+                "svc.domain.http".into(),
+                "postmesh_http_requests_total".into(),
+            ],
         ),
         (
             Service::Sender,

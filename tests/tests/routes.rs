@@ -73,7 +73,14 @@ async fn served_routers() -> Vec<(Service, axum::Router)> {
         ),
         (
             Service::Domain,
-            domain::router(domain::AppState::new(idle).unwrap()),
+            domain::router(domain::AppState::new(idle.clone()).unwrap()),
+        ),
+        (
+            Service::InboundIngest,
+            inbound_ingest::router(inbound_ingest::AppState::new(
+                idle,
+                postmesh_tests::fresh_namespace(),
+            )),
         ),
     ]
 }

@@ -48,6 +48,9 @@ pub struct Config {
     /// Per-key request rate (`KEY_RATE_PER_SEC`, default 100; `KEY_RATE_BURST`, default 300).
     pub rate: RateConfig,
     pub codes: CodeConfig,
+    /// What the upstream MTA sends in `x-service-inbound-secret` (`INBOUND_SECRET`); unset:
+    /// `/inbound-email/*` answer 503.
+    pub inbound_secret: Option<String>,
 }
 
 impl Config {
@@ -70,6 +73,9 @@ impl Config {
                 per_sec: env_parse("KEY_RATE_PER_SEC", 100)?,
                 burst: env_parse("KEY_RATE_BURST", 300)?,
             },
+            inbound_secret: std::env::var("INBOUND_SECRET")
+                .ok()
+                .filter(|s| !s.is_empty()),
             common,
             codes,
         })
@@ -92,6 +98,7 @@ pub struct Gateway {
     pub rate: ratelimit::RateLimit,
     pub codes: CodeConfig,
     pub body_limit: usize,
+    pub inbound_secret: Option<String>,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
@@ -123,7 +130,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         rate: ratelimit::RateLimit::new(config.rate),
         codes: config.codes.clone(),
         body_limit: config.body_limit,
+        inbound_secret: config.inbound_secret.clone(),
     });
+    if state.inbound_secret.is_none() {
+        tracing::warn!("INBOUND_SECRET is not set: /inbound-email/* answer 503");
+    }
     let http = rt.listen(config.http_addr, app(state)).await?;
     rt.running(Some(http)).await
 }

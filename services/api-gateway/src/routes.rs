@@ -11,6 +11,9 @@ use axum::response::IntoResponse;
 use axum::routing::{on, MethodRouter};
 use axum::Router;
 
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
 use postmesh_contracts::{Policy, RouteSpec};
 use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
 use postmesh_shared::routes::{method_filter, NO_SUCH_ENDPOINT};
@@ -82,16 +85,22 @@ pub fn router(state: AppState) -> Router {
         };
         handlers.push((spec, to_service));
     }
-    let (mut public, mut keyed) = (Router::new(), Router::new());
+    let (mut public, mut keyed, mut mta) = (Router::new(), Router::new(), Router::new());
     for (spec, handler) in handlers {
         match spec.policy {
             Policy::Public => public = public.route(spec.path, handler),
             Policy::Key => keyed = keyed.route(spec.path, handler),
+            Policy::InboundSecret => mta = mta.route(spec.path, handler),
         }
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    let mta = mta.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_inbound_secret,
+    ));
     public
         .merge(keyed)
+        .merge(mta)
         .fallback(|| async { ApiError::NotFound(NO_SUCH_ENDPOINT.into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
@@ -124,6 +133,33 @@ async fn require_key(
     Ok(next.run(req).await)
 }
 
+/// The header the upstream MTA proves itself with.
+pub const INBOUND_SECRET_HEADER: &str = "x-service-inbound-secret";
+
+/// Admits the upstream MTA: `x-service-inbound-secret` must equal `INBOUND_SECRET`
+/// (compared in constant time); 503 while no secret is configured, 401 otherwise.
+async fn require_inbound_secret(
+    State(state): State<AppState>, req: Request, next: Next,
+) -> Result<Response<Body>, ApiError> {
+    let Some(expected) = &state.inbound_secret else {
+        return Err(ApiError::Unavailable(
+            "inbound mail is not configured (INBOUND_SECRET)".into(),
+        ));
+    };
+    let given = req
+        .headers()
+        .get(INBOUND_SECRET_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    // Digests first, so the comparison takes the same time whatever the lengths.
+    if !bool::from(Sha256::digest(given).ct_eq(&Sha256::digest(expected.as_bytes()))) {
+        return Err(ApiError::Unauthorized(format!(
+            "missing or wrong {INBOUND_SECRET_HEADER}"
+        )));
+    }
+    Ok(next.run(req).await)
+}
+
 /// Request headers a service may see. Credentials never leave the gateway.
 const FORWARDED_REQUEST_HEADERS: [HeaderName; 6] = [
     header::CONTENT_TYPE,
@@ -143,6 +179,16 @@ async fn forward(
 ) -> Result<Response<Body>, ApiError> {
     let limit = body_limit.unwrap_or(state.body_limit);
     let (parts, body) = req.into_parts();
+    // A declared length that cannot fit is refused before a byte of the body is read.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "request body over {limit} bytes"
+        )));
+    }
     let body = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::PayloadTooLarge(format!("request body over {limit} bytes")))?;

@@ -1,0 +1,188 @@
+//! What is kept of a received MIME message besides its raw form: parsed with mail-parser
+//! (legacy charsets decoded), or, for a message it cannot read, only what the raw bytes
+//! tell (never an error that would make the MTA retry forever).
+
+use mail_parser::{Address, HeaderValue, MessageParser, MimeHeaders};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// One attachment, listed (its content stays in the raw message).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    pub filename: Option<String>,
+    pub content_type: String,
+    /// Decoded bytes.
+    pub size: usize,
+}
+
+/// The parts of a message that are stored as columns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    /// `From:` as written (`Name <addr>` or `addr`).
+    pub from: Option<String>,
+    pub to: Vec<String>,
+    pub cc: Vec<String>,
+    pub subject: String,
+    pub text: Option<String>,
+    pub html: Option<String>,
+    /// `Message-ID`, without angle brackets.
+    pub message_id: Option<String>,
+    pub in_reply_to: Option<String>,
+    pub references: Vec<String>,
+    pub attachments: Vec<Attachment>,
+    /// False when mail-parser could not read the message.
+    pub readable: bool,
+}
+
+impl Parsed {
+    /// Reads `raw`.
+    pub fn of(raw: &[u8]) -> Self {
+        let Some(msg) = MessageParser::default().parse(raw) else {
+            return Self::default();
+        };
+        Self {
+            from: msg.from().and_then(first_address),
+            to: addresses(msg.to()),
+            cc: addresses(msg.cc()),
+            subject: msg.subject().unwrap_or_default().to_owned(),
+            text: msg.body_text(0).map(|t| t.into_owned()),
+            html: msg.body_html(0).map(|h| h.into_owned()),
+            message_id: msg.message_id().map(bare_id).filter(|id| !id.is_empty()),
+            in_reply_to: ids(msg.in_reply_to()).into_iter().next(),
+            references: ids(msg.references()),
+            attachments: msg
+                .attachments()
+                .map(|part| Attachment {
+                    filename: part.attachment_name().map(str::to_owned),
+                    content_type: part
+                        .content_type()
+                        .map(|ct| match ct.subtype() {
+                            Some(sub) => format!("{}/{sub}", ct.ctype()),
+                            None => ct.ctype().to_owned(),
+                        })
+                        .unwrap_or_else(|| "application/octet-stream".into())
+                        .to_ascii_lowercase(),
+                    size: part.contents().len(),
+                })
+                .collect(),
+            readable: true,
+        }
+    }
+
+    /// What makes this message the same message again in one inbox: its Message-ID, else
+    /// the SHA-256 of its raw bytes.
+    pub fn dedup_key(&self, raw: &[u8]) -> String {
+        match &self.message_id {
+            Some(id) => format!("mid:{id}"),
+            None => format!("sha256:{}", hex::encode(Sha256::digest(raw))),
+        }
+    }
+
+    /// The subject as threads compare it: without reply and forward prefixes (`Re:`,
+    /// `Fwd:`, `AW:`, `[list]`, ...; RFC 5256's base subject), lower case, single spaces.
+    pub fn subject_key(&self) -> String {
+        base_subject(&self.subject)
+    }
+
+    /// Message-IDs this message answers, nearest first: `In-Reply-To`, then `References`
+    /// from the newest.
+    pub fn ancestors(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.in_reply_to.iter().cloned().collect();
+        ids.extend(self.references.iter().rev().cloned());
+        ids.dedup();
+        ids
+    }
+}
+
+/// RFC 5256's base subject, lower case, with runs of white space as one space.
+pub fn base_subject(subject: &str) -> String {
+    let lower = subject.to_lowercase();
+    mail_parser::parsers::fields::thread::thread_name(&lower)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bare_id(id: &str) -> String {
+    id.trim()
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .to_owned()
+}
+
+fn ids(value: &HeaderValue<'_>) -> Vec<String> {
+    match value {
+        HeaderValue::Text(id) => vec![bare_id(id)],
+        HeaderValue::TextList(list) => list.iter().map(|id| bare_id(id)).collect(),
+        _ => Vec::new(),
+    }
+    .into_iter()
+    .filter(|id| !id.is_empty())
+    .collect()
+}
+
+fn first_address(address: &Address<'_>) -> Option<String> {
+    address.first().and_then(|a| {
+        let email = a.address()?;
+        Some(match a.name() {
+            Some(name) if !name.is_empty() => format!("{name} <{email}>"),
+            _ => email.to_owned(),
+        })
+    })
+}
+
+fn addresses(address: Option<&Address<'_>>) -> Vec<String> {
+    address
+        .map(|a| {
+            a.iter()
+                .filter_map(|a| a.address())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_subjects_drop_reply_and_forward_prefixes() {
+        for (subject, key) in [
+            ("Hello  World", "hello world"),
+            ("Re: Hello World", "hello world"),
+            ("RE: re: Hello World", "hello world"),
+            ("Fwd: Re: Hello World", "hello world"),
+            ("AW: Hello World", "hello world"),
+            ("[list] Re: Hello World", "hello world"),
+            ("", ""),
+        ] {
+            assert_eq!(base_subject(subject), key, "{subject:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_is_read_with_its_threading_headers() {
+        let raw = b"From: Ann Lee <ann@example.com>\r\nTo: a@x.io, b@x.io\r\nCc: c@x.io\r\n\
+Subject: Re: Plans\r\nMessage-ID: <m2@example.com>\r\nIn-Reply-To: <m1@x.io>\r\n\
+References: <m0@x.io> <m1@x.io>\r\n\r\nHi\r\n";
+        let p = Parsed::of(raw);
+        assert!(p.readable);
+        assert_eq!(p.from.as_deref(), Some("Ann Lee <ann@example.com>"));
+        assert_eq!((p.to.len(), p.cc.len()), (2, 1));
+        assert_eq!(p.message_id.as_deref(), Some("m2@example.com"));
+        assert_eq!(p.ancestors(), ["m1@x.io", "m0@x.io"]);
+        assert_eq!(p.dedup_key(raw), "mid:m2@example.com");
+        assert_eq!(p.text.as_deref().map(str::trim), Some("Hi"));
+    }
+
+    #[test]
+    fn without_a_message_id_the_raw_bytes_decide() {
+        let p = Parsed::of(b"Subject: x\r\n\r\nbody");
+        assert!(p
+            .dedup_key(b"Subject: x\r\n\r\nbody")
+            .starts_with("sha256:"));
+        assert_ne!(p.dedup_key(b"a"), p.dedup_key(b"b"));
+    }
+}

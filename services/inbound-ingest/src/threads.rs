@@ -1,0 +1,303 @@
+//! Threads: each stored copy joins the thread of a message it answers (`In-Reply-To`,
+//! `References`) in the same inbox, else the inbox's thread of the same base subject active
+//! in the last 7 days, else a new one. Listing, reading, marking read, and the raw message.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use postmesh_shared::extract::{Caller, IdPath, QueryParams};
+use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
+
+use crate::addresses;
+use crate::mime::{Attachment, Parsed};
+use crate::AppState;
+
+/// How long a thread takes in messages by subject alone.
+const SUBJECT_WINDOW_SECS: i64 = 7 * 86_400;
+/// Threads listed at most per page.
+const MAX_LIMIT: i64 = 100;
+
+/// The thread a new copy in `address` joins, created when there is none; its counters are
+/// updated for the copy. Runs under the inbox's lock (see `ingest`).
+pub(crate) async fn assign(
+    tx: &mut PgConnection, address: AddressId, workspace: WorkspaceId, parsed: &Parsed, now: i64,
+) -> Result<ThreadId, sqlx::Error> {
+    let ancestors = parsed.ancestors();
+    let mut found: Option<Uuid> = None;
+    if !ancestors.is_empty() {
+        found = sqlx::query_scalar(
+            "SELECT thread_id FROM messages WHERE address_id = $1 AND message_id = ANY($2)
+             ORDER BY received_at DESC LIMIT 1",
+        )
+        .bind(address)
+        .bind(&ancestors)
+        .fetch_optional(&mut *tx)
+        .await?;
+    }
+    let key = parsed.subject_key();
+    if found.is_none() && !key.is_empty() {
+        found = sqlx::query_scalar(
+            "SELECT id FROM threads WHERE address_id = $1 AND subject_key = $2
+               AND last_message_at >= $3
+             ORDER BY last_message_at DESC LIMIT 1",
+        )
+        .bind(address)
+        .bind(&key)
+        .bind(now - SUBJECT_WINDOW_SECS)
+        .fetch_optional(&mut *tx)
+        .await?;
+    }
+    match found {
+        Some(id) => {
+            sqlx::query(
+                "UPDATE threads SET message_count = message_count + 1,
+                     last_message_at = GREATEST(last_message_at, $2),
+                     activity = nextval('thread_activity')
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            Ok(id.into())
+        }
+        None => {
+            let id = ThreadId::new();
+            sqlx::query(
+                "INSERT INTO threads (id, address_id, workspace_id, subject, subject_key,
+                     message_count, last_message_at, activity, created_at)
+                 VALUES ($1, $2, $3, $4, $5, 1, $6, nextval('thread_activity'), $6)",
+            )
+            .bind(id)
+            .bind(address)
+            .bind(workspace)
+            .bind(&parsed.subject)
+            .bind(&key)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            Ok(id)
+        }
+    }
+}
+
+/// A thread as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadView {
+    pub id: ThreadId,
+    pub address_id: AddressId,
+    pub subject: String,
+    pub message_count: i32,
+    pub unread: bool,
+    pub last_message_at: i64,
+}
+
+/// The columns of [`ThreadView`], from `threads t`.
+const THREAD_COLUMNS: &str =
+    "t.id, t.address_id, t.subject, t.message_count, t.unread, t.last_message_at";
+
+/// `GET /inbox/threads` answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadList {
+    pub threads: Vec<ThreadView>,
+    /// The workspace's unread threads, all addresses.
+    pub unread_threads: i64,
+}
+
+/// One stored message as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageView {
+    pub id: InboundMessageId,
+    /// `From:` as written, or the envelope sender when the message has none.
+    pub from: String,
+    pub to: Vec<String>,
+    pub cc: Vec<String>,
+    pub subject: String,
+    pub text: Option<String>,
+    pub html: Option<String>,
+    pub message_id: Option<String>,
+    pub in_reply_to: Option<String>,
+    pub received_at: i64,
+    pub attachments: Vec<Attachment>,
+    pub authentication: Value,
+}
+
+#[derive(sqlx::FromRow)]
+struct MessageRow {
+    id: InboundMessageId,
+    envelope_from: String,
+    from_header: Option<String>,
+    to_header: Vec<String>,
+    cc_header: Vec<String>,
+    subject: String,
+    text_body: Option<String>,
+    html_body: Option<String>,
+    message_id: Option<String>,
+    in_reply_to: Option<String>,
+    received_at: i64,
+    attachments: sqlx::types::Json<Vec<Attachment>>,
+    authentication: Value,
+}
+
+impl From<MessageRow> for MessageView {
+    fn from(m: MessageRow) -> Self {
+        Self {
+            id: m.id,
+            from: m.from_header.unwrap_or(m.envelope_from),
+            to: m.to_header,
+            cc: m.cc_header,
+            subject: m.subject,
+            text: m.text_body,
+            html: m.html_body,
+            message_id: m.message_id,
+            in_reply_to: m.in_reply_to,
+            received_at: m.received_at,
+            attachments: m.attachments.0,
+            authentication: m.authentication,
+        }
+    }
+}
+
+/// `GET /inbox/threads/{id}` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ThreadPage {
+    pub thread: ThreadView,
+    pub messages: Vec<MessageView>,
+}
+
+/// `POST /inbox/threads/{id}/read` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Read {
+    pub thread: ThreadView,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ListQuery {
+    address_id: Option<AddressId>,
+    unread: Option<String>,
+    limit: Option<i64>,
+    offset: Option<i64>,
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Success<ThreadList>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    let offset = q.offset.unwrap_or(0);
+    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
+        return Err(ApiError::BadRequest(format!(
+            "limit is 1 to {MAX_LIMIT} and offset 0 or more"
+        )));
+    }
+    if let Some(address) = q.address_id {
+        let owned: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM addresses
+                 WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL)",
+        )
+        .bind(address)
+        .bind(caller.workspace)
+        .fetch_one(&state.db)
+        .await?;
+        if !owned {
+            return Err(addresses::not_found());
+        }
+    }
+    let unread = matches!(q.unread.as_deref(), Some("1" | "true"));
+    let threads = sqlx::query_as(&format!(
+        "SELECT {THREAD_COLUMNS} FROM threads t
+         JOIN addresses a ON a.id = t.address_id AND a.deleted_at IS NULL
+         WHERE t.workspace_id = $1 AND ($2::uuid IS NULL OR t.address_id = $2)
+           AND (NOT $3 OR t.unread)
+         ORDER BY t.activity DESC LIMIT $4 OFFSET $5"
+    ))
+    .bind(caller.workspace)
+    .bind(q.address_id)
+    .bind(unread)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(ThreadList {
+        threads,
+        unread_threads: unread_count(&state.db, caller.workspace).await?,
+    }))
+}
+
+/// The caller's thread `id` (of a live address), or 404.
+async fn owned_thread(db: &PgPool, caller: &Caller, id: ThreadId) -> Result<ThreadView, ApiError> {
+    sqlx::query_as(&format!(
+        "SELECT {THREAD_COLUMNS} FROM threads t
+         JOIN addresses a ON a.id = t.address_id AND a.deleted_at IS NULL
+         WHERE t.id = $1 AND t.workspace_id = $2"
+    ))
+    .bind(id)
+    .bind(caller.workspace)
+    .fetch_optional(db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound("no such thread".into()))
+}
+
+pub(crate) async fn show(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<ThreadId>,
+) -> Result<Success<ThreadPage>, ApiError> {
+    let thread = owned_thread(&state.db, &caller, id).await?;
+    let rows: Vec<MessageRow> = sqlx::query_as(
+        "SELECT id, envelope_from, from_header, to_header, cc_header, subject, text_body,
+             html_body, message_id, in_reply_to, received_at, attachments, authentication
+         FROM messages WHERE thread_id = $1 ORDER BY received_at, id",
+    )
+    .bind(id)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(ThreadPage {
+        thread,
+        messages: rows.into_iter().map(MessageView::from).collect(),
+    }))
+}
+
+pub(crate) async fn read(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<ThreadId>,
+) -> Result<Success<Read>, ApiError> {
+    owned_thread(&state.db, &caller, id).await?;
+    sqlx::query("UPDATE threads SET read_count = message_count WHERE id = $1")
+        .bind(id)
+        .execute(&state.db)
+        .await?;
+    let thread = owned_thread(&state.db, &caller, id).await?;
+    Ok(Success::new(Read { thread }))
+}
+
+/// The workspace's unread threads, counted from the partial index `threads_unread` (a
+/// deleted address's threads are marked read when it is deleted).
+pub async fn unread_count(db: &PgPool, workspace: WorkspaceId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM threads WHERE workspace_id = $1 AND unread")
+        .bind(workspace)
+        .fetch_one(db)
+        .await
+}
+
+pub(crate) async fn raw(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<InboundMessageId>,
+) -> Result<impl IntoResponse, ApiError> {
+    let raw: Vec<u8> = sqlx::query_scalar(
+        "SELECT r.raw FROM message_raw r
+         JOIN messages m ON m.id = r.message_id
+         JOIN addresses a ON a.id = m.address_id AND a.deleted_at IS NULL
+         WHERE r.message_id = $1 AND m.workspace_id = $2",
+    )
+    .bind(id)
+    .bind(caller.workspace)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound("no such message".into()))?;
+    Ok(([(header::CONTENT_TYPE, "message/rfc822")], raw))
+}
