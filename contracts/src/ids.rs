@@ -43,6 +43,12 @@ macro_rules! uuid_id {
             }
         }
 
+        impl From<$name> for Uuid {
+            fn from(id: $name) -> Uuid {
+                id.0
+            }
+        }
+
         impl std::str::FromStr for $name {
             type Err = uuid::Error;
 

@@ -101,6 +101,30 @@ pub fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
+/// What a transaction-scoped advisory lock serializes; each has its own key space.
+#[derive(Clone, Copy, Debug)]
+pub enum Turns {
+    /// A workspace's creations within a plan limit (count, then insert).
+    Workspace = 0,
+    /// Writes into one inbox (dedup check, thread choice, insert).
+    Inbox = 1,
+    /// A workspace's sends against its monthly quota.
+    Quota = 7,
+}
+
+/// Makes the caller's transaction take turns with every other that locks `id` for `what`,
+/// until it commits or rolls back (`pg_advisory_xact_lock`).
+pub async fn take_turns(
+    tx: &mut PgConnection, what: Turns, id: impl Into<uuid::Uuid>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))")
+        .bind(id.into())
+        .bind(what as i64)
+        .execute(tx)
+        .await
+        .map(drop)
+}
+
 /// Whether `e` is a unique-constraint violation (SQLSTATE 23505).
 pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505"))

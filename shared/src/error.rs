@@ -47,6 +47,17 @@ impl ApiError {
         Self::Internal(context.to_owned())
     }
 
+    /// 403 unless a workspace that holds `held` of `what` (a plural: "mailboxes") may add
+    /// one more under its plan's `limit`.
+    pub fn within_plan(held: i64, limit: i64, what: &str) -> Result<(), ApiError> {
+        if held < limit {
+            return Ok(());
+        }
+        Err(Self::Forbidden(format!(
+            "your plan allows {limit} {what} and this workspace has {held}: see /billing/entitlements"
+        )))
+    }
+
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {

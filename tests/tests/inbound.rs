@@ -292,16 +292,28 @@ async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_b
         .get(&format!("/inbox/threads/{}", thread.id), StatusCode::OK)
         .await;
     let m = &page.body.messages[0];
-    assert_eq!(m.from, "Ann Lee <ann@customer.example>");
-    assert_eq!(m.to, [format!("support@{INBOUND_DOMAIN}")]);
-    assert_eq!(m.cc, ["billing@customer.example"]);
-    assert_eq!(m.message_id.as_deref(), Some("attach-1@customer.example"));
+    assert_eq!(
+        m.content.from.as_deref(),
+        Some("Ann Lee <ann@customer.example>")
+    );
+    assert_eq!(m.content.to, [format!("support@{INBOUND_DOMAIN}")]);
+    assert_eq!(m.content.cc, ["billing@customer.example"]);
+    assert_eq!(
+        m.content.message_id.as_deref(),
+        Some("attach-1@customer.example")
+    );
     assert!(m
+        .content
         .text
         .as_deref()
         .unwrap()
         .contains("invoice and a screenshot"));
-    assert!(m.html.as_deref().unwrap().contains("<b>invoice</b>"));
+    assert!(m
+        .content
+        .html
+        .as_deref()
+        .unwrap()
+        .contains("<b>invoice</b>"));
     let files: Vec<(Option<&str>, &str, usize)> = m
         .attachments
         .iter()
@@ -373,15 +385,24 @@ async fn a_legacy_charset_and_an_unreadable_message_are_kept() {
             .body;
         bodies.push((m, raw));
     }
-    let (legacy, raw) = bodies.iter().find(|(m, _)| m.message_id.is_some()).unwrap();
-    assert_eq!(legacy.subject, "Grüße aus Köln");
-    assert_eq!(legacy.from, "Jürgen Müller <juergen@legacy.example>");
+    let (legacy, raw) = bodies
+        .iter()
+        .find(|(m, _)| m.content.message_id.is_some())
+        .unwrap();
+    assert_eq!(legacy.content.subject, "Grüße aus Köln");
     assert_eq!(
-        legacy.text.as_deref().map(str::trim),
+        legacy.content.from.as_deref(),
+        Some("Jürgen Müller <juergen@legacy.example>")
+    );
+    assert_eq!(
+        legacy.content.text.as_deref().map(str::trim),
         Some("Grüße aus Köln, señor! Ça coûte 5 EUR?")
     );
     assert_eq!(raw, &latin1);
-    let (_, raw) = bodies.iter().find(|(m, _)| m.message_id.is_none()).unwrap();
+    let (_, raw) = bodies
+        .iter()
+        .find(|(m, _)| m.content.message_id.is_none())
+        .unwrap();
     assert_eq!(raw, &garbage);
     stack.shutdown().await;
 }
@@ -712,7 +733,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         .body
         .messages
         .iter()
-        .map(|m| m.message_id.clone().unwrap())
+        .map(|m| m.content.message_id.clone().unwrap())
         .collect();
     assert_eq!(
         ids,
@@ -723,7 +744,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         ]
     );
     assert_eq!(
-        page.body.messages[1].in_reply_to.as_deref(),
+        page.body.messages[1].content.in_reply_to.as_deref(),
         Some("t1@customer.example")
     );
     // Unread until read; a new message makes it unread again.

@@ -102,22 +102,17 @@ async fn each_service_process_counts_its_own_work() {
     let key = stack.key(5).await;
     assert_eq!(stack.balance(&key).await, 5);
     stack.send_code_ok(&key, "ops@example.com").await;
-    let domains = stack
-        .http
-        .get(format!("http://{gateway_addr}/sender-domains"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(domains.status(), StatusCode::OK);
-    let inboxes = stack
-        .http
-        .get(format!("http://{gateway_addr}/inbox/addresses"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(inboxes.status(), StatusCode::OK);
+    // One forwarded request for each of the domain and inbound services.
+    for path in ["/sender-domains", "/inbox/addresses"] {
+        let res = stack
+            .http
+            .get(format!("http://{gateway_addr}{path}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+    }
     let outbox_dir = outbox.path();
     eventually(Duration::from_secs(20), || async move {
         match std::fs::read_dir(outbox_dir).unwrap().count() {

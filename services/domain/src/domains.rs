@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::db::{self, now_unix};
+use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::{nats, ApiError, Success, WorkspaceId};
@@ -277,10 +277,7 @@ async fn insert(
     db: &PgPool, workspace: WorkspaceId, name: &DomainName, limit: i64,
 ) -> Result<Domain, ApiError> {
     let mut tx = db.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))")
-        .bind(workspace.as_uuid())
-        .execute(&mut *tx)
-        .await?;
+    db::take_turns(&mut tx, Turns::Workspace, workspace).await?;
     let taken: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM domains WHERE name = $1)")
         .bind(name.as_str())
         .fetch_one(&mut *tx)
@@ -288,12 +285,7 @@ async fn insert(
     if taken {
         return Err(taken_error(name));
     }
-    let held = count(&mut *tx, workspace).await?;
-    if held >= limit {
-        return Err(ApiError::Forbidden(format!(
-            "your plan allows {limit} custom domain(s) and this workspace has {held}"
-        )));
-    }
+    ApiError::within_plan(count(&mut *tx, workspace).await?, limit, "custom domains")?;
     let token = format!(
         "postmesh-verify={}",
         hex::encode(rand::random::<[u8; 16]>())

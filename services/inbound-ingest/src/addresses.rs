@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::db::{self, now_unix};
+use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::{EntitlementsRequest, InboundDomainRequest};
 use postmesh_shared::{nats, AddressId, ApiError, EmailAddress, Success, WorkspaceId};
@@ -162,10 +162,7 @@ async fn insert(
     db: &PgPool, workspace: WorkspaceId, address: &InboxAddress, limit: i64,
 ) -> Result<AddressView, ApiError> {
     let mut tx = db.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))")
-        .bind(workspace.as_uuid())
-        .execute(&mut *tx)
-        .await?;
+    db::take_turns(&mut tx, Turns::Workspace, workspace).await?;
     let taken: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM addresses WHERE address = $1 AND deleted_at IS NULL)",
     )
@@ -175,12 +172,7 @@ async fn insert(
     if taken {
         return Err(taken_error(address));
     }
-    let held = count(&mut *tx, workspace).await?;
-    if held >= limit {
-        return Err(ApiError::Forbidden(format!(
-            "your plan allows {limit} mailbox(es) and this workspace has {held}: see /billing/entitlements"
-        )));
-    }
+    ApiError::within_plan(count(&mut *tx, workspace).await?, limit, "mailboxes")?;
     let inserted = sqlx::query_as(
         "INSERT INTO addresses (id, workspace_id, address, created_at)
          VALUES ($1, $2, $3, $4) RETURNING id, address, created_at",

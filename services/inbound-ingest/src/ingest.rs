@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use postmesh_shared::db::now_unix;
+use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::JsonBody;
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
@@ -252,14 +252,12 @@ async fn store(
         .map_err(|e| ApiError::internal("attachments", e))?;
     let envelope_to: Vec<&str> = inboxes.iter().map(|(_, _, a)| a.as_str()).collect();
     let now = now_unix();
+    let c = &parsed.content;
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     // One writer per inbox at a time: the dedup check and the thread choice see every
     // earlier copy. Taken in address-id order, so two ingests never wait on each other.
     for (id, ..) in inboxes {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        db::take_turns(&mut tx, Turns::Inbox, *id).await?;
     }
     let (mut stored, mut duplicates) = (Vec::new(), 0);
     for (address_id, workspace, address) in inboxes {
@@ -291,14 +289,14 @@ async fn store(
         .bind(&dedup_key)
         .bind(envelope_from)
         .bind(&envelope_to)
-        .bind(&parsed.from)
-        .bind(&parsed.to)
-        .bind(&parsed.cc)
-        .bind(&parsed.subject)
-        .bind(&parsed.text)
-        .bind(&parsed.html)
-        .bind(&parsed.message_id)
-        .bind(&parsed.in_reply_to)
+        .bind(&c.from)
+        .bind(&c.to)
+        .bind(&c.cc)
+        .bind(&c.subject)
+        .bind(&c.text)
+        .bind(&c.html)
+        .bind(&c.message_id)
+        .bind(&c.in_reply_to)
         .bind(&parsed.references)
         .bind(&attachments)
         .bind(&auth)
@@ -319,7 +317,7 @@ async fn store(
             address: address.as_str().to_owned(),
             thread_id: thread.to_string(),
             envelope_from: envelope_from.to_owned(),
-            subject: parsed.subject.clone(),
+            subject: parsed.content.subject.clone(),
             received_at: now,
             size: raw.len() as i64,
         };

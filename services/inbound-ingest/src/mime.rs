@@ -16,10 +16,12 @@ pub struct Attachment {
     pub size: usize,
 }
 
-/// The parts of a message that are stored as columns.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Parsed {
-    /// `From:` as written (`Name <addr>` or `addr`).
+/// What a message says of itself, as stored in columns and shown by the API.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Content {
+    /// `From:` as written (`Name <addr>` or `addr`); shown as the envelope sender when the
+    /// message has none.
     pub from: Option<String>,
     pub to: Vec<String>,
     pub cc: Vec<String>,
@@ -29,6 +31,13 @@ pub struct Parsed {
     /// `Message-ID`, without angle brackets.
     pub message_id: Option<String>,
     pub in_reply_to: Option<String>,
+}
+
+/// A message as read for storing: its content, threading and attachments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    pub content: Content,
+    /// `References`, oldest first.
     pub references: Vec<String>,
     pub attachments: Vec<Attachment>,
     /// False when mail-parser could not read the message.
@@ -41,7 +50,7 @@ impl Parsed {
         let Some(msg) = MessageParser::default().parse(raw) else {
             return Self::default();
         };
-        Self {
+        let content = Content {
             from: msg.from().and_then(first_address),
             to: addresses(msg.to()),
             cc: addresses(msg.cc()),
@@ -50,6 +59,9 @@ impl Parsed {
             html: msg.body_html(0).map(|h| h.into_owned()),
             message_id: msg.message_id().map(bare_id).filter(|id| !id.is_empty()),
             in_reply_to: ids(msg.in_reply_to()).into_iter().next(),
+        };
+        Self {
+            content,
             references: ids(msg.references()),
             attachments: msg
                 .attachments()
@@ -73,7 +85,7 @@ impl Parsed {
     /// What makes this message the same message again in one inbox: its Message-ID, else
     /// the SHA-256 of its raw bytes.
     pub fn dedup_key(&self, raw: &[u8]) -> String {
-        match &self.message_id {
+        match &self.content.message_id {
             Some(id) => format!("mid:{id}"),
             None => format!("sha256:{}", hex::encode(Sha256::digest(raw))),
         }
@@ -82,13 +94,13 @@ impl Parsed {
     /// The subject as threads compare it: without reply and forward prefixes (`Re:`,
     /// `Fwd:`, `AW:`, `[list]`, ...; RFC 5256's base subject), lower case, single spaces.
     pub fn subject_key(&self) -> String {
-        base_subject(&self.subject)
+        base_subject(&self.content.subject)
     }
 
     /// Message-IDs this message answers, nearest first: `In-Reply-To`, then `References`
     /// from the newest.
     pub fn ancestors(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.in_reply_to.iter().cloned().collect();
+        let mut ids: Vec<String> = self.content.in_reply_to.iter().cloned().collect();
         ids.extend(self.references.iter().rev().cloned());
         ids.dedup();
         ids
@@ -169,12 +181,13 @@ Subject: Re: Plans\r\nMessage-ID: <m2@example.com>\r\nIn-Reply-To: <m1@x.io>\r\n
 References: <m0@x.io> <m1@x.io>\r\n\r\nHi\r\n";
         let p = Parsed::of(raw);
         assert!(p.readable);
-        assert_eq!(p.from.as_deref(), Some("Ann Lee <ann@example.com>"));
-        assert_eq!((p.to.len(), p.cc.len()), (2, 1));
-        assert_eq!(p.message_id.as_deref(), Some("m2@example.com"));
+        let c = &p.content;
+        assert_eq!(c.from.as_deref(), Some("Ann Lee <ann@example.com>"));
+        assert_eq!((c.to.len(), c.cc.len()), (2, 1));
+        assert_eq!(c.message_id.as_deref(), Some("m2@example.com"));
         assert_eq!(p.ancestors(), ["m1@x.io", "m0@x.io"]);
         assert_eq!(p.dedup_key(raw), "mid:m2@example.com");
-        assert_eq!(p.text.as_deref().map(str::trim), Some("Hi"));
+        assert_eq!(c.text.as_deref().map(str::trim), Some("Hi"));
     }
 
     #[test]

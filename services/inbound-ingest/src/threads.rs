@@ -14,7 +14,7 @@ use postmesh_shared::extract::{Caller, IdPath, QueryParams};
 use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
 
 use crate::addresses;
-use crate::mime::{Attachment, Parsed};
+use crate::mime::{Attachment, Content, Parsed};
 use crate::AppState;
 
 /// How long a thread takes in messages by subject alone.
@@ -76,7 +76,7 @@ pub(crate) async fn assign(
             .bind(id)
             .bind(address)
             .bind(workspace)
-            .bind(&parsed.subject)
+            .bind(&parsed.content.subject)
             .bind(&key)
             .bind(now)
             .execute(&mut *tx)
@@ -112,58 +112,17 @@ pub struct ThreadList {
 }
 
 /// One stored message as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageView {
     pub id: InboundMessageId,
-    /// `From:` as written, or the envelope sender when the message has none.
-    pub from: String,
-    pub to: Vec<String>,
-    pub cc: Vec<String>,
-    pub subject: String,
-    pub text: Option<String>,
-    pub html: Option<String>,
-    pub message_id: Option<String>,
-    pub in_reply_to: Option<String>,
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub content: Content,
     pub received_at: i64,
+    #[sqlx(json)]
     pub attachments: Vec<Attachment>,
     pub authentication: Value,
-}
-
-#[derive(sqlx::FromRow)]
-struct MessageRow {
-    id: InboundMessageId,
-    envelope_from: String,
-    from_header: Option<String>,
-    to_header: Vec<String>,
-    cc_header: Vec<String>,
-    subject: String,
-    text_body: Option<String>,
-    html_body: Option<String>,
-    message_id: Option<String>,
-    in_reply_to: Option<String>,
-    received_at: i64,
-    attachments: sqlx::types::Json<Vec<Attachment>>,
-    authentication: Value,
-}
-
-impl From<MessageRow> for MessageView {
-    fn from(m: MessageRow) -> Self {
-        Self {
-            id: m.id,
-            from: m.from_header.unwrap_or(m.envelope_from),
-            to: m.to_header,
-            cc: m.cc_header,
-            subject: m.subject,
-            text: m.text_body,
-            html: m.html_body,
-            message_id: m.message_id,
-            in_reply_to: m.in_reply_to,
-            received_at: m.received_at,
-            attachments: m.attachments.0,
-            authentication: m.authentication,
-        }
-    }
 }
 
 /// `GET /inbox/threads/{id}` answer.
@@ -250,18 +209,16 @@ pub(crate) async fn show(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<ThreadId>,
 ) -> Result<Success<ThreadPage>, ApiError> {
     let thread = owned_thread(&state.db, &caller, id).await?;
-    let rows: Vec<MessageRow> = sqlx::query_as(
-        "SELECT id, envelope_from, from_header, to_header, cc_header, subject, text_body,
-             html_body, message_id, in_reply_to, received_at, attachments, authentication
+    let messages = sqlx::query_as(
+        "SELECT id, COALESCE(from_header, envelope_from) AS from, to_header AS to,
+             cc_header AS cc, subject, text_body AS text, html_body AS html, message_id,
+             in_reply_to, received_at, attachments, authentication
          FROM messages WHERE thread_id = $1 ORDER BY received_at, id",
     )
     .bind(id)
     .fetch_all(&state.db)
     .await?;
-    Ok(Success::new(ThreadPage {
-        thread,
-        messages: rows.into_iter().map(MessageView::from).collect(),
-    }))
+    Ok(Success::new(ThreadPage { thread, messages }))
 }
 
 pub(crate) async fn read(

@@ -4,6 +4,7 @@
 
 use sqlx::PgConnection;
 
+use postmesh_shared::db::{take_turns, Turns};
 use postmesh_shared::extract::Caller;
 use postmesh_shared::nats::{self, ServiceHost};
 use postmesh_shared::proto::{EntitlementsRequest, UsageReply, UsageRequest};
@@ -78,10 +79,7 @@ impl Quota {
         let Some((limit, period_start)) = self.limit else {
             return Ok(());
         };
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7))")
-            .bind(self.workspace)
-            .execute(&mut *db)
-            .await?;
+        take_turns(db, Turns::Quota, self.workspace).await?;
         // One statement, so one snapshot: a job finishing meanwhile moves from unfinished
         // to sent at once, never counted twice or not at all.
         let used: i64 = sqlx::query_scalar(&format!(
