@@ -24,7 +24,8 @@ key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `mak
 	@test -n "$(EMAIL)" || { echo "usage: make key EMAIL=you@example.com CREDITS=100" >&2; exit 2; }
 	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
 
-bench: deps ## gateway GET /balance vs a single-process baseline; see docs/benchmarks.md
+bench: deps ## the stack against baselines (/balance, sending, inbound); see docs/benchmarks.md
+	$(CARGO) build -q --release -p inbound-ingest # the RSS benchmark runs it as its own process
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
 
 lint: ## formatting and clippy, as CI checks them

@@ -877,10 +877,13 @@ pub fn extract_code(eml: &str) -> Option<String> {
     (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
 }
 
-/// A binary built by this workspace, next to the running test executable.
+/// A binary built by this workspace in the profile of the running executable: a test
+/// (`target/<profile>/deps/<test>`) or a binary such as the bench (`target/<profile>/bench`).
 pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/<name>
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let exe = std::env::current_exe().expect("executable path");
+    let mut dir = exe.parent().expect("target dir");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("profile dir");
+    }
     dir.join(name)
 }

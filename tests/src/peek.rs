@@ -274,6 +274,20 @@ pub mod sender {
 pub mod inbound {
     use super::*;
 
+    /// A live inbox `address` of `workspace`, as `POST /inbox/addresses` leaves it.
+    pub async fn insert_address(db: &PgPool, workspace: Uuid, address: &str) {
+        sqlx::query(
+            "INSERT INTO addresses (id, workspace_id, address, created_at)
+             VALUES ($1, $2, $3, 0)",
+        )
+        .bind(Uuid::now_v7())
+        .bind(workspace)
+        .bind(address)
+        .execute(db)
+        .await
+        .expect("address row");
+    }
+
     /// Stored copies of messages, with their raw forms (each copy has one).
     pub async fn messages(db: &PgPool) -> i64 {
         let (copies, raws): (i64, i64) = sqlx::query_as(

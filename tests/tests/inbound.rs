@@ -20,7 +20,7 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
 use postmesh_shared::Success;
-use postmesh_tests::{peek, Options, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
+use postmesh_tests::{peek, Options, ServiceDb, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
 
 /// A fixture message from `tests/fixtures/inbound/`.
 fn fixture(name: &str) -> Vec<u8> {
@@ -528,6 +528,14 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
             StatusCode::OK,
         )
         .await;
+    // Its body is over the inline limit: read back from the raw message, whole.
+    let text = page.body.messages[0].content.text.as_deref().unwrap();
+    assert!(
+        text.len() > 9 * 1024 * 1024 && text.trim().bytes().all(|b| b == b'x'),
+        "{} bytes: {:?}...",
+        text.len(),
+        &text[..40.min(text.len())]
+    );
     let raw = stack
         .client(&key)
         .send(
@@ -845,4 +853,28 @@ async fn a_deleted_address_takes_no_mail_and_its_messages_go() {
     assert!(purged.body.purged);
     assert_eq!(peek::inbound::messages(&db).await, 0);
     stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stored_copy_is_in_the_outbox_when_its_transaction_commits() {
+    // The router alone, with no publisher: what a crash right after the commit leaves.
+    let db = ServiceDb::create(inbound_ingest::SERVICE, &inbound_ingest::MIGRATIONS).await;
+    let state = inbound_ingest::AppState::new(db.pool.clone(), db.common.namespace.clone());
+    let to = format!("support@{INBOUND_DOMAIN}");
+    peek::inbound::insert_address(&db.pool, uuid::Uuid::now_v7(), &to).await;
+    let mta = TestClient::router(inbound_ingest::router(state), None);
+    let raw = message(Some("outbox@x.io"), "kept", "", "a");
+    for expected in [(1, 0), (0, 1)] {
+        let answer: Success<Ingested> = mta
+            .post(
+                "/inbound-email/ingest",
+                &ingest_body(&raw, &[&to]),
+                StatusCode::OK,
+            )
+            .await;
+        assert_eq!((answer.body.stored, answer.body.duplicates), expected);
+        // One row for the one copy, waiting for the relay; a duplicate adds none.
+        assert_eq!(peek::kit::unpublished(&db.pool).await, 1);
+    }
+    assert_eq!(peek::inbound::messages(&db.pool).await, 1);
 }

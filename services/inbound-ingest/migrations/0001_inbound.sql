@@ -63,6 +63,8 @@ CREATE TABLE messages (
     authentication jsonb NOT NULL,
     -- False when mail-parser could not read the message: only the raw form is kept.
     parsed boolean NOT NULL,
+    -- A text or HTML body over 1 MiB is not copied here: it is read from the raw message.
+    bodies_in_raw boolean NOT NULL,
     size bigint NOT NULL,
     received_at bigint NOT NULL,
     UNIQUE (address_id, dedup_key)

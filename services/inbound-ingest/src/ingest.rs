@@ -278,9 +278,9 @@ async fn store(
             "INSERT INTO messages (id, address_id, thread_id, workspace_id, dedup_key,
                  envelope_from, envelope_to, from_header, to_header, cc_header, subject,
                  text_body, html_body, message_id, in_reply_to, refs, attachments,
-                 authentication, parsed, size, received_at)
+                 authentication, parsed, bodies_in_raw, size, received_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18, $19, $20, $21)",
+                 $17, $18, $19, $20, $21, $22)",
         )
         .bind(id)
         .bind(address_id)
@@ -301,15 +301,12 @@ async fn store(
         .bind(&attachments)
         .bind(&auth)
         .bind(parsed.readable)
+        .bind(parsed.bodies_in_raw)
         .bind(raw.len() as i64)
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("INSERT INTO message_raw (message_id, raw) VALUES ($1, $2)")
-            .bind(id)
-            .bind(raw)
-            .execute(&mut *tx)
-            .await?;
+        copy_raw(&mut tx, id, raw).await?;
         let announcement = InboundReceived {
             message_id: id.to_string(),
             workspace_id: workspace.to_string(),
@@ -334,4 +331,31 @@ async fn store(
     }
     tx.commit().await?;
     Ok((stored, duplicates))
+}
+
+/// Writes the raw message of copy `id` with `COPY ... FROM STDIN (FORMAT binary)` in chunks,
+/// so it is never copied whole into a statement's arguments or the connection's buffer.
+async fn copy_raw(
+    conn: &mut PgConnection, id: InboundMessageId, raw: &[u8],
+) -> Result<(), ApiError> {
+    const CHUNK: usize = 256 * 1024;
+    let len = i32::try_from(raw.len()).map_err(|e| ApiError::internal("raw size", e))?;
+    let mut head = Vec::with_capacity(64);
+    head.extend_from_slice(b"PGCOPY\n\xff\r\n\0"); // signature
+    head.extend_from_slice(&0i32.to_be_bytes()); // flags
+    head.extend_from_slice(&0i32.to_be_bytes()); // header extension length
+    head.extend_from_slice(&2i16.to_be_bytes()); // one row of two fields
+    head.extend_from_slice(&16i32.to_be_bytes());
+    head.extend_from_slice(id.as_uuid().as_bytes());
+    head.extend_from_slice(&len.to_be_bytes());
+    let mut copy = conn
+        .copy_in_raw("COPY message_raw (message_id, raw) FROM STDIN (FORMAT binary)")
+        .await?;
+    copy.send(head).await?;
+    for chunk in raw.chunks(CHUNK) {
+        copy.send(chunk).await?;
+    }
+    copy.send(&(-1i16).to_be_bytes()[..]).await?; // trailer
+    copy.finish().await?;
+    Ok(())
 }

@@ -33,10 +33,17 @@ pub struct Content {
     pub in_reply_to: Option<String>,
 }
 
+/// The largest text or HTML body stored beside the raw message; a larger one is read
+/// from the raw message when shown, so ingesting it does not hold a second copy.
+pub const INLINE_BODY_BYTES: usize = 1024 * 1024;
+
 /// A message as read for storing: its content, threading and attachments.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
+    /// Its content; a body over [`INLINE_BODY_BYTES`] is left out (`bodies_in_raw`).
     pub content: Content,
+    /// Whether a body was left out of `content`, to be read from the raw message.
+    pub bodies_in_raw: bool,
     /// `References`, oldest first.
     pub references: Vec<String>,
     pub attachments: Vec<Attachment>,
@@ -45,23 +52,41 @@ pub struct Parsed {
 }
 
 impl Parsed {
-    /// Reads `raw`.
+    /// Reads `raw`, leaving bodies over [`INLINE_BODY_BYTES`] in it.
     pub fn of(raw: &[u8]) -> Self {
+        Self::read(raw, INLINE_BODY_BYTES)
+    }
+
+    /// Reads `raw` with its bodies, whatever their size.
+    pub fn whole(raw: &[u8]) -> Self {
+        Self::read(raw, usize::MAX)
+    }
+
+    fn read(raw: &[u8], body_limit: usize) -> Self {
         let Some(msg) = MessageParser::default().parse(raw) else {
             return Self::default();
+        };
+        let (text, html) = (msg.body_text(0), msg.body_html(0));
+        let fits = |b: &Option<std::borrow::Cow<'_, str>>| {
+            b.as_ref().is_none_or(|b| b.len() <= body_limit)
+        };
+        let bodies_in_raw = !fits(&text) || !fits(&html);
+        let inline = |b: Option<std::borrow::Cow<'_, str>>| {
+            b.filter(|b| b.len() <= body_limit).map(|b| b.into_owned())
         };
         let content = Content {
             from: msg.from().and_then(first_address),
             to: addresses(msg.to()),
             cc: addresses(msg.cc()),
             subject: msg.subject().unwrap_or_default().to_owned(),
-            text: msg.body_text(0).map(|t| t.into_owned()),
-            html: msg.body_html(0).map(|h| h.into_owned()),
+            text: inline(text),
+            html: inline(html),
             message_id: msg.message_id().map(bare_id).filter(|id| !id.is_empty()),
             in_reply_to: ids(msg.in_reply_to()).into_iter().next(),
         };
         Self {
             content,
+            bodies_in_raw,
             references: ids(msg.references()),
             attachments: msg
                 .attachments()
@@ -188,6 +213,19 @@ References: <m0@x.io> <m1@x.io>\r\n\r\nHi\r\n";
         assert_eq!(p.ancestors(), ["m1@x.io", "m0@x.io"]);
         assert_eq!(p.dedup_key(raw), "mid:m2@example.com");
         assert_eq!(c.text.as_deref().map(str::trim), Some("Hi"));
+    }
+
+    #[test]
+    fn a_large_body_is_left_in_the_raw_message() {
+        let raw = b"Subject: big\r\nContent-Type: text/plain\r\n\r\n0123456789\r\n";
+        let cut = Parsed::read(raw, 5);
+        assert!(cut.bodies_in_raw && cut.content.text.is_none());
+        let whole = Parsed::read(raw, usize::MAX);
+        assert!(!whole.bodies_in_raw);
+        assert_eq!(
+            whole.content.text.as_deref().map(str::trim),
+            Some("0123456789")
+        );
     }
 
     #[test]

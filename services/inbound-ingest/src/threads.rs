@@ -123,6 +123,9 @@ pub struct MessageView {
     #[sqlx(json)]
     pub attachments: Vec<Attachment>,
     pub authentication: Value,
+    /// Whether a body is only in the raw message (read from it before answering).
+    #[serde(skip)]
+    pub bodies_in_raw: bool,
 }
 
 /// `GET /inbox/threads/{id}` answer.
@@ -209,15 +212,20 @@ pub(crate) async fn show(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<ThreadId>,
 ) -> Result<Success<ThreadPage>, ApiError> {
     let thread = owned_thread(&state.db, &caller, id).await?;
-    let messages = sqlx::query_as(
+    let mut messages: Vec<MessageView> = sqlx::query_as(
         "SELECT id, COALESCE(from_header, envelope_from) AS from, to_header AS to,
              cc_header AS cc, subject, text_body AS text, html_body AS html, message_id,
-             in_reply_to, received_at, attachments, authentication
+             in_reply_to, received_at, attachments, authentication, bodies_in_raw
          FROM messages WHERE thread_id = $1 ORDER BY received_at, id",
     )
     .bind(id)
     .fetch_all(&state.db)
     .await?;
+    for m in messages.iter_mut().filter(|m| m.bodies_in_raw) {
+        let raw = raw_of(&state.db, m.id).await?;
+        let whole = Parsed::whole(&raw).content;
+        (m.content.text, m.content.html) = (whole.text, whole.html);
+    }
     Ok(Success::new(ThreadPage { thread, messages }))
 }
 
@@ -238,6 +246,14 @@ pub(crate) async fn read(
 pub async fn unread_count(db: &PgPool, workspace: WorkspaceId) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT count(*) FROM threads WHERE workspace_id = $1 AND unread")
         .bind(workspace)
+        .fetch_one(db)
+        .await
+}
+
+/// The raw message of copy `id`.
+async fn raw_of(db: &PgPool, id: InboundMessageId) -> Result<Vec<u8>, sqlx::Error> {
+    sqlx::query_scalar("SELECT raw FROM message_raw WHERE message_id = $1")
+        .bind(id)
         .fetch_one(db)
         .await
 }

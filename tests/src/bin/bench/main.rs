@@ -1,4 +1,4 @@
-//! `make bench`: three benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: four benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
@@ -27,6 +27,11 @@
 //!    whatever is left when the bench ends is dropped with the stack). With
 //!    `BENCH_SEND_DRAIN=1` each send instead waits until every earlier one was delivered
 //!    (acceptance on an idle stack; far slower).
+//! 4. **Inbound** ([`inbound`]): 50 KB messages ingested per second through the gateway
+//!    against the ingest router called in process on the same database
+//!    (`BENCH_INBOUND_CONNS` inboxes at once, default 8; `BENCH_INBOUND_SECS` per round,
+//!    default 5; `BENCH_INBOUND_ROUNDS`, default 2), and the inbound service's peak RSS, as
+//!    its own process, over one 10 MiB message (goal: growth under 5× the message).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
@@ -34,8 +39,10 @@
 //! (default 1), `BENCH_PIPELINE_SENDS` (default 5), `BENCH_PIPELINE_ROUNDS` (default 2),
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
-//! (default 0), `BENCH_ONLY` (comma-separated subset of `balance,pipeline,accept`; default
-//! all).
+//! (default 0), `BENCH_ONLY` (comma-separated subset of `balance,pipeline,accept,inbound,rss`;
+//! default all).
+
+mod inbound;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -698,7 +705,7 @@ async fn main() -> anyhow::Result<()> {
     let conns: usize = env_parse("BENCH_CONNS", 32)?;
     let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
     let sending = SendSettings::from_env()?;
-    let only = env_or("BENCH_ONLY", "balance,pipeline,accept");
+    let only = env_or("BENCH_ONLY", "balance,pipeline,accept,inbound,rss");
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
     let mut stack = Stack::start_opts(Options {
@@ -709,6 +716,18 @@ async fn main() -> anyhow::Result<()> {
     let outcome = async {
         if runs("balance") {
             balance_bench(&stack, secs, conns, rounds).await?;
+        }
+        if runs("inbound") {
+            inbound::throughput(
+                &stack,
+                env_parse("BENCH_INBOUND_SECS", 5)?,
+                env_parse("BENCH_INBOUND_CONNS", 8)?,
+                env_parse("BENCH_INBOUND_ROUNDS", 2)?,
+            )
+            .await?;
+        }
+        if runs("rss") {
+            inbound::peak_rss().await?;
         }
         if runs("pipeline") || runs("accept") {
             let sink = FakeSmtp::start(Behaviour::Accept {
