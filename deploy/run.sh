@@ -21,7 +21,7 @@ trap stop INT TERM EXIT
 export INBOUND_SECRET="${INBOUND_SECRET:-dev-inbound-secret}"
 
 # Services first, then the gateway that forwards to them.
-for svc in billing domain inbound-ingest sender api-gateway; do
+for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; do
   "$bin/$svc" &
   pids+=($!)
 done

@@ -158,6 +158,17 @@ pub mod inbound {
     }
 }
 
+/// The webhook dispatcher's routes: inbox webhook endpoints.
+pub mod webhooks {
+    manifest! {
+        ENDPOINTS = Get "/inbox/webhook/endpoints" Key;
+        ENDPOINT_CREATE = Post "/inbox/webhook/endpoints" Key;
+        ENDPOINT = Get "/inbox/webhook/endpoints/{id}" Key;
+        ENDPOINT_UPDATE = Patch "/inbox/webhook/endpoints/{id}" Key;
+        ENDPOINT_DELETE = Delete "/inbox/webhook/endpoints/{id}" Key;
+    }
+}
+
 impl Service {
     /// The HTTP routes the service serves (the gateway's own for [`Service::ApiGateway`]).
     pub const fn routes(self) -> &'static [RouteSpec] {
@@ -167,7 +178,7 @@ impl Service {
             Service::Domain => domain::ROUTES,
             Service::Sender => sender::ROUTES,
             Service::InboundIngest => inbound::ROUTES,
-            Service::WebhookDispatcher => &[],
+            Service::WebhookDispatcher => webhooks::ROUTES,
         }
     }
 }

@@ -8,7 +8,8 @@ use crate::namespace::Namespace;
 use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
     EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
-    RefundReply, RefundRequest, SendableReply, SendableRequest, UsageReply, UsageRequest,
+    InboxAddressReply, InboxAddressRequest, RefundReply, RefundRequest, SendableReply,
+    SendableRequest, UsageReply, UsageRequest,
 };
 use crate::service::Service;
 
@@ -58,6 +59,7 @@ rpcs! {
     Billing "entitlements": EntitlementsRequest => EntitlementsReply;
     Domain "sendable": SendableRequest => SendableReply;
     Domain "inbound_domain": InboundDomainRequest => InboundDomainReply;
+    InboundIngest "address": InboxAddressRequest => InboxAddressReply;
     * "usage": UsageRequest => UsageReply;
 }
 
@@ -80,6 +82,10 @@ mod tests {
         assert_eq!(
             InboundDomainRequest::rpc_subject(&ns),
             "pm.rpc.domain.inbound_domain"
+        );
+        assert_eq!(
+            InboxAddressRequest::rpc_subject(&ns),
+            "pm.rpc.inbound-ingest.address"
         );
         assert_eq!(
             Service::Domain.rpc_subject(&ns, UsageRequest::METHOD),

@@ -18,6 +18,7 @@ pub mod queue;
 pub mod response;
 pub mod routes;
 pub mod runtime;
+pub mod secrets;
 pub mod telemetry;
 pub mod tls;
 

@@ -218,6 +218,7 @@ pub struct Stack {
     billing_config: billing::Config,
     domain: Option<Running>,
     inbound: Option<Running>,
+    dispatcher: Option<Running>,
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
     mode: SenderMode,
@@ -303,6 +304,15 @@ pub fn inbound_config(common: &Common) -> inbound_ingest::Config {
         common: common.clone(),
         inbound_domain: inbound_ingest::addresses::Domain::parse(INBOUND_DOMAIN).expect("valid"),
         retention_days: 30,
+    }
+}
+
+/// The webhook dispatcher's settings of a test stack: local receivers allowed.
+pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
+    webhook_dispatcher::Config {
+        common: common.clone(),
+        secrets_key: postmesh_shared::secrets::DEV_SECRETS_KEY.into(),
+        allow_insecure: true,
     }
 }
 
@@ -407,6 +417,9 @@ impl Stack {
         let inbound = inbound_ingest::start(inbound_config(&common))
             .await
             .expect("inbound service starts");
+        let dispatcher = webhook_dispatcher::start(dispatcher_config(&common))
+            .await
+            .expect("webhook dispatcher starts");
         let gateway_config = api_gateway::Config {
             inbound_secret: opts.inbound_secret,
             ..gateway_config(&common, opts.rate)
@@ -426,6 +439,7 @@ impl Stack {
             billing_config,
             domain: Some(domain),
             inbound: Some(inbound),
+            dispatcher: Some(dispatcher),
             sender: None,
             sender_child: None,
             mode: opts.sender,
@@ -454,6 +468,7 @@ impl Stack {
             billing: None,
             domain: None,
             inbound: None,
+            dispatcher: None,
             sender: None,
             sender_child: None,
             mode: SenderMode::ChildProcess,
@@ -476,6 +491,7 @@ impl Stack {
             &self.billing,
             &self.domain,
             &self.inbound,
+            &self.dispatcher,
             &self.sender,
         ]
         .into_iter()
@@ -799,6 +815,7 @@ impl Stack {
             self.billing.take(),
             self.domain.take(),
             self.inbound.take(),
+            self.dispatcher.take(),
         ]
         .into_iter()
         .flatten()

@@ -300,3 +300,17 @@ pub mod inbound {
         copies
     }
 }
+
+/// The webhook dispatcher's endpoints.
+pub mod dispatcher {
+    use super::*;
+
+    /// The signing secret of endpoint `id`, as stored.
+    pub async fn sealed_secret(db: &PgPool, id: Uuid) -> Vec<u8> {
+        sqlx::query_scalar("SELECT secret_sealed FROM endpoints WHERE id = $1")
+            .bind(id)
+            .fetch_one(db)
+            .await
+            .expect("an endpoint")
+    }
+}

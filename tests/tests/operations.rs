@@ -18,7 +18,11 @@ async fn every_service_serves_health_readiness_and_metrics() {
     let key = stack.key(1).await;
     assert_eq!(stack.balance(&key).await, 1);
     let admins = stack.admin_addrs();
-    assert_eq!(admins.len(), 5, "gateway, billing, domain, inbound, sender");
+    assert_eq!(
+        admins.len(),
+        6,
+        "gateway, billing, domain, inbound, dispatcher, sender"
+    );
     for addr in admins {
         for path in ["/healthz", "/readyz"] {
             let res = stack
@@ -79,6 +83,7 @@ async fn each_service_process_counts_its_own_work() {
         Service::Billing,
         Service::Domain,
         Service::InboundIngest,
+        Service::WebhookDispatcher,
         Service::Sender,
         Service::ApiGateway,
     ] {
@@ -102,8 +107,12 @@ async fn each_service_process_counts_its_own_work() {
     let key = stack.key(5).await;
     assert_eq!(stack.balance(&key).await, 5);
     stack.send_code_ok(&key, "ops@example.com").await;
-    // One forwarded request for each of the domain and inbound services.
-    for path in ["/sender-domains", "/inbox/addresses"] {
+    // One forwarded request for each of the domain, inbound and dispatcher services.
+    for path in [
+        "/sender-domains",
+        "/inbox/addresses",
+        "/inbox/webhook/endpoints",
+    ] {
         let res = stack
             .http
             .get(format!("http://{gateway_addr}{path}"))
@@ -123,7 +132,7 @@ async fn each_service_process_counts_its_own_work() {
     .await;
 
     let ns = common.namespace.as_str();
-    let own: [(Service, &[String], &[String]); 5] = [
+    let own: [(Service, &[String], &[String]); 6] = [
         (
             Service::ApiGateway,
             &[
@@ -154,6 +163,14 @@ async fn each_service_process_counts_its_own_work() {
             &[format!("subject=\"{ns}.svc.inbound-ingest.http\"")],
             &[
                 "svc.domain.http".into(),
+                "postmesh_http_requests_total".into(),
+            ],
+        ),
+        (
+            Service::WebhookDispatcher,
+            &[format!("subject=\"{ns}.svc.webhook-dispatcher.http\"")],
+            &[
+                "svc.inbound-ingest.http".into(),
                 "postmesh_http_requests_total".into(),
             ],
         ),

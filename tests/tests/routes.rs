@@ -78,9 +78,15 @@ async fn served_routers() -> Vec<(Service, axum::Router)> {
         (
             Service::InboundIngest,
             inbound_ingest::router(inbound_ingest::AppState::new(
-                idle,
+                idle.clone(),
                 postmesh_tests::fresh_namespace(),
             )),
+        ),
+        (
+            Service::WebhookDispatcher,
+            webhook_dispatcher::router(
+                webhook_dispatcher::AppState::new(idle, postmesh_tests::fresh_namespace()).unwrap(),
+            ),
         ),
     ]
 }

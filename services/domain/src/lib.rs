@@ -12,7 +12,6 @@ pub mod outbound;
 pub mod ownership;
 pub mod records;
 pub mod rpc;
-pub mod secrets;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +28,7 @@ use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Ser
 use crate::cloudflare::Cloudflare;
 use crate::dns::Dns;
 use crate::name::DomainName;
-use crate::secrets::SecretBox;
+use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 
 /// This service.
 pub const SERVICE: Service = Service::Domain;
@@ -39,8 +38,6 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// How long one DNS query may take (each lookup tries twice).
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
-/// `SECRETS_KEY` outside production when none is set. Never use it for real tokens.
-const DEV_SECRETS_KEY: &str = "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21";
 
 /// Domain service settings.
 #[derive(Clone, Debug)]

@@ -286,6 +286,19 @@ pub async fn purge_expired(db: &PgPool, retention_days: u32) -> Result<bool, sql
     Ok(purged.rows_affected() as i64 == BATCH)
 }
 
+/// The address text of the workspace's live inbox `id`, if it is one.
+pub async fn owned(
+    db: &PgPool, workspace: WorkspaceId, id: AddressId,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT address FROM addresses WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL",
+    )
+    .bind(id)
+    .bind(workspace)
+    .fetch_optional(db)
+    .await
+}
+
 /// The live inbox of `address`, with its workspace.
 pub async fn live(
     db: impl PgExecutor<'_>, address: &InboxAddress,

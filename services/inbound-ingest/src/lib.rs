@@ -1,7 +1,7 @@
 //! Inbound mail: inbox addresses within the plan's mailbox limit, the upstream MTA's
 //! validate (RCPT TO) and ingest (DATA) calls, messages stored once per inbox and grouped
 //! into threads, each new copy published on the INBOUND stream through the outbox, and the
-//! `usage` RPC (mailboxes).
+//! `address` and `usage` (mailboxes) RPCs.
 
 pub mod addresses;
 pub mod ingest;
@@ -122,12 +122,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         outbox: Some(rt.outbox()),
         nats: Some(rt.nats.clone()),
     };
-    rt.serve(
-        rt.host()
-            .http(router(state.clone()))
-            .method(state, rpc::usage),
-    )
-    .await?;
+    rt.serve(rpc::register(rt.host().http(router(state.clone())), state))
+        .await?;
     let (db, days) = (rt.db.clone(), config.retention_days);
     rt.every("retention sweep", RETENTION_SWEEP, move || {
         let db = db.clone();

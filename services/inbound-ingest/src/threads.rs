@@ -161,15 +161,10 @@ pub(crate) async fn list(
         )));
     }
     if let Some(address) = q.address_id {
-        let owned: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM addresses
-                 WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL)",
-        )
-        .bind(address)
-        .bind(caller.workspace)
-        .fetch_one(&state.db)
-        .await?;
-        if !owned {
+        if addresses::owned(&state.db, caller.workspace, address)
+            .await?
+            .is_none()
+        {
             return Err(addresses::not_found());
         }
     }

@@ -1,12 +1,16 @@
-//! Secrets at rest (DNS host tokens): ChaCha20-Poly1305 under `SECRETS_KEY`, a random nonce
-//! per value, and the owner's id as associated data, so a sealed value copied to another
-//! workspace's row does not open.
+//! Secrets at rest (DNS host tokens, webhook signing secrets): ChaCha20-Poly1305 under
+//! `SECRETS_KEY`, a random nonce per value, and the owner's id as associated data, so a
+//! sealed value copied to another row does not open.
 
 use chacha20poly1305::aead::{Aead, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, KeyInit};
 
 /// Bytes of the nonce stored in front of each sealed value.
 const NONCE_LEN: usize = 12;
+
+/// `SECRETS_KEY` outside production when none is set. Never use it for real secrets.
+pub const DEV_SECRETS_KEY: &str =
+    "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21";
 
 /// Seals and opens secrets with one key.
 #[derive(Clone)]

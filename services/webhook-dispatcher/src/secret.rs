@@ -1,0 +1,85 @@
+//! Signing secrets as Standard Webhooks writes them: `whsec_` and the base64 of 24 to 64
+//! random bytes; the bytes are the HMAC key.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+/// The prefix of every signing secret.
+const PREFIX: &str = "whsec_";
+/// How many key bytes a secret may carry.
+const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+/// Key bytes of a generated secret.
+const GENERATED_BYTES: usize = 32;
+
+/// A signing secret's key bytes; it cannot exist with the wrong length.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningSecret(Vec<u8>);
+
+impl SigningSecret {
+    /// Parses `whsec_<base64>`; the reason when it is not one.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "signingSecret must be {PREFIX} followed by the base64 of {} to {} bytes",
+                KEY_BYTES.start(),
+                KEY_BYTES.end()
+            )
+        };
+        let encoded = raw.trim().strip_prefix(PREFIX).ok_or_else(bad)?;
+        let key = STANDARD.decode(encoded).map_err(|_| bad())?;
+        if KEY_BYTES.contains(&key.len()) {
+            Ok(Self(key))
+        } else {
+            Err(bad())
+        }
+    }
+
+    /// A new random secret.
+    pub fn generate() -> Self {
+        Self((0..GENERATED_BYTES).map(|_| rand::random::<u8>()).collect())
+    }
+
+    /// The HMAC key.
+    pub fn key(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// `whsec_<base64>`, as shown to the customer once.
+    pub fn reveal(&self) -> String {
+        format!("{PREFIX}{}", STANDARD.encode(&self.0))
+    }
+}
+
+impl std::fmt::Debug for SigningSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningSecret(..)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_whsec_and_24_to_64_bytes() {
+        let ok = |n: usize| format!("whsec_{}", STANDARD.encode(vec![7u8; n]));
+        assert!(SigningSecret::parse(&ok(24)).is_ok());
+        assert!(SigningSecret::parse(&ok(64)).is_ok());
+        for bad in [
+            ok(23),
+            ok(65),
+            "whsec_***".into(),
+            STANDARD.encode([7u8; 32]),
+            String::new(),
+        ] {
+            assert!(SigningSecret::parse(&bad).is_err(), "{bad}");
+        }
+        let generated = SigningSecret::generate();
+        assert_eq!(
+            SigningSecret::parse(&generated.reveal()).unwrap(),
+            generated
+        );
+        assert_ne!(SigningSecret::generate(), generated);
+        assert_eq!(format!("{generated:?}"), "SigningSecret(..)");
+    }
+}

@@ -1,0 +1,165 @@
+//! Where a webhook may be sent: an `https://` URL whose host resolves only to public
+//! addresses. Loopback, private, link-local (cloud metadata included), CGNAT, multicast,
+//! unspecified, documentation and reserved ranges are refused, in IPv4 and IPv6 (IPv4-mapped
+//! and NAT64 forms included). `WEBHOOK_ALLOW_INSECURE` lifts both rules for local runs.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use reqwest::Url;
+
+/// A webhook URL that passed the checks, with the addresses its host resolved to then.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub url: Url,
+    /// What a delivery connects to: the addresses that were checked, not a new lookup.
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl Target {
+    /// Parses and checks `raw`, resolving its host; the reason when it may not be used.
+    pub async fn check(raw: &str, allow_insecure: bool) -> Result<Self, String> {
+        let url = Url::parse(raw.trim()).map_err(|e| format!("url {raw:?} is not a URL: {e}"))?;
+        match url.scheme() {
+            "https" => {}
+            "http" if allow_insecure => {}
+            other => return Err(format!("url must be https:// (not {other}://)")),
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("url must not carry credentials".into());
+        }
+        let host = url.host_str().ok_or("url has no host")?.to_owned();
+        let port = url.port_or_known_default().ok_or("url has no port")?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("{host} does not resolve: {e}"))?
+                .collect(),
+        };
+        if addrs.is_empty() {
+            return Err(format!("{host} has no address"));
+        }
+        if !allow_insecure {
+            if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+                return Err(format!(
+                    "{host} resolves to {}, which is not a public address",
+                    bad.ip()
+                ));
+            }
+        }
+        Ok(Self { url, addrs })
+    }
+}
+
+/// Whether `ip` is a public unicast address a webhook may reach.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => is_public_v6(v6),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    let refused = ip.is_unspecified()
+        || a == 0 // "this network"
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local() // 169.254/16: cloud metadata lives here
+        || (a == 100 && (64..128).contains(&b)) // CGNAT 100.64/10
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || ip.is_documentation()
+        || (a == 198 && (18..20).contains(&b)) // benchmarking 198.18/15
+        || ip.is_multicast()
+        || a >= 240; // reserved and broadcast
+    !refused
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return is_public_v4(v4);
+    }
+    let s = ip.segments();
+    // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits.
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_public_v4(Ipv4Addr::new(
+            (s[6] >> 8) as u8,
+            s[6] as u8,
+            (s[7] >> 8) as u8,
+            s[7] as u8,
+        ));
+    }
+    let refused = ip.is_unspecified()
+        || ip.is_loopback()
+        || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7 (AWS metadata fd00:ec2::254)
+        || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || ip.is_multicast()
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || s[..6] == [0, 0, 0, 0, 0, 0]; // IPv4-compatible (deprecated) and the like
+    !refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_unicast_addresses_pass() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.0.2.1",
+            "::1",
+            "::",
+            "fd00:ec2::254",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} is refused");
+        }
+        for ip in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "::ffff:93.184.216.34",
+        ] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} is public");
+        }
+    }
+
+    #[tokio::test]
+    async fn urls_must_be_https_to_public_hosts_unless_insecure_is_allowed() {
+        for url in [
+            "http://93.184.216.34/hook",
+            "https://127.0.0.1/hook",
+            "https://[::ffff:10.0.0.1]/hook",
+            "https://169.254.169.254/latest/meta-data",
+            "https://localhost/hook",
+            "https://user:pw@93.184.216.34/hook",
+            "ftp://93.184.216.34/hook",
+            "not a url",
+        ] {
+            assert!(Target::check(url, false).await.is_err(), "{url}");
+        }
+        let ok = Target::check("https://93.184.216.34:8443/hook", false)
+            .await
+            .unwrap();
+        assert_eq!(ok.addrs, ["93.184.216.34:8443".parse().unwrap()]);
+        let local = Target::check("http://127.0.0.1:9/hook", true)
+            .await
+            .unwrap();
+        assert_eq!(local.url.as_str(), "http://127.0.0.1:9/hook");
+    }
+}
