@@ -11,8 +11,8 @@ use billing::entitlements::EntitlementsPage;
 use billing::purchases::{PurchaseList, PurchaseStatus, PurchaseView};
 use billing::subscriptions::{CheckoutStatus, CheckoutView, PortalLink};
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::proto::{EntitlementsRequest, UsageReply, UsageRequest};
-use postmesh_shared::{nats, Service, Success};
+use postmesh_shared::proto::EntitlementsRequest;
+use postmesh_shared::Success;
 use postmesh_tests::fake_stripe::{self, FakeStripe};
 use postmesh_tests::{Options, Stack, TestClient};
 
@@ -723,34 +723,20 @@ async fn usage_counts_come_from_the_owning_services() {
         (0, 0, 0)
     );
 
-    // An inbound service answering `usage` on NATS: its count shows up (the stack runs no
-    // inbound service of its own yet).
-    let client = nats::connect(
-        &stack.common.nats_url,
-        Service::InboundIngest,
-        std::time::Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
-    let host = nats::ServiceHost::new(client, stack.ns().clone(), Service::InboundIngest).method(
-        (),
-        |_: (), req: UsageRequest| async move {
-            assert!(req.period_start > 0);
-            Ok(UsageReply {
-                mailboxes: 2,
-                ..UsageReply::default()
-            })
-        },
-    );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let tracker = tokio_util::task::TaskTracker::new();
-    host.start(shutdown.clone(), &tracker).await.unwrap();
+    // The inbound service counts the workspace's mailboxes.
+    let _: Success<inbound_ingest::addresses::Created> = stack
+        .client(&key)
+        .post(
+            "/inbox/addresses",
+            &json!({ "address": format!("usage@{}", postmesh_tests::INBOUND_DOMAIN) }),
+            StatusCode::CREATED,
+        )
+        .await;
     let counted = entitlements(&stack, &key).await.entitlements;
-    assert_eq!(counted.mailboxes.used, 2);
+    assert_eq!(counted.mailboxes.used, 1);
     assert_eq!(
         counted.custom_domains.used, 0,
         "the domain service's own count"
     );
-    shutdown.cancel();
     stack.shutdown().await;
 }
