@@ -166,6 +166,8 @@ pub mod webhooks {
         ENDPOINT = Get "/inbox/webhook/endpoints/{id}" Key;
         ENDPOINT_UPDATE = Patch "/inbox/webhook/endpoints/{id}" Key;
         ENDPOINT_DELETE = Delete "/inbox/webhook/endpoints/{id}" Key;
+        // Legacy (spec §4.7 rules 4-5): the address's first endpoint, or its oldest.
+        ADDRESS_SUBSCRIPTION = Put "/inbox/webhook/addresses/{id}" Key;
     }
 }
 

@@ -305,6 +305,17 @@ pub mod inbound {
 pub mod dispatcher {
     use super::*;
 
+    /// The rotated-out secret of endpoint `id`, as stored, and until when it signs.
+    pub async fn previous_secret(db: &PgPool, id: Uuid) -> (Option<Vec<u8>>, Option<i64>) {
+        sqlx::query_as(
+            "SELECT previous_secret_sealed, previous_secret_until FROM endpoints WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(db)
+        .await
+        .expect("an endpoint")
+    }
+
     /// The signing secret of endpoint `id`, as stored.
     pub async fn sealed_secret(db: &PgPool, id: Uuid) -> Vec<u8> {
         sqlx::query_scalar("SELECT secret_sealed FROM endpoints WHERE id = $1")

@@ -11,7 +11,7 @@ use postmesh_shared::proto::Role;
 use postmesh_shared::{AddressId, Service, Success};
 use postmesh_tests::{caller, peek, ServiceDb, Stack, TestClient, INBOUND_DOMAIN};
 use webhook_dispatcher::endpoints::{
-    BodyFormat, Created, Deleted, EndpointList, EndpointPage, MAX_PER_ADDRESS,
+    BodyFormat, Created, Deleted, EndpointList, EndpointPage, Subscribed, MAX_PER_ADDRESS,
 };
 
 /// A new key with one inbox address; the key and the address id.
@@ -273,4 +273,108 @@ async fn unsafe_urls_are_refused_without_the_insecure_flag() {
         )
         .await;
     assert!(later.error.contains("inbound"), "{}", later.error);
+}
+
+/// `PUT /inbox/webhook/addresses/{address}` with `body`, expecting `status`.
+async fn subscribe<T: serde::de::DeserializeOwned>(
+    stack: &Stack, key: &str, address: AddressId, body: Value, status: StatusCode,
+) -> T {
+    let body = serde_json::to_vec(&body).unwrap();
+    stack
+        .client(key)
+        .call(
+            reqwest::Method::PUT,
+            &format!("/inbox/webhook/addresses/{address}"),
+            Some(body),
+            status,
+        )
+        .await
+}
+
+#[tokio::test]
+async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
+    let stack = Stack::start().await;
+    let (ann, inbox) = key_with_inbox(&stack, "legacy").await;
+    let (bob, bob_inbox) = key_with_inbox(&stack, "legacy-bob").await;
+    // Nothing to update yet: creating needs a url.
+    let no_url: ErrorBody =
+        subscribe(&stack, &ann, inbox, json!({}), StatusCode::BAD_REQUEST).await;
+    assert!(no_url.error.contains("url"), "{}", no_url.error);
+    let created: Success<Subscribed> = subscribe(
+        &stack,
+        &ann,
+        inbox,
+        json!({ "url": "http://127.0.0.1:9/legacy", "bodyFormat": "html" }),
+        StatusCode::OK,
+    )
+    .await;
+    let first = created.body.subscription.clone();
+    assert_eq!(
+        (first.address_id, first.body_format),
+        (inbox, BodyFormat::Html)
+    );
+    let secret = created.body.signing_secret.expect("shown on creation");
+    // A second endpoint through the new API; the PUT keeps updating the oldest.
+    let _: Success<Created> = create(
+        &stack,
+        &ann,
+        json!({ "addressId": inbox, "url": "http://127.0.0.1:9/newer" }),
+        StatusCode::CREATED,
+    )
+    .await;
+    let updated: Success<Subscribed> = subscribe(
+        &stack,
+        &ann,
+        inbox,
+        json!({ "active": false, "stripQuotes": true }),
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(updated.body.subscription.id, first.id);
+    assert!(!updated.body.subscription.active && updated.body.subscription.strip_quotes);
+    assert_eq!(
+        updated.body.signing_secret, None,
+        "not shown on a plain update"
+    );
+    let db = stack.service_db(Service::WebhookDispatcher).await;
+    assert_eq!(
+        peek::dispatcher::previous_secret(&db, first.id).await,
+        (None, None)
+    );
+    // rotateSecret: a new secret, shown; the old one kept to sign beside it for 24 hours.
+    let sealed_before = peek::dispatcher::sealed_secret(&db, first.id).await;
+    let rotated: Success<Subscribed> = subscribe(
+        &stack,
+        &ann,
+        inbox,
+        json!({ "rotateSecret": true }),
+        StatusCode::OK,
+    )
+    .await;
+    let new_secret = rotated.body.signing_secret.expect("shown on rotation");
+    assert_ne!(new_secret, secret);
+    let (previous, until) = peek::dispatcher::previous_secret(&db, first.id).await;
+    assert_eq!(previous, Some(sealed_before));
+    let left = until.unwrap() - postmesh_shared::db::now_unix();
+    assert!((86_390..=86_400).contains(&left), "{left}");
+    // Another workspace's address is 404.
+    let other: ErrorBody = subscribe(
+        &stack,
+        &bob,
+        inbox,
+        json!({ "url": "http://127.0.0.1:9/x" }),
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    assert!(!other.success);
+    let bobs: ErrorBody = subscribe(
+        &stack,
+        &ann,
+        bob_inbox,
+        json!({ "url": "http://127.0.0.1:9/x" }),
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    assert!(!bobs.success);
+    stack.shutdown().await;
 }

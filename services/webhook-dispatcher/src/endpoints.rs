@@ -103,12 +103,38 @@ pub(crate) async fn create(
         .await
         .map_err(ApiError::BadRequest)?;
     require_address(&state, &caller, body.address_id).await?;
+    let settings = Settings {
+        active: body.active,
+        body_format: body.body_format,
+        strip_quotes: body.strip_quotes,
+    };
+    let endpoint = insert(&state, &caller, body.address_id, &target, settings, &secret).await?;
+    let created = Created {
+        endpoint,
+        signing_secret: secret.reveal(),
+    };
+    Ok((StatusCode::CREATED, Success::new(created)))
+}
+
+/// What an endpoint does with the mail it gets.
+struct Settings {
+    active: bool,
+    body_format: BodyFormat,
+    strip_quotes: bool,
+}
+
+/// Adds an endpoint of `address` at `target`, unless the address has its 10 (409) or the
+/// URL already (409).
+async fn insert(
+    state: &AppState, caller: &Caller, address: AddressId, target: &Target, settings: Settings,
+    secret: &SigningSecret,
+) -> Result<EndpointView, ApiError> {
     let id = Uuid::now_v7();
     let mut tx = state.db.begin().await?;
     // An address's endpoints are added one at a time, so the limit holds under races.
     db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
     let held: i64 = sqlx::query_scalar("SELECT count(*) FROM endpoints WHERE address_id = $1")
-        .bind(body.address_id)
+        .bind(address)
         .fetch_one(&mut *tx)
         .await?;
     if held >= MAX_PER_ADDRESS {
@@ -123,31 +149,27 @@ pub(crate) async fn create(
     ))
     .bind(id)
     .bind(caller.workspace)
-    .bind(body.address_id)
+    .bind(address)
     .bind(target.url.as_str())
-    .bind(body.active)
-    .bind(body.body_format)
-    .bind(body.strip_quotes)
+    .bind(settings.active)
+    .bind(settings.body_format)
+    .bind(settings.strip_quotes)
     .bind(state.secrets.seal(id.as_bytes(), secret.key()))
     .bind(now_unix())
     .fetch_one(&mut *tx)
     .await;
-    let endpoint = match inserted {
-        Ok(endpoint) => endpoint,
-        Err(e) if db::is_unique_violation(&e) => {
-            return Err(ApiError::Conflict(format!(
-                "{} is already an endpoint of this address",
-                target.url
-            )))
+    match inserted {
+        Ok(endpoint) => {
+            tx.commit().await?;
+            Ok(endpoint)
         }
-        Err(e) => return Err(e.into()),
-    };
-    tx.commit().await?;
-    let created = Created {
-        endpoint,
-        signing_secret: secret.reveal(),
-    };
-    Ok((StatusCode::CREATED, Success::new(created)))
+        Err(e) if db::is_unique_violation(&e) => Err(url_taken(&target.url)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn url_taken(url: impl std::fmt::Display) -> ApiError {
+    ApiError::Conflict(format!("{url} is already an endpoint of this address"))
 }
 
 /// 404 unless `address` is a live inbox address of the caller's workspace.
@@ -215,7 +237,7 @@ pub(crate) async fn show(
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct Changes {
     url: Option<String>,
     active: Option<bool>,
@@ -228,6 +250,14 @@ pub(crate) async fn update(
     JsonBody(changes): JsonBody<Changes>,
 ) -> Result<Success<EndpointPage>, ApiError> {
     let current = owned(&state.db, &caller, id).await?;
+    let endpoint = apply(&state, &caller, current, &changes).await?;
+    Ok(Success::new(EndpointPage { endpoint }))
+}
+
+/// `current` with `changes` made (a new URL checked again).
+async fn apply(
+    state: &AppState, caller: &Caller, current: EndpointView, changes: &Changes,
+) -> Result<EndpointView, ApiError> {
     let url = match &changes.url {
         Some(raw) => Target::check(raw, state.allow_insecure)
             .await
@@ -240,7 +270,7 @@ pub(crate) async fn update(
         "UPDATE endpoints SET url = $3, active = $4, body_format = $5, strip_quotes = $6
          WHERE id = $1 AND workspace_id = $2 RETURNING {COLUMNS}"
     ))
-    .bind(id)
+    .bind(current.id)
     .bind(caller.workspace)
     .bind(&url)
     .bind(changes.active.unwrap_or(current.active))
@@ -249,13 +279,99 @@ pub(crate) async fn update(
     .fetch_optional(&state.db)
     .await;
     match updated {
-        Ok(Some(endpoint)) => Ok(Success::new(EndpointPage { endpoint })),
+        Ok(Some(endpoint)) => Ok(endpoint),
         Ok(None) => Err(ApiError::NotFound("no such endpoint".into())),
-        Err(e) if db::is_unique_violation(&e) => Err(ApiError::Conflict(format!(
-            "{url} is already an endpoint of this address"
-        ))),
+        Err(e) if db::is_unique_violation(&e) => Err(url_taken(&url)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// How long a rotated-out secret keeps signing beside the new one.
+pub const ROTATION_OVERLAP_SECS: i64 = 24 * 3600;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Subscription {
+    #[serde(flatten)]
+    changes: Changes,
+    signing_secret: Option<String>,
+    #[serde(default)]
+    rotate_secret: bool,
+}
+
+/// `PUT /inbox/webhook/addresses/{addressId}` answer: the secret on creation or rotation.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subscribed {
+    pub subscription: EndpointView,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_secret: Option<String>,
+}
+
+/// The legacy PUT: creates the address's first endpoint, or updates its oldest. A given
+/// `signingSecret` or `rotateSecret` replaces the secret; the old one keeps signing beside it
+/// for [`ROTATION_OVERLAP_SECS`]. The secret is answered on creation and on `rotateSecret`.
+pub(crate) async fn subscribe(
+    State(state): State<AppState>, caller: Caller, IdPath(address): IdPath<AddressId>,
+    JsonBody(body): JsonBody<Subscription>,
+) -> Result<Success<Subscribed>, ApiError> {
+    let given = match &body.signing_secret {
+        Some(raw) => Some(SigningSecret::parse(raw).map_err(ApiError::BadRequest)?),
+        None => None,
+    };
+    require_address(&state, &caller, address).await?;
+    let oldest: Option<EndpointView> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM endpoints WHERE address_id = $1 AND workspace_id = $2
+         ORDER BY created_at, id LIMIT 1"
+    ))
+    .bind(address)
+    .bind(caller.workspace)
+    .fetch_optional(&state.db)
+    .await?;
+    let Some(current) = oldest else {
+        let raw = body.changes.url.as_deref().ok_or_else(|| {
+            ApiError::BadRequest("url is required to create the address's first endpoint".into())
+        })?;
+        let target = Target::check(raw, state.allow_insecure)
+            .await
+            .map_err(ApiError::BadRequest)?;
+        let settings = Settings {
+            active: body.changes.active.unwrap_or(true),
+            body_format: body.changes.body_format.unwrap_or_default(),
+            strip_quotes: body.changes.strip_quotes.unwrap_or(false),
+        };
+        let secret = given.unwrap_or_else(SigningSecret::generate);
+        let subscription = insert(&state, &caller, address, &target, settings, &secret).await?;
+        return Ok(Success::new(Subscribed {
+            subscription,
+            signing_secret: Some(secret.reveal()),
+        }));
+    };
+    let id = current.id;
+    let subscription = apply(&state, &caller, current, &body.changes).await?;
+    let new_secret = match (given, body.rotate_secret) {
+        (Some(secret), _) => Some(secret),
+        (None, true) => Some(SigningSecret::generate()),
+        (None, false) => None,
+    };
+    let mut signing_secret = None;
+    if let Some(secret) = new_secret {
+        sqlx::query(
+            "UPDATE endpoints SET previous_secret_sealed = secret_sealed,
+                 previous_secret_until = $2, secret_sealed = $3
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now_unix() + ROTATION_OVERLAP_SECS)
+        .bind(state.secrets.seal(id.as_bytes(), secret.key()))
+        .execute(&state.db)
+        .await?;
+        signing_secret = body.rotate_secret.then(|| secret.reveal());
+    }
+    Ok(Success::new(Subscribed {
+        subscription,
+        signing_secret,
+    }))
 }
 
 pub(crate) async fn remove(

@@ -79,6 +79,7 @@ fn routes() -> Routes<AppState> {
         .at(api::ENDPOINT, endpoints::show)
         .at(api::ENDPOINT_UPDATE, endpoints::update)
         .at(api::ENDPOINT_DELETE, endpoints::remove)
+        .at(api::ADDRESS_SUBSCRIPTION, endpoints::subscribe)
 }
 
 /// The dispatcher's HTTP router.
