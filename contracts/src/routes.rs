@@ -168,6 +168,10 @@ pub mod webhooks {
         ENDPOINT_DELETE = Delete "/inbox/webhook/endpoints/{id}" Key;
         // Legacy (spec §4.7 rules 4-5): the address's first endpoint, or its oldest.
         ADDRESS_SUBSCRIPTION = Put "/inbox/webhook/addresses/{id}" Key;
+        // The workspace's default: mail of addresses without an active endpoint.
+        DEFAULT_SET = Put "/inbox/webhook/default" Key;
+        DEFAULT = Get "/inbox/webhook/default" Key;
+        DEFAULT_DELETE = Delete "/inbox/webhook/default" Key;
     }
 }
 

@@ -10,6 +10,7 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{AddressId, Service, Success};
 use postmesh_tests::{caller, peek, ServiceDb, Stack, TestClient, INBOUND_DOMAIN};
+use webhook_dispatcher::defaults::DefaultPage;
 use webhook_dispatcher::endpoints::{
     BodyFormat, Created, Deleted, EndpointList, EndpointPage, Subscribed, MAX_PER_ADDRESS,
 };
@@ -376,5 +377,97 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     )
     .await;
     assert!(!bobs.success);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_workspace_default_webhook_is_set_shown_rotated_and_removed() {
+    let stack = Stack::start().await;
+    let (ann, bob) = (stack.key(0).await, stack.key(0).await);
+    let none: ErrorBody = stack
+        .client(&ann)
+        .get("/inbox/webhook/default", StatusCode::NOT_FOUND)
+        .await;
+    assert!(!none.success);
+    let put = |key: &str, body: Value, status: StatusCode| {
+        let client = stack.client(key);
+        let body = serde_json::to_vec(&body).unwrap();
+        async move {
+            client
+                .call::<Value>(
+                    reqwest::Method::PUT,
+                    "/inbox/webhook/default",
+                    Some(body),
+                    status,
+                )
+                .await
+        }
+    };
+    let first = put(
+        &ann,
+        json!({ "url": "http://127.0.0.1:9/default" }),
+        StatusCode::OK,
+    )
+    .await;
+    let secret = first["signingSecret"]
+        .as_str()
+        .expect("shown when first set")
+        .to_owned();
+    assert_eq!(first["webhook"]["bodyFormat"], "text");
+    // Changing it keeps the secret and does not show it; rotating shows a new one.
+    let changed = put(
+        &ann,
+        json!({ "url": "http://127.0.0.1:9/default-2", "bodyFormat": "markdown", "stripQuotes": true }),
+        StatusCode::OK,
+    )
+    .await;
+    assert!(changed.get("signingSecret").is_none(), "{changed}");
+    let shown: Success<DefaultPage> = stack
+        .client(&ann)
+        .get("/inbox/webhook/default", StatusCode::OK)
+        .await;
+    assert_eq!(
+        (
+            shown.body.webhook.url.as_str(),
+            shown.body.webhook.body_format,
+            shown.body.webhook.strip_quotes
+        ),
+        ("http://127.0.0.1:9/default-2", BodyFormat::Markdown, true)
+    );
+    assert_eq!(shown.body.signing_secret, None);
+    let rotated = put(
+        &ann,
+        json!({ "url": "http://127.0.0.1:9/default-2", "rotateSecret": true }),
+        StatusCode::OK,
+    )
+    .await;
+    let new_secret = rotated["signingSecret"]
+        .as_str()
+        .expect("shown on rotation");
+    assert_ne!(new_secret, secret);
+    // The same rules as endpoints.
+    let bad = put(
+        &ann,
+        json!({ "url": "http://127.0.0.1:9/x", "signingSecret": "nope" }),
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert_eq!(bad["success"], false);
+    // Each workspace its own.
+    let none: ErrorBody = stack
+        .client(&bob)
+        .get("/inbox/webhook/default", StatusCode::NOT_FOUND)
+        .await;
+    assert!(!none.success);
+    let removed: Value = stack
+        .client(&ann)
+        .delete("/inbox/webhook/default", StatusCode::OK)
+        .await;
+    assert_eq!(removed["deleted"], true);
+    let gone = stack
+        .client(&ann)
+        .send(reqwest::Method::DELETE, "/inbox/webhook/default", None)
+        .await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
     stack.shutdown().await;
 }

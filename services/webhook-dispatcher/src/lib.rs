@@ -1,6 +1,8 @@
-//! The webhook dispatcher: inbox webhook endpoints (this far: the endpoints themselves, with
-//! their URL safety rules and sealed signing secrets; deliveries come next).
+//! The webhook dispatcher: inbox webhook endpoints and the workspace default webhook (this
+//! far: the endpoints and defaults themselves, with their URL safety rules and sealed signing
+//! secrets; deliveries come next).
 
+pub mod defaults;
 pub mod endpoints;
 pub mod secret;
 pub mod target;
@@ -80,6 +82,9 @@ fn routes() -> Routes<AppState> {
         .at(api::ENDPOINT_UPDATE, endpoints::update)
         .at(api::ENDPOINT_DELETE, endpoints::remove)
         .at(api::ADDRESS_SUBSCRIPTION, endpoints::subscribe)
+        .at(api::DEFAULT_SET, defaults::put)
+        .at(api::DEFAULT, defaults::show)
+        .at(api::DEFAULT_DELETE, defaults::remove)
 }
 
 /// The dispatcher's HTTP router.
