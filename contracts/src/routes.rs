@@ -172,6 +172,11 @@ pub mod webhooks {
         DEFAULT_SET = Put "/inbox/webhook/default" Key;
         DEFAULT = Get "/inbox/webhook/default" Key;
         DEFAULT_DELETE = Delete "/inbox/webhook/default" Key;
+        // Deliveries: each (message, endpoint) attempt, retried by hand, replayed, tested.
+        ATTEMPTS = Get "/inbox/webhook/endpoints/{id}/attempts" Key;
+        ATTEMPT_RETRY = Post "/inbox/webhook/endpoints/{id}/attempts/{attemptId}/retry" Key;
+        REPLAY = Post "/inbox/webhook/endpoints/{id}/replay" Key;
+        TEST = Post "/inbox/webhook/endpoints/{id}/test" Key;
     }
 }
 

@@ -8,8 +8,8 @@ use crate::namespace::Namespace;
 use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
     EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
-    InboxAddressReply, InboxAddressRequest, RefundReply, RefundRequest, SendableReply,
-    SendableRequest, UsageReply, UsageRequest,
+    InboundMessageReply, InboundMessageRequest, InboxAddressReply, InboxAddressRequest,
+    RefundReply, RefundRequest, SendableReply, SendableRequest, UsageReply, UsageRequest,
 };
 use crate::service::Service;
 
@@ -60,6 +60,7 @@ rpcs! {
     Domain "sendable": SendableRequest => SendableReply;
     Domain "inbound_domain": InboundDomainRequest => InboundDomainReply;
     InboundIngest "address": InboxAddressRequest => InboxAddressReply;
+    InboundIngest "message": InboundMessageRequest => InboundMessageReply;
     * "usage": UsageRequest => UsageReply;
 }
 
@@ -86,6 +87,10 @@ mod tests {
         assert_eq!(
             InboxAddressRequest::rpc_subject(&ns),
             "pm.rpc.inbound-ingest.address"
+        );
+        assert_eq!(
+            InboundMessageRequest::rpc_subject(&ns),
+            "pm.rpc.inbound-ingest.message"
         );
         assert_eq!(
             Service::Domain.rpc_subject(&ns, UsageRequest::METHOD),

@@ -7,6 +7,7 @@
 pub mod clients;
 pub mod config;
 pub mod db;
+pub mod dns;
 pub mod email;
 pub mod error;
 pub mod extract;

@@ -4,11 +4,11 @@
 //! name without records of the asked type, FORMERR for a malformed query.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{MX, TXT};
+use hickory_proto::rr::rdata::{A, MX, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 /// Records by lower-cased name without the final dot.
@@ -97,6 +97,12 @@ impl FakeDns {
             .map(|v| RData::TXT(TXT::new(vec![(*v).to_owned()])))
             .collect();
         self.set(name, RecordType::TXT, data);
+    }
+
+    /// Sets the A records of `name`; empty removes them.
+    pub fn set_a(&self, name: &str, addrs: &[Ipv4Addr]) {
+        let data = addrs.iter().map(|ip| RData::A(A(*ip))).collect();
+        self.set(name, RecordType::A, data);
     }
 
     /// How many queries it has answered.

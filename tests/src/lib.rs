@@ -313,6 +313,13 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
         common: common.clone(),
         secrets_key: postmesh_shared::secrets::DEV_SECRETS_KEY.into(),
         allow_insecure: true,
+        nameservers: Vec::new(),
+        // Retries within a test's patience: 1 s, then 2 s, then the attempt fails.
+        delivery: webhook_dispatcher::DeliveryConfig {
+            timeout: Duration::from_secs(2),
+            retry_schedule: vec![Duration::from_secs(1), Duration::from_secs(2)],
+            ..Default::default()
+        },
     }
 }
 

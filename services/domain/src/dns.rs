@@ -5,8 +5,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
-use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
@@ -41,32 +39,10 @@ pub struct Dns {
 }
 
 impl Dns {
-    /// A resolver asking `nameservers` (UDP, then TCP), or the system's when empty.
+    /// A resolver asking `nameservers`, or the system's when empty.
     pub fn new(nameservers: &[SocketAddr], timeout: Duration) -> anyhow::Result<Self> {
-        let mut builder = if nameservers.is_empty() {
-            TokioResolver::builder_tokio()?
-        } else {
-            let servers = nameservers
-                .iter()
-                .map(|addr| {
-                    let mut udp = ConnectionConfig::udp();
-                    udp.port = addr.port();
-                    let mut tcp = ConnectionConfig::tcp();
-                    tcp.port = addr.port();
-                    NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
-                })
-                .collect();
-            TokioResolver::builder_with_config(
-                ResolverConfig::from_name_servers(servers),
-                TokioRuntimeProvider::default(),
-            )
-        };
-        let opts = builder.options_mut();
-        opts.cache_size = 0;
-        opts.timeout = timeout;
-        opts.attempts = 2;
         Ok(Self {
-            resolver: builder.build()?,
+            resolver: postmesh_shared::dns::resolver(nameservers, timeout)?,
         })
     }
 

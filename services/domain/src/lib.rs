@@ -70,7 +70,7 @@ impl Config {
                 "postmesh.localhost",
             ))?,
             inbound_mx_host: env_or("INBOUND_MX_HOST", "mx.postmesh.localhost"),
-            nameservers: parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
+            nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
             ses: SesConfig::from_env(),
             cloudflare_api_base: env_or(
                 "CLOUDFLARE_API_BASE",
@@ -88,22 +88,6 @@ pub fn parse_platform_domains(raw: &str) -> anyhow::Result<Vec<DomainName>> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| DomainName::parse(s).map_err(|e| anyhow::anyhow!("PLATFORM_DOMAINS: {e}")))
-        .collect()
-}
-
-/// Parses `DNS_NAMESERVERS`: a comma list of `ip:port` (or `ip`, port 53).
-pub fn parse_nameservers(raw: &str) -> anyhow::Result<Vec<SocketAddr>> {
-    raw.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<SocketAddr>()
-                .or_else(|_| {
-                    s.parse::<std::net::IpAddr>()
-                        .map(|ip| SocketAddr::new(ip, 53))
-                })
-                .map_err(|_| anyhow::anyhow!("DNS_NAMESERVERS: {s:?} is not ip:port"))
-        })
         .collect()
 }
 

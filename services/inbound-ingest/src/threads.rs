@@ -246,7 +246,7 @@ pub async fn unread_count(db: &PgPool, workspace: WorkspaceId) -> Result<i64, sq
 }
 
 /// The raw message of copy `id`.
-async fn raw_of(db: &PgPool, id: InboundMessageId) -> Result<Vec<u8>, sqlx::Error> {
+pub(crate) async fn raw_of(db: &PgPool, id: InboundMessageId) -> Result<Vec<u8>, sqlx::Error> {
     sqlx::query_scalar("SELECT raw FROM message_raw WHERE message_id = $1")
         .bind(id)
         .fetch_one(db)

@@ -10,7 +10,6 @@ use postmesh_shared::{ApiError, Success};
 
 use crate::endpoints::{BodyFormat, ROTATION_OVERLAP_SECS};
 use crate::secret::SigningSecret;
-use crate::target::Target;
 use crate::AppState;
 
 /// The default webhook as the API shows it.
@@ -20,12 +19,15 @@ pub struct DefaultWebhook {
     pub url: String,
     pub body_format: BodyFormat,
     pub strip_quotes: bool,
+    /// False once deliveries disabled it (a 410, or failing for WEBHOOK_DISABLE_AFTER_SECS);
+    /// setting it again enables it.
+    pub active: bool,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 /// The columns of [`DefaultWebhook`].
-const COLUMNS: &str = "url, body_format, strip_quotes, created_at, updated_at";
+const COLUMNS: &str = "url, body_format, strip_quotes, active, created_at, updated_at";
 
 /// `PUT` and `GET /inbox/webhook/default` answer; the secret on creation or rotation.
 #[derive(Debug, Serialize, Deserialize)]
@@ -65,7 +67,9 @@ pub(crate) async fn put(
         Some(raw) => Some(SigningSecret::parse(raw).map_err(ApiError::BadRequest)?),
         None => None,
     };
-    let target = Target::check(&body.url, state.allow_insecure)
+    let target = state
+        .reach
+        .check(&body.url)
         .await
         .map_err(ApiError::BadRequest)?;
     let owner = caller.workspace.as_uuid();
@@ -87,7 +91,7 @@ pub(crate) async fn put(
              secret_sealed, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $6)
          ON CONFLICT (workspace_id) DO UPDATE SET url = $2, body_format = $3,
-             strip_quotes = $4, updated_at = $6,
+             strip_quotes = $4, updated_at = $6, active = true, failing_since = NULL,
              previous_secret_sealed = CASE WHEN $7 THEN default_webhooks.secret_sealed
                  ELSE default_webhooks.previous_secret_sealed END,
              previous_secret_until = CASE WHEN $7 THEN $6 + $8

@@ -99,7 +99,9 @@ pub(crate) async fn create(
         Some(raw) => SigningSecret::parse(raw).map_err(ApiError::BadRequest)?,
         None => SigningSecret::generate(),
     };
-    let target = Target::check(&body.url, state.allow_insecure)
+    let target = state
+        .reach
+        .check(&body.url)
         .await
         .map_err(ApiError::BadRequest)?;
     require_address(&state, &caller, body.address_id).await?;
@@ -259,7 +261,9 @@ async fn apply(
     state: &AppState, caller: &Caller, current: EndpointView, changes: &Changes,
 ) -> Result<EndpointView, ApiError> {
     let url = match &changes.url {
-        Some(raw) => Target::check(raw, state.allow_insecure)
+        Some(raw) => state
+            .reach
+            .check(raw)
             .await
             .map_err(ApiError::BadRequest)?
             .url
@@ -267,7 +271,8 @@ async fn apply(
         None => current.url,
     };
     let updated = sqlx::query_as(&format!(
-        "UPDATE endpoints SET url = $3, active = $4, body_format = $5, strip_quotes = $6
+        "UPDATE endpoints SET url = $3, active = $4, body_format = $5, strip_quotes = $6,
+             failing_since = CASE WHEN $4 AND NOT active THEN NULL ELSE failing_since END
          WHERE id = $1 AND workspace_id = $2 RETURNING {COLUMNS}"
     ))
     .bind(current.id)
@@ -332,9 +337,7 @@ pub(crate) async fn subscribe(
         let raw = body.changes.url.as_deref().ok_or_else(|| {
             ApiError::BadRequest("url is required to create the address's first endpoint".into())
         })?;
-        let target = Target::check(raw, state.allow_insecure)
-            .await
-            .map_err(ApiError::BadRequest)?;
+        let target = state.reach.check(raw).await.map_err(ApiError::BadRequest)?;
         let settings = Settings {
             active: body.changes.active.unwrap_or(true),
             body_format: body.changes.body_format.unwrap_or_default(),

@@ -1,25 +1,85 @@
-//! The webhook dispatcher: inbox webhook endpoints and the workspace default webhook (this
-//! far: the endpoints and defaults themselves, with their URL safety rules and sealed signing
-//! secrets; deliveries come next).
+//! The webhook dispatcher: inbox webhook endpoints and the workspace default webhook, and
+//! the delivery of every received message to them — fanned out from the INBOUND stream into
+//! durable attempts, each a signed POST on the WEBHOOK stream, retried on a schedule.
 
+pub mod attempts;
 pub mod defaults;
+pub mod deliver;
 pub mod endpoints;
+pub mod fanout;
+pub mod payload;
+pub mod quotes;
 pub mod secret;
 pub mod target;
+
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::webhooks as api;
-use postmesh_shared::config::env_or;
+use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 use postmesh_shared::{Common, Namespace, Routes, Running, Runtime, Service};
+
+use deliver::Sender;
+use target::Reach;
 
 /// This service.
 pub const SERVICE: Service = Service::WebhookDispatcher;
 
 /// The service's own migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+/// How deliveries are made and retried.
+#[derive(Clone, Debug)]
+pub struct DeliveryConfig {
+    /// `WEBHOOK_TIMEOUT_SECS`: a receiver's answer must come within this.
+    pub timeout: Duration,
+    /// `WEBHOOK_RETRY_SCHEDULE`: the pauses before each retry; then the attempt fails.
+    pub retry_schedule: Vec<Duration>,
+    /// `WEBHOOK_DISABLE_AFTER_SECS`: a target failing every delivery this long is disabled.
+    pub disable_after: Duration,
+    /// `WEBHOOK_MAX_BODY_BYTES`: a longer body is cut, with `truncated: true`.
+    pub max_body_bytes: usize,
+    /// `WEBHOOK_CONCURRENCY`: deliveries in flight at once.
+    pub concurrency: usize,
+    /// `WEBHOOK_ENDPOINT_CONCURRENCY`: deliveries in flight to one target at once.
+    pub endpoint_concurrency: usize,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(15),
+            retry_schedule: parse_schedule(DEFAULT_SCHEDULE).expect("the default parses"),
+            disable_after: Duration::from_secs(5 * 24 * 3600),
+            max_body_bytes: 256 * 1024,
+            concurrency: 256,
+            endpoint_concurrency: 8,
+        }
+    }
+}
+
+/// The default `WEBHOOK_RETRY_SCHEDULE` (seconds).
+const DEFAULT_SCHEDULE: &str = "5,300,1800,7200,18000,36000,36000";
+
+/// The largest `WEBHOOK_MAX_BODY_BYTES`: the message's bodies must fit one NATS reply.
+const MAX_BODY_LIMIT: usize = 384 * 1024;
+
+/// Parses a comma list of seconds.
+fn parse_schedule(raw: &str) -> anyhow::Result<Vec<Duration>> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u64>()
+                .map(Duration::from_secs)
+                .map_err(|_| anyhow::anyhow!("WEBHOOK_RETRY_SCHEDULE: {s:?} is not seconds"))
+        })
+        .collect()
+}
 
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
@@ -29,6 +89,9 @@ pub struct Config {
     pub secrets_key: String,
     /// `WEBHOOK_ALLOW_INSECURE=1`: `http://` and private hosts allowed (local runs, tests).
     pub allow_insecure: bool,
+    /// `DNS_NAMESERVERS`: where webhook hosts are looked up; empty: the system's resolvers.
+    pub nameservers: Vec<SocketAddr>,
+    pub delivery: DeliveryConfig,
 }
 
 impl Config {
@@ -40,11 +103,65 @@ impl Config {
             !(allow_insecure && common.production),
             "WEBHOOK_ALLOW_INSECURE=1 is refused in production"
         );
+        let defaults = DeliveryConfig::default();
+        let delivery = DeliveryConfig {
+            timeout: env_secs("WEBHOOK_TIMEOUT_SECS", defaults.timeout)?,
+            retry_schedule: parse_schedule(&env_or("WEBHOOK_RETRY_SCHEDULE", DEFAULT_SCHEDULE))?,
+            disable_after: env_secs("WEBHOOK_DISABLE_AFTER_SECS", defaults.disable_after)?,
+            max_body_bytes: env_parse("WEBHOOK_MAX_BODY_BYTES", defaults.max_body_bytes)?,
+            concurrency: env_parse("WEBHOOK_CONCURRENCY", defaults.concurrency)?,
+            endpoint_concurrency: env_parse(
+                "WEBHOOK_ENDPOINT_CONCURRENCY",
+                defaults.endpoint_concurrency,
+            )?,
+        };
+        anyhow::ensure!(
+            (1..=MAX_BODY_LIMIT).contains(&delivery.max_body_bytes),
+            "WEBHOOK_MAX_BODY_BYTES is 1 to {MAX_BODY_LIMIT}"
+        );
         Ok(Self {
             secrets_key: common.secret("SECRETS_KEY", DEV_SECRETS_KEY)?,
             allow_insecure,
+            nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
+            delivery,
             common,
         })
+    }
+
+    /// The same settings as environment variables (to start the binary with them).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let d = &self.delivery;
+        let list = |v: &[Duration]| {
+            v.iter()
+                .map(|d| d.as_secs().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let nameservers = self
+            .nameservers
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut env = self.common.to_env();
+        env.extend([
+            ("SECRETS_KEY", self.secrets_key.clone()),
+            (
+                "WEBHOOK_ALLOW_INSECURE",
+                u8::from(self.allow_insecure).to_string(),
+            ),
+            ("DNS_NAMESERVERS", nameservers),
+            ("WEBHOOK_TIMEOUT_SECS", secs(d.timeout)),
+            ("WEBHOOK_RETRY_SCHEDULE", list(&d.retry_schedule)),
+            ("WEBHOOK_DISABLE_AFTER_SECS", secs(d.disable_after)),
+            ("WEBHOOK_MAX_BODY_BYTES", d.max_body_bytes.to_string()),
+            ("WEBHOOK_CONCURRENCY", d.concurrency.to_string()),
+            (
+                "WEBHOOK_ENDPOINT_CONCURRENCY",
+                d.endpoint_concurrency.to_string(),
+            ),
+        ]);
+        env
     }
 }
 
@@ -54,20 +171,25 @@ pub struct AppState {
     pub db: PgPool,
     pub ns: Namespace,
     pub secrets: SecretBox,
-    pub allow_insecure: bool,
-    /// Where the inbound service is asked about addresses; without it, creating an
-    /// endpoint answers 503.
+    /// Where webhooks may go, and how their hosts are looked up.
+    pub reach: Reach,
+    /// Where the inbound service is asked about addresses and messages, and jobs are
+    /// published; without it, routes that need them answer 503.
     pub nats: Option<async_nats::Client>,
+    /// Makes the signed POSTs (the test route's, and the worker's).
+    pub sender: Sender,
 }
 
 impl AppState {
     /// State over `db` alone, for the router: the development key, the URL rules on, no NATS.
     pub fn new(db: PgPool, ns: Namespace) -> anyhow::Result<Self> {
+        let reach = Reach::new(&[], false)?;
         Ok(Self {
+            sender: Sender::new(reach.clone(), &DeliveryConfig::default())?,
             db,
             ns,
             secrets: SecretBox::from_hex(DEV_SECRETS_KEY)?,
-            allow_insecure: false,
+            reach,
             nats: None,
         })
     }
@@ -85,6 +207,10 @@ fn routes() -> Routes<AppState> {
         .at(api::DEFAULT_SET, defaults::put)
         .at(api::DEFAULT, defaults::show)
         .at(api::DEFAULT_DELETE, defaults::remove)
+        .at(api::ATTEMPTS, attempts::list)
+        .at(api::ATTEMPT_RETRY, attempts::retry)
+        .at(api::REPLAY, attempts::replay)
+        .at(api::TEST, attempts::test)
 }
 
 /// The dispatcher's HTTP router.
@@ -92,7 +218,8 @@ pub fn router(state: AppState) -> Router {
     routes().into_router(SERVICE.routes(), state)
 }
 
-/// Starts the dispatcher: its routes on NATS.
+/// Starts the dispatcher: its routes on NATS, the INBOUND fan-out, the delivery worker and
+/// the sweep that republishes attempts whose job was lost.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
     if config.allow_insecure {
@@ -100,13 +227,18 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             "WEBHOOK_ALLOW_INSECURE=1: webhooks may go to http:// and private hosts; never in production"
         );
     }
+    let reach = Reach::new(&config.nameservers, config.allow_insecure)?;
     let state = AppState {
         db: rt.db.clone(),
         ns: config.common.namespace.clone(),
         secrets: SecretBox::from_hex(&config.secrets_key)?,
-        allow_insecure: config.allow_insecure,
+        sender: Sender::new(reach.clone(), &config.delivery)?,
+        reach,
         nats: Some(rt.nats.clone()),
     };
+    fanout::spawn(&rt).await?;
+    deliver::spawn(&rt, state.clone(), &config.delivery).await?;
+    attempts::sweep(&rt);
     rt.serve(rt.host().http(router(state))).await?;
     rt.running(None).await
 }
@@ -114,4 +246,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 /// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     start(config).await?.until_signal().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_schedule_is_a_list_of_seconds() {
+        let schedule = parse_schedule(DEFAULT_SCHEDULE).unwrap();
+        assert_eq!(schedule.len(), 7);
+        assert_eq!(schedule[0], Duration::from_secs(5));
+        assert_eq!(schedule[6], Duration::from_secs(36000));
+        assert!(parse_schedule("5,x").is_err());
+        assert!(parse_schedule("").unwrap().is_empty());
+    }
 }

@@ -1,54 +1,106 @@
 //! Where a webhook may be sent: an `https://` URL whose host resolves only to public
 //! addresses. Loopback, private, link-local (cloud metadata included), CGNAT, multicast,
 //! unspecified, documentation and reserved ranges are refused, in IPv4 and IPv6 (IPv4-mapped
-//! and NAT64 forms included). `WEBHOOK_ALLOW_INSECURE` lifts both rules for local runs.
+//! and NAT64 forms included), at creation and again by every delivery's own lookup.
+//! `WEBHOOK_ALLOW_INSECURE` lifts both rules for local runs.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
+use hickory_resolver::TokioResolver;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
 
-/// A webhook URL that passed the checks, with the addresses its host resolved to then.
+/// How long a lookup of a webhook's host may take.
+const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A webhook URL that passed the checks.
 #[derive(Clone, Debug)]
 pub struct Target {
     pub url: Url,
-    /// What a delivery connects to: the addresses that were checked, not a new lookup.
-    pub addrs: Vec<SocketAddr>,
 }
 
-impl Target {
+/// Where webhooks may go: hosts are looked up with this resolver and must be public, unless
+/// `WEBHOOK_ALLOW_INSECURE` allows anything. It is also the HTTP client's resolver, so a
+/// delivery connects only to addresses checked by the lookup it made.
+#[derive(Clone)]
+pub struct Reach {
+    resolver: TokioResolver,
+    allow_insecure: bool,
+}
+
+impl Reach {
+    /// Looks hosts up at `nameservers` (the system's when empty).
+    pub fn new(nameservers: &[SocketAddr], allow_insecure: bool) -> anyhow::Result<Self> {
+        Ok(Self {
+            resolver: postmesh_shared::dns::resolver(nameservers, DNS_TIMEOUT)?,
+            allow_insecure,
+        })
+    }
+
     /// Parses and checks `raw`, resolving its host; the reason when it may not be used.
-    pub async fn check(raw: &str, allow_insecure: bool) -> Result<Self, String> {
+    pub async fn check(&self, raw: &str) -> Result<Target, String> {
         let url = Url::parse(raw.trim()).map_err(|e| format!("url {raw:?} is not a URL: {e}"))?;
         match url.scheme() {
             "https" => {}
-            "http" if allow_insecure => {}
+            "http" if self.allow_insecure => {}
             other => return Err(format!("url must be https:// (not {other}://)")),
         }
         if !url.username().is_empty() || url.password().is_some() {
             return Err("url must not carry credentials".into());
         }
-        let host = url.host_str().ok_or("url has no host")?.to_owned();
-        let port = url.port_or_known_default().ok_or("url has no port")?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-            Ok(ip) => vec![SocketAddr::new(ip, port)],
-            Err(_) => tokio::net::lookup_host((host, port))
-                .await
-                .map_err(|e| format!("{host} does not resolve: {e}"))?
-                .collect(),
-        };
-        if addrs.is_empty() {
+        self.admit_literal(&url)?;
+        if let Some(host) = url.domain() {
+            self.addresses(host).await?;
+        }
+        Ok(Target { url })
+    }
+
+    /// Refuses a URL whose host is a literal address that is not public (a host name is
+    /// checked by the lookup a connection makes).
+    pub fn admit_literal(&self, url: &Url) -> Result<(), String> {
+        let host = url.host_str().ok_or("url has no host")?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        match bare.parse::<IpAddr>() {
+            Ok(ip) if !self.allow_insecure && !is_public(ip) => {
+                Err(format!("{ip} is not a public address"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The addresses of `host`, every one of them public unless insecure hosts are allowed.
+    async fn addresses(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+        let ips: Vec<IpAddr> = self
+            .resolver
+            .lookup_ip(format!("{}.", host.trim_end_matches('.')))
+            .await
+            .map_err(|e| format!("{host} does not resolve: {e}"))?
+            .iter()
+            .collect();
+        if ips.is_empty() {
             return Err(format!("{host} has no address"));
         }
-        if !allow_insecure {
-            if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+        if !self.allow_insecure {
+            if let Some(bad) = ips.iter().find(|ip| !is_public(**ip)) {
                 return Err(format!(
-                    "{host} resolves to {}, which is not a public address",
-                    bad.ip()
+                    "{host} resolves to {bad}, which is not a public address"
                 ));
             }
         }
-        Ok(Self { url, addrs })
+        Ok(ips)
+    }
+}
+
+impl Resolve for Reach {
+    fn resolve(&self, name: Name) -> Resolving {
+        let reach = self.clone();
+        Box::pin(async move {
+            let ips = reach.addresses(name.as_str()).await?;
+            // The connector puts the URL's port in place of 0.
+            let addrs: Addrs = Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+            Ok(addrs)
+        })
     }
 }
 
@@ -141,25 +193,25 @@ mod tests {
 
     #[tokio::test]
     async fn urls_must_be_https_to_public_hosts_unless_insecure_is_allowed() {
+        let strict = Reach::new(&[], false).unwrap();
         for url in [
             "http://93.184.216.34/hook",
             "https://127.0.0.1/hook",
             "https://[::ffff:10.0.0.1]/hook",
             "https://169.254.169.254/latest/meta-data",
-            "https://localhost/hook",
             "https://user:pw@93.184.216.34/hook",
             "ftp://93.184.216.34/hook",
             "not a url",
         ] {
-            assert!(Target::check(url, false).await.is_err(), "{url}");
+            assert!(strict.check(url).await.is_err(), "{url}");
         }
-        let ok = Target::check("https://93.184.216.34:8443/hook", false)
+        let ok = strict
+            .check("https://93.184.216.34:8443/hook")
             .await
             .unwrap();
-        assert_eq!(ok.addrs, ["93.184.216.34:8443".parse().unwrap()]);
-        let local = Target::check("http://127.0.0.1:9/hook", true)
-            .await
-            .unwrap();
+        assert_eq!(ok.url.as_str(), "https://93.184.216.34:8443/hook");
+        let insecure = Reach::new(&[], true).unwrap();
+        let local = insecure.check("http://127.0.0.1:9/hook").await.unwrap();
         assert_eq!(local.url.as_str(), "http://127.0.0.1:9/hook");
     }
 }

@@ -67,6 +67,9 @@ pub enum Failure {
     /// May succeed later: the item is tried again (until `max_deliver`).
     #[error("temporary failure: {0}")]
     Transient(String),
+    /// May succeed after this pause (a receiver's `Retry-After`), until `max_deliver`.
+    #[error("temporary failure: {0}")]
+    Later(String, Duration),
 }
 
 /// Where an item stands when a claim did not take it.
@@ -97,18 +100,20 @@ pub enum Verdict {
     Done(String),
     /// Failed for good.
     Failed(String),
-    /// Failed for now; the item stays claimable and is tried again.
-    Retry(String),
+    /// Failed for now; the item stays claimable and is tried again after the pause.
+    Retry(String, Duration),
 }
 
 impl Verdict {
-    /// The verdict on a piece of work; a transient failure of the `last` attempt is final.
-    pub fn of(result: Result<String, Failure>, last: bool) -> Self {
+    /// The verdict on a piece of work; a transient failure of the `last` attempt is final,
+    /// another is retried after the pause it asked for, else after `backoff`.
+    pub fn of(result: Result<String, Failure>, last: bool, backoff: Duration) -> Self {
         match result {
             Ok(detail) => Self::Done(detail),
             Err(Failure::Permanent(e)) => Self::Failed(e),
-            Err(Failure::Transient(e)) if last => Self::Failed(e),
-            Err(Failure::Transient(e)) => Self::Retry(e),
+            Err(Failure::Transient(e) | Failure::Later(e, _)) if last => Self::Failed(e),
+            Err(Failure::Transient(e)) => Self::Retry(e, backoff),
+            Err(Failure::Later(e, after)) => Self::Retry(e, after),
         }
     }
 }
@@ -175,6 +180,12 @@ pub trait Stages: Send + Sync + 'static {
     fn renew(
         &self, items: &[Uuid], lease: Uuid, lease_ms: i64,
     ) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// The pause after failed attempt number `attempt` of an item; `None`: the queue's
+    /// doubling backoff from `retry_base`.
+    fn retry_delay(&self, _attempt: i64) -> Option<Duration> {
+        None
+    }
 }
 
 /// How handling an item, or a whole job, ended; decides how the job is acknowledged.
@@ -186,8 +197,8 @@ pub enum Outcome {
     Leased(Duration),
     /// Another claim took the item over while this one worked: the job is its business.
     Superseded,
-    /// A transient failure: try again later.
-    Retry(String),
+    /// A transient failure: try again later (after the pause, when the item chose one).
+    Retry(String, Option<Duration>),
     /// Failed for good (recorded as such).
     Park(String),
     /// Not started: the worker is stopping.
@@ -203,7 +214,7 @@ impl Outcome {
             Self::Superseded => 2,
             Self::Stopped => 3,
             Self::Leased(_) => 4,
-            Self::Retry(_) => 5,
+            Self::Retry(..) => 5,
         }
     }
 
@@ -435,7 +446,7 @@ impl<S: Stages> Worker<S> {
             Err(reason) => {
                 return indices
                     .iter()
-                    .map(|&i| (i, Outcome::Retry(reason.clone())))
+                    .map(|&i| (i, Outcome::Retry(reason.clone(), None)))
                     .collect();
             }
         };
@@ -456,7 +467,7 @@ impl<S: Stages> Worker<S> {
         // A task that panicked leaves its item to be tried again.
         for &i in &indices {
             if !outcomes.iter().any(|(j, _)| *j == i) {
-                outcomes.push((i, Outcome::Retry("the item's task failed".into())));
+                outcomes.push((i, Outcome::Retry("the item's task failed".into(), None)));
             }
         }
         outcomes
@@ -481,9 +492,9 @@ impl<S: Stages> Worker<S> {
                 Ok(Standing::Held(left)) => {
                     return Outcome::Leased(left.max(Duration::from_millis(100)))
                 }
-                Err(e) => return Outcome::Retry(format!("database: {e}")),
+                Err(e) => return Outcome::Retry(format!("database: {e}"), None),
             },
-            Err(e) => return Outcome::Retry(format!("database: {e}")),
+            Err(e) => return Outcome::Retry(format!("database: {e}"), None),
         };
         let result = {
             let _slot = self
@@ -493,7 +504,11 @@ impl<S: Stages> Worker<S> {
                 .expect("semaphore is never closed");
             self.stages.work(job, shared, index).await
         };
-        let verdict = Verdict::of(result, attempt >= self.config.max_deliver);
+        let backoff = self
+            .stages
+            .retry_delay(attempt)
+            .unwrap_or_else(|| retry_delay(self.config.retry_base, attempt));
+        let verdict = Verdict::of(result, attempt >= self.config.max_deliver, backoff);
         let outcome = self.record(id, lease, verdict).await;
         let result = match &outcome {
             Outcome::Done => "done",
@@ -501,7 +516,7 @@ impl<S: Stages> Worker<S> {
                 tracing::error!(%id, %reason, "failed for good");
                 "failed"
             }
-            Outcome::Retry(reason) => {
+            Outcome::Retry(reason, _) => {
                 tracing::warn!(%id, %reason, attempt, "failed; will retry");
                 "retry"
             }
@@ -519,7 +534,7 @@ impl<S: Stages> Worker<S> {
         let outcome = match &verdict {
             Verdict::Done(_) => Outcome::Done,
             Verdict::Failed(e) => Outcome::Park(e.clone()),
-            Verdict::Retry(e) => Outcome::Retry(e.clone()),
+            Verdict::Retry(e, after) => Outcome::Retry(e.clone(), Some(*after)),
         };
         let done = matches!(verdict, Verdict::Done(_));
         let row = RecordRow {
@@ -564,9 +579,9 @@ impl<S: Stages> Worker<S> {
                 tracing::error!(%reason, "every item of the job failed for good; parked");
                 msg.ack_with(AckKind::Term).await
             }
-            Outcome::Retry(reason) => {
+            Outcome::Retry(reason, after) => {
                 let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-                let delay = retry_delay(self.config.retry_base, delivered);
+                let delay = after.unwrap_or_else(|| retry_delay(self.config.retry_base, delivered));
                 tracing::warn!(%reason, delivered, ?delay, "job will be retried");
                 msg.ack_with(AckKind::Nak(Some(delay))).await
             }
@@ -593,7 +608,7 @@ mod tests {
     fn a_job_ends_as_its_most_pressing_item() {
         use Outcome::*;
         let ms = Duration::from_millis;
-        let retry = || Retry("x".into());
+        let retry = || Retry("x".into(), None);
         let park = || Park("x".into());
         assert_eq!(Outcome::of_job(vec![Done, Done]), Done);
         assert_eq!(Outcome::of_job(vec![Done, park()]), Done);
@@ -610,19 +625,32 @@ mod tests {
 
     #[test]
     fn a_transient_failure_of_the_last_attempt_is_final() {
+        let backoff = Duration::from_secs(5);
         let transient = || Err(Failure::Transient("busy".into()));
         assert_eq!(
-            Verdict::of(transient(), false),
-            Verdict::Retry("busy".into())
+            Verdict::of(transient(), false, backoff),
+            Verdict::Retry("busy".into(), backoff)
         );
         assert_eq!(
-            Verdict::of(transient(), true),
+            Verdict::of(transient(), true, backoff),
             Verdict::Failed("busy".into())
         );
-        let refused = Err(Failure::Permanent("no".into()));
-        assert_eq!(Verdict::of(refused, false), Verdict::Failed("no".into()));
+        let later = |s| Err(Failure::Later("slow down".into(), Duration::from_secs(s)));
         assert_eq!(
-            Verdict::of(Ok("id".into()), true),
+            Verdict::of(later(120), false, backoff),
+            Verdict::Retry("slow down".into(), Duration::from_secs(120))
+        );
+        assert_eq!(
+            Verdict::of(later(120), true, backoff),
+            Verdict::Failed("slow down".into())
+        );
+        let refused = Err(Failure::Permanent("no".into()));
+        assert_eq!(
+            Verdict::of(refused, false, backoff),
+            Verdict::Failed("no".into())
+        );
+        assert_eq!(
+            Verdict::of(Ok("id".into()), true, backoff),
             Verdict::Done("id".into())
         );
     }

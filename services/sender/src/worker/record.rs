@@ -24,7 +24,7 @@ fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
     match verdict {
         Verdict::Done(provider_id) => ("sent", None, Some(provider_id)),
         Verdict::Failed(e) => ("failed", Some(e), None),
-        Verdict::Retry(e) => ("sending", Some(e), None),
+        Verdict::Retry(e, _) => ("sending", Some(e), None),
     }
 }
 

@@ -1,0 +1,629 @@
+//! The delivery worker: the WEBHOOK queue on the kit's queue worker. Each job is one
+//! attempt row: prepare reads its target and asks the inbound service for the message;
+//! the claim takes the attempt's lease; the work renders, signs and POSTs it, each target
+//! limited to `WEBHOOK_ENDPOINT_CONCURRENCY` at once (a busy target's job is handed back, so
+//! it never holds up another's); the record writes the outcome and the target's health (a
+//! 410 or `WEBHOOK_DISABLE_AFTER_SECS` of failures disables it). Retries follow
+//! `WEBHOOK_RETRY_SCHEDULE`, or a receiver's `Retry-After`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prost::Message as _;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{StatusCode, Url};
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
+use postmesh_shared::queue::{
+    self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Verdict, DB_NOW_MS,
+};
+use postmesh_shared::secrets::SecretBox;
+use postmesh_shared::{nats, Namespace, Runtime};
+
+use crate::endpoints::BodyFormat;
+use crate::payload::{self, Event, Shape};
+use crate::target::Reach;
+use crate::{AppState, DeliveryConfig};
+
+/// How long JetStream waits for a job's ack; the heartbeat extends it while a POST runs.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// The longest `Retry-After` honoured.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// Bytes of a receiver's answer kept in `lastError`.
+const ERROR_BODY_BYTES: usize = 200;
+
+/// Makes signed POSTs: one HTTP client whose lookups go through [`Reach`], no redirects.
+#[derive(Clone)]
+pub struct Sender {
+    client: reqwest::Client,
+    reach: Reach,
+}
+
+/// A receiver's answer, or why none came.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: Option<StatusCode>,
+    /// The failure in words; `None` for a 2xx.
+    pub error: Option<String>,
+    /// A 429 or 503's `Retry-After`.
+    pub retry_after: Option<Duration>,
+}
+
+impl Sender {
+    /// A sender that waits `config.timeout` for each answer.
+    pub fn new(reach: Reach, config: &DeliveryConfig) -> anyhow::Result<Self> {
+        postmesh_shared::tls::install_provider();
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(reach.clone())
+            .user_agent("Postmesh-Webhooks/1")
+            .build()?;
+        Ok(Self { client, reach })
+    }
+
+    /// POSTs `body` to `url`, signed with `keys` under `id`.
+    pub async fn post(&self, url: &Url, id: &str, keys: &[&[u8]], body: Vec<u8>) -> Answer {
+        let refused = |error: String| Answer {
+            status: None,
+            error: Some(error),
+            retry_after: None,
+        };
+        if let Err(e) = self.reach.admit_literal(url) {
+            return refused(e);
+        }
+        let timestamp = now_unix();
+        let signature = payload::sign(keys, id, timestamp, &body);
+        let sent = self
+            .client
+            .post(url.clone())
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await;
+        let res = match sent {
+            Ok(res) => res,
+            Err(e) => return refused(chain(&e)),
+        };
+        let status = res.status();
+        if status.is_success() {
+            return Answer {
+                status: Some(status),
+                error: None,
+                retry_after: None,
+            };
+        }
+        let retry_after = matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        )
+        .then(|| retry_after(res.headers()))
+        .flatten();
+        let text = res.text().await.unwrap_or_default();
+        let (excerpt, _) = crate::payload::cut_at(text, ERROR_BODY_BYTES);
+        Answer {
+            status: Some(status),
+            error: Some(format!("HTTP {}: {}", status.as_u16(), excerpt.trim())),
+            retry_after,
+        }
+    }
+}
+
+/// An error with its causes, which say why a connection failed (a refused address, a
+/// timeout).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by webhook receivers we know).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// Where an attempt goes and how, read with it.
+#[derive(sqlx::FromRow)]
+struct AttemptRow {
+    workspace_id: Uuid,
+    endpoint_id: Option<Uuid>,
+    message_id: Uuid,
+    url: Option<String>,
+    active: Option<bool>,
+    body_format: Option<BodyFormat>,
+    strip_quotes: Option<bool>,
+    secret_sealed: Option<Vec<u8>>,
+    previous_secret_sealed: Option<Vec<u8>>,
+    previous_secret_until: Option<i64>,
+}
+
+/// Reads attempt `id` with its target (its endpoint, or the workspace's default webhook).
+const ATTEMPT_WITH_TARGET: &str = "
+    SELECT a.workspace_id, a.endpoint_id, a.message_id,
+        COALESCE(e.url, d.url) AS url, COALESCE(e.active, d.active) AS active,
+        COALESCE(e.body_format, d.body_format) AS body_format,
+        COALESCE(e.strip_quotes, d.strip_quotes) AS strip_quotes,
+        COALESCE(e.secret_sealed, d.secret_sealed) AS secret_sealed,
+        COALESCE(e.previous_secret_sealed, d.previous_secret_sealed) AS previous_secret_sealed,
+        COALESCE(e.previous_secret_until, d.previous_secret_until) AS previous_secret_until
+    FROM attempts a
+    LEFT JOIN endpoints e ON e.id = a.endpoint_id
+    LEFT JOIN default_webhooks d ON a.endpoint_id IS NULL AND d.workspace_id = a.workspace_id
+    WHERE a.id = $1";
+
+/// A target ready to be posted to.
+pub struct Ready {
+    pub url: Url,
+    pub shape: Shape,
+    /// The signing keys in force: the current one, and a rotated-out one still signing.
+    pub keys: Vec<Vec<u8>>,
+}
+
+/// What a job's work needs: the target and the message, or why it can never be delivered.
+pub struct Prepared {
+    delivery: Result<(Ready, InboundMessageReply, Uuid), String>,
+    /// The target's delivery slot, held for the job.
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// The dispatcher's stages.
+struct Deliveries {
+    state: AppState,
+    max_body_bytes: usize,
+    schedule: Vec<Duration>,
+    disable_after: Duration,
+    slots: Slots,
+}
+
+/// Delivery slots per target.
+struct Slots {
+    per_target: usize,
+    targets: Mutex<HashMap<Uuid, Arc<Semaphore>>>,
+}
+
+impl Slots {
+    /// A slot of `target`'s now, or none when all are taken.
+    fn try_take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
+        let mut targets = self.targets.lock().expect("slots lock");
+        if targets.len() > 10_000 {
+            // Forget idle targets; a busy one keeps its semaphore alive through its permits.
+            targets.retain(|_, s| s.available_permits() < self.per_target);
+        }
+        let slots = targets
+            .entry(target)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_target)))
+            .clone();
+        slots.try_acquire_owned().ok()
+    }
+}
+
+/// Consumes the WEBHOOK stream until the runtime shuts down.
+pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> anyhow::Result<()> {
+    let stages = Deliveries {
+        state,
+        max_body_bytes: config.max_body_bytes,
+        schedule: config.retry_schedule.clone(),
+        disable_after: config.disable_after,
+        slots: Slots {
+            per_target: config.endpoint_concurrency.max(1),
+            targets: Mutex::default(),
+        },
+    };
+    let queue = QueueConfig {
+        name: "webhook-dispatcher",
+        ack_wait: ACK_WAIT,
+        max_deliver: i64::try_from(config.retry_schedule.len()).unwrap_or(0) + 1,
+        // Only a busy target's job waits on this (its attempts follow the schedule).
+        retry_base: Duration::from_millis(500),
+        concurrency: config.concurrency,
+        claim_ahead: 2 * config.concurrency,
+    };
+    queue::spawn(rt, Stream::Webhook, queue, stages).await
+}
+
+/// Reads attempt `id`'s target, ready to post to, or why it cannot be.
+async fn target_of(
+    db: &PgPool, secrets: &SecretBox, id: Uuid, max_body_bytes: usize,
+) -> Result<Option<(AttemptRow, Result<Ready, String>)>, sqlx::Error> {
+    let Some(row) = sqlx::query_as::<_, AttemptRow>(ATTEMPT_WITH_TARGET)
+        .bind(id)
+        .fetch_optional(db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let ready = ready(&row, secrets, max_body_bytes);
+    Ok(Some((row, ready)))
+}
+
+fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result<Ready, String> {
+    let (Some(url), Some(sealed)) = (&row.url, &row.secret_sealed) else {
+        return Err(match row.endpoint_id {
+            Some(_) => "the endpoint was deleted".into(),
+            None => "the workspace has no default webhook".into(),
+        });
+    };
+    if row.active != Some(true) {
+        return Err("the endpoint is disabled".into());
+    }
+    let owner = row.endpoint_id.unwrap_or(row.workspace_id);
+    let open = |sealed: &[u8]| {
+        secrets
+            .open(owner.as_bytes(), sealed)
+            .ok_or_else(|| "the signing secret cannot be opened (SECRETS_KEY changed?)".to_owned())
+    };
+    let mut keys = vec![open(sealed)?];
+    if let (Some(previous), Some(until)) = (&row.previous_secret_sealed, row.previous_secret_until)
+    {
+        if until > now_unix() {
+            keys.push(open(previous)?);
+        }
+    }
+    Ok(Ready {
+        url: Url::parse(url).map_err(|e| format!("url: {e}"))?,
+        shape: Shape {
+            format: row.body_format.unwrap_or_default(),
+            strip_quotes: row.strip_quotes.unwrap_or(false),
+            max_body_bytes,
+        },
+        keys,
+    })
+}
+
+/// Endpoint `id`, ready to post to whether active or not (a test delivery).
+pub async fn ready_endpoint(
+    state: &AppState, id: Uuid,
+) -> Result<Ready, postmesh_shared::ApiError> {
+    let row: AttemptRow = sqlx::query_as(
+        "SELECT workspace_id, id AS endpoint_id, id AS message_id, url, true AS active,
+             body_format, strip_quotes, secret_sealed, previous_secret_sealed,
+             previous_secret_until
+         FROM endpoints WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&state.db)
+    .await?;
+    ready(&row, &state.secrets, usize::MAX)
+        .map_err(|e| postmesh_shared::ApiError::internal("the endpoint cannot be signed for", e))
+}
+
+/// Asks the inbound service for message `id` of `workspace`, bodies cut a little past
+/// `max_body_bytes` (so a cut shows); `None` when it no longer exists.
+pub async fn message(
+    state: &AppState, workspace: Uuid, id: Uuid, max_body_bytes: usize,
+) -> Result<Option<InboundMessageReply>, String> {
+    let client = state
+        .nats
+        .as_ref()
+        .ok_or("the inbound service is not reachable")?;
+    let req = InboundMessageRequest {
+        workspace_id: workspace.to_string(),
+        message_id: id.to_string(),
+        max_body_bytes: u32::try_from(max_body_bytes + 1).unwrap_or(u32::MAX),
+    };
+    let reply = nats::call(client, &state.ns, &req)
+        .await
+        .map_err(|e| format!("asking the inbound service: {e}"))?;
+    Ok(reply.found.then_some(reply))
+}
+
+/// Now, in RFC 3339.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+impl Stages for Deliveries {
+    type Job = Uuid;
+    type Shared = Prepared;
+    type ClaimData = ();
+
+    fn decode(&self, payload: &[u8]) -> Result<Uuid, String> {
+        let job = WebhookJob::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        Uuid::parse_str(&job.attempt_id).map_err(|_| "attempt id is not a uuid".into())
+    }
+
+    fn items(&self, job: &Uuid) -> Vec<Uuid> {
+        vec![*job]
+    }
+
+    async fn prepare(&self, job: &Uuid) -> Result<Prepared, String> {
+        let found = target_of(
+            &self.state.db,
+            &self.state.secrets,
+            *job,
+            self.max_body_bytes,
+        )
+        .await
+        .map_err(|e| format!("database: {e}"))?;
+        let Some((row, ready)) = found else {
+            // Its endpoint was deleted with its attempts: the claim finds nothing to do.
+            return Ok(Prepared {
+                delivery: Err("the attempt no longer exists".into()),
+                _slot: None,
+            });
+        };
+        let ready = match ready {
+            Ok(ready) => ready,
+            Err(why) => {
+                return Ok(Prepared {
+                    delivery: Err(why),
+                    _slot: None,
+                })
+            }
+        };
+        let slot = self
+            .slots
+            .try_take(row.endpoint_id.unwrap_or(row.workspace_id))
+            .ok_or("the endpoint has as many deliveries in flight as it may")?;
+        let message = message(
+            &self.state,
+            row.workspace_id,
+            row.message_id,
+            self.max_body_bytes,
+        )
+        .await?;
+        let delivery = match message {
+            Some(message) => Ok((ready, message, row.message_id)),
+            None => Err("the message no longer exists".into()),
+        };
+        Ok(Prepared {
+            delivery,
+            _slot: Some(slot),
+        })
+    }
+
+    fn claim_data(&self, _job: &Uuid, _shared: &Prepared, _index: usize) {}
+
+    async fn claim(
+        &self, rows: Vec<ClaimRow<()>>, lease_ms: i64,
+    ) -> Result<Vec<Option<i32>>, String> {
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.item).collect();
+        let leases: Vec<Uuid> = rows.iter().map(|r| r.lease).collect();
+        let taken: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
+            "UPDATE attempts a SET attempt_count = a.attempt_count + 1, lease_owner = u.lease,
+                 leased_until_ms = {DB_NOW_MS} + $3, updated_at = $4
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS u(id, lease)
+             WHERE a.id = u.id AND a.status = 'pending' AND a.leased_until_ms <= {DB_NOW_MS}
+             RETURNING a.id, a.attempt_count"
+        ))
+        .bind(&ids)
+        .bind(&leases)
+        .bind(lease_ms)
+        .bind(now_unix())
+        .fetch_all(&self.state.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let taken: HashMap<Uuid, i32> = taken.into_iter().collect();
+        Ok(ids.iter().map(|id| taken.get(id).copied()).collect())
+    }
+
+    async fn standing(&self, item: Uuid) -> Result<Standing, String> {
+        let row: Option<(String, i64)> = sqlx::query_as(&format!(
+            "SELECT status, leased_until_ms - {DB_NOW_MS} FROM attempts WHERE id = $1"
+        ))
+        .bind(item)
+        .fetch_optional(&self.state.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(match row {
+            Some((status, left_ms)) if status == "pending" => {
+                Standing::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
+            }
+            _ => Standing::Finished,
+        })
+    }
+
+    async fn work(&self, job: &Uuid, shared: &Prepared, _index: usize) -> Result<String, Failure> {
+        let (ready, message, message_id) = shared
+            .delivery
+            .as_ref()
+            .map_err(|why| Failure::Permanent(why.clone()))?;
+        let event = Event::received(
+            message.clone(),
+            message_id.to_string(),
+            ready.shape,
+            now_rfc3339(),
+        );
+        let body = serde_json::to_vec(&event).map_err(|e| Failure::Permanent(e.to_string()))?;
+        let keys: Vec<&[u8]> = ready.keys.iter().map(Vec::as_slice).collect();
+        let answer = self
+            .state
+            .sender
+            .post(&ready.url, &payload::webhook_id(*job), &keys, body)
+            .await;
+        outcome(answer)
+    }
+
+    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
+        record(&self.state.db, rows, self.disable_after)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), String> {
+        sqlx::query(&format!(
+            "UPDATE attempts SET leased_until_ms = {DB_NOW_MS} + $3
+             WHERE id = ANY($1) AND lease_owner = $2 AND status = 'pending'"
+        ))
+        .bind(items)
+        .bind(lease)
+        .bind(lease_ms)
+        .execute(&self.state.db)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+    }
+
+    fn retry_delay(&self, attempt: i64) -> Option<Duration> {
+        let index = usize::try_from(attempt - 1).unwrap_or(0);
+        self.schedule.get(index).or(self.schedule.last()).copied()
+    }
+}
+
+/// What a receiver's answer means for the attempt. The detail of a success, and the start
+/// of a failure's text, carry the status code (`HTTP 500: ...`) for the record.
+fn outcome(answer: Answer) -> Result<String, Failure> {
+    match (answer.status, answer.error) {
+        (Some(status), None) => Ok(format!("HTTP {}", status.as_u16())),
+        (Some(StatusCode::GONE), Some(e)) => Err(Failure::Permanent(e)),
+        (_, Some(e)) => match answer.retry_after {
+            Some(after) => Err(Failure::Later(e, after)),
+            None => Err(Failure::Transient(e)),
+        },
+        (None, None) => Err(Failure::Transient("no answer".into())),
+    }
+}
+
+/// The status code a recorded detail or error starts with (`HTTP 503: ...`).
+fn status_code(text: &str) -> Option<i32> {
+    text.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
+}
+
+/// Writes a batch of outcomes (distinct attempts) and their targets' health: a success
+/// clears `failing_since`; a failure sets it, and disables the target when it is older than
+/// `disable_after`; a 410 disables it at once. Answers whether each outcome was written: a
+/// success always is, a failure or retry only while its claim holds the attempt.
+async fn record(
+    db: &PgPool, rows: Vec<RecordRow>, disable_after: Duration,
+) -> Result<Vec<bool>, sqlx::Error> {
+    let now = now_unix();
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut statuses = Vec::with_capacity(rows.len());
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(rows.len());
+    let mut codes: Vec<Option<i32>> = Vec::with_capacity(rows.len());
+    let mut next_at: Vec<Option<i64>> = Vec::with_capacity(rows.len());
+    for row in &rows {
+        ids.push(row.item);
+        let (status, text, next) = match &row.verdict {
+            Verdict::Done(detail) => ("succeeded", detail, None),
+            Verdict::Failed(e) => ("failed", e, None),
+            Verdict::Retry(e, after) => (
+                "pending",
+                e,
+                Some(now + i64::try_from(after.as_secs()).unwrap_or(i64::MAX / 2)),
+            ),
+        };
+        statuses.push(status);
+        codes.push(status_code(text));
+        errors.push((status != "succeeded").then(|| text.clone()));
+        next_at.push(next);
+    }
+    let leases: Vec<Uuid> = rows.iter().map(|r| r.lease).collect();
+    let written: Vec<Uuid> = sqlx::query_scalar(
+        "WITH u AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::int[],
+                                  $6::bigint[])
+                 AS u(id, status, error, lease, code, next_at)
+         ), done AS (
+             UPDATE attempts a SET status = u.status, last_error = u.error,
+                 last_status_code = COALESCE(u.code, a.last_status_code),
+                 next_attempt_at = u.next_at, updated_at = $7, lease_owner = NULL,
+                 leased_until_ms = 0
+             FROM u
+             WHERE a.id = u.id
+               AND CASE WHEN u.status = 'succeeded' THEN a.status <> 'succeeded'
+                        ELSE a.status = 'pending' AND a.lease_owner = u.lease END
+             RETURNING a.id, a.endpoint_id, a.workspace_id, u.status, u.code
+         ), health AS (
+             SELECT endpoint_id, workspace_id, bool_or(status = 'succeeded') AS ok,
+                 bool_or(code = 410) AS gone
+             FROM done GROUP BY endpoint_id, workspace_id
+         ), endpoints_seen AS (
+             UPDATE endpoints e
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, $7) END,
+                 active = e.active AND (h.ok OR NOT (h.gone
+                     OR $7 - COALESCE(e.failing_since, $7) >= $8))
+             FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
+         ), defaults_seen AS (
+             UPDATE default_webhooks d
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, $7) END,
+                 active = d.active AND (h.ok OR NOT (h.gone
+                     OR $7 - COALESCE(d.failing_since, $7) >= $8))
+             FROM health h WHERE h.endpoint_id IS NULL AND d.workspace_id = h.workspace_id
+         )
+         SELECT id FROM done",
+    )
+    .bind(&ids)
+    .bind(&statuses)
+    .bind(&errors)
+    .bind(&leases)
+    .bind(&codes)
+    .bind(&next_at)
+    .bind(now)
+    .bind(i64::try_from(disable_after.as_secs()).unwrap_or(i64::MAX))
+    .fetch_all(db)
+    .await?;
+    let written: HashSet<Uuid> = written.into_iter().collect();
+    Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
+}
+
+/// Publishes a WEBHOOK job for each attempt (`(id, attempt_count)`: the count makes a new
+/// job of an attempt tried again, within JetStream's duplicate window).
+pub async fn queue_jobs(
+    js: &async_nats::jetstream::Context, ns: &Namespace, attempts: &[(Uuid, i32)],
+) -> Result<(), postmesh_shared::ApiError> {
+    let subject = Stream::Webhook.subject(ns);
+    let publishes = attempts.iter().map(|(id, count)| {
+        let job = WebhookJob {
+            attempt_id: id.to_string(),
+        };
+        let (subject, msg_id) = (subject.clone(), format!("{id}:{count}"));
+        async move {
+            postmesh_shared::jetstream::publish(js, subject, &msg_id, job.encode_to_vec().into())
+                .await
+        }
+    });
+    futures::future::try_join_all(publishes).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_become_outcomes() {
+        let answer = |status: Option<u16>, error: Option<&str>, after: Option<u64>| Answer {
+            status: status.map(|s| StatusCode::from_u16(s).unwrap()),
+            error: error.map(str::to_owned),
+            retry_after: after.map(Duration::from_secs),
+        };
+        assert_eq!(outcome(answer(Some(204), None, None)).unwrap(), "HTTP 204");
+        assert!(matches!(
+            outcome(answer(Some(410), Some("HTTP 410: gone"), None)),
+            Err(Failure::Permanent(_))
+        ));
+        assert!(matches!(
+            outcome(answer(Some(429), Some("HTTP 429: slow"), Some(7))),
+            Err(Failure::Later(_, d)) if d == Duration::from_secs(7)
+        ));
+        assert!(matches!(
+            outcome(answer(None, Some("connect refused"), None)),
+            Err(Failure::Transient(_))
+        ));
+        assert_eq!(status_code("HTTP 503: busy"), Some(503));
+        assert_eq!(status_code("connect refused"), None);
+    }
+}

@@ -1,0 +1,271 @@
+//! A message's body as an endpoint asks for it (`bodyFormat`): its text, its HTML, or
+//! Markdown converted from the HTML (htmd), one rendered from the other when the message has
+//! only one; with `stripQuotes`, without the quoted replies the big mail clients add — `>`
+//! blocks, "On … wrote:" and Outlook's "From: … Sent: …" headers with what follows, and in
+//! HTML Gmail's `gmail_quote`, Apple Mail's `blockquote type=cite` and Outlook's
+//! `divRplyFwdMsg` containers.
+
+use std::io::Write as _;
+
+use html5ever::serialize::{SerializeOpts, TraversalScope};
+use html5ever::tendril::TendrilSink;
+use markup5ever_rcdom::{Handle, NodeData, RcDom, SerializableHandle};
+
+use crate::endpoints::BodyFormat;
+
+/// A body rendered for an endpoint.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub body: String,
+    /// Whether quoted text was removed.
+    pub stripped_quotes: bool,
+}
+
+/// The width plain text rendered from HTML is wrapped at.
+const TEXT_WIDTH: usize = 78;
+
+/// Renders a message's `text` and `html` parts as `format`, without quotes when `strip`.
+pub fn render(text: Option<&str>, html: Option<&str>, format: BodyFormat, strip: bool) -> Rendered {
+    let use_html = match format {
+        BodyFormat::Text => text.is_none() && html.is_some(),
+        BodyFormat::Html | BodyFormat::Markdown => html.is_some(),
+    };
+    if use_html {
+        let html = html.unwrap_or_default();
+        let (html, stripped_quotes) = if strip {
+            strip_html(html)
+        } else {
+            (html.to_owned(), false)
+        };
+        let body = match format {
+            BodyFormat::Html => html,
+            BodyFormat::Text => html_to_text(&html),
+            BodyFormat::Markdown => html_to_markdown(&html),
+        };
+        return Rendered {
+            body,
+            stripped_quotes,
+        };
+    }
+    let text = text.unwrap_or_default();
+    let (text, stripped_quotes) = if strip {
+        strip_text(text)
+    } else {
+        (text.to_owned(), false)
+    };
+    let body = match format {
+        BodyFormat::Html => format!("<pre>{}</pre>", escape(&text)),
+        BodyFormat::Text | BodyFormat::Markdown => text,
+    };
+    Rendered {
+        body,
+        stripped_quotes,
+    }
+}
+
+/// HTML as plain text.
+fn html_to_text(html: &str) -> String {
+    html2text::config::plain()
+        .string_from_read(html.as_bytes(), TEXT_WIDTH)
+        .unwrap_or_default()
+        .trim_end()
+        .to_owned()
+}
+
+/// HTML as Markdown: links, lists, emphasis and tables kept.
+fn html_to_markdown(html: &str) -> String {
+    htmd::HtmlToMarkdown::builder()
+        .skip_tags(vec!["head", "script", "style"])
+        .build()
+        .convert(html)
+        .unwrap_or_default()
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Plain text without its quoted reply: from an attribution line ("On … wrote:", Outlook's
+/// "From:" header followed by "Sent:", "-----Original Message-----") on, and every `>` line.
+pub fn strip_text(text: &str) -> (String, bool) {
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = (0..lines.len())
+        .find(|&i| starts_quote(&lines[i..]))
+        .unwrap_or(lines.len());
+    let kept: Vec<&str> = lines[..cut]
+        .iter()
+        .copied()
+        .filter(|l| !l.trim_start().starts_with('>'))
+        .collect();
+    let stripped = kept.len() != lines.len();
+    if !stripped {
+        return (text.to_owned(), false);
+    }
+    (kept.join("\n").trim_end().to_owned(), true)
+}
+
+/// Whether the first of `lines` starts a quoted reply's attribution.
+fn starts_quote(lines: &[&str]) -> bool {
+    let line = lines[0].trim();
+    let next = lines.get(1).map(|l| l.trim()).unwrap_or_default();
+    if line.starts_with("-----Original Message-----") {
+        return true;
+    }
+    // "On Mon, 23 Nov 2026 at 10:00, Ann <ann@example.com> wrote:" — Gmail wraps it.
+    if line.starts_with("On ") && (line.ends_with("wrote:") || next.ends_with("wrote:")) {
+        return true;
+    }
+    // Outlook: "From: Ann <ann@example.com>" then "Sent: ..." within the next lines.
+    if line.starts_with("From:") {
+        return lines
+            .iter()
+            .skip(1)
+            .take(4)
+            .any(|l| l.trim_start().starts_with("Sent:"));
+    }
+    false
+}
+
+/// HTML without its quoted reply: quote containers removed, and from an Outlook reply header
+/// on, everything.
+pub fn strip_html(html: &str) -> (String, bool) {
+    let dom = html5ever::parse_document(RcDom::default(), Default::default()).one(html);
+    let (mut removed, mut cut) = (false, false);
+    prune(&dom.document, &mut removed, &mut cut);
+    if !removed {
+        return (html.to_owned(), false);
+    }
+    let mut out = Vec::with_capacity(html.len());
+    let document: SerializableHandle = dom.document.clone().into();
+    let opts = SerializeOpts {
+        traversal_scope: TraversalScope::ChildrenOnly(None),
+        ..Default::default()
+    };
+    if html5ever::serialize(&mut out, &document, opts).is_err() {
+        return (html.to_owned(), false);
+    }
+    let _ = out.flush();
+    (String::from_utf8_lossy(&out).into_owned(), true)
+}
+
+/// Drops `node`'s quote containers, and every node after a cut marker (`cut`, which then
+/// holds for the rest of the document).
+fn prune(node: &Handle, removed: &mut bool, cut: &mut bool) {
+    let children = std::mem::take(&mut *node.children.borrow_mut());
+    let mut kept = Vec::with_capacity(children.len());
+    for child in children {
+        if *cut {
+            *removed = true;
+            continue;
+        }
+        match quote_kind(&child) {
+            Some(Quote::Container) => *removed = true,
+            Some(Quote::Cut) => {
+                *removed = true;
+                *cut = true;
+            }
+            None => {
+                prune(&child, removed, cut);
+                kept.push(child);
+            }
+        }
+    }
+    *node.children.borrow_mut() = kept;
+}
+
+/// How an element marks quoted text.
+enum Quote {
+    /// It holds the quote: it goes.
+    Container,
+    /// The quote starts here: it and everything after it go.
+    Cut,
+}
+
+fn quote_kind(node: &Handle) -> Option<Quote> {
+    let NodeData::Element { name, attrs, .. } = &node.data else {
+        return None;
+    };
+    let attrs = attrs.borrow();
+    let attr = |wanted: &str| {
+        attrs
+            .iter()
+            .find(|a| &*a.name.local == wanted)
+            .map(|a| a.value.to_string())
+            .unwrap_or_default()
+    };
+    let (id, class) = (attr("id"), attr("class"));
+    let classes: Vec<&str> = class.split_whitespace().collect();
+    if matches!(
+        id.as_str(),
+        "divRplyFwdMsg" | "appendonsend" | "mail-editor-reference-message-container"
+    ) || classes.contains(&"OutlookMessageHeader")
+    {
+        return Some(Quote::Cut);
+    }
+    if &*name.local == "blockquote"
+        || classes
+            .iter()
+            .any(|c| matches!(*c, "gmail_quote" | "gmail_quote_container" | "yahoo_quoted"))
+    {
+        return Some(Quote::Container);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_quotes_go_from_the_attribution_on() {
+        let gmail = "Sounds good.\n\nOn Mon, Nov 23, 2026 at 10:00 AM Ann Lee <ann@example.com>\nwrote:\n> Lunch?\n> A";
+        assert_eq!(strip_text(gmail), ("Sounds good.".into(), true));
+        let outlook = "Yes.\n\nFrom: Ann Lee <ann@example.com>\nSent: Monday, November 23, 2026 10:00\nTo: Bo\nSubject: Lunch\n\nLunch?";
+        assert_eq!(strip_text(outlook), ("Yes.".into(), true));
+        let plain = "From: here to there.\nNo quote.";
+        assert_eq!(strip_text(plain), (plain.into(), false));
+    }
+
+    #[test]
+    fn html_quote_containers_and_what_follows_an_outlook_header_go() {
+        let html = r#"<div>Top</div><div class="gmail_quote"><div class="gmail_attr">On Mon Ann wrote:</div><blockquote>old</blockquote></div>"#;
+        let (out, stripped) = strip_html(html);
+        assert!(stripped);
+        assert!(
+            out.contains("Top") && !out.contains("old") && !out.contains("wrote"),
+            "{out}"
+        );
+        let outlook = r#"<div>Reply</div><div id="appendonsend"></div><hr><div id="divRplyFwdMsg"><b>From:</b> Ann</div><div>old</div>"#;
+        let (out, stripped) = strip_html(outlook);
+        assert!(stripped);
+        assert!(
+            out.contains("Reply") && !out.contains("old") && !out.contains("<hr"),
+            "{out}"
+        );
+        let clean = "<p>Hello</p>";
+        assert_eq!(strip_html(clean), (clean.into(), false));
+    }
+
+    #[test]
+    fn each_format_comes_from_the_part_that_fits_it() {
+        let html = Some("<p>Hi <b>there</b></p><ul><li>one</li></ul>");
+        let md = render(None, html, BodyFormat::Markdown, false).body;
+        assert!(md.contains("**there**") && md.contains("one"), "{md}");
+        let text = render(None, html, BodyFormat::Text, false).body;
+        assert!(text.contains("Hi there") && !text.contains('<'), "{text}");
+        let pre = render(Some("a < b"), None, BodyFormat::Html, false).body;
+        assert_eq!(pre, "<pre>a &lt; b</pre>");
+        let both = render(Some("plain"), html, BodyFormat::Text, false).body;
+        assert_eq!(both, "plain");
+    }
+}
