@@ -150,6 +150,14 @@ impl TestClient {
         let body = serde_json::to_vec(body).expect("JSON body");
         self.call(Method::POST, path, Some(body), expected).await
     }
+
+    /// `PUT path` with a JSON body, expecting `expected`, answer parsed as `T`.
+    pub async fn put<T: DeserializeOwned>(
+        &self, path: &str, body: &impl Serialize, expected: StatusCode,
+    ) -> T {
+        let body = serde_json::to_vec(body).expect("JSON body");
+        self.call(Method::PUT, path, Some(body), expected).await
+    }
 }
 
 /// One answer: its status, headers and body.

@@ -10,7 +10,9 @@ pub mod fake_dns;
 pub mod fake_ses;
 pub mod fake_smtp;
 pub mod fake_stripe;
+pub mod mta;
 pub mod peek;
+pub mod receiver;
 
 pub use client::{Answer, TestClient};
 pub use fake_stripe::FakeStripe;
@@ -219,6 +221,7 @@ pub struct Stack {
     domain: Option<Running>,
     inbound: Option<Running>,
     dispatcher: Option<Running>,
+    dispatcher_child: Option<tokio::process::Child>,
     sender: Option<Running>,
     sender_child: Option<tokio::process::Child>,
     mode: SenderMode,
@@ -447,6 +450,7 @@ impl Stack {
             domain: Some(domain),
             inbound: Some(inbound),
             dispatcher: Some(dispatcher),
+            dispatcher_child: None,
             sender: None,
             sender_child: None,
             mode: opts.sender,
@@ -476,6 +480,7 @@ impl Stack {
             domain: None,
             inbound: None,
             dispatcher: None,
+            dispatcher_child: None,
             sender: None,
             sender_child: None,
             mode: SenderMode::ChildProcess,
@@ -648,6 +653,40 @@ impl Stack {
         .await
     }
 
+    /// The webhook dispatcher's settings in this stack.
+    pub fn dispatcher_config(&self) -> webhook_dispatcher::Config {
+        dispatcher_config(&self.common)
+    }
+
+    /// Stops the webhook dispatcher: gracefully in process, with SIGKILL as a child process.
+    pub async fn kill_dispatcher(&mut self) {
+        if let Some(running) = self.dispatcher.take() {
+            running.stop().await;
+        }
+        if let Some(mut child) = self.dispatcher_child.take() {
+            child.kill().await.expect("dispatcher killed");
+        }
+    }
+
+    /// Restarts the webhook dispatcher in process with `config`.
+    pub async fn restart_dispatcher(&mut self, config: webhook_dispatcher::Config) {
+        self.kill_dispatcher().await;
+        let running = webhook_dispatcher::start(config)
+            .await
+            .expect("webhook dispatcher starts");
+        self.dispatcher = Some(running);
+    }
+
+    /// Restarts the webhook dispatcher as a child process with `config` (to be killed).
+    pub async fn spawn_dispatcher(&mut self, mut config: webhook_dispatcher::Config) {
+        self.kill_dispatcher().await;
+        let admin = free_port();
+        config.common.admin_addr = admin;
+        let child = spawn_service(webhook_dispatcher::SERVICE, config.to_env());
+        self.dispatcher_child = Some(child);
+        self.wait_ready(admin).await;
+    }
+
     /// Stops the sender: gracefully in process, with SIGKILL as a child process.
     pub async fn kill_sender(&mut self) {
         if let Some(running) = self.sender.take() {
@@ -656,6 +695,12 @@ impl Stack {
         if let Some(mut child) = self.sender_child.take() {
             child.kill().await.expect("sender killed");
         }
+    }
+
+    /// The workspace of `key`.
+    pub async fn workspace_of(&self, key: &str) -> uuid::Uuid {
+        let db = self.service_db(api_gateway::SERVICE).await;
+        peek::gateway::workspace_of(&db, self.key_id(key).await).await
     }
 
     /// The email address of the account that owns `key`.
@@ -817,6 +862,7 @@ impl Stack {
     /// Stops every service and drops the stack's databases, stream and Redis keys.
     pub async fn shutdown(mut self) {
         self.kill_sender().await;
+        self.kill_dispatcher().await;
         for running in [
             self.gateway.take(),
             self.billing.take(),

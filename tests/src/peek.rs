@@ -275,17 +275,20 @@ pub mod inbound {
     use super::*;
 
     /// A live inbox `address` of `workspace`, as `POST /inbox/addresses` leaves it.
-    pub async fn insert_address(db: &PgPool, workspace: Uuid, address: &str) {
+    /// Its id.
+    pub async fn insert_address(db: &PgPool, workspace: Uuid, address: &str) -> Uuid {
+        let id = Uuid::now_v7();
         sqlx::query(
             "INSERT INTO addresses (id, workspace_id, address, created_at)
              VALUES ($1, $2, $3, 0)",
         )
-        .bind(Uuid::now_v7())
+        .bind(id)
         .bind(workspace)
         .bind(address)
         .execute(db)
         .await
         .expect("address row");
+        id
     }
 
     /// Stored copies of messages, with their raw forms (each copy has one).

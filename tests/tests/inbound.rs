@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use base64::Engine as _;
 use futures::future::join_all;
 use futures::StreamExt;
 use prost::Message as _;
@@ -20,62 +19,8 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
 use postmesh_shared::Success;
+use postmesh_tests::mta::{authentication, fixture, ingest, ingest_body, message, mta};
 use postmesh_tests::{peek, Options, ServiceDb, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
-
-/// A fixture message from `tests/fixtures/inbound/`.
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/fixtures/inbound/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(path).expect("fixture")
-}
-
-/// The upstream MTA: the gateway with the inbound secret.
-fn mta(stack: &Stack) -> TestClient {
-    TestClient::http(&stack.base, None).with_header("x-service-inbound-secret", INBOUND_SECRET)
-}
-
-/// What a well-configured MTA says about a message's origin.
-fn authentication() -> Value {
-    json!({
-        "sourceIp": "203.0.113.7", "helo": "mail.customer.example",
-        "spf": "pass", "dkim": "pass", "dmarc": "none", "policy": "accept",
-        "results": {"spf": "pass (sender SPF authorized)"}
-    })
-}
-
-/// The body of `POST /inbound-email/ingest` for `raw` to `to`.
-fn ingest_body(raw: &[u8], to: &[&str]) -> Value {
-    json!({
-        "from": "ann@customer.example",
-        "to": to,
-        "rawBase64": base64::engine::general_purpose::STANDARD.encode(raw),
-        "authentication": authentication(),
-    })
-}
-
-/// Ingests `raw` to `to`, expecting 200; the counts.
-async fn ingest(stack: &Stack, raw: &[u8], to: &[&str]) -> Ingested {
-    let answer: Success<Ingested> = mta(stack)
-        .post(
-            "/inbound-email/ingest",
-            &ingest_body(raw, to),
-            StatusCode::OK,
-        )
-        .await;
-    answer.body
-}
-
-/// A plain message.
-fn message(message_id: Option<&str>, subject: &str, extra_headers: &str, body: &str) -> Vec<u8> {
-    let id = message_id
-        .map(|id| format!("Message-ID: <{id}>\r\n"))
-        .unwrap_or_default();
-    format!(
-        "From: Ann <ann@customer.example>\r\nTo: support@{INBOUND_DOMAIN}\r\n{id}\
-         Subject: {subject}\r\n{extra_headers}MIME-Version: 1.0\r\n\
-         Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n"
-    )
-    .into_bytes()
-}
 
 /// Creates `address` for `key`, expecting 201.
 async fn create_address(stack: &Stack, key: &str, address: &str) -> AddressView {
@@ -97,11 +42,6 @@ async fn threads(stack: &Stack, key: &str, query: &str) -> ThreadList {
         .get(&format!("/inbox/threads{query}"), StatusCode::OK)
         .await;
     list.body
-}
-
-async fn workspace_of(stack: &Stack, key: &str) -> uuid::Uuid {
-    let db = stack.service_db(api_gateway::SERVICE).await;
-    peek::gateway::workspace_of(&db, stack.key_id(key).await).await
 }
 
 #[tokio::test]
@@ -150,7 +90,7 @@ async fn addresses_are_on_the_platform_domain_or_a_verified_one_within_the_plan(
     );
     // A domain of bob's that is not verified for inbound, or nobody's, is refused.
     let domain_db = stack.service_db(domain::SERVICE).await;
-    let bob_ws = workspace_of(&stack, &bob).await;
+    let bob_ws = stack.workspace_of(&bob).await;
     peek::domain::insert_pending(&domain_db, uuid::Uuid::now_v7(), bob_ws, "pending.example").await;
     for address in [
         "hi@pending.example",
@@ -599,7 +539,7 @@ async fn a_message_is_stored_once_per_inbox_whatever_the_retries() {
     let domain_db = stack.service_db(domain::SERVICE).await;
     peek::domain::insert_inbound_verified(
         &domain_db,
-        workspace_of(&stack, &bob).await,
+        stack.workspace_of(&bob).await,
         "bob.example",
     )
     .await;

@@ -5,29 +5,15 @@ use base64::Engine as _;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use inbound_ingest::addresses::Created as AddressCreated;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{AddressId, Service, Success};
-use postmesh_tests::{caller, peek, ServiceDb, Stack, TestClient, INBOUND_DOMAIN};
+use postmesh_tests::mta::key_with_inbox;
+use postmesh_tests::{caller, peek, ServiceDb, Stack, TestClient};
 use webhook_dispatcher::defaults::DefaultPage;
 use webhook_dispatcher::endpoints::{
     BodyFormat, Created, Deleted, EndpointList, EndpointPage, Subscribed, MAX_PER_ADDRESS,
 };
-
-/// A new key with one inbox address; the key and the address id.
-async fn key_with_inbox(stack: &Stack, local: &str) -> (String, AddressId) {
-    let key = stack.key(0).await;
-    let created: Success<AddressCreated> = stack
-        .client(&key)
-        .post(
-            "/inbox/addresses",
-            &json!({ "address": format!("{local}@{INBOUND_DOMAIN}") }),
-            StatusCode::CREATED,
-        )
-        .await;
-    (key, created.body.address.id)
-}
 
 /// `POST /inbox/webhook/endpoints` with `body`, expecting `status`.
 async fn create<T: serde::de::DeserializeOwned>(

@@ -549,7 +549,7 @@ async fn record(
              RETURNING a.id, a.endpoint_id, a.workspace_id, u.status, u.code
          ), health AS (
              SELECT endpoint_id, workspace_id, bool_or(status = 'succeeded') AS ok,
-                 bool_or(code = 410) AS gone
+                 bool_or(COALESCE(code, 0) = 410) AS gone
              FROM done GROUP BY endpoint_id, workspace_id
          ), endpoints_seen AS (
              UPDATE endpoints e

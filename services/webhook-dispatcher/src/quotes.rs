@@ -47,11 +47,12 @@ pub fn render(text: Option<&str>, html: Option<&str>, format: BodyFormat, strip:
             stripped_quotes,
         };
     }
-    let text = text.unwrap_or_default();
+    // Mail's CRLF line ends, as JSON readers expect them.
+    let text = text.unwrap_or_default().replace("\r\n", "\n");
     let (text, stripped_quotes) = if strip {
-        strip_text(text)
+        strip_text(&text)
     } else {
-        (text.to_owned(), false)
+        (text, false)
     };
     let body = match format {
         BodyFormat::Html => format!("<pre>{}</pre>", escape(&text)),
@@ -102,16 +103,28 @@ pub fn strip_text(text: &str) -> (String, bool) {
     let cut = (0..lines.len())
         .find(|&i| starts_quote(&lines[i..]))
         .unwrap_or(lines.len());
-    let kept: Vec<&str> = lines[..cut]
+    let mut kept: Vec<&str> = lines[..cut]
         .iter()
         .copied()
         .filter(|l| !l.trim_start().starts_with('>'))
         .collect();
-    let stripped = kept.len() != lines.len();
-    if !stripped {
+    if kept.len() == lines.len() {
         return (text.to_owned(), false);
     }
-    (kept.join("\n").trim_end().to_owned(), true)
+    // The rule Outlook draws above its header, and blank lines.
+    while kept
+        .last()
+        .is_some_and(|l| is_rule(l) || l.trim().is_empty())
+    {
+        kept.pop();
+    }
+    (kept.join("\n"), true)
+}
+
+/// A line drawn of underscores or dashes.
+fn is_rule(line: &str) -> bool {
+    let line = line.trim();
+    line.len() >= 5 && line.chars().all(|c| c == '_' || c == '-')
 }
 
 /// Whether the first of `lines` starts a quoted reply's attribution.
@@ -230,7 +243,7 @@ mod tests {
     fn text_quotes_go_from_the_attribution_on() {
         let gmail = "Sounds good.\n\nOn Mon, Nov 23, 2026 at 10:00 AM Ann Lee <ann@example.com>\nwrote:\n> Lunch?\n> A";
         assert_eq!(strip_text(gmail), ("Sounds good.".into(), true));
-        let outlook = "Yes.\n\nFrom: Ann Lee <ann@example.com>\nSent: Monday, November 23, 2026 10:00\nTo: Bo\nSubject: Lunch\n\nLunch?";
+        let outlook = "Yes.\n\n________________________________\nFrom: Ann Lee <ann@example.com>\nSent: Monday, November 23, 2026 10:00\nTo: Bo\nSubject: Lunch\n\nLunch?";
         assert_eq!(strip_text(outlook), ("Yes.".into(), true));
         let plain = "From: here to there.\nNo quote.";
         assert_eq!(strip_text(plain), (plain.into(), false));

@@ -1,0 +1,639 @@
+//! Inbox webhook deliveries through the whole path — the MTA's ingest, INBOUND, the
+//! dispatcher, a signed POST — to local receivers that check every signature as Standard
+//! Webhooks says: who gets what, body formats and quote stripping on real clients' replies,
+//! retries, Retry-After, failure, retry and replay by hand, a slow receiver, a host whose DNS
+//! turns private, and a dispatcher killed mid-delivery.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::{AddressId, Success};
+use postmesh_tests::fake_dns::FakeDns;
+use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
+use postmesh_tests::receiver::{Delivery, Receiver, Reply};
+use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN};
+use webhook_dispatcher::attempts::{AttemptList, AttemptView, Replayed, Tested};
+use webhook_dispatcher::defaults::DefaultPage;
+use webhook_dispatcher::endpoints::{Created, EndpointPage, Subscribed};
+
+/// Creates an endpoint of `inbox` posting to `receiver` (with `extra` fields), which trusts
+/// its secret; the endpoint's id.
+async fn endpoint(
+    stack: &Stack, key: &str, inbox: AddressId, receiver: &Receiver, extra: Value,
+) -> uuid::Uuid {
+    let mut body = json!({ "addressId": inbox, "url": receiver.url("/hook") });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let created: Success<Created> = stack
+        .client(key)
+        .post("/inbox/webhook/endpoints", &body, StatusCode::CREATED)
+        .await;
+    receiver.trust(&created.body.signing_secret);
+    created.body.endpoint.id
+}
+
+/// The endpoint's attempts, newest first.
+async fn attempts(stack: &Stack, key: &str, endpoint: uuid::Uuid) -> Vec<AttemptView> {
+    let list: Success<AttemptList> = stack
+        .client(key)
+        .get(
+            &format!("/inbox/webhook/endpoints/{endpoint}/attempts"),
+            StatusCode::OK,
+        )
+        .await;
+    list.body.attempts
+}
+
+/// Waits until `receiver` has `count` deliveries; they.
+async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<Delivery> {
+    eventually(within, || async move {
+        let got = receiver.deliveries();
+        if got.len() >= count {
+            Ok(got)
+        } else {
+            Err((got.len(), receiver.refused()))
+        }
+    })
+    .await
+}
+
+/// Waits until the endpoint's attempts all have `status`, `count` of them.
+async fn settled(
+    stack: &Stack, key: &str, endpoint: uuid::Uuid, count: usize, status: &str,
+) -> Vec<AttemptView> {
+    eventually(Duration::from_secs(20), || async move {
+        let list = attempts(stack, key, endpoint).await;
+        if list.len() == count && list.iter().all(|a| a.status == status) {
+            Ok(list)
+        } else {
+            Err(format!("{list:?}"))
+        }
+    })
+    .await
+}
+
+fn inbox_address(local: &str) -> String {
+    format!("{local}@{INBOUND_DOMAIN}")
+}
+
+/// A quiet moment in which nothing more should arrive.
+async fn quiet() {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+#[tokio::test]
+async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest() {
+    let stack = Stack::start().await;
+    let (key, sales) = key_with_inbox(&stack, "sales").await;
+    // A second address of the workspace, past the free tier's one mailbox.
+    let inbound_db = stack.service_db(inbound_ingest::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let info = peek::inbound::insert_address(&inbound_db, workspace, &inbox_address("info")).await;
+    let (r1, r2, off, fallback) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    let e1 = endpoint(&stack, &key, sales, &r1, json!({})).await;
+    endpoint(&stack, &key, sales, &r2, json!({})).await;
+    endpoint(&stack, &key, sales, &off, json!({ "active": false })).await;
+    let default: Success<DefaultPage> = stack
+        .client(&key)
+        .put(
+            "/inbox/webhook/default",
+            &json!({ "url": fallback.url("/default") }),
+            StatusCode::OK,
+        )
+        .await;
+    fallback.trust(default.body.signing_secret.as_deref().expect("the secret"));
+
+    let raw = message(Some("hello-1@customer.example"), "Hello", "", "Hi there.");
+    let to = [inbox_address("sales"), inbox_address("info")];
+    ingest(&stack, &raw, &[&to[0], &to[1]]).await;
+
+    let (d1, d2) = (
+        received(&r1, 1, Duration::from_secs(10)).await,
+        received(&r2, 1, Duration::from_secs(10)).await,
+    );
+    let fell = received(&fallback, 1, Duration::from_secs(10)).await;
+    quiet().await;
+    assert_eq!((r1.count(), r2.count(), off.count()), (1, 1, 0));
+    assert_eq!(
+        fallback.count(),
+        1,
+        "the default gets only the address without endpoints"
+    );
+    assert_ne!(d1[0].id, d2[0].id, "each endpoint its own delivery");
+    assert!(d1[0].id.starts_with("msg_"), "{}", d1[0].id);
+    let event = &d1[0].body;
+    assert_eq!(event["type"], "inbound.received");
+    assert!(event["timestamp"].as_str().unwrap().ends_with('Z'));
+    let data = &event["data"];
+    assert_eq!(data["address"], to[0]);
+    assert_eq!(data["addressId"], json!(sales));
+    assert_eq!(data["emailId"], "hello-1@customer.example");
+    assert_eq!(
+        data["from"],
+        json!({"address": "ann@customer.example", "name": "Ann"})
+    );
+    assert_eq!(data["subject"], "Hello");
+    assert_eq!(data["to"], json!([format!("support@{INBOUND_DOMAIN}")]));
+    assert_eq!(data["bodyFormat"], "text");
+    assert_eq!(
+        data["body"], "Hi there.\n",
+        "the text part, with LF line ends"
+    );
+    assert_eq!(data["strippedQuotes"], false);
+    assert_eq!(data["truncated"], false);
+    assert_eq!(data["attachments"], json!([]));
+    assert_eq!(
+        data["authentication"],
+        json!({"spf": "pass", "dkim": "pass", "dmarc": "none"})
+    );
+    assert!(data["threadId"].as_str().is_some_and(|t| !t.is_empty()));
+    assert_eq!(d2[0].body["data"]["messageId"], data["messageId"]);
+    assert_eq!(fell[0].body["data"]["address"], to[1]);
+    assert_eq!(fell[0].body["data"]["addressId"], json!(info));
+    assert_ne!(fell[0].body["data"]["messageId"], data["messageId"]);
+
+    let done = settled(&stack, &key, e1, 1, "succeeded").await;
+    assert_eq!(
+        (done[0].attempt_count, done[0].last_status_code),
+        (1, Some(200))
+    );
+    assert_eq!(format!("msg_{}", done[0].id.simple()), d1[0].id);
+
+    // The test route signs a sample at once and answers what the receiver said.
+    let tested: Success<Tested> = stack
+        .client(&key)
+        .post(
+            &format!("/inbox/webhook/endpoints/{e1}/test"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(
+        (tested.body.status_code, tested.body.delivered),
+        (Some(200), true)
+    );
+    let sample = received(&r1, 2, Duration::from_secs(5)).await;
+    assert_eq!(
+        sample[1].body["data"]["subject"],
+        "A test delivery from Postmesh"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_new_one() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "rotate").await;
+    let receiver = Receiver::start().await;
+    let put = |rotate: bool| {
+        let (stack, key, url) = (&stack, &key, receiver.url("/legacy"));
+        async move {
+            let answer: Success<Subscribed> = stack
+                .client(key)
+                .put(
+                    &format!("/inbox/webhook/addresses/{inbox}"),
+                    &json!({ "url": url, "rotateSecret": rotate }),
+                    StatusCode::OK,
+                )
+                .await;
+            answer.body.signing_secret.expect("a secret")
+        }
+    };
+    let old = put(false).await;
+    let new = put(true).await;
+    assert_ne!(old, new);
+    receiver.trust(&old);
+    receiver.trust(&new);
+    ingest(
+        &stack,
+        &message(None, "Rotated", "", "x"),
+        &[&inbox_address("rotate")],
+    )
+    .await;
+    let got = received(&receiver, 1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].signatures.len(), 2, "{:?}", got[0].signatures);
+    assert_eq!(
+        got[0].signed_by,
+        [0, 1],
+        "signed by the old and the new secret"
+    );
+    stack.shutdown().await;
+}
+
+/// The delivery of the message whose Message-ID is `email_id`.
+fn of<'a>(got: &'a [Delivery], email_id: &str) -> &'a Value {
+    &got.iter()
+        .find(|d| d.body["data"]["emailId"] == email_id)
+        .unwrap_or_else(|| panic!("no delivery of {email_id}"))
+        .body["data"]
+}
+
+#[tokio::test]
+async fn bodies_come_in_each_format_with_quotes_stripped_on_request() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "support").await;
+    let shapes = [
+        ("text", true),
+        ("text", false),
+        ("html", true),
+        ("markdown", false),
+        ("markdown", true),
+    ];
+    let mut receivers = Vec::new();
+    for (format, strip) in shapes {
+        let receiver = Receiver::start().await;
+        let extra = json!({ "bodyFormat": format, "stripQuotes": strip });
+        endpoint(&stack, &key, inbox, &receiver, extra).await;
+        receivers.push(receiver);
+    }
+    for name in ["gmail_reply.eml", "outlook_reply.eml", "apple_reply.eml"] {
+        ingest(&stack, &fixture(name), &[&inbox_address("support")]).await;
+    }
+    let mut got = Vec::new();
+    for receiver in &receivers {
+        got.push(received(receiver, 3, Duration::from_secs(15)).await);
+    }
+    let (gmail, outlook, apple) = (
+        "gmail-reply@mail.gmail.com",
+        "outlook-reply@EUR01.prod.outlook.com",
+        "apple-reply@customer.example",
+    );
+    let body = |i: usize, id: &str| of(&got[i], id)["body"].as_str().unwrap().to_owned();
+    let stripped = |i: usize, id: &str| of(&got[i], id)["strippedQuotes"].clone();
+    // text, quotes stripped: only the new text, from the text part.
+    assert_eq!(body(0, gmail), "Thanks, Thursday works.");
+    assert_eq!(body(0, outlook), "Yes, see the list below.");
+    assert_eq!(body(0, apple), "Sounds great.");
+    for id in [gmail, outlook, apple] {
+        assert_eq!(stripped(0, id), true, "{id}");
+        assert_eq!(of(&got[0], id)["bodyFormat"], "text");
+        // text, quotes kept.
+        assert!(body(1, id).contains("Can we meet on Thursday?"), "{id}");
+        assert_eq!(stripped(1, id), false);
+        // html, quotes stripped: the HTML part without the client's quote container.
+        let html = body(2, id);
+        assert!(!html.contains("Can we meet"), "{id}: {html}");
+        assert_eq!(stripped(2, id), true);
+        // markdown, quotes kept.
+        assert!(body(3, id).contains("Can we meet on Thursday?"), "{id}");
+        // markdown, quotes stripped.
+        assert!(
+            !body(4, id).contains("Can we meet"),
+            "{id}: {}",
+            body(4, id)
+        );
+    }
+    assert!(body(2, gmail).contains("<b>Thursday</b>"));
+    assert!(body(2, outlook).contains("<table>") && !body(2, outlook).contains("divRplyFwdMsg"));
+    assert!(body(2, apple).contains("<i>great</i>"));
+    let md = body(3, outlook);
+    assert!(
+        md.contains("[the agenda](https://example.com/agenda)"),
+        "{md}"
+    );
+    // The table as a Markdown table: a header row, its rule, a row.
+    let row = |cells: &[&str]| {
+        md.lines()
+            .any(|l| l.starts_with('|') && cells.iter().all(|c| l.contains(c)))
+    };
+    assert!(
+        row(&["Item", "Owner"]) && row(&["---"]) && row(&["Budget", "Ann"]),
+        "{md}"
+    );
+    assert!(
+        md.lines()
+            .any(|l| l.trim_start().starts_with(['*', '-']) && l.contains("Hiring")),
+        "{md}"
+    );
+    assert!(
+        body(3, gmail).contains("**Thursday**"),
+        "{}",
+        body(3, gmail)
+    );
+    assert!(body(3, apple).contains("*great*") || body(3, apple).contains("_great_"));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "flaky").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    receiver.script([Reply::Status(500), Reply::Status(500)]);
+    ingest(
+        &stack,
+        &message(None, "One", "", "1"),
+        &[&inbox_address("flaky")],
+    )
+    .await;
+    let got = received(&receiver, 3, Duration::from_secs(15)).await;
+    assert!(got.iter().all(|d| d.id == got[0].id), "one webhook-id");
+    // The test stack's schedule: 1 s, then 2 s.
+    assert!(got[1].arrived - got[0].arrived >= Duration::from_millis(900));
+    assert!(got[2].arrived - got[1].arrived >= Duration::from_millis(1900));
+    let done = settled(&stack, &key, e, 1, "succeeded").await;
+    assert_eq!(
+        (done[0].attempt_count, done[0].last_status_code),
+        (3, Some(200))
+    );
+
+    // A 429 with Retry-After: 4 waits 4 s, not the schedule's 1 s.
+    receiver.script([Reply::RetryAfter(429, 4)]);
+    let asked = Instant::now();
+    ingest(
+        &stack,
+        &message(None, "Two", "", "2"),
+        &[&inbox_address("flaky")],
+    )
+    .await;
+    let got = received(&receiver, 4, Duration::from_secs(10)).await;
+    assert_eq!(got[3].answered, 429);
+    let waiting = eventually(Duration::from_secs(3), || async {
+        let list = attempts(&stack, &key, e).await;
+        match list.iter().find(|a| a.last_status_code == Some(429)) {
+            Some(a) => Ok(a.next_attempt_at),
+            None => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    let now = postmesh_shared::db::now_unix();
+    assert!(
+        waiting.is_some_and(|at| at >= now + 2),
+        "{waiting:?} vs {now}"
+    );
+    let got = received(&receiver, 5, Duration::from_secs(10)).await;
+    assert!(got[4].arrived - got[3].arrived >= Duration::from_millis(3900));
+    assert_eq!(got[4].id, got[3].id);
+    assert!(asked.elapsed() >= Duration::from_secs(4));
+    settled(&stack, &key, e, 2, "succeeded").await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "dead").await;
+    let (receiver, gone) = (Receiver::start().await, Receiver::start().await);
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let g = endpoint(&stack, &key, inbox, &gone, json!({})).await;
+    receiver.answer(Reply::Status(503));
+    gone.answer(Reply::Status(410));
+    ingest(
+        &stack,
+        &message(None, "Dead", "", "d"),
+        &[&inbox_address("dead")],
+    )
+    .await;
+    let failed = settled(&stack, &key, e, 1, "failed").await;
+    assert_eq!(
+        (failed[0].attempt_count, failed[0].last_status_code),
+        (3, Some(503)),
+        "the first try and the schedule's two retries"
+    );
+    assert!(failed[0].last_error.as_deref().unwrap().contains("503"));
+    assert_eq!(receiver.count(), 3);
+    // 410: failed at once, the endpoint disabled.
+    let dropped = settled(&stack, &key, g, 1, "failed").await;
+    assert_eq!(dropped[0].attempt_count, 1);
+    let page: Success<EndpointPage> = stack
+        .client(&key)
+        .get(&format!("/inbox/webhook/endpoints/{g}"), StatusCode::OK)
+        .await;
+    assert!(!page.body.endpoint.active, "a 410 disables the endpoint");
+
+    // Retried by hand: the same delivery (webhook-id) again, now answered.
+    receiver.answer(Reply::Status(200));
+    let path = format!(
+        "/inbox/webhook/endpoints/{e}/attempts/{}/retry",
+        failed[0].id
+    );
+    let _: Value = stack
+        .client(&key)
+        .post(&path, &json!({}), StatusCode::ACCEPTED)
+        .await;
+    let got = received(&receiver, 4, Duration::from_secs(10)).await;
+    assert_eq!(got[3].id, got[0].id);
+    settled(&stack, &key, e, 1, "succeeded").await;
+    // Replayed: every message since then, as a new delivery.
+    let replayed: Success<Replayed> = stack
+        .client(&key)
+        .post(
+            &format!("/inbox/webhook/endpoints/{e}/replay"),
+            &json!({ "since": 0 }),
+            StatusCode::ACCEPTED,
+        )
+        .await;
+    assert_eq!(replayed.body.queued, 1);
+    let got = received(&receiver, 5, Duration::from_secs(10)).await;
+    assert_ne!(got[4].id, got[0].id);
+    assert_eq!(
+        got[4].body["data"]["messageId"],
+        got[0].body["data"]["messageId"]
+    );
+    settled(&stack, &key, e, 2, "succeeded").await;
+    // Another workspace's endpoint is 404; a malformed attempt id 400.
+    let (other, _) = key_with_inbox(&stack, "other").await;
+    let missing: ErrorBody = stack
+        .client(&other)
+        .post(
+            &format!("/inbox/webhook/endpoints/{e}/replay"),
+            &json!({ "since": 0 }),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    assert!(!missing.success);
+    let _: ErrorBody = stack
+        .client(&key)
+        .post(
+            &format!("/inbox/webhook/endpoints/{e}/attempts/nope/retry"),
+            &json!({}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
+    let mut stack = Stack::start().await;
+    let mut config = stack.dispatcher_config();
+    config.delivery.timeout = Duration::from_secs(10);
+    stack.restart_dispatcher(config).await;
+    let (key, inbox) = key_with_inbox(&stack, "busy").await;
+    let (slow, fast) = (Receiver::start().await, Receiver::start().await);
+    let s = endpoint(&stack, &key, inbox, &slow, json!({})).await;
+    endpoint(&stack, &key, inbox, &fast, json!({})).await;
+    slow.answer(Reply::Slow(Duration::from_secs(30), 200));
+    // More messages than the slow endpoint's delivery slots (8).
+    let count = 12;
+    for i in 0..count {
+        let raw = message(None, &format!("Busy {i}"), "", "b");
+        ingest(&stack, &raw, &[&inbox_address("busy")]).await;
+    }
+    let started = Instant::now();
+    received(&fast, count, Duration::from_secs(5)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "before any slow POST timed out"
+    );
+    // The slow one's deliveries time out and wait for a retry.
+    let list = eventually(Duration::from_secs(20), || async {
+        let list = attempts(&stack, &key, s).await;
+        let timed_out = list
+            .iter()
+            .filter(|a| {
+                a.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("timed out"))
+            })
+            .count();
+        if timed_out > 0 {
+            Ok(list)
+        } else {
+            Err(format!("{list:?}"))
+        }
+    })
+    .await;
+    assert!(list.iter().all(|a| a.status != "succeeded"));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_host_whose_dns_turns_private_is_refused_at_delivery() {
+    let mut stack = Stack::start().await;
+    let dns = FakeDns::start().await;
+    dns.zone("hooks.example");
+    dns.set_a("hook.hooks.example", &[Ipv4Addr::new(93, 184, 216, 34)]);
+    dns.set_a("inside.hooks.example", &[Ipv4Addr::new(10, 1, 2, 3)]);
+    let mut config = stack.dispatcher_config();
+    config.allow_insecure = false;
+    config.nameservers = vec![dns.addr];
+    stack.restart_dispatcher(config).await;
+    let (key, inbox) = key_with_inbox(&stack, "dns").await;
+    for (url, why) in [
+        ("http://hook.hooks.example/in", "https://"),
+        ("https://127.0.0.1/in", "127.0.0.1"),
+        ("https://[::ffff:192.168.0.1]/in", "192.168.0.1"),
+        ("https://inside.hooks.example/in", "10.1.2.3"),
+    ] {
+        let refused: ErrorBody = stack
+            .client(&key)
+            .post(
+                "/inbox/webhook/endpoints",
+                &json!({ "addressId": inbox, "url": url }),
+                StatusCode::BAD_REQUEST,
+            )
+            .await;
+        assert!(refused.error.contains(why), "{url}: {}", refused.error);
+    }
+    let created: Success<Created> = stack
+        .client(&key)
+        .post(
+            "/inbox/webhook/endpoints",
+            &json!({ "addressId": inbox, "url": "https://hook.hooks.example/in" }),
+            StatusCode::CREATED,
+        )
+        .await;
+    // The name now points inside; the delivery's own lookup refuses it.
+    dns.set_a("hook.hooks.example", &[Ipv4Addr::new(10, 9, 8, 7)]);
+    ingest(
+        &stack,
+        &message(None, "Inside", "", "x"),
+        &[&inbox_address("dns")],
+    )
+    .await;
+    let e = created.body.endpoint.id;
+    let refused = eventually(Duration::from_secs(10), || async {
+        let list = attempts(&stack, &key, e).await;
+        match list.first().and_then(|a| a.last_error.clone()) {
+            Some(error) => Ok((error, list[0].last_status_code)),
+            None => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    assert!(
+        refused.0.contains("10.9.8.7") && refused.0.contains("not a public address"),
+        "{}",
+        refused.0
+    );
+    assert_eq!(refused.1, None, "no connection was made");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
+    let mut stack = Stack::start().await;
+    let config = stack.dispatcher_config();
+    stack.spawn_dispatcher(config.clone()).await;
+    let (key, inbox) = key_with_inbox(&stack, "crash").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    // Each answer takes 1.5 s: the dispatcher is killed with deliveries in flight.
+    receiver.answer(Reply::Slow(Duration::from_millis(1500), 200));
+    let count = 20;
+    for i in 0..count {
+        let raw = message(None, &format!("Crash {i}"), "", "c");
+        ingest(&stack, &raw, &[&inbox_address("crash")]).await;
+    }
+    let before: HashSet<uuid::Uuid> = eventually(Duration::from_secs(15), || async {
+        let done: HashSet<_> = attempts(&stack, &key, e)
+            .await
+            .into_iter()
+            .filter(|a| a.status == "succeeded")
+            .map(|a| a.id)
+            .collect();
+        if done.is_empty() {
+            Err(receiver.count())
+        } else {
+            Ok(done)
+        }
+    })
+    .await;
+    stack.kill_dispatcher().await; // SIGKILL
+    let arrived_before_kill = receiver.count();
+    assert!(before.len() < count, "the kill came mid-delivery");
+    receiver.answer(Reply::Status(200));
+    stack.restart_dispatcher(config).await;
+    let all = eventually(Duration::from_secs(60), || async {
+        let list = attempts(&stack, &key, e).await;
+        if list.len() == count && list.iter().all(|a| a.status == "succeeded") {
+            Ok(list)
+        } else {
+            Err(format!("{} attempts", list.len()))
+        }
+    })
+    .await;
+    quiet().await;
+    let got = receiver.deliveries();
+    let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    let expected: HashSet<String> = all
+        .iter()
+        .map(|a| format!("msg_{}", a.id.simple()))
+        .collect();
+    assert_eq!(ids, expected, "every message delivered");
+    for done in &before {
+        let id = format!("msg_{}", done.simple());
+        let times = got.iter().filter(|d| d.id == id).count();
+        assert_eq!(
+            times, 1,
+            "{id} got a 2xx before the kill and was not sent again"
+        );
+    }
+    assert!(
+        got.len() > arrived_before_kill,
+        "the restarted dispatcher finished the rest"
+    );
+    stack.shutdown().await;
+}
