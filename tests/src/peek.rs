@@ -327,4 +327,12 @@ pub mod dispatcher {
             .await
             .expect("an endpoint")
     }
+
+    /// Every delivery attempt's id.
+    pub async fn attempt_ids(db: &PgPool) -> Vec<Uuid> {
+        sqlx::query_scalar("SELECT id FROM attempts ORDER BY id")
+            .fetch_all(db)
+            .await
+            .expect("attempts")
+    }
 }

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use prost::Message as _;
+
 use postmesh_shared::error::ErrorBody;
+use postmesh_shared::jetstream::{self, Stream};
+use postmesh_shared::proto::WebhookJob;
 use postmesh_shared::{AddressId, Success};
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
@@ -466,6 +470,52 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
 }
 
 #[tokio::test]
+async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
+    let mut stack = Stack::start().await;
+    let mut config = stack.dispatcher_config();
+    config.delivery.disable_after = Duration::from_secs(2);
+    config.delivery.retry_schedule = vec![Duration::from_secs(1); 4];
+    stack.restart_dispatcher(config).await;
+    let (key, inbox) = key_with_inbox(&stack, "failing").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    receiver.answer(Reply::Status(500));
+    ingest(
+        &stack,
+        &message(None, "Fail", "", "f"),
+        &[&inbox_address("failing")],
+    )
+    .await;
+    eventually(Duration::from_secs(15), || async {
+        let page: Success<EndpointPage> = stack
+            .client(&key)
+            .get(&format!("/inbox/webhook/endpoints/{e}"), StatusCode::OK)
+            .await;
+        if page.body.endpoint.active {
+            Err(receiver.count())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    assert!(
+        receiver.count() >= 3,
+        "failed for 2 s first: {}",
+        receiver.count()
+    );
+    // Disabled: new mail is not sent to it.
+    ingest(
+        &stack,
+        &message(None, "After", "", "a"),
+        &[&inbox_address("failing")],
+    )
+    .await;
+    quiet().await;
+    assert_eq!(attempts(&stack, &key, e).await.len(), 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
     let mut stack = Stack::start().await;
     let mut config = stack.dispatcher_config();
@@ -604,6 +654,20 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
     stack.kill_dispatcher().await; // SIGKILL
     let arrived_before_kill = receiver.count();
     assert!(before.len() < count, "the kill came mid-delivery");
+    // Every job comes again, as it would had the kill beaten each ack (a redelivery).
+    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    for id in peek::dispatcher::attempt_ids(&db).await {
+        let job = WebhookJob {
+            attempt_id: id.to_string(),
+        };
+        let subject = Stream::Webhook.subject(stack.ns());
+        let msg_id = format!("{id}:again");
+        jetstream::publish(&js, subject, &msg_id, job.encode_to_vec().into())
+            .await
+            .expect("published");
+    }
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     let all = eventually(Duration::from_secs(60), || async {
