@@ -24,7 +24,7 @@ key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `mak
 	@test -n "$(EMAIL)" || { echo "usage: make key EMAIL=you@example.com CREDITS=100" >&2; exit 2; }
 	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
 
-bench: deps ## the stack against baselines (/balance, sending, inbound); see docs/benchmarks.md
+bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks); see docs/benchmarks.md
 	$(CARGO) build -q --release -p inbound-ingest # the RSS benchmark runs it as its own process
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
 

@@ -19,6 +19,8 @@ trap stop INT TERM EXIT
 
 # The upstream MTA's secret for /inbound-email/* (unset, those routes answer 503).
 export INBOUND_SECRET="${INBOUND_SECRET:-dev-inbound-secret}"
+# Local webhook receivers (http://, localhost) are allowed; never in production.
+export WEBHOOK_ALLOW_INSECURE="${WEBHOOK_ALLOW_INSECURE:-1}"
 
 # Services first, then the gateway that forwards to them.
 for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; do

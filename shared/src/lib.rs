@@ -21,6 +21,7 @@ pub mod routes;
 pub mod runtime;
 pub mod secrets;
 pub mod telemetry;
+pub mod text;
 pub mod tls;
 
 // The contracts, where services meet them through the kit.

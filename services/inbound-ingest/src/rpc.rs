@@ -4,6 +4,8 @@
 
 use serde_json::Value;
 
+use postmesh_shared::text::cut_at;
+
 use postmesh_shared::nats::ServiceHost;
 use postmesh_shared::proto::{
     InboundAttachment, InboundMessageReply, InboundMessageRequest, InboxAddressReply,
@@ -148,19 +150,6 @@ async fn message(
     })
 }
 
-/// `body` cut to at most `limit` bytes at a character boundary; whether it was cut.
-fn cut_at(mut body: String, limit: usize) -> (String, bool) {
-    if body.len() <= limit {
-        return (body, false);
-    }
-    let mut end = limit;
-    while !body.is_char_boundary(end) {
-        end -= 1;
-    }
-    body.truncate(end);
-    (body, true)
-}
-
 /// `Name <addr>` as (name, address); a bare address has no name.
 fn split_from(from: &str) -> (String, String) {
     match from.rsplit_once('<') {
@@ -175,13 +164,6 @@ fn split_from(from: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bodies_are_cut_at_character_boundaries() {
-        assert_eq!(cut_at("héllo".into(), 10), ("héllo".into(), false));
-        assert_eq!(cut_at("héllo".into(), 2), ("h".into(), true));
-        assert_eq!(cut_at("héllo".into(), 3), ("hé".into(), true));
-    }
 
     #[test]
     fn a_from_header_splits_into_name_and_address() {

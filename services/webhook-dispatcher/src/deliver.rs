@@ -109,7 +109,7 @@ impl Sender {
         .then(|| retry_after(res.headers()))
         .flatten();
         let text = res.text().await.unwrap_or_default();
-        let (excerpt, _) = crate::payload::cut_at(text, ERROR_BODY_BYTES);
+        let (excerpt, _) = postmesh_shared::text::cut_at(text, ERROR_BODY_BYTES);
         Answer {
             status: Some(status),
             error: Some(format!("HTTP {}: {}", status.as_u16(), excerpt.trim())),

@@ -10,6 +10,7 @@ use serde::Serialize;
 use sha2::Sha256;
 
 use postmesh_shared::proto::InboundMessageReply;
+use postmesh_shared::text::cut_at;
 
 use crate::endpoints::BodyFormat;
 use crate::quotes;
@@ -142,19 +143,6 @@ impl Event {
     }
 }
 
-/// `body` cut to at most `limit` bytes at a character boundary; whether it was cut.
-pub(crate) fn cut_at(mut body: String, limit: usize) -> (String, bool) {
-    if body.len() <= limit {
-        return (body, false);
-    }
-    let mut end = limit;
-    while !body.is_char_boundary(end) {
-        end -= 1;
-    }
-    body.truncate(end);
-    (body, true)
-}
-
 /// `webhook-id` of an attempt: the same for every retry of it.
 pub fn webhook_id(attempt: uuid::Uuid) -> String {
     format!("msg_{}", attempt.simple())
@@ -190,11 +178,5 @@ mod tests {
         let two = sign(&[&key, b"another key"], "msg_x", 1, b"{}");
         assert_eq!(two.split(' ').count(), 2);
         assert!(two.split(' ').all(|s| s.starts_with("v1,")));
-    }
-
-    #[test]
-    fn long_bodies_are_cut_at_a_character_boundary() {
-        assert_eq!(cut_at("héllo".into(), 2), ("h".into(), true));
-        assert_eq!(cut_at("hé".into(), 3), ("hé".into(), false));
     }
 }

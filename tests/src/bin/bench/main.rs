@@ -1,4 +1,4 @@
-//! `make bench`: four benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: five benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
@@ -32,6 +32,12 @@
 //!    (`BENCH_INBOUND_CONNS` inboxes at once, default 8; `BENCH_INBOUND_SECS` per round,
 //!    default 5; `BENCH_INBOUND_ROUNDS`, default 2), and the inbound service's peak RSS, as
 //!    its own process, over one 10 MiB message (goal: growth under 5× the message).
+//! 5. **Inbox webhooks** ([`webhooks`]): deliveries per second fanned out to 10 local
+//!    receivers through the whole path (ingest → INBOUND → dispatcher → signed POST) against
+//!    one process posting as many signed payloads with reqwest (goal: ratio ≥ 0.5);
+//!    `BENCH_WEBHOOK_MESSAGES` per round (default 300), `BENCH_WEBHOOK_INBOXES` (default 4),
+//!    `BENCH_WEBHOOK_CONCURRENCY` (the baseline's, default 64), `BENCH_WEBHOOK_ROUNDS`
+//!    (default 2).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
@@ -39,10 +45,12 @@
 //! (default 1), `BENCH_PIPELINE_SENDS` (default 5), `BENCH_PIPELINE_ROUNDS` (default 2),
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
-//! (default 0), `BENCH_ONLY` (comma-separated subset of `balance,pipeline,accept,inbound,rss`;
+//! (default 0), `BENCH_ONLY` (comma-separated subset of
+//! `balance,pipeline,accept,webhooks,inbound,rss`;
 //! default all).
 
 mod inbound;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -705,7 +713,7 @@ async fn main() -> anyhow::Result<()> {
     let conns: usize = env_parse("BENCH_CONNS", 32)?;
     let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
     let sending = SendSettings::from_env()?;
-    let only = env_or("BENCH_ONLY", "balance,pipeline,accept,inbound,rss");
+    let only = env_or("BENCH_ONLY", "balance,pipeline,accept,webhooks,inbound,rss");
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
     let mut stack = Stack::start_opts(Options {
@@ -730,6 +738,15 @@ async fn main() -> anyhow::Result<()> {
             if runs("accept") {
                 accept_bench(&stack, &key, &sink, &sending).await?;
             }
+        }
+        if runs("webhooks") {
+            let settings = webhooks::Settings {
+                messages: env_parse("BENCH_WEBHOOK_MESSAGES", 300)?,
+                inboxes: env_parse("BENCH_WEBHOOK_INBOXES", 4)?,
+                concurrency: env_parse("BENCH_WEBHOOK_CONCURRENCY", 64)?,
+                rounds: env_parse("BENCH_WEBHOOK_ROUNDS", 2)?,
+            };
+            webhooks::fanout(&stack, &settings).await?;
         }
         // Last: the inbound benchmarks write some hundred MB that Postgres then flushes,
         // which would slow whatever ran after them.
