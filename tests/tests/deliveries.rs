@@ -99,6 +99,8 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     let inbound_db = stack.service_db(inbound_ingest::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
     let info = peek::inbound::insert_address(&inbound_db, workspace, &inbox_address("info")).await;
+    let quiet_box =
+        peek::inbound::insert_address(&inbound_db, workspace, &inbox_address("quiet")).await;
     let (r1, r2, off, fallback) = (
         Receiver::start().await,
         Receiver::start().await,
@@ -108,6 +110,9 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     let e1 = endpoint(&stack, &key, sales, &r1, json!({})).await;
     endpoint(&stack, &key, sales, &r2, json!({})).await;
     endpoint(&stack, &key, sales, &off, json!({ "active": false })).await;
+    // An address whose only endpoint is inactive has no active endpoint: the default's.
+    let quiet_box = AddressId::from(quiet_box);
+    endpoint(&stack, &key, quiet_box, &off, json!({ "active": false })).await;
     let default: Success<DefaultPage> = stack
         .client(&key)
         .put(
@@ -119,20 +124,25 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     fallback.trust(default.body.signing_secret.as_deref().expect("the secret"));
 
     let raw = message(Some("hello-1@customer.example"), "Hello", "", "Hi there.");
-    let to = [inbox_address("sales"), inbox_address("info")];
-    ingest(&stack, &raw, &[&to[0], &to[1]]).await;
+    let to = [
+        inbox_address("sales"),
+        inbox_address("info"),
+        inbox_address("quiet"),
+    ];
+    ingest(&stack, &raw, &[&to[0], &to[1], &to[2]]).await;
 
     let (d1, d2) = (
         received(&r1, 1, Duration::from_secs(10)).await,
         received(&r2, 1, Duration::from_secs(10)).await,
     );
-    let fell = received(&fallback, 1, Duration::from_secs(10)).await;
+    let mut fell = received(&fallback, 2, Duration::from_secs(10)).await;
+    fell.sort_by_key(|d| d.body["data"]["address"].as_str().map(str::to_owned));
     quiet().await;
     assert_eq!((r1.count(), r2.count(), off.count()), (1, 1, 0));
     assert_eq!(
         fallback.count(),
-        1,
-        "the default gets only the address without endpoints"
+        2,
+        "the default gets only the addresses without active endpoints"
     );
     assert_ne!(d1[0].id, d2[0].id, "each endpoint its own delivery");
     assert!(d1[0].id.starts_with("msg_"), "{}", d1[0].id);
@@ -166,6 +176,7 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     assert_eq!(fell[0].body["data"]["address"], to[1]);
     assert_eq!(fell[0].body["data"]["addressId"], json!(info));
     assert_ne!(fell[0].body["data"]["messageId"], data["messageId"]);
+    assert_eq!(fell[1].body["data"]["address"], to[2]);
 
     let done = settled(&stack, &key, e1, 1, "succeeded").await;
     assert_eq!(
@@ -660,7 +671,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
     for id in peek::dispatcher::attempt_ids(&db).await {
         let job = WebhookJob {
-            attempt_id: id.to_string(),
+            attempt_ids: vec![id.to_string()],
         };
         let subject = Stream::Webhook.subject(stack.ns());
         let msg_id = format!("{id}:again");

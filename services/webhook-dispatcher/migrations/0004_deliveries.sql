@@ -27,8 +27,9 @@ CREATE TABLE attempts (
     lease_owner uuid,
     leased_until_ms bigint NOT NULL DEFAULT 0
 );
--- A received message fans out once per target, whatever redeliveries of INBOUND.
-CREATE UNIQUE INDEX attempts_once ON attempts (COALESCE(endpoint_id, workspace_id), message_id)
+-- A received message fans out once per target, whatever redeliveries of INBOUND; the
+-- fan-out finds a message's attempts by it.
+CREATE UNIQUE INDEX attempts_once ON attempts (message_id, COALESCE(endpoint_id, workspace_id))
     WHERE origin = 'inbound';
 CREATE INDEX attempts_of_endpoint ON attempts (endpoint_id, created_at DESC, id);
 -- The sweep's work: pending attempts whose job may have been lost.
@@ -39,3 +40,5 @@ ALTER TABLE endpoints ADD COLUMN failing_since bigint;
 ALTER TABLE default_webhooks
     ADD COLUMN active boolean NOT NULL DEFAULT true,
     ADD COLUMN failing_since bigint;
+-- Room on each page, so an attempt's claim (no indexed column changes) is a HOT update.
+ALTER TABLE attempts SET (fillfactor = 50);

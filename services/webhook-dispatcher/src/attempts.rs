@@ -17,7 +17,7 @@ use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::{InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
-use crate::deliver::{now_rfc3339, queue_jobs};
+use crate::deliver::{now_rfc3339, queue, queue_each};
 use crate::payload::{self, Event, Shape};
 use crate::AppState;
 
@@ -27,6 +27,8 @@ const MAX_LIMIT: i64 = 100;
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How late past its time a pending, unleased attempt must be before the sweep queues it.
 const OVERDUE_SECS: i64 = 120;
+/// Attempts of one replay job.
+const REPLAY_JOB: usize = 50;
 /// Attempts one sweep pass queues at most.
 const SWEEP_BATCH: i64 = 500;
 
@@ -163,7 +165,7 @@ pub(crate) async fn retry(
     .fetch_optional(&state.db)
     .await?
     .ok_or_else(|| ApiError::NotFound("no such attempt".into()))?;
-    queue_jobs(&js, &state.ns, &[(view.id, view.attempt_count)]).await?;
+    queue_each(&js, &state.ns, &[(view.id, view.attempt_count)]).await?;
     Ok((
         StatusCode::ACCEPTED,
         Success::new(Retried { attempt: view }),
@@ -185,23 +187,26 @@ pub(crate) async fn replay(
     require_endpoint(&state.db, &caller, id).await?;
     let js = jetstream(&state)?;
     let now = now_unix();
-    let queued: Vec<(Uuid, i32)> = sqlx::query_as(
+    let queued: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
                                next_attempt_at, created_at, updated_at)
          SELECT gen_random_uuid(), e.workspace_id, e.id, r.message_id, 'replay', 'pending',
                 $3, $3, $3
          FROM endpoints e JOIN received r ON r.address_id = e.address_id
          WHERE e.id = $1 AND r.received_at >= $2
-         RETURNING id, attempt_count",
+         RETURNING id",
     )
     .bind(id)
     .bind(body.since)
     .bind(now)
     .fetch_all(&state.db)
     .await?;
-    // A publish that fails leaves the attempts to the sweep.
-    if let Err(e) = queue_jobs(&js, &state.ns, &queued).await {
-        tracing::warn!(error = %e, "replay queued in the database only; the sweep sends it");
+    // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the sweep.
+    for chunk in queued.chunks(REPLAY_JOB) {
+        let msg_id = format!("{}:replay", chunk[0]);
+        if let Err(e) = queue(&js, &state.ns, chunk, &msg_id).await {
+            tracing::warn!(error = %e, "replay queued in the database only; the sweep sends it");
+        }
     }
     Ok((
         StatusCode::ACCEPTED,
@@ -297,7 +302,7 @@ pub fn sweep(rt: &Runtime) {
                 count = overdue.len(),
                 "queueing overdue webhook attempts again"
             );
-            queue_jobs(&js, &ns, &overdue)
+            queue_each(&js, &ns, &overdue)
                 .await
                 .map_err(|e| e.to_string())?;
             // Once queued, they are not overdue again until their job had its chance.

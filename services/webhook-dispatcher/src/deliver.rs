@@ -21,7 +21,8 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
 use postmesh_shared::queue::{
-    self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Verdict, DB_NOW_MS,
+    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Verdict,
+    DB_NOW_MS,
 };
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{nats, Namespace, Runtime};
@@ -35,6 +36,12 @@ use crate::{AppState, DeliveryConfig};
 const ACK_WAIT: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
+/// `attempts_pending` index (the sweep's: every pending attempt), whatever the statistics.
+pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
+
+/// How long an attempt waits for a slot of its busy target before it is handed on.
+const BUSY_WAIT: Duration = Duration::from_millis(100);
 /// Bytes of a receiver's answer kept in `lastError`.
 const ERROR_BODY_BYTES: usize = 200;
 
@@ -146,6 +153,8 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// Where an attempt goes and how, read with it.
 #[derive(sqlx::FromRow)]
 struct AttemptRow {
+    id: Uuid,
+    attempt_count: i32,
     workspace_id: Uuid,
     endpoint_id: Option<Uuid>,
     message_id: Uuid,
@@ -158,9 +167,9 @@ struct AttemptRow {
     previous_secret_until: Option<i64>,
 }
 
-/// Reads attempt `id` with its target (its endpoint, or the workspace's default webhook).
-const ATTEMPT_WITH_TARGET: &str = "
-    SELECT a.workspace_id, a.endpoint_id, a.message_id,
+/// Reads attempts `ids` with their targets (an endpoint, or the workspace's default webhook).
+const ATTEMPTS_WITH_TARGETS: &str = "
+    SELECT a.id, a.attempt_count, a.workspace_id, a.endpoint_id, a.message_id,
         COALESCE(e.url, d.url) AS url, COALESCE(e.active, d.active) AS active,
         COALESCE(e.body_format, d.body_format) AS body_format,
         COALESCE(e.strip_quotes, d.strip_quotes) AS strip_quotes,
@@ -170,7 +179,7 @@ const ATTEMPT_WITH_TARGET: &str = "
     FROM attempts a
     LEFT JOIN endpoints e ON e.id = a.endpoint_id
     LEFT JOIN default_webhooks d ON a.endpoint_id IS NULL AND d.workspace_id = a.workspace_id
-    WHERE a.id = $1";
+    WHERE a.id = ANY($1)";
 
 /// A target ready to be posted to.
 pub struct Ready {
@@ -180,16 +189,28 @@ pub struct Ready {
     pub keys: Vec<Vec<u8>>,
 }
 
-/// What a job's work needs: the target and the message, or why it can never be delivered.
+/// One attempt ready to be made.
+pub struct Delivery {
+    ready: Ready,
+    message: Arc<InboundMessageReply>,
+    message_id: Uuid,
+    /// Its endpoint, or for the default webhook its workspace: what slots are counted by.
+    target: Uuid,
+    attempt_count: i32,
+}
+
+/// What a job's attempts need, by item: each delivery, or why it can never be made; and
+/// each admitted item's target slot, held while it is posted.
 pub struct Prepared {
-    delivery: Result<(Ready, InboundMessageReply, Uuid), String>,
-    /// The target's delivery slot, held for the job.
-    _slot: Option<OwnedSemaphorePermit>,
+    deliveries: Vec<Result<Delivery, String>>,
+    slots: Vec<Mutex<Option<OwnedSemaphorePermit>>>,
 }
 
 /// The dispatcher's stages.
 struct Deliveries {
     state: AppState,
+    /// Where a busy target's attempt is queued alone.
+    js: async_nats::jetstream::Context,
     max_body_bytes: usize,
     schedule: Vec<Duration>,
     disable_after: Duration,
@@ -203,18 +224,29 @@ struct Slots {
 }
 
 impl Slots {
-    /// A slot of `target`'s now, or none when all are taken.
-    fn try_take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
+    /// A slot of `target`'s, waiting at most [`BUSY_WAIT`] for one to free up.
+    async fn take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
+        let slots = self.of(target);
+        if let Ok(slot) = slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        tokio::time::timeout(BUSY_WAIT, slots.acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    /// The semaphore of `target`'s slots.
+    fn of(&self, target: Uuid) -> Arc<Semaphore> {
         let mut targets = self.targets.lock().expect("slots lock");
         if targets.len() > 10_000 {
             // Forget idle targets; a busy one keeps its semaphore alive through its permits.
             targets.retain(|_, s| s.available_permits() < self.per_target);
         }
-        let slots = targets
+        targets
             .entry(target)
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_target)))
-            .clone();
-        slots.try_acquire_owned().ok()
+            .clone()
     }
 }
 
@@ -222,6 +254,7 @@ impl Slots {
 pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> anyhow::Result<()> {
     let stages = Deliveries {
         state,
+        js: rt.js.clone(),
         max_body_bytes: config.max_body_bytes,
         schedule: config.retry_schedule.clone(),
         disable_after: config.disable_after,
@@ -240,21 +273,6 @@ pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> an
         claim_ahead: 2 * config.concurrency,
     };
     queue::spawn(rt, Stream::Webhook, queue, stages).await
-}
-
-/// Reads attempt `id`'s target, ready to post to, or why it cannot be.
-async fn target_of(
-    db: &PgPool, secrets: &SecretBox, id: Uuid, max_body_bytes: usize,
-) -> Result<Option<(AttemptRow, Result<Ready, String>)>, sqlx::Error> {
-    let Some(row) = sqlx::query_as::<_, AttemptRow>(ATTEMPT_WITH_TARGET)
-        .bind(id)
-        .fetch_optional(db)
-        .await?
-    else {
-        return Ok(None);
-    };
-    let ready = ready(&row, secrets, max_body_bytes);
-    Ok(Some((row, ready)))
 }
 
 fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result<Ready, String> {
@@ -296,7 +314,8 @@ pub async fn ready_endpoint(
     state: &AppState, id: Uuid,
 ) -> Result<Ready, postmesh_shared::ApiError> {
     let row: AttemptRow = sqlx::query_as(
-        "SELECT workspace_id, id AS endpoint_id, id AS message_id, url, true AS active,
+        "SELECT id, 0 AS attempt_count, workspace_id, id AS endpoint_id, id AS message_id, url,
+             true AS active,
              body_format, strip_quotes, secret_sealed, previous_secret_sealed,
              previous_secret_until
          FROM endpoints WHERE id = $1",
@@ -335,67 +354,107 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+impl Deliveries {
+    /// Reads the job's attempts and targets, and asks for each message once.
+    async fn prepare_all(&self, ids: &[Uuid]) -> Result<Prepared, String> {
+        let rows: Vec<AttemptRow> = sqlx::query_as(ATTEMPTS_WITH_TARGETS)
+            .bind(ids)
+            .fetch_all(&self.state.db)
+            .await
+            .map_err(|e| format!("database: {e}"))?;
+        let mut rows: HashMap<Uuid, AttemptRow> = rows.into_iter().map(|r| (r.id, r)).collect();
+        let mut messages: HashMap<Uuid, Option<Arc<InboundMessageReply>>> = HashMap::new();
+        let mut deliveries = Vec::with_capacity(ids.len());
+        for id in ids {
+            // An attempt deleted with its endpoint: the claim finds nothing to do.
+            let Some(row) = rows.remove(id) else {
+                deliveries.push(Err("the attempt no longer exists".into()));
+                continue;
+            };
+            let ready = match ready(&row, &self.state.secrets, self.max_body_bytes) {
+                Ok(ready) => ready,
+                Err(why) => {
+                    deliveries.push(Err(why));
+                    continue;
+                }
+            };
+            let message = match messages.get(&row.message_id) {
+                Some(known) => known.clone(),
+                None => {
+                    let asked = message(
+                        &self.state,
+                        row.workspace_id,
+                        row.message_id,
+                        self.max_body_bytes,
+                    )
+                    .await?
+                    .map(Arc::new);
+                    messages.insert(row.message_id, asked.clone());
+                    asked
+                }
+            };
+            deliveries.push(match message {
+                Some(message) => Ok(Delivery {
+                    ready,
+                    message,
+                    message_id: row.message_id,
+                    target: row.endpoint_id.unwrap_or(row.workspace_id),
+                    attempt_count: row.attempt_count,
+                }),
+                None => Err("the message no longer exists".into()),
+            });
+        }
+        Ok(Prepared {
+            slots: ids.iter().map(|_| Mutex::new(None)).collect(),
+            deliveries,
+        })
+    }
+}
+
 impl Stages for Deliveries {
-    type Job = Uuid;
+    type Job = Vec<Uuid>;
     type Shared = Prepared;
     type ClaimData = ();
 
-    fn decode(&self, payload: &[u8]) -> Result<Uuid, String> {
+    fn decode(&self, payload: &[u8]) -> Result<Vec<Uuid>, String> {
         let job = WebhookJob::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
-        Uuid::parse_str(&job.attempt_id).map_err(|_| "attempt id is not a uuid".into())
+        job.attempt_ids
+            .iter()
+            .map(|id| Uuid::parse_str(id).map_err(|_| format!("attempt id {id:?} is not a uuid")))
+            .collect()
     }
 
-    fn items(&self, job: &Uuid) -> Vec<Uuid> {
-        vec![*job]
+    fn items(&self, job: &Vec<Uuid>) -> Vec<Uuid> {
+        job.clone()
     }
 
-    async fn prepare(&self, job: &Uuid) -> Result<Prepared, String> {
-        let found = target_of(
-            &self.state.db,
-            &self.state.secrets,
-            *job,
-            self.max_body_bytes,
-        )
-        .await
-        .map_err(|e| format!("database: {e}"))?;
-        let Some((row, ready)) = found else {
-            // Its endpoint was deleted with its attempts: the claim finds nothing to do.
-            return Ok(Prepared {
-                delivery: Err("the attempt no longer exists".into()),
-                _slot: None,
-            });
-        };
-        let ready = match ready {
-            Ok(ready) => ready,
-            Err(why) => {
-                return Ok(Prepared {
-                    delivery: Err(why),
-                    _slot: None,
-                })
-            }
-        };
-        let slot = self
-            .slots
-            .try_take(row.endpoint_id.unwrap_or(row.workspace_id))
-            .ok_or("the endpoint has as many deliveries in flight as it may")?;
-        let message = message(
-            &self.state,
-            row.workspace_id,
-            row.message_id,
-            self.max_body_bytes,
-        )
-        .await?;
-        let delivery = match message {
-            Some(message) => Ok((ready, message, row.message_id)),
-            None => Err("the message no longer exists".into()),
-        };
-        Ok(Prepared {
-            delivery,
-            _slot: Some(slot),
-        })
+    async fn prepare(&self, job: &Vec<Uuid>) -> Result<Prepared, String> {
+        self.prepare_all(job).await
     }
 
-    fn claim_data(&self, _job: &Uuid, _shared: &Prepared, _index: usize) {}
+    /// Takes a slot of the item's target; when they stay all in use, a job of several
+    /// attempts hands this one to a job of its own, and a job of one is tried again soon.
+    async fn admit(&self, job: &Vec<Uuid>, shared: &Prepared, index: usize) -> Admission {
+        // One that can never be made is failed by its work.
+        let Ok(delivery) = &shared.deliveries[index] else {
+            return Admission::Now;
+        };
+        if let Some(slot) = self.slots.take(delivery.target).await {
+            *shared.slots[index].lock().expect("slot lock") = Some(slot);
+            return Admission::Now;
+        }
+        let busy = "the endpoint has as many deliveries in flight as it may";
+        if job.len() == 1 {
+            return Admission::Later(busy.into());
+        }
+        let alone = [(job[index], delivery.attempt_count)];
+        match queue_each(&self.js, &self.state.ns, &alone).await {
+            Ok(()) => Admission::Elsewhere,
+            Err(e) => Admission::Later(format!("{busy}; queueing it alone failed: {e}")),
+        }
+    }
+
+    fn claim_data(&self, _job: &Vec<Uuid>, _shared: &Prepared, _index: usize) {}
 
     async fn claim(
         &self, rows: Vec<ClaimRow<()>>, lease_ms: i64,
@@ -406,7 +465,7 @@ impl Stages for Deliveries {
             "UPDATE attempts a SET attempt_count = a.attempt_count + 1, lease_owner = u.lease,
                  leased_until_ms = {DB_NOW_MS} + $3, updated_at = $4
              FROM UNNEST($1::uuid[], $2::uuid[]) AS u(id, lease)
-             WHERE a.id = u.id AND a.status = 'pending' AND a.leased_until_ms <= {DB_NOW_MS}
+             WHERE a.id = u.id AND a.{UNFINISHED} AND a.leased_until_ms <= {DB_NOW_MS}
              RETURNING a.id, a.attempt_count"
         ))
         .bind(&ids)
@@ -436,23 +495,30 @@ impl Stages for Deliveries {
         })
     }
 
-    async fn work(&self, job: &Uuid, shared: &Prepared, _index: usize) -> Result<String, Failure> {
-        let (ready, message, message_id) = shared
-            .delivery
+    async fn work(
+        &self, job: &Vec<Uuid>, shared: &Prepared, index: usize,
+    ) -> Result<String, Failure> {
+        let delivery = shared.deliveries[index]
             .as_ref()
             .map_err(|why| Failure::Permanent(why.clone()))?;
+        let _slot = shared.slots[index].lock().expect("slot lock").take();
         let event = Event::received(
-            message.clone(),
-            message_id.to_string(),
-            ready.shape,
+            (*delivery.message).clone(),
+            delivery.message_id.to_string(),
+            delivery.ready.shape,
             now_rfc3339(),
         );
         let body = serde_json::to_vec(&event).map_err(|e| Failure::Permanent(e.to_string()))?;
-        let keys: Vec<&[u8]> = ready.keys.iter().map(Vec::as_slice).collect();
+        let keys: Vec<&[u8]> = delivery.ready.keys.iter().map(Vec::as_slice).collect();
         let answer = self
             .state
             .sender
-            .post(&ready.url, &payload::webhook_id(*job), &keys, body)
+            .post(
+                &delivery.ready.url,
+                &payload::webhook_id(job[index]),
+                &keys,
+                body,
+            )
             .await;
         outcome(answer)
     }
@@ -466,7 +532,7 @@ impl Stages for Deliveries {
     async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), String> {
         sqlx::query(&format!(
             "UPDATE attempts SET leased_until_ms = {DB_NOW_MS} + $3
-             WHERE id = ANY($1) AND lease_owner = $2 AND status = 'pending'"
+             WHERE id = ANY($1) AND lease_owner = $2 AND {UNFINISHED}"
         ))
         .bind(items)
         .bind(lease)
@@ -502,8 +568,8 @@ fn status_code(text: &str) -> Option<i32> {
     text.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
 }
 
-/// Writes a batch of outcomes (distinct attempts) and their targets' health: a success
-/// clears `failing_since`; a failure sets it, and disables the target when it is older than
+/// Writes a batch of outcomes (distinct attempts) and their targets' health (a target's row
+/// is written only when that changes it): a success clears `failing_since`; a failure sets it, and disables the target when it is older than
 /// `disable_after`; a 410 disables it at once. Answers whether each outcome was written: a
 /// success always is, a failure or retry only while its claim holds the attempt.
 async fn record(
@@ -557,12 +623,14 @@ async fn record(
                  active = e.active AND (h.ok OR NOT (h.gone
                      OR $7 - COALESCE(e.failing_since, $7) >= $8))
              FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
+               AND (NOT h.ok OR e.failing_since IS NOT NULL)
          ), defaults_seen AS (
              UPDATE default_webhooks d
              SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, $7) END,
                  active = d.active AND (h.ok OR NOT (h.gone
                      OR $7 - COALESCE(d.failing_since, $7) >= $8))
              FROM health h WHERE h.endpoint_id IS NULL AND d.workspace_id = h.workspace_id
+               AND (NOT h.ok OR d.failing_since IS NOT NULL)
          )
          SELECT id FROM done",
     )
@@ -580,22 +648,26 @@ async fn record(
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
 }
 
-/// Publishes a WEBHOOK job for each attempt (`(id, attempt_count)`: the count makes a new
-/// job of an attempt tried again, within JetStream's duplicate window).
-pub async fn queue_jobs(
+/// Publishes one WEBHOOK job of `attempts` under `msg_id` (a repeat within JetStream's
+/// duplicate window is dropped).
+pub async fn queue(
+    js: &async_nats::jetstream::Context, ns: &Namespace, attempts: &[Uuid], msg_id: &str,
+) -> Result<(), postmesh_shared::ApiError> {
+    let job = WebhookJob {
+        attempt_ids: attempts.iter().map(Uuid::to_string).collect(),
+    };
+    let subject = Stream::Webhook.subject(ns);
+    postmesh_shared::jetstream::publish(js, subject, msg_id, job.encode_to_vec().into()).await
+}
+
+/// Publishes a job of its own for each attempt (`(id, attempt_count)`: the count makes a
+/// new job of an attempt tried again).
+pub async fn queue_each(
     js: &async_nats::jetstream::Context, ns: &Namespace, attempts: &[(Uuid, i32)],
 ) -> Result<(), postmesh_shared::ApiError> {
-    let subject = Stream::Webhook.subject(ns);
-    let publishes = attempts.iter().map(|(id, count)| {
-        let job = WebhookJob {
-            attempt_id: id.to_string(),
-        };
-        let (subject, msg_id) = (subject.clone(), format!("{id}:{count}"));
-        async move {
-            postmesh_shared::jetstream::publish(js, subject, &msg_id, job.encode_to_vec().into())
-                .await
-        }
-    });
+    let publishes = attempts
+        .iter()
+        .map(|(id, count)| async move { queue(js, ns, &[*id], &format!("{id}:{count}")).await });
     futures::future::try_join_all(publishes).await.map(drop)
 }
 

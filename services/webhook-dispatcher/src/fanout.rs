@@ -1,37 +1,40 @@
 //! The fan-out: each received message on the INBOUND stream becomes one attempt per active
 //! endpoint of its address — or, when the address has none, one for the workspace's default
 //! webhook (spec §4.7 rule 2) — written in one transaction (at most once per target and
-//! message, whatever redeliveries), then a WEBHOOK job per pending attempt, then the ack. A
+//! message, whatever redeliveries), then one WEBHOOK job of its pending attempts, then the
+//! ack. A
 //! crash before the ack redelivers the message, which finds its attempts and queues them
 //! again (JetStream drops the repeats by id).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use prost::Message as _;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
-use postmesh_shared::{telemetry, Namespace, Runtime};
+use postmesh_shared::{Namespace, Runtime};
 
-use crate::deliver::queue_jobs;
+use crate::deliver::{queue, UNFINISHED};
 
 /// The durable consumer of INBOUND.
 const CONSUMER: &str = "webhook-dispatcher";
-/// Received messages fanned out at once.
-const CONCURRENCY: usize = 32;
+/// Messages written by one statement at most.
+const BATCH: usize = 64;
+/// Batches in flight at once.
+const BATCHES: usize = 4;
 /// The pause before a message that could not be fanned out is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// What fanning a message out needs.
+/// What fanning messages out needs.
 struct Fanout {
     db: PgPool,
     js: jetstream::Context,
@@ -73,7 +76,7 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
                 durable_name: Some(CONSUMER.into()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
-                max_ack_pending: 4 * CONCURRENCY as i64,
+                max_ack_pending: (2 * BATCH * BATCHES) as i64,
                 ..Default::default()
             },
         )
@@ -81,7 +84,7 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("creating the INBOUND consumer: {e}"))?;
     let mut messages = consumer
         .stream()
-        .max_messages_per_batch(CONCURRENCY)
+        .max_messages_per_batch(BATCH)
         .messages()
         .await
         .map_err(|e| anyhow::anyhow!("pulling from INBOUND: {e}"))?;
@@ -91,110 +94,134 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
         ns: ns.clone(),
     });
     let (tracker, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let slots = Arc::new(Semaphore::new(BATCHES));
     rt.tracker.spawn(async move {
         loop {
-            let msg = tokio::select! {
+            let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 m = messages.next() => m,
             };
-            match msg {
-                Some(Ok(msg)) => {
-                    let slot = slots.clone().acquire_owned().await;
-                    let fanout = fanout.clone();
-                    tracker.spawn(async move {
-                        fanout.handle(msg).await;
-                        drop(slot);
-                    });
-                }
+            let mut batch = match first {
+                Some(Ok(msg)) => vec![msg],
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "INBOUND pull failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
                 }
                 None => break,
+            };
+            // And whatever else has arrived meanwhile.
+            while batch.len() < BATCH {
+                match messages.next().now_or_never() {
+                    Some(Some(Ok(msg))) => batch.push(msg),
+                    _ => break,
+                }
             }
+            let slot = slots.clone().acquire_owned().await;
+            let fanout = fanout.clone();
+            tracker.spawn(async move {
+                fanout.handle(batch).await;
+                drop(slot);
+            });
         }
     });
     Ok(())
 }
 
 impl Fanout {
-    async fn handle(&self, msg: jetstream::Message) {
-        let span = tracing::info_span!("webhook.fanout", message = tracing::field::Empty);
-        telemetry::link_nats(&span, msg.headers.as_ref());
-        async {
-            let received = match Received::decode(&msg.payload) {
-                Ok(received) => received,
+    /// Fans a batch of INBOUND messages out and acknowledges each as it went.
+    async fn handle(&self, batch: Vec<jetstream::Message>) {
+        let mut good = Vec::with_capacity(batch.len());
+        for msg in batch {
+            match Received::decode(&msg.payload) {
+                Ok(received) => good.push((msg, received)),
                 Err(reason) => {
                     tracing::error!(%reason, "an INBOUND message that can never be fanned out");
                     let _ = msg.ack_with(AckKind::Term).await;
-                    return;
-                }
-            };
-            tracing::Span::current().record("message", received.message.to_string());
-            match self.fan_out(&received).await {
-                Ok(()) => {
-                    let _ = msg.ack().await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "fan-out failed; will retry");
-                    let _ = msg.ack_with(AckKind::Nak(Some(RETRY))).await;
                 }
             }
         }
-        .instrument(span)
-        .await
+        if good.is_empty() {
+            return;
+        }
+        let received: Vec<&Received> = good.iter().map(|(_, r)| r).collect();
+        let outcome = self.fan_out(&received).await;
+        let acks = good.iter().map(|(msg, _)| async {
+            match &outcome {
+                Ok(()) => msg.ack().await,
+                Err(_) => msg.ack_with(AckKind::Nak(Some(RETRY))).await,
+            }
+        });
+        futures::future::join_all(acks).await;
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, count = good.len(), "fan-out failed; will retry");
+        }
     }
 
-    /// Writes the message's attempts (once), then queues each that is still pending.
-    async fn fan_out(&self, m: &Received) -> Result<(), String> {
-        let now = now_unix();
-        let mut tx = self.db.begin().await.map_err(|e| e.to_string())?;
-        sqlx::query(
-            "INSERT INTO received (message_id, workspace_id, address_id, received_at)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(m.message)
-        .bind(m.workspace)
-        .bind(m.address)
-        .bind(m.received_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
-        sqlx::query(
-            "WITH endpoint AS (
-                 SELECT id FROM endpoints
-                 WHERE address_id = $3 AND workspace_id = $2 AND active
+    /// Writes the messages' attempts (once), then queues each message's pending ones.
+    async fn fan_out(&self, batch: &[&Received]) -> Result<(), String> {
+        // Each message once (INBOUND may bring one twice).
+        let mut seen = HashSet::new();
+        let batch: Vec<&Received> = batch
+            .iter()
+            .copied()
+            .filter(|m| seen.insert(m.message))
+            .collect();
+        // One statement, so one transaction: the `received` rows, an attempt per target
+        // (none again for a redelivered message), and every pending attempt of the
+        // messages, new (RETURNING) or from an earlier run (the SELECT sees the table as
+        // it was before the statement).
+        let pending: Vec<(Uuid, Uuid)> = sqlx::query_as(&format!(
+            "WITH m AS (
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[])
+                     AS m(message_id, workspace_id, address_id, received_at)
+             ), seen AS (
+                 INSERT INTO received (message_id, workspace_id, address_id, received_at)
+                 SELECT message_id, workspace_id, address_id, received_at FROM m
+                 ON CONFLICT DO NOTHING
+             ), endpoint AS (
+                 SELECT m.message_id, e.id FROM m
+                 JOIN endpoints e ON e.address_id = m.address_id
+                     AND e.workspace_id = m.workspace_id AND e.active
              ), target AS (
-                 SELECT id FROM endpoint
+                 SELECT message_id, id FROM endpoint
                  UNION ALL
-                 SELECT NULL::uuid FROM default_webhooks
-                 WHERE workspace_id = $2 AND active AND NOT EXISTS (SELECT 1 FROM endpoint)
+                 SELECT m.message_id, NULL::uuid FROM m
+                 JOIN default_webhooks d ON d.workspace_id = m.workspace_id AND d.active
+                 WHERE NOT EXISTS (SELECT 1 FROM endpoint WHERE endpoint.message_id = m.message_id)
+             ), made AS (
+                 INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
+                                       next_attempt_at, created_at, updated_at)
+                 SELECT gen_random_uuid(), m.workspace_id, target.id, m.message_id, 'inbound',
+                        'pending', $5, $5, $5
+                 FROM target JOIN m USING (message_id)
+                 ON CONFLICT DO NOTHING
+                 RETURNING id, message_id
              )
-             INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
-                                   next_attempt_at, created_at, updated_at)
-             SELECT gen_random_uuid(), $2, target.id, $1, 'inbound', 'pending', $4, $4, $4
-             FROM target
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(m.message)
-        .bind(m.workspace)
-        .bind(m.address)
-        .bind(now)
-        .execute(&mut *tx)
+             SELECT id, message_id FROM made
+             UNION
+             SELECT id, message_id FROM attempts
+             WHERE message_id = ANY($1) AND origin = 'inbound' AND {UNFINISHED}"
+        ))
+        .bind(batch.iter().map(|m| m.message).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.workspace).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.address).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.received_at).collect::<Vec<_>>())
+        .bind(now_unix())
+        .fetch_all(&self.db)
         .await
         .map_err(|e| e.to_string())?;
-        let pending: Vec<(Uuid, i32)> = sqlx::query_as(
-            "SELECT id, attempt_count FROM attempts
-             WHERE message_id = $1 AND origin = 'inbound' AND status = 'pending'",
-        )
-        .bind(m.message)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
-        tx.commit().await.map_err(|e| e.to_string())?;
-        queue_jobs(&self.js, &self.ns, &pending)
+        let mut jobs: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+        for (attempt, message) in pending {
+            jobs.entry(message).or_default().push(attempt);
+        }
+        // One job per message, the same again if INBOUND redelivers it.
+        let publishes = jobs.iter().map(|(message, attempts)| async move {
+            queue(&self.js, &self.ns, attempts, &format!("{message}:fanout")).await
+        });
+        futures::future::try_join_all(publishes)
             .await
+            .map(drop)
             .map_err(|e| e.to_string())
     }
 }

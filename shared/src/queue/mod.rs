@@ -72,6 +72,16 @@ pub enum Failure {
     Later(String, Duration),
 }
 
+/// Whether an item of a job is worked by this run of it.
+pub enum Admission {
+    /// Now: claim it and do the work.
+    Now,
+    /// The stage handed it to another job of its own: nothing to do here.
+    Elsewhere,
+    /// Not now: the job is tried again later, this item with it.
+    Later(String),
+}
+
 /// Where an item stands when a claim did not take it.
 pub enum Standing {
     /// Finished before: nothing to do.
@@ -151,6 +161,14 @@ pub trait Stages: Send + Sync + 'static {
     fn prepare(&self, job: &Self::Job)
         -> impl Future<Output = Result<Self::Shared, String>> + Send;
 
+    /// Whether the item at `index` is worked now (before its claim; by default, yes): a
+    /// stage that limits work per destination hands a busy one elsewhere.
+    fn admit(
+        &self, _job: &Self::Job, _shared: &Self::Shared, _index: usize,
+    ) -> impl Future<Output = Admission> + Send {
+        async { Admission::Now }
+    }
+
     /// What the claim of the item at `index` writes.
     fn claim_data(&self, job: &Self::Job, shared: &Self::Shared, index: usize) -> Self::ClaimData;
 
@@ -199,6 +217,8 @@ pub enum Outcome {
     Superseded,
     /// A transient failure: try again later (after the pause, when the item chose one).
     Retry(String, Option<Duration>),
+    /// Not admitted now (its destination is busy): try again later, no failure.
+    NotNow(String),
     /// Failed for good (recorded as such).
     Park(String),
     /// Not started: the worker is stopping.
@@ -214,7 +234,7 @@ impl Outcome {
             Self::Superseded => 2,
             Self::Stopped => 3,
             Self::Leased(_) => 4,
-            Self::Retry(..) => 5,
+            Self::Retry(..) | Self::NotNow(_) => 5,
         }
     }
 
@@ -477,6 +497,11 @@ impl<S: Stages> Worker<S> {
     async fn item(
         &self, job: &S::Job, shared: &S::Shared, index: usize, id: Uuid, lease: Uuid,
     ) -> Outcome {
+        match self.stages.admit(job, shared, index).await {
+            Admission::Now => {}
+            Admission::Elsewhere => return Outcome::Done,
+            Admission::Later(reason) => return Outcome::NotNow(reason),
+        }
         let row = ClaimRow {
             item: id,
             lease,
@@ -520,7 +545,9 @@ impl<S: Stages> Worker<S> {
                 tracing::warn!(%id, %reason, attempt, "failed; will retry");
                 "retry"
             }
-            Outcome::Leased(_) | Outcome::Superseded | Outcome::Stopped => "elsewhere",
+            Outcome::Leased(_) | Outcome::Superseded | Outcome::Stopped | Outcome::NotNow(_) => {
+                "elsewhere"
+            }
         };
         let labels = [("queue", self.config.name), ("result", result)];
         metrics::counter!("postmesh_queue_items_total", &labels).increment(1);
@@ -583,6 +610,12 @@ impl<S: Stages> Worker<S> {
                 let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
                 let delay = after.unwrap_or_else(|| retry_delay(self.config.retry_base, delivered));
                 tracing::warn!(%reason, delivered, ?delay, "job will be retried");
+                msg.ack_with(AckKind::Nak(Some(delay))).await
+            }
+            Outcome::NotNow(reason) => {
+                let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+                let delay = retry_delay(self.config.retry_base, delivered);
+                tracing::debug!(%reason, delivered, ?delay, "job handed back for later");
                 msg.ack_with(AckKind::Nak(Some(delay))).await
             }
         };

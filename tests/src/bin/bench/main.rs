@@ -746,7 +746,7 @@ async fn main() -> anyhow::Result<()> {
                 concurrency: env_parse("BENCH_WEBHOOK_CONCURRENCY", 64)?,
                 rounds: env_parse("BENCH_WEBHOOK_ROUNDS", 2)?,
             };
-            webhooks::fanout(&stack, &settings).await?;
+            webhooks::fanout(&mut stack, &settings).await?;
         }
         // Last: the inbound benchmarks write some hundred MB that Postgres then flushes,
         // which would slow whatever ran after them.
