@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value};
 
+use postmesh_shared::text::escape_html;
 use postmesh_shared::ApiError;
 
 /// Whether `name` can be a placeholder's name.
@@ -24,22 +25,6 @@ fn value_text(name: &str, v: &Value) -> Result<String, ApiError> {
             "variable {name:?} must be a string, number or boolean"
         ))),
     }
-}
-
-/// Escapes text for HTML content and attribute values.
-pub fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Replaces each `{{ name }}` of `template` with its variable (escaped when `html`). A

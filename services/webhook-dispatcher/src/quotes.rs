@@ -11,6 +11,8 @@ use html5ever::serialize::{SerializeOpts, TraversalScope};
 use html5ever::tendril::TendrilSink;
 use markup5ever_rcdom::{Handle, NodeData, RcDom, SerializableHandle};
 
+use postmesh_shared::text::escape_html;
+
 use crate::endpoints::BodyFormat;
 
 /// A body rendered for an endpoint.
@@ -55,7 +57,7 @@ pub fn render(text: Option<&str>, html: Option<&str>, format: BodyFormat, strip:
         (text, false)
     };
     let body = match format {
-        BodyFormat::Html => format!("<pre>{}</pre>", escape(&text)),
+        BodyFormat::Html => format!("<pre>{}</pre>", escape_html(&text)),
         BodyFormat::Text | BodyFormat::Markdown => text,
     };
     Rendered {
@@ -80,20 +82,6 @@ fn html_to_markdown(html: &str) -> String {
         .build()
         .convert(html)
         .unwrap_or_default()
-}
-
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Plain text without its quoted reply: from an attribution line ("On … wrote:", Outlook's

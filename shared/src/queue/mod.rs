@@ -6,7 +6,7 @@
 //! permanent failure parked; graceful drain on shutdown. Policy: docs/decisions.md,
 //! "Delivery (sender)".
 //!
-//! A service implements [`Stages`] (decode, items, prepare, work, and the SQL of its claims,
+//! A service implements [`Stages`] (decode, items, prepare, admit, work, and the SQL of its claims,
 //! standing, renewals and outcomes) and calls [`spawn`].
 
 mod batch;
