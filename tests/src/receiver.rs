@@ -32,6 +32,8 @@ pub enum Reply {
     RetryAfter(u16, u64),
     /// This status after a pause.
     Slow(Duration, u16),
+    /// 302 to this URL.
+    Redirect(&'static str),
 }
 
 /// A delivery that passed the checks.
@@ -191,6 +193,7 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
             .unwrap_or(Reply::Status(200));
         delivery.answered = match reply {
             Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Slow(_, s) => s,
+            Reply::Redirect(_) => 302,
         };
         books.deliveries.push(delivery);
         reply
@@ -205,5 +208,6 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
             tokio::time::sleep(pause).await;
             status(s).into_response()
         }
+        Reply::Redirect(to) => (StatusCode::FOUND, [("location", to)]).into_response(),
     }
 }

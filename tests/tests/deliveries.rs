@@ -527,6 +527,58 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
 }
 
 #[tokio::test]
+async fn long_bodies_are_cut_and_redirects_are_not_followed() {
+    let mut stack = Stack::start().await;
+    let mut config = stack.dispatcher_config();
+    config.delivery.max_body_bytes = 100;
+    stack.restart_dispatcher(config).await;
+    let (key, inbox) = key_with_inbox(&stack, "long").await;
+    let (receiver, elsewhere) = (Receiver::start().await, Receiver::start().await);
+    let html = json!({ "bodyFormat": "html" });
+    let e = endpoint(&stack, &key, inbox, &receiver, html).await;
+    // As HTML the text is escaped into <pre>: longer than the text the message had.
+    let long = "é<".repeat(200);
+    ingest(
+        &stack,
+        &message(None, "Long", "", &long),
+        &[&inbox_address("long")],
+    )
+    .await;
+    let got = received(&receiver, 1, Duration::from_secs(10)).await;
+    let data = &got[0].body["data"];
+    let body = data["body"].as_str().unwrap();
+    assert!((95..=100).contains(&body.len()), "{}", body.len());
+    assert!(
+        body.starts_with("<pre>é&lt;é&lt;"),
+        "cut at a character boundary: {body}"
+    );
+    assert_eq!(data["truncated"], true);
+
+    // A 3xx is an answer like any other non-2xx: retried, never followed.
+    let target: &'static str = Box::leak(elsewhere.url("/stolen").into_boxed_str());
+    receiver.answer(Reply::Redirect(target));
+    ingest(
+        &stack,
+        &message(None, "Moved", "", "m"),
+        &[&inbox_address("long")],
+    )
+    .await;
+    let moved = eventually(Duration::from_secs(10), || async {
+        let list = attempts(&stack, &key, e).await;
+        match list.iter().find(|a| a.last_status_code == Some(302)) {
+            Some(a) => Ok(a.status.clone()),
+            None => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    assert_ne!(moved, "succeeded");
+    quiet().await;
+    assert_eq!(elsewhere.count(), 0, "the redirect was not followed");
+    assert!(elsewhere.refused().is_empty());
+    stack.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
     let mut stack = Stack::start().await;
     let mut config = stack.dispatcher_config();

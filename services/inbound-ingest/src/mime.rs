@@ -2,7 +2,9 @@
 //! (legacy charsets decoded), or, for a message it cannot read, only what the raw bytes
 //! tell (never an error that would make the MTA retry forever).
 
-use mail_parser::{Address, HeaderValue, MessageParser, MimeHeaders};
+use std::borrow::Cow;
+
+use mail_parser::{Address, HeaderValue, MessageParser, MimeHeaders, PartType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -66,14 +68,20 @@ impl Parsed {
         let Some(msg) = MessageParser::default().parse(raw) else {
             return Self::default();
         };
-        let (text, html) = (msg.body_text(0), msg.body_html(0));
-        let fits = |b: &Option<std::borrow::Cow<'_, str>>| {
-            b.as_ref().is_none_or(|b| b.len() <= body_limit)
-        };
+        // The parts as sent: mail-parser would render a missing one from the other, which is
+        // the reader's choice to make (a webhook renders it its own way).
+        let text = msg.text_part(0).and_then(|p| match &p.body {
+            PartType::Text(text) => Some(Cow::Borrowed(text.as_ref())),
+            _ => None,
+        });
+        let html = msg.html_part(0).and_then(|p| match &p.body {
+            PartType::Html(html) => Some(Cow::Borrowed(html.as_ref())),
+            _ => None,
+        });
+        let fits = |b: &Option<Cow<'_, str>>| b.as_ref().is_none_or(|b| b.len() <= body_limit);
         let bodies_in_raw = !fits(&text) || !fits(&html);
-        let inline = |b: Option<std::borrow::Cow<'_, str>>| {
-            b.filter(|b| b.len() <= body_limit).map(|b| b.into_owned())
-        };
+        let inline =
+            |b: Option<Cow<'_, str>>| b.filter(|b| b.len() <= body_limit).map(|b| b.into_owned());
         let content = Content {
             from: msg.from().and_then(first_address),
             to: addresses(msg.to()),
