@@ -24,7 +24,7 @@ use crate::Fake;
 const TOLERANCE_SECS: i64 = 300;
 
 /// How the receiver answers one delivery.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Reply {
     /// This status at once.
     Status(u16),
@@ -33,7 +33,7 @@ pub enum Reply {
     /// This status after a pause.
     Slow(Duration, u16),
     /// 302 to this URL.
-    Redirect(&'static str),
+    Redirect(String),
 }
 
 /// A delivery that passed the checks.
@@ -189,10 +189,10 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
         let reply = books
             .script
             .pop_front()
-            .or(books.default)
+            .or_else(|| books.default.clone())
             .unwrap_or(Reply::Status(200));
-        delivery.answered = match reply {
-            Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Slow(_, s) => s,
+        delivery.answered = match &reply {
+            Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Slow(_, s) => *s,
             Reply::Redirect(_) => 302,
         };
         books.deliveries.push(delivery);

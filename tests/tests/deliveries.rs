@@ -555,8 +555,7 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed() {
     assert_eq!(data["truncated"], true);
 
     // A 3xx is an answer like any other non-2xx: retried, never followed.
-    let target: &'static str = Box::leak(elsewhere.url("/stolen").into_boxed_str());
-    receiver.answer(Reply::Redirect(target));
+    receiver.answer(Reply::Redirect(elsewhere.url("/stolen")));
     ingest(
         &stack,
         &message(None, "Moved", "", "m"),
