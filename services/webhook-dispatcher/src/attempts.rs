@@ -256,12 +256,8 @@ pub(crate) async fn test(
         max_body_bytes: usize::MAX,
         ..target.shape
     };
-    let event = Event::received(
-        sample(address_id),
-        Uuid::nil().to_string(),
-        shape,
-        now_rfc3339(),
-    );
+    let sample = sample(address_id);
+    let event = Event::received(&sample, Uuid::nil().to_string(), shape, now_rfc3339());
     let body = serde_json::to_vec(&event).map_err(|e| ApiError::internal("encoding", e))?;
     let keys: Vec<&[u8]> = target.keys.iter().map(Vec::as_slice).collect();
     let webhook_id = payload::webhook_id(Uuid::now_v7());

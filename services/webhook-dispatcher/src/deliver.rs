@@ -503,7 +503,7 @@ impl Stages for Deliveries {
             .map_err(|why| Failure::Permanent(why.clone()))?;
         let _slot = shared.slots[index].lock().expect("slot lock").take();
         let event = Event::received(
-            (*delivery.message).clone(),
+            &delivery.message,
             delivery.message_id.to_string(),
             delivery.ready.shape,
             now_rfc3339(),

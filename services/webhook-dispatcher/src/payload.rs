@@ -18,64 +18,64 @@ use crate::quotes;
 /// The event type of a received message.
 pub const INBOUND_RECEIVED: &str = "inbound.received";
 
-/// The JSON body of a delivery.
+/// The JSON body of a delivery; it borrows the message, which each of its targets shares.
 #[derive(Debug, Serialize)]
-pub struct Event {
+pub struct Event<'m> {
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// When the event was made (RFC 3339).
     pub timestamp: String,
-    pub data: Data,
+    pub data: Data<'m>,
 }
 
 /// A received message as a webhook shows it.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Data {
+pub struct Data<'m> {
     /// The stored copy's id.
     pub message_id: String,
     /// Its `Message-ID` header (without angle brackets), when it has one.
-    pub email_id: Option<String>,
-    pub address_id: String,
-    pub address: String,
-    pub thread_id: String,
-    pub from: From,
-    pub to: Vec<String>,
-    pub cc: Vec<String>,
-    pub subject: String,
-    pub in_reply_to: Option<String>,
-    pub references: Vec<String>,
+    pub email_id: Option<&'m str>,
+    pub address_id: &'m str,
+    pub address: &'m str,
+    pub thread_id: &'m str,
+    pub from: From<'m>,
+    pub to: &'m [String],
+    pub cc: &'m [String],
+    pub subject: &'m str,
+    pub in_reply_to: Option<&'m str>,
+    pub references: &'m [String],
     pub received_at: i64,
     pub body_format: BodyFormat,
     pub body: String,
     pub stripped_quotes: bool,
     pub truncated: bool,
-    pub attachments: Vec<Attachment>,
-    pub authentication: Authentication,
+    pub attachments: Vec<Attachment<'m>>,
+    pub authentication: Authentication<'m>,
 }
 
 /// The sender, as `From:` gives it.
 #[derive(Debug, Serialize)]
-pub struct From {
-    pub address: String,
-    pub name: Option<String>,
+pub struct From<'m> {
+    pub address: &'m str,
+    pub name: Option<&'m str>,
 }
 
 /// An attachment, listed.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Attachment {
-    pub filename: Option<String>,
-    pub content_type: String,
+pub struct Attachment<'m> {
+    pub filename: Option<&'m str>,
+    pub content_type: &'m str,
     pub size: i64,
 }
 
 /// What the MTA found out about the message's origin.
 #[derive(Debug, Serialize)]
-pub struct Authentication {
-    pub spf: String,
-    pub dkim: String,
-    pub dmarc: String,
+pub struct Authentication<'m> {
+    pub spf: &'m str,
+    pub dkim: &'m str,
+    pub dmarc: &'m str,
 }
 
 /// How a target wants its bodies.
@@ -87,13 +87,15 @@ pub struct Shape {
     pub max_body_bytes: usize,
 }
 
-fn non_empty(s: String) -> Option<String> {
+fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
-impl Event {
+impl<'m> Event<'m> {
     /// The event of message `m` for a target of `shape`, made at `now` (RFC 3339).
-    pub fn received(m: InboundMessageReply, message_id: String, shape: Shape, now: String) -> Self {
+    pub fn received(
+        m: &'m InboundMessageReply, message_id: String, shape: Shape, now: String,
+    ) -> Self {
         let rendered = quotes::render(
             m.text.as_deref(),
             m.html.as_deref(),
@@ -106,19 +108,19 @@ impl Event {
             timestamp: now,
             data: Data {
                 message_id,
-                email_id: non_empty(m.email_id),
-                address_id: m.address_id,
-                address: m.address,
-                thread_id: m.thread_id,
+                email_id: non_empty(&m.email_id),
+                address_id: &m.address_id,
+                address: &m.address,
+                thread_id: &m.thread_id,
                 from: From {
-                    address: m.from_address,
-                    name: non_empty(m.from_name),
+                    address: &m.from_address,
+                    name: non_empty(&m.from_name),
                 },
-                to: m.to,
-                cc: m.cc,
-                subject: m.subject,
-                in_reply_to: non_empty(m.in_reply_to),
-                references: m.references,
+                to: &m.to,
+                cc: &m.cc,
+                subject: &m.subject,
+                in_reply_to: non_empty(&m.in_reply_to),
+                references: &m.references,
                 received_at: m.received_at,
                 body_format: shape.format,
                 body,
@@ -126,17 +128,17 @@ impl Event {
                 truncated: cut || m.truncated,
                 attachments: m
                     .attachments
-                    .into_iter()
+                    .iter()
                     .map(|a| Attachment {
-                        filename: non_empty(a.filename),
-                        content_type: a.content_type,
+                        filename: non_empty(&a.filename),
+                        content_type: &a.content_type,
                         size: a.size,
                     })
                     .collect(),
                 authentication: Authentication {
-                    spf: m.spf,
-                    dkim: m.dkim,
-                    dmarc: m.dmarc,
+                    spf: &m.spf,
+                    dkim: &m.dkim,
+                    dmarc: &m.dmarc,
                 },
             },
         }

@@ -190,7 +190,7 @@ fn sample_body(n: usize, to: &str) -> Vec<u8> {
         max_body_bytes: 256 * 1024,
     };
     let event = Event::received(
-        message,
+        &message,
         uuid::Uuid::now_v7().to_string(),
         shape,
         "now".into(),
