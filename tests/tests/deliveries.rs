@@ -203,6 +203,22 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
         sample[1].body["data"]["subject"],
         "A test delivery from Postmesh"
     );
+
+    // A deleted endpoint's deliveries go with it; the others' stay.
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    assert!(peek::dispatcher::attempt_ids(&db)
+        .await
+        .contains(&done[0].id));
+    let _: serde_json::Value = stack
+        .client(&key)
+        .delete(&format!("/inbox/webhook/endpoints/{e1}"), StatusCode::OK)
+        .await;
+    let left = peek::dispatcher::attempt_ids(&db).await;
+    assert!(
+        !left.contains(&done[0].id),
+        "the deleted endpoint's attempt"
+    );
+    assert_eq!(left.len(), 3, "the other endpoint's and the default's");
     stack.shutdown().await;
 }
 

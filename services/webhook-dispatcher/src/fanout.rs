@@ -195,7 +195,8 @@ impl Fanout {
                  SELECT gen_random_uuid(), m.workspace_id, target.id, m.message_id, 'inbound',
                         'pending', $5, $5, $5
                  FROM target JOIN m USING (message_id)
-                 ON CONFLICT DO NOTHING
+                 ON CONFLICT (message_id, (COALESCE(endpoint_id, workspace_id)))
+                     WHERE origin = 'inbound' DO NOTHING
                  RETURNING id, message_id
              )
              SELECT id, message_id FROM made
