@@ -127,7 +127,7 @@ pub mod domain {
     }
 }
 
-/// The sender's routes: sends, their status, templates and SMTP credentials.
+/// The sender's routes: sends, their status, templates, SMTP credentials and contacts.
 pub mod sender {
     manifest! {
         // Up to 1000 recipients and 10 MiB of attachments (base64): 16 MiB.
@@ -139,6 +139,13 @@ pub mod sender {
         TEMPLATE = Get "/templates/{key}" Key;
         TEMPLATE_DELETE = Delete "/templates/{key}" Key;
         SMTP_AUTH = Post "/smtp-auth" Key;
+        CONTACTS = Get "/contacts" Key;
+        CONTACT_UPSERT = Post "/contacts" Key;
+        // Up to 10,000 contacts as a JSON array or a CSV file.
+        CONTACT_IMPORT = Post "/contacts/import" Key, limit 16 * 1024 * 1024;
+        CONTACT = Get "/contacts/{id}" Key;
+        CONTACT_UPDATE = Patch "/contacts/{id}" Key;
+        CONTACT_DELETE = Delete "/contacts/{id}" Key;
     }
 }
 

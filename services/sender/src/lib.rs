@@ -3,6 +3,7 @@
 //! scheduler releases scheduled tasks; its workers deliver every job of the SEND work queue
 //! (sends and the gateway's verification codes) through the configured transport.
 
+pub mod contacts;
 pub mod render;
 pub mod request;
 pub mod schedule;
@@ -161,6 +162,12 @@ fn routes() -> Routes<AppState> {
         .at(api::TEMPLATE, templates::read)
         .at(api::TEMPLATE_DELETE, templates::remove)
         .at(api::SMTP_AUTH, smtp_auth::check)
+        .at(api::CONTACTS, contacts::list)
+        .at(api::CONTACT_UPSERT, contacts::create)
+        .at(api::CONTACT_IMPORT, contacts::import)
+        .at(api::CONTACT, contacts::read)
+        .at(api::CONTACT_UPDATE, contacts::change)
+        .at(api::CONTACT_DELETE, contacts::remove)
 }
 
 /// The sender's HTTP router.

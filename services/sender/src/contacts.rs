@@ -1,0 +1,595 @@
+//! Contacts of a workspace: `POST /contacts` upserts one (found by `externalId`, else by
+//! email), `GET /contacts` pages through them (`?tag=`, `?email=`), `GET/PATCH/DELETE
+//! /contacts/{id}` read, change and remove one, and `POST /contacts/import` upserts up to
+//! 10,000 from a JSON array or a CSV file, keeping the good rows and naming the bad ones.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header::CONTENT_TYPE, HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use postmesh_shared::db::{is_unique_violation, now_unix};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
+use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
+
+use crate::AppState;
+
+/// Rows of one import at most.
+pub const MAX_IMPORT_ROWS: usize = 10_000;
+/// Attributes of a contact at most, and the largest of them as JSON.
+const MAX_ATTRIBUTES: usize = 100;
+const MAX_ATTRIBUTES_BYTES: usize = 16 * 1024;
+/// Tags, and topics, of a contact at most.
+const MAX_TAGS: usize = 100;
+/// Longest tag, topic, attribute name or external id.
+const MAX_NAME_LEN: usize = 200;
+/// Contacts per page by default, and at most.
+const DEFAULT_LIMIT: i64 = 50;
+const MAX_LIMIT: i64 = 100;
+
+/// A contact as stored and answered.
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Contact {
+    pub id: Uuid,
+    pub email: String,
+    pub external_id: Option<String>,
+    pub attributes: Json<Map<String, Value>>,
+    pub tags: Vec<String>,
+    pub topics: Json<BTreeMap<String, Subscription>>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A contact's standing on one topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Subscription {
+    Subscribed,
+    Unsubscribed,
+}
+
+/// The fields of a contact as a request gives them; all optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContactBody {
+    pub email: Option<String>,
+    pub external_id: Option<String>,
+    pub attributes: Option<Map<String, Value>>,
+    pub tags: Option<Vec<String>>,
+    pub topics: Option<BTreeMap<String, Subscription>>,
+}
+
+/// A contact's fields, checked: what an upsert or a change writes.
+#[derive(Debug, Default)]
+pub struct ContactInput {
+    pub email: Option<EmailAddress>,
+    pub external_id: Option<String>,
+    /// Merged into the stored ones; a `null` removes the attribute.
+    pub attributes: Option<Map<String, Value>>,
+    /// Replace the stored ones.
+    pub tags: Option<Vec<String>>,
+    /// Merged into the stored ones.
+    pub topics: Option<BTreeMap<String, Subscription>>,
+}
+
+/// A name (tag, topic, attribute, external id): one line, 1-200 characters once trimmed.
+pub fn name(field: &str, raw: &str) -> Result<String, String> {
+    let v = raw.trim();
+    if v.is_empty() || v.chars().count() > MAX_NAME_LEN || v.chars().any(char::is_control) {
+        return Err(format!(
+            "{field} must be 1-{MAX_NAME_LEN} characters on one line"
+        ));
+    }
+    Ok(v.to_owned())
+}
+
+impl ContactInput {
+    /// Checks `body`; the error names the field at fault.
+    pub fn parse(body: ContactBody) -> Result<Self, String> {
+        let email = match body.email.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(raw) => Some(
+                EmailAddress::parse(raw).ok_or_else(|| format!("invalid email address {raw:?}"))?,
+            ),
+        };
+        let external_id = body
+            .external_id
+            .as_deref()
+            .map(|raw| name("externalId", raw))
+            .transpose()?;
+        if let Some(attributes) = &body.attributes {
+            if attributes.len() > MAX_ATTRIBUTES {
+                return Err(format!("at most {MAX_ATTRIBUTES} attributes"));
+            }
+            for key in attributes.keys() {
+                if name("attribute name", key)? != *key {
+                    return Err(format!("attribute name {key:?} has spaces around it"));
+                }
+            }
+            if Value::Object(attributes.clone()).to_string().len() > MAX_ATTRIBUTES_BYTES {
+                return Err(format!(
+                    "attributes are larger than {} KiB",
+                    MAX_ATTRIBUTES_BYTES / 1024
+                ));
+            }
+        }
+        let tags = match body.tags {
+            None => None,
+            Some(list) => {
+                if list.len() > MAX_TAGS {
+                    return Err(format!("at most {MAX_TAGS} tags"));
+                }
+                let mut tags = list
+                    .iter()
+                    .map(|t| name("tag", t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                tags.sort();
+                tags.dedup();
+                Some(tags)
+            }
+        };
+        let topics = match body.topics {
+            None => None,
+            Some(map) if map.len() > MAX_TAGS => return Err(format!("at most {MAX_TAGS} topics")),
+            Some(map) => Some(
+                map.into_iter()
+                    .map(|(k, v)| Ok((name("topic", &k)?, v)))
+                    .collect::<Result<_, String>>()?,
+            ),
+        };
+        Ok(Self {
+            email,
+            external_id,
+            attributes: body.attributes,
+            tags,
+            topics,
+        })
+    }
+}
+
+/// Why a contact could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ContactError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("no such contact")]
+    NotFound,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl From<ContactError> for ApiError {
+    fn from(e: ContactError) -> Self {
+        match e {
+            ContactError::Invalid(m) => ApiError::BadRequest(m),
+            ContactError::Conflict(m) => ApiError::Conflict(m),
+            ContactError::NotFound => ApiError::NotFound("no such contact".into()),
+            ContactError::Database(e) => e.into(),
+        }
+    }
+}
+
+const COLUMNS: &str = "id, email, external_id, attributes, tags, topics, created_at, updated_at";
+
+/// Writes `input` over contact `id` (merging attributes and topics, replacing tags).
+async fn update(
+    conn: &mut PgConnection, workspace: WorkspaceId, id: Uuid, input: &ContactInput,
+) -> Result<Contact, ContactError> {
+    let changed = sqlx::query_as::<_, Contact>(&format!(
+        "UPDATE contacts SET
+             email = COALESCE($3, email), email_key = COALESCE(lower($3), email_key),
+             external_id = COALESCE($4, external_id),
+             attributes = CASE WHEN $5::jsonb IS NULL THEN attributes
+                 ELSE (SELECT COALESCE(jsonb_object_agg(key, value), '{{}}')
+                       FROM jsonb_each(attributes || $5::jsonb)
+                       WHERE value <> 'null'::jsonb) END,
+             tags = COALESCE($6, tags), topics = topics || COALESCE($7::jsonb, '{{}}'),
+             updated_at = $8
+         WHERE workspace_id = $1 AND id = $2
+         RETURNING {COLUMNS}"
+    ))
+    .bind(workspace)
+    .bind(id)
+    .bind(input.email.as_ref().map(EmailAddress::as_str))
+    .bind(&input.external_id)
+    .bind(input.attributes.as_ref().map(Json))
+    .bind(&input.tags)
+    .bind(input.topics.as_ref().map(Json))
+    .bind(now_unix())
+    .fetch_optional(conn)
+    .await;
+    match changed {
+        Ok(Some(contact)) => Ok(contact),
+        Ok(None) => Err(ContactError::NotFound),
+        Err(e) if is_unique_violation(&e) => Err(ContactError::Conflict(
+            "another contact has that email or externalId".into(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates or updates the contact `input` names: the one with its `externalId`, else the one
+/// with its email; answers it and whether it is new. Two writes of one new contact at once
+/// both see none: the loser's insert fails and it updates the winner's row instead.
+pub async fn upsert(
+    conn: &mut PgConnection, workspace: WorkspaceId, input: &ContactInput,
+) -> Result<(Contact, bool), ContactError> {
+    let email_key = input.email.as_ref().map(|e| e.as_str().to_lowercase());
+    if email_key.is_none() && input.external_id.is_none() {
+        return Err(ContactError::Invalid(
+            "give email or externalId to find the contact by".into(),
+        ));
+    }
+    for _ in 0..3 {
+        let found: Vec<(Uuid, Option<String>, String)> = sqlx::query_as(
+            "SELECT id, external_id, email_key FROM contacts
+             WHERE workspace_id = $1 AND (external_id = $2 OR email_key = $3)",
+        )
+        .bind(workspace)
+        .bind(&input.external_id)
+        .bind(&email_key)
+        .fetch_all(&mut *conn)
+        .await?;
+        let by_external = found
+            .iter()
+            .find(|f| f.1.is_some() && f.1 == input.external_id);
+        let by_email = found.iter().find(|f| Some(&f.2) == email_key.as_ref());
+        let target = match (by_external, by_email) {
+            (Some(a), Some(b)) if a.0 != b.0 => {
+                return Err(ContactError::Conflict(
+                    "the email belongs to another contact than the externalId".into(),
+                ))
+            }
+            (Some(a), _) => Some(a.0),
+            (None, Some(b)) if b.1.is_some() && input.external_id.is_some() => {
+                return Err(ContactError::Conflict(
+                    "the email belongs to a contact with another externalId".into(),
+                ))
+            }
+            (None, Some(b)) => Some(b.0),
+            (None, None) => None,
+        };
+        if let Some(id) = target {
+            return Ok((update(conn, workspace, id, input).await?, false));
+        }
+        let Some(email) = &input.email else {
+            return Err(ContactError::Invalid(
+                "no contact has that externalId; give email to create one".into(),
+            ));
+        };
+        let now = now_unix();
+        let attributes: Map<String, Value> = input
+            .attributes
+            .iter()
+            .flatten()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let made = sqlx::query_as::<_, Contact>(&format!(
+            "INSERT INTO contacts (id, workspace_id, email, email_key, external_id, attributes,
+                                   tags, topics, created_at, updated_at)
+             VALUES ($1, $2, $3, lower($3), $4, $5, $6, $7, $8, $8)
+             RETURNING {COLUMNS}"
+        ))
+        .bind(Uuid::now_v7())
+        .bind(workspace)
+        .bind(email.as_str())
+        .bind(&input.external_id)
+        .bind(Json(&attributes))
+        .bind(input.tags.clone().unwrap_or_default())
+        .bind(Json(input.topics.clone().unwrap_or_default()))
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await;
+        match made {
+            Ok(contact) => return Ok((contact, true)),
+            Err(e) if is_unique_violation(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ContactError::Conflict(
+        "the contact is being written concurrently; retry".into(),
+    ))
+}
+
+/// `POST /contacts` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Upserted {
+    pub contact: Contact,
+    pub created: bool,
+}
+
+pub(crate) async fn create(
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<ContactBody>,
+) -> Result<(StatusCode, Success<Upserted>), ApiError> {
+    let input = ContactInput::parse(body).map_err(ApiError::BadRequest)?;
+    let mut conn = state.db.acquire().await?;
+    let (contact, created) = upsert(&mut conn, caller.workspace, &input).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Success::new(Upserted { contact, created })))
+}
+
+/// `GET /contacts` query.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    pub tag: Option<String>,
+    pub email: Option<String>,
+    pub limit: Option<i64>,
+    pub offset: Option<i64>,
+}
+
+/// `GET /contacts` answer: a page, newest first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ContactPage {
+    pub contacts: Vec<Contact>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
+) -> Result<Success<ContactPage>, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let offset = q.offset.unwrap_or(0);
+    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
+        )));
+    }
+    let contacts = sqlx::query_as::<_, Contact>(&format!(
+        "SELECT {COLUMNS} FROM contacts
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR tags @> ARRAY[$2])
+           AND ($3::text IS NULL OR email_key = lower($3))
+         ORDER BY id DESC LIMIT $4 OFFSET $5"
+    ))
+    .bind(caller.workspace)
+    .bind(q.tag.as_deref().map(str::trim))
+    .bind(q.email.as_deref().map(str::trim))
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(ContactPage {
+        contacts,
+        limit,
+        offset,
+    }))
+}
+
+/// `GET /contacts/{id}` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct One {
+    pub contact: Contact,
+}
+
+pub(crate) async fn read(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+) -> Result<Success<One>, ApiError> {
+    let contact = sqlx::query_as::<_, Contact>(&format!(
+        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND id = $2"
+    ))
+    .bind(caller.workspace)
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ContactError::NotFound)?;
+    Ok(Success::new(One { contact }))
+}
+
+pub(crate) async fn change(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+    JsonBody(body): JsonBody<ContactBody>,
+) -> Result<Success<One>, ApiError> {
+    let input = ContactInput::parse(body).map_err(ApiError::BadRequest)?;
+    let mut conn = state.db.acquire().await?;
+    let contact = update(&mut conn, caller.workspace, id, &input).await?;
+    Ok(Success::new(One { contact }))
+}
+
+/// `DELETE /contacts/{id}` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deleted {
+    pub deleted: bool,
+}
+
+pub(crate) async fn remove(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+) -> Result<Success<Deleted>, ApiError> {
+    let done = sqlx::query("DELETE FROM contacts WHERE workspace_id = $1 AND id = $2")
+        .bind(caller.workspace)
+        .bind(id)
+        .execute(&state.db)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(ContactError::NotFound.into());
+    }
+    Ok(Success::new(Deleted { deleted: true }))
+}
+
+/// A row of an import that was not written.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RowError {
+    /// 1-based: the array's item, or the CSV's data row (the header is row 0).
+    pub row: usize,
+    pub error: String,
+}
+
+/// `POST /contacts/import` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Imported {
+    pub created: usize,
+    pub updated: usize,
+    pub errors: Vec<RowError>,
+}
+
+/// The rows of a CSV file with a header row: `email`, `externalId` (or `external_id`),
+/// `tags` (separated by `;`), `topic:<name>` (`subscribed` / `unsubscribed`); any other
+/// column is an attribute (its text; an empty cell sets nothing).
+fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
+    let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(body);
+    let headers = reader
+        .headers()
+        .map_err(|e| ApiError::BadRequest(format!("the CSV header row: {e}")))?
+        .clone();
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        rows.push(record.map_err(|e| e.to_string()).and_then(|record| {
+            let mut body = ContactBody::default();
+            for (column, cell) in headers.iter().zip(record.iter()) {
+                let cell = cell.trim();
+                if cell.is_empty() {
+                    continue;
+                }
+                match column.trim() {
+                    "email" => body.email = Some(cell.into()),
+                    "externalId" | "external_id" => body.external_id = Some(cell.into()),
+                    "tags" => {
+                        body.tags = Some(cell.split(';').map(str::to_owned).collect());
+                    }
+                    other => match other.strip_prefix("topic:") {
+                        Some(topic) => {
+                            let state = match cell {
+                                "subscribed" => Subscription::Subscribed,
+                                "unsubscribed" => Subscription::Unsubscribed,
+                                _ => {
+                                    return Err(format!(
+                                        "{other}: {cell:?} is not subscribed or unsubscribed"
+                                    ))
+                                }
+                            };
+                            body.topics
+                                .get_or_insert_with(BTreeMap::new)
+                                .insert(topic.into(), state);
+                        }
+                        None => {
+                            body.attributes
+                                .get_or_insert_with(Map::new)
+                                .insert(other.into(), Value::String(cell.into()));
+                        }
+                    },
+                }
+            }
+            Ok(body)
+        }));
+    }
+    Ok(rows)
+}
+
+/// The rows of a JSON array of contact objects.
+fn json_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
+    let items: Vec<Value> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::BadRequest(format!("the body must be a JSON array of contacts: {e}"))
+    })?;
+    Ok(items
+        .into_iter()
+        .map(|item| serde_json::from_value(item).map_err(|e| e.to_string()))
+        .collect())
+}
+
+pub(crate) async fn import(
+    State(state): State<AppState>, caller: Caller, headers: HeaderMap, body: Bytes,
+) -> Result<Success<Imported>, ApiError> {
+    let kind = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let rows = match kind.as_str() {
+        "text/csv" => csv_rows(&body)?,
+        "application/json" => json_rows(&body)?,
+        _ => {
+            return Err(ApiError::BadRequest(
+                "send a JSON array (application/json) or a CSV file (text/csv)".into(),
+            ))
+        }
+    };
+    if rows.len() > MAX_IMPORT_ROWS {
+        return Err(ApiError::BadRequest(format!(
+            "{} rows; an import takes at most {MAX_IMPORT_ROWS}",
+            rows.len()
+        )));
+    }
+    let mut answer = Imported {
+        created: 0,
+        updated: 0,
+        errors: Vec::new(),
+    };
+    let mut conn = state.db.acquire().await?;
+    for (i, row) in rows.into_iter().enumerate() {
+        let written = match row.and_then(ContactInput::parse) {
+            Err(e) => Err(ContactError::Invalid(e)),
+            Ok(input) => upsert(&mut conn, caller.workspace, &input).await,
+        };
+        match written {
+            Ok((_, true)) => answer.created += 1,
+            Ok((_, false)) => answer.updated += 1,
+            Err(ContactError::Database(e)) => return Err(e.into()),
+            Err(e) => answer.errors.push(RowError {
+                row: i + 1,
+                error: e.to_string(),
+            }),
+        }
+    }
+    Ok(Success::new(answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_columns_become_fields_topics_and_attributes() {
+        let csv = "email,externalId,tags,topic:news,plan\n\
+                   a@x.com,u1,vip; beta,subscribed,pro\n\
+                   b@x.com,,,maybe,\n";
+        let rows = csv_rows(csv.as_bytes()).unwrap();
+        let first = rows[0].as_ref().unwrap();
+        assert_eq!(first.email.as_deref(), Some("a@x.com"));
+        assert_eq!(first.external_id.as_deref(), Some("u1"));
+        let input = ContactInput::parse(csv_rows(csv.as_bytes()).unwrap().remove(0).unwrap());
+        let input = input.unwrap();
+        assert_eq!(input.tags.unwrap(), ["beta", "vip"]);
+        assert_eq!(
+            input.topics.unwrap().get("news"),
+            Some(&Subscription::Subscribed)
+        );
+        assert_eq!(input.attributes.unwrap()["plan"], "pro");
+        assert!(rows[1].as_ref().unwrap_err().contains("topic:news"));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let parse = |v: Value| ContactInput::parse(serde_json::from_value(v).unwrap());
+        assert!(parse(serde_json::json!({"email": "nope"}))
+            .unwrap_err()
+            .contains("email"));
+        assert!(parse(serde_json::json!({"email": "a@x.com", "tags": [""]}))
+            .unwrap_err()
+            .contains("tag"));
+        let many: Map<String, Value> = (0..=MAX_ATTRIBUTES)
+            .map(|i| (format!("k{i}"), Value::Null))
+            .collect();
+        assert!(
+            parse(serde_json::json!({"email": "a@x.com", "attributes": many}))
+                .unwrap_err()
+                .contains("attributes")
+        );
+    }
+}

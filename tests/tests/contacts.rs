@@ -1,0 +1,202 @@
+//! Contacts through the gateway: upsert by email or externalId, the listing's filters,
+//! changes and removal, another workspace's contacts invisible, and imports as JSON and CSV
+//! keeping the good rows and naming the bad ones.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::Success;
+use postmesh_tests::Stack;
+use sender::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
+
+#[tokio::test]
+async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
+    let stack = Stack::start().await;
+    let (mine, theirs) = (
+        stack.client(&stack.key(0).await),
+        stack.client(&stack.key(0).await),
+    );
+    let made: Success<Upserted> = mine
+        .post(
+            "/contacts",
+            &json!({"email": "Ann@Example.com", "externalId": "u-1",
+                    "attributes": {"plan": "pro", "age": 41}, "tags": ["vip", "beta", "vip"],
+                    "topics": {"news": "subscribed"}}),
+            StatusCode::CREATED,
+        )
+        .await;
+    let ann = made.body.contact;
+    assert!(made.body.created);
+    assert_eq!(ann.tags, ["beta", "vip"]);
+    // Found again by its external id: attributes merged (null removes), tags replaced,
+    // topics merged; the email changes with it.
+    let again: Success<Upserted> = mine
+        .post(
+            "/contacts",
+            &json!({"externalId": "u-1", "email": "ann@new.example",
+                    "attributes": {"age": null, "city": "Oslo"}, "tags": ["gold"],
+                    "topics": {"tips": "unsubscribed"}}),
+            StatusCode::OK,
+        )
+        .await;
+    let c = &again.body.contact;
+    assert!(!again.body.created);
+    assert_eq!(c.id, ann.id);
+    assert_eq!(c.email, "ann@new.example");
+    assert_eq!(
+        serde_json::Value::Object(c.attributes.0.clone()),
+        json!({"plan": "pro", "city": "Oslo"})
+    );
+    assert_eq!(c.tags, ["gold"]);
+    assert_eq!(c.topics.0.get("news"), Some(&Subscription::Subscribed));
+    assert_eq!(c.topics.0.get("tips"), Some(&Subscription::Unsubscribed));
+    // Found by its email, whatever the case.
+    let by_email: Success<Upserted> = mine
+        .post(
+            "/contacts",
+            &json!({"email": "ANN@new.example", "tags": ["gold", "vip"]}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(by_email.body.contact.id, ann.id);
+    // The email of one contact with the externalId of another: 409.
+    let _: Success<Upserted> = mine
+        .post(
+            "/contacts",
+            &json!({"email": "bob@example.com", "externalId": "u-2"}),
+            StatusCode::CREATED,
+        )
+        .await;
+    let e: ErrorBody = mine
+        .post(
+            "/contacts",
+            &json!({"email": "bob@example.com", "externalId": "u-1"}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    assert!(e.error.contains("another contact"), "{}", e.error);
+    for bad in [
+        json!({"externalId": "nobody"}),
+        json!({"email": "not an address"}),
+        json!({"email": "a@x.com", "topics": {"news": "maybe"}}),
+        json!({"email": "a@x.com", "tags": "vip"}),
+    ] {
+        let _: ErrorBody = mine.post("/contacts", &bad, StatusCode::BAD_REQUEST).await;
+    }
+
+    let vip: Success<ContactPage> = mine.get("/contacts?tag=vip", StatusCode::OK).await;
+    let ids: Vec<_> = vip.body.contacts.iter().map(|c| c.id).collect();
+    assert_eq!(ids, [ann.id]);
+    let bob: Success<ContactPage> = mine
+        .get("/contacts?email=BOB@example.com", StatusCode::OK)
+        .await;
+    assert_eq!(bob.body.contacts.len(), 1);
+    let all: Success<ContactPage> = mine.get("/contacts?limit=1", StatusCode::OK).await;
+    assert_eq!(all.body.contacts.len(), 1);
+    let none: Success<ContactPage> = theirs.get("/contacts", StatusCode::OK).await;
+    assert!(
+        none.body.contacts.is_empty(),
+        "another workspace's contacts"
+    );
+    let path = format!("/contacts/{}", ann.id);
+    let _: ErrorBody = theirs.get(&path, StatusCode::NOT_FOUND).await;
+
+    let changed: Success<One> = mine
+        .patch(&path, &json!({"tags": []}), StatusCode::OK)
+        .await;
+    assert!(changed.body.contact.tags.is_empty());
+    let _: ErrorBody = mine
+        .patch(
+            &path,
+            &json!({"email": "bob@example.com"}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    let gone: Success<Deleted> = mine.delete(&path, StatusCode::OK).await;
+    assert!(gone.body.deleted);
+    let _: ErrorBody = mine.get(&path, StatusCode::NOT_FOUND).await;
+    let _: ErrorBody = mine.delete(&path, StatusCode::NOT_FOUND).await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
+    let stack = Stack::start().await;
+    let key = stack.key(0).await;
+    let client = stack.client(&key);
+    let _: Success<Upserted> = client
+        .post(
+            "/contacts",
+            &json!({"email": "old@example.com"}),
+            StatusCode::CREATED,
+        )
+        .await;
+    let rows = json!([
+        {"email": "new@example.com", "tags": ["a"]},
+        {"email": "nope"},
+        {"email": "OLD@example.com", "attributes": {"plan": "pro"}},
+        {"externalId": "unknown"},
+        "not an object",
+    ]);
+    let imported: Success<Imported> = client.post("/contacts/import", &rows, StatusCode::OK).await;
+    let errors: Vec<usize> = imported.body.errors.iter().map(|e| e.row).collect();
+    assert_eq!((imported.body.created, imported.body.updated), (1, 1));
+    assert_eq!(errors, [2, 4, 5]);
+
+    let csv = "email,externalId,tags,topic:news,plan\n\
+               csv1@example.com,c-1,x;y,subscribed,pro\n\
+               csv2@example.com,,,maybe,\n\
+               new@example.com,,,unsubscribed,free\n";
+    let imported: Success<Imported> = stack
+        .client(&key)
+        .with_header("content-type", "text/csv")
+        .call(
+            Method::POST,
+            "/contacts/import",
+            Some(csv.as_bytes().to_vec()),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!((imported.body.created, imported.body.updated), (1, 1));
+    assert_eq!(imported.body.errors.len(), 1);
+    assert_eq!(imported.body.errors[0].row, 2);
+    let found: Success<ContactPage> = client
+        .get("/contacts?email=csv1@example.com", StatusCode::OK)
+        .await;
+    let c = &found.body.contacts[0];
+    assert_eq!(
+        (c.external_id.as_deref(), c.tags.clone()),
+        (Some("c-1"), vec!["x".to_owned(), "y".to_owned()])
+    );
+    assert_eq!(c.attributes.0["plan"], "pro");
+    let updated: Success<ContactPage> = client
+        .get("/contacts?email=new@example.com", StatusCode::OK)
+        .await;
+    let c = &updated.body.contacts[0];
+    assert_eq!(c.tags, ["a"], "an empty cell sets nothing");
+    assert_eq!(c.topics.0.get("news"), Some(&Subscription::Unsubscribed));
+
+    // Too many rows: nothing is written.
+    let many: Vec<_> = (0..=sender::contacts::MAX_IMPORT_ROWS)
+        .map(|i| json!({"email": format!("bulk{i}@example.com")}))
+        .collect();
+    let _: ErrorBody = client
+        .post("/contacts/import", &many, StatusCode::BAD_REQUEST)
+        .await;
+    let bulk: Success<ContactPage> = client
+        .get("/contacts?email=bulk0@example.com", StatusCode::OK)
+        .await;
+    assert!(bulk.body.contacts.is_empty());
+    let _: ErrorBody = stack
+        .client(&key)
+        .with_header("content-type", "text/plain")
+        .call(
+            Method::POST,
+            "/contacts/import",
+            Some(b"hello".to_vec()),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    stack.shutdown().await;
+}
