@@ -127,7 +127,7 @@ pub mod domain {
     }
 }
 
-/// The sender's routes: sends, their status, templates, SMTP credentials and contacts.
+/// The sender's routes: sends, their status, templates, SMTP credentials, contacts and suppressions.
 pub mod sender {
     manifest! {
         // Up to 1000 recipients and 10 MiB of attachments (base64): 16 MiB.
@@ -146,6 +146,9 @@ pub mod sender {
         CONTACT = Get "/contacts/{id}" Key;
         CONTACT_UPDATE = Patch "/contacts/{id}" Key;
         CONTACT_DELETE = Delete "/contacts/{id}" Key;
+        SUPPRESSIONS = Get "/suppressions" Key;
+        SUPPRESSION_CREATE = Post "/suppressions" Key;
+        SUPPRESSION_DELETE = Delete "/suppressions/{email}" Key;
     }
 }
 

@@ -4,6 +4,7 @@
 //! (sends and the gateway's verification codes) through the configured transport.
 
 pub mod contacts;
+pub mod governance;
 pub mod render;
 pub mod request;
 pub mod schedule;
@@ -11,6 +12,7 @@ pub mod send;
 pub mod settle;
 pub mod smtp_auth;
 pub mod status;
+pub mod suppressions;
 pub mod tasks;
 pub mod templates;
 pub mod transport;
@@ -168,6 +170,9 @@ fn routes() -> Routes<AppState> {
         .at(api::CONTACT, contacts::read)
         .at(api::CONTACT_UPDATE, contacts::change)
         .at(api::CONTACT_DELETE, contacts::remove)
+        .at(api::SUPPRESSIONS, suppressions::list)
+        .at(api::SUPPRESSION_CREATE, suppressions::create)
+        .at(api::SUPPRESSION_DELETE, suppressions::remove)
 }
 
 /// The sender's HTTP router.

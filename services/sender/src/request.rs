@@ -83,6 +83,9 @@ pub struct SendBody {
     pub dry_run: Option<bool>,
     pub test_send: Option<bool>,
     pub scheduled_at: Option<f64>,
+    pub frequency_cap_days: Option<f64>,
+    pub frequency_cap_max: Option<f64>,
+    pub topic_exclusion_days: Option<f64>,
     pub recipient_reason: Option<String>,
     pub template_key: Option<String>,
     pub template_version: Option<f64>,
@@ -202,6 +205,10 @@ pub struct SendRequest {
     pub dry_run: bool,
     pub test_send: bool,
     pub scheduled_at: Option<i64>,
+    /// At most `.1` sends of this email type to an address in `.0` days, this one counted.
+    pub frequency_cap: Option<FrequencyCap>,
+    /// No mail of this topic to an address that had one in the last that many days.
+    pub topic_exclusion_days: Option<i64>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -443,6 +450,54 @@ fn target(body: &mut SendBody) -> Result<To, ApiError> {
         .ok_or_else(|| bad("audience and campaignKey sends are not available yet; give to"))
 }
 
+/// A frequency cap: at most `.1` sends of one email type to an address in `.0` days.
+pub type FrequencyCap = (i64, i64);
+
+/// Longest look-back of a frequency cap or a topic exclusion.
+pub const MAX_GOVERNANCE_DAYS: i64 = 365;
+
+/// A whole number in `1..=max`, or none.
+fn count_in(field: &str, raw: Option<f64>, max: i64) -> Result<Option<i64>, ApiError> {
+    raw.map(|n| {
+        whole(field, n)
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| bad(format!("{field} must be a whole number from 1 to {max}")))
+    })
+    .transpose()
+}
+
+/// `frequencyCapDays` with `frequencyCapMax` (both or neither), and `topicExclusionDays`
+/// (with a `topic`).
+fn governance(
+    body: &SendBody, topic: Option<&str>,
+) -> Result<(Option<FrequencyCap>, Option<i64>), ApiError> {
+    let days = count_in(
+        "frequencyCapDays",
+        body.frequency_cap_days,
+        MAX_GOVERNANCE_DAYS,
+    )?;
+    let max = count_in(
+        "frequencyCapMax",
+        body.frequency_cap_max,
+        MAX_RECIPIENTS as i64,
+    )?;
+    let cap = match (days, max) {
+        (Some(d), Some(m)) => Some((d, m)),
+        (None, None) => None,
+        _ => return Err(bad("give frequencyCapDays and frequencyCapMax together")),
+    };
+    let exclusion = count_in(
+        "topicExclusionDays",
+        body.topic_exclusion_days,
+        MAX_GOVERNANCE_DAYS,
+    )?;
+    if exclusion.is_some() && topic.is_none() {
+        return Err(bad("topicExclusionDays needs a topic"));
+    }
+    Ok((cap, exclusion))
+}
+
 /// `scheduledAt`: none, or a whole Unix time in the next 30 days.
 fn schedule(raw: Option<f64>, now: i64) -> Result<Option<i64>, ApiError> {
     let Some(at) = raw else {
@@ -470,6 +525,8 @@ impl SendRequest {
             ))
         })?;
         let scheduled_at = schedule(body.scheduled_at, now)?;
+        let topic = header_text("topic", body.topic.take())?;
+        let (frequency_cap, topic_exclusion_days) = governance(&body, topic.as_deref())?;
         let (cc, bcc) = (copies("cc", body.cc)?, copies("bcc", body.bcc)?);
         if cc.len() + bcc.len() > MAX_COPIES {
             return Err(bad(format!(
@@ -517,7 +574,7 @@ impl SendRequest {
             attachments: attachments(body.attachments)?,
             utm: utm(body.utm)?,
             email_type,
-            topic: header_text("topic", body.topic)?,
+            topic,
             source_app: header_text("sourceApp", body.source_app)?,
             business_goal: header_text("businessGoal", body.business_goal)?,
             recipient_reason: header_text("recipientReason", body.recipient_reason)?,
@@ -525,6 +582,8 @@ impl SendRequest {
             dry_run: body.dry_run.unwrap_or(false),
             test_send: body.test_send.unwrap_or(false),
             scheduled_at,
+            frequency_cap,
+            topic_exclusion_days,
         })
     }
 }
@@ -617,6 +676,44 @@ mod tests {
             .collect();
         let err = parse(serde_json::json!({"to": many, "subject": "s", "text": "t"})).unwrap_err();
         assert!(err.contains("at most 1000"), "{err}");
+    }
+
+    #[test]
+    fn caps_and_exclusions_are_checked() {
+        let send = |extra: Value| {
+            let mut body = serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body)
+        };
+        let r = send(serde_json::json!({"frequencyCapDays": 7, "frequencyCapMax": 2, "topic": "news", "topicExclusionDays": 3})).unwrap();
+        assert_eq!(
+            (r.frequency_cap, r.topic_exclusion_days),
+            (Some((7, 2)), Some(3))
+        );
+        for (extra, needle) in [
+            (serde_json::json!({"frequencyCapDays": 7}), "together"),
+            (
+                serde_json::json!({"frequencyCapDays": 0, "frequencyCapMax": 1}),
+                "frequencyCapDays",
+            ),
+            (
+                serde_json::json!({"frequencyCapDays": 2, "frequencyCapMax": 1.5}),
+                "frequencyCapMax",
+            ),
+            (
+                serde_json::json!({"topicExclusionDays": 3}),
+                "needs a topic",
+            ),
+            (
+                serde_json::json!({"topic": "t", "topicExclusionDays": 400}),
+                "topicExclusionDays",
+            ),
+        ] {
+            let err = send(extra.clone()).err().unwrap_or_default();
+            assert!(err.contains(needle), "{extra} → {err:?}");
+        }
     }
 
     #[test]

@@ -11,13 +11,14 @@ use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress, Success, TaskId};
+use postmesh_shared::{nats, ApiError, EmailAddress, Namespace, Success, TaskId};
+use sqlx::{Postgres, Transaction};
 
 use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
 use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
-use crate::{templates, usage, AppState};
+use crate::{governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -153,17 +154,38 @@ async fn check_sendable(
 pub(crate) async fn send(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
-    let req = SendRequest::parse(body, now_unix())?;
+    let now = now_unix();
+    let req = SendRequest::parse(body, now)?;
     let from = req
         .from_email
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
     check_sendable(&state, &caller, &from).await?;
     let (message, template) = compose(&state, &caller, &req, &from).await?;
-    let (recipients, rejected) = recipients_of(&caller, &req)?;
+    let (recipients, mut rejected) = recipients_of(&caller, &req)?;
+    // A test send goes to the caller alone, whatever the rules.
+    let (recipients, filtered) = if req.test_send {
+        (recipients, Vec::new())
+    } else {
+        let mut conn = state.db.acquire().await?;
+        governance::suppressions(&mut conn, caller.workspace, &req, recipients).await?
+    };
+    rejected.extend(filtered);
+    let quota = usage::Quota::of(&state, &caller).await?;
+    // Caps are counted under the addresses' locks, in the transaction that stores the send.
+    let mut tx = state.db.begin().await?;
+    let (recipients, capped) = governance::caps(
+        &mut tx,
+        caller.workspace,
+        &req,
+        recipients,
+        now,
+        !req.dry_run,
+    )
+    .await?;
+    rejected.extend(capped);
     // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
     let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
-    let quota = usage::Quota::of(&state, &caller).await?;
     let task = NewTask {
         id: TaskId::new(),
         status: match req.scheduled_at {
@@ -174,8 +196,10 @@ pub(crate) async fn send(
         req: &req,
         message: &message,
         recipients: &recipients,
+        rejected: &rejected,
         template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
         cost,
+        now,
     };
     let answer = |task_id| SendAnswer {
         task_id,
@@ -193,13 +217,14 @@ pub(crate) async fn send(
     };
     let charge = charge_of(&task, &from);
     if req.dry_run {
-        quota
-            .check(&mut *state.db.acquire().await?, recipients.len() as i64)
-            .await?;
-        state.billing.covers(charge).await?;
+        quota.check(&mut tx, recipients.len() as i64).await?;
+        drop(tx);
+        if cost > 0 {
+            state.billing.covers(charge).await?;
+        }
         return Ok(Success::new(answer(None)));
     }
-    accept(&state, &quota, &task, charge).await?;
+    accept(&state, &quota, tx, &task, charge).await?;
     Ok(Success::new(answer(Some(task.id))))
 }
 
@@ -237,21 +262,30 @@ fn charge_of(task: &NewTask<'_>, from: &EmailAddress) -> ChargeRequest {
     }
 }
 
-/// Takes the charge, commits the task (refunding the charge when that fails), settles the
-/// charge, and publishes a queued task's jobs.
+/// Takes the charge, commits the task in `tx` (refunding the charge when that fails),
+/// settles the charge, and publishes a queued task's jobs. A send every recipient of which
+/// was filtered out is stored, for its status, and charges nothing.
 async fn accept(
-    state: &AppState, quota: &usage::Quota, task: &NewTask<'_>, charge: ChargeRequest,
+    state: &AppState, quota: &usage::Quota, tx: Transaction<'_, Postgres>, task: &NewTask<'_>,
+    charge: ChargeRequest,
 ) -> Result<(), ApiError> {
-    state.billing.charge(charge).await?;
-    if let Err(e) = store(state, quota, task).await {
-        let key = task.caller.key.to_string();
-        state
-            .billing
-            .refund(&key, &task.id.to_string(), "send not queued")
-            .await;
+    let charged = task.cost > 0;
+    if charged {
+        state.billing.charge(charge).await?;
+    }
+    if let Err(e) = store(tx, &state.ns, quota, task).await {
+        if charged {
+            let key = task.caller.key.to_string();
+            state
+                .billing
+                .refund(&key, &task.id.to_string(), "send not queued")
+                .await;
+        }
         return Err(e);
     }
-    settle::now(state, task.id, Action::Confirm).await;
+    if charged {
+        settle::now(state, task.id, Action::Confirm).await;
+    }
     if task.status == TaskStatus::Queued {
         publish_soon(state);
     }
@@ -261,15 +295,18 @@ async fn accept(
 }
 
 /// Commits the task with its jobs, within the plan's quota.
-async fn store(state: &AppState, quota: &usage::Quota, task: &NewTask<'_>) -> Result<(), ApiError> {
-    let mut tx = state.db.begin().await?;
+async fn store(
+    mut tx: Transaction<'_, Postgres>, ns: &Namespace, quota: &usage::Quota, task: &NewTask<'_>,
+) -> Result<(), ApiError> {
     quota.check(&mut tx, task.recipients.len() as i64).await?;
-    tasks::insert(&mut tx, &state.ns, task).await?;
-    settle::owe(
-        &mut tx,
-        &charge(task.caller, task.id, Action::Confirm, task.cost),
-    )
-    .await?;
+    tasks::insert(&mut tx, ns, task).await?;
+    if task.cost > 0 {
+        settle::owe(
+            &mut tx,
+            &charge(task.caller, task.id, Action::Confirm, task.cost),
+        )
+        .await?;
+    }
     tx.commit().await?;
     Ok(())
 }
@@ -337,7 +374,14 @@ pub(crate) async fn cancel(
         .bind(task_id)
         .execute(&mut *tx)
         .await?;
-        settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
+        // A cancelled send counts against no cap.
+        sqlx::query("DELETE FROM sends_to WHERE task_id = $1")
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+        if cost > 0 {
+            settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
+        }
     }
     tx.commit().await?;
     let Some(cost) = cancelled else {
@@ -355,7 +399,9 @@ pub(crate) async fn cancel(
             )),
         });
     };
-    settle::now(&state, task_id, Action::Refund).await;
+    if cost > 0 {
+        settle::now(&state, task_id, Action::Refund).await;
+    }
     Ok(Success::new(Cancelled {
         task_id,
         status: TaskStatus::Cancelled,

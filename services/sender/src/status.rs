@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use postmesh_shared::extract::{Caller, IdPath, QueryParams};
 use postmesh_shared::{ApiError, Success, TaskId};
 
+use crate::send::RejectedRecipient;
 use crate::tasks::TaskStatus;
 use crate::AppState;
 
@@ -51,6 +52,9 @@ pub struct TaskProgress {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheduled_at: Option<i64>,
     pub recipients: Vec<RecipientStatus>,
+    /// Recipients the send left out, with why (`suppressed:bounce`, `frequency_cap`, ...);
+    /// paged with the same `limit` and `offset`.
+    pub rejected: Vec<RejectedRecipient>,
 }
 
 /// The overall status from the task's state and its recipients' counts.
@@ -107,6 +111,18 @@ pub(crate) async fn status(
     .bind(offset)
     .fetch_all(&state.db)
     .await?;
+    let rejected = sqlx::query_as::<_, (String, String)>(
+        "SELECT email, reason FROM task_rejections WHERE task_id = $1
+         ORDER BY idx LIMIT $2 OFFSET $3",
+    )
+    .bind(task_id)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&state.db)
+    .await?
+    .into_iter()
+    .map(|(email, reason)| RejectedRecipient { email, reason })
+    .collect();
     let total = i64::from(total);
     let queued = total - sent - failed;
     Ok(Success::new(TaskProgress {
@@ -118,6 +134,7 @@ pub(crate) async fn status(
         failed,
         scheduled_at,
         recipients,
+        rejected,
     }))
 }
 

@@ -8,14 +8,14 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
 use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId, WorkspaceId};
 
-use crate::request::{Attachment, EmailType, Recipient, SendRequest};
+use crate::governance;
+use crate::request::{Attachment, EmailType, Recipient, Rejected, SendRequest};
 
 /// The rendered message of a task, the same for each of its recipients.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,17 +68,33 @@ pub struct NewTask<'a> {
     pub req: &'a SendRequest,
     pub message: &'a TaskMessage,
     pub recipients: &'a [Recipient],
+    /// Those left out, with why: shown in the task's status.
+    pub rejected: &'a [Rejected],
     pub template: Option<(&'a str, i32)>,
     pub cost: i64,
+    /// When the send was accepted (Unix seconds).
+    pub now: i64,
 }
 
 /// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them.
 pub async fn insert(
     tx: &mut PgConnection, ns: &Namespace, task: &NewTask<'_>,
 ) -> Result<(), sqlx::Error> {
-    let now = now_unix();
+    let now = task.now;
     insert_task(tx, task, now).await?;
     let deliveries = insert_recipients(tx, task, now).await?;
+    insert_rejections(tx, task).await?;
+    if !task.req.test_send {
+        governance::record(
+            tx,
+            task.caller.workspace,
+            task.id.as_uuid(),
+            task.req,
+            task.recipients,
+            now,
+        )
+        .await?;
+    }
     insert_attachments(tx, task).await?;
     if task.status == TaskStatus::Queued {
         let recipients: Vec<(DeliveryId, &str)> = deliveries
@@ -166,6 +182,33 @@ async fn insert_recipients(
     .execute(&mut *tx)
     .await?;
     Ok(deliveries)
+}
+
+/// The recipients the send left out, with their reasons.
+async fn insert_rejections(tx: &mut PgConnection, task: &NewTask<'_>) -> Result<(), sqlx::Error> {
+    if task.rejected.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO task_rejections (task_id, idx, email, reason)
+         SELECT $1, n - 1, e, r FROM UNNEST($2::text[], $3::text[]) WITH ORDINALITY AS x(e, r, n)",
+    )
+    .bind(task.id)
+    .bind(
+        task.rejected
+            .iter()
+            .map(|r| r.email.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        task.rejected
+            .iter()
+            .map(|r| r.reason.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .execute(tx)
+    .await
+    .map(drop)
 }
 
 /// The task's attachments, in order, in one statement.

@@ -1,0 +1,350 @@
+//! Who a send may reach: each suppression rule against each email type, a contact's topic
+//! unsubscription, frequency caps and topic exclusions (two concurrent sends against a cap
+//! of 1 included), filtered recipients neither charged nor sent and listed with their
+//! reason, in a dry run too; and the suppression list's routes.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::Success;
+use postmesh_tests::Stack;
+use sender::contacts::Upserted;
+use sender::send::SendAnswer;
+use sender::status::TaskProgress;
+use sender::suppressions::{Added, Reason, Removed, SuppressionPage};
+
+/// A send of `email_type` (and `topic`) to `to`, with `extra` fields.
+fn mail(to: &[&str], email_type: &str, topic: Option<&str>, extra: Value) -> Value {
+    let mut body = json!({"to": to, "subject": "Hello", "text": "Hi", "emailType": email_type});
+    if let Some(topic) = topic {
+        body["topic"] = json!(topic);
+    }
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().cloned().unwrap_or_default());
+    body
+}
+
+/// Sends `body`; the answer.
+async fn send(stack: &Stack, key: &str, body: &Value) -> SendAnswer {
+    let answer: Success<SendAnswer> = stack
+        .client(key)
+        .post("/send-email", body, StatusCode::OK)
+        .await;
+    answer.body
+}
+
+/// The rejected recipients of an answer as (email, reason), sorted.
+fn rejected(answer: &SendAnswer) -> Vec<(String, String)> {
+    let mut list: Vec<_> = answer
+        .recipients
+        .rejected
+        .iter()
+        .map(|r| (r.email.clone(), r.reason.clone()))
+        .collect();
+    list.sort();
+    list
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(e, r)| (e.to_string(), r.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let db = stack.service_db(sender::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let add = |email: &str, reason: Reason, topic: Option<&str>| {
+        let (db, email, topic) = (db.clone(), email.to_owned(), topic.map(str::to_owned));
+        async move {
+            let email = postmesh_shared::EmailAddress::parse(&email).unwrap();
+            sender::suppressions::add(&db, workspace.into(), &email, reason, topic.as_deref())
+                .await
+                .unwrap();
+        }
+    };
+    add("bounced@example.com", Reason::Bounce, None).await;
+    add("complained@example.com", Reason::Complaint, None).await;
+    add("unsub-all@example.com", Reason::Unsubscribed, None).await;
+    add("unsub-news@example.com", Reason::Unsubscribed, Some("news")).await;
+    // A manual entry through the API: every email type.
+    let added: Success<Added> = stack
+        .client(&key)
+        .post(
+            "/suppressions",
+            &json!({"email": "Blocked@Example.com", "reason": "manual"}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(added.body.suppression.reason, Reason::Manual);
+    // A contact unsubscribed from the topic.
+    let _: Success<Upserted> = stack
+        .client(&key)
+        .post(
+            "/contacts",
+            &json!({"email": "contact-off@example.com", "topics": {"news": "unsubscribed"}}),
+            StatusCode::CREATED,
+        )
+        .await;
+    let everyone = [
+        "bounced@example.com",
+        "complained@example.com",
+        "unsub-all@example.com",
+        "unsub-news@example.com",
+        "blocked@example.com",
+        "contact-off@example.com",
+        "fine@example.com",
+    ];
+    let hard = [
+        ("blocked@example.com", "suppressed:manual"),
+        ("bounced@example.com", "suppressed:bounce"),
+        ("complained@example.com", "suppressed:complaint"),
+    ];
+    let balance = stack.balance(&key).await;
+
+    // Transactional mail ignores unsubscribes, never bounces, complaints or manual blocks.
+    let answer = send(
+        &stack,
+        &key,
+        &mail(&everyone, "transactional", Some("news"), json!({})),
+    )
+    .await;
+    assert_eq!(rejected(&answer), pairs(&hard));
+    assert_eq!((answer.recipients.accepted, answer.cost), (4, 4));
+    // Marketing of the topic: the topic's and the topicless unsubscribes too.
+    for kind in ["marketing", "lifecycle"] {
+        let answer = send(
+            &stack,
+            &key,
+            &mail(&everyone, kind, Some("news"), json!({})),
+        )
+        .await;
+        let mut want = hard.to_vec();
+        want.extend([
+            ("contact-off@example.com", "unsubscribed:news"),
+            ("unsub-all@example.com", "unsubscribed"),
+            ("unsub-news@example.com", "unsubscribed:news"),
+        ]);
+        want.sort();
+        assert_eq!(rejected(&answer), pairs(&want), "{kind}");
+        assert_eq!((answer.recipients.accepted, answer.cost), (1, 1), "{kind}");
+    }
+    // Marketing of another topic: the news unsubscribes do not apply.
+    let answer = send(
+        &stack,
+        &key,
+        &mail(&everyone, "marketing", Some("tips"), json!({})),
+    )
+    .await;
+    let mut want = hard.to_vec();
+    want.push(("unsub-all@example.com", "unsubscribed"));
+    want.sort();
+    assert_eq!(rejected(&answer), pairs(&want));
+    assert_eq!(answer.cost, 3);
+    // A dry run answers the same and charges nothing.
+    let dry = send(
+        &stack,
+        &key,
+        &mail(
+            &everyone,
+            "marketing",
+            Some("tips"),
+            json!({"dryRun": true}),
+        ),
+    )
+    .await;
+    assert_eq!(rejected(&dry), rejected(&answer));
+    assert_eq!((dry.cost, dry.task_id), (3, None));
+    assert_eq!(stack.balance(&key).await, balance - 4 - 1 - 1 - 3);
+
+    // The task's status lists them with their reasons.
+    let task = answer.task_id.expect("a task");
+    let progress: Success<TaskProgress> = stack
+        .client(&key)
+        .get(&format!("/email-status/{task}"), StatusCode::OK)
+        .await;
+    let mut listed: Vec<_> = progress
+        .body
+        .rejected
+        .iter()
+        .map(|r| (r.email.clone(), r.reason.clone()))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, rejected(&answer));
+    assert_eq!(progress.body.total, 3);
+
+    // Every recipient filtered out: stored for its status, nothing charged.
+    let none = send(
+        &stack,
+        &key,
+        &mail(&["bounced@example.com"], "transactional", None, json!({})),
+    )
+    .await;
+    assert_eq!((none.recipients.accepted, none.cost), (0, 0));
+    assert!(none.task_id.is_some());
+    assert_eq!(stack.balance(&key).await, balance - 9);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let capped = |to: &[&str]| {
+        mail(
+            to,
+            "marketing",
+            None,
+            json!({"frequencyCapDays": 7, "frequencyCapMax": 2}),
+        )
+    };
+    let first = send(&stack, &key, &capped(&["ann@example.com"])).await;
+    assert_eq!(first.recipients.accepted, 1);
+    // A lifecycle send does not count against the marketing cap.
+    send(
+        &stack,
+        &key,
+        &mail(&["ann@example.com"], "lifecycle", None, json!({})),
+    )
+    .await;
+    let second = send(
+        &stack,
+        &key,
+        &capped(&["ann@example.com", "bob@example.com"]),
+    )
+    .await;
+    assert_eq!(
+        second.recipients.accepted, 2,
+        "two sends in 7 days: at the cap"
+    );
+    let third = send(
+        &stack,
+        &key,
+        &capped(&["ann@example.com", "bob@example.com"]),
+    )
+    .await;
+    assert_eq!(
+        rejected(&third),
+        pairs(&[("ann@example.com", "frequency_cap")])
+    );
+    assert_eq!(third.cost, 1);
+
+    // Topic exclusion: no mail of the topic within the days.
+    let news = |extra: Value| mail(&["cat@example.com"], "marketing", Some("news"), extra);
+    send(&stack, &key, &news(json!({}))).await;
+    let again = send(&stack, &key, &news(json!({"topicExclusionDays": 3}))).await;
+    assert_eq!(
+        rejected(&again),
+        pairs(&[("cat@example.com", "topic_exclusion")])
+    );
+    let other = send(
+        &stack,
+        &key,
+        &mail(
+            &["cat@example.com"],
+            "marketing",
+            Some("tips"),
+            json!({"topicExclusionDays": 3}),
+        ),
+    )
+    .await;
+    assert_eq!(other.recipients.accepted, 1, "another topic");
+
+    // Ten sends at once against a cap of 1: exactly one passes.
+    let once = mail(
+        &["dan@example.com"],
+        "marketing",
+        None,
+        json!({"frequencyCapDays": 1, "frequencyCapMax": 1}),
+    );
+    let sends = (0..10).map(|_| send(&stack, &key, &once));
+    let answers = futures::future::join_all(sends).await;
+    let passed = answers
+        .iter()
+        .filter(|a| a.recipients.accepted == 1)
+        .count();
+    assert_eq!(passed, 1, "one of ten concurrent sends passes a cap of 1");
+    assert!(answers
+        .iter()
+        .filter(|a| a.recipients.accepted == 0)
+        .all(|a| rejected(a) == pairs(&[("dan@example.com", "frequency_cap")])));
+
+    let bad: ErrorBody = stack
+        .client(&key)
+        .post(
+            "/send-email",
+            &mail(
+                &["x@example.com"],
+                "marketing",
+                None,
+                json!({"frequencyCapDays": 1}),
+            ),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    assert!(bad.error.contains("frequencyCapMax"), "{}", bad.error);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_suppression_list_is_listed_added_to_and_removed_from() {
+    let stack = Stack::start().await;
+    let (key, other) = (stack.key(0).await, stack.key(0).await);
+    let client = stack.client(&key);
+    for body in [
+        json!({"email": "a@example.com"}),
+        json!({"email": "a@example.com", "topic": "news"}),
+        json!({"email": "b@example.com", "reason": "manual"}),
+        // Again: nothing changes.
+        json!({"email": "B@example.com"}),
+    ] {
+        let _: Success<Added> = client.post("/suppressions", &body, StatusCode::OK).await;
+    }
+    for body in [
+        json!({"email": "c@example.com", "reason": "bounce"}),
+        json!({"email": "not an address"}),
+        json!({"email": "c@example.com", "topic": ""}),
+    ] {
+        let _: ErrorBody = client
+            .post("/suppressions", &body, StatusCode::BAD_REQUEST)
+            .await;
+    }
+    let page: Success<SuppressionPage> = client.get("/suppressions", StatusCode::OK).await;
+    assert_eq!(page.body.suppressions.len(), 3);
+    let a: Success<SuppressionPage> = client
+        .get("/suppressions?email=A@example.com", StatusCode::OK)
+        .await;
+    let mut topics: Vec<_> = a
+        .body
+        .suppressions
+        .iter()
+        .map(|s| s.topic.clone())
+        .collect();
+    topics.sort();
+    assert_eq!(topics, [None, Some("news".to_owned())]);
+    let theirs: Success<SuppressionPage> = stack
+        .client(&other)
+        .get("/suppressions", StatusCode::OK)
+        .await;
+    assert!(theirs.body.suppressions.is_empty());
+
+    let removed: Success<Removed> = client
+        .delete("/suppressions/a@example.com?topic=news", StatusCode::OK)
+        .await;
+    assert_eq!(removed.body.removed, 1);
+    let removed: Success<Removed> = client
+        .delete("/suppressions/A@example.com", StatusCode::OK)
+        .await;
+    assert_eq!(removed.body.removed, 1);
+    let _: ErrorBody = client
+        .delete("/suppressions/a@example.com", StatusCode::NOT_FOUND)
+        .await;
+    let page: Success<SuppressionPage> = client.get("/suppressions", StatusCode::OK).await;
+    assert_eq!(page.body.suppressions.len(), 1);
+    stack.shutdown().await;
+}
