@@ -127,7 +127,7 @@ pub mod domain {
     }
 }
 
-/// The sender's routes: sends, their status, templates, SMTP credentials, contacts and suppressions.
+/// The sender's routes: sends, their status, templates, SMTP credentials, contacts, suppressions, audiences and campaigns.
 pub mod sender {
     manifest! {
         // Up to 1000 recipients and 10 MiB of attachments (base64): 16 MiB.
@@ -149,6 +149,13 @@ pub mod sender {
         SUPPRESSIONS = Get "/suppressions" Key;
         SUPPRESSION_CREATE = Post "/suppressions" Key;
         SUPPRESSION_DELETE = Delete "/suppressions/{email}" Key;
+        AUDIENCES = Get "/audiences" Key;
+        AUDIENCE_CREATE = Post "/audiences" Key;
+        AUDIENCE = Get "/audiences/{id}" Key;
+        AUDIENCE_DELETE = Delete "/audiences/{id}" Key;
+        CAMPAIGNS = Get "/campaigns" Key;
+        CAMPAIGN_CREATE = Post "/campaigns" Key;
+        CAMPAIGN = Get "/campaigns/{key}" Key;
     }
 }
 

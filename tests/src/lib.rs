@@ -58,6 +58,8 @@ pub struct Options {
     pub catalog: Option<PathBuf>,
     /// Jobs the sender works on at once (`SEND_CONCURRENCY`; default 8).
     pub send_concurrency: usize,
+    /// The sender's `AUDIENCE_MAX_RECIPIENTS` (default: the service's).
+    pub audience_max: usize,
     /// The gateway's `INBOUND_SECRET` (default [`INBOUND_SECRET`]; none: unset).
     pub inbound_secret: Option<String>,
 }
@@ -119,6 +121,7 @@ impl Default for Options {
             domain: DomainOptions::default(),
             catalog: None,
             send_concurrency: 8,
+            audience_max: sender::DEFAULT_AUDIENCE_MAX,
             inbound_secret: Some(INBOUND_SECRET.into()),
         }
     }
@@ -227,6 +230,8 @@ pub struct Stack {
     mode: SenderMode,
     /// The sender's `SEND_CONCURRENCY`.
     send_concurrency: usize,
+    /// The sender's `AUDIENCE_MAX_RECIPIENTS`.
+    audience_max: usize,
     /// `SEND_TRANSPORT` and `SMTP_URL` of the next sender start.
     transport: (TransportKind, String),
     /// SES of the next sender start (the `ses` transport).
@@ -455,6 +460,7 @@ impl Stack {
             sender_child: None,
             mode: opts.sender,
             send_concurrency: opts.send_concurrency,
+            audience_max: opts.audience_max,
             transport: (TransportKind::File, String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
@@ -485,6 +491,7 @@ impl Stack {
             sender_child: None,
             mode: SenderMode::ChildProcess,
             send_concurrency: opts.send_concurrency,
+            audience_max: opts.audience_max,
             transport: (TransportKind::File, String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
@@ -593,6 +600,7 @@ impl Stack {
             message_id_domain: "postmesh.test".into(),
             default_from: "hello@postmesh.localhost".into(),
             schedule_poll: Duration::from_millis(200),
+            audience_max: self.audience_max,
             worker: worker_config(self.send_concurrency),
         }
     }

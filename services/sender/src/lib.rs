@@ -3,6 +3,8 @@
 //! scheduler releases scheduled tasks; its workers deliver every job of the SEND work queue
 //! (sends and the gateway's verification codes) through the configured transport.
 
+pub mod audiences;
+pub mod campaigns;
 pub mod contacts;
 pub mod governance;
 pub mod render;
@@ -50,6 +52,9 @@ pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRA
 /// Database connections beyond one per job in progress.
 const SPARE_CONNECTIONS: u32 = 4;
 
+/// `AUDIENCE_MAX_RECIPIENTS` unless set.
+pub const DEFAULT_AUDIENCE_MAX: usize = 100_000;
+
 /// How often owed billing settlements are retried.
 const SETTLE_POLL: Duration = Duration::from_secs(2);
 
@@ -71,6 +76,9 @@ pub struct Config {
     pub default_from: String,
     /// How often the scheduler looks for due tasks (`SEND_SCHEDULE_POLL_SECS`, default 1).
     pub schedule_poll: Duration,
+    /// Contacts an audience or campaign send may reach at most (`AUDIENCE_MAX_RECIPIENTS`,
+    /// default 100,000).
+    pub audience_max: usize,
     pub worker: WorkerConfig,
 }
 
@@ -86,6 +94,7 @@ impl Config {
             message_id_domain: env_or("MESSAGE_ID_DOMAIN", "postmesh.localhost"),
             default_from: env_or("SEND_DEFAULT_FROM", "no-reply@postmesh.localhost"),
             schedule_poll: env_secs("SEND_SCHEDULE_POLL_SECS", Duration::from_secs(1))?,
+            audience_max: env_parse("AUDIENCE_MAX_RECIPIENTS", DEFAULT_AUDIENCE_MAX)?,
             worker: WorkerConfig {
                 ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
                 max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
@@ -107,6 +116,7 @@ impl Config {
             ("MESSAGE_ID_DOMAIN", self.message_id_domain.clone()),
             ("SEND_DEFAULT_FROM", self.default_from.clone()),
             ("SEND_SCHEDULE_POLL_SECS", secs(self.schedule_poll)),
+            ("AUDIENCE_MAX_RECIPIENTS", self.audience_max.to_string()),
             ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
             ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
             ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
@@ -132,6 +142,8 @@ pub struct AppState {
     pub tracker: TaskTracker,
     /// The from-address of a send that names none.
     pub default_from: Arc<EmailAddress>,
+    /// Contacts an audience or campaign send may reach at most (`AUDIENCE_MAX_RECIPIENTS`).
+    pub audience_max: usize,
 }
 
 impl AppState {
@@ -149,6 +161,7 @@ impl AppState {
             ns,
             tracker,
             default_from: Arc::new(default_from),
+            audience_max: DEFAULT_AUDIENCE_MAX,
         }
     }
 }
@@ -173,6 +186,13 @@ fn routes() -> Routes<AppState> {
         .at(api::SUPPRESSIONS, suppressions::list)
         .at(api::SUPPRESSION_CREATE, suppressions::create)
         .at(api::SUPPRESSION_DELETE, suppressions::remove)
+        .at(api::AUDIENCES, audiences::list)
+        .at(api::AUDIENCE_CREATE, audiences::create)
+        .at(api::AUDIENCE, audiences::read)
+        .at(api::AUDIENCE_DELETE, audiences::remove)
+        .at(api::CAMPAIGNS, campaigns::list)
+        .at(api::CAMPAIGN_CREATE, campaigns::create)
+        .at(api::CAMPAIGN, campaigns::read)
 }
 
 /// The sender's HTTP router.
@@ -196,14 +216,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let default_from = EmailAddress::parse(&config.default_from)
         .ok_or_else(|| anyhow::anyhow!("SEND_DEFAULT_FROM is not an email address"))?;
     let transport = transport::Transport::new(&config).await?;
-    let state = AppState::new(
-        rt.db.clone(),
-        rt.nats.clone(),
-        rt.common.namespace.clone(),
-        rt.tracker.clone(),
-        rt.outbox(),
-        default_from,
-    );
+    let state = AppState {
+        audience_max: config.audience_max,
+        ..AppState::new(
+            rt.db.clone(),
+            rt.nats.clone(),
+            rt.common.namespace.clone(),
+            rt.tracker.clone(),
+            rt.outbox(),
+            default_from,
+        )
+    };
     rt.serve(usage::register(
         rt.host().http(router(state.clone())),
         state.clone(),
@@ -253,6 +276,7 @@ mod tests {
         config.message_id_domain = "mail.example.com".into();
         config.default_from = "hello@example.com".into();
         config.schedule_poll = Duration::from_millis(250);
+        config.audience_max = 5000;
         config.worker = WorkerConfig {
             ack_wait: Duration::from_secs(2),
             max_deliver: 5,

@@ -11,6 +11,8 @@ use serde_json::{Map, Value};
 use postmesh_shared::proto::JobKind;
 use postmesh_shared::{ApiError, EmailAddress};
 
+use crate::audiences::{Audience, AudienceBody};
+
 /// Recipients of one send at most (DESIGN §6).
 pub const MAX_RECIPIENTS: usize = 1000;
 /// Total decoded size of a send's attachments at most.
@@ -181,6 +183,8 @@ pub struct Attachment {
 /// A valid send request.
 #[derive(Clone, Debug)]
 pub struct SendRequest {
+    pub target: Target,
+    /// The recipients of a `to` (an audience or campaign is resolved by the send).
     pub recipients: Vec<Recipient>,
     pub rejected: Vec<Rejected>,
     pub content: Content,
@@ -433,8 +437,20 @@ fn content(body: &mut SendBody) -> Result<Content, ApiError> {
     })
 }
 
-/// The one target of a send: today `to`; `audience` and `campaignKey` are refused.
-fn target(body: &mut SendBody) -> Result<To, ApiError> {
+/// Who a send goes to.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// The recipients of `to` (in [`SendRequest::recipients`]).
+    To,
+    /// The contacts an audience selects; `raw` as given (a campaign made by the send keeps
+    /// it).
+    Audience { audience: Audience, raw: Value },
+    /// A campaign's frozen audience, by key.
+    Campaign(String),
+}
+
+/// The one target of a send, and the recipients of a `to`.
+fn target(body: &mut SendBody) -> Result<(Target, Vec<Recipient>, Vec<Rejected>), ApiError> {
     let targets = [
         body.to.is_some(),
         body.audience.is_some(),
@@ -445,9 +461,19 @@ fn target(body: &mut SendBody) -> Result<To, ApiError> {
         1 => {}
         _ => return Err(bad("give only one of to, audience or campaignKey")),
     }
-    body.to
-        .take()
-        .ok_or_else(|| bad("audience and campaignKey sends are not available yet; give to"))
+    if let Some(to) = body.to.take() {
+        let (recipients, rejected) = recipients(to)?;
+        return Ok((Target::To, recipients, rejected));
+    }
+    if let Some(raw) = body.audience.take() {
+        let given: AudienceBody =
+            serde_json::from_value(raw.clone()).map_err(|e| bad(format!("audience: {e}")))?;
+        let audience = Audience::parse(&given, true).map_err(|e| bad(format!("audience: {e}")))?;
+        return Ok((Target::Audience { audience, raw }, Vec::new(), Vec::new()));
+    }
+    let key = body.campaign_key.take().unwrap_or_default();
+    let key = crate::campaigns::parse_key(&key).map_err(bad)?;
+    Ok((Target::Campaign(key), Vec::new(), Vec::new()))
 }
 
 /// A frequency cap: at most `.1` sends of one email type to an address in `.0` days.
@@ -516,7 +542,7 @@ fn schedule(raw: Option<f64>, now: i64) -> Result<Option<i64>, ApiError> {
 impl SendRequest {
     /// Parses `body`; `now` is the current Unix time.
     pub fn parse(mut body: SendBody, now: i64) -> Result<Self, ApiError> {
-        let (recipients, rejected) = recipients(target(&mut body)?)?;
+        let (target, recipients, rejected) = target(&mut body)?;
         let content = content(&mut body)?;
         let email_type = EmailType::parse(body.email_type.as_deref()).ok_or_else(|| {
             bad(format!(
@@ -533,7 +559,7 @@ impl SendRequest {
                 "cc and bcc have more than {MAX_COPIES} addresses together"
             )));
         }
-        if body.message_id.is_some() && recipients.len() > 1 {
+        if body.message_id.is_some() && (recipients.len() > 1 || !matches!(target, Target::To)) {
             return Err(bad(
                 "messageId names one message: give it only on a send to one recipient",
             ));
@@ -545,6 +571,7 @@ impl SendRequest {
             .map(|r| msg_id("references", r))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
+            target,
             recipients,
             rejected,
             content,

@@ -15,10 +15,10 @@ use postmesh_shared::{nats, ApiError, EmailAddress, Namespace, Success, TaskId};
 use sqlx::{Postgres, Transaction};
 
 use crate::render::{add_utm, fill};
-use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest};
+use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest, Target};
 use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
-use crate::{governance, templates, usage, AppState};
+use crate::{audiences, campaigns, governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -62,6 +62,9 @@ pub struct SendAnswer {
     pub template_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template_version: Option<i32>,
+    /// The campaign the send went to (made by it, with `campaignName` and an audience).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub campaign_key: Option<String>,
 }
 
 /// The message every recipient of the send gets, and the template version it came from.
@@ -155,6 +158,11 @@ pub(crate) async fn send(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
     let now = now_unix();
+    let mut body = body;
+    if let Some(key) = &body.campaign_key {
+        let key = key.clone();
+        campaigns::fill_defaults(&state.db, caller.workspace, &key, &mut body).await?;
+    }
     let req = SendRequest::parse(body, now)?;
     let from = req
         .from_email
@@ -162,7 +170,7 @@ pub(crate) async fn send(
         .unwrap_or_else(|| (*state.default_from).clone());
     check_sendable(&state, &caller, &from).await?;
     let (message, template) = compose(&state, &caller, &req, &from).await?;
-    let (recipients, mut rejected) = recipients_of(&caller, &req)?;
+    let (campaign_key, recipients, mut rejected) = recipients_of(&state, &caller, &req).await?;
     // A test send goes to the caller alone, whatever the rules.
     let (recipients, filtered) = if req.test_send {
         (recipients, Vec::new())
@@ -214,6 +222,7 @@ pub(crate) async fn send(
         test_send: req.test_send,
         template_key: template.as_ref().map(|t| t.0.clone()),
         template_version: template.as_ref().map(|t| t.1),
+        campaign_key: campaign_key.clone(),
     };
     let charge = charge_of(&task, &from);
     if req.dry_run {
@@ -228,22 +237,56 @@ pub(crate) async fn send(
     Ok(Success::new(answer(Some(task.id))))
 }
 
-/// Who the send goes to: its recipients and those left out, or for a test send the
-/// caller alone.
-fn recipients_of(
-    caller: &Caller, req: &SendRequest,
-) -> Result<(Vec<Recipient>, Vec<Rejected>), ApiError> {
-    if !req.test_send {
-        return Ok((req.recipients.clone(), req.rejected.clone()));
+/// Who the send goes to: the recipients of its `to`, its audience's contacts or its
+/// campaign's frozen audience (with the campaign's key), and those left out; for a test
+/// send the caller alone. An audience send with a `campaignName` makes that campaign and
+/// freezes its audience.
+async fn recipients_of(
+    state: &AppState, caller: &Caller, req: &SendRequest,
+) -> Result<(Option<String>, Vec<Recipient>, Vec<Rejected>), ApiError> {
+    if req.test_send {
+        let own = EmailAddress::parse(&caller.email).ok_or_else(|| {
+            ApiError::BadRequest("testSend needs an account with an email address".into())
+        })?;
+        let own = Recipient {
+            email: own,
+            external_id: None,
+        };
+        return Ok((None, vec![own], Vec::new()));
     }
-    let own = EmailAddress::parse(&caller.email).ok_or_else(|| {
-        ApiError::BadRequest("testSend needs an account with an email address".into())
-    })?;
-    let own = Recipient {
-        email: own,
-        external_id: None,
-    };
-    Ok((vec![own], Vec::new()))
+    let max = state.audience_max;
+    match &req.target {
+        Target::To => Ok((None, req.recipients.clone(), req.rejected.clone())),
+        Target::Audience { raw, .. } if req.campaign_name.is_some() && !req.dry_run => {
+            let name = req.campaign_name.as_deref().unwrap_or_default();
+            let key = campaigns::create_for_send(
+                &state.db,
+                caller.workspace,
+                name,
+                raw,
+                req.email_type,
+                req.topic.as_deref(),
+            )
+            .await?;
+            let recipients =
+                campaigns::recipients(&state.db, caller.workspace, &key, max, true).await?;
+            Ok((Some(key), recipients, Vec::new()))
+        }
+        Target::Audience { audience, .. } => {
+            let mut conn = state.db.acquire().await?;
+            let found = audiences::resolve(&mut conn, caller.workspace, audience, max).await?;
+            Ok((
+                None,
+                found.into_iter().map(|(_, r)| r).collect(),
+                Vec::new(),
+            ))
+        }
+        Target::Campaign(key) => {
+            let recipients =
+                campaigns::recipients(&state.db, caller.workspace, key, max, !req.dry_run).await?;
+            Ok((Some(key.clone()), recipients, Vec::new()))
+        }
+    }
 }
 
 /// The held charge of `task`, keyed by its id, with what the consumption log shows.

@@ -1,0 +1,308 @@
+//! Campaigns: `POST /campaigns {key, name, audience, templateKey, topic, emailType}`,
+//! `GET /campaigns`, `GET /campaigns/{key}`. The first send of a campaign freezes its
+//! audience (the contact ids it resolves to, stored); every later send of it, a retry
+//! included, goes to exactly those contacts. A send's missing `templateKey`, `topic` and
+//! `emailType` come from its campaign.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::db::{is_unique_violation, now_unix};
+use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
+
+use crate::audiences::{self, Audience, AudienceBody};
+use crate::contacts::name;
+use crate::request::{EmailType, Recipient, SendBody};
+use crate::AppState;
+
+/// Longest campaign key.
+const MAX_KEY_LEN: usize = 100;
+
+/// A campaign as answered.
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Campaign {
+    pub key: String,
+    pub name: String,
+    pub audience: Json<AudienceBody>,
+    pub template_key: Option<String>,
+    pub topic: Option<String>,
+    pub email_type: EmailType,
+    pub created_at: i64,
+    /// When its first send froze the audience; none before.
+    pub frozen_at: Option<i64>,
+    /// Contacts in the frozen audience.
+    pub members: i64,
+}
+
+const COLUMNS: &str = "key, name, audience, template_key, topic, email_type, created_at,
+    frozen_at, (SELECT count(*) FROM campaign_members m WHERE m.campaign_id = c.id) AS members";
+
+/// A campaign key: 1-100 letters, digits, `_`, `-`, `.`.
+pub fn parse_key(raw: &str) -> Result<String, String> {
+    let key = raw.trim();
+    if key.is_empty()
+        || key.len() > MAX_KEY_LEN
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(format!(
+            "campaign key must be 1-{MAX_KEY_LEN} letters, digits, _, - or ."
+        ));
+    }
+    Ok(key.to_owned())
+}
+
+/// A key made from a campaign's name (`Spring Sale!` → `spring-sale`).
+pub fn key_of(name: &str) -> String {
+    let slug: String = name
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let slug: Vec<&str> = slug.split('-').filter(|p| !p.is_empty()).collect();
+    let mut key = slug.join("-");
+    key.truncate(MAX_KEY_LEN);
+    if key.is_empty() {
+        key = "campaign".into();
+    }
+    key
+}
+
+/// `POST /campaigns` body.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewCampaign {
+    pub key: Option<String>,
+    pub name: Option<String>,
+    pub audience: Option<AudienceBody>,
+    pub template_key: Option<String>,
+    pub topic: Option<String>,
+    pub email_type: Option<String>,
+}
+
+/// Stores a new campaign; 409 when its key is taken.
+pub async fn insert(
+    db: &PgPool, workspace: WorkspaceId, body: NewCampaign,
+) -> Result<Campaign, ApiError> {
+    let bad = ApiError::BadRequest;
+    let key = parse_key(body.key.as_deref().unwrap_or("")).map_err(bad)?;
+    let title = name("name", body.name.as_deref().unwrap_or(&key)).map_err(bad)?;
+    let audience = body
+        .audience
+        .ok_or_else(|| bad("a campaign needs an audience".into()))?;
+    Audience::parse(&audience, true).map_err(|e| bad(format!("audience: {e}")))?;
+    // Campaign mail is marketing unless said otherwise.
+    let email_type = EmailType::parse(Some(body.email_type.as_deref().unwrap_or("marketing")))
+        .ok_or_else(|| bad("emailType is not one of transactional, lifecycle, marketing".into()))?;
+    let topic = body
+        .topic
+        .as_deref()
+        .map(|t| name("topic", t))
+        .transpose()
+        .map_err(bad)?;
+    let template_key = body
+        .template_key
+        .as_deref()
+        .map(|t| name("templateKey", t))
+        .transpose()
+        .map_err(bad)?;
+    let made = sqlx::query_as::<_, Campaign>(&format!(
+        "INSERT INTO campaigns AS c (id, workspace_id, key, name, audience, template_key, topic,
+                                     email_type, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(workspace)
+    .bind(&key)
+    .bind(&title)
+    .bind(Json(&audience))
+    .bind(&template_key)
+    .bind(&topic)
+    .bind(email_type)
+    .bind(now_unix())
+    .fetch_one(db)
+    .await;
+    match made {
+        Err(e) if is_unique_violation(&e) => Err(ApiError::Conflict(format!(
+            "a campaign with key {key:?} exists"
+        ))),
+        other => Ok(other?),
+    }
+}
+
+/// One campaign, answered.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct One {
+    pub campaign: Campaign,
+}
+
+pub(crate) async fn create(
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewCampaign>,
+) -> Result<(StatusCode, Success<One>), ApiError> {
+    let campaign = insert(&state.db, caller.workspace, body).await?;
+    Ok((StatusCode::CREATED, Success::new(One { campaign })))
+}
+
+/// `GET /campaigns` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CampaignList {
+    pub campaigns: Vec<Campaign>,
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>, caller: Caller,
+) -> Result<Success<CampaignList>, ApiError> {
+    let campaigns = sqlx::query_as::<_, Campaign>(&format!(
+        "SELECT {COLUMNS} FROM campaigns c WHERE workspace_id = $1 ORDER BY created_at, key"
+    ))
+    .bind(caller.workspace)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(CampaignList { campaigns }))
+}
+
+/// Campaign `key` of `workspace`, if any.
+async fn find(
+    db: &PgPool, workspace: WorkspaceId, key: &str,
+) -> Result<Option<Campaign>, sqlx::Error> {
+    sqlx::query_as::<_, Campaign>(&format!(
+        "SELECT {COLUMNS} FROM campaigns c WHERE workspace_id = $1 AND key = $2"
+    ))
+    .bind(workspace)
+    .bind(key)
+    .fetch_optional(db)
+    .await
+}
+
+pub(crate) async fn read(
+    State(state): State<AppState>, caller: Caller, Path(key): Path<String>,
+) -> Result<Success<One>, ApiError> {
+    find(&state.db, caller.workspace, key.trim())
+        .await?
+        .map(|campaign| Success::new(One { campaign }))
+        .ok_or_else(|| ApiError::NotFound(format!("no campaign {key:?}")))
+}
+
+/// Fills a campaign send's missing `templateKey`, `topic` and `emailType` from campaign
+/// `key`; 404 when there is none.
+pub async fn fill_defaults(
+    db: &PgPool, workspace: WorkspaceId, key: &str, body: &mut SendBody,
+) -> Result<(), ApiError> {
+    let campaign = find(db, workspace, key.trim())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no campaign {key:?}")))?;
+    let has_content = body.html.is_some() || body.text.is_some() || body.template_key.is_some();
+    if !has_content {
+        body.template_key = campaign.template_key;
+    }
+    if body.topic.is_none() {
+        body.topic = campaign.topic;
+    }
+    if body.email_type.is_none() {
+        body.email_type = Some(campaign.email_type.as_str().into());
+    }
+    Ok(())
+}
+
+/// The recipients of campaign `key`: its frozen audience, frozen now by the first send (in
+/// its own transaction, under the campaign's row lock, so two first sends freeze it once);
+/// without `freeze` (a dry run) an unfrozen audience is resolved and left unfrozen.
+pub async fn recipients(
+    db: &PgPool, workspace: WorkspaceId, key: &str, max: usize, freeze: bool,
+) -> Result<Vec<Recipient>, ApiError> {
+    let mut tx = db.begin().await?;
+    let campaign: Option<(Uuid, Json<AudienceBody>, Option<i64>)> = sqlx::query_as(
+        "SELECT id, audience, frozen_at FROM campaigns WHERE workspace_id = $1 AND key = $2
+         FOR UPDATE",
+    )
+    .bind(workspace)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (id, audience, frozen_at) =
+        campaign.ok_or_else(|| ApiError::NotFound(format!("no campaign {key:?}")))?;
+    if frozen_at.is_none() {
+        let audience = Audience::parse(&audience.0, true)
+            .map_err(|e| ApiError::BadRequest(format!("the campaign's audience: {e}")))?;
+        let members = audiences::resolve(&mut tx, workspace, &audience, max).await?;
+        if !freeze {
+            return Ok(members.into_iter().map(|(_, r)| r).collect());
+        }
+        let ids: Vec<Uuid> = members.iter().map(|(id, _)| *id).collect();
+        sqlx::query(
+            "INSERT INTO campaign_members (campaign_id, contact_id)
+             SELECT $1, c FROM UNNEST($2::uuid[]) AS c",
+        )
+        .bind(id)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE campaigns SET frozen_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(now_unix())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    // Members whose contact was deleted since are left out.
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT c.email, c.external_id FROM campaign_members m
+         JOIN contacts c ON c.id = m.contact_id AND c.workspace_id = $2
+         WHERE m.campaign_id = $1 ORDER BY m.contact_id",
+    )
+    .bind(id)
+    .bind(workspace)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(email, external_id)| {
+            EmailAddress::parse(&email).map(|email| Recipient { email, external_id })
+        })
+        .collect())
+}
+
+/// A campaign named `name` made by a send to `audience`; its key.
+pub async fn create_for_send(
+    db: &PgPool, workspace: WorkspaceId, name: &str, audience: &Value, email_type: EmailType,
+    topic: Option<&str>,
+) -> Result<String, ApiError> {
+    let audience: AudienceBody = serde_json::from_value(audience.clone())
+        .map_err(|e| ApiError::BadRequest(format!("audience: {e}")))?;
+    let campaign = insert(
+        db,
+        workspace,
+        NewCampaign {
+            key: Some(key_of(name)),
+            name: Some(name.to_owned()),
+            audience: Some(audience),
+            template_key: None,
+            topic: topic.map(str::to_owned),
+            email_type: Some(email_type.as_str().into()),
+        },
+    )
+    .await?;
+    Ok(campaign.key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_made_from_names() {
+        assert_eq!(key_of("Spring Sale 2026!"), "spring-sale-2026");
+        assert_eq!(key_of("¡¡"), "campaign");
+        assert!(parse_key("spring-sale").is_ok());
+        assert!(parse_key("spring sale").is_err());
+    }
+}
