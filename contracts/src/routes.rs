@@ -156,6 +156,9 @@ pub mod sender {
         CAMPAIGNS = Get "/campaigns" Key;
         CAMPAIGN_CREATE = Post "/campaigns" Key;
         CAMPAIGN = Get "/campaigns/{key}" Key;
+        // One-click unsubscribe (RFC 8058): signed tokens, HTML answers.
+        UNSUBSCRIBE_PAGE = Get "/unsubscribe" Public;
+        UNSUBSCRIBE = Post "/unsubscribe" Public;
     }
 }
 

@@ -64,6 +64,9 @@ pub struct Options {
     pub inbound_secret: Option<String>,
 }
 
+/// The sender's `UNSUBSCRIBE_SECRET` in a test stack.
+pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-secret";
+
 /// The `INBOUND_SECRET` of a test stack's gateway.
 pub const INBOUND_SECRET: &str = "test-inbound-secret";
 
@@ -601,6 +604,9 @@ impl Stack {
             default_from: "hello@postmesh.localhost".into(),
             schedule_poll: Duration::from_millis(200),
             audience_max: self.audience_max,
+            unsubscribe_secret: Some(UNSUBSCRIBE_SECRET.into()),
+            unsubscribe_token_days: 60,
+            public_base_url: self.base.clone(),
             worker: worker_config(self.send_concurrency),
         }
     }

@@ -6,6 +6,7 @@
 pub mod audiences;
 pub mod campaigns;
 pub mod contacts;
+pub mod events;
 pub mod governance;
 pub mod render;
 pub mod request;
@@ -18,6 +19,7 @@ pub mod suppressions;
 pub mod tasks;
 pub mod templates;
 pub mod transport;
+pub mod unsubscribe;
 
 pub use transport::TransportKind;
 pub mod usage;
@@ -79,6 +81,13 @@ pub struct Config {
     /// Contacts an audience or campaign send may reach at most (`AUDIENCE_MAX_RECIPIENTS`,
     /// default 100,000).
     pub audience_max: usize,
+    /// Signs unsubscribe tokens (`UNSUBSCRIBE_SECRET`); unset: marketing and lifecycle mail
+    /// goes without `List-Unsubscribe` and `/unsubscribe` answers 503.
+    pub unsubscribe_secret: Option<String>,
+    /// How long an unsubscribe link works (`UNSUBSCRIBE_TOKEN_DAYS`, default 60).
+    pub unsubscribe_token_days: i64,
+    /// Where `/unsubscribe` is reached from outside (`PUBLIC_BASE_URL`).
+    pub public_base_url: String,
     pub worker: WorkerConfig,
 }
 
@@ -95,6 +104,11 @@ impl Config {
             default_from: env_or("SEND_DEFAULT_FROM", "no-reply@postmesh.localhost"),
             schedule_poll: env_secs("SEND_SCHEDULE_POLL_SECS", Duration::from_secs(1))?,
             audience_max: env_parse("AUDIENCE_MAX_RECIPIENTS", DEFAULT_AUDIENCE_MAX)?,
+            unsubscribe_secret: std::env::var("UNSUBSCRIBE_SECRET")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            unsubscribe_token_days: env_parse("UNSUBSCRIBE_TOKEN_DAYS", 60)?,
+            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             worker: WorkerConfig {
                 ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
                 max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
@@ -117,16 +131,37 @@ impl Config {
             ("SEND_DEFAULT_FROM", self.default_from.clone()),
             ("SEND_SCHEDULE_POLL_SECS", secs(self.schedule_poll)),
             ("AUDIENCE_MAX_RECIPIENTS", self.audience_max.to_string()),
+            (
+                "UNSUBSCRIBE_TOKEN_DAYS",
+                self.unsubscribe_token_days.to_string(),
+            ),
+            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
             ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
             ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
             ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
             ("SEND_CONCURRENCY", self.worker.concurrency.to_string()),
         ]);
+        if let Some(secret) = &self.unsubscribe_secret {
+            env.push(("UNSUBSCRIBE_SECRET", secret.clone()));
+        }
         if let Some((id, secret)) = &self.ses.credentials {
             env.push(("AWS_ACCESS_KEY_ID", id.clone()));
             env.push(("AWS_SECRET_ACCESS_KEY", secret.clone()));
         }
         env
+    }
+}
+
+impl Config {
+    /// The unsubscribe token signer these settings make, if a secret is set.
+    pub fn unsubscribe(&self) -> Option<unsubscribe::Unsubscribe> {
+        self.unsubscribe_secret.as_deref().map(|secret| {
+            unsubscribe::Unsubscribe::new(
+                secret,
+                self.unsubscribe_token_days,
+                &self.public_base_url,
+            )
+        })
     }
 }
 
@@ -144,6 +179,8 @@ pub struct AppState {
     pub default_from: Arc<EmailAddress>,
     /// Contacts an audience or campaign send may reach at most (`AUDIENCE_MAX_RECIPIENTS`).
     pub audience_max: usize,
+    /// Unsubscribe tokens (none without `UNSUBSCRIBE_SECRET`: `/unsubscribe` answers 503).
+    pub unsubscribe: Option<unsubscribe::Unsubscribe>,
 }
 
 impl AppState {
@@ -162,6 +199,7 @@ impl AppState {
             tracker,
             default_from: Arc::new(default_from),
             audience_max: DEFAULT_AUDIENCE_MAX,
+            unsubscribe: None,
         }
     }
 }
@@ -193,6 +231,8 @@ fn routes() -> Routes<AppState> {
         .at(api::CAMPAIGNS, campaigns::list)
         .at(api::CAMPAIGN_CREATE, campaigns::create)
         .at(api::CAMPAIGN, campaigns::read)
+        .at(api::UNSUBSCRIBE_PAGE, unsubscribe::confirm_page)
+        .at(api::UNSUBSCRIBE, unsubscribe::unsubscribe)
 }
 
 /// The sender's HTTP router.
@@ -216,8 +256,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let default_from = EmailAddress::parse(&config.default_from)
         .ok_or_else(|| anyhow::anyhow!("SEND_DEFAULT_FROM is not an email address"))?;
     let transport = transport::Transport::new(&config).await?;
+    let unsubscribe = config.unsubscribe();
+    if unsubscribe.is_none() {
+        tracing::warn!(
+            "UNSUBSCRIBE_SECRET is not set: marketing and lifecycle mail goes without \
+             List-Unsubscribe and /unsubscribe answers 503"
+        );
+    }
     let state = AppState {
         audience_max: config.audience_max,
+        unsubscribe: unsubscribe.clone(),
         ..AppState::new(
             rt.db.clone(),
             rt.nats.clone(),
@@ -247,6 +295,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         transport,
         config.worker.clone(),
         &config.message_id_domain,
+        unsubscribe,
     )
     .await?;
     tracing::info!(transport = %config.transport, "sender delivering");
@@ -277,6 +326,9 @@ mod tests {
         config.default_from = "hello@example.com".into();
         config.schedule_poll = Duration::from_millis(250);
         config.audience_max = 5000;
+        config.unsubscribe_secret = Some("unsub-secret".into());
+        config.unsubscribe_token_days = 30;
+        config.public_base_url = "https://mail.example.com".into();
         config.worker = WorkerConfig {
             ack_wait: Duration::from_secs(2),
             max_deliver: 5,

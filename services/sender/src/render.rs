@@ -27,9 +27,12 @@ fn value_text(name: &str, v: &Value) -> Result<String, ApiError> {
     }
 }
 
+/// The placeholder of a recipient's unsubscribe link, filled per message by the worker.
+pub const UNSUBSCRIBE_URL: &str = "unsubscribe_url";
+
 /// Replaces each `{{ name }}` of `template` with its variable (escaped when `html`). A
-/// placeholder without a variable is a 400 naming it; text that is not a placeholder (a
-/// lone `{{`, `{{#if}}`) stays as it is.
+/// placeholder without a variable is a 400 naming it, except `{{unsubscribe_url}}`, kept
+/// for the worker; text that is not a placeholder (a lone `{{`, `{{#if}}`) stays as it is.
 pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<String, ApiError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
@@ -38,7 +41,10 @@ pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<Str
         let Some(close) = after.find("}}") else { break };
         let name = after[..close].trim();
         out.push_str(&rest[..open]);
-        if is_name(name) {
+        if name == UNSUBSCRIBE_URL && !vars.contains_key(name) {
+            // Each recipient's own link, put in when its message is built.
+            out.push_str(&rest[open..open + 2 + close + 2]);
+        } else if is_name(name) {
             let value = vars.get(name).ok_or_else(|| {
                 ApiError::BadRequest(format!(
                     "missing variable {name:?} (used as {{{{{name}}}}})"
@@ -53,6 +59,37 @@ pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<Str
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// `template` with each `{{unsubscribe_url}}` replaced by `link` (escaped when `html`;
+/// empty for mail that has none).
+pub fn put_unsubscribe<'a>(
+    template: &'a str, link: Option<&str>, html: bool,
+) -> std::borrow::Cow<'a, str> {
+    if !template.contains("{{") {
+        return template.into();
+    }
+    let link = link.unwrap_or_default();
+    let link = if html {
+        escape_html(link)
+    } else {
+        link.to_owned()
+    };
+    let mut out = String::with_capacity(template.len() + link.len());
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        let after = &rest[open + 2..];
+        let Some(close) = after.find("}}") else { break };
+        out.push_str(&rest[..open]);
+        if after[..close].trim() == UNSUBSCRIBE_URL {
+            out.push_str(&link);
+        } else {
+            out.push_str(&rest[open..open + 2 + close + 2]);
+        }
+        rest = &after[close + 2..];
+    }
+    out.push_str(rest);
+    out.into()
 }
 
 /// Appends `params` to every `http(s)` link (`href="..."` or `href='...'`) of `html`,

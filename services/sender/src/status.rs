@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 use postmesh_shared::extract::{Caller, IdPath, QueryParams};
 use postmesh_shared::{ApiError, Success, TaskId};
 
+use serde_json::Value;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::events::{EventView, Kind};
 use crate::send::RejectedRecipient;
 use crate::tasks::TaskStatus;
 use crate::AppState;
@@ -35,6 +40,12 @@ pub struct RecipientStatus {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_message_id: Option<String>,
+    /// What happened to it since (`sent`, `delivered`, `bounced`, ...), oldest first.
+    #[sqlx(skip)]
+    #[serde(default)]
+    pub events: Vec<EventView>,
+    #[serde(skip)]
+    pub delivery_id: Uuid,
 }
 
 /// The answer.
@@ -98,11 +109,11 @@ pub(crate) async fn status(
     .bind(task_id)
     .fetch_one(&state.db)
     .await?;
-    let recipients = sqlx::query_as::<_, RecipientStatus>(
+    let mut recipients = sqlx::query_as::<_, RecipientStatus>(
         "SELECT r.email, r.external_id,
                 CASE WHEN d.status IN ('sent', 'failed') THEN d.status ELSE 'queued' END AS status,
                 CASE WHEN d.status <> 'sent' THEN d.last_error END AS error,
-                d.provider_message_id
+                d.provider_message_id, r.delivery_id
          FROM task_recipients r LEFT JOIN deliveries d ON d.delivery_id = r.delivery_id
          WHERE r.task_id = $1 ORDER BY r.idx LIMIT $2 OFFSET $3",
     )
@@ -111,6 +122,33 @@ pub(crate) async fn status(
     .bind(offset)
     .fetch_all(&state.db)
     .await?;
+    let ids: Vec<Uuid> = recipients.iter().map(|r| r.delivery_id).collect();
+    let events: Vec<(Uuid, EventView)> = sqlx::query_as::<_, (Uuid, Kind, i64, Json<Value>)>(
+        "SELECT delivery_id, kind, occurred_at, detail FROM delivery_events
+         WHERE delivery_id = ANY($1) ORDER BY occurred_at, id",
+    )
+    .bind(&ids)
+    .fetch_all(&state.db)
+    .await?
+    .into_iter()
+    .map(|(id, kind, occurred_at, detail)| {
+        (
+            id,
+            EventView {
+                kind,
+                occurred_at,
+                detail,
+            },
+        )
+    })
+    .collect();
+    let at: std::collections::HashMap<Uuid, usize> =
+        ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    for (id, event) in events {
+        if let Some(&i) = at.get(&id) {
+            recipients[i].events.push(event);
+        }
+    }
     let rejected = sqlx::query_as::<_, (String, String)>(
         "SELECT email, reason FROM task_rejections WHERE task_id = $1
          ORDER BY idx LIMIT $2 OFFSET $3",

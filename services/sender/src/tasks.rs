@@ -285,6 +285,9 @@ impl Jobs {
 pub struct LoadedTask {
     pub message: TaskMessage,
     pub attachments: Vec<Attachment>,
+    pub workspace_id: Uuid,
+    pub email_type: EmailType,
+    pub topic: Option<String>,
 }
 
 impl LoadedTask {
@@ -302,11 +305,13 @@ impl LoadedTask {
 
 /// The task `id` with its attachments, if it exists.
 pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::Error> {
-    let Some(Json(message)) =
-        sqlx::query_scalar::<_, Json<TaskMessage>>("SELECT message FROM tasks WHERE id = $1")
-            .bind(id)
-            .fetch_optional(db)
-            .await?
+    let Some((Json(message), workspace_id, email_type, topic)) =
+        sqlx::query_as::<_, (Json<TaskMessage>, Uuid, EmailType, Option<String>)>(
+            "SELECT message, workspace_id, email_type, topic FROM tasks WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(db)
+        .await?
     else {
         return Ok(None);
     };
@@ -327,5 +332,8 @@ pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::E
     Ok(Some(LoadedTask {
         message,
         attachments,
+        workspace_id,
+        email_type,
+        topic,
     }))
 }

@@ -5,9 +5,11 @@
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::Message;
+use std::borrow::Cow;
 
 use postmesh_shared::proto::CodeEmail;
 
+use crate::render::put_unsubscribe;
 use crate::tasks::LoadedTask;
 
 /// Marks a test send (`testSend`).
@@ -23,8 +25,10 @@ pub(super) struct Draft<'a> {
     pub bcc: &'a [String],
     pub reply_to: Option<&'a str>,
     pub subject: &'a str,
-    pub text: &'a str,
-    pub html: &'a str,
+    pub text: Cow<'a, str>,
+    pub html: Cow<'a, str>,
+    /// The recipient's one-click unsubscribe link (`List-Unsubscribe`).
+    pub unsubscribe: Option<String>,
     pub in_reply_to: Option<&'a str>,
     pub references: &'a [String],
     pub attachments: &'a [crate::request::Attachment],
@@ -43,8 +47,9 @@ impl<'a> Draft<'a> {
             bcc: &[],
             reply_to: None,
             subject: &code.subject,
-            text: &code.text,
-            html: "",
+            text: Cow::Borrowed(&code.text),
+            html: Cow::Borrowed(""),
+            unsubscribe: None,
             in_reply_to: None,
             references: &[],
             attachments: &[],
@@ -52,8 +57,12 @@ impl<'a> Draft<'a> {
         }
     }
 
-    /// The draft of a task's message to `to`; `message_id` unless the task sets its own.
-    pub fn of_task(task: &'a LoadedTask, to: &'a str, message_id: String) -> Self {
+    /// The draft of a task's message to `to`; `message_id` unless the task sets its own;
+    /// with the recipient's `unsubscribe` link in its header and in place of
+    /// `{{unsubscribe_url}}`.
+    pub fn of_task(
+        task: &'a LoadedTask, to: &'a str, message_id: String, unsubscribe: Option<String>,
+    ) -> Self {
         let m = &task.message;
         Self {
             message_id: m.message_id.clone().unwrap_or(message_id),
@@ -64,8 +73,9 @@ impl<'a> Draft<'a> {
             bcc: &m.bcc,
             reply_to: m.reply_to.as_deref(),
             subject: &m.subject,
-            text: &m.text,
-            html: &m.html,
+            text: put_unsubscribe(&m.text, unsubscribe.as_deref(), false),
+            html: put_unsubscribe(&m.html, unsubscribe.as_deref(), true),
+            unsubscribe,
             in_reply_to: m.in_reply_to.as_deref(),
             references: &m.references,
             attachments: &task.attachments,
@@ -120,6 +130,18 @@ pub(super) fn build(d: &Draft<'_>) -> Result<Message, String> {
     if !d.references.is_empty() {
         builder = builder.references(d.references.join(" "));
     }
+    if let Some(link) = &d.unsubscribe {
+        // RFC 8058 one-click: a POST to the link unsubscribes.
+        builder = builder
+            .raw_header(HeaderValue::new(
+                HeaderName::new_from_ascii_str("List-Unsubscribe"),
+                format!("<{link}>"),
+            ))
+            .raw_header(HeaderValue::new(
+                HeaderName::new_from_ascii_str("List-Unsubscribe-Post"),
+                "List-Unsubscribe=One-Click".into(),
+            ));
+    }
     if d.test {
         builder = builder.raw_header(HeaderValue::new(
             HeaderName::new_from_ascii_str(TEST_HEADER),
@@ -128,12 +150,12 @@ pub(super) fn build(d: &Draft<'_>) -> Result<Message, String> {
     }
     let built = if d.attachments.is_empty() {
         match (d.text.is_empty(), d.html.is_empty()) {
-            (false, false) => builder.multipart(body(d.text, d.html)),
-            (true, false) => builder.singlepart(SinglePart::html(d.html.to_owned())),
-            _ => builder.singlepart(SinglePart::plain(d.text.to_owned())),
+            (false, false) => builder.multipart(body(&d.text, &d.html)),
+            (true, false) => builder.singlepart(SinglePart::html(d.html.to_string())),
+            _ => builder.singlepart(SinglePart::plain(d.text.to_string())),
         }
     } else {
-        let mut mixed = MultiPart::mixed().multipart(body(d.text, d.html));
+        let mut mixed = MultiPart::mixed().multipart(body(&d.text, &d.html));
         for a in d.attachments {
             let kind = ContentType::parse(&a.content_type)
                 .map_err(|e| format!("attachment {:?}: {e}", a.filename))?;

@@ -19,10 +19,14 @@ use uuid::Uuid;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
 use postmesh_shared::queue::{self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing};
-use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
+use postmesh_shared::{DeliveryId, JobId, Namespace, Runtime, TaskId, WorkspaceId};
 
+use postmesh_shared::db::now_unix;
+
+use crate::request::EmailType;
 use crate::tasks::{self, LoadedTask};
 use crate::transport::{Transport, TransportError};
+use crate::unsubscribe::Unsubscribe;
 
 /// Retry and concurrency settings of the worker.
 #[derive(Clone, Debug)]
@@ -66,22 +70,40 @@ pub(crate) struct Letter {
 /// The sender's stages.
 struct Delivery {
     db: PgPool,
+    ns: Namespace,
     transport: Transport,
     /// The domain of the Message-IDs made here.
     message_id_domain: String,
     /// Tasks recently delivered, so a task's jobs do not each read it again.
     tasks: cache::TaskCache,
+    /// Signs the one-click unsubscribe links of marketing and lifecycle mail.
+    unsubscribe: Option<Unsubscribe>,
+}
+
+impl Delivery {
+    /// The unsubscribe link of `task`'s message to `to`: none for transactional mail.
+    fn unsubscribe_link(&self, task: &LoadedTask, to: &str) -> Option<String> {
+        let signer = self.unsubscribe.as_ref()?;
+        if task.email_type == EmailType::Transactional {
+            return None;
+        }
+        let token = signer.token(task.workspace_id, to, task.topic.as_deref(), now_unix());
+        Some(signer.url(&token))
+    }
 }
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
 pub async fn spawn(
     rt: &Runtime, transport: Transport, config: WorkerConfig, message_id_domain: &str,
+    unsubscribe: Option<Unsubscribe>,
 ) -> anyhow::Result<()> {
     let stages = Delivery {
         db: rt.db.clone(),
+        ns: rt.common.namespace.clone(),
         transport,
         message_id_domain: message_id_domain.to_owned(),
         tasks: cache::TaskCache::default(),
+        unsubscribe,
     };
     let config = QueueConfig {
         name: "sender",
@@ -196,7 +218,10 @@ impl Stages for Delivery {
         let message_id = format!("<{id}@{}>", self.message_id_domain);
         let draft = match (&job.body, &letter.task) {
             (Body::Code { email, .. }, _) => message::Draft::of_code(email, message_id),
-            (Body::Slice { .. }, Some(task)) => message::Draft::of_task(task, to, message_id),
+            (Body::Slice { .. }, Some(task)) => {
+                let link = self.unsubscribe_link(task, to);
+                message::Draft::of_task(task, to, message_id, link)
+            }
             (Body::Slice { task, .. }, None) => {
                 return Err(Failure::Permanent(format!("task {task} no longer exists")))
             }
@@ -212,7 +237,7 @@ impl Stages for Delivery {
     }
 
     async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
-        record::record_batch(&self.db, rows)
+        record::record_batch(&self.db, &self.ns, rows)
             .await
             .map_err(|e| e.to_string())
     }

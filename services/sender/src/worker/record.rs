@@ -5,8 +5,25 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use serde_json::json;
+
 use postmesh_shared::db::now_unix;
+use postmesh_shared::Namespace;
+
+use crate::events::{self, Kind, NewEvent};
 use postmesh_shared::queue::{RecordRow, Verdict};
+
+/// A message whose outcome was written.
+#[derive(sqlx::FromRow)]
+struct Written {
+    delivery_id: Uuid,
+    status: String,
+    /// A send's (none for a verification code email).
+    workspace_id: Option<Uuid>,
+    task_id: Option<Uuid>,
+    email: Option<String>,
+    provider_message_id: Option<String>,
+}
 
 /// Where a message stands in `deliveries`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
@@ -31,12 +48,15 @@ fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
 /// Writes a batch of outcomes (distinct messages); answers for each whether it was
 /// written. `sent` always stands (the message went out). A failure or a retry is written
 /// only while its claim still holds the message; otherwise it belongs to another claim. A
-/// final outcome takes the message off the quota's unfinished deliveries.
+/// final outcome takes the message off the quota's unfinished deliveries. A send's message
+/// that went out is a `sent` delivery event, in the same transaction.
 pub(super) async fn record_batch(
-    db: &PgPool, rows: Vec<RecordRow>,
+    db: &PgPool, ns: &Namespace, rows: Vec<RecordRow>,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let columns: Vec<_> = rows.iter().map(|r| columns(&r.verdict)).collect();
-    let written: Vec<Uuid> = sqlx::query_scalar(
+    let now = now_unix();
+    let mut tx = db.begin().await?;
+    let written: Vec<Written> = sqlx::query_as(
         "WITH u AS (
              SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[])
                  AS u(delivery_id, status, error, lease, provider)
@@ -51,16 +71,35 @@ pub(super) async fn record_batch(
          WHERE d.delivery_id = u.delivery_id
            AND CASE WHEN u.status = 'sent' THEN d.status <> 'sent'
                     ELSE d.status = 'sending' AND d.lease_owner = u.lease END
-         RETURNING d.delivery_id",
+         RETURNING d.delivery_id, d.status, d.workspace_id, d.task_id, d.recipients[1] AS email,
+             d.provider_message_id",
     )
     .bind(rows.iter().map(|r| r.item).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.0).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.1).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.2).collect::<Vec<_>>())
-    .bind(now_unix())
-    .fetch_all(db)
+    .bind(now)
+    .fetch_all(&mut *tx)
     .await?;
-    let written: HashSet<Uuid> = written.into_iter().collect();
+    let sent: Vec<NewEvent> = written
+        .iter()
+        .filter(|w| w.status == "sent")
+        .filter_map(|w| {
+            Some(NewEvent {
+                workspace: w.workspace_id?,
+                task: w.task_id,
+                delivery: Some(w.delivery_id),
+                email: w.email.clone().unwrap_or_default(),
+                kind: Kind::Sent,
+                detail: json!({ "providerMessageId": w.provider_message_id }),
+                occurred_at: now,
+                source_key: format!("sent:{}", w.delivery_id),
+            })
+        })
+        .collect();
+    events::record(&mut tx, ns, &sent).await?;
+    tx.commit().await?;
+    let written: HashSet<Uuid> = written.into_iter().map(|w| w.delivery_id).collect();
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
 }

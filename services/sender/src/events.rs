@@ -1,0 +1,128 @@
+//! Delivery events: what happened to a recipient's message once accepted (`sent`,
+//! `delivered`, `bounced`, `complained`, `rejected`, `delayed`, `unsubscribed`). Each is a
+//! `delivery_events` row, shown in `/email-status`, and a `DeliveryEvent` on the DELIVERY
+//! stream (`{ns}.delivery.<kind>`), written to the outbox in the same transaction.
+
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use postmesh_shared::jetstream::outbox;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::DeliveryEvent;
+use postmesh_shared::Namespace;
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum Kind {
+    Sent,
+    Delivered,
+    Bounced,
+    Complained,
+    Rejected,
+    Delayed,
+    Unsubscribed,
+}
+
+impl Kind {
+    /// The name stored and published.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Delivered => "delivered",
+            Self::Bounced => "bounced",
+            Self::Complained => "complained",
+            Self::Rejected => "rejected",
+            Self::Delayed => "delayed",
+            Self::Unsubscribed => "unsubscribed",
+        }
+    }
+}
+
+/// An event to record.
+#[derive(Clone, Debug)]
+pub struct NewEvent {
+    pub workspace: Uuid,
+    pub task: Option<Uuid>,
+    pub delivery: Option<Uuid>,
+    pub email: String,
+    pub kind: Kind,
+    pub detail: Value,
+    pub occurred_at: i64,
+    /// What makes it one event however often it is reported (`sent:<delivery>`,
+    /// `sns:<MessageId>`, ...).
+    pub source_key: String,
+}
+
+/// Records `events` in the caller's transaction and queues each new one for the DELIVERY
+/// stream; answers how many were new (one reported before is skipped).
+pub async fn record(
+    tx: &mut PgConnection, ns: &Namespace, events: &[NewEvent],
+) -> Result<usize, sqlx::Error> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
+    let new: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
+                                      detail, occurred_at, source_key)
+         SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::text[],
+                              $6::text[], $7::jsonb[], $8::bigint[], $9::text[])
+         ON CONFLICT (source_key) DO NOTHING
+         RETURNING id",
+    )
+    .bind(&ids)
+    .bind(events.iter().map(|e| e.workspace).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.task).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.delivery).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.email.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.kind).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| Json(&e.detail)).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
+    .bind(
+        events
+            .iter()
+            .map(|e| e.source_key.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    for (id, event) in ids.iter().zip(events) {
+        if !new.contains(id) {
+            continue;
+        }
+        let message = DeliveryEvent {
+            event_id: id.to_string(),
+            workspace_id: event.workspace.to_string(),
+            task_id: event.task.map(|t| t.to_string()).unwrap_or_default(),
+            delivery_id: event.delivery.map(|d| d.to_string()).unwrap_or_default(),
+            email: event.email.clone(),
+            kind: event.kind.as_str().into(),
+            occurred_at: event.occurred_at,
+            detail: event.detail.to_string(),
+        };
+        let subject = subject(ns, event.kind);
+        outbox::enqueue_many(tx, &subject, &[(*id, message.encode_to_vec())]).await?;
+    }
+    Ok(new.len())
+}
+
+/// `{ns}.delivery.<kind>`.
+pub fn subject(ns: &Namespace, kind: Kind) -> String {
+    let base = Stream::Delivery.subject(ns);
+    format!("{}.{}", base.trim_end_matches(".>"), kind.as_str())
+}
+
+/// One event as `/email-status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    pub kind: Kind,
+    pub occurred_at: i64,
+    pub detail: Json<Value>,
+}
