@@ -19,6 +19,8 @@ trap stop INT TERM EXIT
 
 # The upstream MTA's secret for /inbound-email/* (unset, those routes answer 503).
 export INBOUND_SECRET="${INBOUND_SECRET:-dev-inbound-secret}"
+# The mail provider's secret for /provider-events/esp (unset, that route answers 503).
+export PROVIDER_SECRET="${PROVIDER_SECRET:-dev-provider-secret}"
 # Signs one-click unsubscribe links (unset, marketing mail has none and /unsubscribe is 503).
 export UNSUBSCRIBE_SECRET="${UNSUBSCRIBE_SECRET:-dev-unsubscribe-secret}"
 # Local webhook receivers (http://, localhost) are allowed; never in production.

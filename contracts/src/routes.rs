@@ -13,6 +13,9 @@ pub enum Policy {
     Key,
     /// The upstream MTA: `x-service-inbound-secret` equal to the gateway's `INBOUND_SECRET`.
     InboundSecret,
+    /// The cloud mail provider: `x-service-provider-secret` (or `?token=`) equal to the
+    /// gateway's `PROVIDER_SECRET`.
+    ProviderSecret,
 }
 
 /// The HTTP methods routes are declared with.
@@ -159,6 +162,8 @@ pub mod sender {
         // One-click unsubscribe (RFC 8058): signed tokens, HTML answers.
         UNSUBSCRIBE_PAGE = Get "/unsubscribe" Public;
         UNSUBSCRIBE = Post "/unsubscribe" Public;
+        // SES notifications through SNS (their SNS signature is checked by the sender).
+        PROVIDER_EVENTS = Post "/provider-events/esp" ProviderSecret;
     }
 }
 

@@ -9,6 +9,7 @@ pub mod fake_cloudflare;
 pub mod fake_dns;
 pub mod fake_ses;
 pub mod fake_smtp;
+pub mod fake_sns;
 pub mod fake_stripe;
 pub mod mta;
 pub mod peek;
@@ -66,6 +67,12 @@ pub struct Options {
 
 /// The sender's `UNSUBSCRIBE_SECRET` in a test stack.
 pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-secret";
+
+/// The SNS topic a test stack's sender takes notifications of (`SNS_TOPIC_ARNS`).
+pub const FAKE_SNS_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:postmesh-test";
+
+/// The `PROVIDER_SECRET` of a test stack's gateway.
+pub const PROVIDER_SECRET: &str = "test-provider-secret";
 
 /// The `INBOUND_SECRET` of a test stack's gateway.
 pub const INBOUND_SECRET: &str = "test-inbound-secret";
@@ -306,6 +313,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
             from_email: "codes@postmesh.test".into(),
         },
         inbound_secret: Some(INBOUND_SECRET.into()),
+        provider_secret: Some(PROVIDER_SECRET.into()),
     }
 }
 
@@ -607,6 +615,9 @@ impl Stack {
             unsubscribe_secret: Some(UNSUBSCRIBE_SECRET.into()),
             unsubscribe_token_days: 60,
             public_base_url: self.base.clone(),
+            // Test SNS servers are local (`postmesh_tests::fake_sns`).
+            sns_url_pattern: r"^http://127\.0\.0\.1:\d+/".into(),
+            sns_topic_arns: vec![FAKE_SNS_TOPIC.into()],
             worker: worker_config(self.send_concurrency),
         }
     }

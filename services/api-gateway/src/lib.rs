@@ -51,6 +51,9 @@ pub struct Config {
     /// What the upstream MTA sends in `x-service-inbound-secret` (`INBOUND_SECRET`); unset:
     /// `/inbound-email/*` answer 503.
     pub inbound_secret: Option<String>,
+    /// What the cloud mail provider sends in `x-service-provider-secret` or `?token=`
+    /// (`PROVIDER_SECRET`); unset: `/provider-events/esp` answers 503.
+    pub provider_secret: Option<String>,
 }
 
 impl Config {
@@ -76,6 +79,9 @@ impl Config {
             inbound_secret: std::env::var("INBOUND_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            provider_secret: std::env::var("PROVIDER_SECRET")
+                .ok()
+                .filter(|s| !s.is_empty()),
             common,
             codes,
         })
@@ -99,6 +105,7 @@ pub struct Gateway {
     pub codes: CodeConfig,
     pub body_limit: usize,
     pub inbound_secret: Option<String>,
+    pub provider_secret: Option<String>,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
@@ -131,9 +138,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         codes: config.codes.clone(),
         body_limit: config.body_limit,
         inbound_secret: config.inbound_secret.clone(),
+        provider_secret: config.provider_secret.clone(),
     });
     if state.inbound_secret.is_none() {
         tracing::warn!("INBOUND_SECRET is not set: /inbound-email/* answer 503");
+    }
+    if state.provider_secret.is_none() {
+        tracing::warn!("PROVIDER_SECRET is not set: /provider-events/esp answers 503");
     }
     let http = rt.listen(config.http_addr, app(state)).await?;
     rt.running(Some(http)).await

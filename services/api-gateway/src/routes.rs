@@ -85,12 +85,14 @@ pub fn router(state: AppState) -> Router {
         };
         handlers.push((spec, to_service));
     }
-    let (mut public, mut keyed, mut mta) = (Router::new(), Router::new(), Router::new());
+    let (mut public, mut keyed, mut mta, mut provider) =
+        (Router::new(), Router::new(), Router::new(), Router::new());
     for (spec, handler) in handlers {
         match spec.policy {
             Policy::Public => public = public.route(spec.path, handler),
             Policy::Key => keyed = keyed.route(spec.path, handler),
             Policy::InboundSecret => mta = mta.route(spec.path, handler),
+            Policy::ProviderSecret => provider = provider.route(spec.path, handler),
         }
     }
     let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
@@ -98,9 +100,14 @@ pub fn router(state: AppState) -> Router {
         state.clone(),
         require_inbound_secret,
     ));
+    let provider = provider.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_provider_secret,
+    ));
     public
         .merge(keyed)
         .merge(mta)
+        .merge(provider)
         .fallback(|| async { ApiError::NotFound(NO_SUCH_ENDPOINT.into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
@@ -136,8 +143,14 @@ async fn require_key(
 /// The header the upstream MTA proves itself with.
 pub const INBOUND_SECRET_HEADER: &str = "x-service-inbound-secret";
 
-/// Admits the upstream MTA: `x-service-inbound-secret` must equal `INBOUND_SECRET`
-/// (compared in constant time); 503 while no secret is configured, 401 otherwise.
+/// Whether `given` equals `expected`, compared in constant time (digests first, so the
+/// time does not depend on the lengths either).
+fn same_secret(given: &[u8], expected: &str) -> bool {
+    bool::from(Sha256::digest(given).ct_eq(&Sha256::digest(expected.as_bytes())))
+}
+
+/// Admits the upstream MTA: `x-service-inbound-secret` must equal `INBOUND_SECRET`; 503
+/// while no secret is configured, 401 otherwise.
 async fn require_inbound_secret(
     State(state): State<AppState>, req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
@@ -151,10 +164,41 @@ async fn require_inbound_secret(
         .get(INBOUND_SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    // Digests first, so the comparison takes the same time whatever the lengths.
-    if !bool::from(Sha256::digest(given).ct_eq(&Sha256::digest(expected.as_bytes()))) {
+    if !same_secret(given, expected) {
         return Err(ApiError::Unauthorized(format!(
             "missing or wrong {INBOUND_SECRET_HEADER}"
+        )));
+    }
+    Ok(next.run(req).await)
+}
+
+/// The header the cloud mail provider proves itself with (or `?token=`).
+pub const PROVIDER_SECRET_HEADER: &str = "x-service-provider-secret";
+
+/// Admits the cloud mail provider: `x-service-provider-secret`, or the query's `token`,
+/// must equal `PROVIDER_SECRET`; 503 while none is configured, 401 otherwise.
+async fn require_provider_secret(
+    State(state): State<AppState>, req: Request, next: Next,
+) -> Result<Response<Body>, ApiError> {
+    let Some(expected) = &state.provider_secret else {
+        return Err(ApiError::Unavailable(
+            "provider notifications are not configured (PROVIDER_SECRET)".into(),
+        ));
+    };
+    let from_query = req.uri().query().and_then(|q| {
+        serde_urlencoded::from_str::<Vec<(String, String)>>(q)
+            .ok()?
+            .into_iter()
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v)
+    });
+    let given = match req.headers().get(PROVIDER_SECRET_HEADER) {
+        Some(v) => v.as_bytes().to_vec(),
+        None => from_query.unwrap_or_default().into_bytes(),
+    };
+    if !same_secret(&given, expected) {
+        return Err(ApiError::Unauthorized(format!(
+            "missing or wrong {PROVIDER_SECRET_HEADER} (or token)"
         )));
     }
     Ok(next.run(req).await)

@@ -8,6 +8,7 @@ pub mod campaigns;
 pub mod contacts;
 pub mod events;
 pub mod governance;
+pub mod provider;
 pub mod render;
 pub mod request;
 pub mod schedule;
@@ -88,6 +89,10 @@ pub struct Config {
     pub unsubscribe_token_days: i64,
     /// Where `/unsubscribe` is reached from outside (`PUBLIC_BASE_URL`).
     pub public_base_url: String,
+    /// What SNS's `SigningCertURL` and `SubscribeURL` must match (`SNS_URL_PATTERN`).
+    pub sns_url_pattern: String,
+    /// SNS topics whose notifications are taken (`SNS_TOPIC_ARNS`, comma list; empty: any).
+    pub sns_topic_arns: Vec<String>,
     pub worker: WorkerConfig,
 }
 
@@ -109,6 +114,13 @@ impl Config {
                 .filter(|s| !s.is_empty()),
             unsubscribe_token_days: env_parse("UNSUBSCRIBE_TOKEN_DAYS", 60)?,
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
+            sns_url_pattern: env_or("SNS_URL_PATTERN", provider::DEFAULT_URL_PATTERN),
+            sns_topic_arns: env_or("SNS_TOPIC_ARNS", "")
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
             worker: WorkerConfig {
                 ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
                 max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
@@ -136,6 +148,8 @@ impl Config {
                 self.unsubscribe_token_days.to_string(),
             ),
             ("PUBLIC_BASE_URL", self.public_base_url.clone()),
+            ("SNS_URL_PATTERN", self.sns_url_pattern.clone()),
+            ("SNS_TOPIC_ARNS", self.sns_topic_arns.join(",")),
             ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
             ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
             ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
@@ -181,6 +195,8 @@ pub struct AppState {
     pub audience_max: usize,
     /// Unsubscribe tokens (none without `UNSUBSCRIBE_SECRET`: `/unsubscribe` answers 503).
     pub unsubscribe: Option<unsubscribe::Unsubscribe>,
+    /// Where provider notifications may come from (none: `/provider-events/esp` is 503).
+    pub sns: Option<provider::Sns>,
 }
 
 impl AppState {
@@ -200,6 +216,7 @@ impl AppState {
             default_from: Arc::new(default_from),
             audience_max: DEFAULT_AUDIENCE_MAX,
             unsubscribe: None,
+            sns: None,
         }
     }
 }
@@ -233,6 +250,7 @@ fn routes() -> Routes<AppState> {
         .at(api::CAMPAIGN, campaigns::read)
         .at(api::UNSUBSCRIBE_PAGE, unsubscribe::confirm_page)
         .at(api::UNSUBSCRIBE, unsubscribe::unsubscribe)
+        .at(api::PROVIDER_EVENTS, provider::receive)
 }
 
 /// The sender's HTTP router.
@@ -266,6 +284,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let state = AppState {
         audience_max: config.audience_max,
         unsubscribe: unsubscribe.clone(),
+        sns: Some(provider::Sns::new(
+            &config.sns_url_pattern,
+            config.sns_topic_arns.clone(),
+        )?),
         ..AppState::new(
             rt.db.clone(),
             rt.nats.clone(),
@@ -329,6 +351,8 @@ mod tests {
         config.unsubscribe_secret = Some("unsub-secret".into());
         config.unsubscribe_token_days = 30;
         config.public_base_url = "https://mail.example.com".into();
+        config.sns_url_pattern = "^http://127\\.0\\.0\\.1:\\d+/".into();
+        config.sns_topic_arns = vec!["arn:a".into(), "arn:b".into()];
         config.worker = WorkerConfig {
             ack_wait: Duration::from_secs(2),
             max_deliver: 5,

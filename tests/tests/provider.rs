@@ -1,0 +1,300 @@
+//! `POST /provider-events/esp` with a local SNS (its own key and certificate): subscription
+//! confirmation and a failing SubscribeURL, a certificate URL off the pattern (nothing
+//! fetched), a bad signature, SES bounce, complaint and delivery events in both forms and
+//! both signature versions, a duplicate, an unknown message, the provider secret, bad
+//! payloads; and a complaint stopping the next marketing send.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use postmesh_shared::{Success, TaskId};
+use postmesh_tests::fake_sns::FakeSns;
+use postmesh_tests::{eventually, Stack, PROVIDER_SECRET};
+use sender::events::Kind;
+use sender::provider::Handled;
+use sender::send::SendAnswer;
+use sender::status::{RecipientStatus, TaskProgress};
+use sender::suppressions::{Reason, SuppressionPage};
+
+/// Posts `body` to the provider endpoint with the right secret; status and JSON answer.
+async fn post(stack: &Stack, body: &Value) -> (StatusCode, Value) {
+    post_as(
+        stack,
+        body.to_string(),
+        "text/plain; charset=UTF-8",
+        Some(PROVIDER_SECRET),
+        "",
+    )
+    .await
+}
+
+async fn post_as(
+    stack: &Stack, body: String, content_type: &str, secret: Option<&str>, query: &str,
+) -> (StatusCode, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/provider-events/esp{query}", stack.base))
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(secret) = secret {
+        req = req.header("x-service-provider-secret", secret);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// Sends one message to `to` of `email_type`; its recipient once delivered.
+async fn delivered(
+    stack: &Stack, key: &str, to: &str, email_type: &str,
+) -> (TaskId, RecipientStatus) {
+    let answer: Success<SendAnswer> = stack
+        .client(key)
+        .post(
+            "/send-email",
+            &json!({"to": to, "subject": "Hi", "text": "Hello", "emailType": email_type}),
+            StatusCode::OK,
+        )
+        .await;
+    let task = answer.body.task_id.unwrap();
+    let recipient = recipient(stack, key, task, |r| r.provider_message_id.is_some()).await;
+    (task, recipient)
+}
+
+/// The task's first recipient once `done` holds for it.
+async fn recipient(
+    stack: &Stack, key: &str, task: TaskId, done: impl Fn(&RecipientStatus) -> bool,
+) -> RecipientStatus {
+    let done = &done;
+    eventually(Duration::from_secs(20), || async move {
+        let progress: Success<TaskProgress> = stack
+            .client(key)
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        let r = progress.body.recipients.into_iter().next().unwrap();
+        if done(&r) {
+            Ok(r)
+        } else {
+            Err(format!(
+                "{:?}",
+                r.events.iter().map(|e| e.kind).collect::<Vec<_>>()
+            ))
+        }
+    })
+    .await
+}
+
+fn kinds(r: &RecipientStatus) -> Vec<Kind> {
+    r.events.iter().map(|e| e.kind).collect()
+}
+
+/// An SES event of the event-publishing form.
+fn ses_event(kind: &str, ses_id: &str, to: &str, part: Value) -> Value {
+    let mut event = json!({
+        "eventType": kind,
+        "mail": {"timestamp": "2026-11-25T07:00:00.000Z", "messageId": ses_id,
+                 "source": "hello@postmesh.localhost", "destination": [to]},
+    });
+    let name = match kind {
+        "DeliveryDelay" => "deliveryDelay".to_owned(),
+        other => other.to_lowercase(),
+    };
+    event[name] = part;
+    event
+}
+
+#[tokio::test]
+async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
+    let stack = Stack::start().await;
+    let sns = FakeSns::start().await;
+    let (status, body) = post(&stack, &sns.confirmation("tok-1")).await;
+    assert_eq!(
+        (status, body["confirmed"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    assert_eq!(sns.confirmed(), ["tok-1"]);
+
+    sns.set_failing(true);
+    let (status, _) = post(&stack, &sns.confirmation("tok-2")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    sns.set_failing(false);
+
+    // A certificate off the pattern: refused before anything is fetched.
+    let elsewhere = FakeSns::start().await;
+    let mut env = elsewhere.confirmation("tok-3");
+    env["SigningCertURL"] = json!(elsewhere.cert_url().replace("127.0.0.1", "localhost"));
+    elsewhere.sign(&mut env);
+    let (status, body) = post(&stack, &env).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        elsewhere.requests().is_empty(),
+        "{:?}",
+        elsewhere.requests()
+    );
+    // A SubscribeURL off the pattern too.
+    let mut env = sns.confirmation("tok-4");
+    env["SubscribeURL"] = json!("https://attacker.example/confirm");
+    sns.sign(&mut env);
+    let (status, _) = post(&stack, &env).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(!sns.confirmed().contains(&"tok-4".to_owned()));
+
+    // A bad signature: a Message changed after signing, a signature of another key.
+    let mut env = sns.notification("m-1", &json!({"notificationType": "Delivery"}), 2);
+    env["Message"] = json!("{\"notificationType\": \"Bounce\"}");
+    let (status, body) = post(&stack, &env).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("signature"));
+    let mut env = sns.notification("m-2", &json!({"notificationType": "Delivery"}), 2);
+    env["Signature"] = json!(base64_of(&[7u8; 256]));
+    assert_eq!(post(&stack, &env).await.0, StatusCode::BAD_REQUEST);
+    // Another topic.
+    let mut env = sns.notification("m-3", &json!({"notificationType": "Delivery"}), 2);
+    env["TopicArn"] = json!("arn:aws:sns:eu-west-1:123456789012:other");
+    sns.sign(&mut env);
+    assert_eq!(post(&stack, &env).await.0, StatusCode::BAD_REQUEST);
+
+    // The provider secret: wrong → 401, in the query → taken; bad payloads → 400.
+    let good = sns.confirmation("tok-5").to_string();
+    let (status, _) = post_as(&stack, good.clone(), "text/plain", Some("wrong"), "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = post_as(&stack, good.clone(), "text/plain", None, "").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let query = format!("?token={PROVIDER_SECRET}");
+    let (status, body) = post_as(&stack, good, "application/json", None, &query).await;
+    assert_eq!(
+        (status, body["confirmed"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    for bad in ["not json", "{\"Type\": \"Notification\"}", "[]"] {
+        let (status, _) =
+            post_as(&stack, bad.into(), "text/plain", Some(PROVIDER_SECRET), "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    stack.shutdown().await;
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[tokio::test]
+async fn ses_events_become_delivery_events_and_suppressions() {
+    let stack = Stack::start().await;
+    let sns = FakeSns::start().await;
+    let key = stack.key(100).await;
+
+    // A permanent bounce (event-publishing form, SignatureVersion 1).
+    let (task, r) = delivered(&stack, &key, "gone@example.com", "transactional").await;
+    let ses_id = r.provider_message_id.clone().unwrap();
+    let bounce = ses_event(
+        "Bounce",
+        &ses_id,
+        "gone@example.com",
+        json!({"bounceType": "Permanent", "bounceSubType": "General",
+               "bouncedRecipients": [{"emailAddress": "gone@example.com", "diagnosticCode": "550 5.1.1"}]}),
+    );
+    let (status, body) = post(&stack, &sns.notification("sns-1", &bounce, 1)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let handled: Handled = serde_json::from_value(body).unwrap();
+    assert_eq!((handled.matched, handled.duplicates), (1, 0));
+    // Again: a duplicate, nothing new.
+    let (_, body) = post(&stack, &sns.notification("sns-1", &bounce, 1)).await;
+    assert_eq!(
+        (body["matched"].clone(), body["duplicates"].clone()),
+        (json!(1), json!(1))
+    );
+    let r = recipient(&stack, &key, task, |r| r.events.len() >= 2).await;
+    assert_eq!(kinds(&r), [Kind::Sent, Kind::Bounced]);
+    assert_eq!(r.events[1].detail.0["bounceType"], "Permanent");
+
+    // A transient bounce: an event, no suppression. A delivery (notification form).
+    let (task, r) = delivered(&stack, &key, "busy@example.com", "transactional").await;
+    let ses_id = r.provider_message_id.clone().unwrap();
+    let soft = ses_event(
+        "Bounce",
+        &ses_id,
+        "busy@example.com",
+        json!({"bounceType": "Transient", "bouncedRecipients": [{"emailAddress": "busy@example.com"}]}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-2", &soft, 2)).await.0,
+        StatusCode::OK
+    );
+    let delivery = json!({"notificationType": "Delivery",
+        "mail": {"messageId": ses_id, "destination": ["busy@example.com"]},
+        "delivery": {"recipients": ["busy@example.com"], "smtpResponse": "250 ok"}});
+    let (_, body) = post(&stack, &sns.notification("sns-3", &delivery, 2)).await;
+    assert_eq!(body["matched"], 1, "{body}");
+    let r = recipient(&stack, &key, task, |r| r.events.len() >= 3).await;
+    assert_eq!(kinds(&r), [Kind::Sent, Kind::Bounced, Kind::Delivered]);
+
+    // A complaint stops the next marketing send to that address.
+    let (_, r) = delivered(&stack, &key, "angry@example.com", "marketing").await;
+    let complaint = ses_event(
+        "Complaint",
+        r.provider_message_id.as_deref().unwrap(),
+        "angry@example.com",
+        json!({"complainedRecipients": [{"emailAddress": "angry@example.com"}], "complaintFeedbackType": "abuse"}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-4", &complaint, 2))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let next: Success<SendAnswer> = stack
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({"to": ["angry@example.com", "gone@example.com", "busy@example.com"],
+                    "subject": "Sale", "text": "Buy", "emailType": "marketing"}),
+            StatusCode::OK,
+        )
+        .await;
+    let mut rejected: Vec<_> = next
+        .body
+        .recipients
+        .rejected
+        .iter()
+        .map(|r| (r.email.as_str(), r.reason.as_str()))
+        .collect();
+    rejected.sort();
+    assert_eq!(
+        rejected,
+        [
+            ("angry@example.com", "suppressed:complaint"),
+            ("gone@example.com", "suppressed:bounce"),
+        ]
+    );
+    let page: Success<SuppressionPage> = stack
+        .client(&key)
+        .get("/suppressions", StatusCode::OK)
+        .await;
+    let mut reasons: Vec<Reason> = page.body.suppressions.iter().map(|s| s.reason).collect();
+    reasons.sort_by_key(|r| format!("{r:?}"));
+    assert_eq!(reasons, [Reason::Bounce, Reason::Complaint]);
+
+    // An unknown message, and an event we do not act on.
+    let unknown = ses_event("Delivery", "no-such-id", "x@example.com", json!({}));
+    let (status, body) = post(&stack, &sns.notification("sns-5", &unknown, 2)).await;
+    assert_eq!(
+        (status, body["ignored"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    assert_eq!(body["matched"], 0);
+    let opened = ses_event(
+        "Open",
+        r.provider_message_id.as_deref().unwrap(),
+        "angry@example.com",
+        json!({}),
+    );
+    let (_, body) = post(&stack, &sns.notification("sns-6", &opened, 2)).await;
+    assert_eq!(
+        (body["matched"].clone(), body["ignored"].clone()),
+        (json!(1), json!(true))
+    );
+    stack.shutdown().await;
+}
