@@ -163,6 +163,26 @@ pub mod domain {
 pub mod sender {
     use super::*;
 
+    /// `count` contacts of `workspace` (`c<i>@bench.example`); contact `i` has the tag
+    /// `first-<size>` for each of `sizes` above `i`.
+    pub async fn insert_contacts(
+        db: &PgPool, workspace: uuid::Uuid, count: usize, sizes: &[usize],
+    ) {
+        let sizes: Vec<i64> = sizes.iter().map(|s| *s as i64).collect();
+        sqlx::query(
+            "INSERT INTO contacts (id, workspace_id, email, email_key, tags, created_at, updated_at)
+             SELECT gen_random_uuid(), $1, 'c' || i || '@bench.example', 'c' || i || '@bench.example',
+                    ARRAY(SELECT 'first-' || s FROM unnest($3::bigint[]) AS s WHERE i < s), 0, 0
+             FROM generate_series(0, $2 - 1) AS i",
+        )
+        .bind(workspace)
+        .bind(count as i64)
+        .bind(&sizes)
+        .execute(db)
+        .await
+        .expect("contacts");
+    }
+
     /// Rows the sender stores for sends: `(tasks, outbox messages, deliveries)`.
     pub async fn stored_rows(db: &PgPool) -> (i64, i64, i64) {
         (

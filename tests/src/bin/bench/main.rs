@@ -1,4 +1,4 @@
-//! `make bench`: five benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: six benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
@@ -39,6 +39,10 @@
 //!    `BENCH_WEBHOOK_CONCURRENCY` (the baseline's, default 64), `BENCH_WEBHOOK_ROUNDS`
 //!    (default 2).
 //!
+//! 6. **Audience sends** ([`audiences`]): accepting sends to audiences of 10,000, 50,000 and
+//!    100,000 contacts (`BENCH_AUDIENCE_CONTACTS`, default 100,000; `BENCH_AUDIENCE_ROUNDS`,
+//!    default 2), with the time per 1,000 recipients (goal: linear, 100,000 under 5 s).
+//!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
 //! default 3), `BENCH_SEND_RECIPIENTS` (per send, default 1000), `BENCH_DIRECT_SENDS`
@@ -46,9 +50,10 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,webhooks,inbound,rss`;
+//! `balance,pipeline,accept,audience,webhooks,inbound,rss`;
 //! default all).
 
+mod audiences;
 mod inbound;
 mod webhooks;
 
@@ -713,7 +718,10 @@ async fn main() -> anyhow::Result<()> {
     let conns: usize = env_parse("BENCH_CONNS", 32)?;
     let rounds: usize = env_parse("BENCH_ROUNDS", 3)?;
     let sending = SendSettings::from_env()?;
-    let only = env_or("BENCH_ONLY", "balance,pipeline,accept,webhooks,inbound,rss");
+    let only = env_or(
+        "BENCH_ONLY",
+        "balance,pipeline,accept,audience,webhooks,inbound,rss",
+    );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
     let mut stack = Stack::start_opts(Options {
@@ -738,6 +746,14 @@ async fn main() -> anyhow::Result<()> {
             if runs("accept") {
                 accept_bench(&stack, &key, &sink, &sending).await?;
             }
+        }
+        if runs("audience") {
+            audiences::accept(
+                &stack,
+                env_parse("BENCH_AUDIENCE_CONTACTS", 100_000)?,
+                env_parse("BENCH_AUDIENCE_ROUNDS", 2)?,
+            )
+            .await?;
         }
         if runs("webhooks") {
             let settings = webhooks::Settings {
