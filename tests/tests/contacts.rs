@@ -9,6 +9,8 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use postmesh_tests::Stack;
 use sender::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
+use sender::send::SendAnswer;
+use sender::status::TaskProgress;
 
 #[tokio::test]
 async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
@@ -198,5 +200,45 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
             StatusCode::BAD_REQUEST,
         )
         .await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    for (email, id) in [
+        ("ann@example.com", "stored-a"),
+        ("bob@example.com", "stored-b"),
+    ] {
+        let _: Success<Upserted> = client
+            .post(
+                "/contacts",
+                &json!({"email": email, "externalId": id}),
+                StatusCode::CREATED,
+            )
+            .await;
+    }
+    let sent: Success<SendAnswer> = client
+        .post(
+            "/send-email",
+            &json!({"to": ["ANN@example.com", {"email": "bob@example.com", "externalId": "given"},
+                           "cat@example.com"],
+                    "subject": "Hi", "text": "Hello", "scheduledAt": postmesh_shared::db::now_unix() + 3600}),
+            StatusCode::OK,
+        )
+        .await;
+    let task = sent.body.task_id.unwrap();
+    let progress: Success<TaskProgress> = client
+        .get(&format!("/email-status/{task}"), StatusCode::OK)
+        .await;
+    let ids: Vec<Option<&str>> = progress
+        .body
+        .recipients
+        .iter()
+        .map(|r| r.external_id.as_deref())
+        .collect();
+    assert_eq!(ids, [Some("stored-a"), Some("given"), None]);
     stack.shutdown().await;
 }

@@ -228,8 +228,37 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         "delivery": {"recipients": ["busy@example.com"], "smtpResponse": "250 ok"}});
     let (_, body) = post(&stack, &sns.notification("sns-3", &delivery, 2)).await;
     assert_eq!(body["matched"], 1, "{body}");
-    let r = recipient(&stack, &key, task, |r| r.events.len() >= 3).await;
-    assert_eq!(kinds(&r), [Kind::Sent, Kind::Bounced, Kind::Delivered]);
+    let delay = ses_event(
+        "DeliveryDelay",
+        &ses_id,
+        "busy@example.com",
+        json!({"delayType": "MailboxFull", "delayedRecipients": [{"emailAddress": "busy@example.com"}]}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-7", &delay, 2)).await.0,
+        StatusCode::OK
+    );
+    let reject = ses_event(
+        "Reject",
+        &ses_id,
+        "busy@example.com",
+        json!({"reason": "Bad content"}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-8", &reject, 2)).await.0,
+        StatusCode::OK
+    );
+    let r = recipient(&stack, &key, task, |r| r.events.len() >= 5).await;
+    assert_eq!(
+        kinds(&r),
+        [
+            Kind::Sent,
+            Kind::Bounced,
+            Kind::Delivered,
+            Kind::Delayed,
+            Kind::Rejected
+        ]
+    );
 
     // A complaint stops the next marketing send to that address.
     let (_, r) = delivered(&stack, &key, "angry@example.com", "marketing").await;

@@ -301,6 +301,35 @@ pub async fn upsert(
     ))
 }
 
+/// Gives each of `recipients` without an `externalId` its stored contact's (a recipient
+/// object's own `externalId` wins), in one query.
+pub async fn fill_external_ids(
+    db: &sqlx::PgPool, workspace: WorkspaceId, recipients: &mut [crate::request::Recipient],
+) -> Result<(), sqlx::Error> {
+    let missing: Vec<String> = recipients
+        .iter()
+        .filter(|r| r.external_id.is_none())
+        .map(|r| r.email.as_str().to_lowercase())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let stored: std::collections::HashMap<String, String> = sqlx::query_as(
+        "SELECT email_key, external_id FROM contacts
+         WHERE workspace_id = $1 AND email_key = ANY($2) AND external_id IS NOT NULL",
+    )
+    .bind(workspace)
+    .bind(&missing)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .collect();
+    for r in recipients.iter_mut().filter(|r| r.external_id.is_none()) {
+        r.external_id = stored.get(&r.email.as_str().to_lowercase()).cloned();
+    }
+    Ok(())
+}
+
 /// `POST /contacts` answer.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Upserted {

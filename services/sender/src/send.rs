@@ -18,7 +18,7 @@ use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest, Target};
 use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
-use crate::{audiences, campaigns, governance, templates, usage, AppState};
+use crate::{audiences, campaigns, contacts, governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -256,7 +256,11 @@ async fn recipients_of(
     }
     let max = state.audience_max;
     match &req.target {
-        Target::To => Ok((None, req.recipients.clone(), req.rejected.clone())),
+        Target::To => {
+            let mut recipients = req.recipients.clone();
+            contacts::fill_external_ids(&state.db, caller.workspace, &mut recipients).await?;
+            Ok((None, recipients, req.rejected.clone()))
+        }
         Target::Audience { raw, .. } if req.campaign_name.is_some() && !req.dry_run => {
             let name = req.campaign_name.as_deref().unwrap_or_default();
             let key = campaigns::create_for_send(
