@@ -306,6 +306,36 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     reasons.sort_by_key(|r| format!("{r:?}"));
     assert_eq!(reasons, [Reason::Bounce, Reason::Complaint]);
 
+    // A Subscription event (SES list management): the opted-out topic is unsubscribed.
+    let (task, r) = delivered(&stack, &key, "reader@example.com", "marketing").await;
+    let subscription = ses_event(
+        "Subscription",
+        r.provider_message_id.as_deref().unwrap(),
+        "reader@example.com",
+        json!({"contactList": "main", "newTopicPreferences": {"unsubscribeAll": false,
+               "topicSubscriptionStatus": [{"topicName": "news", "subscriptionStatus": "OptOut"},
+                                           {"topicName": "tips", "subscriptionStatus": "OptIn"}]}}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-9", &subscription, 2))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let r = recipient(&stack, &key, task, |r| r.events.len() >= 2).await;
+    assert_eq!(kinds(&r), [Kind::Sent, Kind::Unsubscribed]);
+    let page: Success<SuppressionPage> = stack
+        .client(&key)
+        .get("/suppressions?email=reader@example.com", StatusCode::OK)
+        .await;
+    let entries: Vec<_> = page
+        .body
+        .suppressions
+        .iter()
+        .map(|s| (s.reason, s.topic.clone()))
+        .collect();
+    assert_eq!(entries, [(Reason::Unsubscribed, Some("news".to_owned()))]);
+
     // An unknown message, and an event we do not act on.
     let unknown = ses_event("Delivery", "no-such-id", "x@example.com", json!({}));
     let (status, body) = post(&stack, &sns.notification("sns-5", &unknown, 2)).await;

@@ -92,6 +92,9 @@ pub async fn record(
     )
     .fetch_all(&mut *tx)
     .await?;
+    let new: std::collections::HashSet<Uuid> = new.into_iter().collect();
+    // One outbox statement per kind (its subject), not one per event.
+    let mut by_kind: Vec<(Kind, Vec<(Uuid, Vec<u8>)>)> = Vec::new();
     for (id, event) in ids.iter().zip(events) {
         if !new.contains(id) {
             continue;
@@ -106,8 +109,14 @@ pub async fn record(
             occurred_at: event.occurred_at,
             detail: event.detail.to_string(),
         };
-        let subject = subject(ns, event.kind);
-        outbox::enqueue_many(tx, &subject, &[(*id, message.encode_to_vec())]).await?;
+        let payload = (*id, message.encode_to_vec());
+        match by_kind.iter_mut().find(|(k, _)| *k == event.kind) {
+            Some((_, list)) => list.push(payload),
+            None => by_kind.push((event.kind, vec![payload])),
+        }
+    }
+    for (kind, messages) in by_kind {
+        outbox::enqueue_many(tx, &subject(ns, kind), &messages).await?;
     }
     Ok(new.len())
 }
