@@ -59,6 +59,9 @@ pub struct NewEvent {
     pub source_key: String,
 }
 
+/// An outbox message: its id and payload.
+type Outgoing = (Uuid, Vec<u8>);
+
 /// Records `events` in the caller's transaction and queues each new one for the DELIVERY
 /// stream; answers how many were new (one reported before is skipped).
 pub async fn record(
@@ -94,7 +97,7 @@ pub async fn record(
     .await?;
     let new: std::collections::HashSet<Uuid> = new.into_iter().collect();
     // One outbox statement per kind (its subject), not one per event.
-    let mut by_kind: Vec<(Kind, Vec<(Uuid, Vec<u8>)>)> = Vec::new();
+    let mut by_kind: Vec<(Kind, Vec<Outgoing>)> = Vec::new();
     for (id, event) in ids.iter().zip(events) {
         if !new.contains(id) {
             continue;
