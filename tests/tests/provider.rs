@@ -260,6 +260,47 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         ]
     );
 
+    // A bounce of a copy suppresses the address that bounced, not the recipient.
+    let copied: Success<SendAnswer> = stack
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({"to": "main@example.com", "cc": "copy@example.com", "subject": "Hi",
+                    "text": "Hello"}),
+            StatusCode::OK,
+        )
+        .await;
+    let r = recipient(&stack, &key, copied.body.task_id.unwrap(), |r| {
+        r.provider_message_id.is_some()
+    })
+    .await;
+    let copy_bounce = ses_event(
+        "Bounce",
+        r.provider_message_id.as_deref().unwrap(),
+        "copy@example.com",
+        json!({"bounceType": "Permanent",
+               "bouncedRecipients": [{"emailAddress": "copy@example.com"}]}),
+    );
+    assert_eq!(
+        post(&stack, &sns.notification("sns-10", &copy_bounce, 2))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let page: Success<SuppressionPage> = stack
+        .client(&key)
+        .get("/suppressions?email=copy@example.com", StatusCode::OK)
+        .await;
+    assert_eq!(page.body.suppressions.len(), 1);
+    let page: Success<SuppressionPage> = stack
+        .client(&key)
+        .get("/suppressions?email=main@example.com", StatusCode::OK)
+        .await;
+    assert!(
+        page.body.suppressions.is_empty(),
+        "the recipient is not suppressed"
+    );
+
     // A complaint stops the next marketing send to that address.
     let (_, r) = delivered(&stack, &key, "angry@example.com", "marketing").await;
     let complaint = ses_event(
@@ -304,7 +345,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         .await;
     let mut reasons: Vec<Reason> = page.body.suppressions.iter().map(|s| s.reason).collect();
     reasons.sort_by_key(|r| format!("{r:?}"));
-    assert_eq!(reasons, [Reason::Bounce, Reason::Complaint]);
+    assert_eq!(reasons, [Reason::Bounce, Reason::Bounce, Reason::Complaint]);
 
     // A Subscription event (SES list management): the opted-out topic is unsubscribed.
     let (task, r) = delivered(&stack, &key, "reader@example.com", "marketing").await;

@@ -468,6 +468,8 @@ pub struct Imported {
 /// `tags` (separated by `;`), `topic:<name>` (`subscribed` / `unsubscribed`); any other
 /// column is an attribute (its text; an empty cell sets nothing).
 fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
+    // Spreadsheets often save a byte-order mark before the header.
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(body);
     let headers = reader
         .headers()
@@ -601,6 +603,9 @@ mod tests {
         );
         assert_eq!(input.attributes.unwrap()["plan"], "pro");
         assert!(rows[1].as_ref().unwrap_err().contains("topic:news"));
+        let with_bom = format!("\u{feff}{csv}");
+        let rows = csv_rows(with_bom.as_bytes()).unwrap();
+        assert_eq!(rows[0].as_ref().unwrap().email.as_deref(), Some("a@x.com"));
     }
 
     #[test]

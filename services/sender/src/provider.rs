@@ -317,14 +317,18 @@ struct Effect {
     kind: Kind,
     detail: Value,
     suppress: Option<(Reason, Option<String>)>,
+    /// Whom the suppression is for: the addresses the event lists (a cc or bcc copy can
+    /// bounce too); empty: the message's recipient.
+    addresses: Vec<String>,
 }
 
 fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
-    let one = |kind, detail: &Option<Value>, suppress| {
+    let one = |kind, detail: &Option<Value>, suppress, addresses: Vec<String>| {
         vec![Effect {
             kind,
             detail: detail.clone().unwrap_or(Value::Null),
             suppress,
+            addresses,
         }]
     };
     Ok(match kind {
@@ -340,6 +344,7 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 Kind::Bounced,
                 &Some(detail),
                 permanent.then_some((Reason::Bounce, None)),
+                addresses(bounce, "bouncedRecipients"),
             )
         }
         "Complaint" => {
@@ -355,11 +360,12 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 Kind::Complained,
                 &Some(detail),
                 Some((Reason::Complaint, None)),
+                addresses(complaint, "complainedRecipients"),
             )
         }
-        "Delivery" => one(Kind::Delivered, &event.delivery, None),
-        "Reject" => one(Kind::Rejected, &event.reject, None),
-        "DeliveryDelay" => one(Kind::Delayed, &event.delivery_delay, None),
+        "Delivery" => one(Kind::Delivered, &event.delivery, None, Vec::new()),
+        "Reject" => one(Kind::Rejected, &event.reject, None, Vec::new()),
+        "DeliveryDelay" => one(Kind::Delayed, &event.delivery_delay, None, Vec::new()),
         "Subscription" => {
             let sub = event
                 .subscription
@@ -387,6 +393,7 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                     kind: Kind::Unsubscribed,
                     detail: json!({ "topic": topic, "source": "provider" }),
                     suppress: Some((Reason::Unsubscribed, topic)),
+                    addresses: Vec::new(),
                 })
                 .collect()
         }
@@ -471,11 +478,16 @@ async fn apply(
     let now = now_unix();
     let mut events = Vec::with_capacity(effects.len());
     for (i, effect) in effects.iter().enumerate() {
-        if let (Some((reason, topic)), Some(email)) =
-            (&effect.suppress, EmailAddress::parse(&ours.email))
-        {
+        if let Some((reason, topic)) = &effect.suppress {
             let workspace = WorkspaceId::from(ours.workspace_id);
-            suppressions::add(&mut *tx, workspace, &email, *reason, topic.as_deref()).await?;
+            let whom = if effect.addresses.is_empty() {
+                std::slice::from_ref(&ours.email)
+            } else {
+                effect.addresses.as_slice()
+            };
+            for email in whom.iter().filter_map(|e| EmailAddress::parse(e)) {
+                suppressions::add(&mut *tx, workspace, &email, *reason, topic.as_deref()).await?;
+            }
         }
         events.push(NewEvent {
             workspace: ours.workspace_id,
