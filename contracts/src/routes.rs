@@ -16,6 +16,10 @@ pub enum Policy {
     /// The cloud mail provider: `x-service-provider-secret` (or `?token=`) equal to the
     /// gateway's `PROVIDER_SECRET`.
     ProviderSecret,
+    /// A signed-in web session (the `pm_session` cookie); 401 without one.
+    Session,
+    /// A page of the web app: a signed-in web session, else a redirect to `/app/login`.
+    Page,
 }
 
 /// The HTTP methods routes are declared with.
@@ -83,11 +87,33 @@ macro_rules! manifest {
     (@limit $limit:expr) => { Some($limit) };
 }
 
-/// The gateway's own routes: verification codes.
+/// The gateway's own routes: verification codes, web login, API keys, CLI device
+/// authorization and the web app.
 pub mod gateway {
     manifest! {
         SEND_CODE = Post "/send-code" Key;
         VERIFY_CODE = Post "/verify-code" Key;
+        LOGIN_CODE = Post "/login/code" Public;
+        VERIFY_CODE_LOGIN = Post "/verify-code-login" Public;
+        LOGOUT = Post "/logout" Session;
+        ACCOUNT = Get "/account" Key;
+        API_KEYS = Get "/api-keys" Session;
+        API_KEY_CREATE = Post "/api-keys" Session;
+        API_KEY_REVOKE = Delete "/api-keys/{id}" Session;
+        CLI_AUTH_INIT = Post "/cli/auth/init" Public;
+        CLI_AUTH_POLL = Post "/cli/auth/poll" Public;
+        CLI_AUTH_APPROVE = Post "/cli/auth/approve" Session;
+        APP = Get "/app" Public;
+        APP_LOGIN = Get "/app/login" Public;
+        APP_LOGIN_SEND = Post "/app/login" Public;
+        APP_LOGIN_VERIFY = Post "/app/login/verify" Public;
+        APP_LOGOUT = Post "/app/logout" Page;
+        APP_DEVICE = Get "/app/device" Page;
+        APP_DEVICE_DECIDE = Post "/app/device" Page;
+        APP_KEYS = Get "/app/keys" Page;
+        APP_KEY_CREATE = Post "/app/keys" Page;
+        APP_KEY_REVOKE = Post "/app/keys/{id}/revoke" Page;
+        APP_USAGE = Get "/app/usage" Page;
     }
 }
 

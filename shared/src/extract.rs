@@ -72,7 +72,7 @@ impl<S: Send + Sync, T: FromStr + Send> FromRequestParts<S> for IdPath<T> {
 pub struct Caller {
     pub account: AccountId,
     pub workspace: WorkspaceId,
-    /// The calling API key.
+    /// The key whose balance pays: the account's primary key, whichever key called.
     pub key: ApiKeyId,
     pub role: Role,
     /// The account's email address.

@@ -143,6 +143,8 @@ impl Runtime {
         let bound = listener.local_addr()?;
         let stop = self.shutdown.clone();
         self.tracker.spawn(async move {
+            // The peer address is the client IP for per-IP limits (`ConnectInfo`).
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
                 .await;

@@ -14,6 +14,7 @@ pub mod fake_stripe;
 pub mod mta;
 pub mod peek;
 pub mod receiver;
+pub mod web;
 
 pub use client::{Answer, TestClient};
 pub use fake_stripe::FakeStripe;
@@ -314,6 +315,9 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         },
         inbound_secret: Some(INBOUND_SECRET.into()),
         provider_secret: Some(PROVIDER_SECRET.into()),
+        public_base_url: "http://127.0.0.1".into(),
+        login_ip_hourly_limit: 30,
+        trust_forwarded_for: false,
     }
 }
 
@@ -387,10 +391,12 @@ impl Drop for ServiceDb {
 /// account, as the gateway makes them), for calling a service's router directly.
 pub fn caller(role: Role) -> postmesh_shared::proto::AuthContext {
     let account = uuid::Uuid::now_v7().to_string();
+    let key = uuid::Uuid::now_v7().to_string();
     postmesh_shared::proto::AuthContext {
         workspace_id: account.clone(),
         account_id: account,
-        api_key_id: uuid::Uuid::now_v7().to_string(),
+        api_key_id: key.clone(),
+        key_id: key,
         role: role.into(),
         email: "owner@example.com".into(),
     }
@@ -446,8 +452,12 @@ impl Stack {
         let dispatcher = webhook_dispatcher::start(dispatcher_config(&common))
             .await
             .expect("webhook dispatcher starts");
+        // Its address is chosen first, so device verification links point at it.
+        let addr = free_port();
         let gateway_config = api_gateway::Config {
             inbound_secret: opts.inbound_secret,
+            http_addr: addr,
+            public_base_url: format!("http://{addr}"),
             ..gateway_config(&common, opts.rate)
         };
         let codes = gateway_config.codes.clone();
@@ -822,7 +832,8 @@ impl Stack {
             .balance
     }
 
-    /// Delivered messages addressed to `to` (compared without regard to case).
+    /// Delivered messages addressed to `to` (compared without regard to case), oldest
+    /// first.
     pub fn messages_to(&self, to: &str) -> Vec<String> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(self.outbox())
@@ -836,11 +847,13 @@ impl Stack {
                 let to = to.to_lowercase();
                 let addressed = |l: &str| l.starts_with("To:") && l.to_lowercase().contains(&to);
                 if text.lines().any(addressed) {
-                    found.push(text);
+                    let written = entry.metadata().and_then(|m| m.modified()).ok();
+                    found.push((written, text));
                 }
             }
         }
-        found
+        found.sort_by_key(|(written, _)| *written);
+        found.into_iter().map(|(_, text)| text).collect()
     }
 
     /// Waits until `count` messages to `to` were delivered; returns them. Fails the test
@@ -880,7 +893,6 @@ impl Stack {
             messages.len(),
             "every code email carries a code"
         );
-        // Emails are unordered on disk; callers that need the newest send one at a time.
         codes.last().cloned().expect("a code")
     }
 
@@ -965,9 +977,9 @@ pub fn free_port() -> SocketAddr {
     listener.local_addr().expect("addr")
 }
 
-/// The 6-digit code in a delivered code email.
+/// The 6-digit code in a delivered code email (verification or login).
 pub fn extract_code(eml: &str) -> Option<String> {
-    let at = eml.find("verification code is ")? + "verification code is ".len();
+    let at = eml.find(" code is ")? + " code is ".len();
     let code: String = eml[at..].chars().take(6).collect();
     (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
 }

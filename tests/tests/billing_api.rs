@@ -34,6 +34,7 @@ async fn billing_with_key(credits: i64) -> (ServiceDb, ApiKeyId, TestClient) {
         account_id: account.clone(),
         workspace_id: account,
         api_key_id: key.to_string(),
+        key_id: key.to_string(),
         role: postmesh_shared::proto::Role::Member.into(),
         email: "owner@example.com".into(),
     };

@@ -56,7 +56,15 @@ impl CreateKey {
             postmesh_shared::nats::connect(&common.nats_url, SERVICE, common.upstream_timeout)
                 .await?;
         let billing = BillingClient::new(nats, common.namespace.clone(), TaskTracker::new());
-        keys::create_key(&db, &billing, &self.email, self.role, self.credits).await
+        keys::create_key(
+            &db,
+            &billing,
+            &self.email,
+            self.role,
+            self.credits,
+            "create-key",
+        )
+        .await
     }
 
     /// Creates the key and prints it.

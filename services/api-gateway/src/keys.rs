@@ -61,6 +61,18 @@ pub fn generate() -> NewKey {
     NewKey { text, prefix, hash }
 }
 
+/// A key's row as authentication reads it.
+#[derive(sqlx::FromRow)]
+struct StoredKey {
+    id: Uuid,
+    account_id: Uuid,
+    workspace_id: Uuid,
+    hash: Vec<u8>,
+    role: String,
+    email: String,
+    billing_key_id: Uuid,
+}
+
 /// A looked-up key: its hash and who it belongs to.
 type KeyRow = ([u8; 32], AuthContext);
 
@@ -146,74 +158,111 @@ impl KeyStore {
         }
     }
 
+    /// Forgets a cached key at once (it was revoked here); other replicas forget it within
+    /// the cache's `ttl`.
+    pub fn forget(&self, prefix: &str) {
+        let mut entries = self
+            .known
+            .entries
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        entries.remove(prefix);
+    }
+
     async fn load(&self, prefix: &str) -> Result<Option<KeyRow>, ApiError> {
-        let row: Option<(Uuid, Uuid, Uuid, Vec<u8>, String, String)> = sqlx::query_as(
-            "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email
+        let row: Option<StoredKey> = sqlx::query_as(
+            "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email, k.billing_key_id
              FROM api_keys k JOIN accounts a ON a.id = k.account_id
              WHERE k.prefix = $1 AND k.revoked_at IS NULL",
         )
         .bind(prefix)
         .fetch_optional(&self.db)
         .await?;
-        Ok(row.and_then(|(id, account, workspace, hash, role, email)| {
-            let hash: [u8; 32] = hash.try_into().ok()?;
+        Ok(row.and_then(|k| {
+            let hash: [u8; 32] = k.hash.try_into().ok()?;
             let auth = AuthContext {
-                account_id: account.to_string(),
-                workspace_id: workspace.to_string(),
-                api_key_id: id.to_string(),
-                role: Role::parse(&role)? as i32,
-                email,
+                account_id: k.account_id.to_string(),
+                workspace_id: k.workspace_id.to_string(),
+                api_key_id: k.billing_key_id.to_string(),
+                key_id: k.id.to_string(),
+                role: Role::parse(&k.role)? as i32,
+                email: k.email,
             };
             Some((hash, auth))
         }))
     }
 }
 
-/// Creates the account for `email` if needed and a new API key with `role` holding
-/// `credits`, granted through billing. The key row commits only after billing confirmed the
-/// grant.
+/// Creates the account for `email` if needed and a new API key named `name` with `role`.
+/// The account's first key is its primary key; every later key bills to it. `credits` are
+/// granted to the primary key through billing, and the key row commits only after billing
+/// confirmed the grant.
 pub async fn create_key(
     db: &PgPool, billing: &BillingClient, email: &EmailAddress, role: Role, credits: i64,
+    name: &str,
 ) -> anyhow::Result<String> {
     anyhow::ensure!(credits >= 0, "credits must not be negative");
     let mut tx = db.begin().await?;
-    let account_id: Uuid = sqlx::query_scalar(
+    // The row lock makes two first keys of one account take turns, so it gets one primary.
+    let (account_id, primary): (Uuid, Option<Uuid>) = sqlx::query_as(
         "INSERT INTO accounts (id, email, created_at) VALUES ($1, $2, $3)
          ON CONFLICT (email) DO UPDATE SET email = EXCLUDED.email
-         RETURNING id",
+         RETURNING id, primary_key_id",
     )
     .bind(Uuid::now_v7())
     .bind(email.as_str())
     .bind(now_unix())
     .fetch_one(&mut *tx)
     .await?;
-    let key = generate();
     let key_id = Uuid::now_v7();
+    let billing_key = primary.unwrap_or(key_id);
+    let key = insert_key(&mut tx, account_id, key_id, billing_key, name, role).await?;
+    if primary.is_none() {
+        sqlx::query("UPDATE accounts SET primary_key_id = $2 WHERE id = $1")
+            .bind(account_id)
+            .bind(key_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    // A first key always gets a grant (of 0, too), so its balance exists from the start.
+    if primary.is_none() || credits > 0 {
+        let grant = GrantRequest {
+            api_key_id: billing_key.to_string(),
+            account_id: account_id.to_string(),
+            email: email.as_str().to_owned(),
+            credits,
+            idempotency_key: format!("grant:{key_id}"),
+        };
+        billing
+            .grant(&grant)
+            .await
+            .map_err(|e| anyhow::anyhow!("billing could not grant the credits: {e}"))?;
+    }
+    tx.commit().await?;
+    Ok(key)
+}
+
+/// Inserts a new key row of `account` billing to `billing_key`; the key's text.
+pub async fn insert_key(
+    tx: &mut sqlx::PgConnection, account: Uuid, id: Uuid, billing_key: Uuid, name: &str, role: Role,
+) -> sqlx::Result<String> {
+    let key = generate();
     // One workspace per account for now: the workspace id is the account id.
     sqlx::query(
-        "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, role, created_at)
-         VALUES ($1, $2, $2, $3, $4, $5, $6)",
+        "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, role, created_at, name,
+                               billing_key_id)
+         VALUES ($1, $2, $2, $3, $4, $5, $6, $7, $8)",
     )
-    .bind(key_id)
-    .bind(account_id)
+    .bind(id)
+    .bind(account)
     .bind(&key.prefix)
     .bind(key.hash.as_slice())
     .bind(role.name())
     .bind(now_unix())
-    .execute(&mut *tx)
+    .bind(name)
+    .bind(billing_key)
+    .execute(tx)
     .await?;
-    let grant = GrantRequest {
-        api_key_id: key_id.to_string(),
-        account_id: account_id.to_string(),
-        email: email.as_str().to_owned(),
-        credits,
-        idempotency_key: format!("grant:{key_id}"),
-    };
-    billing
-        .grant(&grant)
-        .await
-        .map_err(|e| anyhow::anyhow!("billing could not grant the credits: {e}"))?;
-    tx.commit().await?;
     Ok(key.text)
 }
 

@@ -1,12 +1,18 @@
-//! The API gateway: terminates HTTP, authenticates API keys, serves verification codes, and
+//! The API gateway: terminates HTTP, authenticates API keys and web sessions, serves
+//! verification codes, web login, API keys, CLI device authorization and the web app, and
 //! forwards every other route to its service over NATS as an HTTP envelope.
 
+pub mod accounts;
 pub mod codes;
 pub mod create_key;
+pub mod device;
 pub mod keys;
+pub mod login;
 pub mod observe;
 pub mod ratelimit;
 pub mod routes;
+pub mod sessions;
+pub mod web;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,6 +60,15 @@ pub struct Config {
     /// What the cloud mail provider sends in `x-service-provider-secret` or `?token=`
     /// (`PROVIDER_SECRET`); unset: `/provider-events/esp` answers 503.
     pub provider_secret: Option<String>,
+    /// Where browsers reach the gateway (`PUBLIC_BASE_URL`, default
+    /// `http://127.0.0.1:8080`): device verification links; cookies are `Secure` unless it
+    /// is `http://`.
+    pub public_base_url: String,
+    /// Login codes one IP may ask for an hour (`LOGIN_IP_HOURLY_LIMIT`, default 30).
+    pub login_ip_hourly_limit: u32,
+    /// Whether the client IP is the last `X-Forwarded-For` entry
+    /// (`GATEWAY_TRUST_FORWARDED_FOR=1`, behind a proxy that appends it), not the peer.
+    pub trust_forwarded_for: bool,
 }
 
 impl Config {
@@ -82,6 +97,9 @@ impl Config {
             provider_secret: std::env::var("PROVIDER_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
+            login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
+            trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
             common,
             codes,
         })
@@ -106,6 +124,9 @@ pub struct Gateway {
     pub body_limit: usize,
     pub inbound_secret: Option<String>,
     pub provider_secret: Option<String>,
+    pub public_base_url: String,
+    pub login_ip_hourly_limit: u32,
+    pub trust_forwarded_for: bool,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
@@ -139,6 +160,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         body_limit: config.body_limit,
         inbound_secret: config.inbound_secret.clone(),
         provider_secret: config.provider_secret.clone(),
+        public_base_url: config.public_base_url.clone(),
+        login_ip_hourly_limit: config.login_ip_hourly_limit,
+        trust_forwarded_for: config.trust_forwarded_for,
     });
     if state.inbound_secret.is_none() {
         tracing::warn!("INBOUND_SECRET is not set: /inbound-email/* answer 503");

@@ -19,7 +19,7 @@ use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
 use postmesh_shared::routes::{method_filter, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Service};
 
-use crate::{codes, AppState};
+use crate::{accounts, codes, device, login, sessions, web, AppState};
 
 /// Where a route is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,11 @@ pub fn table() -> Vec<Entry> {
 /// # Panics
 /// When the gateway's own handlers do not serve exactly its manifest.
 pub fn router(state: AppState) -> Router {
-    let local = codes::routes();
+    let local = codes::routes()
+        .merge(login::routes())
+        .merge(accounts::routes())
+        .merge(device::routes())
+        .merge(web::routes());
     if let Err(e) = local.check(Service::ApiGateway.routes()) {
         panic!("the gateway's routes disagree with their manifest: {e}");
     }
@@ -87,14 +91,25 @@ pub fn router(state: AppState) -> Router {
     }
     let (mut public, mut keyed, mut mta, mut provider) =
         (Router::new(), Router::new(), Router::new(), Router::new());
+    let (mut session, mut page) = (Router::new(), Router::new());
     for (spec, handler) in handlers {
         match spec.policy {
             Policy::Public => public = public.route(spec.path, handler),
             Policy::Key => keyed = keyed.route(spec.path, handler),
             Policy::InboundSecret => mta = mta.route(spec.path, handler),
             Policy::ProviderSecret => provider = provider.route(spec.path, handler),
+            Policy::Session => session = session.route(spec.path, handler),
+            Policy::Page => page = page.route(spec.path, handler),
         }
     }
+    let session = session.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        sessions::require_session,
+    ));
+    let page = page.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        sessions::require_page_session,
+    ));
     let keyed = keyed.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let mta = mta.route_layer(middleware::from_fn_with_state(
         state.clone(),
@@ -108,6 +123,8 @@ pub fn router(state: AppState) -> Router {
         .merge(keyed)
         .merge(mta)
         .merge(provider)
+        .merge(session)
+        .merge(page)
         .fallback(|| async { ApiError::NotFound(NO_SUCH_ENDPOINT.into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
@@ -134,7 +151,7 @@ async fn require_key(
     let mut redis = state.redis.clone();
     state
         .rate
-        .check(&mut redis, &state.ns, &auth.api_key_id)
+        .check(&mut redis, &state.ns, &auth.key_id)
         .await?;
     req.extensions_mut().insert(auth);
     Ok(next.run(req).await)

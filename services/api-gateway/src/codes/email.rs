@@ -3,29 +3,44 @@
 
 use prost::Message as _;
 
-use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
-use postmesh_shared::{ApiError, EmailAddress, JobId};
+use postmesh_shared::{ApiError, EmailAddress, JobId, WorkspaceId};
 
 use super::store::Code;
 use super::CodeConfig;
 use crate::AppState;
 
-/// The email that carries `code` to `to`.
-fn job(config: &CodeConfig, caller: &Caller, to: &EmailAddress, code: &Code, id: JobId) -> SendJob {
+/// What a code is for: it decides the email's words.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Purpose {
+    /// `/send-code`: a code a customer's user proves an address with.
+    Verification,
+    /// `/login/code`: signing in to Postmesh itself.
+    Login,
+}
+
+/// The email that carries `code` to `to`, for `workspace` (none: Postmesh's own mail).
+fn job(
+    config: &CodeConfig, workspace: Option<WorkspaceId>, to: &EmailAddress, code: &Code, id: JobId,
+    purpose: Purpose,
+) -> SendJob {
     let minutes = config.ttl_secs / 60;
+    let (subject, what) = match purpose {
+        Purpose::Verification => ("Your verification code", "verification code"),
+        Purpose::Login => ("Your Postmesh login code", "Postmesh login code"),
+    };
     SendJob {
         id: id.to_string(),
-        workspace_id: caller.workspace.to_string(),
+        workspace_id: workspace.map(|w| w.to_string()).unwrap_or_default(),
         kind: JobKind::Verification.into(),
         body: Some(send_job::Body::Code(CodeEmail {
             from_email: config.from_email.clone(),
             to: to.as_str().to_owned(),
-            subject: "Your verification code".into(),
+            subject: subject.into(),
             text: format!(
-                "Your verification code is {}.\r\n\r\nIt expires in {minutes} minutes. If you did not ask for it, ignore this email.\r\n",
+                "Your {what} is {}.\r\n\r\nIt expires in {minutes} minutes. If you did not ask for it, ignore this email.\r\n",
                 code.as_str()
             ),
         })),
@@ -35,12 +50,13 @@ fn job(config: &CodeConfig, caller: &Caller, to: &EmailAddress, code: &Code, id:
 /// Queues the code email as job `id`. An error means it will never be sent: it was
 /// committed but could not be published, and was withdrawn before the relay took it.
 pub(super) async fn queue(
-    state: &AppState, caller: &Caller, to: &EmailAddress, code: &Code, id: JobId,
+    state: &AppState, workspace: Option<WorkspaceId>, to: &EmailAddress, code: &Code, id: JobId,
+    purpose: Purpose,
 ) -> Result<(), ApiError> {
     let message = OutboxMessage {
         id: id.as_uuid(),
         subject: Stream::Send.subject(&state.ns),
-        payload: job(&state.codes, caller, to, code, id)
+        payload: job(&state.codes, workspace, to, code, id, purpose)
             .encode_to_vec()
             .into(),
     };

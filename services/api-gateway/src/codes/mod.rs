@@ -1,7 +1,8 @@
 //! Verification codes: `POST /send-code` and `POST /verify-code`. A code is 6 random
 //! digits, valid 5 minutes, with 5 wrong attempts allowed; sends to one recipient are
 //! limited (429 with `Retry-After`); both calls are charged. The email travels the real
-//! path: outbox → SEND stream → sender. Policy: docs/decisions.md, "Verification codes".
+//! path: outbox → SEND stream → sender. Login codes (`/login/code`) use the same store and
+//! limits under their own scope, uncharged. Policy: docs/decisions.md, "Verification codes".
 
 mod email;
 mod store;
@@ -16,7 +17,8 @@ use postmesh_shared::response::Message;
 use postmesh_shared::{ApiError, EmailAddress, JobId, Routes, Success};
 
 use crate::AppState;
-use store::{Check, Code, CodeStore, Limit};
+use email::Purpose;
+use store::{Check, Code, CodeStore, Limit, LOGIN_SCOPE};
 
 /// Settings of the verification-code flow.
 #[derive(Clone, Debug)]
@@ -53,7 +55,8 @@ struct VerifyCodeBody {
     code: String,
 }
 
-fn parse_email(raw: &str) -> Result<EmailAddress, ApiError> {
+/// Parses an address from a request body; 400 when it is not one.
+pub(crate) fn parse_email(raw: &str) -> Result<EmailAddress, ApiError> {
     EmailAddress::parse(raw).ok_or_else(|| ApiError::BadRequest("invalid email address".into()))
 }
 
@@ -70,23 +73,9 @@ async fn send_code(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendCodeBody>,
 ) -> Result<Success<Message>, ApiError> {
     let email = parse_email(&body.email)?;
-    let mut store = CodeStore::new(&state, caller.account, &email);
-    match store.limit().await? {
-        Limit::Allowed => {}
-        Limit::Cooldown(retry_after) => {
-            return Err(ApiError::TooManyRequests {
-                message: "a code was just sent to this address; try again later".into(),
-                retry_after,
-            })
-        }
-        Limit::HourlyCap(retry_after) => {
-            return Err(ApiError::TooManyRequests {
-                message: "too many codes sent to this address this hour".into(),
-                retry_after,
-            })
-        }
-    }
-    let issued = issue(&state, &caller, &email, &mut store).await;
+    let mut store = CodeStore::new(&state, caller.account.to_string(), &email);
+    limit(&mut store).await?;
+    let issued = charged_issue(&state, &caller, &email, &mut store).await;
     if issued.is_err() {
         store.lift_limit().await;
     }
@@ -94,9 +83,23 @@ async fn send_code(
     Ok(Success::message("verification code sent"))
 }
 
-/// Charges (held), stages the code, queues its email, activates the code, and confirms the
-/// charge; a failed step refunds the charge and leaves the previous code in place.
-async fn issue(
+/// Counts a code to the recipient of `store`; 429 within the cooldown or over the hourly cap.
+async fn limit(store: &mut CodeStore<'_>) -> Result<(), ApiError> {
+    match store.limit().await? {
+        Limit::Allowed => Ok(()),
+        Limit::Cooldown(retry_after) => Err(ApiError::TooManyRequests {
+            message: "a code was just sent to this address; try again later".into(),
+            retry_after,
+        }),
+        Limit::HourlyCap(retry_after) => Err(ApiError::TooManyRequests {
+            message: "too many codes sent to this address this hour".into(),
+            retry_after,
+        }),
+    }
+}
+
+/// Charges (held), issues the code, and confirms the charge; a failure refunds it.
+async fn charged_issue(
     state: &AppState, caller: &Caller, email: &EmailAddress, store: &mut CodeStore<'_>,
 ) -> Result<(), ApiError> {
     let job = JobId::new();
@@ -104,23 +107,84 @@ async fn issue(
         .billing
         .hold(code_charge(caller, format!("send-code:{job}"), email))
         .await?;
+    match issue(state, Some(caller), email, store, job).await {
+        Ok(()) => {
+            charge.confirm().await;
+            Ok(())
+        }
+        Err((e, why)) => {
+            charge.refund(why).await;
+            Err(e)
+        }
+    }
+}
+
+/// Stages the code, queues its email as job `job`, and activates the code; a failed step
+/// leaves the previous code in place and says what failed.
+async fn issue(
+    state: &AppState, caller: Option<&Caller>, email: &EmailAddress, store: &mut CodeStore<'_>,
+    job: JobId,
+) -> Result<(), (ApiError, &'static str)> {
     let code = Code::random();
-    if let Err(e) = store.stage(job, &code).await {
-        charge.refund("code could not be stored").await;
-        return Err(e);
-    }
-    if let Err(e) = email::queue(state, caller, email, &code, job).await {
+    let purpose = match caller {
+        Some(_) => Purpose::Verification,
+        None => Purpose::Login,
+    };
+    store
+        .stage(job, &code)
+        .await
+        .map_err(|e| (e, "code could not be stored"))?;
+    let workspace = caller.map(|c| c.workspace);
+    if let Err(e) = email::queue(state, workspace, email, &code, job, purpose).await {
         store.discard(job).await;
-        charge.refund("code email could not be queued").await;
-        return Err(e);
+        return Err((e, "code email could not be queued"));
     }
-    if let Err(e) = store.promote(job).await {
-        charge.refund("code could not be activated").await;
-        return Err(e);
-    }
-    charge.confirm().await;
+    store
+        .promote(job)
+        .await
+        .map_err(|e| (e, "code could not be activated"))?;
     metrics::counter!("postmesh_codes_sent_total").increment(1);
     Ok(())
+}
+
+/// Emails a login code to `email`, within the per-address cooldown and hourly cap.
+pub(crate) async fn send_login_code(
+    state: &AppState, email: &EmailAddress,
+) -> Result<(), ApiError> {
+    let mut store = CodeStore::new(state, LOGIN_SCOPE.into(), email);
+    limit(&mut store).await?;
+    if let Err((e, _)) = issue(state, None, email, &mut store, JobId::new()).await {
+        store.lift_limit().await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Checks a login code: `Ok` once it matches (and is used up); 404 without a code, 400 for
+/// a wrong one.
+pub(crate) async fn check_login_code(
+    state: &AppState, email: &EmailAddress, code: &str,
+) -> Result<(), ApiError> {
+    let code = Code::parse(code.trim())
+        .ok_or_else(|| ApiError::BadRequest("code must be 6 digits".into()))?;
+    let check = CodeStore::new(state, LOGIN_SCOPE.into(), email)
+        .check(&code)
+        .await?;
+    metrics::counter!("postmesh_login_codes_verified_total", "outcome" => check.name())
+        .increment(1);
+    outcome(check)
+}
+
+/// The answer to a checked code.
+fn outcome(check: Check) -> Result<(), ApiError> {
+    match check {
+        Check::Match => Ok(()),
+        Check::Missing => Err(ApiError::NotFound("code not found or expired".into())),
+        Check::Voided => Err(ApiError::BadRequest(
+            "code mismatch; too many wrong attempts, the code is void".into(),
+        )),
+        Check::Mismatch => Err(ApiError::BadRequest("code mismatch".into())),
+    }
 }
 
 /// `POST /verify-code`. The check is charged; a missing or expired code is refunded.
@@ -138,7 +202,7 @@ async fn verify_code(
             &email,
         ))
         .await?;
-    let mut store = CodeStore::new(&state, caller.account, &email);
+    let mut store = CodeStore::new(&state, caller.account.to_string(), &email);
     let check = match store.check(&code).await {
         Ok(check) => check,
         Err(e) => {
@@ -152,11 +216,6 @@ async fn verify_code(
         return Err(ApiError::NotFound("code not found or expired".into()));
     }
     charge.confirm().await;
-    match check {
-        Check::Match => Ok(Success::message("code verified")),
-        Check::Voided => Err(ApiError::BadRequest(
-            "code mismatch; too many wrong attempts, the code is void".into(),
-        )),
-        _ => Err(ApiError::BadRequest("code mismatch".into())),
-    }
+    outcome(check)?;
+    Ok(Success::message("code verified"))
 }

@@ -7,7 +7,7 @@ use rand::Rng;
 use redis::aio::ConnectionManager;
 use sha2::Sha256;
 
-use postmesh_shared::{AccountId, ApiError, EmailAddress, JobId};
+use postmesh_shared::{ApiError, EmailAddress, JobId};
 
 use super::CodeConfig;
 use crate::AppState;
@@ -49,6 +49,9 @@ impl Code {
 fn recipient_id(email: &EmailAddress) -> String {
     email.as_str().to_lowercase()
 }
+
+/// The scope of login codes: no account's id can equal it.
+pub(super) const LOGIN_SCOPE: &str = "login";
 
 /// Whether a send to the recipient is allowed now.
 pub(super) enum Limit {
@@ -129,9 +132,10 @@ pub(super) struct CodeStore<'a> {
 }
 
 impl<'a> CodeStore<'a> {
-    /// The store of `account_id`'s codes for `email`.
-    pub(super) fn new(state: &'a AppState, account: AccountId, email: &'a EmailAddress) -> Self {
-        let account_id = account.to_string();
+    /// The store of the codes for `email` within `scope`: an account's id for
+    /// `/send-code`, [`LOGIN_SCOPE`] for signing in.
+    pub(super) fn new(state: &'a AppState, scope: String, email: &'a EmailAddress) -> Self {
+        let account_id = scope;
         // One hash tag for all keys of a (account, recipient): the scripts and the pending-code
         // RENAME touch several of them, which Redis Cluster allows only within one slot.
         let tag = format!("{{{account_id}:{}}}", recipient_id(email));

@@ -1,0 +1,243 @@
+//! Accounts and their keys as signed-in users see them: sign-up on first login, the key
+//! list, new keys billing to the account's primary key, revocation, and `GET /account`.
+//! Policy: docs/decisions.md, "Accounts and sessions".
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Extension;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use postmesh_contracts::routes::gateway as api;
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::JsonBody;
+use postmesh_shared::proto::{AuthContext, Role};
+use postmesh_shared::response::Message;
+use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
+
+use crate::keys;
+use crate::sessions::Session;
+use crate::AppState;
+
+/// The routes of keys and accounts.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .at(api::ACCOUNT, account)
+        .at(api::API_KEYS, list)
+        .at(api::API_KEY_CREATE, create)
+        .at(api::API_KEY_REVOKE, revoke)
+}
+
+/// Longest key name, in characters.
+const NAME_MAX: usize = 100;
+
+/// A key as its owner sees it (never its text).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyInfo {
+    pub id: Uuid,
+    pub name: String,
+    /// The key's visible start: `pm_<prefix>_…`.
+    pub prefix: String,
+    /// Whether this is the account's primary key, whose balance every key draws on.
+    pub primary: bool,
+    pub created_at: i64,
+}
+
+/// The account of `email` (compared without case), signing it up with its primary key on
+/// first sight.
+pub async fn find_or_register(state: &AppState, email: &EmailAddress) -> Result<Uuid, ApiError> {
+    if let Some(id) = find(state, email).await? {
+        return Ok(id);
+    }
+    let lower = EmailAddress::parse(&email.as_str().to_lowercase())
+        .ok_or_else(|| ApiError::BadRequest("invalid email address".into()))?;
+    keys::create_key(
+        &state.db,
+        &state.billing,
+        &lower,
+        Role::Member,
+        0,
+        "primary",
+    )
+    .await
+    .map_err(|e| ApiError::Unavailable(format!("could not sign up: {e}")))?;
+    find(state, email)
+        .await?
+        .ok_or_else(|| ApiError::Internal("account missing after sign-up".into()))
+}
+
+async fn find(state: &AppState, email: &EmailAddress) -> Result<Option<Uuid>, ApiError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM accounts WHERE lower(email) = lower($1) ORDER BY created_at LIMIT 1",
+    )
+    .bind(email.as_str())
+    .fetch_optional(&state.db)
+    .await?)
+}
+
+/// Mints a member key named `name` for `account`, billing to its primary key; 500 when the
+/// account has no primary key. The key's text and its record.
+pub async fn mint(
+    state: &AppState, account: Uuid, name: &str,
+) -> Result<(String, KeyInfo), ApiError> {
+    let mut tx = state.db.begin().await?;
+    let primary: Option<Uuid> =
+        sqlx::query_scalar("SELECT primary_key_id FROM accounts WHERE id = $1")
+            .bind(account)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
+    let primary = primary.ok_or_else(no_key)?;
+    let id = Uuid::now_v7();
+    let text = keys::insert_key(&mut tx, account, id, primary, name, Role::Member).await?;
+    tx.commit().await?;
+    let info = KeyInfo {
+        id,
+        name: name.to_owned(),
+        prefix: prefix_of(&text),
+        primary: false,
+        created_at: now_unix(),
+    };
+    Ok((text, info))
+}
+
+/// The error of an account without a key to bill to.
+pub fn no_key() -> ApiError {
+    ApiError::Internal("the account has no API key".into())
+}
+
+/// The primary key of `account`, if it has one.
+pub async fn primary_key(state: &AppState, account: Uuid) -> Result<Option<Uuid>, ApiError> {
+    let primary: Option<Option<Uuid>> =
+        sqlx::query_scalar("SELECT primary_key_id FROM accounts WHERE id = $1")
+            .bind(account)
+            .fetch_optional(&state.db)
+            .await?;
+    Ok(primary.flatten())
+}
+
+fn prefix_of(text: &str) -> String {
+    text.split('_').nth(1).unwrap_or_default().to_owned()
+}
+
+/// The account's live keys, oldest first.
+pub async fn keys_of(state: &AppState, account: Uuid) -> Result<Vec<KeyInfo>, ApiError> {
+    let rows: Vec<(Uuid, String, String, bool, i64)> = sqlx::query_as(
+        "SELECT k.id, k.name, k.prefix, k.id = a.primary_key_id, k.created_at
+         FROM api_keys k JOIN accounts a ON a.id = k.account_id
+         WHERE k.account_id = $1 AND k.revoked_at IS NULL ORDER BY k.created_at, k.id",
+    )
+    .bind(account)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, name, prefix, primary, created_at)| KeyInfo {
+            id,
+            name,
+            prefix,
+            primary,
+            created_at,
+        })
+        .collect())
+}
+
+/// Revokes `key` of `account`; 404 when it is not a live key of the account. This replica
+/// forgets it at once, the others within `KEY_CACHE_TTL_SECS`.
+pub async fn revoke_key(state: &AppState, account: Uuid, key: Uuid) -> Result<(), ApiError> {
+    let prefix: Option<String> = sqlx::query_scalar(
+        "UPDATE api_keys SET revoked_at = $3
+         WHERE id = $1 AND account_id = $2 AND revoked_at IS NULL RETURNING prefix",
+    )
+    .bind(key)
+    .bind(account)
+    .bind(now_unix())
+    .fetch_optional(&state.db)
+    .await?;
+    let prefix = prefix.ok_or_else(|| ApiError::NotFound("API key not found".into()))?;
+    state.keys.forget(&prefix);
+    Ok(())
+}
+
+/// A key name from a request: trimmed, 1-100 characters.
+pub fn parse_name(raw: &str) -> Result<String, ApiError> {
+    let name = raw.trim();
+    if name.is_empty() || name.chars().count() > NAME_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "name must be 1-{NAME_MAX} characters"
+        )));
+    }
+    Ok(name.to_owned())
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AccountAnswer {
+    email: String,
+    account_id: String,
+    key: KeyInfo,
+}
+
+/// `GET /account`: who the calling key belongs to.
+async fn account(
+    State(state): State<AppState>, Extension(auth): Extension<AuthContext>,
+) -> Result<Success<AccountAnswer>, ApiError> {
+    let id = Uuid::parse_str(&auth.key_id).map_err(|e| ApiError::internal("key id", e))?;
+    let account = Uuid::parse_str(&auth.account_id).map_err(|e| ApiError::internal("id", e))?;
+    let key = keys_of(&state, account)
+        .await?
+        .into_iter()
+        .find(|k| k.id == id)
+        .ok_or_else(|| ApiError::Unauthorized("invalid API key".into()))?;
+    Ok(Success::new(AccountAnswer {
+        email: auth.email,
+        account_id: auth.account_id,
+        key,
+    }))
+}
+
+#[derive(Serialize)]
+struct KeyList {
+    keys: Vec<KeyInfo>,
+}
+
+/// `GET /api-keys`.
+async fn list(
+    State(state): State<AppState>, Extension(session): Extension<Session>,
+) -> Result<Success<KeyList>, ApiError> {
+    let keys = keys_of(&state, session.account).await?;
+    Ok(Success::new(KeyList { keys }))
+}
+
+#[derive(Deserialize)]
+struct CreateBody {
+    name: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Created {
+    key: KeyInfo,
+    /// The key's text, shown this once.
+    api_key: String,
+}
+
+/// `POST /api-keys {name}`: 201 with the key's text, shown once.
+async fn create(
+    State(state): State<AppState>, Extension(session): Extension<Session>,
+    JsonBody(body): JsonBody<CreateBody>,
+) -> Result<(StatusCode, Success<Created>), ApiError> {
+    let name = parse_name(&body.name)?;
+    let (api_key, key) = mint(&state, session.account, &name).await?;
+    Ok((StatusCode::CREATED, Success::new(Created { key, api_key })))
+}
+
+/// `DELETE /api-keys/{id}`.
+async fn revoke(
+    State(state): State<AppState>, Extension(session): Extension<Session>, Path(id): Path<String>,
+) -> Result<Success<Message>, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("API key not found".into()))?;
+    revoke_key(&state, session.account, id).await?;
+    Ok(Success::message("API key revoked"))
+}

@@ -1,0 +1,509 @@
+//! CLI device authorization (spec §3): `init` registers a device token, the user approves it
+//! in the web app (or `approve` with a session), `poll` hands the new key over once. State
+//! lives in Redis under the token's SHA-256; the key is minted by the poll that takes it, so
+//! its text is never stored. Policy: docs/decisions.md, "CLI device authorization".
+
+use std::net::IpAddr;
+
+use axum::extract::State;
+use axum::http::{request::Parts, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use postmesh_contracts::routes::gateway as api;
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::JsonBody;
+use postmesh_shared::{ApiError, Routes, Success};
+
+use crate::sessions::{self, Session};
+use crate::{accounts, AppState};
+
+/// The routes of device authorization.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .at(api::CLI_AUTH_INIT, init)
+        .at(api::CLI_AUTH_POLL, poll)
+        .at(api::CLI_AUTH_APPROVE, approve)
+}
+
+/// Seconds a device request lives.
+pub const EXPIRES_IN: u64 = 600;
+/// Seconds a CLI waits between polls.
+pub const INTERVAL: u64 = 5;
+/// Polls this much early still count as on time (network jitter), in milliseconds.
+const POLL_SLACK_MS: u64 = 250;
+/// Seconds a used device token is remembered, so it cannot start a second request.
+const USED_TTL: u64 = 30 * 24 * 3600;
+/// Wrong user codes typed for one request before it is void.
+pub const MAX_CODE_ATTEMPTS: u32 = 5;
+/// The user-code alphabet: consonants only, no look-alikes (RFC 8628 §6.1).
+const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
+
+/// A device token as the CLI made it: 32-128 hex characters.
+pub struct DeviceToken(String);
+
+impl DeviceToken {
+    /// Parses a token; `None` unless it is 32-128 ASCII hex digits.
+    pub fn parse(raw: &str) -> Option<Self> {
+        ((32..=128).contains(&raw.len()) && raw.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| Self(raw.to_ascii_lowercase()))
+    }
+
+    /// The SHA-256 the token is stored under.
+    fn hash(&self) -> String {
+        hex::encode(Sha256::digest(self.0.as_bytes()))
+    }
+}
+
+fn parse_token(raw: &str) -> Result<DeviceToken, ApiError> {
+    DeviceToken::parse(raw)
+        .ok_or_else(|| ApiError::BadRequest("deviceToken must be 32-128 hex characters".into()))
+}
+
+/// An 8-character user code, shown as `ABCD-EFGH`.
+fn new_user_code() -> String {
+    let mut rng = rand::rngs::OsRng;
+    (0..8)
+        .map(|_| USER_CODE_ALPHABET[rng.gen_range(0..USER_CODE_ALPHABET.len())] as char)
+        .collect()
+}
+
+/// A user code as typed: case, spaces and dashes do not matter.
+pub fn normalize_user_code(raw: &str) -> String {
+    raw.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_uppercase())
+        .collect()
+}
+
+/// `ABCDEFGH` as `ABCD-EFGH`.
+pub fn display_user_code(code: &str) -> String {
+    match code.len() {
+        8 => format!("{}-{}", &code[..4], &code[4..]),
+        _ => code.to_owned(),
+    }
+}
+
+fn redis_err(e: redis::RedisError) -> ApiError {
+    ApiError::internal("device store unavailable", e)
+}
+
+/// Redis keys of the device store.
+fn key(state: &AppState, kind: &str, id: &str) -> String {
+    state.ns.redis_key(&format!("device:{kind}:{id}"))
+}
+
+/// A pending device request, as the approval page shows it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The token's hash (the record's key).
+    pub hash: String,
+    pub user_code: String,
+    /// When the CLI started it (Unix seconds).
+    pub created_at: i64,
+    pub ip: String,
+    /// The id its verification URL names.
+    pub rid: String,
+}
+
+/// Looks a pending request up by the id in its verification URL or by its user code.
+pub async fn find(state: &AppState, by: Lookup<'_>) -> Result<Option<Request>, ApiError> {
+    let index = match by {
+        Lookup::Request(rid) => key(state, "rid", rid),
+        Lookup::UserCode(code) => key(state, "code", &normalize_user_code(code)),
+    };
+    let mut redis = state.redis.clone();
+    let hash: Option<String> = redis::cmd("GET")
+        .arg(index)
+        .query_async(&mut redis)
+        .await
+        .map_err(redis_err)?;
+    let Some(hash) = hash else {
+        return Ok(None);
+    };
+    let fields: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(key(state, "req", &hash))
+        .arg(&["state", "code", "created", "ip", "rid"])
+        .query_async(&mut redis)
+        .await
+        .map_err(redis_err)?;
+    let [Some(st), Some(code), Some(created), ip, Some(rid)] =
+        <[Option<String>; 5]>::try_from(fields)
+            .map_err(|_| ApiError::Internal("device record".into()))?
+    else {
+        return Ok(None);
+    };
+    Ok((st == "pending").then(|| Request {
+        hash,
+        user_code: code,
+        created_at: created.parse().unwrap_or_default(),
+        ip: ip.unwrap_or_default(),
+        rid,
+    }))
+}
+
+/// How the approval page names a request.
+pub enum Lookup<'a> {
+    /// The id in the verification URL.
+    Request(&'a str),
+    /// The code the CLI shows, as typed.
+    UserCode(&'a str),
+}
+
+/// What deciding on a request did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decided {
+    Approved,
+    Denied,
+    /// The typed user code was wrong; the request stays.
+    WrongCode,
+    /// The typed user code was wrong once too often; the request is void.
+    Voided,
+}
+
+/// Decides pending request `hash`: 0 gone, 1 already handled, 2 wrong code, 3 voided,
+/// 4 denied, 5 approved. `ARGV`: decision, typed code ("" skips the check), account, email,
+/// max attempts.
+const DECIDE_SCRIPT: &str = r"
+local s = redis.call('HGET', KEYS[1], 'state')
+if not s then return 0 end
+if s ~= 'pending' then return 1 end
+if ARGV[1] == 'deny' then redis.call('HSET', KEYS[1], 'state', 'denied') return 4 end
+if ARGV[2] ~= '' and ARGV[2] ~= redis.call('HGET', KEYS[1], 'code') then
+  if redis.call('HINCRBY', KEYS[1], 'attempts', 1) >= tonumber(ARGV[5]) then
+    redis.call('DEL', KEYS[1])
+    return 3
+  end
+  return 2
+end
+redis.call('HSET', KEYS[1], 'state', 'approved', 'account', ARGV[3], 'email', ARGV[4])
+return 5
+";
+
+/// Approves (`approve`) or denies request `hash` for `session`; with `typed_code`, only if
+/// it is the request's user code. 410 when the request is gone, 409 when already handled,
+/// 500 when the account has no key to bill to.
+pub async fn decide(
+    state: &AppState, session: &Session, hash: &str, approve: bool, typed_code: Option<&str>,
+) -> Result<Decided, ApiError> {
+    if approve
+        && accounts::primary_key(state, session.account)
+            .await?
+            .is_none()
+    {
+        return Err(accounts::no_key());
+    }
+    let mut redis = state.redis.clone();
+    let outcome: i64 = redis::Script::new(DECIDE_SCRIPT)
+        .key(key(state, "req", hash))
+        .arg(if approve { "approve" } else { "deny" })
+        .arg(typed_code.map(normalize_user_code).unwrap_or_default())
+        .arg(session.account.to_string())
+        .arg(&session.email)
+        .arg(MAX_CODE_ATTEMPTS)
+        .invoke_async(&mut redis)
+        .await
+        .map_err(redis_err)?;
+    match outcome {
+        0 => Err(gone()),
+        1 => Err(ApiError::Conflict(
+            "this device request was already handled".into(),
+        )),
+        2 => Ok(Decided::WrongCode),
+        3 => Ok(Decided::Voided),
+        4 => Ok(Decided::Denied),
+        _ => Ok(Decided::Approved),
+    }
+}
+
+fn gone() -> ApiError {
+    ApiError::Gone("device authorization missing or expired".into())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InitBody {
+    device_token: String,
+    /// What the CLI calls its machine; the new key is named for it.
+    #[serde(default)]
+    device_name: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Initiated {
+    device_token: String,
+    expires_in: u64,
+    interval: u64,
+    user_code: String,
+    verification_url: String,
+}
+
+/// `POST /cli/auth/init {deviceToken}`: 409 when the token was used before.
+async fn init(
+    State(state): State<AppState>, parts: Parts, JsonBody(body): JsonBody<InitBody>,
+) -> Result<Success<Initiated>, ApiError> {
+    let token = parse_token(&body.device_token)?;
+    let name = match body.device_name.as_deref().map(str::trim) {
+        Some(n) if !n.is_empty() => format!("CLI: {}", n.chars().take(80).collect::<String>()),
+        _ => "CLI".to_owned(),
+    };
+    let hash = token.hash();
+    let mut redis = state.redis.clone();
+    let fresh: bool = redis::cmd("SET")
+        .arg(key(&state, "used", &hash))
+        .arg(1)
+        .arg("NX")
+        .arg("EX")
+        .arg(USED_TTL)
+        .query_async::<Option<String>>(&mut redis)
+        .await
+        .map_err(redis_err)?
+        .is_some();
+    if !fresh {
+        return Err(ApiError::Conflict(
+            "this deviceToken was already used".into(),
+        ));
+    }
+    let mut user_code = new_user_code();
+    for _ in 0..5 {
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(key(&state, "code", &user_code))
+            .arg(&hash)
+            .arg("NX")
+            .arg("EX")
+            .arg(EXPIRES_IN)
+            .query_async(&mut redis)
+            .await
+            .map_err(redis_err)?;
+        if taken.is_some() {
+            break;
+        }
+        user_code = new_user_code();
+    }
+    let rid = sessions::random_hex(16);
+    let ip: Option<IpAddr> = sessions::client_ip(&state, &parts);
+    let record = key(&state, "req", &hash);
+    redis::pipe()
+        .atomic()
+        .hset_multiple(
+            &record,
+            &[
+                ("state", "pending".to_owned()),
+                ("code", user_code.clone()),
+                ("rid", rid.clone()),
+                ("created", now_unix().to_string()),
+                ("ip", ip.map(|i| i.to_string()).unwrap_or_default()),
+                ("name", name),
+                ("attempts", "0".to_owned()),
+            ],
+        )
+        .expire(&record, EXPIRES_IN as i64)
+        .set_ex(key(&state, "rid", &rid), &hash, EXPIRES_IN)
+        .query_async::<()>(&mut redis)
+        .await
+        .map_err(redis_err)?;
+    Ok(Success::new(Initiated {
+        device_token: body.device_token,
+        expires_in: EXPIRES_IN,
+        interval: INTERVAL,
+        user_code: display_user_code(&user_code),
+        verification_url: format!(
+            "{}/app/device?request={rid}",
+            state.public_base_url.trim_end_matches('/')
+        ),
+    }))
+}
+
+/// Polls request `KEYS[1]`: `{'missing'}`, `{'slow_down'}`, `{'pending'}`, `{'denied'}`
+/// (record deleted) or `{'approved', account, email, name}` (now `minting`: this poll alone
+/// mints the key). `ARGV[1]`: the least milliseconds between two polls.
+const POLL_SCRIPT: &str = r"
+local s = redis.call('HGET', KEYS[1], 'state')
+if not s then return {'missing'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('HGET', KEYS[1], 'polled') or '0')
+if now - last < tonumber(ARGV[1]) then return {'slow_down'} end
+redis.call('HSET', KEYS[1], 'polled', now)
+if s == 'denied' then redis.call('DEL', KEYS[1]) return {'denied'} end
+if s == 'approved' then
+  redis.call('HSET', KEYS[1], 'state', 'minting')
+  local f = redis.call('HMGET', KEYS[1], 'account', 'email', 'name')
+  return {'approved', f[1], f[2], f[3]}
+end
+return {'pending'}
+";
+
+/// A poll's answer (spec §7: `{success, status, apiKey, email, error}`).
+#[derive(Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PollAnswer {
+    success: bool,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+fn poll_answer(code: StatusCode, status: &'static str, error: Option<&str>) -> Response {
+    let body = PollAnswer {
+        success: code.is_success(),
+        status,
+        error: error.map(str::to_owned),
+        ..Default::default()
+    };
+    (code, Json(body)).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TokenBody {
+    device_token: String,
+}
+
+/// `POST /cli/auth/poll {deviceToken}`.
+async fn poll(State(state): State<AppState>, JsonBody(body): JsonBody<TokenBody>) -> Response {
+    let Some(token) = DeviceToken::parse(&body.device_token) else {
+        return poll_answer(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            Some("deviceToken must be 32-128 hex characters"),
+        );
+    };
+    match take(&state, &token.hash()).await {
+        Ok(res) => res,
+        Err(e) => {
+            let res = e.into_response();
+            let status = res.status();
+            poll_answer(
+                status,
+                "error",
+                Some("the device store is unavailable; poll again"),
+            )
+        }
+    }
+}
+
+/// One poll of request `hash`.
+async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
+    let record = key(state, "req", hash);
+    let mut redis = state.redis.clone();
+    let least_ms = (INTERVAL * 1000).saturating_sub(POLL_SLACK_MS);
+    let found: Vec<String> = redis::Script::new(POLL_SCRIPT)
+        .key(&record)
+        .arg(least_ms)
+        .invoke_async(&mut redis)
+        .await
+        .map_err(redis_err)?;
+    let gone_msg = "device authorization missing or expired";
+    match found.first().map(String::as_str) {
+        Some("pending") => Ok(poll_answer(StatusCode::ACCEPTED, "pending", None)),
+        Some("slow_down") => Ok(poll_answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            "slow_down",
+            Some("polling faster than the interval; wait 5 seconds longer between polls"),
+        )),
+        Some("denied") => Ok(poll_answer(
+            StatusCode::GONE,
+            "denied",
+            Some("the request was denied"),
+        )),
+        Some("approved") => {
+            let [_, account, email, name] = <[String; 4]>::try_from(found)
+                .map_err(|_| ApiError::Internal("device record".into()))?;
+            let account =
+                Uuid::parse_str(&account).map_err(|e| ApiError::internal("device account", e))?;
+            match accounts::mint(state, account, &name).await {
+                Ok((api_key, _)) => {
+                    redis::cmd("DEL")
+                        .arg(&record)
+                        .query_async::<()>(&mut redis)
+                        .await
+                        .map_err(redis_err)?;
+                    let body = PollAnswer {
+                        success: true,
+                        status: "approved",
+                        api_key: Some(api_key),
+                        email: Some(email),
+                        error: None,
+                    };
+                    Ok((StatusCode::OK, Json(body)).into_response())
+                }
+                Err(e) => {
+                    // Back to approved, so the next poll mints again.
+                    let _: Result<(), _> = redis::cmd("HSET")
+                        .arg(&record)
+                        .arg("state")
+                        .arg("approved")
+                        .query_async(&mut redis)
+                        .await;
+                    Err(e)
+                }
+            }
+        }
+        _ => Ok(poll_answer(StatusCode::GONE, "expired", Some(gone_msg))),
+    }
+}
+
+#[derive(Serialize)]
+struct Approved {
+    email: String,
+}
+
+/// `POST /cli/auth/approve {deviceToken}` with a session.
+async fn approve(
+    State(state): State<AppState>, Extension(session): Extension<Session>,
+    JsonBody(body): JsonBody<TokenBody>,
+) -> Result<Success<Approved>, ApiError> {
+    let token = parse_token(&body.device_token)?;
+    decide(&state, &session, &token.hash(), true, None).await?;
+    Ok(Success::new(Approved {
+        email: session.email,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_tokens_are_32_to_128_hex() {
+        assert!(DeviceToken::parse(&"a".repeat(32)).is_some());
+        assert!(DeviceToken::parse(&"F".repeat(128)).is_some());
+        for bad in [
+            "a".repeat(31),
+            "a".repeat(129),
+            format!("{}g", "a".repeat(40)),
+            String::new(),
+        ] {
+            assert!(DeviceToken::parse(&bad).is_none(), "{bad}");
+        }
+        let upper = DeviceToken::parse(&"AB".repeat(20)).unwrap();
+        assert_eq!(
+            upper.hash(),
+            DeviceToken::parse(&"ab".repeat(20)).unwrap().hash()
+        );
+    }
+
+    #[test]
+    fn user_codes_use_the_unambiguous_alphabet() {
+        for _ in 0..200 {
+            let code = new_user_code();
+            assert_eq!(code.len(), 8);
+            assert!(
+                code.bytes().all(|b| USER_CODE_ALPHABET.contains(&b)),
+                "{code}"
+            );
+        }
+        assert_eq!(display_user_code("BCDFGHJK"), "BCDF-GHJK");
+        assert_eq!(normalize_user_code(" bcdf-ghjk "), "BCDFGHJK");
+    }
+}

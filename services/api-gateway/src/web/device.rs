@@ -1,0 +1,168 @@
+//! `/app/device`: approve or deny a CLI's sign-in. Reached by the CLI's link (`?request=`),
+//! where the user types the code the terminal shows, or by typing that code (`?code=`).
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::{Extension, Form};
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use postmesh_shared::ApiError;
+
+use super::{csrf_refusal, layout, when, Csrf};
+use crate::device::{self, display_user_code, normalize_user_code, Decided, Lookup, Request};
+use crate::sessions::Session;
+use crate::AppState;
+
+const TITLE: &str = "Approve a device";
+
+#[derive(Deserialize)]
+pub struct DeviceQuery {
+    request: Option<String>,
+    code: Option<String>,
+}
+
+fn code_entry(error: Option<&str>) -> Markup {
+    html! {
+        @if let Some(error) = error { p.error role="alert" { (error) } }
+        p { "Type the code your terminal shows after " code { "postmesh login" } "." }
+        form method="get" action="/app/device" {
+            label for="code" { "Device code" }
+            input #code type="text" name="code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH" required;
+            button type="submit" { "Continue" }
+        }
+    }
+}
+
+/// The request and its approve and deny buttons; `confirm_code` asks for the user code
+/// (reached by link), otherwise it is shown (the user typed it).
+fn request_form(
+    csrf: &Csrf, request: &Request, rid: &str, confirm_code: bool, error: Option<&str>,
+) -> Markup {
+    html! {
+        @if let Some(error) = error { p.error role="alert" { (error) } }
+        p { "A " code { "postmesh" } " CLI asks to sign in to your account and get an API key." }
+        dl {
+            dt { "Started" } dd { (when(request.created_at)) }
+            dt { "From IP address" } dd { (if request.ip.is_empty() { "unknown" } else { &request.ip }) }
+            @if !confirm_code {
+                dt { "Device code" } dd.code #device-code { (display_user_code(&request.user_code)) }
+            }
+        }
+        p { "Approve only if you started it and the code matches your terminal." }
+        form method="post" action="/app/device" {
+            (csrf.field())
+            input type="hidden" name="request" value=(rid);
+            @if confirm_code {
+                label for="user_code" { "Code shown in your terminal" }
+                input #user_code type="text" name="user_code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH";
+            } @else {
+                input type="hidden" name="user_code" value=(request.user_code);
+            }
+            button type="submit" name="decision" value="approve" { "Approve" }
+            " "
+            button type="submit" name="decision" value="deny" { "Deny" }
+        }
+    }
+}
+
+/// `GET /app/device`.
+pub async fn page(
+    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+    Query(q): Query<DeviceQuery>,
+) -> Result<Response, ApiError> {
+    let csrf = Csrf::of(&headers);
+    let render =
+        |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
+    if let Some(rid) = q.request.as_deref().filter(|r| !r.is_empty()) {
+        return Ok(match device::find(&state, Lookup::Request(rid)).await? {
+            Some(request) => render(StatusCode::OK, request_form(&csrf, &request, rid, true, None)),
+            None => render(
+                StatusCode::GONE,
+                code_entry(Some("This sign-in request expired or was already handled. Run postmesh login again.")),
+            ),
+        });
+    }
+    if let Some(code) = q.code.as_deref().filter(|c| !c.trim().is_empty()) {
+        let found = device::find(&state, Lookup::UserCode(code)).await?;
+        return Ok(match found {
+            Some(request) => render(
+                StatusCode::OK,
+                request_form(&csrf, &request, &request.rid, false, None),
+            ),
+            None => render(
+                StatusCode::NOT_FOUND,
+                code_entry(Some(
+                    "No pending sign-in has that code. Check it and try again.",
+                )),
+            ),
+        });
+    }
+    Ok(render(StatusCode::OK, code_entry(None)))
+}
+
+#[derive(Deserialize)]
+pub struct DecideForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    request: String,
+    #[serde(default)]
+    user_code: String,
+    #[serde(default)]
+    decision: String,
+}
+
+/// `POST /app/device`: approve (the typed code must match) or deny.
+pub async fn decide(
+    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+    Form(form): Form<DecideForm>,
+) -> Result<Response, ApiError> {
+    if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
+        return Ok(res);
+    }
+    let csrf = Csrf::of(&headers);
+    let render =
+        |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
+    let expired = "This sign-in request expired or was already handled. Run postmesh login again.";
+    let Some(request) = device::find(&state, Lookup::Request(&form.request)).await? else {
+        return Ok(render(StatusCode::GONE, code_entry(Some(expired))));
+    };
+    let approve = form.decision == "approve";
+    let typed = normalize_user_code(&form.user_code);
+    let outcome = device::decide(&state, &session, &request.hash, approve, Some(&typed)).await;
+    Ok(match outcome {
+        Ok(Decided::Approved) => render(
+            StatusCode::OK,
+            html! {
+                p.ok role="status" { "Approved. Your terminal signs in within a few seconds; you can close this page." }
+                p { "Device code " span.code { (display_user_code(&request.user_code)) } }
+            },
+        ),
+        Ok(Decided::Denied) => render(
+            StatusCode::OK,
+            html! { p.ok role="status" { "Denied. That terminal gets no key." } },
+        ),
+        Ok(Decided::WrongCode) => render(
+            StatusCode::BAD_REQUEST,
+            request_form(
+                &csrf,
+                &request,
+                &form.request,
+                true,
+                Some("That code does not match. Type the code your terminal shows."),
+            ),
+        ),
+        Ok(Decided::Voided) => render(
+            StatusCode::BAD_REQUEST,
+            code_entry(Some(
+                "Too many wrong codes: this sign-in request is void. Run postmesh login again.",
+            )),
+        ),
+        Err(e @ (ApiError::Gone(_) | ApiError::Conflict(_))) => {
+            render(e.status(), code_entry(Some(expired)))
+        }
+        Err(e) => return Err(e),
+    })
+}

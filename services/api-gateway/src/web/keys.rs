@@ -1,0 +1,147 @@
+//! `/app/keys`: the account's API keys; create one (its text shown once) or revoke one.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::{Extension, Form};
+use maud::{html, Markup};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use postmesh_shared::ApiError;
+
+use super::{csrf_refusal, layout, when, Csrf};
+use crate::accounts::{self, KeyInfo};
+use crate::sessions::Session;
+use crate::AppState;
+
+const TITLE: &str = "API keys";
+
+/// What the page says above the list.
+enum Notice<'a> {
+    None,
+    Created(&'a str, &'a str),
+    Done(&'a str),
+    Error(&'a str),
+}
+
+fn body(csrf: &Csrf, keys: &[KeyInfo], notice: Notice<'_>) -> Markup {
+    html! {
+        @match notice {
+            Notice::Created(name, text) => {
+                div.ok role="status" {
+                    p { "Key " strong { (name) } " created. Copy it now: it is not shown again." }
+                    label for="new-key" { "New API key" }
+                    input #new-key type="text" readonly value=(text);
+                }
+            }
+            Notice::Done(text) => { p.ok role="status" { (text) } }
+            Notice::Error(text) => { p.error role="alert" { (text) } }
+            Notice::None => {}
+        }
+        p { "Every key of your account draws on one balance: the primary key's." }
+        div.scroll {
+            table {
+                thead { tr { th { "Name" } th { "Key" } th { "Created" } th { span { "Actions" } } } }
+                tbody {
+                    @for key in keys {
+                        tr {
+                            td { (key.name) @if key.primary { " (primary)" } }
+                            td { code { "pm_" (key.prefix) "_…" } }
+                            td { (when(key.created_at)) }
+                            td {
+                                form method="post" action={ "/app/keys/" (key.id) "/revoke" } {
+                                    (csrf.field())
+                                    button type="submit" aria-label={ "Revoke " (key.name) } { "Revoke" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Create a key" }
+        form method="post" action="/app/keys" {
+            (csrf.field())
+            label for="name" { "Name" }
+            input #name type="text" name="name" maxlength="100" required placeholder="production server";
+            button type="submit" { "Create key" }
+        }
+    }
+}
+
+async fn render(
+    state: &AppState, headers: &HeaderMap, session: &Session, status: StatusCode,
+    notice: Notice<'_>,
+) -> Result<Response, ApiError> {
+    let keys = accounts::keys_of(state, session.account).await?;
+    let csrf = Csrf::of(headers);
+    let markup = layout(TITLE, Some(session), &csrf, body(&csrf, &keys, notice));
+    Ok(csrf.page(state, status, markup))
+}
+
+/// `GET /app/keys`.
+pub async fn page(
+    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+) -> Result<Response, ApiError> {
+    render(&state, &headers, &session, StatusCode::OK, Notice::None).await
+}
+
+#[derive(Deserialize)]
+pub struct CreateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    name: String,
+}
+
+/// `POST /app/keys`.
+pub async fn create(
+    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+    Form(form): Form<CreateForm>,
+) -> Result<Response, ApiError> {
+    if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
+        return Ok(res);
+    }
+    let name = match accounts::parse_name(&form.name) {
+        Ok(name) => name,
+        Err(e) => {
+            let text = e.to_string();
+            return render(&state, &headers, &session, e.status(), Notice::Error(&text)).await;
+        }
+    };
+    let (text, key) = accounts::mint(&state, session.account, &name).await?;
+    let notice = Notice::Created(&key.name, &text);
+    render(&state, &headers, &session, StatusCode::CREATED, notice).await
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /app/keys/{id}/revoke`.
+pub async fn revoke(
+    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+    Path(id): Path<String>, Form(form): Form<CsrfForm>,
+) -> Result<Response, ApiError> {
+    if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
+        return Ok(res);
+    }
+    let revoked = match Uuid::parse_str(&id) {
+        Ok(id) => accounts::revoke_key(&state, session.account, id).await,
+        Err(_) => Err(ApiError::NotFound("API key not found".into())),
+    };
+    match revoked {
+        Ok(()) => {
+            let notice = Notice::Done("Key revoked. It stops working within a minute.");
+            render(&state, &headers, &session, StatusCode::OK, notice).await
+        }
+        Err(e @ ApiError::NotFound(_)) => {
+            let text = e.to_string();
+            render(&state, &headers, &session, e.status(), Notice::Error(&text)).await
+        }
+        Err(e) => Err(e),
+    }
+}

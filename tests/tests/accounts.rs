@@ -1,0 +1,385 @@
+//! Accounts over the real stack: web login with emailed codes, sessions, API keys billing to
+//! the primary key, revocation seen by two gateways, and the per-IP login limit.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use postmesh_shared::Running;
+use postmesh_tests::web::{set_cookie_header, WebUser};
+use postmesh_tests::{eventually, gateway_config, Stack, TestClient};
+
+fn fresh_email() -> String {
+    format!("user-{}@example.com", uuid::Uuid::new_v4().simple())
+}
+
+/// A second gateway on the stack's namespace with its own settings.
+async fn second_gateway(
+    stack: &Stack, tune: impl FnOnce(&mut api_gateway::Config),
+) -> (Running, String) {
+    let mut config = gateway_config(
+        &stack.common,
+        api_gateway::RateConfig {
+            per_sec: 1000,
+            burst: 1000,
+        },
+    );
+    tune(&mut config);
+    let running = api_gateway::start(config).await.expect("second gateway");
+    let base = format!("http://{}", running.http_addr.expect("listens"));
+    (running, base)
+}
+
+async fn set_ttl(stack: &Stack, pattern: &str, secs: i64) -> Vec<String> {
+    let keys = stack.redis_keys(pattern).await;
+    assert!(!keys.is_empty(), "no Redis key matches {pattern}");
+    let mut redis = stack.redis().await;
+    for key in &keys {
+        let _: () = redis::cmd("EXPIRE")
+            .arg(key)
+            .arg(secs)
+            .query_async(&mut redis)
+            .await
+            .expect("EXPIRE");
+    }
+    keys
+}
+
+async fn ttl(stack: &Stack, key: &str) -> i64 {
+    redis::cmd("TTL")
+        .arg(key)
+        .query_async(&mut stack.redis().await)
+        .await
+        .expect("TTL")
+}
+
+#[tokio::test]
+async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
+    let stack = Stack::start().await;
+    let email = fresh_email();
+    let mut user = WebUser::new(&stack.base, &email);
+
+    // A code for an address nobody used yet: the same answer as for any other.
+    let asked = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await;
+    let asked: Value = asked.expect(StatusCode::OK, "login code");
+    assert_eq!(asked["success"], true);
+    let mail = stack
+        .wait_for_messages(&email, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        mail[0].contains("Subject: Your Postmesh login code"),
+        "{}",
+        mail[0]
+    );
+    let code = stack.code_sent_to(&email, 1).await;
+
+    // A second code at once is within the per-address cooldown.
+    let again = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(again.headers.get("retry-after").is_some());
+
+    // Wrong code 400, another address's (none) 404, malformed 400.
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    let verify = |c: &str, e: &str| json!({ "email": e, "code": c });
+    let answer = user
+        .json(Method::POST, "/verify-code-login", &verify(wrong, &email))
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let answer = user
+        .json(
+            Method::POST,
+            "/verify-code-login",
+            &verify(&code, &fresh_email()),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
+    let answer = user
+        .json(
+            Method::POST,
+            "/verify-code-login",
+            &verify("12ab56", &email),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+
+    // The right code signs the address up and in.
+    let signed = user
+        .json(Method::POST, "/verify-code-login", &verify(&code, &email))
+        .await;
+    let body: Value = signed.expect(StatusCode::OK, "verify-code-login");
+    assert_eq!(body["success"], true);
+    assert!(body["message"].is_string());
+    let cookie = set_cookie_header(&signed.headers, "pm_session").expect("session cookie");
+    for part in ["HttpOnly", "SameSite=Lax", "Max-Age=604800", "Path=/"] {
+        assert!(cookie.contains(part), "{cookie}");
+    }
+    assert!(
+        !cookie.contains("Secure"),
+        "PUBLIC_BASE_URL is http://: {cookie}"
+    );
+    let keys: Value = user
+        .json(Method::GET, "/api-keys", &json!({}))
+        .await
+        .expect(StatusCode::OK, "keys");
+    let keys = keys["keys"].as_array().expect("keys").clone();
+    assert_eq!(keys.len(), 1, "sign-up made the primary key: {keys:?}");
+    assert_eq!(keys[0]["primary"], true);
+
+    // A code is used once.
+    let reused = WebUser::new(&stack.base, &email)
+        .json(Method::POST, "/verify-code-login", &verify(&code, &email))
+        .await;
+    assert_eq!(reused.status, StatusCode::NOT_FOUND);
+
+    // The session slides: each use pushes its expiry back 7 days.
+    let session_keys = set_ttl(&stack, "session:*", 100).await;
+    assert_eq!(session_keys.len(), 1);
+    user.json(Method::GET, "/api-keys", &json!({}))
+        .await
+        .expect::<Value>(StatusCode::OK, "keys");
+    assert!(ttl(&stack, &session_keys[0]).await > 604_000);
+
+    // Once expired it is gone: 401.
+    let mut redis = stack.redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&session_keys[0])
+        .query_async(&mut redis)
+        .await
+        .expect("DEL");
+    let expired = user.json(Method::GET, "/api-keys", &json!({})).await;
+    assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
+
+    // Sign in again (the address now has an account: no second sign-up), then log out. The
+    // cooldown's minute is skipped.
+    for key in stack.redis_keys("code:cooldown:*").await {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("DEL");
+    }
+    let mut user = WebUser::login(&stack, &email, 1).await;
+    let keys: Value = user
+        .json(Method::GET, "/api-keys", &json!({}))
+        .await
+        .expect(StatusCode::OK, "keys");
+    assert_eq!(keys["keys"].as_array().expect("keys").len(), 1);
+    let old_session = user.session.clone();
+    let out = user.json(Method::POST, "/logout", &json!({})).await;
+    let _: Value = out.expect(StatusCode::OK, "logout");
+    assert!(set_cookie_header(&out.headers, "pm_session")
+        .expect("cleared")
+        .contains("Max-Age=0"));
+    user.session = old_session;
+    let after = user.json(Method::GET, "/api-keys", &json!({})).await;
+    assert_eq!(
+        after.status,
+        StatusCode::UNAUTHORIZED,
+        "the ended session is refused"
+    );
+    let again = user.json(Method::POST, "/logout", &json!({})).await;
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn five_wrong_login_codes_void_the_code_and_an_expired_code_is_404() {
+    let stack = Stack::start().await;
+    let email = fresh_email();
+    let mut user = WebUser::new(&stack.base, &email);
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "login code");
+    let code = stack.code_sent_to(&email, 1).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    for attempt in 1..=5 {
+        let answer = user
+            .json(
+                Method::POST,
+                "/verify-code-login",
+                &json!({ "email": email, "code": wrong }),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
+    }
+    let late = user
+        .json(
+            Method::POST,
+            "/verify-code-login",
+            &json!({ "email": email, "code": code }),
+        )
+        .await;
+    assert_eq!(
+        late.status,
+        StatusCode::NOT_FOUND,
+        "the voided code no longer works"
+    );
+
+    // A code past its 5 minutes: 404.
+    let other = fresh_email();
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": other }))
+        .await
+        .expect(StatusCode::OK, "login code");
+    let code = stack.code_sent_to(&other, 1).await;
+    let hashed = stack
+        .redis_keys(&format!("code:hash:{{login:{other}}}"))
+        .await;
+    assert_eq!(hashed.len(), 1, "{hashed:?}");
+    let mut redis = stack.redis().await;
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&hashed[0])
+        .arg(1)
+        .query_async(&mut redis)
+        .await
+        .expect("PEXPIRE");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let expired = user
+        .json(
+            Method::POST,
+            "/verify-code-login",
+            &json!({ "email": other, "code": code }),
+        )
+        .await;
+    assert_eq!(expired.status, StatusCode::NOT_FOUND);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn login_codes_are_limited_per_ip() {
+    let stack = Stack::start().await;
+    let (gateway, base) = second_gateway(&stack, |c| c.login_ip_hourly_limit = 2).await;
+    let client = TestClient::http(&base, None);
+    for _ in 0..2 {
+        let ok = client
+            .request(
+                Method::POST,
+                "/login/code",
+                &json!({ "email": fresh_email() }),
+            )
+            .await;
+        assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+    }
+    let third = client
+        .request(
+            Method::POST,
+            "/login/code",
+            &json!({ "email": fresh_email() }),
+        )
+        .await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS, "{third:?}");
+    let retry: u64 = third.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+    gateway.stop().await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
+    let stack = Stack::start().await;
+    // The account's first key, with 50 credits: its primary key.
+    let primary = stack.key(50).await;
+    let email = stack.account_email(&primary).await;
+    let mut user = WebUser::login(&stack, &email, 0).await;
+
+    let bad = user
+        .json(Method::POST, "/api-keys", &json!({ "name": "  " }))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let created: Value = user
+        .json(Method::POST, "/api-keys", &json!({ "name": "ci runner" }))
+        .await
+        .expect(StatusCode::CREATED, "create key");
+    let second = created["apiKey"].as_str().expect("apiKey").to_owned();
+    let second_id = created["key"]["id"].as_str().expect("id").to_owned();
+    assert_eq!(created["key"]["name"], "ci runner");
+    assert_eq!(created["key"]["primary"], false);
+    let listed: Value = user
+        .json(Method::GET, "/api-keys", &json!({}))
+        .await
+        .expect(StatusCode::OK, "keys");
+    let listed = listed["keys"].as_array().expect("keys").clone();
+    assert_eq!(listed.len(), 2);
+    assert!(listed
+        .iter()
+        .all(|k| k.get("apiKey").is_none() && k.get("hash").is_none()));
+
+    // One balance: the primary's, whichever key asks or pays.
+    assert_eq!(stack.balance(&second).await, 50);
+    let _: Value = stack
+        .client(&second)
+        .post(
+            "/deduct",
+            &json!({ "idempotencyKey": "from-second-key" }),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(stack.balance(&primary).await, 49);
+    assert_eq!(stack.balance(&second).await, 49);
+    let me: Value = stack.client(&second).get("/account", StatusCode::OK).await;
+    assert_eq!(me["email"], email.as_str());
+    assert_eq!(me["key"]["name"], "ci runner");
+
+    // Revocation: this gateway refuses at once; a second one within KEY_CACHE_TTL_SECS.
+    let (other, other_base) =
+        second_gateway(&stack, |c| c.key_cache_ttl = Duration::from_secs(1)).await;
+    let via_other = TestClient::http(&other_base, Some(&second));
+    let _: Value = via_other.get("/balance", StatusCode::OK).await;
+    let _: Value = user
+        .json(
+            Method::DELETE,
+            &format!("/api-keys/{second_id}"),
+            &json!({}),
+        )
+        .await
+        .expect(StatusCode::OK, "revoke");
+    let refused = stack
+        .client(&second)
+        .send(Method::GET, "/balance", None)
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    eventually(Duration::from_secs(5), || async {
+        match via_other.send(Method::GET, "/balance", None).await.status {
+            StatusCode::UNAUTHORIZED => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let _: Value = stack.client(&primary).get("/balance", StatusCode::OK).await;
+    let twice = user
+        .json(
+            Method::DELETE,
+            &format!("/api-keys/{second_id}"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(twice.status, StatusCode::NOT_FOUND);
+
+    // Someone else's key is not found, and not revoked.
+    let stranger = stack.key(0).await;
+    let stranger_id = stack.key_id(&stranger).await;
+    let theirs = user
+        .json(
+            Method::DELETE,
+            &format!("/api-keys/{stranger_id}"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+    let _: Value = stack
+        .client(&stranger)
+        .get("/balance", StatusCode::OK)
+        .await;
+    other.stop().await;
+    stack.shutdown().await;
+}
