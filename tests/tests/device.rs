@@ -1,0 +1,420 @@
+//! CLI device authorization over the real stack: every row of the spec's state table and
+//! rules 5-6, and the approval page with its user code, deny and CSRF checks.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use postmesh_tests::web::{text, WebUser};
+use postmesh_tests::{Answer, Stack, TestClient};
+
+fn token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+fn fresh_email() -> String {
+    format!("dev-{}@example.com", uuid::Uuid::new_v4().simple())
+}
+
+async fn init(client: &TestClient, token: &str) -> Answer {
+    client
+        .request(
+            Method::POST,
+            "/cli/auth/init",
+            &json!({ "deviceToken": token, "deviceName": "test-box" }),
+        )
+        .await
+}
+
+async fn poll(client: &TestClient, token: &str) -> (StatusCode, Value) {
+    let answer = client
+        .request(
+            Method::POST,
+            "/cli/auth/poll",
+            &json!({ "deviceToken": token }),
+        )
+        .await;
+    let body = serde_json::from_slice(&answer.body).expect("JSON poll answer");
+    (answer.status, body)
+}
+
+/// Waits out the poll interval (5 s) so the next poll is on time.
+async fn wait_interval() {
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+}
+
+#[tokio::test]
+async fn device_authorization_follows_the_state_table() {
+    let stack = Stack::start().await;
+    let cli = stack.anonymous();
+    let email = fresh_email();
+    let mut user = WebUser::login(&stack, &email, 0).await;
+
+    // Malformed tokens: 400 on init, poll and approve.
+    for bad in [
+        "abc".to_owned(),
+        "g".repeat(40),
+        "a".repeat(129),
+        "a".repeat(31),
+    ] {
+        assert_eq!(
+            init(&cli, &bad).await.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}"
+        );
+        let (status, body) = poll(&cli, &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(body["success"], false);
+        let approve = user
+            .json(
+                Method::POST,
+                "/cli/auth/approve",
+                &json!({ "deviceToken": bad }),
+            )
+            .await;
+        assert_eq!(approve.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+
+    // (none) → pending.
+    let t = token();
+    let started: Value = init(&cli, &t).await.expect(StatusCode::OK, "init");
+    assert_eq!(started["success"], true);
+    assert_eq!(started["deviceToken"], t.as_str());
+    assert_eq!(started["expiresIn"], 600);
+    assert_eq!(started["interval"], 5);
+    let user_code = started["userCode"].as_str().expect("userCode");
+    assert_eq!(user_code.len(), 9, "{user_code}");
+    assert_eq!(&user_code[4..5], "-");
+    let url = started["verificationUrl"]
+        .as_str()
+        .expect("verificationUrl");
+    assert!(
+        url.starts_with(&format!("{}/app/device?request=", stack.base)),
+        "{url}"
+    );
+    // Rule 6: a used token is refused, even while its request is pending.
+    assert_eq!(init(&cli, &t).await.status, StatusCode::CONFLICT);
+    // The token is stored hashed only.
+    let stored = stack.redis_keys("device:*").await;
+    assert!(stored.iter().all(|k| !k.contains(&t)), "{stored:?}");
+
+    // pending --poll--> pending (202); too fast --> 429 slow_down.
+    let (status, body) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "pending");
+    assert_eq!(body["success"], true);
+    assert!(body.get("apiKey").is_none());
+    let (status, body) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["status"], "slow_down");
+
+    // approve without a session: 401; with one: the account's email.
+    let anonymous = cli
+        .request(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": t }),
+        )
+        .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    let approved: Value = user
+        .json(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": t }),
+        )
+        .await
+        .expect(StatusCode::OK, "approve");
+    assert_eq!(approved, json!({ "success": true, "email": email }));
+    // A second approve of a handled request: 409.
+    let twice = user
+        .json(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": t }),
+        )
+        .await;
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+
+    // approved --poll--> consumed: the key, once.
+    wait_interval().await;
+    let (status, body) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "approved");
+    assert_eq!(body["email"], email.as_str());
+    let key = body["apiKey"].as_str().expect("apiKey").to_owned();
+    let me: Value = stack.client(&key).get("/account", StatusCode::OK).await;
+    assert_eq!(me["email"], email.as_str());
+    assert_eq!(me["key"]["name"], "CLI: test-box");
+    let (status, body) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert_eq!(body["success"], false);
+    let after = user
+        .json(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": t }),
+        )
+        .await;
+    assert_eq!(after.status, StatusCode::GONE);
+    assert_eq!(
+        init(&cli, &t).await.status,
+        StatusCode::CONFLICT,
+        "still used"
+    );
+
+    // pending, then expired: poll and approve answer 410.
+    let late = token();
+    let _: Value = init(&cli, &late).await.expect(StatusCode::OK, "init");
+    let mut redis = stack.redis().await;
+    for key in stack.redis_keys("device:req:*").await {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("DEL");
+    }
+    let (status, _) = poll(&cli, &late).await;
+    assert_eq!(status, StatusCode::GONE);
+    let expired = user
+        .json(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": late }),
+        )
+        .await;
+    assert_eq!(expired.status, StatusCode::GONE);
+    // Never started: 410 as well.
+    let (status, _) = poll(&cli, &token()).await;
+    assert_eq!(status, StatusCode::GONE);
+
+    // An account without an API key: approve is a 500.
+    let keyless = token();
+    let _: Value = init(&cli, &keyless).await.expect(StatusCode::OK, "init");
+    let db = stack.service_db(api_gateway::SERVICE).await;
+    sqlx::query("UPDATE accounts SET primary_key_id = NULL WHERE email = $1")
+        .bind(&email)
+        .execute(&db)
+        .await
+        .expect("drop primary");
+    let no_key = user
+        .json(
+            Method::POST,
+            "/cli/auth/approve",
+            &json!({ "deviceToken": keyless }),
+        )
+        .await;
+    assert_eq!(no_key.status, StatusCode::INTERNAL_SERVER_ERROR);
+    stack.shutdown().await;
+}
+
+/// The request id in a verification URL.
+fn request_id(started: &Value) -> String {
+    let url = started["verificationUrl"]
+        .as_str()
+        .expect("verificationUrl");
+    url.split("request=").nth(1).expect("request id").to_owned()
+}
+
+#[tokio::test]
+async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms() {
+    let stack = Stack::start().await;
+    let cli = stack.anonymous();
+    let mut user = WebUser::login(&stack, &fresh_email(), 0).await;
+
+    // Signed out, the page sends the browser to the login page and back.
+    let mut stranger = WebUser::new(&stack.base, "nobody@example.com");
+    let redirected = stranger.page("/app/device?request=abc").await;
+    assert_eq!(redirected.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        redirected.headers["location"],
+        "/app/login?next=%2Fapp%2Fdevice%3Frequest%3Dabc"
+    );
+
+    // By link: the page shows when and where the request started, and wants the code.
+    let t = token();
+    let started: Value = init(&cli, &t).await.expect(StatusCode::OK, "init");
+    let rid = request_id(&started);
+    let user_code = started["userCode"].as_str().expect("userCode").to_owned();
+    let page = user.page(&format!("/app/device?request={rid}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let html = text(&page);
+    assert!(html.contains("127.0.0.1"), "{html}");
+    assert!(html.contains("name=\"user_code\""), "{html}");
+    assert!(
+        !html.contains(&user_code),
+        "the link's page must not show the code to compare"
+    );
+
+    // A forged form (no or another CSRF token) is refused and changes nothing.
+    let forged = user
+        .form_with_csrf(
+            "/app/device",
+            "0".repeat(64).as_str(),
+            &[
+                ("request", &rid),
+                ("user_code", &user_code),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let forged = user
+        .form_with_csrf(
+            "/app/device",
+            "",
+            &[
+                ("request", &rid),
+                ("user_code", &user_code),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let (status, _) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "still pending");
+
+    // Four wrong codes leave it pending; the fifth voids it.
+    for attempt in 1..=4 {
+        let wrong = user
+            .form(
+                "/app/device",
+                &[
+                    ("request", &rid),
+                    ("user_code", "BBBB-BBBB"),
+                    ("decision", "approve"),
+                ],
+            )
+            .await;
+        assert_eq!(wrong.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
+        assert!(text(&wrong).contains("does not match"));
+    }
+    let fifth = user
+        .form(
+            "/app/device",
+            &[
+                ("request", &rid),
+                ("user_code", "BBBB-BBBB"),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(fifth.status, StatusCode::BAD_REQUEST);
+    assert!(text(&fifth).contains("void"), "{}", text(&fifth));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (status, _) = poll(&cli, &t).await;
+    assert_eq!(status, StatusCode::GONE, "the voided request is gone");
+
+    // By typed code: the page shows the device's code; deny ends the request.
+    let denied = token();
+    let started: Value = init(&cli, &denied).await.expect(StatusCode::OK, "init");
+    let code = started["userCode"]
+        .as_str()
+        .expect("userCode")
+        .to_lowercase();
+    let page = user.page(&format!("/app/device?code={code}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let html = text(&page);
+    assert!(html.contains(&code.to_uppercase()), "{html}");
+    let rid = request_id(&started);
+    let no = user
+        .form(
+            "/app/device",
+            &[("request", &rid), ("user_code", ""), ("decision", "deny")],
+        )
+        .await;
+    assert_eq!(no.status, StatusCode::OK);
+    assert!(text(&no).contains("Denied"));
+    let (status, body) = poll(&cli, &denied).await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert_eq!(body["status"], "denied");
+
+    // An unknown code: 404 page.
+    let unknown = user.page("/app/device?code=ZZZZ-ZZZZ").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+
+    // Approve with the right code typed (any case, with or without the dash).
+    let ok = token();
+    let started: Value = init(&cli, &ok).await.expect(StatusCode::OK, "init");
+    let typed = started["userCode"]
+        .as_str()
+        .expect("userCode")
+        .replace('-', "")
+        .to_lowercase();
+    let rid = request_id(&started);
+    let yes = user
+        .form(
+            "/app/device",
+            &[
+                ("request", &rid),
+                ("user_code", &typed),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(yes.status, StatusCode::OK, "{}", text(&yes));
+    assert!(text(&yes).contains("Approved"));
+    let (status, body) = poll(&cli, &ok).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["apiKey"]
+        .as_str()
+        .is_some_and(|k| k.starts_with("pm_")));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn key_pages_create_and_revoke_with_csrf() {
+    let stack = Stack::start().await;
+    let mut user = WebUser::login(&stack, &fresh_email(), 0).await;
+    let page = user.page("/app/keys").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!user.csrf.is_empty(), "the page set the CSRF cookie");
+    let html = text(&page);
+    assert!(
+        html.contains("<label for=\"name\">"),
+        "inputs are labelled: {html}"
+    );
+    assert!(html.contains("name=\"viewport\""));
+
+    let forged = user
+        .form_with_csrf("/app/keys", &"1".repeat(64), &[("name", "forged")])
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let created = user.form("/app/keys", &[("name", "laptop")]).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let html = text(&created);
+    let key = html
+        .split("value=\"")
+        .find_map(|rest| {
+            rest.strip_prefix("pm_")
+                .map(|k| format!("pm_{}", &k[..k.find('"').unwrap()]))
+        })
+        .expect("the new key is shown once");
+    let _: Value = stack.client(&key).get("/balance", StatusCode::OK).await;
+    assert_eq!(user.page("/app/keys").await.status, StatusCode::OK);
+    assert!(
+        !text(&user.page("/app/keys").await).contains(&key),
+        "never shown again"
+    );
+
+    let id = stack.key_id(&key).await;
+    let forged = user
+        .form_with_csrf(&format!("/app/keys/{id}/revoke"), "", &[])
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let _: Value = stack.client(&key).get("/balance", StatusCode::OK).await;
+    let revoked = user.form(&format!("/app/keys/{id}/revoke"), &[]).await;
+    assert_eq!(revoked.status, StatusCode::OK);
+    let refused = stack.client(&key).send(Method::GET, "/balance", None).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+
+    let usage = user.page("/app/usage").await;
+    assert_eq!(usage.status, StatusCode::OK);
+    assert!(text(&usage).contains("id=\"balance\""), "{}", text(&usage));
+    stack.shutdown().await;
+}
