@@ -14,8 +14,8 @@ test: deps ## the whole suite against real PostgreSQL, Redis and NATS
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
 
-deps: ## start PostgreSQL, Redis and NATS unless already running
-	@./deploy/deps.sh
+deps: ## start PostgreSQL, Redis and NATS unless already running (and install Chromium for the browser test)
+	@WITH_BROWSER=1 ./deploy/deps.sh
 
 build:
 	$(CARGO) build --workspace

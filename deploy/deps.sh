@@ -95,7 +95,26 @@ start_nats() {
   wait_for NATS "$NATS_PORT"
 }
 
+# The browser test's headless Chromium and its WebDriver, with WITH_BROWSER=1 (`make test`).
+# Optional: without root they are not installed and the test says loudly that it skipped.
+install_browser() {
+  if [ "${WITH_BROWSER:-0}" != 1 ]; then return 0; fi
+  if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then return 0; fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    log "chromium/chromium-driver missing and not root: the browser test will be skipped"
+    return 0
+  fi
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    apt_updated=1
+  fi
+  log "installing chromium and chromium-driver (browser test)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver fonts-dejavu-core >&2 \
+    || log "could not install chromium: the browser test will be skipped"
+}
+
 start_postgres
 start_redis
 start_nats
+install_browser
 log "PostgreSQL :$PG_PORT, Redis :$REDIS_PORT, NATS :$NATS_PORT are up"

@@ -31,6 +31,7 @@ for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; 
   "$bin/$svc" &
   pids+=($!)
 done
-echo "postmesh: gateway on http://127.0.0.1:8080, outbox in var/outbox; Ctrl-C stops" >&2
+echo "postmesh: gateway on http://127.0.0.1:8080 (web app /app/login), outbox in var/outbox; Ctrl-C stops" >&2
+echo "postmesh: CLI at $bin/postmesh (postmesh login)" >&2
 # If any service exits, stop the rest.
 wait -n

@@ -15,6 +15,7 @@ pub mod mta;
 pub mod peek;
 pub mod receiver;
 pub mod web;
+pub mod webdriver;
 
 pub use client::{Answer, TestClient};
 pub use fake_stripe::FakeStripe;

@@ -98,6 +98,7 @@ pub fn csrf_refusal(state: &AppState, headers: &HeaderMap, given: &str) -> Optio
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:40rem;padding:1rem;line-height:1.5}
 nav{display:flex;flex-wrap:wrap;gap:1rem;align-items:center;border-bottom:1px solid #ccc;padding-bottom:.5rem}
+nav span{overflow-wrap:anywhere}
 label{display:block;margin-top:.75rem;font-weight:600}
 input[type=email],input[type=text]{width:100%;box-sizing:border-box;padding:.5rem;font-size:1rem}
 button{margin-top:.75rem;padding:.5rem 1rem;font-size:1rem}
