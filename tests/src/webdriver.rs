@@ -107,6 +107,13 @@ impl Browser {
         }
     }
 
+    /// Runs `script` (a function body) in the page; what it returns.
+    pub async fn execute(&self, script: &str) -> Value {
+        let body = json!({ "script": script, "args": [] });
+        self.command(reqwest::Method::POST, "/execute/sync", Some(body))
+            .await
+    }
+
     /// A PNG of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
         let png = self

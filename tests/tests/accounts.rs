@@ -154,6 +154,17 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
     let expired = user.json(Method::GET, "/api-keys", &json!({})).await;
     assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
 
+    // An address with an account gets the same answer as one without.
+    let known: Value = WebUser::new(&stack.base, &email)
+        .json(
+            Method::POST,
+            "/login/code",
+            &json!({ "email": stack.account_email(&stack.key(0).await).await }),
+        )
+        .await
+        .expect(StatusCode::OK, "login code for a known address");
+    assert_eq!(known, asked);
+
     // Sign in again (the address now has an account: no second sign-up), then log out. The
     // cooldown's minute is skipped.
     for key in stack.redis_keys("code:cooldown:*").await {

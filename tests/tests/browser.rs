@@ -23,7 +23,15 @@ fn screenshots() -> PathBuf {
     dir
 }
 
+/// Saves a screenshot of the page, after checking it fits a phone's width.
 async fn shot(client: &Browser, name: &str) {
+    let width = client
+        .execute("return document.documentElement.scrollWidth;")
+        .await;
+    assert!(
+        width.as_u64().is_some_and(|w| w <= 390),
+        "{name} is {width} px wide"
+    );
     let png = client.screenshot().await;
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     std::fs::write(screenshots().join(format!("{name}.png")), png).expect("write screenshot");

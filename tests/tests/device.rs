@@ -99,9 +99,17 @@ async fn device_authorization_follows_the_state_table() {
     );
     // Rule 6: a used token is refused, even while its request is pending.
     assert_eq!(init(&cli, &t).await.status, StatusCode::CONFLICT);
-    // The token is stored hashed only.
+    // The token is stored hashed only, and the request lives 600 s.
     let stored = stack.redis_keys("device:*").await;
     assert!(stored.iter().all(|k| !k.contains(&t)), "{stored:?}");
+    let record = stack.redis_keys("device:req:*").await;
+    assert_eq!(record.len(), 1);
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(&record[0])
+        .query_async(&mut stack.redis().await)
+        .await
+        .expect("TTL");
+    assert!((590..=600).contains(&ttl), "{ttl}");
 
     // pending --poll--> pending (202); too fast --> 429 slow_down.
     let (status, body) = poll(&cli, &t).await;
@@ -141,12 +149,36 @@ async fn device_authorization_follows_the_state_table() {
         .await;
     assert_eq!(twice.status, StatusCode::CONFLICT);
 
-    // approved --poll--> consumed: the key, once.
+    // approved --poll--> consumed: the key, once, even to two polls at once.
     wait_interval().await;
-    let (status, body) = poll(&cli, &t).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let (first, second) = tokio::join!(poll(&cli, &t), poll(&cli, &t));
+    let (status, body) = if first.0 == StatusCode::OK {
+        first.clone()
+    } else {
+        second.clone()
+    };
+    assert_eq!(status, StatusCode::OK, "{first:?} {second:?}");
+    let other = if first.0 == StatusCode::OK {
+        second
+    } else {
+        first
+    };
+    assert_ne!(
+        other.0,
+        StatusCode::OK,
+        "one poll alone gets the key: {other:?}"
+    );
     assert_eq!(body["status"], "approved");
     assert_eq!(body["email"], email.as_str());
+    let db = stack.service_db(api_gateway::SERVICE).await;
+    let minted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM api_keys k JOIN accounts a ON a.id = k.account_id WHERE a.email = $1",
+    )
+    .bind(&email)
+    .fetch_one(&db)
+    .await
+    .expect("count keys");
+    assert_eq!(minted, 2, "the primary key and one CLI key");
     let key = body["apiKey"].as_str().expect("apiKey").to_owned();
     let me: Value = stack.client(&key).get("/account", StatusCode::OK).await;
     assert_eq!(me["email"], email.as_str());
@@ -196,7 +228,6 @@ async fn device_authorization_follows_the_state_table() {
     // An account without an API key: approve is a 500.
     let keyless = token();
     let _: Value = init(&cli, &keyless).await.expect(StatusCode::OK, "init");
-    let db = stack.service_db(api_gateway::SERVICE).await;
     sqlx::query("UPDATE accounts SET primary_key_id = NULL WHERE email = $1")
         .bind(&email)
         .execute(&db)
@@ -244,6 +275,8 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
     let page = user.page(&format!("/app/device?request={rid}")).await;
     assert_eq!(page.status, StatusCode::OK);
     let html = text(&page);
+    assert_eq!(page.headers["cache-control"], "no-store");
+    assert_eq!(page.headers["x-frame-options"], "DENY");
     assert!(html.contains("127.0.0.1"), "{html}");
     assert!(html.contains("name=\"user_code\""), "{html}");
     assert!(
@@ -279,8 +312,21 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
     let (status, _) = poll(&cli, &t).await;
     assert_eq!(status, StatusCode::ACCEPTED, "still pending");
 
-    // Four wrong codes leave it pending; the fifth voids it.
-    for attempt in 1..=4 {
+    // Approving from the link without typing the code is a wrong code, not an approval.
+    let empty = user
+        .form(
+            "/app/device",
+            &[
+                ("request", &rid),
+                ("user_code", ""),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST, "{}", text(&empty));
+
+    // Three more wrong codes leave it pending; the fifth voids it.
+    for attempt in 2..=4 {
         let wrong = user
             .form(
                 "/app/device",
@@ -317,10 +363,15 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
         .as_str()
         .expect("userCode")
         .to_lowercase();
-    let page = user.page(&format!("/app/device?code={code}")).await;
+    let page = user.form("/app/device", &[("user_code", &code)]).await;
     assert_eq!(page.status, StatusCode::OK);
     let html = text(&page);
+    assert_eq!(page.headers["cache-control"], "no-store");
+    assert_eq!(page.headers["x-frame-options"], "DENY");
     assert!(html.contains(&code.to_uppercase()), "{html}");
+    // A link cannot arrive with the code filled in: the lookup is a form POST only.
+    let linked = user.page(&format!("/app/device?code={code}")).await;
+    assert!(!text(&linked).contains(&code.to_uppercase()));
     let rid = request_id(&started);
     let no = user
         .form(
@@ -335,7 +386,9 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
     assert_eq!(body["status"], "denied");
 
     // An unknown code: 404 page.
-    let unknown = user.page("/app/device?code=ZZZZ-ZZZZ").await;
+    let unknown = user
+        .form("/app/device", &[("user_code", "ZZZZ-ZZZZ")])
+        .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
 
     // Approve with the right code typed (any case, with or without the dash).
@@ -375,6 +428,8 @@ async fn key_pages_create_and_revoke_with_csrf() {
     assert_eq!(page.status, StatusCode::OK);
     assert!(!user.csrf.is_empty(), "the page set the CSRF cookie");
     let html = text(&page);
+    assert_eq!(page.headers["cache-control"], "no-store");
+    assert_eq!(page.headers["x-frame-options"], "DENY");
     assert!(
         html.contains("<label for=\"name\">"),
         "inputs are labelled: {html}"

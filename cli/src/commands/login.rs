@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use postmesh_contracts::routes::gateway;
 
-use crate::api::{Call, Client, Reply};
+use crate::api::{ApiError, Call, Client, Reply};
 use crate::config::{Credentials, CredentialsStore};
 use crate::{output, progress};
 
@@ -154,6 +154,10 @@ fn seconds(seconds: f64, min: Duration, max: Duration) -> Duration {
 /// Opens `url` in the browser, if this system has an opener; a failure is ignored (the
 /// address is printed anyway).
 fn open_browser(url: &str) {
+    // Only a web address goes to the opener, never something it could take as an option.
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return;
+    }
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else if cfg!(target_os = "linux") {
@@ -207,6 +211,8 @@ pub async fn login(
         }
         let polled = match client.exchange(&poll).await {
             Ok(reply) => read_poll(reply),
+            // A dropped connection is retried: giving up could lose a key already minted.
+            Err(e @ ApiError::Unreachable { .. }) => Ok(Poll::Unavailable(e.to_string())),
             Err(e) => Err(e.into()),
         };
         match polled {

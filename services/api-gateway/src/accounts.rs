@@ -32,21 +32,26 @@ pub fn routes() -> Routes<AppState> {
 const NAME_MAX: usize = 100;
 
 /// A key as its owner sees it (never its text).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyInfo {
+    /// The key's id (`DELETE /api-keys/{id}`).
     pub id: Uuid,
+    /// What its owner called it.
     pub name: String,
     /// The key's visible start: `pm_<prefix>_…`.
     pub prefix: String,
     /// Whether this is the account's primary key, whose balance every key draws on.
     pub primary: bool,
+    /// When it was made (Unix seconds).
     pub created_at: i64,
 }
 
-/// The account of `email` (compared without case), signing it up with its primary key on
-/// first sight.
-pub async fn find_or_register(state: &AppState, email: &EmailAddress) -> Result<Uuid, ApiError> {
+/// The account of `email` (compared without case) and its stored address, signing it up
+/// with its primary key on first sight.
+pub async fn find_or_register(
+    state: &AppState, email: &EmailAddress,
+) -> Result<(Uuid, String), ApiError> {
     if let Some(id) = find(state, email).await? {
         return Ok(id);
     }
@@ -67,9 +72,9 @@ pub async fn find_or_register(state: &AppState, email: &EmailAddress) -> Result<
         .ok_or_else(|| ApiError::Internal("account missing after sign-up".into()))
 }
 
-async fn find(state: &AppState, email: &EmailAddress) -> Result<Option<Uuid>, ApiError> {
-    Ok(sqlx::query_scalar(
-        "SELECT id FROM accounts WHERE lower(email) = lower($1) ORDER BY created_at LIMIT 1",
+async fn find(state: &AppState, email: &EmailAddress) -> Result<Option<(Uuid, String)>, ApiError> {
+    Ok(sqlx::query_as(
+        "SELECT id, email FROM accounts WHERE lower(email) = lower($1) ORDER BY created_at LIMIT 1",
     )
     .bind(email.as_str())
     .fetch_optional(&state.db)

@@ -20,7 +20,7 @@ use postmesh_shared::extract::JsonBody;
 use postmesh_shared::{ApiError, Routes, Success};
 
 use crate::sessions::{self, Session};
-use crate::{accounts, AppState};
+use crate::{accounts, login, AppState};
 
 /// The routes of device authorization.
 pub fn routes() -> Routes<AppState> {
@@ -102,9 +102,11 @@ fn key(state: &AppState, kind: &str, id: &str) -> String {
 pub struct Request {
     /// The token's hash (the record's key).
     pub hash: String,
+    /// The code the CLI shows (`ABCDEFGH`).
     pub user_code: String,
     /// When the CLI started it (Unix seconds).
     pub created_at: i64,
+    /// The client IP it started from (empty: unknown).
     pub ip: String,
     /// The id its verification URL names.
     pub rid: String,
@@ -157,7 +159,9 @@ pub enum Lookup<'a> {
 /// What deciding on a request did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decided {
+    /// Approved: the CLI's next poll gets a key.
     Approved,
+    /// Denied: the CLI's next poll gets 410 `denied`.
     Denied,
     /// The typed user code was wrong; the request stays.
     WrongCode,
@@ -166,26 +170,27 @@ pub enum Decided {
 }
 
 /// Decides pending request `hash`: 0 gone, 1 already handled, 2 wrong code, 3 voided,
-/// 4 denied, 5 approved. `ARGV`: decision, typed code ("" skips the check), account, email,
-/// max attempts.
+/// 4 denied, 5 approved. `ARGV`: decision, `check` or `skip` (the code), typed code,
+/// account, email, max attempts. An empty typed code is a wrong one.
 const DECIDE_SCRIPT: &str = r"
 local s = redis.call('HGET', KEYS[1], 'state')
 if not s then return 0 end
 if s ~= 'pending' then return 1 end
 if ARGV[1] == 'deny' then redis.call('HSET', KEYS[1], 'state', 'denied') return 4 end
-if ARGV[2] ~= '' and ARGV[2] ~= redis.call('HGET', KEYS[1], 'code') then
-  if redis.call('HINCRBY', KEYS[1], 'attempts', 1) >= tonumber(ARGV[5]) then
+if ARGV[2] == 'check' and ARGV[3] ~= redis.call('HGET', KEYS[1], 'code') then
+  if redis.call('HINCRBY', KEYS[1], 'attempts', 1) >= tonumber(ARGV[6]) then
     redis.call('DEL', KEYS[1])
     return 3
   end
   return 2
 end
-redis.call('HSET', KEYS[1], 'state', 'approved', 'account', ARGV[3], 'email', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'approved', 'account', ARGV[4], 'email', ARGV[5])
 return 5
 ";
 
 /// Approves (`approve`) or denies request `hash` for `session`; with `typed_code`, only if
-/// it is the request's user code. 410 when the request is gone, 409 when already handled,
+/// it is the request's user code (an empty one is wrong; `None` is the JSON route, which
+/// proves the request with the device token instead). 410 when the request is gone, 409 when already handled,
 /// 500 when the account has no key to bill to.
 pub async fn decide(
     state: &AppState, session: &Session, hash: &str, approve: bool, typed_code: Option<&str>,
@@ -201,6 +206,11 @@ pub async fn decide(
     let outcome: i64 = redis::Script::new(DECIDE_SCRIPT)
         .key(key(state, "req", hash))
         .arg(if approve { "approve" } else { "deny" })
+        .arg(if typed_code.is_some() {
+            "check"
+        } else {
+            "skip"
+        })
         .arg(typed_code.map(normalize_user_code).unwrap_or_default())
         .arg(session.account.to_string())
         .arg(&session.email)
@@ -248,6 +258,8 @@ async fn init(
     State(state): State<AppState>, parts: Parts, JsonBody(body): JsonBody<InitBody>,
 ) -> Result<Success<Initiated>, ApiError> {
     let token = parse_token(&body.device_token)?;
+    let ip: Option<IpAddr> = sessions::client_ip(&state, &parts);
+    login::limit_ip(&state, "device", ip).await?;
     let name = match body.device_name.as_deref().map(str::trim) {
         Some(n) if !n.is_empty() => format!("CLI: {}", n.chars().take(80).collect::<String>()),
         _ => "CLI".to_owned(),
@@ -269,10 +281,11 @@ async fn init(
             "this deviceToken was already used".into(),
         ));
     }
-    let mut user_code = new_user_code();
+    let mut user_code = None;
     for _ in 0..5 {
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(key(&state, "code", &user_code))
+        let code = new_user_code();
+        let reserved: Option<String> = redis::cmd("SET")
+            .arg(key(&state, "code", &code))
             .arg(&hash)
             .arg("NX")
             .arg("EX")
@@ -280,13 +293,14 @@ async fn init(
             .query_async(&mut redis)
             .await
             .map_err(redis_err)?;
-        if taken.is_some() {
+        if reserved.is_some() {
+            user_code = Some(code);
             break;
         }
-        user_code = new_user_code();
     }
+    let user_code =
+        user_code.ok_or_else(|| ApiError::Unavailable("no free user code; try again".into()))?;
     let rid = sessions::random_hex(16);
-    let ip: Option<IpAddr> = sessions::client_ip(&state, &parts);
     let record = key(&state, "req", &hash);
     redis::pipe()
         .atomic()
@@ -339,6 +353,13 @@ end
 return {'pending'}
 ";
 
+/// Puts a `minting` record back to `approved` (its mint failed); 0 when it is gone.
+const RESTORE_SCRIPT: &str = r"
+if redis.call('HGET', KEYS[1], 'state') ~= 'minting' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'approved')
+return 1
+";
+
 /// A poll's answer (spec §7: `{success, status, apiKey, email, error}`).
 #[derive(Serialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -380,15 +401,7 @@ async fn poll(State(state): State<AppState>, JsonBody(body): JsonBody<TokenBody>
     };
     match take(&state, &token.hash()).await {
         Ok(res) => res,
-        Err(e) => {
-            let res = e.into_response();
-            let status = res.status();
-            poll_answer(
-                status,
-                "error",
-                Some("the device store is unavailable; poll again"),
-            )
-        }
+        Err(e) => poll_answer(e.status(), "error", Some(&e.to_string())),
     }
 }
 
@@ -423,11 +436,13 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
                 Uuid::parse_str(&account).map_err(|e| ApiError::internal("device account", e))?;
             match accounts::mint(state, account, &name).await {
                 Ok((api_key, _)) => {
-                    redis::cmd("DEL")
-                        .arg(&record)
-                        .query_async::<()>(&mut redis)
-                        .await
-                        .map_err(redis_err)?;
+                    // The key goes out even if the record cannot be deleted now: `minting`
+                    // keeps any other poll from minting a second one until it expires.
+                    let deleted: Result<(), _> =
+                        redis::cmd("DEL").arg(&record).query_async(&mut redis).await;
+                    if let Err(e) = deleted {
+                        tracing::warn!(error = %e, "device record left to expire");
+                    }
                     let body = PollAnswer {
                         success: true,
                         status: "approved",
@@ -438,13 +453,15 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
                     Ok((StatusCode::OK, Json(body)).into_response())
                 }
                 Err(e) => {
-                    // Back to approved, so the next poll mints again.
-                    let _: Result<(), _> = redis::cmd("HSET")
-                        .arg(&record)
-                        .arg("state")
-                        .arg("approved")
-                        .query_async(&mut redis)
+                    // Back to approved, so the next poll mints again; only if the record
+                    // still exists and is this poll's (it may have expired meanwhile).
+                    let restored: Result<i64, _> = redis::Script::new(RESTORE_SCRIPT)
+                        .key(&record)
+                        .invoke_async(&mut redis)
                         .await;
+                    if let Err(r) = restored {
+                        tracing::warn!(error = %r, "device record not restored after a failed mint");
+                    }
                     Err(e)
                 }
             }

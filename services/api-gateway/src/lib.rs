@@ -124,8 +124,11 @@ pub struct Gateway {
     pub body_limit: usize,
     pub inbound_secret: Option<String>,
     pub provider_secret: Option<String>,
+    /// `PUBLIC_BASE_URL`.
     pub public_base_url: String,
+    /// `LOGIN_IP_HOURLY_LIMIT`.
     pub login_ip_hourly_limit: u32,
+    /// `GATEWAY_TRUST_FORWARDED_FOR`.
     pub trust_forwarded_for: bool,
 }
 

@@ -26,12 +26,24 @@ pub fn routes() -> Routes<AppState> {
         .at(api::LOGOUT, logout)
 }
 
-/// Counts a login code asked for from `ip`; 429 over `LOGIN_IP_HOURLY_LIMIT` an hour.
-async fn limit_ip(state: &AppState, ip: Option<IpAddr>) -> Result<(), ApiError> {
+/// Counts a login attempt of `kind` (`code`: a login code; `device`: a CLI login) from
+/// `ip`; 429 over `LOGIN_IP_HOURLY_LIMIT` of that kind an hour. IPv6 clients count by /64,
+/// the block one subscriber usually holds.
+pub async fn limit_ip(state: &AppState, kind: &str, ip: Option<IpAddr>) -> Result<(), ApiError> {
     let Some(ip) = ip else {
         return Ok(());
     };
-    let key = state.ns.redis_key(&format!("login:ip:{ip}"));
+    let bucket = match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    };
+    let key = state.ns.redis_key(&format!("login:ip:{kind}:{bucket}"));
     let mut redis = state.redis.clone();
     let (count, ttl): (u64, i64) = redis::pipe()
         .atomic()
@@ -47,7 +59,7 @@ async fn limit_ip(state: &AppState, ip: Option<IpAddr>) -> Result<(), ApiError> 
         .map_err(|e| ApiError::internal("login limit unavailable", e))?;
     if count > u64::from(state.login_ip_hourly_limit) {
         return Err(ApiError::TooManyRequests {
-            message: "too many login codes from this address this hour".into(),
+            message: "too many login attempts from this network address this hour".into(),
             retry_after: ttl.max(1) as u64,
         });
     }
@@ -59,7 +71,7 @@ async fn limit_ip(state: &AppState, ip: Option<IpAddr>) -> Result<(), ApiError> 
 pub async fn send_code(
     state: &AppState, ip: Option<IpAddr>, email: &EmailAddress,
 ) -> Result<(), ApiError> {
-    limit_ip(state, ip).await?;
+    limit_ip(state, "code", ip).await?;
     send_login_code(state, email).await
 }
 
@@ -69,8 +81,8 @@ pub async fn sign_in(
     state: &AppState, email: &EmailAddress, code: &str,
 ) -> Result<HeaderValue, ApiError> {
     check_login_code(state, email, code).await?;
-    let account = accounts::find_or_register(state, email).await?;
-    sessions::start(state, account, email.as_str()).await
+    let (account, stored) = accounts::find_or_register(state, email).await?;
+    sessions::start(state, account, &stored).await
 }
 
 #[derive(Deserialize)]

@@ -26,7 +26,9 @@ pub const SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
 /// A signed-in user, as the `Session` and `Page` policies attach it to the request.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Session {
+    /// The signed-in account.
     pub account: Uuid,
+    /// Its address, as stored.
     pub email: String,
     /// The stored id's hash (the Redis key's last part).
     #[serde(skip)]

@@ -1,5 +1,6 @@
 //! `/app/device`: approve or deny a CLI's sign-in. Reached by the CLI's link (`?request=`),
-//! where the user types the code the terminal shows, or by typing that code (`?code=`).
+//! where the user types the code the terminal shows, or by typing that code into the form
+//! (a POST, so no link can arrive with a code filled in).
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -17,19 +18,21 @@ use crate::AppState;
 
 const TITLE: &str = "Approve a device";
 
+/// The query of `GET /app/device`.
 #[derive(Deserialize)]
 pub struct DeviceQuery {
+    /// The request id of the CLI's link.
     request: Option<String>,
-    code: Option<String>,
 }
 
-fn code_entry(error: Option<&str>) -> Markup {
+fn code_entry(csrf: &Csrf, error: Option<&str>) -> Markup {
     html! {
         @if let Some(error) = error { p.error role="alert" { (error) } }
         p { "Type the code your terminal shows after " code { "postmesh login" } "." }
-        form method="get" action="/app/device" {
-            label for="code" { "Device code" }
-            input #code type="text" name="code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH" required;
+        form method="post" action="/app/device" {
+            (csrf.field())
+            label for="user_code" { "Device code" }
+            input #user_code type="text" name="user_code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH" required;
             button type="submit" { "Continue" }
         }
     }
@@ -56,7 +59,7 @@ fn request_form(
             input type="hidden" name="request" value=(rid);
             @if confirm_code {
                 label for="user_code" { "Code shown in your terminal" }
-                input #user_code type="text" name="user_code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH";
+                input #user_code type="text" name="user_code" autocomplete="off" autocapitalize="characters" placeholder="ABCD-EFGH" required;
             } @else {
                 input type="hidden" name="user_code" value=(request.user_code);
             }
@@ -80,28 +83,14 @@ pub async fn page(
             Some(request) => render(StatusCode::OK, request_form(&csrf, &request, rid, true, None)),
             None => render(
                 StatusCode::GONE,
-                code_entry(Some("This sign-in request expired or was already handled. Run postmesh login again.")),
+                code_entry(&csrf, Some("This sign-in request expired or was already handled. Run postmesh login again.")),
             ),
         });
     }
-    if let Some(code) = q.code.as_deref().filter(|c| !c.trim().is_empty()) {
-        let found = device::find(&state, Lookup::UserCode(code)).await?;
-        return Ok(match found {
-            Some(request) => render(
-                StatusCode::OK,
-                request_form(&csrf, &request, &request.rid, false, None),
-            ),
-            None => render(
-                StatusCode::NOT_FOUND,
-                code_entry(Some(
-                    "No pending sign-in has that code. Check it and try again.",
-                )),
-            ),
-        });
-    }
-    Ok(render(StatusCode::OK, code_entry(None)))
+    Ok(render(StatusCode::OK, code_entry(&csrf, None)))
 }
 
+/// The form of `POST /app/device`: a typed code to look up (no `request`), or a decision.
 #[derive(Deserialize)]
 pub struct DecideForm {
     #[serde(default)]
@@ -126,8 +115,25 @@ pub async fn decide(
     let render =
         |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
     let expired = "This sign-in request expired or was already handled. Run postmesh login again.";
+    if form.request.is_empty() {
+        // A typed code: show its request, with the code, to approve or deny.
+        let found = device::find(&state, Lookup::UserCode(&form.user_code)).await?;
+        return Ok(match found {
+            Some(request) => render(
+                StatusCode::OK,
+                request_form(&csrf, &request, &request.rid, false, None),
+            ),
+            None => render(
+                StatusCode::NOT_FOUND,
+                code_entry(
+                    &csrf,
+                    Some("No pending sign-in has that code. Check it and try again."),
+                ),
+            ),
+        });
+    }
     let Some(request) = device::find(&state, Lookup::Request(&form.request)).await? else {
-        return Ok(render(StatusCode::GONE, code_entry(Some(expired))));
+        return Ok(render(StatusCode::GONE, code_entry(&csrf, Some(expired))));
     };
     let approve = form.decision == "approve";
     let typed = normalize_user_code(&form.user_code);
@@ -156,12 +162,15 @@ pub async fn decide(
         ),
         Ok(Decided::Voided) => render(
             StatusCode::BAD_REQUEST,
-            code_entry(Some(
-                "Too many wrong codes: this sign-in request is void. Run postmesh login again.",
-            )),
+            code_entry(
+                &csrf,
+                Some(
+                    "Too many wrong codes: this sign-in request is void. Run postmesh login again.",
+                ),
+            ),
         ),
         Err(e @ (ApiError::Gone(_) | ApiError::Conflict(_))) => {
-            render(e.status(), code_entry(Some(expired)))
+            render(e.status(), code_entry(&csrf, Some(expired)))
         }
         Err(e) => return Err(e),
     })

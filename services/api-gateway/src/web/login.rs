@@ -123,7 +123,11 @@ pub async fn send(
         Err(e) => {
             let (status, text) = (e.status(), e.to_string());
             let body = email_form(&csrf, &next, email.as_str(), Some(&text));
-            csrf.page(&state, status, layout("Sign in", None, &csrf, body))
+            let mut res = csrf.page(&state, status, layout("Sign in", None, &csrf, body));
+            if let Some(secs) = e.retry_after() {
+                res.headers_mut().insert(header::RETRY_AFTER, secs.into());
+            }
+            res
         }
     }
 }

@@ -7,7 +7,7 @@ mod keys;
 mod login;
 mod usage;
 
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 use subtle::ConstantTimeEq;
@@ -36,6 +36,8 @@ pub fn routes() -> Routes<AppState> {
 
 /// The CSRF cookie's name.
 pub const CSRF_COOKIE: &str = "pm_csrf";
+/// Hex characters of a CSRF token.
+const CSRF_LEN: usize = 64;
 
 /// The CSRF token of a page: the browser's `pm_csrf` cookie, or a new one set with the page.
 pub struct Csrf {
@@ -47,7 +49,7 @@ impl Csrf {
     /// The request's token, or a fresh one.
     pub fn of(headers: &HeaderMap) -> Self {
         match cookie(headers, CSRF_COOKIE) {
-            Some(token) if token.len() == 64 => Self {
+            Some(token) if token.len() == CSRF_LEN => Self {
                 token: token.to_owned(),
                 fresh: false,
             },
@@ -63,9 +65,19 @@ impl Csrf {
         html! { input type="hidden" name="csrf" value=(self.token); }
     }
 
-    /// `markup` with `status`, setting the cookie when the token is new.
+    /// `markup` with `status`, never cached nor framed, setting the cookie when the token
+    /// is new.
     pub fn page(&self, state: &AppState, status: StatusCode, markup: Markup) -> Response {
         let mut res = (status, Html(markup.into_string())).into_response();
+        let headers = res.headers_mut();
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+            ),
+        );
         if self.fresh {
             let cookie = sessions::set_cookie(state, CSRF_COOKIE, &self.token, 86400 * 7, "Strict");
             res.headers_mut().append(header::SET_COOKIE, cookie);
@@ -77,7 +89,7 @@ impl Csrf {
 /// `None` when the form's `csrf` field equals the `pm_csrf` cookie; otherwise the 403 page.
 pub fn csrf_refusal(state: &AppState, headers: &HeaderMap, given: &str) -> Option<Response> {
     let expected = cookie(headers, CSRF_COOKIE).unwrap_or_default();
-    if !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(given.as_bytes())) {
+    if expected.len() == CSRF_LEN && bool::from(expected.as_bytes().ct_eq(given.as_bytes())) {
         return None;
     }
     let csrf = Csrf::of(headers);
@@ -98,7 +110,7 @@ pub fn csrf_refusal(state: &AppState, headers: &HeaderMap, given: &str) -> Optio
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:40rem;padding:1rem;line-height:1.5}
 nav{display:flex;flex-wrap:wrap;gap:1rem;align-items:center;border-bottom:1px solid #ccc;padding-bottom:.5rem}
-nav span{overflow-wrap:anywhere}
+nav span,main{overflow-wrap:anywhere}
 label{display:block;margin-top:.75rem;font-weight:600}
 input[type=email],input[type=text]{width:100%;box-sizing:border-box;padding:.5rem;font-size:1rem}
 button{margin-top:.75rem;padding:.5rem 1rem;font-size:1rem}

@@ -98,9 +98,12 @@ fn body(balance: Option<Value>, ent: Option<Value>, logs: Option<Value>) -> Mark
 pub async fn page(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
 ) -> Result<Response, ApiError> {
-    let primary = accounts::primary_key(&state, session.account)
-        .await?
-        .ok_or_else(accounts::no_key)?;
+    let csrf = Csrf::of(&headers);
+    let Some(primary) = accounts::primary_key(&state, session.account).await? else {
+        let body = html! { p.error role="alert" { "This account has no API key to bill to yet." } };
+        let markup = layout("Usage", Some(&session), &csrf, body);
+        return Ok(csrf.page(&state, StatusCode::INTERNAL_SERVER_ERROR, markup));
+    };
     let auth = AuthContext {
         account_id: session.account.to_string(),
         workspace_id: session.account.to_string(),
@@ -115,7 +118,6 @@ pub async fn page(
         billing_get(&state, &auth, "/billing/entitlements", ""),
         billing_get(&state, &auth, "/logs", &limit),
     );
-    let csrf = Csrf::of(&headers);
     let markup = layout("Usage", Some(&session), &csrf, body(balance, ent, logs));
     Ok(csrf.page(&state, StatusCode::OK, markup))
 }
