@@ -189,6 +189,14 @@ pub mod sender {
         UNSUBSCRIBE_PAGE = Get "/unsubscribe" Public;
         UNSUBSCRIBE = Post "/unsubscribe" Public;
         // SES notifications through SNS (their SNS signature is checked by the sender).
+        // properties up to 64 KiB, other fields and JSON escapes beside them.
+        EVENT_REPORT = Post "/events" Key, limit 256 * 1024;
+        EVENT = Get "/events/{event_id}" Key;
+        WORKFLOWS = Get "/workflows" Key;
+        WORKFLOW_CREATE = Post "/workflows" Key;
+        WORKFLOW = Get "/workflows/{id}" Key;
+        WORKFLOW_UPDATE = Patch "/workflows/{id}" Key;
+        WORKFLOW_DELETE = Delete "/workflows/{id}" Key;
         PROVIDER_EVENTS = Post "/provider-events/esp" ProviderSecret;
     }
 }

@@ -72,7 +72,7 @@ pub struct Audience {
 
 impl Condition {
     /// Parses one condition; `saved` tells whether `{audienceId}` may appear.
-    fn parse(raw: &Value, saved: bool) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &Value, saved: bool) -> Result<Self, String> {
         let obj = raw
             .as_object()
             .ok_or_else(|| format!("a condition must be an object, not {raw}"))?;

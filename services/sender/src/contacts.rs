@@ -301,6 +301,45 @@ pub async fn upsert(
     ))
 }
 
+/// The contact with `external_id`.
+pub async fn find_by_external_id(
+    conn: &mut PgConnection, workspace: WorkspaceId, external_id: &str,
+) -> Result<Option<Contact>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND external_id = $2"
+    ))
+    .bind(workspace)
+    .bind(external_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The contact with `email`, compared without regard to case.
+pub async fn find_by_email(
+    conn: &mut PgConnection, workspace: WorkspaceId, email: &EmailAddress,
+) -> Result<Option<Contact>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND email_key = lower($2)"
+    ))
+    .bind(workspace)
+    .bind(email.as_str())
+    .fetch_optional(conn)
+    .await
+}
+
+/// The contact `id`.
+pub async fn find_by_id(
+    conn: &mut PgConnection, workspace: WorkspaceId, id: Uuid,
+) -> Result<Option<Contact>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND id = $2"
+    ))
+    .bind(workspace)
+    .bind(id)
+    .fetch_optional(conn)
+    .await
+}
+
 /// Gives each of `recipients` without an `externalId` its stored contact's (a recipient
 /// object's own `externalId` wins), in one query.
 pub async fn fill_external_ids(

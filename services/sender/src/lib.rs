@@ -25,6 +25,7 @@ pub mod unsubscribe;
 pub use transport::TransportKind;
 pub mod usage;
 pub mod worker;
+pub mod workflows;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -251,6 +252,13 @@ fn routes() -> Routes<AppState> {
         .at(api::UNSUBSCRIBE_PAGE, unsubscribe::confirm_page)
         .at(api::UNSUBSCRIBE, unsubscribe::unsubscribe)
         .at(api::PROVIDER_EVENTS, provider::receive)
+        .at(api::EVENT_REPORT, workflows::events::report)
+        .at(api::EVENT, workflows::events::show)
+        .at(api::WORKFLOWS, workflows::list)
+        .at(api::WORKFLOW_CREATE, workflows::create)
+        .at(api::WORKFLOW, workflows::read)
+        .at(api::WORKFLOW_UPDATE, workflows::change)
+        .at(api::WORKFLOW_DELETE, workflows::remove)
 }
 
 /// The sender's HTTP router.
@@ -306,6 +314,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     rt.every("scheduler", config.schedule_poll, move || {
         let state = scheduler.clone();
         async move { schedule::release_due(&state).await }
+    });
+    let runner = state.clone();
+    rt.every("workflow runs", config.schedule_poll, move || {
+        let state = runner.clone();
+        async move { workflows::runs::advance_due(&state).await }
     });
     let settler = state.clone();
     rt.every("billing settlements", SETTLE_POLL, move || {

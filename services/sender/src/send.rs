@@ -154,9 +154,20 @@ async fn check_sendable(
     )))
 }
 
+/// `POST /send-email`.
 pub(crate) async fn send(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
+    submit(&state, &caller, body, TaskId::new())
+        .await
+        .map(Success::new)
+}
+
+/// Checks, prices, charges and stores a send as task `id` (a workflow step names its own,
+/// so a retried step finds the task it made).
+pub(crate) async fn submit(
+    state: &AppState, caller: &Caller, body: SendBody, id: TaskId,
+) -> Result<SendAnswer, ApiError> {
     let now = now_unix();
     let mut body = body;
     if let Some(key) = &body.campaign_key {
@@ -168,9 +179,9 @@ pub(crate) async fn send(
         .from_email
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
-    check_sendable(&state, &caller, &from).await?;
-    let (message, template) = compose(&state, &caller, &req, &from).await?;
-    let (campaign_key, recipients, mut rejected) = recipients_of(&state, &caller, &req).await?;
+    check_sendable(state, caller, &from).await?;
+    let (message, template) = compose(state, caller, &req, &from).await?;
+    let (campaign_key, recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     // A test send goes to the caller alone, whatever the rules.
     let (recipients, filtered) = if req.test_send {
         (recipients, Vec::new())
@@ -179,7 +190,7 @@ pub(crate) async fn send(
         governance::suppressions(&mut conn, caller.workspace, &req, recipients).await?
     };
     rejected.extend(filtered);
-    let quota = usage::Quota::of(&state, &caller).await?;
+    let quota = usage::Quota::of(state, caller).await?;
     // Caps are counted under the addresses' locks, in the transaction that stores the send.
     let mut tx = state.db.begin().await?;
     let (recipients, capped) = governance::caps(
@@ -195,12 +206,12 @@ pub(crate) async fn send(
     // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
     let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
     let task = NewTask {
-        id: TaskId::new(),
+        id,
         status: match req.scheduled_at {
             Some(_) => TaskStatus::Scheduled,
             None => TaskStatus::Queued,
         },
-        caller: &caller,
+        caller,
         req: &req,
         message: &message,
         recipients: &recipients,
@@ -231,10 +242,10 @@ pub(crate) async fn send(
         if cost > 0 {
             state.billing.covers(charge).await?;
         }
-        return Ok(Success::new(answer(None)));
+        return Ok(answer(None));
     }
-    accept(&state, &quota, tx, &task, charge).await?;
-    Ok(Success::new(answer(Some(task.id))))
+    accept(state, &quota, tx, &task, charge).await?;
+    Ok(answer(Some(task.id)))
 }
 
 /// Who the send goes to: the recipients of its `to`, its audience's contacts or its

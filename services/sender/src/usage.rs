@@ -39,9 +39,13 @@ async fn sent_since(
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
     let workspace = WorkspaceId::parse(&req.workspace_id)
         .ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))?;
-    let emails = sent_since(&mut *state.db.acquire().await?, workspace, req.period_start).await?;
+    let mut conn = state.db.acquire().await?;
+    let emails = sent_since(&mut conn, workspace, req.period_start).await?;
+    let executions =
+        crate::workflows::executions_since(&mut conn, workspace, req.period_start).await?;
     Ok(UsageReply {
         emails,
+        executions,
         ..Default::default()
     })
 }

@@ -1,0 +1,263 @@
+//! Workflows: `POST/GET /workflows`, `GET/PATCH/DELETE /workflows/{id}`. A workflow is
+//! active once created; a change makes a new version (runs keep the one they started on);
+//! a delete ends its active runs. Events (`events`) start and end runs (`runs`).
+
+pub mod definition;
+pub mod events;
+pub mod runs;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Serialize;
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::{ApiError, Success, WorkspaceId};
+
+use crate::templates;
+use crate::AppState;
+use definition::{Workflow, WorkflowBody};
+
+/// A workflow as the API shows it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkflowView {
+    id: Uuid,
+    version: i32,
+    #[serde(flatten)]
+    definition: WorkflowBody,
+    active_runs: i64,
+    created_at: i64,
+    updated_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: Uuid,
+    version: i32,
+    definition: Json<WorkflowBody>,
+    active_runs: i64,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<Row> for WorkflowView {
+    fn from(r: Row) -> Self {
+        Self {
+            id: r.id,
+            version: r.version,
+            definition: r.definition.0,
+            active_runs: r.active_runs,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+const SELECT: &str = "SELECT w.id, w.version, v.definition, w.created_at, w.updated_at,
+        (SELECT count(*) FROM workflow_runs r WHERE r.workflow_id = w.id AND r.status = 'active')
+            AS active_runs
+     FROM workflows w JOIN workflow_versions v ON v.workflow_id = w.id AND v.version = w.version
+     WHERE w.workspace_id = $1 AND w.deleted_at IS NULL";
+
+async fn one(
+    conn: &mut PgConnection, workspace: WorkspaceId, id: Uuid,
+) -> Result<WorkflowView, ApiError> {
+    let row: Option<Row> = sqlx::query_as(&format!("{SELECT} AND w.id = $2"))
+        .bind(workspace)
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    row.map(Into::into)
+        .ok_or_else(|| ApiError::NotFound("workflow not found".into()))
+}
+
+/// Checks `body`, and that its templates exist.
+async fn checked(
+    state: &AppState, workspace: WorkspaceId, body: &WorkflowBody,
+) -> Result<Workflow, ApiError> {
+    let workflow = Workflow::parse(body).map_err(ApiError::BadRequest)?;
+    for key in workflow.templates() {
+        if templates::find(&state.db, workspace, key, None)
+            .await?
+            .is_none()
+        {
+            return Err(ApiError::BadRequest(format!("no template {key:?}")));
+        }
+    }
+    Ok(workflow)
+}
+
+async fn save_version(
+    conn: &mut PgConnection, id: Uuid, version: i32, body: &WorkflowBody,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO workflow_versions (workflow_id, version, definition, created_at)
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(id)
+    .bind(version)
+    .bind(Json(body))
+    .bind(now_unix())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(Serialize)]
+pub struct One {
+    workflow: WorkflowView,
+}
+
+/// `POST /workflows`: 201 with the workflow, active at once.
+pub(crate) async fn create(
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<WorkflowBody>,
+) -> Result<(StatusCode, Success<One>), ApiError> {
+    let workflow = checked(&state, caller.workspace, &body).await?;
+    let id = Uuid::now_v7();
+    let now = now_unix();
+    let exits: Vec<String> = workflow
+        .exits
+        .iter()
+        .map(|e| e.event_name.clone())
+        .collect();
+    let mut tx = state.db.begin().await?;
+    sqlx::query(
+        "INSERT INTO workflows (id, workspace_id, name, version, trigger_event, exit_events,
+                                created_at, updated_at)
+         VALUES ($1, $2, $3, 1, $4, $5, $6, $6)",
+    )
+    .bind(id)
+    .bind(caller.workspace)
+    .bind(&workflow.name)
+    .bind(&workflow.trigger.event_name)
+    .bind(&exits)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    save_version(&mut tx, id, 1, &body).await?;
+    let workflow = one(&mut tx, caller.workspace, id).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Success::new(One { workflow })))
+}
+
+#[derive(Serialize)]
+pub struct List {
+    workflows: Vec<WorkflowView>,
+}
+
+/// `GET /workflows`.
+pub(crate) async fn list(
+    State(state): State<AppState>, caller: Caller,
+) -> Result<Success<List>, ApiError> {
+    let rows: Vec<Row> = sqlx::query_as(&format!("{SELECT} ORDER BY w.created_at, w.id"))
+        .bind(caller.workspace)
+        .fetch_all(&state.db)
+        .await?;
+    Ok(Success::new(List {
+        workflows: rows.into_iter().map(Into::into).collect(),
+    }))
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::NotFound("workflow not found".into()))
+}
+
+/// `GET /workflows/{id}`.
+pub(crate) async fn read(
+    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+) -> Result<Success<One>, ApiError> {
+    let mut conn = state.db.acquire().await?;
+    let workflow = one(&mut conn, caller.workspace, parse_id(&id)?).await?;
+    Ok(Success::new(One { workflow }))
+}
+
+/// `PATCH /workflows/{id}` with a whole workflow: a new version, for new runs only.
+pub(crate) async fn change(
+    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+    JsonBody(body): JsonBody<WorkflowBody>,
+) -> Result<Success<One>, ApiError> {
+    let id = parse_id(&id)?;
+    let workflow = checked(&state, caller.workspace, &body).await?;
+    let exits: Vec<String> = workflow
+        .exits
+        .iter()
+        .map(|e| e.event_name.clone())
+        .collect();
+    let mut tx = state.db.begin().await?;
+    let version: Option<i32> = sqlx::query_scalar(
+        "UPDATE workflows SET version = version + 1, name = $3, trigger_event = $4,
+                              exit_events = $5, updated_at = $6
+         WHERE workspace_id = $1 AND id = $2 AND deleted_at IS NULL RETURNING version",
+    )
+    .bind(caller.workspace)
+    .bind(id)
+    .bind(&workflow.name)
+    .bind(&workflow.trigger.event_name)
+    .bind(&exits)
+    .bind(now_unix())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let version = version.ok_or_else(|| ApiError::NotFound("workflow not found".into()))?;
+    save_version(&mut tx, id, version, &body).await?;
+    let workflow = one(&mut tx, caller.workspace, id).await?;
+    tx.commit().await?;
+    Ok(Success::new(One { workflow }))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deleted {
+    deleted: bool,
+    ended_runs: u64,
+}
+
+/// `DELETE /workflows/{id}`: it starts no more runs, and its active runs end.
+pub(crate) async fn remove(
+    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+) -> Result<Success<Deleted>, ApiError> {
+    let id = parse_id(&id)?;
+    let mut tx = state.db.begin().await?;
+    let now = now_unix();
+    let gone = sqlx::query(
+        "UPDATE workflows SET deleted_at = $3 WHERE workspace_id = $1 AND id = $2 AND deleted_at IS NULL",
+    )
+    .bind(caller.workspace)
+    .bind(id)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    if gone.rows_affected() == 0 {
+        return Err(ApiError::NotFound("workflow not found".into()));
+    }
+    let ended = sqlx::query(
+        "UPDATE workflow_runs SET status = 'exited', exit_reason = 'workflow deleted',
+                                  ended_at = $2, next_at = NULL, lease_until = NULL
+         WHERE workflow_id = $1 AND status = 'active'",
+    )
+    .bind(id)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Success::new(Deleted {
+        deleted: true,
+        ended_runs: ended.rows_affected(),
+    }))
+}
+
+/// Runs started in `workspace` since `since`: the plan's executions.
+pub async fn executions_since(
+    conn: &mut PgConnection, workspace: WorkspaceId, since: i64,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND started_at >= $2",
+    )
+    .bind(workspace)
+    .bind(since)
+    .fetch_one(conn)
+    .await
+}

@@ -1,0 +1,411 @@
+//! Runs: a contact's way through one version of a workflow. Started and ended by events
+//! (in the event's transaction), advanced by a timer pass that leases due runs with
+//! `FOR UPDATE SKIP LOCKED`. A send step's task id is derived from the run and the step,
+//! so a step redone after a crash finds its task and never sends twice.
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use sqlx::types::Json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::extract::Caller;
+use postmesh_shared::proto::Role;
+use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
+
+use super::definition::{all_hold, Step, Workflow, WorkflowBody};
+use super::events::{parse_time, EventView};
+use crate::contacts::{self, Contact};
+use crate::AppState;
+
+/// Runs one pass advances at most.
+const BATCH: i64 = 50;
+/// Seconds a pass holds a run it works on: a replica that dies holding one delays it this
+/// long. A step outliving it may be taken up twice; its send is still made once (the task
+/// id is the step's, and a task is stored once).
+const LEASE_SECS: i64 = 10;
+/// Tries of a send step that fails for a passing reason, before the run fails.
+const MAX_ATTEMPTS: i32 = 8;
+
+/// A run as the API shows it.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub id: Uuid,
+    pub workflow_id: Uuid,
+    pub status: String,
+    /// The step it is at (an index into the compiled steps).
+    pub step: i32,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    pub exit_reason: Option<String>,
+}
+
+const VIEW: &str = "id, workflow_id, status, pc AS step, started_at, ended_at, exit_reason";
+
+/// The runs event `event_id` started.
+pub async fn of_event(
+    conn: &mut PgConnection, workspace: WorkspaceId, event_id: &str,
+) -> Result<Vec<RunView>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {VIEW} FROM workflow_runs WHERE workspace_id = $1 AND event_id = $2 ORDER BY id"
+    ))
+    .bind(workspace)
+    .bind(event_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// Version `version` of workflow `id`, compiled.
+pub async fn definition(
+    conn: &mut PgConnection, id: Uuid, version: i32,
+) -> Result<Workflow, ApiError> {
+    let Json(body): Json<WorkflowBody> = sqlx::query_scalar(
+        "SELECT definition FROM workflow_versions WHERE workflow_id = $1 AND version = $2",
+    )
+    .bind(id)
+    .bind(version)
+    .fetch_one(conn)
+    .await?;
+    Workflow::parse(&body).map_err(|e| ApiError::Internal(format!("stored workflow: {e}")))
+}
+
+/// Ends the contact's active runs of workflows that `event_name` exits, when an exit rule's
+/// conditions hold.
+pub async fn exit_for(
+    tx: &mut PgConnection, workspace: WorkspaceId, event_name: &str, contact: &Contact,
+    properties: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let active: Vec<(Uuid, Uuid, i32)> = sqlx::query_as(
+        "SELECT r.id, r.workflow_id, r.version FROM workflow_runs r
+         JOIN workflows w ON w.id = r.workflow_id
+         WHERE r.workspace_id = $1 AND r.contact_id = $2 AND r.status = 'active'
+           AND $3 = ANY (w.exit_events)
+         ORDER BY r.id FOR UPDATE OF r",
+    )
+    .bind(workspace)
+    .bind(contact.id)
+    .bind(event_name)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (run, workflow, version) in active {
+        let def = definition(tx, workflow, version).await?;
+        let exits = def.exits.iter().any(|rule| {
+            rule.event_name == event_name && all_hold(&rule.conditions, contact, properties)
+        });
+        if exits {
+            end(tx, run, "exited", Some(&format!("exit event {event_name}"))).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Marks run `id` ended with `status` and `reason`.
+async fn end(
+    conn: &mut PgConnection, id: Uuid, status: &str, reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_runs SET status = $2, exit_reason = $3, ended_at = $4, next_at = NULL,
+                                  lease_until = NULL
+         WHERE id = $1 AND status = 'active'",
+    )
+    .bind(id)
+    .bind(status)
+    .bind(reason)
+    .bind(now_unix())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Starts a run of every workflow `event` triggers for `contact` (whose conditions hold),
+/// unless the workflow allows no reentry and the contact has an active run of it.
+pub async fn start_for(
+    tx: &mut PgConnection, caller: &Caller, event: &EventView, contact: &Contact,
+    properties: &Map<String, Value>,
+) -> Result<Vec<RunView>, ApiError> {
+    let triggered: Vec<(Uuid, i32)> = sqlx::query_as(
+        "SELECT id, version FROM workflows
+         WHERE workspace_id = $1 AND trigger_event = $2 AND deleted_at IS NULL ORDER BY id",
+    )
+    .bind(caller.workspace)
+    .bind(&event.event_name)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut started = Vec::new();
+    for (workflow, version) in triggered {
+        let def = definition(tx, workflow, version).await?;
+        if !all_hold(&def.trigger.conditions, contact, properties) {
+            continue;
+        }
+        let now = now_unix();
+        let run: Option<RunView> = sqlx::query_as(&format!(
+            "INSERT INTO workflow_runs (id, workspace_id, workflow_id, version, contact_id,
+                                        event_id, single, status, pc, next_at, started_at,
+                                        account_id, billing_key, caller_email)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'active', 0, $8, $8, $9, $10, $11)
+             ON CONFLICT DO NOTHING RETURNING {VIEW}"
+        ))
+        .bind(Uuid::now_v7())
+        .bind(caller.workspace)
+        .bind(workflow)
+        .bind(version)
+        .bind(contact.id)
+        .bind(&event.event_id)
+        .bind(!def.reentry)
+        .bind(now)
+        .bind(caller.account)
+        .bind(caller.key)
+        .bind(&caller.email)
+        .fetch_optional(&mut *tx)
+        .await?;
+        started.extend(run);
+    }
+    metrics::counter!("postmesh_workflow_runs_started_total").increment(started.len() as u64);
+    Ok(started)
+}
+
+/// Advances due runs in the background now (a new run's first steps).
+pub fn wake(state: &AppState) {
+    let state = state.clone();
+    state.tracker.clone().spawn(async move {
+        if let Err(e) = advance_due(&state).await {
+            tracing::warn!(error = %e, "workflow runs");
+        }
+    });
+}
+
+/// A leased run.
+#[derive(sqlx::FromRow)]
+struct Due {
+    id: Uuid,
+    workspace_id: WorkspaceId,
+    workflow_id: Uuid,
+    version: i32,
+    contact_id: Uuid,
+    event_id: String,
+    pc: i32,
+    attempts: i32,
+    account_id: AccountId,
+    billing_key: ApiKeyId,
+    caller_email: String,
+}
+
+/// Leases up to [`BATCH`] due runs and advances each; true when more may be due.
+pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
+    let now = now_unix();
+    let due: Vec<Due> = sqlx::query_as(
+        "UPDATE workflow_runs SET lease_until = $1 + $2
+         WHERE id IN (SELECT id FROM workflow_runs
+                      WHERE status = 'active' AND next_at <= $1
+                        AND (lease_until IS NULL OR lease_until < $1)
+                      ORDER BY next_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+         RETURNING id, workspace_id, workflow_id, version, contact_id, event_id, pc, attempts,
+                   account_id, billing_key, caller_email",
+    )
+    .bind(now)
+    .bind(LEASE_SECS)
+    .bind(BATCH)
+    .fetch_all(&state.db)
+    .await?;
+    for run in &due {
+        if let Err(e) = advance(state, run).await {
+            tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
+            let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
+            sqlx::query(
+                "UPDATE workflow_runs SET next_at = $2, lease_until = NULL, attempts = attempts + 1
+                 WHERE id = $1 AND status = 'active'",
+            )
+            .bind(run.id)
+            .bind(retry)
+            .execute(&state.db)
+            .await?;
+        }
+    }
+    Ok(due.len() as i64 == BATCH)
+}
+
+/// What one step did.
+enum Next {
+    /// Go on at this step.
+    Go(usize),
+    /// Stop until this time, then go on at this step.
+    Sleep(usize, i64),
+    /// The run ended (failed, or another hand ended it).
+    Stop,
+}
+
+/// Walks `run` from its step until it waits, ends or fails.
+async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
+    let mut conn = state.db.acquire().await?;
+    let def = definition(&mut conn, run.workflow_id, run.version).await?;
+    let props: Option<Json<Map<String, Value>>> = sqlx::query_scalar(
+        "SELECT properties FROM workflow_events WHERE workspace_id = $1 AND event_id = $2",
+    )
+    .bind(run.workspace_id)
+    .bind(&run.event_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let props = props.map(|Json(p)| p).unwrap_or_default();
+    let Some(contact) = contacts::find_by_id(&mut conn, run.workspace_id, run.contact_id).await?
+    else {
+        end(&mut conn, run.id, "failed", Some("the contact was deleted")).await?;
+        return Ok(());
+    };
+    drop(conn);
+    let mut pc = usize::try_from(run.pc).unwrap_or(usize::MAX);
+    loop {
+        let Some(step) = def.steps.get(pc) else {
+            moved(state, run.id, pc, None).await?;
+            let mut conn = state.db.acquire().await?;
+            end(&mut conn, run.id, "completed", None).await?;
+            return Ok(());
+        };
+        let next = match step {
+            Step::Jump(to) => Next::Go(*to),
+            Step::Branch {
+                conditions,
+                otherwise,
+            } => match all_hold(conditions, &contact, &props) {
+                true => Next::Go(pc + 1),
+                false => Next::Go(*otherwise),
+            },
+            Step::Wait(secs) if *secs <= 0 => Next::Go(pc + 1),
+            Step::Wait(secs) => Next::Sleep(pc + 1, now_unix() + secs),
+            Step::WaitUntil(prop) => match wake_time(props.get(prop)) {
+                Some(at) if at > now_unix() => Next::Sleep(pc + 1, at),
+                _ => Next::Go(pc + 1),
+            },
+            Step::Send {
+                template_key,
+                email_type,
+                topic,
+            } => {
+                let body = json!({
+                    "to": [{ "email": contact.email, "externalId": contact.external_id }],
+                    "templateKey": template_key,
+                    "emailType": email_type.as_str(),
+                    "topic": topic,
+                    "variables": props,
+                });
+                match send(state, run, pc, body).await {
+                    Ok(()) => Next::Go(pc + 1),
+                    Err(
+                        e @ (ApiError::Unavailable(_)
+                        | ApiError::BadGateway(_)
+                        | ApiError::Internal(_)),
+                    ) if run.attempts + 1 < MAX_ATTEMPTS => return Err(e),
+                    Err(e) => {
+                        let mut conn = state.db.acquire().await?;
+                        end(
+                            &mut conn,
+                            run.id,
+                            "failed",
+                            Some(&format!("step {pc}: {e}")),
+                        )
+                        .await?;
+                        Next::Stop
+                    }
+                }
+            }
+        };
+        match next {
+            Next::Go(to) => {
+                // Sends are recorded step by step; an ended run goes no further.
+                if matches!(step, Step::Send { .. }) && !moved(state, run.id, to, None).await? {
+                    return Ok(());
+                }
+                pc = to;
+            }
+            Next::Sleep(to, at) => {
+                moved(state, run.id, to, Some(at)).await?;
+                return Ok(());
+            }
+            Next::Stop => return Ok(()),
+        }
+    }
+}
+
+/// Records that run `id` is at step `pc` (sleeping until `until`, else still leased);
+/// false when it is no longer active.
+async fn moved(
+    state: &AppState, id: Uuid, pc: usize, until: Option<i64>,
+) -> Result<bool, ApiError> {
+    let done = sqlx::query(
+        "UPDATE workflow_runs
+         SET pc = $2, attempts = 0,
+             next_at = COALESCE($3, next_at), lease_until = CASE WHEN $3 IS NULL THEN lease_until END
+         WHERE id = $1 AND status = 'active'",
+    )
+    .bind(id)
+    .bind(pc as i32)
+    .bind(until)
+    .execute(&state.db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A time in an event property: RFC 3339 text or Unix seconds.
+fn wake_time(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::String(s) => parse_time(s).map(|(_, unix)| unix),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// The task id of step `pc` of run `run`: the same every time the step is tried.
+fn task_id(run: Uuid, pc: usize) -> TaskId {
+    let digest = Sha256::new()
+        .chain_update(run.as_bytes())
+        .chain_update((pc as u64).to_be_bytes())
+        .finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    TaskId::from(Uuid::new_v8(bytes))
+}
+
+/// Sends step `pc` of `run` once: a task already made by an earlier try is the send.
+async fn send(state: &AppState, run: &Due, pc: usize, body: Value) -> Result<(), ApiError> {
+    let id = task_id(run.id, pc);
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&state.db)
+        .await?;
+    if exists.is_some() {
+        return Ok(());
+    }
+    let still: Option<String> =
+        sqlx::query_scalar("SELECT status FROM workflow_runs WHERE id = $1")
+            .bind(run.id)
+            .fetch_optional(&state.db)
+            .await?;
+    if still.as_deref() != Some("active") {
+        return Ok(());
+    }
+    let body = serde_json::from_value(body).map_err(|e| ApiError::internal("send step", e))?;
+    let caller = Caller {
+        account: run.account_id,
+        workspace: run.workspace_id,
+        key: run.billing_key,
+        role: Role::Member,
+        email: run.caller_email.clone(),
+    };
+    crate::send::submit(state, &caller, body, id).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_keeps_its_task_id() {
+        let run = Uuid::now_v7();
+        assert_eq!(task_id(run, 3), task_id(run, 3));
+        assert_ne!(task_id(run, 3), task_id(run, 4));
+        assert_ne!(task_id(run, 3), task_id(Uuid::now_v7(), 3));
+    }
+}

@@ -1,0 +1,435 @@
+//! Workflow events and workflows over the real stack: event validation and idempotency,
+//! runs that wait and send, exits, branches, reentry, a sender killed during a wait, and
+//! executions in the entitlements.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use postmesh_tests::{eventually, SenderMode, Stack, TestClient};
+
+fn event(id: &str, name: &str, email: &str, properties: Value) -> Value {
+    json!({
+        "event_id": id,
+        "event_name": name,
+        "occurred_at": "2026-11-25T10:00:00+01:00",
+        "contact": { "email": email },
+        "properties": properties,
+    })
+}
+
+fn fresh(prefix: &str) -> String {
+    format!("{prefix}-{}@example.com", uuid::Uuid::new_v4().simple())
+}
+
+async fn template(client: &TestClient, key: &str, subject: &str) {
+    let body = json!({ "key": key, "subject": subject, "text": "Hello from a workflow" });
+    let _: Value = client.post("/templates", &body, StatusCode::OK).await;
+}
+
+async fn workflow(client: &TestClient, body: Value) -> String {
+    let made: Value = client.post("/workflows", &body, StatusCode::CREATED).await;
+    made["workflow"]["id"].as_str().expect("id").to_owned()
+}
+
+/// The runs of event `id`, once `done` holds for them.
+async fn runs_when(client: &TestClient, id: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    eventually(Duration::from_secs(30), || async {
+        let shown: Value = client.get(&format!("/events/{id}"), StatusCode::OK).await;
+        let runs = shown["runs"].as_array().cloned().unwrap_or_default();
+        if done(&runs) {
+            Ok(runs)
+        } else {
+            Err(format!("runs: {runs:?}"))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn events_are_checked_and_stored_once_per_id() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    let email = fresh("ev");
+
+    // Each field is checked.
+    let good = event("e-1", "signed_up", &email, json!({ "plan": "pro" }));
+    let mut bad = Vec::new();
+    for (field, value) in [
+        ("event_id", json!("")),
+        ("event_id", json!("x".repeat(201))),
+        ("event_name", json!(null)),
+        ("occurred_at", json!("2026-11-25T10:00:00")),
+        ("occurred_at", json!("yesterday")),
+        ("contact", json!({})),
+        ("contact", json!({ "email": "not-an-address" })),
+        ("properties", json!([1, 2])),
+    ] {
+        let mut body = good.clone();
+        body[field] = value;
+        bad.push(body);
+    }
+    for body in bad {
+        let answer = client.request(Method::POST, "/events", &body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}");
+    }
+
+    // properties up to 64 KiB serialized; one byte more is 413.
+    let fill = |n: usize| json!({ "k": "x".repeat(n) });
+    let at_limit = fill(64 * 1024 - r#"{"k":""}"#.len());
+    assert_eq!(at_limit.to_string().len(), 64 * 1024);
+    let ok: Value = client
+        .post(
+            "/events",
+            &event("big", "signed_up", &email, at_limit),
+            StatusCode::CREATED,
+        )
+        .await;
+    assert_eq!(ok["duplicate"], false);
+    let over = fill(64 * 1024 - r#"{"k":""}"#.len() + 1);
+    let answer = client
+        .request(
+            Method::POST,
+            "/events",
+            &event("bigger", "signed_up", &email, over),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // New: 201; again: 200 duplicate, nothing new. Extra top-level fields are kept.
+    let mut with_extra = good.clone();
+    with_extra["source"] = json!("mobile");
+    let first: Value = client
+        .post("/events", &with_extra, StatusCode::CREATED)
+        .await;
+    assert_eq!(first["duplicate"], false);
+    assert_eq!(first["event"]["eventId"], "e-1");
+    assert_eq!(first["event"]["occurredAt"], "2026-11-25T09:00:00Z");
+    assert_eq!(first["runs"], json!([]));
+    let again: Value = client.post("/events", &good, StatusCode::OK).await;
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["event"], first["event"]);
+    let db = stack.sender_db().await;
+    let extra: Value =
+        sqlx::query_scalar("SELECT extra FROM workflow_events WHERE event_id = 'e-1'")
+            .fetch_one(&db)
+            .await
+            .expect("stored event");
+    assert_eq!(extra, json!({ "source": "mobile" }));
+
+    // The event made the contact; shown by id, not to another workspace.
+    let shown: Value = client.get("/events/e-1", StatusCode::OK).await;
+    assert_eq!(shown["event"]["contact"]["email"], email.as_str());
+    assert_eq!(shown["event"]["properties"], json!({ "plan": "pro" }));
+    let _: Value = client.get("/events/nope", StatusCode::NOT_FOUND).await;
+    let other = stack.client(&stack.key(0).await);
+    let _: Value = other.get("/events/e-1", StatusCode::NOT_FOUND).await;
+    let contacts: Value = client
+        .get(&format!("/contacts?email={email}"), StatusCode::OK)
+        .await;
+    assert_eq!(
+        contacts["contacts"].as_array().map(Vec::len),
+        Some(1),
+        "{contacts}"
+    );
+
+    // An unknown external id alone cannot make a contact; with an email it can, and then
+    // the external id finds it.
+    let mut by_id = good.clone();
+    by_id["event_id"] = json!("e-2");
+    by_id["contact"] = json!({ "external_contact_id": "crm-1" });
+    let answer = client.request(Method::POST, "/events", &by_id).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    by_id["contact"] = json!({ "external_contact_id": "crm-1", "email": fresh("crm") });
+    let _: Value = client.post("/events", &by_id, StatusCode::CREATED).await;
+    by_id["event_id"] = json!("e-3");
+    by_id["contact"] = json!({ "external_contact_id": "crm-1" });
+    let _: Value = client.post("/events", &by_id, StatusCode::CREATED).await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "hello", "Hello").await;
+    workflow(
+        &client,
+        json!({ "name": "hold", "trigger": { "event_name": "joined" },
+                "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "hello" }] }),
+    )
+    .await;
+    let body = event("dup-1", "joined", &fresh("dup"), json!({}));
+    let answers =
+        futures::future::join_all((0..20).map(|_| client.request(Method::POST, "/events", &body)))
+            .await;
+    let created = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .count();
+    let duplicates = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .count();
+    assert_eq!((created, duplicates), (1, 19), "{answers:?}");
+    let shown: Value = client.get("/events/dup-1", StatusCode::OK).await;
+    assert_eq!(shown["runs"].as_array().map(Vec::len), Some(1), "{shown}");
+    let db = stack.sender_db().await;
+    let (events, runs): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM workflow_events WHERE event_id = 'dup-1'),
+                (SELECT count(*) FROM workflow_runs WHERE event_id = 'dup-1')",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("counts");
+    assert_eq!((events, runs), (1, 1));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "welcome", "Welcome on the {{plan}} plan").await;
+    let id = workflow(
+        &client,
+        json!({
+            "name": "welcome",
+            "trigger": { "event_name": "signed_up" },
+            "exit": [{ "event_name": "cancelled" }],
+            "steps": [{ "type": "wait", "seconds": 2 },
+                      { "type": "send", "templateKey": "welcome", "emailType": "lifecycle" }]
+        }),
+    )
+    .await;
+    let (ann, bo) = (fresh("ann"), fresh("bo"));
+    let started: Value = client
+        .post(
+            "/events",
+            &event("s-ann", "signed_up", &ann, json!({ "plan": "pro" })),
+            StatusCode::CREATED,
+        )
+        .await;
+    let runs = started["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["workflowId"], id.as_str());
+    assert_eq!(runs[0]["status"], "active");
+    let _: Value = client
+        .post(
+            "/events",
+            &event("s-bo", "signed_up", &bo, json!({ "plan": "free" })),
+            StatusCode::CREATED,
+        )
+        .await;
+    // Bo leaves before the wait is over: his run ends and sends nothing.
+    let _: Value = client
+        .post(
+            "/events",
+            &event("c-bo", "cancelled", &bo, json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    let bo_runs = runs_when(&client, "s-bo", |r| r[0]["status"] != "active").await;
+    assert_eq!(bo_runs[0]["status"], "exited");
+    assert_eq!(bo_runs[0]["exitReason"], "exit event cancelled");
+
+    let mail = stack
+        .wait_for_messages(&ann, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        mail[0].contains("Subject: Welcome on the pro plan"),
+        "{}",
+        mail[0]
+    );
+    let ann_runs = runs_when(&client, "s-ann", |r| r[0]["status"] == "completed").await;
+    assert!(ann_runs[0]["endedAt"].as_i64().is_some());
+    stack.assert_no_messages(&bo, Duration::from_secs(3)).await;
+    assert_eq!(stack.balance(&key).await, 9, "one send, one credit");
+
+    // Each run is an execution of the plan.
+    let ent: Value = client.get("/billing/entitlements", StatusCode::OK).await;
+    assert_eq!(
+        ent["entitlements"]["model"]["executions"]["used"], 2,
+        "{ent}"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn branches_go_each_way_and_reentry_is_honoured() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "big", "Thanks for the big order").await;
+    template(&client, "small", "Thanks for the order").await;
+    workflow(
+        &client,
+        json!({
+            "name": "orders",
+            "trigger": { "event_name": "ordered" },
+            "steps": [{ "type": "branch",
+                        "condition": { "property": "total", "op": "gt", "value": 100 },
+                        "then": [{ "type": "send", "templateKey": "big" }],
+                        "else": [{ "type": "send", "templateKey": "small" }] }]
+        }),
+    )
+    .await;
+    let (ann, bo) = (fresh("ann"), fresh("bo"));
+    let _: Value = client
+        .post(
+            "/events",
+            &event("o-1", "ordered", &ann, json!({ "total": 150 })),
+            StatusCode::CREATED,
+        )
+        .await;
+    let _: Value = client
+        .post(
+            "/events",
+            &event("o-2", "ordered", &bo, json!({ "total": 5 })),
+            StatusCode::CREATED,
+        )
+        .await;
+    let to_ann = stack
+        .wait_for_messages(&ann, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        to_ann[0].contains("Subject: Thanks for the big order"),
+        "{}",
+        to_ann[0]
+    );
+    let to_bo = stack
+        .wait_for_messages(&bo, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        to_bo[0].contains("Subject: Thanks for the order"),
+        "{}",
+        to_bo[0]
+    );
+
+    // Without reentry a contact with an active run starts no second one; with it, it does.
+    let waiting = |name: &str, event_name: &str, reentry: bool| {
+        json!({ "name": name, "trigger": { "event_name": event_name }, "reentry": reentry,
+                "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "small" }] })
+    };
+    workflow(&client, waiting("once", "visited", false)).await;
+    workflow(&client, waiting("again", "clicked", true)).await;
+    let cy = fresh("cy");
+    for (id, name, expected) in [
+        ("v-1", "visited", 1),
+        ("v-2", "visited", 0),
+        ("k-1", "clicked", 1),
+        ("k-2", "clicked", 1),
+    ] {
+        let made: Value = client
+            .post(
+                "/events",
+                &event(id, name, &cy, json!({})),
+                StatusCode::CREATED,
+            )
+            .await;
+        assert_eq!(
+            made["runs"].as_array().map(Vec::len),
+            Some(expected),
+            "{id}: {made}"
+        );
+    }
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
+    let mut stack = Stack::start_with(SenderMode::ChildProcess).await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "later", "A little later").await;
+    workflow(
+        &client,
+        json!({ "name": "later", "trigger": { "event_name": "started" },
+                "steps": [{ "type": "wait", "seconds": 3 }, { "type": "send", "templateKey": "later" }] }),
+    )
+    .await;
+    let dee = fresh("dee");
+    let _: Value = client
+        .post(
+            "/events",
+            &event("st-1", "started", &dee, json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    stack.kill_sender().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stack.start_sender().await;
+    let runs = runs_when(&client, "st-1", |r| r[0]["status"] == "completed").await;
+    assert_eq!(runs.len(), 1);
+    stack
+        .wait_for_messages(&dee, 1, Duration::from_secs(15))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.messages_to(&dee).len(), 1, "sent exactly once");
+    assert_eq!(stack.balance(&key).await, 9);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn workflows_are_listed_changed_for_new_runs_and_deleted() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "one", "One").await;
+    let missing = client
+        .request(
+            Method::POST,
+            "/workflows",
+            &json!({ "name": "x", "trigger": { "event_name": "e" },
+                     "steps": [{ "type": "send", "templateKey": "nope" }] }),
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    let body = json!({ "name": "w", "trigger": { "event_name": "go" },
+                       "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "one" }] });
+    let id = workflow(&client, body.clone()).await;
+    let _: Value = client
+        .post(
+            "/events",
+            &event("g-1", "go", &fresh("ed"), json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    let mut changed = body.clone();
+    changed["name"] = json!("w2");
+    let v2: Value = client
+        .patch(&format!("/workflows/{id}"), &changed, StatusCode::OK)
+        .await;
+    assert_eq!(v2["workflow"]["version"], 2);
+    assert_eq!(v2["workflow"]["name"], "w2");
+    assert_eq!(v2["workflow"]["activeRuns"], 1);
+    let db = stack.sender_db().await;
+    let pinned: i32 =
+        sqlx::query_scalar("SELECT version FROM workflow_runs WHERE event_id = 'g-1'")
+            .fetch_one(&db)
+            .await
+            .expect("run");
+    assert_eq!(pinned, 1, "the run keeps the version it started on");
+    let listed: Value = client.get("/workflows", StatusCode::OK).await;
+    assert_eq!(listed["workflows"].as_array().map(Vec::len), Some(1));
+    let gone: Value = client
+        .delete(&format!("/workflows/{id}"), StatusCode::OK)
+        .await;
+    assert_eq!(gone["endedRuns"], 1);
+    let _: Value = client
+        .get(&format!("/workflows/{id}"), StatusCode::NOT_FOUND)
+        .await;
+    let after: Value = client
+        .post(
+            "/events",
+            &event("g-2", "go", &fresh("ed"), json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    assert_eq!(after["runs"], json!([]));
+    stack.shutdown().await;
+}
