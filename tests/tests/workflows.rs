@@ -371,6 +371,27 @@ async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(stack.messages_to(&dee).len(), 1, "sent exactly once");
     assert_eq!(stack.balance(&key).await, 9);
+
+    // As if the sender had died after the send but before recording it: the step is
+    // taken up again, finds its task, and sends nothing more.
+    let db = stack.sender_db().await;
+    let redone = sqlx::query(
+        "UPDATE workflow_runs SET status = 'active', pc = 1, next_at = 0, ended_at = NULL,
+                                  lease_until = NULL
+         WHERE event_id = 'st-1'",
+    )
+    .execute(&db)
+    .await
+    .expect("rewind the run");
+    assert_eq!(redone.rows_affected(), 1);
+    runs_when(&client, "st-1", |r| r[0]["status"] == "completed").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stack.messages_to(&dee).len(),
+        1,
+        "the redone step sent nothing"
+    );
+    assert_eq!(stack.balance(&key).await, 9);
     stack.shutdown().await;
 }
 
