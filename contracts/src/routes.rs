@@ -197,6 +197,7 @@ pub mod sender {
         WORKFLOW = Get "/workflows/{id}" Key;
         WORKFLOW_UPDATE = Patch "/workflows/{id}" Key;
         WORKFLOW_DELETE = Delete "/workflows/{id}" Key;
+        OPERATIONS_OVERVIEW = Get "/operations-overview" Key;
         PROVIDER_EVENTS = Post "/provider-events/esp" ProviderSecret;
     }
 }

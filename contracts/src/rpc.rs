@@ -9,7 +9,8 @@ use crate::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
     EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
     InboundMessageReply, InboundMessageRequest, InboxAddressReply, InboxAddressRequest,
-    RefundReply, RefundRequest, SendableReply, SendableRequest, UsageReply, UsageRequest,
+    OverviewReply, OverviewRequest, RefundReply, RefundRequest, SendableReply, SendableRequest,
+    UsageReply, UsageRequest,
 };
 use crate::service::Service;
 
@@ -62,6 +63,7 @@ rpcs! {
     InboundIngest "address": InboxAddressRequest => InboxAddressReply;
     InboundIngest "message": InboundMessageRequest => InboundMessageReply;
     * "usage": UsageRequest => UsageReply;
+    * "overview": OverviewRequest => OverviewReply;
 }
 
 #[cfg(test)]

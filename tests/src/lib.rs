@@ -650,6 +650,13 @@ impl Stack {
         }
     }
 
+    /// Stops the domain service (gracefully): its RPCs and routes get no answer.
+    pub async fn stop_domain(&mut self) {
+        if let Some(running) = self.domain.take() {
+            running.stop().await;
+        }
+    }
+
     /// Starts billing again with the settings it had.
     pub async fn start_billing(&mut self) {
         let running = billing::start(self.billing_config.clone())

@@ -3,8 +3,8 @@
 
 use postmesh_shared::nats::ServiceHost;
 use postmesh_shared::proto::{
-    InboundDomainReply, InboundDomainRequest, SendableReply, SendableRequest, UsageReply,
-    UsageRequest,
+    InboundDomainReply, InboundDomainRequest, OverviewReply, OverviewRequest, SendableReply,
+    SendableRequest, UsageReply, UsageRequest,
 };
 use postmesh_shared::{ApiError, EmailAddress, WorkspaceId};
 use uuid::Uuid;
@@ -17,7 +17,22 @@ use crate::AppState;
 pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
     host.rpc(state.clone(), sendable)
         .rpc(state.clone(), inbound_domain)
-        .method(state, usage)
+        .method(state.clone(), usage)
+        .method(state, overview)
+}
+
+/// The workspace's domains that send (outbound verified), for the operations overview.
+async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply, ApiError> {
+    let outbound_domains: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM domains WHERE workspace_id = $1 AND outbound_status = 'verified'",
+    )
+    .bind(workspace(&req.workspace_id)?)
+    .fetch_one(&state.db)
+    .await?;
+    Ok(OverviewReply {
+        outbound_domains,
+        ..OverviewReply::default()
+    })
 }
 
 fn workspace(raw: &str) -> Result<WorkspaceId, ApiError> {

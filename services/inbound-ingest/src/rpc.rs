@@ -9,7 +9,7 @@ use postmesh_shared::text::cut_at;
 use postmesh_shared::nats::ServiceHost;
 use postmesh_shared::proto::{
     InboundAttachment, InboundMessageReply, InboundMessageRequest, InboxAddressReply,
-    InboxAddressRequest, UsageReply, UsageRequest,
+    InboxAddressRequest, OverviewReply, OverviewRequest, UsageReply, UsageRequest,
 };
 use postmesh_shared::{AddressId, ApiError, InboundMessageId, WorkspaceId};
 
@@ -21,7 +21,21 @@ use crate::{addresses, AppState};
 pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
     host.rpc(state.clone(), address)
         .rpc(state.clone(), message)
-        .method(state, usage)
+        .method(state.clone(), usage)
+        .method(state, overview)
+}
+
+/// The workspace's unread threads, for the operations overview.
+async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply, ApiError> {
+    let unread_threads: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM threads WHERE workspace_id = $1 AND unread")
+            .bind(workspace(&req.workspace_id)?)
+            .fetch_one(&state.db)
+            .await?;
+    Ok(OverviewReply {
+        unread_threads,
+        ..OverviewReply::default()
+    })
 }
 
 fn workspace(raw: &str) -> Result<WorkspaceId, ApiError> {

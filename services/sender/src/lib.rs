@@ -8,6 +8,7 @@ pub mod campaigns;
 pub mod contacts;
 pub mod events;
 pub mod governance;
+pub mod overview;
 pub mod provider;
 pub mod render;
 pub mod request;
@@ -259,6 +260,7 @@ fn routes() -> Routes<AppState> {
         .at(api::WORKFLOW, workflows::read)
         .at(api::WORKFLOW_UPDATE, workflows::change)
         .at(api::WORKFLOW_DELETE, workflows::remove)
+        .at(api::OPERATIONS_OVERVIEW, overview::overview)
 }
 
 /// The sender's HTTP router.
