@@ -160,8 +160,12 @@ pub struct EventArgs {
     pub name: String,
 
     /// The contact's email address.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", required_unless_present = "external_id")]
     pub email: Option<String>,
+
+    /// The contact's id in your own system.
+    #[arg(long, value_name = "ID")]
+    pub external_id: Option<String>,
 
     /// The event's id, its idempotency key (a new one when omitted; reuse it to retry).
     #[arg(long = "id", value_name = "EVENT_ID")]
@@ -299,11 +303,20 @@ mod tests {
             parse(&["logs", "--csv", "--json"]).unwrap_err().kind(),
             ErrorKind::ArgumentConflict
         );
+        assert_eq!(
+            parse(&["events", "send", "--name", "signed_up"])
+                .unwrap_err()
+                .kind(),
+            ErrorKind::MissingRequiredArgument,
+            "an event names its contact"
+        );
         let cli = parse(&[
             "events",
             "send",
             "--name",
             "signed_up",
+            "--email",
+            "ann@example.com",
             "--properties",
             r#"{"plan":"pro"}"#,
         ])

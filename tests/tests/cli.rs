@@ -210,6 +210,24 @@ async fn the_cli_logs_in_by_device_flow_and_sends_with_the_stored_key() {
         .wait_for_messages("ann@example.com", 1, Duration::from_secs(15))
         .await;
 
+    // A workflow event, then the same again: recorded once.
+    let event = [
+        "events",
+        "send",
+        "--name",
+        "joined",
+        "--email",
+        "bo@example.com",
+        "--id",
+        "cli-1",
+    ];
+    let (ok, out, err) = run(home.path(), &stack.base, &event).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("cli-1 recorded"), "{out}");
+    let (ok, out, err) = run(home.path(), &stack.base, &event).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("already recorded"), "{out}");
+
     // A bad API URL: one clear line, non-zero exit.
     let (ok, _, err) = run(home.path(), "http://127.0.0.1:9", &["balance"]).await;
     let line = one_error_line(ok, &err);

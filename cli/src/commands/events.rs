@@ -7,19 +7,11 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use postmesh_contracts::{HttpMethod, Policy, RouteSpec};
+use postmesh_contracts::routes::sender::EVENT_REPORT as EVENTS;
 
 use super::Context;
 use crate::api::Call;
 use crate::cli::EventArgs;
-
-/// `POST /events` (spec §4.6); no service declares it in the contracts yet.
-const EVENTS: RouteSpec = RouteSpec {
-    method: HttpMethod::Post,
-    path: "/events",
-    policy: Policy::Key,
-    body_limit: None,
-};
 
 /// The `POST /events` body.
 #[derive(Debug, Serialize)]
@@ -36,6 +28,8 @@ struct EventBody {
 /// Whom the event is about.
 #[derive(Debug, Serialize)]
 struct Contact {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external_contact_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     email: Option<String>,
 }
@@ -54,7 +48,10 @@ impl EventBody {
             event_id: args.event_id.unwrap_or_else(|| Uuid::new_v4().to_string()),
             event_name: args.name,
             occurred_at: now.format(&Rfc3339)?,
-            contact: Contact { email: args.email },
+            contact: Contact {
+                external_contact_id: args.external_id,
+                email: args.email,
+            },
             properties: args.properties,
         })
     }
@@ -84,6 +81,7 @@ mod tests {
         let args = EventArgs {
             name: "signed_up".into(),
             email: Some("ann@example.com".into()),
+            external_id: None,
             event_id: Some("evt-1".into()),
             properties: serde_json::from_str(r#"{"plan":"pro"}"#).unwrap(),
         };
@@ -102,6 +100,7 @@ mod tests {
         let args = EventArgs {
             name: "n".into(),
             email: None,
+            external_id: Some("crm-1".into()),
             event_id: None,
             properties: None,
         };
@@ -109,7 +108,7 @@ mod tests {
         assert!(Uuid::parse_str(&body.event_id).is_ok());
         assert_eq!(
             serde_json::to_value(&body.contact).unwrap(),
-            serde_json::json!({})
+            serde_json::json!({"external_contact_id": "crm-1"})
         );
     }
 }

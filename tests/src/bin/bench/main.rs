@@ -1,4 +1,4 @@
-//! `make bench`: six benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: seven benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
@@ -42,6 +42,10 @@
 //! 6. **Audience sends** ([`audiences`]): accepting sends to audiences of 10,000, 50,000 and
 //!    100,000 contacts (`BENCH_AUDIENCE_CONTACTS`, default 100,000; `BENCH_AUDIENCE_ROUNDS`,
 //!    default 2), with the time per 1,000 recipients (goal: linear, 100,000 under 5 s).
+//! 7. **Workflow events** ([`workflows`]): events accepted per second, each starting a run
+//!    (`BENCH_EVENTS`, default 2000; `BENCH_EVENT_CONCURRENCY`, default 32), and the time
+//!    from an event to the delivered email of a workflow whose first step sends
+//!    (`BENCH_EVENT_LATENCY_SAMPLES`, default 20).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
@@ -50,12 +54,13 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,audience,webhooks,inbound,rss`;
+//! `balance,pipeline,accept,audience,workflows,webhooks,inbound,rss`;
 //! default all).
 
 mod audiences;
 mod inbound;
 mod webhooks;
+mod workflows;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -720,7 +725,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,audience,webhooks,inbound,rss",
+        "balance,pipeline,accept,audience,workflows,webhooks,inbound,rss",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
@@ -754,6 +759,14 @@ async fn main() -> anyhow::Result<()> {
                 env_parse("BENCH_AUDIENCE_ROUNDS", 2)?,
             )
             .await?;
+        }
+        if runs("workflows") {
+            let settings = workflows::Settings {
+                events: env_parse("BENCH_EVENTS", 2000)?,
+                concurrency: env_parse("BENCH_EVENT_CONCURRENCY", 32)?,
+                samples: env_parse("BENCH_EVENT_LATENCY_SAMPLES", 20)?,
+            };
+            workflows::run(&stack, &settings).await?;
         }
         if runs("webhooks") {
             let settings = webhooks::Settings {
