@@ -396,11 +396,12 @@ async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
 }
 
 #[tokio::test]
-async fn workflows_are_listed_changed_for_new_runs_and_deleted() {
+async fn workflows_are_listed_changed_for_new_runs_only_and_deleted() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "one", "One").await;
+    template(&client, "two", "Two").await;
     let missing = client
         .request(
             Method::POST,
@@ -410,47 +411,148 @@ async fn workflows_are_listed_changed_for_new_runs_and_deleted() {
         )
         .await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    let body = json!({ "name": "w", "trigger": { "event_name": "go" },
-                       "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "one" }] });
-    let id = workflow(&client, body.clone()).await;
+    let v1 = json!({ "name": "w", "trigger": { "event_name": "go" },
+                     "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "one" }] });
+    let id = workflow(&client, v1).await;
+    let (first, second, third) = (fresh("ed"), fresh("fay"), fresh("gus"));
     let _: Value = client
         .post(
             "/events",
-            &event("g-1", "go", &fresh("ed"), json!({})),
+            &event("g-1", "go", &first, json!({})),
             StatusCode::CREATED,
         )
         .await;
-    let mut changed = body.clone();
-    changed["name"] = json!("w2");
-    let v2: Value = client
-        .patch(&format!("/workflows/{id}"), &changed, StatusCode::OK)
+    // Version 2 sends "Two" at once; the run of version 1 still waits, then sends "One".
+    let v2 = json!({ "name": "w2", "trigger": { "event_name": "go" },
+                     "steps": [{ "type": "send", "templateKey": "two" }] });
+    let changed: Value = client
+        .patch(&format!("/workflows/{id}"), &v2, StatusCode::OK)
         .await;
-    assert_eq!(v2["workflow"]["version"], 2);
-    assert_eq!(v2["workflow"]["name"], "w2");
-    assert_eq!(v2["workflow"]["activeRuns"], 1);
-    let db = stack.sender_db().await;
-    let pinned: i32 =
-        sqlx::query_scalar("SELECT version FROM workflow_runs WHERE event_id = 'g-1'")
-            .fetch_one(&db)
-            .await
-            .expect("run");
-    assert_eq!(pinned, 1, "the run keeps the version it started on");
+    assert_eq!(changed["workflow"]["version"], 2);
+    assert_eq!(changed["workflow"]["name"], "w2");
+    assert_eq!(changed["workflow"]["activeRuns"], 1);
+    let _: Value = client
+        .post(
+            "/events",
+            &event("g-2", "go", &second, json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    let to_second = stack
+        .wait_for_messages(&second, 1, Duration::from_secs(15))
+        .await;
+    assert!(to_second[0].contains("Subject: Two"), "{}", to_second[0]);
+    let to_first = stack
+        .wait_for_messages(&first, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        to_first[0].contains("Subject: One"),
+        "the old run keeps version 1: {}",
+        to_first[0]
+    );
     let listed: Value = client.get("/workflows", StatusCode::OK).await;
     assert_eq!(listed["workflows"].as_array().map(Vec::len), Some(1));
+
+    // A delete ends the active runs and starts no more.
+    let v3 = json!({ "name": "w3", "trigger": { "event_name": "go" },
+                     "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "one" }] });
+    let _: Value = client
+        .patch(&format!("/workflows/{id}"), &v3, StatusCode::OK)
+        .await;
+    let _: Value = client
+        .post(
+            "/events",
+            &event("g-3", "go", &third, json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
     let gone: Value = client
         .delete(&format!("/workflows/{id}"), StatusCode::OK)
         .await;
     assert_eq!(gone["endedRuns"], 1);
+    let shown: Value = client.get("/events/g-3", StatusCode::OK).await;
+    assert_eq!(shown["runs"][0]["status"], "exited");
+    assert_eq!(shown["runs"][0]["exitReason"], "workflow deleted");
     let _: Value = client
         .get(&format!("/workflows/{id}"), StatusCode::NOT_FOUND)
         .await;
     let after: Value = client
         .post(
             "/events",
-            &event("g-2", "go", &fresh("ed"), json!({})),
+            &event("g-4", "go", &fresh("hal"), json!({})),
             StatusCode::CREATED,
         )
         .await;
     assert_eq!(after["runs"], json!([]));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "vip", "Your order ships").await;
+    let (vip, plain) = (fresh("vip"), fresh("plain"));
+    let _: Value = client
+        .post(
+            "/contacts",
+            &json!({ "email": vip, "tags": ["vip"] }),
+            StatusCode::CREATED,
+        )
+        .await;
+    workflow(
+        &client,
+        json!({
+            "name": "vip orders",
+            "trigger": { "event_name": "ordered", "conditions": [{ "tag": "vip" }] },
+            "exit": [{ "event_name": "refunded", "conditions": [{ "property": "full", "value": true }] }],
+            "steps": [{ "type": "wait", "until": "ship_at" }, { "type": "send", "templateKey": "vip" }]
+        }),
+    )
+    .await;
+    let ship_at = postmesh_shared::db::now_unix() + 3;
+    let not_vip: Value = client
+        .post(
+            "/events",
+            &event("o-p", "ordered", &plain, json!({ "ship_at": ship_at })),
+            StatusCode::CREATED,
+        )
+        .await;
+    assert_eq!(
+        not_vip["runs"],
+        json!([]),
+        "the trigger's condition on the contact fails"
+    );
+    let started: Value = client
+        .post(
+            "/events",
+            &event("o-v", "ordered", &vip, json!({ "ship_at": ship_at })),
+            StatusCode::CREATED,
+        )
+        .await;
+    assert_eq!(started["runs"][0]["status"], "active");
+    // A partial refund does not meet the exit's condition: the run goes on.
+    let _: Value = client
+        .post(
+            "/events",
+            &event("r-v", "refunded", &vip, json!({ "full": false })),
+            StatusCode::CREATED,
+        )
+        .await;
+    let shown: Value = client.get("/events/o-v", StatusCode::OK).await;
+    assert_eq!(
+        shown["runs"][0]["status"], "active",
+        "waiting until ship_at"
+    );
+    let mail = stack
+        .wait_for_messages(&vip, 1, Duration::from_secs(15))
+        .await;
+    assert!(
+        postmesh_shared::db::now_unix() >= ship_at,
+        "not before ship_at"
+    );
+    assert!(mail[0].contains("Subject: Your order ships"));
+    runs_when(&client, "o-v", |r| r[0]["status"] == "completed").await;
     stack.shutdown().await;
 }

@@ -26,18 +26,18 @@ CREATE TABLE workflows (
     -- The current version; runs pin the one they started on.
     version       int NOT NULL,
     trigger_event text NOT NULL,
-    exit_events   text[] NOT NULL,
     created_at    bigint NOT NULL,
     updated_at    bigint NOT NULL,
     deleted_at    bigint
 );
 CREATE INDEX workflows_trigger ON workflows (workspace_id, trigger_event) WHERE deleted_at IS NULL;
-CREATE INDEX workflows_exit ON workflows USING gin (exit_events) WHERE deleted_at IS NULL;
 
 CREATE TABLE workflow_versions (
     workflow_id uuid NOT NULL REFERENCES workflows (id),
     version     int NOT NULL,
     definition  jsonb NOT NULL,
+    -- The events that end this version's runs (its exit rules' names).
+    exit_events text[] NOT NULL,
     created_at  bigint NOT NULL,
     PRIMARY KEY (workflow_id, version)
 );
@@ -57,6 +57,8 @@ CREATE TABLE workflow_runs (
     pc           int NOT NULL DEFAULT 0,
     next_at      bigint,
     lease_until  bigint,
+    -- The pass that holds the lease; its writes check it.
+    lease_token  uuid,
     attempts     int NOT NULL DEFAULT 0,
     started_at   bigint NOT NULL,
     ended_at     bigint,
@@ -71,5 +73,5 @@ CREATE UNIQUE INDEX workflow_runs_single_active ON workflow_runs (workflow_id, c
     WHERE status = 'active' AND single;
 CREATE INDEX workflow_runs_due ON workflow_runs (next_at) WHERE status = 'active';
 CREATE INDEX workflow_runs_event ON workflow_runs (workspace_id, event_id);
-CREATE INDEX workflow_runs_contact ON workflow_runs (workflow_id, contact_id) WHERE status = 'active';
+CREATE INDEX workflow_runs_contact ON workflow_runs (workspace_id, contact_id) WHERE status = 'active';
 CREATE INDEX workflow_runs_started ON workflow_runs (workspace_id, started_at);

@@ -90,7 +90,12 @@ pub struct Workflow {
 }
 
 fn op_of(raw: Option<&Value>) -> Result<Op, String> {
-    match raw.and_then(Value::as_str).unwrap_or("eq") {
+    let name = match raw {
+        None => "eq",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => return Err(format!("op must be a string, not {other}")),
+    };
+    match name {
         "eq" => Ok(Op::Eq),
         "neq" => Ok(Op::Neq),
         "in" => Ok(Op::In),
@@ -124,6 +129,11 @@ impl Cond {
         let value = obj.get("value").cloned().unwrap_or(Value::Null);
         if op != Op::Exists && value.is_null() {
             return Err(format!("property {prop:?}: op needs a value"));
+        }
+        if op == Op::In && !value.as_array().is_some_and(|a| !a.is_empty()) {
+            return Err(format!(
+                "property {prop:?}: op in needs a non-empty array value"
+            ));
         }
         Ok(Cond::Property {
             name: name("property", prop)?,
@@ -229,8 +239,12 @@ fn compile(raw: &[Value], depth: usize, out: &mut Vec<Step>) -> Result<(), Strin
                     .get("templateKey")
                     .and_then(Value::as_str)
                     .ok_or("a send step needs templateKey")?;
-                let email_type = obj.get("emailType").and_then(Value::as_str);
-                let email_type = EmailType::parse(email_type.or(Some("lifecycle")))
+                // Lifecycle unless the step says otherwise.
+                let email_type = match obj.get("emailType").and_then(Value::as_str) {
+                    None | Some("") => Some("lifecycle"),
+                    given => given,
+                };
+                let email_type = EmailType::parse(email_type)
                     .ok_or("emailType must be transactional, lifecycle or marketing")?;
                 let topic = match obj.get("topic") {
                     None | Some(Value::Null) => None,

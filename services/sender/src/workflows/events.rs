@@ -71,7 +71,11 @@ impl NewEvent {
             ));
         };
         let event_id = text_field(&obj, "event_id")?;
-        let event_name = text_field(&obj, "event_name")?;
+        // Trimmed, as workflows' trigger and exit names are.
+        let event_name = text_field(&obj, "event_name")?.trim().to_owned();
+        if event_name.is_empty() {
+            return Err(ApiError::BadRequest("event_name must not be blank".into()));
+        }
         let raw_time = obj
             .get("occurred_at")
             .and_then(Value::as_str)
@@ -85,14 +89,6 @@ impl NewEvent {
             .get("contact")
             .and_then(Value::as_object)
             .ok_or_else(|| ApiError::BadRequest("contact is required (an object)".into()))?;
-        if let Some(k) = contact
-            .keys()
-            .find(|k| !["external_contact_id", "email"].contains(&k.as_str()))
-        {
-            return Err(ApiError::BadRequest(format!(
-                "unknown field {k:?} in contact"
-            )));
-        }
         let external_contact_id = match contact.get("external_contact_id") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => {
@@ -163,12 +159,9 @@ pub struct EventView {
     pub received_at: i64,
     pub contact: Json<Value>,
     pub properties: Json<Map<String, Value>>,
-    #[serde(skip)]
-    pub contact_id: Uuid,
 }
 
-const EVENT_COLUMNS: &str =
-    "event_id, event_name, occurred_at, received_at, contact, properties, contact_id";
+const EVENT_COLUMNS: &str = "event_id, event_name, occurred_at, received_at, contact, properties";
 
 async fn stored(
     conn: &mut PgConnection, workspace: WorkspaceId, event_id: &str,

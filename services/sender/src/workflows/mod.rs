@@ -92,21 +92,23 @@ async fn checked(
 }
 
 async fn save_version(
-    conn: &mut PgConnection, id: Uuid, version: i32, body: &WorkflowBody,
+    conn: &mut PgConnection, id: Uuid, version: i32, body: &WorkflowBody, exits: &[String],
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO workflow_versions (workflow_id, version, definition, created_at)
-         VALUES ($1, $2, $3, $4)",
+        "INSERT INTO workflow_versions (workflow_id, version, definition, created_at, exit_events)
+         VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(id)
     .bind(version)
     .bind(Json(body))
     .bind(now_unix())
+    .bind(exits)
     .execute(conn)
     .await?;
     Ok(())
 }
 
+/// One workflow.
 #[derive(Serialize)]
 pub struct One {
     workflow: WorkflowView,
@@ -126,24 +128,24 @@ pub(crate) async fn create(
         .collect();
     let mut tx = state.db.begin().await?;
     sqlx::query(
-        "INSERT INTO workflows (id, workspace_id, name, version, trigger_event, exit_events,
+        "INSERT INTO workflows (id, workspace_id, name, version, trigger_event,
                                 created_at, updated_at)
-         VALUES ($1, $2, $3, 1, $4, $5, $6, $6)",
+         VALUES ($1, $2, $3, 1, $4, $5, $5)",
     )
     .bind(id)
     .bind(caller.workspace)
     .bind(&workflow.name)
     .bind(&workflow.trigger.event_name)
-    .bind(&exits)
     .bind(now)
     .execute(&mut *tx)
     .await?;
-    save_version(&mut tx, id, 1, &body).await?;
+    save_version(&mut tx, id, 1, &body, &exits).await?;
     let workflow = one(&mut tx, caller.workspace, id).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Success::new(One { workflow })))
 }
 
+/// The workspace's workflows.
 #[derive(Serialize)]
 pub struct List {
     workflows: Vec<WorkflowView>,
@@ -190,24 +192,24 @@ pub(crate) async fn change(
     let mut tx = state.db.begin().await?;
     let version: Option<i32> = sqlx::query_scalar(
         "UPDATE workflows SET version = version + 1, name = $3, trigger_event = $4,
-                              exit_events = $5, updated_at = $6
+                              updated_at = $5
          WHERE workspace_id = $1 AND id = $2 AND deleted_at IS NULL RETURNING version",
     )
     .bind(caller.workspace)
     .bind(id)
     .bind(&workflow.name)
     .bind(&workflow.trigger.event_name)
-    .bind(&exits)
     .bind(now_unix())
     .fetch_optional(&mut *tx)
     .await?;
     let version = version.ok_or_else(|| ApiError::NotFound("workflow not found".into()))?;
-    save_version(&mut tx, id, version, &body).await?;
+    save_version(&mut tx, id, version, &body, &exits).await?;
     let workflow = one(&mut tx, caller.workspace, id).await?;
     tx.commit().await?;
     Ok(Success::new(One { workflow }))
 }
 
+/// What a delete did.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Deleted {

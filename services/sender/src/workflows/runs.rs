@@ -1,7 +1,9 @@
 //! Runs: a contact's way through one version of a workflow. Started and ended by events
 //! (in the event's transaction), advanced by a timer pass that leases due runs with
-//! `FOR UPDATE SKIP LOCKED`. A send step's task id is derived from the run and the step,
-//! so a step redone after a crash finds its task and never sends twice.
+//! `FOR UPDATE SKIP LOCKED` (each write checks the pass still holds the lease). A send
+//! step's task id is derived from the run, the step and its failed tries, so a step redone
+//! after a crash finds its task and never sends twice, and a try that failed (no task
+//! stored) is retried under a fresh id and charge key.
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -15,7 +17,7 @@ use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 
-use super::definition::{all_hold, Step, Workflow, WorkflowBody};
+use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
 use super::events::{parse_time, EventView};
 use crate::contacts::{self, Contact};
 use crate::AppState;
@@ -80,9 +82,9 @@ pub async fn exit_for(
 ) -> Result<(), ApiError> {
     let active: Vec<(Uuid, Uuid, i32)> = sqlx::query_as(
         "SELECT r.id, r.workflow_id, r.version FROM workflow_runs r
-         JOIN workflows w ON w.id = r.workflow_id
+         JOIN workflow_versions v ON v.workflow_id = r.workflow_id AND v.version = r.version
          WHERE r.workspace_id = $1 AND r.contact_id = $2 AND r.status = 'active'
-           AND $3 = ANY (w.exit_events)
+           AND $3 = ANY (v.exit_events)
          ORDER BY r.id FOR UPDATE OF r",
     )
     .bind(workspace)
@@ -128,7 +130,8 @@ pub async fn start_for(
 ) -> Result<Vec<RunView>, ApiError> {
     let triggered: Vec<(Uuid, i32)> = sqlx::query_as(
         "SELECT id, version FROM workflows
-         WHERE workspace_id = $1 AND trigger_event = $2 AND deleted_at IS NULL ORDER BY id",
+         WHERE workspace_id = $1 AND trigger_event = $2 AND deleted_at IS NULL ORDER BY id
+         FOR SHARE",
     )
     .bind(caller.workspace)
     .bind(&event.event_name)
@@ -193,38 +196,122 @@ struct Due {
     caller_email: String,
 }
 
-/// Leases up to [`BATCH`] due runs and advances each; true when more may be due.
+/// Leases up to [`BATCH`] due runs and advances each (renewing its lease first); true
+/// when more may be due.
 pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
     let now = now_unix();
+    let token = Uuid::now_v7();
     let due: Vec<Due> = sqlx::query_as(
-        "UPDATE workflow_runs SET lease_until = $1 + $2
-         WHERE id IN (SELECT id FROM workflow_runs
-                      WHERE status = 'active' AND next_at <= $1
-                        AND (lease_until IS NULL OR lease_until < $1)
-                      ORDER BY next_at LIMIT $3 FOR UPDATE SKIP LOCKED)
-         RETURNING id, workspace_id, workflow_id, version, contact_id, event_id, pc, attempts,
-                   account_id, billing_key, caller_email",
+        "WITH due AS MATERIALIZED (
+             SELECT id FROM workflow_runs
+             WHERE status = 'active' AND next_at <= $1
+               AND (lease_until IS NULL OR lease_until < $1)
+             ORDER BY next_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+         UPDATE workflow_runs r SET lease_until = $1 + $2, lease_token = $4
+         FROM due WHERE r.id = due.id
+         RETURNING r.id, r.workspace_id, r.workflow_id, r.version, r.contact_id, r.event_id,
+                   r.pc, r.attempts, r.account_id, r.billing_key, r.caller_email",
     )
     .bind(now)
     .bind(LEASE_SECS)
     .bind(BATCH)
+    .bind(token)
     .fetch_all(&state.db)
     .await?;
     for run in &due {
-        if let Err(e) = advance(state, run).await {
-            tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
-            let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
-            sqlx::query(
-                "UPDATE workflow_runs SET next_at = $2, lease_until = NULL, attempts = attempts + 1
-                 WHERE id = $1 AND status = 'active'",
-            )
-            .bind(run.id)
-            .bind(retry)
-            .execute(&state.db)
-            .await?;
+        let lease = Lease { run: run.id, token };
+        // The batch is worked one run after another: each gets its full lease.
+        let renewed = sqlx::query(
+            "UPDATE workflow_runs SET lease_until = $3
+             WHERE id = $1 AND lease_token = $2 AND status = 'active'",
+        )
+        .bind(run.id)
+        .bind(token)
+        .bind(now_unix() + LEASE_SECS)
+        .execute(&state.db)
+        .await?;
+        if renewed.rows_affected() == 0 {
+            continue;
+        }
+        if let Err(e) = advance(state, run, &lease).await {
+            if let Err(e2) = failed_try(state, run, &lease, &e).await {
+                tracing::warn!(run = %run.id, error = %e2, "could not record a failed try");
+            }
         }
     }
     Ok(due.len() as i64 == BATCH)
+}
+
+/// Records a step that failed for a passing reason: retried with backoff (under a new try,
+/// so a new task id and charge key), until the run has failed [`MAX_ATTEMPTS`] times in a
+/// row and fails.
+async fn failed_try(
+    state: &AppState, run: &Due, lease: &Lease, e: &ApiError,
+) -> Result<(), ApiError> {
+    if run.attempts + 1 >= MAX_ATTEMPTS {
+        tracing::warn!(run = %run.id, error = %e, "workflow run failed");
+        let reason = format!("step {}: {e}", run.pc);
+        return lease.end(state, "failed", Some(&reason)).await;
+    }
+    tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
+    let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
+    sqlx::query(
+        "UPDATE workflow_runs SET next_at = $3, lease_until = NULL, attempts = attempts + 1
+         WHERE id = $1 AND lease_token = $2 AND status = 'active'",
+    )
+    .bind(lease.run)
+    .bind(lease.token)
+    .bind(retry)
+    .execute(&state.db)
+    .await?;
+    Ok(())
+}
+
+/// A run as one pass holds it: every write checks the pass still does.
+struct Lease {
+    run: Uuid,
+    token: Uuid,
+}
+
+impl Lease {
+    /// Records that the run is at step `pc` (sleeping until `until`, else still leased);
+    /// false when it is no longer active or no longer this pass's.
+    async fn moved(
+        &self, state: &AppState, pc: usize, until: Option<i64>,
+    ) -> Result<bool, ApiError> {
+        let done = sqlx::query(
+            "UPDATE workflow_runs
+             SET pc = $3, attempts = 0, next_at = COALESCE($4, next_at),
+                 lease_until = CASE WHEN $4 IS NULL THEN lease_until END
+             WHERE id = $1 AND lease_token = $2 AND status = 'active'",
+        )
+        .bind(self.run)
+        .bind(self.token)
+        .bind(pc as i32)
+        .bind(until)
+        .execute(&state.db)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends the run with `status` and `reason`, if this pass still holds it.
+    async fn end(
+        &self, state: &AppState, status: &str, reason: Option<&str>,
+    ) -> Result<(), ApiError> {
+        sqlx::query(
+            "UPDATE workflow_runs SET status = $3, exit_reason = $4, ended_at = $5,
+                                      next_at = NULL, lease_until = NULL
+             WHERE id = $1 AND lease_token = $2 AND status = 'active'",
+        )
+        .bind(self.run)
+        .bind(self.token)
+        .bind(status)
+        .bind(reason)
+        .bind(now_unix())
+        .execute(&state.db)
+        .await?;
+        Ok(())
+    }
 }
 
 /// What one step did.
@@ -233,12 +320,12 @@ enum Next {
     Go(usize),
     /// Stop until this time, then go on at this step.
     Sleep(usize, i64),
-    /// The run ended (failed, or another hand ended it).
+    /// The run failed; it goes no further.
     Stop,
 }
 
 /// Walks `run` from its step until it waits, ends or fails.
-async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
+async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiError> {
     let mut conn = state.db.acquire().await?;
     let def = definition(&mut conn, run.workflow_id, run.version).await?;
     let props: Option<Json<Map<String, Value>>> = sqlx::query_scalar(
@@ -249,18 +336,19 @@ async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
     .fetch_optional(&mut *conn)
     .await?;
     let props = props.map(|Json(p)| p).unwrap_or_default();
-    let Some(contact) = contacts::find_by_id(&mut conn, run.workspace_id, run.contact_id).await?
-    else {
-        end(&mut conn, run.id, "failed", Some("the contact was deleted")).await?;
-        return Ok(());
-    };
+    let contact = contacts::find_by_id(&mut conn, run.workspace_id, run.contact_id).await?;
     drop(conn);
+    let Some(contact) = contact else {
+        return lease
+            .end(state, "failed", Some("the contact was deleted"))
+            .await;
+    };
     let mut pc = usize::try_from(run.pc).unwrap_or(usize::MAX);
     loop {
         let Some(step) = def.steps.get(pc) else {
-            moved(state, run.id, pc, None).await?;
-            let mut conn = state.db.acquire().await?;
-            end(&mut conn, run.id, "completed", None).await?;
+            if lease.moved(state, pc, None).await? {
+                lease.end(state, "completed", None).await?;
+            }
             return Ok(());
         };
         let next = match step {
@@ -274,7 +362,7 @@ async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
             },
             Step::Wait(secs) if *secs <= 0 => Next::Go(pc + 1),
             Step::Wait(secs) => Next::Sleep(pc + 1, now_unix() + secs),
-            Step::WaitUntil(prop) => match wake_time(props.get(prop)) {
+            Step::WaitUntil(prop) => match wake_time(props.get(prop), now_unix()) {
                 Some(at) if at > now_unix() => Next::Sleep(pc + 1, at),
                 _ => Next::Go(pc + 1),
             },
@@ -290,22 +378,18 @@ async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
                     "topic": topic,
                     "variables": props,
                 });
-                match send(state, run, pc, body).await {
+                match send(state, run, lease, pc, body).await {
                     Ok(()) => Next::Go(pc + 1),
+                    // Passing: retried under a fresh try (failed_try).
                     Err(
                         e @ (ApiError::Unavailable(_)
                         | ApiError::BadGateway(_)
                         | ApiError::Internal(_)),
-                    ) if run.attempts + 1 < MAX_ATTEMPTS => return Err(e),
+                    ) => return Err(e),
                     Err(e) => {
-                        let mut conn = state.db.acquire().await?;
-                        end(
-                            &mut conn,
-                            run.id,
-                            "failed",
-                            Some(&format!("step {pc}: {e}")),
-                        )
-                        .await?;
+                        lease
+                            .end(state, "failed", Some(&format!("step {pc}: {e}")))
+                            .await?;
                         Next::Stop
                     }
                 }
@@ -313,14 +397,14 @@ async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
         };
         match next {
             Next::Go(to) => {
-                // Sends are recorded step by step; an ended run goes no further.
-                if matches!(step, Step::Send { .. }) && !moved(state, run.id, to, None).await? {
+                // Sends are recorded step by step; a run ended or taken over goes no further.
+                if matches!(step, Step::Send { .. }) && !lease.moved(state, to, None).await? {
                     return Ok(());
                 }
                 pc = to;
             }
             Next::Sleep(to, at) => {
-                moved(state, run.id, to, Some(at)).await?;
+                lease.moved(state, to, Some(at)).await?;
                 return Ok(());
             }
             Next::Stop => return Ok(()),
@@ -328,61 +412,55 @@ async fn advance(state: &AppState, run: &Due) -> Result<(), ApiError> {
     }
 }
 
-/// Records that run `id` is at step `pc` (sleeping until `until`, else still leased);
-/// false when it is no longer active.
-async fn moved(
-    state: &AppState, id: Uuid, pc: usize, until: Option<i64>,
-) -> Result<bool, ApiError> {
-    let done = sqlx::query(
-        "UPDATE workflow_runs
-         SET pc = $2, attempts = 0,
-             next_at = COALESCE($3, next_at), lease_until = CASE WHEN $3 IS NULL THEN lease_until END
-         WHERE id = $1 AND status = 'active'",
-    )
-    .bind(id)
-    .bind(pc as i32)
-    .bind(until)
-    .execute(&state.db)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// A time in an event property: RFC 3339 text or Unix seconds.
-fn wake_time(v: Option<&Value>) -> Option<i64> {
-    match v? {
+/// A time in an event property (RFC 3339 text or Unix seconds), at most
+/// [`MAX_WAIT_SECS`] from `now`.
+fn wake_time(v: Option<&Value>, now: i64) -> Option<i64> {
+    let at = match v? {
         Value::String(s) => parse_time(s).map(|(_, unix)| unix),
-        Value::Number(n) => n.as_i64(),
+        Value::Number(n) => n.as_f64().filter(|f| f.is_finite()).map(|f| f as i64),
         _ => None,
-    }
+    }?;
+    Some(at.min(now + MAX_WAIT_SECS))
 }
 
-/// The task id of step `pc` of run `run`: the same every time the step is tried.
-fn task_id(run: Uuid, pc: usize) -> TaskId {
+/// The task id of step `pc` of run `run` at failed try `tries`: the same every time the
+/// step is taken up after a crash, a new one after a try that stored nothing.
+fn task_id(run: Uuid, pc: usize, tries: i32) -> TaskId {
     let digest = Sha256::new()
         .chain_update(run.as_bytes())
         .chain_update((pc as u64).to_be_bytes())
+        .chain_update(tries.to_be_bytes())
         .finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     TaskId::from(Uuid::new_v8(bytes))
 }
 
-/// Sends step `pc` of `run` once: a task already made by an earlier try is the send.
-async fn send(state: &AppState, run: &Due, pc: usize, body: Value) -> Result<(), ApiError> {
-    let id = task_id(run.id, pc);
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = $1")
-        .bind(id)
+/// Sends step `pc` of `run` once: a task already made by an earlier try is the send. A
+/// run ended meanwhile (an exit event, a deleted workflow) sends nothing; one whose end
+/// commits while its send is in flight still sends that one.
+async fn send(
+    state: &AppState, run: &Due, lease: &Lease, pc: usize, body: Value,
+) -> Result<(), ApiError> {
+    let tries: Vec<Uuid> = (0..=run.attempts)
+        .map(|t| task_id(run.id, pc, t).as_uuid())
+        .collect();
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM tasks WHERE id = ANY ($1)")
+        .bind(&tries)
         .fetch_optional(&state.db)
         .await?;
     if exists.is_some() {
         return Ok(());
     }
-    let still: Option<String> =
-        sqlx::query_scalar("SELECT status FROM workflow_runs WHERE id = $1")
-            .bind(run.id)
-            .fetch_optional(&state.db)
-            .await?;
-    if still.as_deref() != Some("active") {
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM workflow_runs r JOIN workflows w ON w.id = r.workflow_id
+         WHERE r.id = $1 AND r.lease_token = $2 AND r.status = 'active' AND w.deleted_at IS NULL",
+    )
+    .bind(lease.run)
+    .bind(lease.token)
+    .fetch_optional(&state.db)
+    .await?;
+    if live.is_none() {
         return Ok(());
     }
     let body = serde_json::from_value(body).map_err(|e| ApiError::internal("send step", e))?;
@@ -393,7 +471,7 @@ async fn send(state: &AppState, run: &Due, pc: usize, body: Value) -> Result<(),
         role: Role::Member,
         email: run.caller_email.clone(),
     };
-    crate::send::submit(state, &caller, body, id).await?;
+    crate::send::submit(state, &caller, body, task_id(run.id, pc, run.attempts)).await?;
     Ok(())
 }
 
@@ -404,8 +482,26 @@ mod tests {
     #[test]
     fn a_step_keeps_its_task_id() {
         let run = Uuid::now_v7();
-        assert_eq!(task_id(run, 3), task_id(run, 3));
-        assert_ne!(task_id(run, 3), task_id(run, 4));
-        assert_ne!(task_id(run, 3), task_id(Uuid::now_v7(), 3));
+        assert_eq!(task_id(run, 3, 0), task_id(run, 3, 0));
+        assert_ne!(task_id(run, 3, 0), task_id(run, 4, 0));
+        assert_ne!(task_id(run, 3, 0), task_id(run, 3, 1));
+        assert_ne!(task_id(run, 3, 0), task_id(Uuid::now_v7(), 3, 0));
+    }
+
+    #[test]
+    fn wait_until_is_capped() {
+        let now = 1_000;
+        assert_eq!(wake_time(Some(&json!(5_000)), now), Some(5_000));
+        assert_eq!(wake_time(Some(&json!(5_000.7)), now), Some(5_000));
+        assert_eq!(
+            wake_time(Some(&json!(i64::MAX)), now),
+            Some(now + MAX_WAIT_SECS)
+        );
+        assert_eq!(
+            wake_time(Some(&json!("1970-01-01T01:00:00Z")), now),
+            Some(3_600)
+        );
+        assert_eq!(wake_time(Some(&json!(true)), now), None);
+        assert_eq!(wake_time(None, now), None);
     }
 }
