@@ -130,7 +130,7 @@ impl Cond {
         if op != Op::Exists && value.is_null() {
             return Err(format!("property {prop:?}: op needs a value"));
         }
-        if op == Op::In && !value.as_array().is_some_and(|a| !a.is_empty()) {
+        if op == Op::In && value.as_array().is_none_or(|a| a.is_empty()) {
             return Err(format!(
                 "property {prop:?}: op in needs a non-empty array value"
             ));
