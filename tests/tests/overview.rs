@@ -124,5 +124,24 @@ async fn the_overview_counts_each_owners_data_and_names_the_missing() {
     assert_eq!(partial["stats"]["unavailable"], json!(["domain"]));
     assert_eq!(partial["stats"]["unreadThreads"], 2);
     assert_eq!(partial["stats"]["sendsSince"], 3);
+
+    // A service that hangs instead: the answer still comes, at the deadline.
+    let nats = async_nats::connect(&stack.common.nats_url)
+        .await
+        .expect("nats");
+    let subject = postmesh_shared::Service::Domain.rpc_subject(stack.ns(), "overview");
+    let _hung = nats.subscribe(subject).await.expect("subscribe");
+    nats.flush().await.expect("flush");
+    let asked = std::time::Instant::now();
+    let late: Value = client
+        .get("/operations-overview?since=0", StatusCode::OK)
+        .await;
+    let took = asked.elapsed();
+    assert_eq!(late["stats"]["unavailable"], json!(["domain"]));
+    assert_eq!(late["stats"]["unreadThreads"], 2);
+    assert!(
+        took >= sender::overview::DEADLINE && took < sender::overview::DEADLINE * 3,
+        "answered after {took:?}"
+    );
     stack.shutdown().await;
 }
