@@ -212,6 +212,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// The API it calls.
+    pub fn base_url(&self) -> &BaseUrl {
+        &self.base_url
+    }
+
     /// A client of `base_url` presenting `api_key` to the routes that need one.
     pub fn new(base_url: BaseUrl, api_key: Option<String>) -> anyhow::Result<Self> {
         install_tls_provider();

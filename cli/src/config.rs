@@ -19,8 +19,13 @@ const FILE_NAME: &str = "credentials.json";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Credentials {
+    /// The key itself.
     pub api_key: String,
+    /// The account's email address.
     pub email: String,
+    /// The API that issued the key; the key is only sent there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
 }
 
 /// The credentials file of this user.
@@ -151,6 +156,7 @@ mod tests {
         let credentials = Credentials {
             api_key: "pm_0123abcd_secret".into(),
             email: "ann@example.com".into(),
+            api_url: Some("http://127.0.0.1:8080".into()),
         };
         store.save(&credentials).unwrap();
         assert_eq!(store.path(), dir.path().join("postmesh/credentials.json"));

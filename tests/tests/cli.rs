@@ -31,13 +31,19 @@ fn postmesh(home: &Path, api: &str) -> Command {
 
 /// Runs `postmesh args…`; exit success, stdout, stderr.
 async fn run(home: &Path, api: &str, args: &[&str]) -> (bool, String, String) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        postmesh(home, api).args(args).output(),
-    )
-    .await
-    .expect("postmesh finishes")
-    .expect("postmesh runs");
+    run_with(home, api, &[], args).await
+}
+
+/// Runs `postmesh args…` with `env` set too; exit success, stdout, stderr.
+async fn run_with(
+    home: &Path, api: &str, env: &[(&str, &str)], args: &[&str],
+) -> (bool, String, String) {
+    let mut cmd = postmesh(home, api);
+    cmd.envs(env.iter().copied());
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.args(args).output())
+        .await
+        .expect("postmesh finishes")
+        .expect("postmesh runs");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -228,10 +234,25 @@ async fn the_cli_logs_in_by_device_flow_and_sends_with_the_stored_key() {
     assert!(ok, "{err}");
     assert!(out.contains("already recorded"), "{out}");
 
-    // A bad API URL: one clear line, non-zero exit.
+    // The stored key goes to no other API than the one that issued it.
     let (ok, _, err) = run(home.path(), "http://127.0.0.1:9", &["balance"]).await;
     let line = one_error_line(ok, &err);
-    assert!(line.contains("127.0.0.1:9"), "{line}");
+    assert!(
+        line.contains("stored key is for") && line.contains("127.0.0.1:9"),
+        "{line}"
+    );
+    // An API that cannot be reached: one clear line, non-zero exit.
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&stored).expect("read"))
+        .expect("credentials JSON");
+    assert_eq!(saved["apiUrl"], stack.base.as_str());
+    let key = saved["apiKey"].as_str().expect("apiKey");
+    let env = [("POSTMESH_API_KEY", key)];
+    let (ok, _, err) = run_with(home.path(), "http://127.0.0.1:9", &env, &["balance"]).await;
+    let line = one_error_line(ok, &err);
+    assert!(
+        line.contains("cannot reach") && line.contains("127.0.0.1:9"),
+        "{line}"
+    );
 
     // The key revoked on the web: one clear line, non-zero exit.
     let keys: Value = user

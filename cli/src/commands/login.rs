@@ -107,7 +107,11 @@ fn read_poll(reply: Reply) -> anyhow::Result<Poll> {
         status if status.is_server_error() => Ok(Poll::Unavailable(reply.error().to_string())),
         status if status.is_success() => match (answer.api_key, answer.email) {
             (Some(api_key), Some(email)) if !api_key.is_empty() => {
-                Ok(Poll::Approved(Credentials { api_key, email }))
+                Ok(Poll::Approved(Credentials {
+                    api_key,
+                    email,
+                    api_url: None,
+                }))
             }
             _ => bail!("the API approved the login but sent no API key and email ({status})"),
         },
@@ -229,6 +233,10 @@ pub async fn login(
         }
     };
     spinner.finish_and_clear();
+    let credentials = Credentials {
+        api_url: Some(client.base_url().to_string()),
+        ..credentials
+    };
     store.save(&credentials)?;
     if json {
         let done = LoggedIn {
@@ -301,7 +309,8 @@ mod tests {
             .unwrap(),
             Poll::Approved(Credentials {
                 api_key: "pm_ab_cd".into(),
-                email: "ann@example.com".into()
+                email: "ann@example.com".into(),
+                api_url: None,
             })
         );
         let gone = read_poll(reply(410, r#"{"success":false,"status":"expired"}"#)).unwrap_err();

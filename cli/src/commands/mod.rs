@@ -29,8 +29,9 @@ impl Context {
     /// A context presenting `POSTMESH_API_KEY`, else the stored key (none: not logged in,
     /// which the first call that needs a key reports).
     fn keyed(api_url: BaseUrl, json: bool) -> anyhow::Result<Self> {
+        let key = api_key(&api_url)?;
         Ok(Self {
-            client: Client::new(api_url, api_key()?)?,
+            client: Client::new(api_url, key)?,
             json,
         })
     }
@@ -50,8 +51,9 @@ impl Context {
     }
 }
 
-/// The key to present: `POSTMESH_API_KEY` when set, else the stored one, if any.
-fn api_key() -> anyhow::Result<Option<String>> {
+/// The key to present to `api_url`: `POSTMESH_API_KEY` when set, else the stored one, if
+/// any; a stored key is never sent to another API than the one that issued it.
+fn api_key(api_url: &BaseUrl) -> anyhow::Result<Option<String>> {
     let from_env = std::env::var(API_KEY_ENV)
         .ok()
         .map(|k| k.trim().to_owned())
@@ -63,7 +65,16 @@ fn api_key() -> anyhow::Result<Option<String>> {
     let Ok(store) = CredentialsStore::locate() else {
         return Ok(None);
     };
-    Ok(store.load()?.map(|c| c.api_key))
+    let Some(stored) = store.load()? else {
+        return Ok(None);
+    };
+    match stored.api_url {
+        Some(issuer) if issuer != api_url.to_string() => anyhow::bail!(
+            "the stored key is for {issuer}, not {api_url}; run postmesh login --api-url \
+             {api_url}, or set POSTMESH_API_KEY"
+        ),
+        _ => Ok(Some(stored.api_key)),
+    }
 }
 
 /// Runs the command `cli` names.
