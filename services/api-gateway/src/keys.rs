@@ -2,6 +2,7 @@
 //! prefix, checked with a constant-time comparison and cached briefly in memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -121,6 +122,9 @@ pub struct KeyStore {
     ttl: Duration,
     known: ExpiringMap<KeyRow>,
     unknown: ExpiringMap<()>,
+    /// Bumped by every [`KeyStore::forget`]: a lookup that started before one does not
+    /// cache what it read (it may be the row just revoked).
+    revocations: AtomicU64,
 }
 
 impl KeyStore {
@@ -132,6 +136,7 @@ impl KeyStore {
             ttl,
             known: ExpiringMap::new(capacity),
             unknown: ExpiringMap::new(capacity),
+            revocations: AtomicU64::new(0),
         }
     }
 
@@ -143,9 +148,11 @@ impl KeyStore {
             Some(row) => Some(row),
             None if self.unknown.get(key.prefix).is_some() => None,
             None => {
+                let epoch = self.revocations.load(Ordering::Acquire);
                 let row = self.load(key.prefix).await?;
                 let until = Instant::now() + self.ttl;
                 match &row {
+                    Some(_) if self.revocations.load(Ordering::Acquire) != epoch => {}
                     Some(row) => self.known.insert(key.prefix, row.clone(), until),
                     None => self.unknown.insert(key.prefix, (), until),
                 }
@@ -161,6 +168,7 @@ impl KeyStore {
     /// Forgets a cached key at once (it was revoked here); other replicas forget it within
     /// the cache's `ttl`.
     pub fn forget(&self, prefix: &str) {
+        self.revocations.fetch_add(1, Ordering::AcqRel);
         let mut entries = self
             .known
             .entries
