@@ -236,9 +236,13 @@ pub(crate) async fn remove(
         return Err(ApiError::NotFound("workflow not found".into()));
     }
     let ended = sqlx::query(
-        "UPDATE workflow_runs SET status = 'exited', exit_reason = 'workflow deleted',
-                                  ended_at = $2, next_at = NULL, lease_until = NULL
-         WHERE workflow_id = $1 AND status = 'active'",
+        // Rows locked in id order, as an exit event locks them: the two never deadlock.
+        "WITH ending AS MATERIALIZED (
+             SELECT id FROM workflow_runs WHERE workflow_id = $1 AND status = 'active'
+             ORDER BY id FOR UPDATE)
+         UPDATE workflow_runs r SET status = 'exited', exit_reason = 'workflow deleted',
+                                    ended_at = $2, next_at = NULL, lease_until = NULL
+         FROM ending WHERE r.id = ending.id",
     )
     .bind(id)
     .bind(now)
