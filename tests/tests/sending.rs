@@ -533,6 +533,11 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
         .await;
     let after = status(&stack, &key, cancelled, "").await;
     assert_eq!(after.status, "cancelled");
+    for recipient in &after.recipients {
+        let kinds: Vec<_> = recipient.events.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [sender::events::Kind::Cancelled], "{after:?}");
+    }
+    assert_eq!(after.recipients.len(), 2);
     let late = now() + 31 * 86400;
     let late = json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": late});
     refused(&stack, &key, late, StatusCode::BAD_REQUEST).await;
@@ -638,6 +643,13 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     assert_eq!(done.status, "failed", "{done:?}");
     let error = done.recipients[0].error.as_deref().unwrap_or_default();
     assert!(error.contains("MessageRejected"), "{done:?}");
+    let failed = &done.recipients[0].events;
+    assert_eq!(failed.len(), 1, "{done:?}");
+    assert_eq!(failed[0].kind, sender::events::Kind::Failed);
+    assert!(failed[0].detail.0["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("MessageRejected"));
     stack.shutdown().await;
 }
 

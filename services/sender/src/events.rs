@@ -1,5 +1,6 @@
 //! Delivery events: what happened to a recipient's message once accepted (`sent`,
-//! `delivered`, `bounced`, `complained`, `rejected`, `delayed`, `unsubscribed`). Each is a
+//! `delivered`, `bounced`, `complained`, `rejected`, `delayed`, `unsubscribed`, `failed`,
+//! `cancelled`). Each is a
 //! `delivery_events` row, shown in `/email-status`, and a `DeliveryEvent` on the DELIVERY
 //! stream (`{ns}.delivery.<kind>`), written to the outbox in the same transaction.
 
@@ -27,6 +28,10 @@ pub enum Kind {
     Rejected,
     Delayed,
     Unsubscribed,
+    /// Our side gave up on the message for good.
+    Failed,
+    /// Its scheduled send was cancelled.
+    Cancelled,
 }
 
 impl Kind {
@@ -40,6 +45,8 @@ impl Kind {
             Self::Rejected => "rejected",
             Self::Delayed => "delayed",
             Self::Unsubscribed => "unsubscribed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest, Target};
 use crate::settle::{self, Action};
 use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
-use crate::{audiences, campaigns, contacts, governance, templates, usage, AppState};
+use crate::{audiences, campaigns, contacts, events, governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -437,6 +437,28 @@ pub(crate) async fn cancel(
             .bind(task_id)
             .execute(&mut *tx)
             .await?;
+        // Each recipient's message is a `cancelled` delivery event.
+        let recipients: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+            "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+        )
+        .bind(task_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = now_unix();
+        let cancelled_events: Vec<events::NewEvent> = recipients
+            .into_iter()
+            .map(|(delivery, email)| events::NewEvent {
+                workspace: caller.workspace.as_uuid(),
+                task: Some(task_id.as_uuid()),
+                delivery: Some(delivery),
+                email,
+                kind: events::Kind::Cancelled,
+                detail: serde_json::json!({}),
+                occurred_at: now,
+                source_key: format!("cancelled:{delivery}"),
+            })
+            .collect();
+        events::record(&mut tx, &state.ns, &cancelled_events).await?;
         if cost > 0 {
             settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
         }

@@ -23,6 +23,7 @@ struct Written {
     task_id: Option<Uuid>,
     email: Option<String>,
     provider_message_id: Option<String>,
+    last_error: Option<String>,
 }
 
 /// Where a message stands in `deliveries`.
@@ -49,7 +50,8 @@ fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
 /// written. `sent` always stands (the message went out). A failure or a retry is written
 /// only while its claim still holds the message; otherwise it belongs to another claim. A
 /// final outcome takes the message off the quota's unfinished deliveries. A send's message
-/// that went out is a `sent` delivery event, in the same transaction.
+/// that went out is a `sent` delivery event, one given up on a `failed` one, in the same
+/// transaction.
 pub(super) async fn record_batch(
     db: &PgPool, ns: &Namespace, rows: Vec<RecordRow>,
 ) -> Result<Vec<bool>, sqlx::Error> {
@@ -72,7 +74,7 @@ pub(super) async fn record_batch(
            AND CASE WHEN u.status = 'sent' THEN d.status <> 'sent'
                     ELSE d.status = 'sending' AND d.lease_owner = u.lease END
          RETURNING d.delivery_id, d.status, d.workspace_id, d.task_id, d.recipients[1] AS email,
-             d.provider_message_id",
+             d.provider_message_id, d.last_error",
     )
     .bind(rows.iter().map(|r| r.item).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.0).collect::<Vec<_>>())
@@ -82,23 +84,28 @@ pub(super) async fn record_batch(
     .bind(now)
     .fetch_all(&mut *tx)
     .await?;
-    let sent: Vec<NewEvent> = written
+    // A final outcome is an event: `sent`, or `failed` with its reason.
+    let finals: Vec<NewEvent> = written
         .iter()
-        .filter(|w| w.status == "sent")
         .filter_map(|w| {
+            let (kind, detail) = match w.status.as_str() {
+                "sent" => (Kind::Sent, json!({ "providerMessageId": w.provider_message_id })),
+                "failed" => (Kind::Failed, json!({ "reason": w.last_error })),
+                _ => return None,
+            };
             Some(NewEvent {
                 workspace: w.workspace_id?,
                 task: w.task_id,
                 delivery: Some(w.delivery_id),
                 email: w.email.clone().unwrap_or_default(),
-                kind: Kind::Sent,
-                detail: json!({ "providerMessageId": w.provider_message_id }),
+                kind,
+                detail,
                 occurred_at: now,
-                source_key: format!("sent:{}", w.delivery_id),
+                source_key: format!("{}:{}", kind.as_str(), w.delivery_id),
             })
         })
         .collect();
-    events::record(&mut tx, ns, &sent).await?;
+    events::record(&mut tx, ns, &finals).await?;
     tx.commit().await?;
     let written: HashSet<Uuid> = written.into_iter().map(|w| w.delivery_id).collect();
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
