@@ -89,7 +89,10 @@ pub(super) async fn record_batch(
         .iter()
         .filter_map(|w| {
             let (kind, detail) = match w.status.as_str() {
-                "sent" => (Kind::Sent, json!({ "providerMessageId": w.provider_message_id })),
+                "sent" => (
+                    Kind::Sent,
+                    json!({ "providerMessageId": w.provider_message_id }),
+                ),
                 "failed" => (Kind::Failed, json!({ "reason": w.last_error })),
                 _ => return None,
             };
