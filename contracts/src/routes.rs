@@ -237,6 +237,18 @@ pub mod webhooks {
         ATTEMPT_RETRY = Post "/inbox/webhook/endpoints/{id}/attempts/{attemptId}/retry" Key;
         REPLAY = Post "/inbox/webhook/endpoints/{id}/replay" Key;
         TEST = Post "/inbox/webhook/endpoints/{id}/test" Key;
+        // Workspace webhooks: delivery events (and inbound.received), by type.
+        WEBHOOKS = Get "/webhooks" Key;
+        WEBHOOK_CREATE = Post "/webhooks" Key;
+        EVENT_TYPES = Get "/webhooks/event-types" Key;
+        WEBHOOK = Get "/webhooks/{id}" Key;
+        WEBHOOK_UPDATE = Patch "/webhooks/{id}" Key;
+        WEBHOOK_DELETE = Delete "/webhooks/{id}" Key;
+        // The same delivery engine and handlers as inbox endpoints'.
+        WEBHOOK_ATTEMPTS = Get "/webhooks/{id}/attempts" Key;
+        WEBHOOK_ATTEMPT_RETRY = Post "/webhooks/{id}/attempts/{attemptId}/retry" Key;
+        WEBHOOK_REPLAY = Post "/webhooks/{id}/replay" Key;
+        WEBHOOK_TEST = Post "/webhooks/{id}/test" Key;
     }
 }
 

@@ -1,8 +1,9 @@
-//! Delivery events: what happened to a recipient's message once accepted (`sent`,
-//! `delivered`, `bounced`, `complained`, `rejected`, `delayed`, `unsubscribed`, `failed`,
-//! `cancelled`). Each is a
-//! `delivery_events` row, shown in `/email-status`, and a `DeliveryEvent` on the DELIVERY
-//! stream (`{ns}.delivery.<kind>`), written to the outbox in the same transaction.
+//! Delivery events: what happened to a recipient's message once accepted (`queued`,
+//! `scheduled`, `sent`, `delivered`, `bounced`, `complained`, `rejected`, `delayed`,
+//! `unsubscribed`, `failed`, `cancelled`). Each is a `delivery_events` row, shown in
+//! `/email-status`, and a `DeliveryEvent` on the DELIVERY stream (`{ns}.delivery.<kind>`)
+//! with its send's labels and a per-delivery `sequence`, written to the outbox in the same
+//! transaction.
 
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,10 @@ use postmesh_shared::Namespace;
 #[serde(rename_all = "lowercase")]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum Kind {
+    /// Accepted for delivery (at the send, or when its schedule released it).
+    Queued,
+    /// Accepted to be sent at its `scheduledAt`.
+    Scheduled,
     Sent,
     Delivered,
     Bounced,
@@ -38,6 +43,8 @@ impl Kind {
     /// The name stored and published.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Queued => "queued",
+            Self::Scheduled => "scheduled",
             Self::Sent => "sent",
             Self::Delivered => "delivered",
             Self::Bounced => "bounced",
@@ -69,22 +76,59 @@ pub struct NewEvent {
 /// An outbox message: its id and payload.
 type Outgoing = (Uuid, Vec<u8>);
 
+/// Where events go: the namespace's DELIVERY subjects. A message without a `Message-ID` of
+/// its own has `<delivery id@message_id_domain>`, as the worker makes it.
+#[derive(Clone, Debug)]
+pub struct Outlet {
+    pub ns: Namespace,
+    pub message_id_domain: String,
+}
+
+/// A new event's row and what its send says of it.
+#[derive(sqlx::FromRow)]
+struct Written {
+    id: Uuid,
+    sequence: i64,
+    from_email: Option<String>,
+    from_name: Option<String>,
+    subject: Option<String>,
+    email_type: Option<String>,
+    topic: Option<String>,
+    campaign_key: Option<String>,
+    source_app: Option<String>,
+    business_goal: Option<String>,
+    message_id: Option<String>,
+    provider_message_id: Option<String>,
+}
+
 /// Records `events` in the caller's transaction and queues each new one for the DELIVERY
 /// stream; answers how many were new (one reported before is skipped).
 pub async fn record(
-    tx: &mut PgConnection, ns: &Namespace, events: &[NewEvent],
+    tx: &mut PgConnection, outlet: &Outlet, events: &[NewEvent],
 ) -> Result<usize, sqlx::Error> {
     if events.is_empty() {
         return Ok(0);
     }
     let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
-    let new: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
-                                      detail, occurred_at, source_key)
-         SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::text[],
-                              $6::text[], $7::jsonb[], $8::bigint[], $9::text[])
-         ON CONFLICT (source_key) DO NOTHING
-         RETURNING id",
+    // One statement: the rows (one reported before is skipped), and each new one's send.
+    let new: Vec<Written> = sqlx::query_as(
+        "WITH ins AS (
+             INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
+                                          detail, occurred_at, source_key)
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::text[],
+                                  $6::text[], $7::jsonb[], $8::bigint[], $9::text[])
+             ON CONFLICT (source_key) DO NOTHING
+             RETURNING id, task_id, delivery_id, sequence
+         )
+         SELECT ins.id, ins.sequence, t.message->>'from_email' AS from_email,
+             t.message->>'from_name' AS from_name, t.message->>'subject' AS subject,
+             t.email_type, t.topic, t.campaign_key, t.source_app, t.business_goal,
+             COALESCE(t.message->>'message_id',
+                      '<' || ins.delivery_id || '@' || $10 || '>') AS message_id,
+             d.provider_message_id
+         FROM ins
+         LEFT JOIN tasks t ON t.id = ins.task_id
+         LEFT JOIN deliveries d ON d.delivery_id = ins.delivery_id",
     )
     .bind(&ids)
     .bind(events.iter().map(|e| e.workspace).collect::<Vec<_>>())
@@ -100,15 +144,18 @@ pub async fn record(
             .map(|e| e.source_key.as_str())
             .collect::<Vec<_>>(),
     )
+    .bind(&outlet.message_id_domain)
     .fetch_all(&mut *tx)
     .await?;
-    let new: std::collections::HashSet<Uuid> = new.into_iter().collect();
+    let count = new.len();
+    let mut new: std::collections::HashMap<Uuid, Written> =
+        new.into_iter().map(|w| (w.id, w)).collect();
     // One outbox statement per kind (its subject), not one per event.
     let mut by_kind: Vec<(Kind, Vec<Outgoing>)> = Vec::new();
     for (id, event) in ids.iter().zip(events) {
-        if !new.contains(id) {
+        let Some(w) = new.remove(id) else {
             continue;
-        }
+        };
         let message = DeliveryEvent {
             event_id: id.to_string(),
             workspace_id: event.workspace.to_string(),
@@ -118,6 +165,17 @@ pub async fn record(
             kind: event.kind.as_str().into(),
             occurred_at: event.occurred_at,
             detail: event.detail.to_string(),
+            sequence: w.sequence,
+            from_address: w.from_email.unwrap_or_default(),
+            from_name: w.from_name.unwrap_or_default(),
+            subject: w.subject.unwrap_or_default(),
+            email_type: w.email_type.unwrap_or_default(),
+            topic: w.topic.unwrap_or_default(),
+            campaign_key: w.campaign_key.unwrap_or_default(),
+            source_app: w.source_app.unwrap_or_default(),
+            business_goal: w.business_goal.unwrap_or_default(),
+            message_id: w.message_id.unwrap_or_default(),
+            provider_message_id: w.provider_message_id.unwrap_or_default(),
         };
         let payload = (*id, message.encode_to_vec());
         match by_kind.iter_mut().find(|(k, _)| *k == event.kind) {
@@ -126,9 +184,9 @@ pub async fn record(
         }
     }
     for (kind, messages) in by_kind {
-        outbox::enqueue_many(tx, &subject(ns, kind), &messages).await?;
+        outbox::enqueue_many(tx, &subject(&outlet.ns, kind), &messages).await?;
     }
-    Ok(new.len())
+    Ok(count)
 }
 
 /// `{ns}.delivery.<kind>`.

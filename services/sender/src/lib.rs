@@ -60,6 +60,9 @@ const SPARE_CONNECTIONS: u32 = 4;
 /// `AUDIENCE_MAX_RECIPIENTS` unless set.
 pub const DEFAULT_AUDIENCE_MAX: usize = 100_000;
 
+/// The domain of the Message-IDs the sender makes unless `MESSAGE_ID_DOMAIN` says another.
+pub const DEFAULT_MESSAGE_ID_DOMAIN: &str = "postmesh.localhost";
+
 /// How often owed billing settlements are retried.
 const SETTLE_POLL: Duration = Duration::from_secs(2);
 
@@ -107,7 +110,7 @@ impl Config {
             outbox_dir: env_or("OUTBOX_DIR", "var/outbox").into(),
             smtp_url: env_or("SMTP_URL", "smtp://127.0.0.1:25"),
             ses: SesConfig::from_env(),
-            message_id_domain: env_or("MESSAGE_ID_DOMAIN", "postmesh.localhost"),
+            message_id_domain: env_or("MESSAGE_ID_DOMAIN", DEFAULT_MESSAGE_ID_DOMAIN),
             default_from: env_or("SEND_DEFAULT_FROM", "no-reply@postmesh.localhost"),
             schedule_poll: env_secs("SEND_SCHEDULE_POLL_SECS", Duration::from_secs(1))?,
             audience_max: env_parse("AUDIENCE_MAX_RECIPIENTS", DEFAULT_AUDIENCE_MAX)?,
@@ -199,6 +202,8 @@ pub struct AppState {
     pub unsubscribe: Option<unsubscribe::Unsubscribe>,
     /// Where provider notifications may come from (none: `/provider-events/esp` is 503).
     pub sns: Option<provider::Sns>,
+    /// Where delivery events are published.
+    pub events: events::Outlet,
 }
 
 impl AppState {
@@ -210,6 +215,10 @@ impl AppState {
     ) -> Self {
         Self {
             billing: BillingClient::new(nats.clone(), ns.clone(), tracker.clone()),
+            events: events::Outlet {
+                ns: ns.clone(),
+                message_id_domain: DEFAULT_MESSAGE_ID_DOMAIN.into(),
+            },
             outbox,
             db,
             nats,
@@ -291,7 +300,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
              List-Unsubscribe and /unsubscribe answers 503"
         );
     }
+    let outlet = events::Outlet {
+        ns: rt.common.namespace.clone(),
+        message_id_domain: config.message_id_domain.clone(),
+    };
     let state = AppState {
+        events: outlet.clone(),
         audience_max: config.audience_max,
         unsubscribe: unsubscribe.clone(),
         sns: Some(provider::Sns::new(
@@ -327,14 +341,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let state = settler.clone();
         async move { settle::sweep(&state).await }
     });
-    worker::spawn(
-        &rt,
-        transport,
-        config.worker.clone(),
-        &config.message_id_domain,
-        unsubscribe,
-    )
-    .await?;
+    worker::spawn(&rt, transport, config.worker.clone(), outlet, unsubscribe).await?;
     tracing::info!(transport = %config.transport, "sender delivering");
     rt.running(None).await
 }

@@ -312,6 +312,14 @@ fn addresses(part: &Value, list: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why an `unsubscribed` event happened, in words.
+pub fn unsubscribed_from(topic: Option<&str>, how: &str) -> String {
+    match topic {
+        Some(topic) => format!("unsubscribed from topic {topic} {how}"),
+        None => format!("unsubscribed from all mail {how}"),
+    }
+}
+
 /// What a delivery event and suppression an SES event makes.
 struct Effect {
     kind: Kind,
@@ -335,7 +343,16 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
         "Bounce" => {
             let bounce = event.bounce.as_ref().ok_or("a Bounce without bounce")?;
             let permanent = bounce["bounceType"] == "Permanent";
+            let diagnostic = bounce["bouncedRecipients"][0]["diagnosticCode"].as_str();
+            let reason = diagnostic.map(str::to_owned).unwrap_or_else(|| {
+                format!(
+                    "{} bounce ({})",
+                    bounce["bounceType"].as_str().unwrap_or("unknown"),
+                    bounce["bounceSubType"].as_str().unwrap_or("unspecified")
+                )
+            });
             let detail = json!({
+                "reason": reason,
                 "bounceType": bounce["bounceType"],
                 "bounceSubType": bounce["bounceSubType"],
                 "recipients": addresses(bounce, "bouncedRecipients"),
@@ -352,7 +369,9 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 .complaint
                 .as_ref()
                 .ok_or("a Complaint without complaint")?;
+            let feedback = complaint["complaintFeedbackType"].as_str();
             let detail = json!({
+                "reason": format!("complaint ({})", feedback.unwrap_or("unspecified")),
                 "feedbackType": complaint["complaintFeedbackType"],
                 "recipients": addresses(complaint, "complainedRecipients"),
             });
@@ -391,7 +410,11 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 .into_iter()
                 .map(|topic| Effect {
                     kind: Kind::Unsubscribed,
-                    detail: json!({ "topic": topic, "source": "provider" }),
+                    detail: json!({
+                        "topic": topic,
+                        "source": "provider",
+                        "reason": unsubscribed_from(topic.as_deref(), "at the provider"),
+                    }),
                     suppress: Some((Reason::Unsubscribed, topic)),
                     addresses: Vec::new(),
                 })
@@ -500,7 +523,7 @@ async fn apply(
             source_key: format!("sns:{}:{i}", env.message_id),
         });
     }
-    events::record(tx, &state.ns, &events).await.map(drop)
+    events::record(tx, &state.events, &events).await.map(drop)
 }
 
 #[cfg(test)]

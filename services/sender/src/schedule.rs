@@ -47,7 +47,7 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
             workspace: task.workspace_id,
             email_type: task.email_type,
         };
-        jobs.enqueue(&mut tx, &state.ns, &recipients).await?;
+        jobs.enqueue(&mut tx, &state.events, &recipients).await?;
         sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
             .bind(task.id)
             .bind(now_unix())

@@ -11,7 +11,7 @@ use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress, Namespace, Success, TaskId};
+use postmesh_shared::{nats, ApiError, EmailAddress, Success, TaskId};
 use sqlx::{Postgres, Transaction};
 
 use crate::render::{add_utm, fill};
@@ -217,6 +217,7 @@ pub(crate) async fn submit(
         recipients: &recipients,
         rejected: &rejected,
         template: template.as_ref().map(|(k, v)| (k.as_str(), *v)),
+        campaign_key: campaign_key.as_deref(),
         cost,
         now,
     };
@@ -331,7 +332,7 @@ async fn accept(
     if charged {
         state.billing.charge(charge).await?;
     }
-    if let Err(e) = store(tx, &state.ns, quota, task).await {
+    if let Err(e) = store(tx, &state.events, quota, task).await {
         if charged {
             let key = task.caller.key.to_string();
             state
@@ -354,10 +355,11 @@ async fn accept(
 
 /// Commits the task with its jobs, within the plan's quota.
 async fn store(
-    mut tx: Transaction<'_, Postgres>, ns: &Namespace, quota: &usage::Quota, task: &NewTask<'_>,
+    mut tx: Transaction<'_, Postgres>, outlet: &events::Outlet, quota: &usage::Quota,
+    task: &NewTask<'_>,
 ) -> Result<(), ApiError> {
     quota.check(&mut tx, task.recipients.len() as i64).await?;
-    tasks::insert(&mut tx, ns, task).await?;
+    tasks::insert(&mut tx, outlet, task).await?;
     if task.cost > 0 {
         settle::owe(
             &mut tx,
@@ -458,7 +460,7 @@ pub(crate) async fn cancel(
                 source_key: format!("cancelled:{delivery}"),
             })
             .collect();
-        events::record(&mut tx, &state.ns, &cancelled_events).await?;
+        events::record(&mut tx, &state.events, &cancelled_events).await?;
         if cost > 0 {
             settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
         }

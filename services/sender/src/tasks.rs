@@ -8,12 +8,14 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
-use postmesh_shared::{DeliveryId, JobId, Namespace, TaskId, WorkspaceId};
+use postmesh_shared::{DeliveryId, JobId, TaskId, WorkspaceId};
 
+use crate::events::{self, Kind, NewEvent, Outlet};
 use crate::governance;
 use crate::request::{Attachment, EmailType, Recipient, Rejected, SendRequest};
 
@@ -71,14 +73,17 @@ pub struct NewTask<'a> {
     /// Those left out, with why: shown in the task's status.
     pub rejected: &'a [Rejected],
     pub template: Option<(&'a str, i32)>,
+    /// The campaign it goes to, by key.
+    pub campaign_key: Option<&'a str>,
     pub cost: i64,
     /// When the send was accepted (Unix seconds).
     pub now: i64,
 }
 
-/// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them.
+/// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them;
+/// each recipient's message is a `queued` or `scheduled` delivery event.
 pub async fn insert(
-    tx: &mut PgConnection, ns: &Namespace, task: &NewTask<'_>,
+    tx: &mut PgConnection, outlet: &Outlet, task: &NewTask<'_>,
 ) -> Result<(), sqlx::Error> {
     let now = task.now;
     insert_task(tx, task, now).await?;
@@ -96,17 +101,20 @@ pub async fn insert(
         .await?;
     }
     insert_attachments(tx, task).await?;
+    let recipients: Vec<(DeliveryId, &str)> = deliveries
+        .into_iter()
+        .zip(task.recipients.iter().map(|r| r.email.as_str()))
+        .collect();
+    let jobs = Jobs {
+        task: task.id,
+        workspace: task.caller.workspace,
+        email_type: task.req.email_type,
+    };
     if task.status == TaskStatus::Queued {
-        let recipients: Vec<(DeliveryId, &str)> = deliveries
-            .into_iter()
-            .zip(task.recipients.iter().map(|r| r.email.as_str()))
-            .collect();
-        let jobs = Jobs {
-            task: task.id,
-            workspace: task.caller.workspace,
-            email_type: task.req.email_type,
-        };
-        jobs.enqueue(tx, ns, &recipients).await?;
+        jobs.enqueue(tx, outlet, &recipients).await?;
+    } else {
+        jobs.record(tx, outlet, &recipients, Kind::Scheduled)
+            .await?;
     }
     Ok(())
 }
@@ -120,9 +128,10 @@ async fn insert_task(
         "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, scheduled_at,
                             message, email_type, topic, source_app, business_goal,
                             recipient_reason, campaign_name, template_key, template_version,
-                            test_send, cost, recipient_count, created_at, released_at)
+                            test_send, cost, recipient_count, created_at, released_at,
+                            campaign_key)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END)",
+                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20)",
     )
     .bind(task.id)
     .bind(task.caller.workspace)
@@ -143,6 +152,7 @@ async fn insert_task(
     .bind(task.cost)
     .bind(task.recipients.len() as i32)
     .bind(now)
+    .bind(task.campaign_key)
     .execute(&mut *tx)
     .await
     .map(drop)
@@ -249,10 +259,11 @@ pub struct Jobs {
 
 impl Jobs {
     /// Writes the jobs of `(delivery id, address)` pairs, in order, to the outbox: one job
-    /// per [`RECIPIENTS_PER_JOB`] recipients.
+    /// per [`RECIPIENTS_PER_JOB`] recipients; each message is a `queued` event.
     pub async fn enqueue(
-        &self, tx: &mut PgConnection, ns: &Namespace, recipients: &[(DeliveryId, &str)],
+        &self, tx: &mut PgConnection, outlet: &Outlet, recipients: &[(DeliveryId, &str)],
     ) -> Result<(), sqlx::Error> {
+        self.record(tx, outlet, recipients, Kind::Queued).await?;
         let (task_id, workspace_id) = (self.task.to_string(), self.workspace.to_string());
         let messages: Vec<(Uuid, Vec<u8>)> = recipients
             .chunks(RECIPIENTS_PER_JOB)
@@ -276,7 +287,29 @@ impl Jobs {
                 (id.as_uuid(), send.encode_to_vec())
             })
             .collect();
-        outbox::enqueue_many(tx, &Stream::Send.subject(ns), &messages).await
+        outbox::enqueue_many(tx, &Stream::Send.subject(&outlet.ns), &messages).await
+    }
+
+    /// Records a `kind` event for each recipient's message.
+    async fn record(
+        &self, tx: &mut PgConnection, outlet: &Outlet, recipients: &[(DeliveryId, &str)],
+        kind: Kind,
+    ) -> Result<(), sqlx::Error> {
+        let now = now_unix();
+        let events: Vec<NewEvent> = recipients
+            .iter()
+            .map(|(delivery, email)| NewEvent {
+                workspace: self.workspace.as_uuid(),
+                task: Some(self.task.as_uuid()),
+                delivery: Some(delivery.as_uuid()),
+                email: (*email).to_owned(),
+                kind,
+                detail: serde_json::json!({}),
+                occurred_at: now,
+                source_key: format!("{}:{delivery}", kind.as_str()),
+            })
+            .collect();
+        events::record(tx, outlet, &events).await.map(drop)
     }
 }
 

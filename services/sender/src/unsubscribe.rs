@@ -241,11 +241,17 @@ pub(crate) async fn unsubscribe(
             delivery: None,
             email: email.to_string(),
             kind: Kind::Unsubscribed,
-            detail: json!({ "topic": claims.topic }),
+            detail: json!({
+                "topic": claims.topic,
+                "reason": crate::provider::unsubscribed_from(
+                    claims.topic.as_deref(),
+                    "by one-click link",
+                ),
+            }),
             occurred_at: now_unix(),
             source_key: format!("unsubscribe:{signature}"),
         };
-        events::record(&mut tx, &state.ns, &[event]).await?;
+        events::record(&mut tx, &state.events, &[event]).await?;
         tx.commit().await
     };
     if let Err(e) = written.await {

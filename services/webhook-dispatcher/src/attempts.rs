@@ -1,6 +1,7 @@
-//! An endpoint's deliveries as a resource: its attempts (paged, by status), one retried by
-//! hand, every message since a time replayed, a signed sample sent at once; and the sweep
-//! that queues again attempts whose job was lost.
+//! A target's deliveries as a resource — an inbox endpoint's or a workspace webhook's, one
+//! set of handlers for both: its attempts (paged, by status), one retried by hand,
+//! everything it takes since a time replayed (by type for a webhook), a signed sample sent at
+//! once; and the sweep that queues again attempts whose job was lost.
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
-use postmesh_shared::proto::{InboundAttachment, InboundMessageReply};
+use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
 use crate::deliver::{now_rfc3339, queue, queue_each};
@@ -32,12 +33,59 @@ const REPLAY_JOB: usize = 50;
 /// Attempts one sweep pass queues at most.
 const SWEEP_BATCH: i64 = 500;
 
+/// Whose deliveries a route is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// An inbox endpoint's (`/inbox/webhook/endpoints/{id}/...`).
+    Endpoint,
+    /// A workspace webhook's (`/webhooks/{id}/...`).
+    Webhook,
+}
+
+impl Owner {
+    /// Its table, and the attempts' column naming it.
+    fn table(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Endpoint => ("endpoints", "endpoint_id"),
+            Self::Webhook => ("webhooks", "webhook_id"),
+        }
+    }
+
+    fn not_found(self) -> ApiError {
+        ApiError::NotFound(match self {
+            Self::Endpoint => "no such endpoint".into(),
+            Self::Webhook => "no such webhook".into(),
+        })
+    }
+}
+
+/// The owner a route's handlers serve: each handler here is generic over it.
+pub trait Owned: Send + Sync + 'static {
+    const OWNER: Owner;
+}
+
+/// Inbox endpoints' routes.
+pub struct Endpoints;
+impl Owned for Endpoints {
+    const OWNER: Owner = Owner::Endpoint;
+}
+
+/// Workspace webhooks' routes.
+pub struct Webhooks;
+impl Owned for Webhooks {
+    const OWNER: Owner = Owner::Webhook;
+}
+
 /// One attempt as the API shows it.
 #[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptView {
     pub id: Uuid,
+    /// The received message, or for an `email.*` event the event's id.
     pub message_id: Uuid,
+    /// What it delivers: `inbound.received` or an `email.*` type.
+    #[serde(rename = "type")]
+    pub event_type: String,
     pub status: String,
     pub attempt_count: i32,
     pub last_status_code: Option<i32>,
@@ -82,11 +130,12 @@ pub(crate) struct ListQuery {
     offset: Option<i64>,
 }
 
-/// 404 unless `id` is an endpoint of the caller's workspace.
-async fn require_endpoint(db: &PgPool, caller: &Caller, id: Uuid) -> Result<(), ApiError> {
-    let found: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM endpoints WHERE id = $1 AND workspace_id = $2)",
-    )
+/// 404 unless `id` is an `owner` of the caller's workspace.
+async fn require(db: &PgPool, owner: Owner, caller: &Caller, id: Uuid) -> Result<(), ApiError> {
+    let (table, _) = owner.table();
+    let found: bool = sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT 1 FROM {table} WHERE id = $1 AND workspace_id = $2)"
+    ))
     .bind(id)
     .bind(caller.workspace)
     .fetch_one(db)
@@ -94,14 +143,16 @@ async fn require_endpoint(db: &PgPool, caller: &Caller, id: Uuid) -> Result<(), 
     if found {
         Ok(())
     } else {
-        Err(ApiError::NotFound("no such endpoint".into()))
+        Err(owner.not_found())
     }
 }
 
-const COLUMNS: &str = "id, message_id, status, attempt_count, last_status_code, last_error,
-    next_attempt_at, created_at";
+/// The columns of [`AttemptView`], of attempts `a` left-joined with their events `ev`.
+const COLUMNS: &str = "a.id, a.message_id,
+    COALESCE(ev.type, 'inbound.received') AS event_type, a.status, a.attempt_count,
+    a.last_status_code, a.last_error, a.next_attempt_at, a.created_at";
 
-pub(crate) async fn list(
+pub(crate) async fn list<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<AttemptList>, ApiError> {
@@ -118,11 +169,12 @@ pub(crate) async fn list(
             ));
         }
     }
-    require_endpoint(&state.db, &caller, id).await?;
+    require(&state.db, O::OWNER, &caller, id).await?;
+    let (_, column) = O::OWNER.table();
     let attempts = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM attempts
-         WHERE endpoint_id = $1 AND ($2::text IS NULL OR status = $2)
-         ORDER BY created_at DESC, id DESC LIMIT $3 OFFSET $4"
+        "SELECT {COLUMNS} FROM attempts a LEFT JOIN events ev ON ev.id = a.message_id
+         WHERE a.{column} = $1 AND ($2::text IS NULL OR a.status = $2)
+         ORDER BY a.created_at DESC, a.id DESC LIMIT $3 OFFSET $4"
     ))
     .bind(id)
     .bind(q.status)
@@ -142,25 +194,29 @@ fn jetstream(state: &AppState) -> Result<async_nats::jetstream::Context, ApiErro
 }
 
 /// Sends attempt `attemptId` again now, whatever it came to; 202.
-pub(crate) async fn retry(
+pub(crate) async fn retry<O: Owned>(
     State(state): State<AppState>, caller: Caller,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let Path((endpoint, attempt)) =
+    let Path((owner, attempt)) =
         path.map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
     let parse = |raw: &str| {
         Uuid::parse_str(raw)
             .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
     };
-    let (endpoint, attempt) = (parse(&endpoint)?, parse(&attempt)?);
-    require_endpoint(&state.db, &caller, endpoint).await?;
+    let (owner, attempt) = (parse(&owner)?, parse(&attempt)?);
+    require(&state.db, O::OWNER, &caller, owner).await?;
     let js = jetstream(&state)?;
+    let (_, column) = O::OWNER.table();
     let view: AttemptView = sqlx::query_as(&format!(
-        "UPDATE attempts SET status = 'pending', next_attempt_at = $3, updated_at = $3
-         WHERE id = $1 AND endpoint_id = $2 RETURNING {COLUMNS}"
+        "WITH a AS (
+             UPDATE attempts SET status = 'pending', next_attempt_at = $3, updated_at = $3
+             WHERE id = $1 AND {column} = $2 RETURNING *
+         )
+         SELECT {COLUMNS} FROM a LEFT JOIN events ev ON ev.id = a.message_id"
     ))
     .bind(attempt)
-    .bind(endpoint)
+    .bind(owner)
     .bind(now_unix())
     .fetch_optional(&state.db)
     .await?
@@ -173,32 +229,62 @@ pub(crate) async fn retry(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Since {
     /// Unix seconds.
     since: i64,
+    /// Only these event types (each known); none: every type the target takes.
+    types: Option<Vec<String>>,
 }
 
-/// Queues a new delivery to the endpoint of every message its address received since
-/// `since`; 202 with how many.
-pub(crate) async fn replay(
+/// What an endpoint's replay sends: every message its address received since `$2`.
+const ENDPOINT_REPLAY: &str = "
+    SELECT e.workspace_id, e.id AS endpoint_id, NULL::uuid AS webhook_id, r.message_id
+    FROM endpoints e JOIN received r ON r.address_id = e.address_id
+    WHERE e.id = $1 AND r.received_at >= $2
+      AND ($4::text[] IS NULL OR 'inbound.received' = ANY($4))";
+
+/// What a webhook's replay sends: every event of its workspace since `$2` of a type it
+/// takes (and `$4` names, when given), received messages included.
+const WEBHOOK_REPLAY: &str = "
+    SELECT w.workspace_id, NULL::uuid AS endpoint_id, w.id AS webhook_id, ev.id AS message_id
+    FROM webhooks w JOIN events ev ON ev.workspace_id = w.workspace_id
+    WHERE w.id = $1 AND ev.occurred_at >= $2
+      AND (w.events = '{}' OR ev.type = ANY(w.events))
+      AND ($4::text[] IS NULL OR ev.type = ANY($4))
+    UNION ALL
+    SELECT w.workspace_id, NULL, w.id, r.message_id
+    FROM webhooks w JOIN received r ON r.workspace_id = w.workspace_id
+    WHERE w.id = $1 AND r.received_at >= $2
+      AND (w.events = '{}' OR 'inbound.received' = ANY(w.events))
+      AND ($4::text[] IS NULL OR 'inbound.received' = ANY($4))";
+
+/// Queues a new delivery to the target of everything it takes since `since` (of `types`,
+/// when given); 202 with how many.
+pub(crate) async fn replay<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<Since>,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_endpoint(&state.db, &caller, id).await?;
+    let types = body.types.map(crate::webhooks::event_types).transpose()?;
+    require(&state.db, O::OWNER, &caller, id).await?;
     let js = jetstream(&state)?;
     let now = now_unix();
-    let queued: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
-                               next_attempt_at, created_at, updated_at)
-         SELECT gen_random_uuid(), e.workspace_id, e.id, r.message_id, 'replay', 'pending',
-                $3, $3, $3
-         FROM endpoints e JOIN received r ON r.address_id = e.address_id
-         WHERE e.id = $1 AND r.received_at >= $2
-         RETURNING id",
-    )
+    let what = match O::OWNER {
+        Owner::Endpoint => ENDPOINT_REPLAY,
+        Owner::Webhook => WEBHOOK_REPLAY,
+    };
+    let queued: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id, origin,
+                               status, next_attempt_at, created_at, updated_at)
+         SELECT gen_random_uuid(), t.workspace_id, t.endpoint_id, t.webhook_id, t.message_id,
+                'replay', 'pending', $3, $3, $3
+         FROM ({what}) AS t
+         RETURNING id"
+    ))
     .bind(id)
     .bind(body.since)
     .bind(now)
+    .bind(types)
     .fetch_all(&state.db)
     .await?;
     // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the sweep.
@@ -242,23 +328,74 @@ fn sample(address_id: Uuid) -> InboundMessageReply {
     }
 }
 
-/// Sends a signed sample payload to the endpoint now and answers what the receiver said.
-pub(crate) async fn test(
+/// A sample delivery event: a message sent to `sample@postmesh.test`.
+fn sample_event(kind: &str) -> DeliveryEvent {
+    DeliveryEvent {
+        event_id: Uuid::nil().to_string(),
+        task_id: Uuid::nil().to_string(),
+        delivery_id: Uuid::nil().to_string(),
+        email: "sample@postmesh.test".into(),
+        kind: kind.trim_start_matches("email.").into(),
+        occurred_at: now_unix(),
+        detail: "{}".into(),
+        sequence: 1,
+        from_address: "sender@example.com".into(),
+        from_name: "Postmesh test".into(),
+        subject: "A test delivery from Postmesh".into(),
+        email_type: "transactional".into(),
+        message_id: "<sample@postmesh.test>".into(),
+        ..Default::default()
+    }
+}
+
+/// The sample body a test delivery to target `id` carries: an endpoint's in its shape, a
+/// webhook's of the first type it takes.
+async fn sample_body(
+    state: &AppState, owner: Owner, id: Uuid, shape: Shape,
+) -> Result<Vec<u8>, ApiError> {
+    let encoded = match owner {
+        Owner::Endpoint => {
+            let address_id: Uuid =
+                sqlx::query_scalar("SELECT address_id FROM endpoints WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&state.db)
+                    .await?;
+            let sample = sample(address_id);
+            let shape = Shape {
+                max_body_bytes: usize::MAX,
+                ..shape
+            };
+            serde_json::to_vec(&Event::received(
+                &sample,
+                Uuid::nil().to_string(),
+                shape,
+                now_rfc3339(),
+            ))
+        }
+        Owner::Webhook => {
+            let types: Vec<String> =
+                sqlx::query_scalar("SELECT events FROM webhooks WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&state.db)
+                    .await?;
+            let kind = types
+                .into_iter()
+                .find(|t| t.starts_with("email."))
+                .unwrap_or_else(|| "email.sent".into());
+            let data = crate::events::data(&sample_event(&kind));
+            serde_json::to_vec(&payload::Envelope::new(&kind, now_rfc3339(), &data))
+        }
+    };
+    encoded.map_err(|e| ApiError::internal("encoding", e))
+}
+
+/// Sends a signed sample payload to the target now and answers what the receiver said.
+pub(crate) async fn test<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Tested>, ApiError> {
-    require_endpoint(&state.db, &caller, id).await?;
-    let target = crate::deliver::ready_endpoint(&state, id).await?;
-    let address_id: Uuid = sqlx::query_scalar("SELECT address_id FROM endpoints WHERE id = $1")
-        .bind(id)
-        .fetch_one(&state.db)
-        .await?;
-    let shape = Shape {
-        max_body_bytes: usize::MAX,
-        ..target.shape
-    };
-    let sample = sample(address_id);
-    let event = Event::received(&sample, Uuid::nil().to_string(), shape, now_rfc3339());
-    let body = serde_json::to_vec(&event).map_err(|e| ApiError::internal("encoding", e))?;
+    require(&state.db, O::OWNER, &caller, id).await?;
+    let target = crate::deliver::ready_target(&state, O::OWNER, id).await?;
+    let body = sample_body(&state, O::OWNER, id, target.shape).await?;
     let keys: Vec<&[u8]> = target.keys.iter().map(Vec::as_slice).collect();
     let webhook_id = payload::webhook_id(Uuid::now_v7());
     let answer = state

@@ -1,5 +1,7 @@
-//! The delivery worker: the WEBHOOK queue on the kit's queue worker. Each job is one
-//! attempt row: prepare reads its target and asks the inbound service for the message;
+//! The delivery worker: the WEBHOOK queue on the kit's queue worker. Each job is a list of
+//! attempt rows: prepare reads their targets (an inbox endpoint, a workspace webhook or the
+//! default webhook) and what they carry (a stored delivery event, or a received message
+//! asked of the inbound service);
 //! the claim takes the attempt's lease; the work renders, signs and POSTs it, each target
 //! limited to `WEBHOOK_ENDPOINT_CONCURRENCY` at once (a busy target's job is handed back, so
 //! it never holds up another's); the record writes the outcome and the target's health (a
@@ -13,6 +15,8 @@ use std::time::Duration;
 use prost::Message as _;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
+use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
@@ -27,6 +31,7 @@ use postmesh_shared::queue::{
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{nats, Namespace, Runtime};
 
+use crate::attempts::Owner;
 use crate::endpoints::BodyFormat;
 use crate::payload::{self, Event, Shape};
 use crate::target::Reach;
@@ -150,14 +155,18 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
 }
 
-/// Where an attempt goes and how, read with it.
+/// Where an attempt goes and how, and what it carries, read with it.
 #[derive(sqlx::FromRow)]
 struct AttemptRow {
     id: Uuid,
     attempt_count: i32,
     workspace_id: Uuid,
     endpoint_id: Option<Uuid>,
+    webhook_id: Option<Uuid>,
     message_id: Uuid,
+    /// The delivery event's type and data, for an attempt of one.
+    event_type: Option<String>,
+    event_data: Option<Json<Value>>,
     url: Option<String>,
     active: Option<bool>,
     body_format: Option<BodyFormat>,
@@ -167,18 +176,25 @@ struct AttemptRow {
     previous_secret_until: Option<i64>,
 }
 
-/// Reads attempts `ids` with their targets (an endpoint, or the workspace's default webhook).
+/// Reads attempts `ids` with their targets (an endpoint, a webhook, or the workspace's
+/// default webhook) and, for an event's attempt, the event.
 const ATTEMPTS_WITH_TARGETS: &str = "
-    SELECT a.id, a.attempt_count, a.workspace_id, a.endpoint_id, a.message_id,
-        COALESCE(e.url, d.url) AS url, COALESCE(e.active, d.active) AS active,
+    SELECT a.id, a.attempt_count, a.workspace_id, a.endpoint_id, a.webhook_id, a.message_id,
+        ev.type AS event_type, ev.data AS event_data,
+        COALESCE(e.url, w.url, d.url) AS url, COALESCE(e.active, w.active, d.active) AS active,
         COALESCE(e.body_format, d.body_format) AS body_format,
         COALESCE(e.strip_quotes, d.strip_quotes) AS strip_quotes,
-        COALESCE(e.secret_sealed, d.secret_sealed) AS secret_sealed,
-        COALESCE(e.previous_secret_sealed, d.previous_secret_sealed) AS previous_secret_sealed,
-        COALESCE(e.previous_secret_until, d.previous_secret_until) AS previous_secret_until
+        COALESCE(e.secret_sealed, w.secret_sealed, d.secret_sealed) AS secret_sealed,
+        COALESCE(e.previous_secret_sealed, w.previous_secret_sealed, d.previous_secret_sealed)
+            AS previous_secret_sealed,
+        COALESCE(e.previous_secret_until, w.previous_secret_until, d.previous_secret_until)
+            AS previous_secret_until
     FROM attempts a
     LEFT JOIN endpoints e ON e.id = a.endpoint_id
-    LEFT JOIN default_webhooks d ON a.endpoint_id IS NULL AND d.workspace_id = a.workspace_id
+    LEFT JOIN webhooks w ON w.id = a.webhook_id
+    LEFT JOIN default_webhooks d ON a.endpoint_id IS NULL AND a.webhook_id IS NULL
+        AND d.workspace_id = a.workspace_id
+    LEFT JOIN events ev ON ev.id = a.message_id
     WHERE a.id = ANY($1)";
 
 /// A target ready to be posted to.
@@ -189,12 +205,20 @@ pub struct Ready {
     pub keys: Vec<Vec<u8>>,
 }
 
+/// What a delivery carries.
+enum Content {
+    /// A received message (`inbound.received`), shared by its targets.
+    Message(Arc<InboundMessageReply>, Uuid),
+    /// A delivery event: its type and data.
+    Event(String, Value),
+}
+
 /// One attempt ready to be made.
 pub struct Delivery {
     ready: Ready,
-    message: Arc<InboundMessageReply>,
-    message_id: Uuid,
-    /// Its endpoint, or for the default webhook its workspace: what slots are counted by.
+    content: Content,
+    /// Its endpoint or webhook, or for the default webhook its workspace: what slots are
+    /// counted by.
     target: Uuid,
     attempt_count: i32,
 }
@@ -277,15 +301,16 @@ pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> an
 
 fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result<Ready, String> {
     let (Some(url), Some(sealed)) = (&row.url, &row.secret_sealed) else {
-        return Err(match row.endpoint_id {
-            Some(_) => "the endpoint was deleted".into(),
-            None => "the workspace has no default webhook".into(),
+        return Err(match (row.endpoint_id, row.webhook_id) {
+            (Some(_), _) => "the endpoint was deleted".into(),
+            (_, Some(_)) => "the webhook was deleted".into(),
+            _ => "the workspace has no default webhook".into(),
         });
     };
     if row.active != Some(true) {
         return Err("the endpoint is disabled".into());
     }
-    let owner = row.endpoint_id.unwrap_or(row.workspace_id);
+    let owner = target_of(row);
     let open = |sealed: &[u8]| {
         secrets
             .open(owner.as_bytes(), sealed)
@@ -309,22 +334,38 @@ fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result
     })
 }
 
-/// Endpoint `id`, ready to post to whether active or not (a test delivery).
-pub async fn ready_endpoint(
-    state: &AppState, id: Uuid,
+/// Its endpoint or webhook, or for the default webhook its workspace.
+fn target_of(row: &AttemptRow) -> Uuid {
+    row.endpoint_id
+        .or(row.webhook_id)
+        .unwrap_or(row.workspace_id)
+}
+
+/// Endpoint or webhook `id`, ready to post to whether active or not (a test delivery).
+pub async fn ready_target(
+    state: &AppState, owner: Owner, id: Uuid,
 ) -> Result<Ready, postmesh_shared::ApiError> {
-    let row: AttemptRow = sqlx::query_as(
-        "SELECT id, 0 AS attempt_count, workspace_id, id AS endpoint_id, id AS message_id, url,
-             true AS active,
-             body_format, strip_quotes, secret_sealed, previous_secret_sealed,
-             previous_secret_until
-         FROM endpoints WHERE id = $1",
-    )
+    let (table, endpoint, webhook, shape) = match owner {
+        Owner::Endpoint => ("endpoints", "id", "NULL::uuid", "body_format, strip_quotes"),
+        Owner::Webhook => (
+            "webhooks",
+            "NULL::uuid",
+            "id",
+            "NULL::text AS body_format, false AS strip_quotes",
+        ),
+    };
+    let row: AttemptRow = sqlx::query_as(&format!(
+        "SELECT id, 0 AS attempt_count, workspace_id, {endpoint} AS endpoint_id,
+             {webhook} AS webhook_id, id AS message_id, NULL::text AS event_type,
+             NULL::jsonb AS event_data, url, true AS active, {shape}, secret_sealed,
+             previous_secret_sealed, previous_secret_until
+         FROM {table} WHERE id = $1"
+    ))
     .bind(id)
     .fetch_one(&state.db)
     .await?;
     ready(&row, &state.secrets, usize::MAX)
-        .map_err(|e| postmesh_shared::ApiError::internal("the endpoint cannot be signed for", e))
+        .map_err(|e| postmesh_shared::ApiError::internal("the target cannot be signed for", e))
 }
 
 /// Asks the inbound service for message `id` of `workspace`, bodies cut a little past
@@ -378,6 +419,16 @@ impl Deliveries {
                     continue;
                 }
             };
+            let (target, attempt_count) = (target_of(&row), row.attempt_count);
+            if let (Some(kind), Some(Json(data))) = (row.event_type, row.event_data) {
+                deliveries.push(Ok(Delivery {
+                    ready,
+                    content: Content::Event(kind, data),
+                    target,
+                    attempt_count,
+                }));
+                continue;
+            }
             let message = match messages.get(&row.message_id) {
                 Some(known) => known.clone(),
                 None => {
@@ -396,10 +447,9 @@ impl Deliveries {
             deliveries.push(match message {
                 Some(message) => Ok(Delivery {
                     ready,
-                    message,
-                    message_id: row.message_id,
-                    target: row.endpoint_id.unwrap_or(row.workspace_id),
-                    attempt_count: row.attempt_count,
+                    content: Content::Message(message, row.message_id),
+                    target,
+                    attempt_count,
                 }),
                 None => Err("the message no longer exists".into()),
             });
@@ -502,13 +552,18 @@ impl Stages for Deliveries {
             .as_ref()
             .map_err(|why| Failure::Permanent(why.clone()))?;
         let _slot = shared.slots[index].lock().expect("slot lock").take();
-        let event = Event::received(
-            &delivery.message,
-            delivery.message_id.to_string(),
-            delivery.ready.shape,
-            now_rfc3339(),
-        );
-        let body = serde_json::to_vec(&event).map_err(|e| Failure::Permanent(e.to_string()))?;
+        let body = match &delivery.content {
+            Content::Message(message, id) => serde_json::to_vec(&Event::received(
+                message,
+                id.to_string(),
+                delivery.ready.shape,
+                now_rfc3339(),
+            )),
+            Content::Event(kind, data) => {
+                serde_json::to_vec(&payload::Envelope::new(kind, now_rfc3339(), data))
+            }
+        }
+        .map_err(|e| Failure::Permanent(e.to_string()))?;
         let keys: Vec<&[u8]> = delivery.ready.keys.iter().map(Vec::as_slice).collect();
         let answer = self
             .state
@@ -612,11 +667,18 @@ async fn record(
              WHERE a.id = u.id
                AND CASE WHEN u.status = 'succeeded' THEN a.status <> 'succeeded'
                         ELSE a.status = 'pending' AND a.lease_owner = u.lease END
-             RETURNING a.id, a.endpoint_id, a.workspace_id, u.status, u.code
+             RETURNING a.id, a.endpoint_id, a.webhook_id, a.workspace_id, u.status, u.code
          ), health AS (
-             SELECT endpoint_id, workspace_id, bool_or(status = 'succeeded') AS ok,
+             SELECT endpoint_id, webhook_id, workspace_id, bool_or(status = 'succeeded') AS ok,
                  bool_or(COALESCE(code, 0) = 410) AS gone
-             FROM done GROUP BY endpoint_id, workspace_id
+             FROM done GROUP BY endpoint_id, webhook_id, workspace_id
+         ), webhooks_seen AS (
+             UPDATE webhooks w
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(w.failing_since, $7) END,
+                 active = w.active AND (h.ok OR NOT (h.gone
+                     OR $7 - COALESCE(w.failing_since, $7) >= $8))
+             FROM health h WHERE h.webhook_id IS NOT NULL AND w.id = h.webhook_id
+               AND (NOT h.ok OR w.failing_since IS NOT NULL)
          ), endpoints_seen AS (
              UPDATE endpoints e
              SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, $7) END,
@@ -629,7 +691,8 @@ async fn record(
              SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, $7) END,
                  active = d.active AND (h.ok OR NOT (h.gone
                      OR $7 - COALESCE(d.failing_since, $7) >= $8))
-             FROM health h WHERE h.endpoint_id IS NULL AND d.workspace_id = h.workspace_id
+             FROM health h WHERE h.endpoint_id IS NULL AND h.webhook_id IS NULL
+               AND d.workspace_id = h.workspace_id
                AND (NOT h.ok OR d.failing_since IS NOT NULL)
          )
          SELECT id FROM done",

@@ -1,12 +1,14 @@
-//! The fan-out: each received message on the INBOUND stream becomes one attempt per active
-//! endpoint of its address — or, when the address has none, one for the workspace's default
-//! webhook (spec §4.7 rule 2) — written in one transaction (at most once per target and
-//! message, whatever redeliveries), then one WEBHOOK job of its pending attempts, then the
-//! ack. A
-//! crash before the ack redelivers the message, which finds its attempts and queues them
-//! again (JetStream drops the repeats by id).
+//! The fan-outs: each message of a source stream becomes durable attempts, one per target
+//! that wants it, written in one statement per batch (at most once per target and message,
+//! whatever redeliveries), then one WEBHOOK job per message of its pending attempts, then
+//! the ack. A crash before the ack redelivers the message, which finds its attempts and
+//! queues them again (JetStream drops the repeats by id). Two sources: INBOUND (this
+//! module: each received message to every active endpoint of its address — or, when the
+//! address has none, to the workspace's default webhook, spec §4.7 rule 2 — and to the
+//! workspace's webhooks taking `inbound.received`) and DELIVERY (`crate::events`).
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +26,8 @@ use postmesh_shared::proto::InboundReceived;
 use postmesh_shared::{Namespace, Runtime};
 
 use crate::deliver::{queue, UNFINISHED};
+use crate::payload::INBOUND_RECEIVED;
 
-/// The durable consumer of INBOUND.
-const CONSUMER: &str = "webhook-dispatcher";
 /// Messages written by one statement at most.
 const BATCH: usize = 64;
 /// Batches in flight at once.
@@ -34,15 +35,15 @@ const BATCHES: usize = 4;
 /// The pause before a message that could not be fanned out is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// What fanning messages out needs.
-struct Fanout {
-    db: PgPool,
-    js: jetstream::Context,
-    ns: Namespace,
+/// The INBOUND fan-out: what it needs.
+pub struct Inbound {
+    pub db: PgPool,
+    pub js: jetstream::Context,
+    pub ns: Namespace,
 }
 
 /// A received message, parsed.
-struct Received {
+pub struct Received {
     message: Uuid,
     workspace: Uuid,
     address: Uuid,
@@ -50,7 +51,7 @@ struct Received {
 }
 
 impl Received {
-    fn decode(payload: &[u8]) -> Result<Self, String> {
+    fn parse(payload: &[u8]) -> Result<Self, String> {
         let event = InboundReceived::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
         let id = |raw: &str, what: &str| {
             Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
@@ -64,16 +65,33 @@ impl Received {
     }
 }
 
-/// Consumes INBOUND until the runtime shuts down; fan-outs in progress finish first.
-pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
+/// One source of fan-outs: how its messages parse, and how a batch of them becomes
+/// attempts and jobs.
+pub trait Source: Send + Sync + 'static {
+    /// A parsed message.
+    type Item: Send + Sync + 'static;
+    /// The stream read, and the durable consumer that reads it.
+    const STREAM: Stream;
+    const CONSUMER: &'static str;
+
+    /// Parses a message; the error says why it can never be fanned out.
+    fn decode(&self, payload: &[u8]) -> Result<Self::Item, String>;
+
+    /// Writes the attempts of a batch (once) and queues their jobs.
+    fn fan_out(&self, batch: &[&Self::Item]) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Consumes `source`'s stream until the runtime shuts down, in batches of up to [`BATCH`]
+/// messages, [`BATCHES`] at once; fan-outs in progress finish first.
+pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
     let ns = &rt.common.namespace;
     Stream::Webhook.ensure(&rt.js, ns).await?;
-    let stream = Stream::Inbound.ensure(&rt.js, ns).await?;
+    let stream = S::STREAM.ensure(&rt.js, ns).await?;
     let consumer = stream
         .get_or_create_consumer(
-            CONSUMER,
+            S::CONSUMER,
             pull::Config {
-                durable_name: Some(CONSUMER.into()),
+                durable_name: Some(S::CONSUMER.into()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
                 max_ack_pending: (2 * BATCH * BATCHES) as i64,
@@ -81,18 +99,14 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
             },
         )
         .await
-        .map_err(|e| anyhow::anyhow!("creating the INBOUND consumer: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("creating the {} consumer: {e}", S::CONSUMER))?;
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(BATCH)
         .messages()
         .await
-        .map_err(|e| anyhow::anyhow!("pulling from INBOUND: {e}"))?;
-    let fanout = Arc::new(Fanout {
-        db: rt.db.clone(),
-        js: rt.js.clone(),
-        ns: ns.clone(),
-    });
+        .map_err(|e| anyhow::anyhow!("pulling for {}: {e}", S::CONSUMER))?;
+    let source = Arc::new(source);
     let (tracker, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
     let slots = Arc::new(Semaphore::new(BATCHES));
     rt.tracker.spawn(async move {
@@ -104,7 +118,7 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
             let mut batch = match first {
                 Some(Ok(msg)) => vec![msg],
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "INBOUND pull failed; retrying");
+                    tracing::warn!(error = %e, consumer = S::CONSUMER, "pull failed; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
@@ -118,9 +132,9 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
                 }
             }
             let slot = slots.clone().acquire_owned().await;
-            let fanout = fanout.clone();
+            let source = source.clone();
             tracker.spawn(async move {
-                fanout.handle(batch).await;
+                handle(&*source, batch).await;
                 drop(slot);
             });
         }
@@ -128,34 +142,64 @@ pub async fn spawn(rt: &Runtime) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Fanout {
-    /// Fans a batch of INBOUND messages out and acknowledges each as it went.
-    async fn handle(&self, batch: Vec<jetstream::Message>) {
-        let mut good = Vec::with_capacity(batch.len());
-        for msg in batch {
-            match Received::decode(&msg.payload) {
-                Ok(received) => good.push((msg, received)),
-                Err(reason) => {
-                    tracing::error!(%reason, "an INBOUND message that can never be fanned out");
-                    let _ = msg.ack_with(AckKind::Term).await;
-                }
+/// Fans a batch of messages out and acknowledges each as it went.
+async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
+    let mut good = Vec::with_capacity(batch.len());
+    for msg in batch {
+        match source.decode(&msg.payload) {
+            Ok(item) => good.push((msg, item)),
+            Err(reason) => {
+                tracing::error!(%reason, consumer = S::CONSUMER, "a message that can never be fanned out");
+                let _ = msg.ack_with(AckKind::Term).await;
             }
         }
-        if good.is_empty() {
-            return;
+    }
+    if good.is_empty() {
+        return;
+    }
+    let items: Vec<&S::Item> = good.iter().map(|(_, r)| r).collect();
+    let outcome = source.fan_out(&items).await;
+    let acks = good.iter().map(|(msg, _)| async {
+        match &outcome {
+            Ok(()) => msg.ack().await,
+            Err(_) => msg.ack_with(AckKind::Nak(Some(RETRY))).await,
         }
-        let received: Vec<&Received> = good.iter().map(|(_, r)| r).collect();
-        let outcome = self.fan_out(&received).await;
-        let acks = good.iter().map(|(msg, _)| async {
-            match &outcome {
-                Ok(()) => msg.ack().await,
-                Err(_) => msg.ack_with(AckKind::Nak(Some(RETRY))).await,
-            }
-        });
-        futures::future::join_all(acks).await;
-        if let Err(e) = outcome {
-            tracing::warn!(error = %e, count = good.len(), "fan-out failed; will retry");
-        }
+    });
+    futures::future::join_all(acks).await;
+    if let Err(e) = outcome {
+        tracing::warn!(error = %e, count = good.len(), consumer = S::CONSUMER, "fan-out failed; will retry");
+    }
+}
+
+/// The arbiter of the fan-outs' inserts: an attempt per subject and target, once.
+pub const ONCE: &str = "(message_id, (COALESCE(endpoint_id, webhook_id, workspace_id)))
+    WHERE origin IN ('inbound', 'event')";
+
+/// Queues one job per subject (message or event) of its pending `(attempt, subject)`s, the
+/// same again if the source redelivers it.
+pub async fn queue_jobs(
+    js: &jetstream::Context, ns: &Namespace, pending: Vec<(Uuid, Uuid)>,
+) -> Result<(), String> {
+    let mut jobs: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    for (attempt, subject) in pending {
+        jobs.entry(subject).or_default().push(attempt);
+    }
+    let publishes = jobs.iter().map(|(subject, attempts)| async move {
+        queue(js, ns, attempts, &format!("{subject}:fanout")).await
+    });
+    futures::future::try_join_all(publishes)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+impl Source for Inbound {
+    type Item = Received;
+    const STREAM: Stream = Stream::Inbound;
+    const CONSUMER: &'static str = "webhook-dispatcher";
+
+    fn decode(&self, payload: &[u8]) -> Result<Received, String> {
+        Received::parse(payload)
     }
 
     /// Writes the messages' attempts (once), then queues each message's pending ones.
@@ -184,19 +228,22 @@ impl Fanout {
                  JOIN endpoints e ON e.address_id = m.address_id
                      AND e.workspace_id = m.workspace_id AND e.active
              ), target AS (
-                 SELECT message_id, id FROM endpoint
+                 SELECT message_id, id AS endpoint_id, NULL::uuid AS webhook_id FROM endpoint
                  UNION ALL
-                 SELECT m.message_id, NULL::uuid FROM m
+                 SELECT m.message_id, NULL, NULL FROM m
                  JOIN default_webhooks d ON d.workspace_id = m.workspace_id AND d.active
                  WHERE NOT EXISTS (SELECT 1 FROM endpoint WHERE endpoint.message_id = m.message_id)
+                 UNION ALL
+                 SELECT m.message_id, NULL, w.id FROM m
+                 JOIN webhooks w ON w.workspace_id = m.workspace_id AND w.active
+                     AND (w.events = '{{}}' OR '{INBOUND_RECEIVED}' = ANY(w.events))
              ), made AS (
-                 INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
-                                       next_attempt_at, created_at, updated_at)
-                 SELECT gen_random_uuid(), m.workspace_id, target.id, m.message_id, 'inbound',
-                        'pending', $5, $5, $5
+                 INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id,
+                                       origin, status, next_attempt_at, created_at, updated_at)
+                 SELECT gen_random_uuid(), m.workspace_id, target.endpoint_id,
+                        target.webhook_id, m.message_id, 'inbound', 'pending', $5, $5, $5
                  FROM target JOIN m USING (message_id)
-                 ON CONFLICT (message_id, (COALESCE(endpoint_id, workspace_id)))
-                     WHERE origin = 'inbound' DO NOTHING
+                 ON CONFLICT {ONCE} DO NOTHING
                  RETURNING id, message_id
              )
              SELECT id, message_id FROM made
@@ -212,17 +259,6 @@ impl Fanout {
         .fetch_all(&self.db)
         .await
         .map_err(|e| e.to_string())?;
-        let mut jobs: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
-        for (attempt, message) in pending {
-            jobs.entry(message).or_default().push(attempt);
-        }
-        // One job per message, the same again if INBOUND redelivers it.
-        let publishes = jobs.iter().map(|(message, attempts)| async move {
-            queue(&self.js, &self.ns, attempts, &format!("{message}:fanout")).await
-        });
-        futures::future::try_join_all(publishes)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        queue_jobs(&self.js, &self.ns, pending).await
     }
 }

@@ -1,16 +1,19 @@
-//! The webhook dispatcher: inbox webhook endpoints and the workspace default webhook, and
-//! the delivery of every received message to them — fanned out from the INBOUND stream into
-//! durable attempts, each a signed POST on the WEBHOOK stream, retried on a schedule.
+//! The webhook dispatcher: inbox webhook endpoints, the workspace default webhook and
+//! workspace webhooks of delivery events, and the delivery of every received message and
+//! delivery event to them — fanned out from the INBOUND and DELIVERY streams into durable
+//! attempts, each a signed POST on the WEBHOOK stream, retried on a schedule.
 
 pub mod attempts;
 pub mod defaults;
 pub mod deliver;
 pub mod endpoints;
+pub mod events;
 pub mod fanout;
 pub mod payload;
 pub mod quotes;
 pub mod secret;
 pub mod target;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,6 +26,7 @@ use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 use postmesh_shared::{Common, Namespace, Routes, Running, Runtime, Service};
 
+use attempts::{Endpoints, Webhooks};
 use deliver::Sender;
 use target::Reach;
 
@@ -207,10 +211,20 @@ fn routes() -> Routes<AppState> {
         .at(api::DEFAULT_SET, defaults::put)
         .at(api::DEFAULT, defaults::show)
         .at(api::DEFAULT_DELETE, defaults::remove)
-        .at(api::ATTEMPTS, attempts::list)
-        .at(api::ATTEMPT_RETRY, attempts::retry)
-        .at(api::REPLAY, attempts::replay)
-        .at(api::TEST, attempts::test)
+        .at(api::ATTEMPTS, attempts::list::<Endpoints>)
+        .at(api::ATTEMPT_RETRY, attempts::retry::<Endpoints>)
+        .at(api::REPLAY, attempts::replay::<Endpoints>)
+        .at(api::TEST, attempts::test::<Endpoints>)
+        .at(api::WEBHOOKS, webhooks::list)
+        .at(api::WEBHOOK_CREATE, webhooks::create)
+        .at(api::EVENT_TYPES, webhooks::types)
+        .at(api::WEBHOOK, webhooks::show)
+        .at(api::WEBHOOK_UPDATE, webhooks::update)
+        .at(api::WEBHOOK_DELETE, webhooks::remove)
+        .at(api::WEBHOOK_ATTEMPTS, attempts::list::<Webhooks>)
+        .at(api::WEBHOOK_ATTEMPT_RETRY, attempts::retry::<Webhooks>)
+        .at(api::WEBHOOK_REPLAY, attempts::replay::<Webhooks>)
+        .at(api::WEBHOOK_TEST, attempts::test::<Webhooks>)
 }
 
 /// The dispatcher's HTTP router.
@@ -218,8 +232,8 @@ pub fn router(state: AppState) -> Router {
     routes().into_router(SERVICE.routes(), state)
 }
 
-/// Starts the dispatcher: its routes on NATS, the INBOUND fan-out, the delivery worker and
-/// the sweep that republishes attempts whose job was lost.
+/// Starts the dispatcher: its routes on NATS, the INBOUND and DELIVERY fan-outs, the
+/// delivery worker and the sweep that republishes attempts whose job was lost.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
     if config.allow_insecure {
@@ -236,7 +250,18 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         reach,
         nats: Some(rt.nats.clone()),
     };
-    fanout::spawn(&rt).await?;
+    let inbound = fanout::Inbound {
+        db: rt.db.clone(),
+        js: rt.js.clone(),
+        ns: rt.common.namespace.clone(),
+    };
+    fanout::spawn(&rt, inbound).await?;
+    let deliveries = events::Deliveries {
+        db: rt.db.clone(),
+        js: rt.js.clone(),
+        ns: rt.common.namespace.clone(),
+    };
+    fanout::spawn(&rt, deliveries).await?;
     deliver::spawn(&rt, state.clone(), &config.delivery).await?;
     attempts::sweep(&rt);
     rt.serve(rt.host().http(router(state))).await?;

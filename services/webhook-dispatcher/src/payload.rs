@@ -1,5 +1,5 @@
 //! What a delivery sends: the `inbound.received` event of a message, in the endpoint's body
-//! format, signed as Standard Webhooks says — `webhook-id`, `webhook-timestamp` and
+//! format, or a stored delivery event (`email.*`), signed as Standard Webhooks says — `webhook-id`, `webhook-timestamp` and
 //! `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`, one signature per
 //! secret in force (two while a rotated-out secret still signs).
 
@@ -141,6 +141,27 @@ impl<'m> Event<'m> {
                     dmarc: &m.dmarc,
                 },
             },
+        }
+    }
+}
+
+/// The JSON body of a delivery event's delivery: its stored type and data, stamped now.
+#[derive(Debug, Serialize)]
+pub struct Envelope<'e> {
+    #[serde(rename = "type")]
+    pub kind: &'e str,
+    /// When this delivery was made (RFC 3339).
+    pub timestamp: String,
+    pub data: &'e serde_json::Value,
+}
+
+impl<'e> Envelope<'e> {
+    /// The body of event `kind` with `data`, made at `now`.
+    pub fn new(kind: &'e str, now: String, data: &'e serde_json::Value) -> Self {
+        Self {
+            kind,
+            timestamp: now,
+            data,
         }
     }
 }

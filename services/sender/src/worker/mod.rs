@@ -19,10 +19,11 @@ use uuid::Uuid;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
 use postmesh_shared::queue::{self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing};
-use postmesh_shared::{DeliveryId, JobId, Namespace, Runtime, TaskId, WorkspaceId};
+use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
 use postmesh_shared::db::now_unix;
 
+use crate::events::Outlet;
 use crate::request::EmailType;
 use crate::tasks::{self, LoadedTask};
 use crate::transport::{Transport, TransportError};
@@ -70,10 +71,9 @@ pub(crate) struct Letter {
 /// The sender's stages.
 struct Delivery {
     db: PgPool,
-    ns: Namespace,
     transport: Transport,
-    /// The domain of the Message-IDs made here.
-    message_id_domain: String,
+    /// Where delivery events go; its domain is that of the Message-IDs made here.
+    outlet: Outlet,
     /// Tasks recently delivered, so a task's jobs do not each read it again.
     tasks: cache::TaskCache,
     /// Signs the one-click unsubscribe links of marketing and lifecycle mail.
@@ -94,14 +94,13 @@ impl Delivery {
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
 pub async fn spawn(
-    rt: &Runtime, transport: Transport, config: WorkerConfig, message_id_domain: &str,
+    rt: &Runtime, transport: Transport, config: WorkerConfig, outlet: Outlet,
     unsubscribe: Option<Unsubscribe>,
 ) -> anyhow::Result<()> {
     let stages = Delivery {
         db: rt.db.clone(),
-        ns: rt.common.namespace.clone(),
         transport,
-        message_id_domain: message_id_domain.to_owned(),
+        outlet,
         tasks: cache::TaskCache::default(),
         unsubscribe,
     };
@@ -215,7 +214,7 @@ impl Stages for Delivery {
 
     async fn work(&self, job: &Job, letter: &Letter, index: usize) -> Result<String, Failure> {
         let (id, to) = job.message(index);
-        let message_id = format!("<{id}@{}>", self.message_id_domain);
+        let message_id = format!("<{id}@{}>", self.outlet.message_id_domain);
         let draft = match (&job.body, &letter.task) {
             (Body::Code { email, .. }, _) => message::Draft::of_code(email, message_id),
             (Body::Slice { .. }, Some(task)) => {
@@ -237,7 +236,7 @@ impl Stages for Delivery {
     }
 
     async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
-        record::record_batch(&self.db, &self.ns, rows)
+        record::record_batch(&self.db, &self.outlet, rows)
             .await
             .map_err(|e| e.to_string())
     }

@@ -8,9 +8,8 @@ use uuid::Uuid;
 use serde_json::json;
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::Namespace;
 
-use crate::events::{self, Kind, NewEvent};
+use crate::events::{self, Kind, NewEvent, Outlet};
 use postmesh_shared::queue::{RecordRow, Verdict};
 
 /// A message whose outcome was written.
@@ -53,7 +52,7 @@ fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
 /// that went out is a `sent` delivery event, one given up on a `failed` one, in the same
 /// transaction.
 pub(super) async fn record_batch(
-    db: &PgPool, ns: &Namespace, rows: Vec<RecordRow>,
+    db: &PgPool, outlet: &Outlet, rows: Vec<RecordRow>,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let columns: Vec<_> = rows.iter().map(|r| columns(&r.verdict)).collect();
     let now = now_unix();
@@ -108,7 +107,7 @@ pub(super) async fn record_batch(
             })
         })
         .collect();
-    events::record(&mut tx, ns, &finals).await?;
+    events::record(&mut tx, outlet, &finals).await?;
     tx.commit().await?;
     let written: HashSet<Uuid> = written.into_iter().map(|w| w.delivery_id).collect();
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())

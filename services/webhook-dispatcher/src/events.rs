@@ -1,0 +1,190 @@
+//! The DELIVERY fan-out: each delivery event the sender publishes becomes an `email.<kind>`
+//! event, stored once (its deliveries carry it, a replay sends it again), and one attempt
+//! per active webhook of its workspace that takes its type — all written in one statement
+//! per batch, then one WEBHOOK job per event.
+
+use std::collections::HashSet;
+
+use async_nats::jetstream;
+use prost::Message as _;
+use serde_json::{json, Map, Value};
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::DeliveryEvent;
+use postmesh_shared::Namespace;
+
+use crate::deliver::UNFINISHED;
+use crate::fanout::{queue_jobs, Source, ONCE};
+
+/// The DELIVERY fan-out: what it needs.
+pub struct Deliveries {
+    pub db: PgPool,
+    pub js: jetstream::Context,
+    pub ns: Namespace,
+}
+
+/// A delivery event as its webhooks get it.
+pub struct Event {
+    id: Uuid,
+    workspace: Uuid,
+    /// `email.<kind>`.
+    kind: String,
+    occurred_at: i64,
+    data: Value,
+}
+
+/// `Some(s)` unless `s` is empty.
+fn given(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl Event {
+    /// Parses a `DeliveryEvent`; its payload's `data` is made here, once.
+    pub fn parse(payload: &[u8]) -> Result<Self, String> {
+        let e = DeliveryEvent::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        let id = |raw: &str, what: &str| {
+            Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
+        };
+        if e.kind.is_empty() || !e.kind.bytes().all(|b| b.is_ascii_lowercase()) {
+            return Err(format!("kind {:?} is not an event kind", e.kind));
+        }
+        Ok(Self {
+            id: id(&e.event_id, "event_id")?,
+            workspace: id(&e.workspace_id, "workspace_id")?,
+            kind: format!("email.{}", e.kind),
+            occurred_at: e.occurred_at,
+            data: data(&e),
+        })
+    }
+}
+
+/// The payload's `data` of event `e`: its send's labels, never the message's body; a
+/// `reason` (and a bounce's `bounceType`) when the event says why.
+pub fn data(e: &DeliveryEvent) -> Value {
+    let detail: Value = serde_json::from_str(&e.detail).unwrap_or(Value::Null);
+    let text = |key: &str| detail[key].as_str().filter(|s| !s.is_empty());
+    let from = given(&e.from_address)
+        .map(|address| json!({ "address": address, "name": given(&e.from_name) }));
+    let mut data = json!({
+        "taskId": given(&e.task_id),
+        "deliveryId": given(&e.delivery_id),
+        "email": e.email,
+        "from": from,
+        "subject": given(&e.subject),
+        "emailType": given(&e.email_type),
+        "topic": given(&e.topic).or_else(|| text("topic")),
+        "campaignKey": given(&e.campaign_key),
+        "messageId": given(&e.message_id),
+        "providerMessageId": given(&e.provider_message_id).or_else(|| text("providerMessageId")),
+        "sequence": e.sequence,
+        "sourceApp": given(&e.source_app),
+        "businessGoal": given(&e.business_goal),
+    });
+    let object: &mut Map<String, Value> = data.as_object_mut().expect("an object");
+    if let Some(reason) = text("reason").or_else(|| text("delayType")) {
+        object.insert("reason".into(), reason.into());
+    }
+    if let Some(bounce_type) = text("bounceType") {
+        object.insert("bounceType".into(), bounce_type.into());
+    }
+    data
+}
+
+impl Source for Deliveries {
+    type Item = Event;
+    const STREAM: Stream = Stream::Delivery;
+    const CONSUMER: &'static str = "webhook-dispatcher-events";
+
+    fn decode(&self, payload: &[u8]) -> Result<Event, String> {
+        Event::parse(payload)
+    }
+
+    /// Stores the events (once), writes an attempt per webhook that takes each (once), and
+    /// queues each event's pending ones.
+    async fn fan_out(&self, batch: &[&Event]) -> Result<(), String> {
+        let mut seen = HashSet::new();
+        let batch: Vec<&Event> = batch
+            .iter()
+            .copied()
+            .filter(|e| seen.insert(e.id))
+            .collect();
+        // One statement, as the INBOUND fan-out's: the rows, the new attempts and the
+        // pending ones of an earlier run of the same events.
+        let pending: Vec<(Uuid, Uuid)> = sqlx::query_as(&format!(
+            "WITH ev AS (
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[],
+                                      $5::jsonb[])
+                     AS ev(id, workspace_id, type, occurred_at, data)
+             ), seen AS (
+                 INSERT INTO events (id, workspace_id, type, occurred_at, data)
+                 SELECT * FROM ev ON CONFLICT DO NOTHING
+             ), made AS (
+                 INSERT INTO attempts (id, workspace_id, webhook_id, message_id, origin, status,
+                                       next_attempt_at, created_at, updated_at)
+                 SELECT gen_random_uuid(), ev.workspace_id, w.id, ev.id, 'event', 'pending',
+                        $6, $6, $6
+                 FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.active
+                     AND (w.events = '{{}}' OR ev.type = ANY(w.events))
+                 ON CONFLICT {ONCE} DO NOTHING
+                 RETURNING id, message_id
+             )
+             SELECT id, message_id FROM made
+             UNION
+             SELECT id, message_id FROM attempts
+             WHERE message_id = ANY($1) AND origin = 'event' AND {UNFINISHED}"
+        ))
+        .bind(batch.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| e.workspace).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| Json(&e.data)).collect::<Vec<_>>())
+        .bind(now_unix())
+        .fetch_all(&self.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        queue_jobs(&self.js, &self.ns, pending).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_carries_labels_and_reasons_but_no_body() {
+        let e = DeliveryEvent {
+            event_id: Uuid::nil().to_string(),
+            workspace_id: Uuid::nil().to_string(),
+            kind: "bounced".into(),
+            detail: r#"{"reason":"550 no such user","bounceType":"Permanent"}"#.into(),
+            sequence: 7,
+            email: "a@b.example".into(),
+            from_address: "me@x.example".into(),
+            subject: "Hi".into(),
+            ..Default::default()
+        };
+        let d = data(&e);
+        assert_eq!(d["reason"], "550 no such user");
+        assert_eq!(d["bounceType"], "Permanent");
+        assert_eq!(d["sequence"], 7);
+        assert_eq!(d["from"]["address"], "me@x.example");
+        assert_eq!(d["taskId"], Value::Null);
+        assert!(d.get("body").is_none() && d.get("html").is_none());
+        let plain = data(&DeliveryEvent {
+            detail: "{}".into(),
+            ..e
+        });
+        assert!(plain.get("reason").is_none() && plain.get("bounceType").is_none());
+        let bad = DeliveryEvent {
+            event_id: Uuid::nil().to_string(),
+            workspace_id: Uuid::nil().to_string(),
+            kind: "Sent.x".into(),
+            ..Default::default()
+        };
+        assert!(Event::parse(&bad.encode_to_vec()).is_err());
+    }
+}

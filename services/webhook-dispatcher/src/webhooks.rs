@@ -1,0 +1,338 @@
+//! Workspace webhooks as a resource: a URL that gets the workspace's delivery events (and
+//! `inbound.received`, so one endpoint can take everything), filtered by type; at most 20 per
+//! workspace, a URL once per workspace, the URL rules and signing secrets of inbox endpoints.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody};
+use postmesh_shared::{ApiError, Success};
+
+use crate::endpoints::Deleted;
+use crate::payload::INBOUND_RECEIVED;
+use crate::secret::SigningSecret;
+use crate::AppState;
+
+/// Webhooks a workspace may have.
+pub const MAX_PER_WORKSPACE: i64 = 20;
+
+/// Every event type a webhook can take, with what it means.
+pub const EVENT_TYPES: [(&str, &str); 12] = [
+    (
+        "email.queued",
+        "The send was accepted and the message queued for delivery.",
+    ),
+    (
+        "email.scheduled",
+        "The send was accepted to go out at its scheduledAt.",
+    ),
+    (
+        "email.sent",
+        "The message was handed to the mail transport.",
+    ),
+    (
+        "email.delivered",
+        "The recipient's mail server accepted the message.",
+    ),
+    (
+        "email.bounced",
+        "The recipient's mail server refused the message; reason and bounceType say why.",
+    ),
+    (
+        "email.complained",
+        "The recipient reported the message as spam.",
+    ),
+    (
+        "email.rejected",
+        "The mail provider refused to send the message; reason says why.",
+    ),
+    (
+        "email.delayed",
+        "Delivery is delayed and the provider keeps trying.",
+    ),
+    (
+        "email.failed",
+        "Postmesh gave up on the message for good; reason says why.",
+    ),
+    (
+        "email.unsubscribed",
+        "The recipient unsubscribed, by one-click link or at the provider.",
+    ),
+    (
+        "email.cancelled",
+        "The scheduled send was cancelled before it went out.",
+    ),
+    (
+        INBOUND_RECEIVED,
+        "An inbox address of the workspace received a message.",
+    ),
+];
+
+/// A webhook as the API shows it. `events` empty: every type.
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookView {
+    pub id: Uuid,
+    pub url: String,
+    pub events: Vec<String>,
+    /// False once deliveries disabled it (a 410, or failing for WEBHOOK_DISABLE_AFTER_SECS).
+    pub active: bool,
+    pub created_at: i64,
+}
+
+/// The columns of [`WebhookView`].
+const COLUMNS: &str = "id, url, events, active, created_at";
+
+/// `POST /webhooks` answer: the secret, this once.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Created {
+    pub webhook: WebhookView,
+    pub signing_secret: String,
+}
+
+/// One webhook in an answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WebhookPage {
+    pub webhook: WebhookView,
+}
+
+/// `GET /webhooks` answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WebhookList {
+    pub webhooks: Vec<WebhookView>,
+}
+
+/// One event type, listed.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventType {
+    #[serde(rename = "type")]
+    pub name: String,
+    pub description: String,
+}
+
+/// `GET /webhooks/event-types` answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventTypes {
+    pub event_types: Vec<EventType>,
+}
+
+/// Event types as given: each known, each once (in the given order); 400 otherwise.
+pub fn event_types(given: Vec<String>) -> Result<Vec<String>, ApiError> {
+    let mut types: Vec<String> = Vec::with_capacity(given.len());
+    for name in given {
+        if !EVENT_TYPES.iter().any(|(known, _)| *known == name) {
+            return Err(ApiError::BadRequest(format!(
+                "{name:?} is not an event type (GET /webhooks/event-types lists them)"
+            )));
+        }
+        if !types.contains(&name) {
+            types.push(name);
+        }
+    }
+    Ok(types)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct NewWebhook {
+    url: String,
+    #[serde(default)]
+    events: Vec<String>,
+    #[serde(default = "yes")]
+    active: bool,
+    signing_secret: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub(crate) async fn types() -> Success<EventTypes> {
+    Success::new(EventTypes {
+        event_types: EVENT_TYPES
+            .iter()
+            .map(|(name, description)| EventType {
+                name: (*name).into(),
+                description: (*description).into(),
+            })
+            .collect(),
+    })
+}
+
+pub(crate) async fn create(
+    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewWebhook>,
+) -> Result<impl IntoResponse, ApiError> {
+    let secret = match &body.signing_secret {
+        Some(raw) => SigningSecret::parse(raw).map_err(ApiError::BadRequest)?,
+        None => SigningSecret::generate(),
+    };
+    let events = event_types(body.events)?;
+    let target = state
+        .reach
+        .check(&body.url)
+        .await
+        .map_err(ApiError::BadRequest)?;
+    let id = Uuid::now_v7();
+    let mut tx = state.db.begin().await?;
+    // A workspace's webhooks are added one at a time, so the limit holds under races.
+    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM webhooks WHERE workspace_id = $1")
+        .bind(caller.workspace)
+        .fetch_one(&mut *tx)
+        .await?;
+    if held >= MAX_PER_WORKSPACE {
+        return Err(ApiError::Conflict(format!(
+            "a workspace has at most {MAX_PER_WORKSPACE} webhooks"
+        )));
+    }
+    let inserted = sqlx::query_as(&format!(
+        "INSERT INTO webhooks (id, workspace_id, url, events, active, secret_sealed, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(caller.workspace)
+    .bind(target.url.as_str())
+    .bind(&events)
+    .bind(body.active)
+    .bind(state.secrets.seal(id.as_bytes(), secret.key()))
+    .bind(now_unix())
+    .fetch_one(&mut *tx)
+    .await;
+    let webhook = match inserted {
+        Ok(webhook) => webhook,
+        Err(e) if db::is_unique_violation(&e) => return Err(url_taken(&target.url)),
+        Err(e) => return Err(e.into()),
+    };
+    tx.commit().await?;
+    let created = Created {
+        webhook,
+        signing_secret: secret.reveal(),
+    };
+    Ok((StatusCode::CREATED, Success::new(created)))
+}
+
+fn url_taken(url: impl std::fmt::Display) -> ApiError {
+    ApiError::Conflict(format!("{url} is already a webhook of this workspace"))
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>, caller: Caller,
+) -> Result<Success<WebhookList>, ApiError> {
+    let webhooks = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM webhooks WHERE workspace_id = $1 ORDER BY created_at, id"
+    ))
+    .bind(caller.workspace)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Success::new(WebhookList { webhooks }))
+}
+
+/// The caller's webhook `id`, or 404.
+pub(crate) async fn owned(db: &PgPool, caller: &Caller, id: Uuid) -> Result<WebhookView, ApiError> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM webhooks WHERE id = $1 AND workspace_id = $2"
+    ))
+    .bind(id)
+    .bind(caller.workspace)
+    .fetch_optional(db)
+    .await?
+    .ok_or_else(|| ApiError::NotFound("no such webhook".into()))
+}
+
+pub(crate) async fn show(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+) -> Result<Success<WebhookPage>, ApiError> {
+    let webhook = owned(&state.db, &caller, id).await?;
+    Ok(Success::new(WebhookPage { webhook }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Changes {
+    url: Option<String>,
+    events: Option<Vec<String>>,
+    active: Option<bool>,
+}
+
+/// Changes a webhook's URL (checked again), types or state; enabling it again clears its
+/// failure record.
+pub(crate) async fn update(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+    JsonBody(changes): JsonBody<Changes>,
+) -> Result<Success<WebhookPage>, ApiError> {
+    let events = changes.events.map(event_types).transpose()?;
+    let current = owned(&state.db, &caller, id).await?;
+    let url = match &changes.url {
+        Some(raw) => state
+            .reach
+            .check(raw)
+            .await
+            .map_err(ApiError::BadRequest)?
+            .url
+            .to_string(),
+        None => current.url,
+    };
+    let updated = sqlx::query_as(&format!(
+        "UPDATE webhooks SET url = $3, events = $4, active = $5,
+             failing_since = CASE WHEN $5 AND NOT active THEN NULL ELSE failing_since END
+         WHERE id = $1 AND workspace_id = $2 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(caller.workspace)
+    .bind(&url)
+    .bind(events.unwrap_or(current.events))
+    .bind(changes.active.unwrap_or(current.active))
+    .fetch_optional(&state.db)
+    .await;
+    match updated {
+        Ok(Some(webhook)) => Ok(Success::new(WebhookPage { webhook })),
+        Ok(None) => Err(ApiError::NotFound("no such webhook".into())),
+        Err(e) if db::is_unique_violation(&e) => Err(url_taken(&url)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes a webhook and its deliveries.
+pub(crate) async fn remove(
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
+) -> Result<Success<Deleted>, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let done = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND workspace_id = $2")
+        .bind(id)
+        .bind(caller.workspace)
+        .execute(&mut *tx)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(ApiError::NotFound("no such webhook".into()));
+    }
+    sqlx::query("DELETE FROM attempts WHERE webhook_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Success::new(Deleted { deleted: true }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types_are_known_and_kept_once() {
+        let given = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            event_types(given(&["email.sent", "email.delivered", "email.sent"])).unwrap(),
+            given(&["email.sent", "email.delivered"])
+        );
+        assert!(event_types(given(&["email.opened"])).is_err());
+        assert!(event_types(given(&[])).unwrap().is_empty());
+        assert_eq!(EVENT_TYPES.len(), 12);
+    }
+}

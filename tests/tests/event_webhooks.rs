@@ -1,0 +1,768 @@
+//! Workspace webhooks of delivery events through the whole path — a send, the sender's
+//! outbox, DELIVERY, the dispatcher, a signed POST — to local receivers that check every
+//! signature as Standard Webhooks says: who gets which types, in sequence order, with
+//! reasons; the resource's rules; retries, retry by hand and replay by type; a slow webhook
+//! beside a fast one; and a dispatcher killed mid-fan-out.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use prost::Message as _;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use postmesh_shared::error::ErrorBody;
+use postmesh_shared::jetstream::{self, Stream};
+use postmesh_shared::proto::{DeliveryEvent, WebhookJob};
+use postmesh_shared::{Success, TaskId};
+use postmesh_tests::fake_sns::FakeSns;
+use postmesh_tests::mta::{ingest, message};
+use postmesh_tests::receiver::{Delivery, Receiver, Reply};
+use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
+use sender::send::SendAnswer;
+use sender::status::TaskProgress;
+use webhook_dispatcher::attempts::{AttemptList, AttemptView, Replayed, Tested};
+use webhook_dispatcher::endpoints::Deleted;
+use webhook_dispatcher::webhooks::{Created, EventTypes, WebhookList, WebhookPage};
+
+/// Creates a webhook posting to `receiver` taking `events` (none: all), which trusts its
+/// secret; its id.
+async fn webhook(stack: &Stack, key: &str, receiver: &Receiver, events: &[&str]) -> Uuid {
+    let created: Success<Created> = stack
+        .client(key)
+        .post(
+            "/webhooks",
+            &json!({ "url": receiver.url("/events"), "events": events }),
+            StatusCode::CREATED,
+        )
+        .await;
+    receiver.trust(&created.body.signing_secret);
+    created.body.webhook.id
+}
+
+/// The webhook's attempts (the newest 100), newest first.
+async fn attempts(stack: &Stack, key: &str, webhook: Uuid) -> Vec<AttemptView> {
+    let list: Success<AttemptList> = stack
+        .client(key)
+        .get(
+            &format!("/webhooks/{webhook}/attempts?limit=100"),
+            StatusCode::OK,
+        )
+        .await;
+    list.body.attempts
+}
+
+/// Waits until `receiver` has `count` deliveries; they.
+async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<Delivery> {
+    eventually(within, || async move {
+        let got = receiver.deliveries();
+        if got.len() >= count {
+            Ok(got)
+        } else {
+            Err((got.len(), receiver.refused()))
+        }
+    })
+    .await
+}
+
+/// Waits until the webhook's attempts are `count`, all with `status`.
+async fn settled(
+    stack: &Stack, key: &str, webhook: Uuid, count: usize, status: &str,
+) -> Vec<AttemptView> {
+    eventually(Duration::from_secs(30), || async move {
+        let list = attempts(stack, key, webhook).await;
+        if list.len() == count && list.iter().all(|a| a.status == status) {
+            Ok(list)
+        } else {
+            Err(format!("{list:?}"))
+        }
+    })
+    .await
+}
+
+/// A quiet moment in which nothing more should arrive.
+async fn quiet() {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+/// The types of `got`, in arrival order.
+fn types(got: &[Delivery]) -> Vec<String> {
+    got.iter()
+        .map(|d| d.body["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Sends `body` (a send request); the task.
+async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
+    let answer: Success<SendAnswer> = stack
+        .client(key)
+        .post("/send-email", &body, StatusCode::OK)
+        .await;
+    answer.body.task_id.expect("a task")
+}
+
+/// The provider's message id of the task's first recipient, once it was sent.
+async fn provider_id(stack: &Stack, key: &str, task: TaskId) -> String {
+    eventually(Duration::from_secs(20), || async move {
+        let progress: Success<TaskProgress> = stack
+            .client(key)
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        let r = progress.body.recipients.into_iter().next().unwrap();
+        r.provider_message_id.ok_or("not sent yet")
+    })
+    .await
+}
+
+/// Posts an SES event about `ses_id` for `to` through the fake SNS; it must be matched.
+async fn notify(stack: &Stack, sns: &FakeSns, sns_id: &str, kind: &str, ses_id: &str, part: Value) {
+    let name = kind.to_lowercase();
+    let mut event = json!({
+        "eventType": kind,
+        "mail": {"timestamp": "2026-11-25T07:00:00.000Z", "messageId": ses_id,
+                 "source": "hello@postmesh.localhost", "destination": ["x@example.com"]},
+    });
+    event[name] = part;
+    let res = reqwest::Client::new()
+        .post(format!("{}/provider-events/esp", stack.base))
+        .header("content-type", "text/plain; charset=UTF-8")
+        .header("x-service-provider-secret", PROVIDER_SECRET)
+        .body(sns.notification(sns_id, &event, 2).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["matched"], 1, "{body}");
+}
+
+#[tokio::test]
+async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let (picky, all) = (Receiver::start().await, Receiver::start().await);
+    webhook(&stack, &key, &picky, &["email.sent", "email.delivered"]).await;
+    webhook(&stack, &key, &all, &[]).await;
+    let task = send(
+        &stack,
+        &key,
+        json!({"to": "x@example.com", "subject": "Hello there", "text": "Body text",
+               "fromEmail": "team@postmesh.localhost", "fromName": "Team",
+               "emailType": "lifecycle",
+               "topic": "onboarding", "sourceApp": "signup", "businessGoal": "activation"}),
+    )
+    .await;
+    let ses_id = provider_id(&stack, &key, task).await;
+    let sns = FakeSns::start().await;
+    notify(
+        &stack,
+        &sns,
+        "sns-d1",
+        "Delivery",
+        &ses_id,
+        json!({"recipients": ["x@example.com"], "smtpResponse": "250 ok"}),
+    )
+    .await;
+
+    let mut got = received(&picky, 2, Duration::from_secs(15)).await;
+    got.sort_by_key(|d| d.body["data"]["sequence"].as_i64());
+    assert_eq!(types(&got), ["email.sent", "email.delivered"]);
+    let (sent, delivered) = (&got[0].body["data"], &got[1].body["data"]);
+    assert!(sent["sequence"].as_i64() < delivered["sequence"].as_i64());
+    assert_eq!(sent["taskId"], task.to_string());
+    assert_eq!(sent["deliveryId"], delivered["deliveryId"]);
+    assert_eq!(sent["email"], "x@example.com");
+    assert_eq!(sent["subject"], "Hello there");
+    assert_eq!(
+        sent["from"],
+        json!({"address": "team@postmesh.localhost", "name": "Team"})
+    );
+    assert_eq!(
+        (&sent["emailType"], &sent["topic"]),
+        (&json!("lifecycle"), &json!("onboarding"))
+    );
+    assert_eq!(
+        (&sent["sourceApp"], &sent["businessGoal"]),
+        (&json!("signup"), &json!("activation"))
+    );
+    let delivery = sent["deliveryId"].as_str().unwrap();
+    assert!(
+        sent["messageId"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("<{delivery}@")),
+        "{sent}"
+    );
+    assert_eq!(delivered["providerMessageId"], ses_id.as_str());
+    for d in &got {
+        let data = d.body["data"].as_object().unwrap();
+        assert!(
+            !data.contains_key("text") && !data.contains_key("html") && !data.contains_key("body"),
+            "never the message's body: {data:?}"
+        );
+        assert!(d.body["timestamp"].is_string());
+    }
+
+    // No filter: every event of the send, and a received message too.
+    let inbox = format!("all@{INBOUND_DOMAIN}");
+    let _: Value = stack
+        .client(&key)
+        .post(
+            "/inbox/addresses",
+            &json!({ "address": inbox }),
+            StatusCode::CREATED,
+        )
+        .await;
+    ingest(&stack, &message(None, "Inbound one", "", "hi"), &[&inbox]).await;
+    let got = received(&all, 4, Duration::from_secs(15)).await;
+    let mut seen = types(&got);
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "email.delivered",
+            "email.queued",
+            "email.sent",
+            "inbound.received"
+        ]
+    );
+    let inbound = got
+        .iter()
+        .find(|d| d.body["type"] == "inbound.received")
+        .unwrap();
+    assert_eq!(inbound.body["data"]["subject"], "Inbound one");
+    assert_eq!(inbound.body["data"]["bodyFormat"], "text");
+    let mut by_sequence: Vec<&Delivery> = got
+        .iter()
+        .filter(|d| d.body["type"] != "inbound.received")
+        .collect();
+    by_sequence.sort_by_key(|d| d.body["data"]["sequence"].as_i64());
+    assert_eq!(
+        by_sequence
+            .iter()
+            .map(|d| d.body["type"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["email.queued", "email.sent", "email.delivered"]
+    );
+    quiet().await;
+    assert_eq!(picky.count(), 2, "{:?}", types(&picky.deliveries()));
+    assert_eq!(all.count(), 4, "{:?}", types(&all.deliveries()));
+    assert!(picky.refused().is_empty() && all.refused().is_empty());
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn webhooks_follow_their_rules() {
+    let stack = Stack::start().await;
+    let key = stack.key(0).await;
+    let client = stack.client(&key);
+    let listed: Success<EventTypes> = client.get("/webhooks/event-types", StatusCode::OK).await;
+    let names: Vec<&str> = listed
+        .body
+        .event_types
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(names.len(), 12);
+    for name in [
+        "email.queued",
+        "email.scheduled",
+        "email.failed",
+        "email.cancelled",
+        "inbound.received",
+    ] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    assert!(listed
+        .body
+        .event_types
+        .iter()
+        .all(|t| !t.description.is_empty()));
+
+    let receiver = Receiver::start().await;
+    let url = |n: usize| receiver.url(&format!("/hook/{n}"));
+    // An unknown type, a bad secret, a private URL without the flag's effect elsewhere.
+    let unknown: ErrorBody = client
+        .post(
+            "/webhooks",
+            &json!({"url": url(0), "events": ["email.opened"]}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    assert!(unknown.error.contains("email.opened"), "{}", unknown.error);
+    let _: ErrorBody = client
+        .post(
+            "/webhooks",
+            &json!({"url": url(0), "signingSecret": "whsec_short"}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    let _: ErrorBody = client
+        .post(
+            "/webhooks",
+            &json!({"url": "ftp://example.com/x"}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    // Twenty, then 409; a URL twice is 409.
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let created: Success<Created> = client
+            .post(
+                "/webhooks",
+                &json!({"url": url(n), "events": ["email.sent", "email.sent"]}),
+                StatusCode::CREATED,
+            )
+            .await;
+        assert!(created.body.signing_secret.starts_with("whsec_"));
+        if n == 0 {
+            receiver.trust(&created.body.signing_secret);
+        }
+        assert_eq!(created.body.webhook.events, ["email.sent"]);
+        assert!(created.body.webhook.active);
+        ids.push(created.body.webhook.id);
+    }
+    let _: ErrorBody = client
+        .post("/webhooks", &json!({"url": url(20)}), StatusCode::CONFLICT)
+        .await;
+    let _: Success<Deleted> = client
+        .delete(&format!("/webhooks/{}", ids[19]), StatusCode::OK)
+        .await;
+    let dup: ErrorBody = client
+        .post("/webhooks", &json!({"url": url(0)}), StatusCode::CONFLICT)
+        .await;
+    assert!(dup.error.contains("already"), "{}", dup.error);
+    // Shown, listed without the secret, changed.
+    let page: Success<WebhookPage> = client
+        .get(&format!("/webhooks/{}", ids[0]), StatusCode::OK)
+        .await;
+    assert_eq!(page.body.webhook.url, url(0));
+    let raw: Value = client.get("/webhooks", StatusCode::OK).await;
+    assert!(!raw.to_string().contains("whsec_"));
+    let list: Success<WebhookList> = client.get("/webhooks", StatusCode::OK).await;
+    assert_eq!(list.body.webhooks.len(), 19);
+    let changed: Success<WebhookPage> = client
+        .patch(
+            &format!("/webhooks/{}", ids[0]),
+            &json!({"events": ["email.bounced", "inbound.received"], "active": false}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(
+        changed.body.webhook.events,
+        ["email.bounced", "inbound.received"]
+    );
+    assert!(!changed.body.webhook.active);
+    let _: ErrorBody = client
+        .patch(
+            &format!("/webhooks/{}", ids[0]),
+            &json!({"events": ["nope"]}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    let _: ErrorBody = client
+        .patch(
+            &format!("/webhooks/{}", ids[0]),
+            &json!({"url": url(1)}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    // Another workspace sees none of it.
+    let other = stack.key(0).await;
+    let theirs = stack.client(&other);
+    let id = ids[0];
+    for path in [
+        format!("/webhooks/{id}"),
+        format!("/webhooks/{id}/attempts"),
+    ] {
+        let _: ErrorBody = theirs.get(&path, StatusCode::NOT_FOUND).await;
+    }
+    let _: ErrorBody = theirs
+        .patch(
+            &format!("/webhooks/{id}"),
+            &json!({"active": true}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = theirs
+        .post(
+            &format!("/webhooks/{id}/replay"),
+            &json!({"since": 0}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = theirs
+        .post(
+            &format!("/webhooks/{id}/test"),
+            &json!({}),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+    let _: ErrorBody = theirs
+        .delete(&format!("/webhooks/{id}"), StatusCode::NOT_FOUND)
+        .await;
+    let mine: Success<WebhookList> = theirs.get("/webhooks", StatusCode::OK).await;
+    assert!(mine.body.webhooks.is_empty());
+    // A test delivery, disabled or not: signed, of a type the webhook takes.
+    let tested: Success<Tested> = client
+        .post(&format!("/webhooks/{id}/test"), &json!({}), StatusCode::OK)
+        .await;
+    assert_eq!(tested.body.status_code, Some(200));
+    assert!(tested.body.delivered);
+    let got = receiver.deliveries();
+    assert_eq!(types(&got), ["email.bounced"]);
+    assert_eq!(got[0].body["data"]["email"], "sample@postmesh.test");
+    let removed: Success<Deleted> = client
+        .delete(&format!("/webhooks/{id}"), StatusCode::OK)
+        .await;
+    assert!(removed.body.deleted);
+    let _: ErrorBody = client
+        .get(&format!("/webhooks/{id}"), StatusCode::NOT_FOUND)
+        .await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let receiver = Receiver::start().await;
+    let types_wanted = ["email.bounced", "email.complained", "email.unsubscribed"];
+    webhook(&stack, &key, &receiver, &types_wanted).await;
+    let sns = FakeSns::start().await;
+    let mail = |to: &str| json!({"to": to, "subject": "Hi", "text": "Hello", "emailType": "marketing", "topic": "news"});
+    let bounced = send(&stack, &key, mail("gone@example.com")).await;
+    let id = provider_id(&stack, &key, bounced).await;
+    notify(
+        &stack,
+        &sns,
+        "sns-b",
+        "Bounce",
+        &id,
+        json!({"bounceType": "Permanent", "bounceSubType": "General",
+               "bouncedRecipients": [{"emailAddress": "gone@example.com",
+                                      "diagnosticCode": "smtp; 550 5.1.1 user unknown"}]}),
+    )
+    .await;
+    let complained = send(&stack, &key, mail("angry@example.com")).await;
+    let id = provider_id(&stack, &key, complained).await;
+    notify(
+        &stack,
+        &sns,
+        "sns-c",
+        "Complaint",
+        &id,
+        json!({"complaintFeedbackType": "abuse",
+               "complainedRecipients": [{"emailAddress": "angry@example.com"}]}),
+    )
+    .await;
+    let left = send(&stack, &key, mail("done@example.com")).await;
+    let id = provider_id(&stack, &key, left).await;
+    notify(
+        &stack,
+        &sns,
+        "sns-u",
+        "Subscription",
+        &id,
+        json!({"newTopicPreferences": {"unsubscribeAll": false, "topicSubscriptionStatus":
+               [{"topicName": "news", "subscriptionStatus": "OptOut"}]}}),
+    )
+    .await;
+    let got = received(&receiver, 3, Duration::from_secs(15)).await;
+    let by_type: HashMap<String, &Value> = got
+        .iter()
+        .map(|d| (d.body["type"].as_str().unwrap().to_owned(), &d.body["data"]))
+        .collect();
+    let bounce = by_type["email.bounced"];
+    assert_eq!(bounce["reason"], "smtp; 550 5.1.1 user unknown");
+    assert_eq!(bounce["bounceType"], "Permanent");
+    assert_eq!(bounce["taskId"], bounced.to_string());
+    assert_eq!(by_type["email.complained"]["reason"], "complaint (abuse)");
+    assert_eq!(by_type["email.complained"]["email"], "angry@example.com");
+    let unsubscribed = by_type["email.unsubscribed"];
+    assert_eq!(
+        unsubscribed["reason"],
+        "unsubscribed from topic news at the provider"
+    );
+    assert_eq!(unsubscribed["topic"], "news");
+    quiet().await;
+    assert_eq!(receiver.count(), 3, "{:?}", types(&receiver.deliveries()));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let receiver = Receiver::start().await;
+    let w = webhook(&stack, &key, &receiver, &["email.sent"]).await;
+    // 500 twice, then 200: three tries of one delivery (one webhook-id).
+    receiver.script([Reply::Status(500), Reply::Status(500)]);
+    let first = send(
+        &stack,
+        &key,
+        json!({"to": "a@example.com", "subject": "One", "text": "1"}),
+    )
+    .await;
+    provider_id(&stack, &key, first).await;
+    let done = settled(&stack, &key, w, 1, "succeeded").await;
+    assert_eq!(
+        (done[0].attempt_count, done[0].last_status_code),
+        (3, Some(200))
+    );
+    assert_eq!(done[0].event_type, "email.sent");
+    let got = received(&receiver, 3, Duration::from_secs(15)).await;
+    assert!(got.iter().all(|d| d.id == got[0].id), "one webhook-id");
+    assert_eq!(
+        got.iter().map(|d| d.answered).collect::<Vec<_>>(),
+        [500, 500, 200]
+    );
+    let _: Success<WebhookPage> = stack
+        .client(&key)
+        .patch(
+            &format!("/webhooks/{w}"),
+            &json!({"events": ["email.sent", "email.queued"]}),
+            StatusCode::OK,
+        )
+        .await;
+
+    // A dead receiver: both deliveries end failed after the schedule's retries.
+    receiver.answer(Reply::Status(503));
+    let second = send(
+        &stack,
+        &key,
+        json!({"to": "b@example.com", "subject": "Two", "text": "2"}),
+    )
+    .await;
+    provider_id(&stack, &key, second).await;
+    let failed: Vec<AttemptView> = eventually(Duration::from_secs(30), || async {
+        let list = attempts(&stack, &key, w).await;
+        let failed: Vec<AttemptView> = list.into_iter().filter(|a| a.status == "failed").collect();
+        if failed.len() == 2 {
+            Ok(failed)
+        } else {
+            Err(format!("{failed:?}"))
+        }
+    })
+    .await;
+    assert!(failed
+        .iter()
+        .all(|a| a.attempt_count == 3 && a.last_status_code == Some(503)));
+    // One retried by hand: the same delivery again.
+    receiver.answer(Reply::Status(200));
+    let before = receiver.count();
+    let _: Value = stack
+        .client(&key)
+        .post(
+            &format!("/webhooks/{w}/attempts/{}/retry", failed[0].id),
+            &json!({}),
+            StatusCode::ACCEPTED,
+        )
+        .await;
+    let got = received(&receiver, before + 1, Duration::from_secs(10)).await;
+    assert_eq!(got[before].id, format!("msg_{}", failed[0].id.simple()));
+    assert_eq!(got[before].answered, 200);
+    // Replayed by type: each sent event since then, as a new delivery; a type the
+    // webhook does not take replays nothing; an unknown type is 400.
+    let replay = |types: Value| {
+        let client = stack.client(&key);
+        async move {
+            let r: Success<Replayed> = client
+                .post(
+                    &format!("/webhooks/{w}/replay"),
+                    &json!({"since": 0, "types": types}),
+                    StatusCode::ACCEPTED,
+                )
+                .await;
+            r.body.queued
+        }
+    };
+    assert_eq!(replay(json!(["email.delivered"])).await, 0);
+    let before = receiver.count();
+    assert_eq!(replay(json!(["email.sent"])).await, 2);
+    let got = received(&receiver, before + 2, Duration::from_secs(10)).await;
+    let replayed = &got[before..];
+    assert!(replayed.iter().all(|d| d.body["type"] == "email.sent"));
+    let subjects: HashSet<&str> = replayed
+        .iter()
+        .map(|d| d.body["data"]["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, HashSet::from(["One", "Two"]));
+    let _: ErrorBody = stack
+        .client(&key)
+        .post(
+            &format!("/webhooks/{w}/replay"),
+            &json!({"since": 0, "types": ["email.opened"]}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    // The first send's queued event was stored although no webhook took it then.
+    let before = receiver.count();
+    assert_eq!(replay(json!(["email.queued"])).await, 2);
+    received(&receiver, before + 2, Duration::from_secs(10)).await;
+    quiet().await;
+    assert_eq!(receiver.count(), before + 2);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
+    let mut stack = Stack::start().await;
+    let mut config = stack.dispatcher_config();
+    config.delivery.timeout = Duration::from_secs(10);
+    stack.restart_dispatcher(config).await;
+    let key = stack.key(100).await;
+    let (slow, fast) = (Receiver::start().await, Receiver::start().await);
+    webhook(&stack, &key, &slow, &["email.queued"]).await;
+    webhook(&stack, &key, &fast, &["email.queued"]).await;
+    slow.answer(Reply::Slow(Duration::from_secs(30), 200));
+    // More events than the slow webhook's delivery slots (8).
+    let count = 12;
+    let to: Vec<String> = (0..count).map(|i| format!("r{i}@example.com")).collect();
+    let started = Instant::now();
+    send(
+        &stack,
+        &key,
+        json!({"to": to, "subject": "Busy", "text": "b"}),
+    )
+    .await;
+    received(&fast, count, Duration::from_secs(8)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "before any slow POST timed out"
+    );
+    assert!(slow.count() < count);
+    stack.shutdown().await;
+}
+
+/// Every DeliveryEvent of the namespace's DELIVERY stream, as published.
+async fn published_events(stack: &Stack) -> Vec<Vec<u8>> {
+    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_stream(Stream::Delivery.name(stack.ns()))
+        .await
+        .unwrap();
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1000)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    while let Some(Ok(msg)) = batch.next().await {
+        all.push(msg.payload.to_vec());
+    }
+    all
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
+    let mut stack = Stack::start().await;
+    let config = stack.dispatcher_config();
+    let key = stack.key(1000).await;
+    let receiver = Receiver::start().await;
+    let w = webhook(&stack, &key, &receiver, &["email.queued"]).await;
+    // The events wait on DELIVERY while the dispatcher is down; it is started as a child
+    // process and killed once the first of them got their 2xx.
+    stack.kill_dispatcher().await;
+    let count = 90;
+    let to: Vec<String> = (0..count).map(|i| format!("k{i}@example.com")).collect();
+    send(
+        &stack,
+        &key,
+        json!({"to": to, "subject": "Crash", "text": "c"}),
+    )
+    .await;
+    receiver.answer(Reply::Slow(Duration::from_millis(400), 200));
+    stack.spawn_dispatcher(config.clone()).await;
+    let before: HashSet<Uuid> = eventually(Duration::from_secs(20), || async {
+        let done: HashSet<Uuid> = attempts(&stack, &key, w)
+            .await
+            .into_iter()
+            .filter(|a| a.status == "succeeded")
+            .map(|a| a.id)
+            .collect();
+        if done.is_empty() {
+            Err(receiver.count())
+        } else {
+            Ok(done)
+        }
+    })
+    .await;
+    stack.kill_dispatcher().await; // SIGKILL
+    assert!(before.len() < count, "the kill came mid-delivery");
+    // As if the kill had beaten every ack: each event and each job comes again.
+    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stack_ref = &stack;
+    let events = eventually(Duration::from_secs(20), || async move {
+        let events = published_events(stack_ref).await;
+        // Each recipient's queued and sent.
+        if events.len() == 2 * count {
+            Ok(events)
+        } else {
+            Err(events.len())
+        }
+    })
+    .await;
+    for payload in events {
+        let event = DeliveryEvent::decode(payload.as_slice()).unwrap();
+        let subject = format!(
+            "{}.{}",
+            Stream::Delivery.subject(stack.ns()).trim_end_matches(".>"),
+            event.kind
+        );
+        let msg_id = format!("{}:again", event.event_id);
+        jetstream::publish(&js, subject, &msg_id, payload.into())
+            .await
+            .expect("published");
+    }
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    for id in peek::dispatcher::attempt_ids(&db).await {
+        let job = WebhookJob {
+            attempt_ids: vec![id.to_string()],
+        };
+        let msg_id = format!("{id}:again");
+        jetstream::publish(
+            &js,
+            Stream::Webhook.subject(stack.ns()),
+            &msg_id,
+            job.encode_to_vec().into(),
+        )
+        .await
+        .expect("published");
+    }
+    receiver.answer(Reply::Status(200));
+    stack.restart_dispatcher(config).await;
+    let all = settled(&stack, &key, w, count, "succeeded").await;
+    quiet().await;
+    let got = receiver.deliveries();
+    let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
+    let expected: HashSet<String> = all
+        .iter()
+        .map(|a| format!("msg_{}", a.id.simple()))
+        .collect();
+    assert_eq!(ids, expected, "every event delivered");
+    let recipients: HashSet<&str> = got
+        .iter()
+        .map(|d| d.body["data"]["email"].as_str().unwrap())
+        .collect();
+    assert_eq!(recipients.len(), count, "one event per recipient");
+    for done in &before {
+        let id = format!("msg_{}", done.simple());
+        let times = got.iter().filter(|d| d.id == id).count();
+        assert_eq!(
+            times, 1,
+            "{id} got a 2xx before the kill and was not sent again"
+        );
+    }
+    stack.shutdown().await;
+}
