@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::{self, Stream};
-use postmesh_shared::proto::{DeliveryEvent, WebhookJob};
+use postmesh_shared::proto::{DeliveryEvents, WebhookJob};
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_sns::FakeSns;
 use postmesh_tests::mta::{ingest, message};
@@ -498,6 +498,9 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     let key = stack.key(100).await;
     let receiver = Receiver::start().await;
     let w = webhook(&stack, &key, &receiver, &["email.sent"]).await;
+    let gone = Receiver::start().await;
+    let g = webhook(&stack, &key, &gone, &["email.sent"]).await;
+    gone.answer(Reply::Status(410));
     // 500 twice, then 200: three tries of one delivery (one webhook-id).
     receiver.script([Reply::Status(500), Reply::Status(500)]);
     let first = send(
@@ -513,6 +516,14 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         (3, Some(200))
     );
     assert_eq!(done[0].event_type, "email.sent");
+    // A 410: failed at once, and the webhook disabled.
+    let dropped = settled(&stack, &key, g, 1, "failed").await;
+    assert_eq!(dropped[0].attempt_count, 1);
+    let page: Success<WebhookPage> = stack
+        .client(&key)
+        .get(&format!("/webhooks/{g}"), StatusCode::OK)
+        .await;
+    assert!(!page.body.webhook.active, "a 410 disables the webhook");
     let got = received(&receiver, 3, Duration::from_secs(15)).await;
     assert!(got.iter().all(|d| d.id == got[0].id), "one webhook-id");
     assert_eq!(
@@ -637,8 +648,8 @@ async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
     stack.shutdown().await;
 }
 
-/// Every DeliveryEvent of the namespace's DELIVERY stream, as published.
-async fn published_events(stack: &Stack) -> Vec<Vec<u8>> {
+/// Every message of the namespace's DELIVERY stream: its subject and events.
+async fn published_events(stack: &Stack) -> Vec<(String, DeliveryEvents)> {
     let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js
@@ -658,7 +669,8 @@ async fn published_events(stack: &Stack) -> Vec<Vec<u8>> {
         .unwrap();
     let mut all = Vec::new();
     while let Some(Ok(msg)) = batch.next().await {
-        all.push(msg.payload.to_vec());
+        let events = DeliveryEvents::decode(msg.payload.clone()).unwrap();
+        all.push((msg.subject.to_string(), events));
     }
     all
 }
@@ -704,24 +716,19 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     let js = async_nats::jetstream::new(client);
     let stack_ref = &stack;
     let events = eventually(Duration::from_secs(20), || async move {
-        let events = published_events(stack_ref).await;
+        let messages = published_events(stack_ref).await;
+        let events: usize = messages.iter().map(|(_, m)| m.events.len()).sum();
         // Each recipient's queued and sent.
-        if events.len() == 2 * count {
-            Ok(events)
+        if events == 2 * count {
+            Ok(messages)
         } else {
-            Err(events.len())
+            Err(events)
         }
     })
     .await;
-    for payload in events {
-        let event = DeliveryEvent::decode(payload.as_slice()).unwrap();
-        let subject = format!(
-            "{}.{}",
-            Stream::Delivery.subject(stack.ns()).trim_end_matches(".>"),
-            event.kind
-        );
-        let msg_id = format!("{}:again", event.event_id);
-        jetstream::publish(&js, subject, &msg_id, payload.into())
+    for (n, (subject, batch)) in events.into_iter().enumerate() {
+        let msg_id = format!("{n}:again");
+        jetstream::publish(&js, subject, &msg_id, batch.encode_to_vec().into())
             .await
             .expect("published");
     }

@@ -1,9 +1,10 @@
 //! Delivery events: what happened to a recipient's message once accepted (`queued`,
 //! `scheduled`, `sent`, `delivered`, `bounced`, `complained`, `rejected`, `delayed`,
-//! `unsubscribed`, `failed`, `cancelled`). Each is a `delivery_events` row, shown in
-//! `/email-status`, and a `DeliveryEvent` on the DELIVERY stream (`{ns}.delivery.<kind>`)
-//! with its send's labels and a per-delivery `sequence`, written to the outbox in the same
-//! transaction.
+//! `unsubscribed`, `failed`, `cancelled`). Each is a `DeliveryEvent` on the DELIVERY stream
+//! (`{ns}.delivery.<kind>`, up to 1,000 to a message) with its send's labels and a
+//! per-delivery `sequence`, written to the outbox in the transaction that makes it true;
+//! each but `queued` and `scheduled` is also a `delivery_events` row, shown in
+//! `/email-status`.
 
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,7 @@ use uuid::Uuid;
 
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::DeliveryEvent;
+use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
 use postmesh_shared::Namespace;
 
 /// What happened.
@@ -84,11 +85,21 @@ pub struct Outlet {
     pub message_id_domain: String,
 }
 
+/// Events in one DELIVERY message at most.
+const PER_MESSAGE: usize = 1000;
+
 /// A new event's row and what its send says of it.
 #[derive(sqlx::FromRow)]
 struct Written {
     id: Uuid,
     sequence: i64,
+    #[sqlx(flatten)]
+    labels: Labels,
+}
+
+/// What a send says of each of its events (all `None` for an event of no send).
+#[derive(Clone, Debug, Default, sqlx::FromRow)]
+struct Labels {
     from_email: Option<String>,
     from_name: Option<String>,
     subject: Option<String>,
@@ -150,43 +161,111 @@ pub async fn record(
     let count = new.len();
     let mut new: std::collections::HashMap<Uuid, Written> =
         new.into_iter().map(|w| (w.id, w)).collect();
-    // One outbox statement per kind (its subject), not one per event.
-    let mut by_kind: Vec<(Kind, Vec<Outgoing>)> = Vec::new();
+    let mut by_kind: Vec<(Kind, Vec<DeliveryEvent>)> = Vec::new();
     for (id, event) in ids.iter().zip(events) {
         let Some(w) = new.remove(id) else {
             continue;
         };
-        let message = DeliveryEvent {
-            event_id: id.to_string(),
-            workspace_id: event.workspace.to_string(),
-            task_id: event.task.map(|t| t.to_string()).unwrap_or_default(),
-            delivery_id: event.delivery.map(|d| d.to_string()).unwrap_or_default(),
-            email: event.email.clone(),
-            kind: event.kind.as_str().into(),
-            occurred_at: event.occurred_at,
-            detail: event.detail.to_string(),
-            sequence: w.sequence,
-            from_address: w.from_email.unwrap_or_default(),
-            from_name: w.from_name.unwrap_or_default(),
-            subject: w.subject.unwrap_or_default(),
-            email_type: w.email_type.unwrap_or_default(),
-            topic: w.topic.unwrap_or_default(),
-            campaign_key: w.campaign_key.unwrap_or_default(),
-            source_app: w.source_app.unwrap_or_default(),
-            business_goal: w.business_goal.unwrap_or_default(),
-            message_id: w.message_id.unwrap_or_default(),
-            provider_message_id: w.provider_message_id.unwrap_or_default(),
-        };
-        let payload = (*id, message.encode_to_vec());
+        let message = message(*id, event, w.sequence, w.labels);
         match by_kind.iter_mut().find(|(k, _)| *k == event.kind) {
-            Some((_, list)) => list.push(payload),
-            None => by_kind.push((event.kind, vec![payload])),
+            Some((_, list)) => list.push(message),
+            None => by_kind.push((event.kind, vec![message])),
         }
     }
     for (kind, messages) in by_kind {
-        outbox::enqueue_many(tx, &subject(&outlet.ns, kind), &messages).await?;
+        publish(tx, outlet, kind, &messages).await?;
     }
     Ok(count)
+}
+
+/// The `DeliveryEvent` of `event`, stored as `id`.
+fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> DeliveryEvent {
+    DeliveryEvent {
+        event_id: id.to_string(),
+        workspace_id: event.workspace.to_string(),
+        task_id: event.task.map(|t| t.to_string()).unwrap_or_default(),
+        delivery_id: event.delivery.map(|d| d.to_string()).unwrap_or_default(),
+        email: event.email.clone(),
+        kind: event.kind.as_str().into(),
+        occurred_at: event.occurred_at,
+        detail: event.detail.to_string(),
+        sequence,
+        from_address: labels.from_email.unwrap_or_default(),
+        from_name: labels.from_name.unwrap_or_default(),
+        subject: labels.subject.unwrap_or_default(),
+        email_type: labels.email_type.unwrap_or_default(),
+        topic: labels.topic.unwrap_or_default(),
+        campaign_key: labels.campaign_key.unwrap_or_default(),
+        source_app: labels.source_app.unwrap_or_default(),
+        business_goal: labels.business_goal.unwrap_or_default(),
+        message_id: labels.message_id.unwrap_or_default(),
+        provider_message_id: labels.provider_message_id.unwrap_or_default(),
+    }
+}
+
+/// Queues `events` (all of `kind`) for the DELIVERY stream, [`PER_MESSAGE`] to a message:
+/// one outbox statement per kind, and a message per thousand events, not one each.
+async fn publish(
+    tx: &mut PgConnection, outlet: &Outlet, kind: Kind, events: &[DeliveryEvent],
+) -> Result<(), sqlx::Error> {
+    let messages: Vec<Outgoing> = events
+        .chunks(PER_MESSAGE)
+        .map(|chunk| {
+            let batch = DeliveryEvents {
+                events: chunk.to_vec(),
+            };
+            (Uuid::now_v7(), batch.encode_to_vec())
+        })
+        .collect();
+    outbox::enqueue_many(tx, &subject(&outlet.ns, kind), &messages).await
+}
+
+/// Publishes a `kind` event (`queued` or `scheduled`) for each of `events`, all of one
+/// task, in the caller's transaction — without a `delivery_events` row each (the task's
+/// status says as much, and a 100,000-recipient send would write 100,000 rows): the
+/// task's labels are read once and each event takes its `sequence` from the same identity
+/// as stored events, so a delivery's later events still sort after it.
+pub async fn announce(
+    tx: &mut PgConnection, outlet: &Outlet, task: Uuid, events: &[NewEvent],
+) -> Result<(), sqlx::Error> {
+    let Some(kind) = events.first().map(|e| e.kind) else {
+        return Ok(());
+    };
+    let labels: Labels = sqlx::query_as(
+        "SELECT message->>'from_email' AS from_email, message->>'from_name' AS from_name,
+             message->>'subject' AS subject, email_type, topic, campaign_key, source_app,
+             business_goal, message->>'message_id' AS message_id,
+             NULL::text AS provider_message_id
+         FROM tasks WHERE id = $1",
+    )
+    .bind(task)
+    .fetch_optional(&mut *tx)
+    .await?
+    .unwrap_or_default();
+    let sequences: Vec<i64> = sqlx::query_scalar(
+        "SELECT nextval(pg_get_serial_sequence('delivery_events', 'sequence'))
+         FROM generate_series(1, $1)",
+    )
+    .bind(i64::try_from(events.len()).unwrap_or(i64::MAX))
+    .fetch_all(&mut *tx)
+    .await?;
+    let messages: Vec<DeliveryEvent> = events
+        .iter()
+        .zip(sequences)
+        .map(|(event, sequence)| {
+            let own_id = labels.message_id.clone().or_else(|| {
+                event
+                    .delivery
+                    .map(|d| format!("<{d}@{}>", outlet.message_id_domain))
+            });
+            let labels = Labels {
+                message_id: own_id,
+                ..labels.clone()
+            };
+            message(Uuid::now_v7(), event, sequence, labels)
+        })
+        .collect();
+    publish(tx, outlet, kind, &messages).await
 }
 
 /// `{ns}.delivery.<kind>`.

@@ -290,7 +290,7 @@ impl Jobs {
         outbox::enqueue_many(tx, &Stream::Send.subject(&outlet.ns), &messages).await
     }
 
-    /// Records a `kind` event for each recipient's message.
+    /// Publishes a `kind` event for each recipient's message.
     async fn record(
         &self, tx: &mut PgConnection, outlet: &Outlet, recipients: &[(DeliveryId, &str)],
         kind: Kind,
@@ -309,7 +309,7 @@ impl Jobs {
                 source_key: format!("{}:{delivery}", kind.as_str()),
             })
             .collect();
-        events::record(tx, outlet, &events).await.map(drop)
+        events::announce(tx, outlet, self.task.as_uuid(), &events).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! The DELIVERY fan-out: each delivery event the sender publishes becomes an `email.<kind>`
-//! event, stored once (its deliveries carry it, a replay sends it again), and one attempt
-//! per active webhook of its workspace that takes its type — all written in one statement
-//! per batch, then one WEBHOOK job per event.
+//! event, stored once when its workspace has a webhook (its deliveries carry it, a replay
+//! sends it again), and one attempt per active webhook of its workspace that takes its type
+//! — all written in one statement per batch, then one WEBHOOK job per event.
 
 use std::collections::HashSet;
 
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::DeliveryEvent;
+use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
 use postmesh_shared::Namespace;
 
 use crate::deliver::UNFINISHED;
@@ -43,9 +43,23 @@ fn given(s: &str) -> Option<&str> {
 }
 
 impl Event {
+    /// The events of a DELIVERY message; one that can never be delivered is logged and
+    /// left out (not the rest of its message with it).
+    pub fn parse_all(payload: &[u8]) -> Result<Vec<Self>, String> {
+        let batch = DeliveryEvents::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        Ok(batch
+            .events
+            .iter()
+            .filter_map(|e| {
+                Self::parse(e)
+                    .map_err(|reason| tracing::error!(%reason, "a delivery event left out"))
+                    .ok()
+            })
+            .collect())
+    }
+
     /// Parses a `DeliveryEvent`; its payload's `data` is made here, once.
-    pub fn parse(payload: &[u8]) -> Result<Self, String> {
-        let e = DeliveryEvent::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+    pub fn parse(e: &DeliveryEvent) -> Result<Self, String> {
         let id = |raw: &str, what: &str| {
             Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
         };
@@ -57,7 +71,7 @@ impl Event {
             workspace: id(&e.workspace_id, "workspace_id")?,
             kind: format!("email.{}", e.kind),
             occurred_at: e.occurred_at,
-            data: data(&e),
+            data: data(e),
         })
     }
 }
@@ -94,24 +108,39 @@ pub fn data(e: &DeliveryEvent) -> Value {
     data
 }
 
+/// Events written by one statement at most.
+const PER_STATEMENT: usize = 2000;
+
 impl Source for Deliveries {
-    type Item = Event;
+    type Item = Vec<Event>;
     const STREAM: Stream = Stream::Delivery;
     const CONSUMER: &'static str = "webhook-dispatcher-events";
 
-    fn decode(&self, payload: &[u8]) -> Result<Event, String> {
-        Event::parse(payload)
+    fn decode(&self, payload: &[u8]) -> Result<Vec<Event>, String> {
+        Event::parse_all(payload)
     }
 
     /// Stores the events (once), writes an attempt per webhook that takes each (once), and
-    /// queues each event's pending ones.
-    async fn fan_out(&self, batch: &[&Event]) -> Result<(), String> {
+    /// queues each event's pending ones; [`PER_STATEMENT`] events at a time (each statement
+    /// stands alone: a batch that fails half-way is done again, and finds its first half
+    /// written).
+    async fn fan_out(&self, batch: &[&Vec<Event>]) -> Result<(), String> {
         let mut seen = HashSet::new();
-        let batch: Vec<&Event> = batch
+        let events: Vec<&Event> = batch
             .iter()
-            .copied()
+            .flat_map(|events| events.iter())
             .filter(|e| seen.insert(e.id))
             .collect();
+        for chunk in events.chunks(PER_STATEMENT) {
+            self.fan_out_chunk(chunk).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Deliveries {
+    /// Fans out `batch` in one statement.
+    async fn fan_out_chunk(&self, batch: &[&Event]) -> Result<(), String> {
         // One statement, as the INBOUND fan-out's: the rows, the new attempts and the
         // pending ones of an earlier run of the same events.
         let pending: Vec<(Uuid, Uuid)> = sqlx::query_as(&format!(
@@ -121,7 +150,9 @@ impl Source for Deliveries {
                      AS ev(id, workspace_id, type, occurred_at, data)
              ), seen AS (
                  INSERT INTO events (id, workspace_id, type, occurred_at, data)
-                 SELECT * FROM ev ON CONFLICT DO NOTHING
+                 SELECT * FROM ev
+                 WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.workspace_id = ev.workspace_id)
+                 ON CONFLICT DO NOTHING
              ), made AS (
                  INSERT INTO attempts (id, workspace_id, webhook_id, message_id, origin, status,
                                        next_attempt_at, created_at, updated_at)
@@ -185,6 +216,16 @@ mod tests {
             kind: "Sent.x".into(),
             ..Default::default()
         };
-        assert!(Event::parse(&bad.encode_to_vec()).is_err());
+        let good = DeliveryEvent {
+            kind: "sent".into(),
+            ..bad.clone()
+        };
+        let batch = DeliveryEvents {
+            events: vec![bad, good],
+        };
+        let parsed = Event::parse_all(&batch.encode_to_vec()).unwrap();
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(parsed[0].kind, "email.sent");
+        assert!(Event::parse_all(b"\xff\xff").is_err());
     }
 }
