@@ -453,18 +453,28 @@ impl Stack {
         let dispatcher = webhook_dispatcher::start(dispatcher_config(&common))
             .await
             .expect("webhook dispatcher starts");
-        // Its address is chosen first, so device verification links point at it.
-        let addr = free_port();
-        let gateway_config = api_gateway::Config {
-            inbound_secret: opts.inbound_secret,
-            http_addr: addr,
-            public_base_url: format!("http://{addr}"),
-            ..gateway_config(&common, opts.rate)
+        // Its address is chosen first, so device verification links point at it; another
+        // test may take a free port before the gateway binds it, so a failed start tries a
+        // new one.
+        let mut tries = 0;
+        let (gateway, codes) = loop {
+            let addr = free_port();
+            let gateway_config = api_gateway::Config {
+                inbound_secret: opts.inbound_secret.clone(),
+                http_addr: addr,
+                public_base_url: format!("http://{addr}"),
+                ..gateway_config(&common, opts.rate)
+            };
+            let codes = gateway_config.codes.clone();
+            match api_gateway::start(gateway_config).await {
+                Ok(gateway) => break (gateway, codes),
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("gateway start failed ({e:#}); another port");
+                }
+                Err(e) => panic!("gateway starts: {e:#}"),
+            }
         };
-        let codes = gateway_config.codes.clone();
-        let gateway = api_gateway::start(gateway_config)
-            .await
-            .expect("gateway starts");
         let base = format!("http://{}", gateway.http_addr.expect("gateway listens"));
         let mut stack = Self {
             common,

@@ -246,6 +246,17 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
             .collect::<Vec<_>>(),
         ["email.queued", "email.sent", "email.delivered"]
     );
+    // The queued event, published without a row of its own, carries the same labels.
+    let queued = &by_sequence[0].body["data"];
+    assert_eq!(
+        (
+            &queued["subject"],
+            &queued["deliveryId"],
+            &queued["messageId"]
+        ),
+        (&sent["subject"], &sent["deliveryId"], &sent["messageId"])
+    );
+    assert_eq!(queued["from"], sent["from"]);
     quiet().await;
     assert_eq!(picky.count(), 2, "{:?}", types(&picky.deliveries()));
     assert_eq!(all.count(), 4, "{:?}", types(&all.deliveries()));

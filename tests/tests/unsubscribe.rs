@@ -205,9 +205,16 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded() {
             let mut seen = Vec::new();
             while let Some(Ok(msg)) = batch.next().await {
                 let kind = msg.subject.rsplit('.').next().unwrap().to_owned();
-                for event in DeliveryEvents::decode(msg.payload.clone()).unwrap().events {
-                    assert_eq!(kind, event.kind);
-                    seen.push((event.kind, event.email));
+                let batch = DeliveryEvents::decode(msg.payload.clone()).unwrap();
+                let common = batch.common.unwrap_or_default();
+                for event in batch.events {
+                    let of = if event.kind.is_empty() {
+                        &common.kind
+                    } else {
+                        &event.kind
+                    };
+                    assert_eq!(&kind, of);
+                    seen.push((kind.clone(), event.email));
                 }
             }
             seen.sort();

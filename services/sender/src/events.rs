@@ -13,6 +13,7 @@ use sqlx::types::Json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
@@ -173,7 +174,7 @@ pub async fn record(
         }
     }
     for (kind, messages) in by_kind {
-        publish(tx, outlet, kind, &messages).await?;
+        publish(tx, outlet, kind, None, &messages).await?;
     }
     Ok(count)
 }
@@ -204,15 +205,19 @@ fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> Deliver
 }
 
 /// Queues `events` (all of `kind`) for the DELIVERY stream, [`PER_MESSAGE`] to a message:
-/// one outbox statement per kind, and a message per thousand events, not one each.
+/// one outbox statement per kind, and a message per thousand events, not one each. Each
+/// message carries `common` (what all its events share), so its events need not repeat it.
 async fn publish(
-    tx: &mut PgConnection, outlet: &Outlet, kind: Kind, events: &[DeliveryEvent],
+    tx: &mut PgConnection, outlet: &Outlet, kind: Kind, common: Option<DeliveryEvent>,
+    events: &[DeliveryEvent],
 ) -> Result<(), sqlx::Error> {
     let messages: Vec<Outgoing> = events
         .chunks(PER_MESSAGE)
         .map(|chunk| {
             let batch = DeliveryEvents {
                 events: chunk.to_vec(),
+                common: common.clone(),
+                message_id_domain: outlet.message_id_domain.clone(),
             };
             (Uuid::now_v7(), batch.encode_to_vec())
         })
@@ -220,52 +225,63 @@ async fn publish(
     outbox::enqueue_many(tx, &subject(&outlet.ns, kind), &messages).await
 }
 
-/// Publishes a `kind` event (`queued` or `scheduled`) for each of `events`, all of one
-/// task, in the caller's transaction — without a `delivery_events` row each (the task's
-/// status says as much, and a 100,000-recipient send would write 100,000 rows): the
-/// task's labels are read once and each event takes its `sequence` from the same identity
-/// as stored events, so a delivery's later events still sort after it.
+/// Publishes a `kind` event (`queued` or `scheduled`) for each of task `task`'s
+/// `recipients` (delivery id, address) in the caller's transaction — without a
+/// `delivery_events` row each (the task's status says as much, and a 100,000-recipient send
+/// would write 100,000 rows). The task's labels are read once and carried once per
+/// message; all the events take one `sequence` from the identity of stored events (a
+/// sequence orders one delivery's events, and each of these is its delivery's earliest).
 pub async fn announce(
-    tx: &mut PgConnection, outlet: &Outlet, task: Uuid, events: &[NewEvent],
+    tx: &mut PgConnection, outlet: &Outlet, task: Uuid, workspace: Uuid,
+    recipients: &[(Uuid, &str)], kind: Kind,
 ) -> Result<(), sqlx::Error> {
-    let Some(kind) = events.first().map(|e| e.kind) else {
+    if recipients.is_empty() {
         return Ok(());
+    }
+    let (labels, sequence): (Labels, i64) = {
+        let row: Option<LabelsWithSequence> = sqlx::query_as(
+            "SELECT message->>'from_email' AS from_email, message->>'from_name' AS from_name,
+                 message->>'subject' AS subject, email_type, topic, campaign_key, source_app,
+                 business_goal, message->>'message_id' AS message_id,
+                 NULL::text AS provider_message_id,
+                 nextval(pg_get_serial_sequence('delivery_events', 'sequence')) AS sequence
+             FROM tasks WHERE id = $1",
+        )
+        .bind(task)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let row = row.ok_or(sqlx::Error::RowNotFound)?;
+        (row.labels, row.sequence)
     };
-    let labels: Labels = sqlx::query_as(
-        "SELECT message->>'from_email' AS from_email, message->>'from_name' AS from_name,
-             message->>'subject' AS subject, email_type, topic, campaign_key, source_app,
-             business_goal, message->>'message_id' AS message_id,
-             NULL::text AS provider_message_id
-         FROM tasks WHERE id = $1",
-    )
-    .bind(task)
-    .fetch_optional(&mut *tx)
-    .await?
-    .unwrap_or_default();
-    let sequences: Vec<i64> = sqlx::query_scalar(
-        "SELECT nextval(pg_get_serial_sequence('delivery_events', 'sequence'))
-         FROM generate_series(1, $1)",
-    )
-    .bind(i64::try_from(events.len()).unwrap_or(i64::MAX))
-    .fetch_all(&mut *tx)
-    .await?;
-    let messages: Vec<DeliveryEvent> = events
+    let common = NewEvent {
+        workspace,
+        task: Some(task),
+        delivery: None,
+        email: String::new(),
+        kind,
+        detail: Value::Object(Default::default()),
+        occurred_at: now_unix(),
+        source_key: String::new(),
+    };
+    let common = message(Uuid::nil(), &common, sequence, labels);
+    let events: Vec<DeliveryEvent> = recipients
         .iter()
-        .zip(sequences)
-        .map(|(event, sequence)| {
-            let own_id = labels.message_id.clone().or_else(|| {
-                event
-                    .delivery
-                    .map(|d| format!("<{d}@{}>", outlet.message_id_domain))
-            });
-            let labels = Labels {
-                message_id: own_id,
-                ..labels.clone()
-            };
-            message(Uuid::now_v7(), event, sequence, labels)
+        .map(|(delivery, email)| DeliveryEvent {
+            event_id: Uuid::now_v7().to_string(),
+            delivery_id: delivery.to_string(),
+            email: (*email).to_owned(),
+            ..Default::default()
         })
         .collect();
-    publish(tx, outlet, kind, &messages).await
+    publish(tx, outlet, kind, Some(common), &events).await
+}
+
+/// A task's labels and a fresh sequence.
+#[derive(sqlx::FromRow)]
+struct LabelsWithSequence {
+    #[sqlx(flatten)]
+    labels: Labels,
+    sequence: i64,
 }
 
 /// `{ns}.delivery.<kind>`.

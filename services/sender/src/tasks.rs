@@ -8,14 +8,13 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
 use postmesh_shared::{DeliveryId, JobId, TaskId, WorkspaceId};
 
-use crate::events::{self, Kind, NewEvent, Outlet};
+use crate::events::{self, Kind, Outlet};
 use crate::governance;
 use crate::request::{Attachment, EmailType, Recipient, Rejected, SendRequest};
 
@@ -295,21 +294,12 @@ impl Jobs {
         &self, tx: &mut PgConnection, outlet: &Outlet, recipients: &[(DeliveryId, &str)],
         kind: Kind,
     ) -> Result<(), sqlx::Error> {
-        let now = now_unix();
-        let events: Vec<NewEvent> = recipients
+        let recipients: Vec<(Uuid, &str)> = recipients
             .iter()
-            .map(|(delivery, email)| NewEvent {
-                workspace: self.workspace.as_uuid(),
-                task: Some(self.task.as_uuid()),
-                delivery: Some(delivery.as_uuid()),
-                email: (*email).to_owned(),
-                kind,
-                detail: serde_json::json!({}),
-                occurred_at: now,
-                source_key: format!("{}:{delivery}", kind.as_str()),
-            })
+            .map(|(delivery, email)| (delivery.as_uuid(), *email))
             .collect();
-        events::announce(tx, outlet, self.task.as_uuid(), &events).await
+        let (task, workspace) = (self.task.as_uuid(), self.workspace.as_uuid());
+        events::announce(tx, outlet, task, workspace, &recipients, kind).await
     }
 }
 

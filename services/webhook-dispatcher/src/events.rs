@@ -1,7 +1,9 @@
-//! The DELIVERY fan-out: each delivery event the sender publishes becomes an `email.<kind>`
-//! event, stored once when its workspace has a webhook (its deliveries carry it, a replay
-//! sends it again), and one attempt per active webhook of its workspace that takes its type
-//! — all written in one statement per batch, then one WEBHOOK job per event.
+//! The DELIVERY fan-out: each delivery event the sender publishes (up to 1,000 to a message)
+//! of a workspace that has webhooks becomes an `email.<kind>` event, stored once (its
+//! deliveries carry it, a replay sends it again), and one attempt per active webhook of its
+//! workspace that takes its type — written in one statement per [`PER_STATEMENT`] events,
+//! then one WEBHOOK job per event. Events of workspaces without webhooks cost one lookup per
+//! batch, and no rendering.
 
 use std::collections::HashSet;
 
@@ -27,14 +29,50 @@ pub struct Deliveries {
     pub ns: Namespace,
 }
 
-/// A delivery event as its webhooks get it.
+/// A delivery event, parsed.
 pub struct Event {
     id: Uuid,
     workspace: Uuid,
     /// `email.<kind>`.
     kind: String,
-    occurred_at: i64,
-    data: Value,
+    /// As published, with its message's common fields.
+    raw: DeliveryEvent,
+}
+
+/// `e` with each empty field (zero number) taken from `common`, and without a message id
+/// `<delivery_id@domain>`.
+fn inherit(mut e: DeliveryEvent, common: &DeliveryEvent, domain: &str) -> DeliveryEvent {
+    let fill = |field: &mut String, from: &String| {
+        if field.is_empty() {
+            field.clone_from(from);
+        }
+    };
+    fill(&mut e.workspace_id, &common.workspace_id);
+    fill(&mut e.task_id, &common.task_id);
+    fill(&mut e.delivery_id, &common.delivery_id);
+    fill(&mut e.email, &common.email);
+    fill(&mut e.kind, &common.kind);
+    fill(&mut e.detail, &common.detail);
+    fill(&mut e.from_address, &common.from_address);
+    fill(&mut e.from_name, &common.from_name);
+    fill(&mut e.subject, &common.subject);
+    fill(&mut e.email_type, &common.email_type);
+    fill(&mut e.topic, &common.topic);
+    fill(&mut e.campaign_key, &common.campaign_key);
+    fill(&mut e.source_app, &common.source_app);
+    fill(&mut e.business_goal, &common.business_goal);
+    fill(&mut e.message_id, &common.message_id);
+    fill(&mut e.provider_message_id, &common.provider_message_id);
+    if e.occurred_at == 0 {
+        e.occurred_at = common.occurred_at;
+    }
+    if e.sequence == 0 {
+        e.sequence = common.sequence;
+    }
+    if e.message_id.is_empty() && !domain.is_empty() && !e.delivery_id.is_empty() {
+        e.message_id = format!("<{}@{domain}>", e.delivery_id);
+    }
+    e
 }
 
 /// `Some(s)` unless `s` is empty.
@@ -47,19 +85,20 @@ impl Event {
     /// left out (not the rest of its message with it).
     pub fn parse_all(payload: &[u8]) -> Result<Vec<Self>, String> {
         let batch = DeliveryEvents::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        let common = batch.common.unwrap_or_default();
         Ok(batch
             .events
-            .iter()
+            .into_iter()
             .filter_map(|e| {
-                Self::parse(e)
+                Self::parse(inherit(e, &common, &batch.message_id_domain))
                     .map_err(|reason| tracing::error!(%reason, "a delivery event left out"))
                     .ok()
             })
             .collect())
     }
 
-    /// Parses a `DeliveryEvent`; its payload's `data` is made here, once.
-    pub fn parse(e: &DeliveryEvent) -> Result<Self, String> {
+    /// Parses a `DeliveryEvent`.
+    pub fn parse(e: DeliveryEvent) -> Result<Self, String> {
         let id = |raw: &str, what: &str| {
             Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
         };
@@ -70,8 +109,7 @@ impl Event {
             id: id(&e.event_id, "event_id")?,
             workspace: id(&e.workspace_id, "workspace_id")?,
             kind: format!("email.{}", e.kind),
-            occurred_at: e.occurred_at,
-            data: data(e),
+            raw: e,
         })
     }
 }
@@ -125,11 +163,25 @@ impl Source for Deliveries {
     /// stands alone: a batch that fails half-way is done again, and finds its first half
     /// written).
     async fn fan_out(&self, batch: &[&Vec<Event>]) -> Result<(), String> {
+        let workspaces: HashSet<Uuid> = batch
+            .iter()
+            .flat_map(|events| events.iter())
+            .map(|e| e.workspace)
+            .collect();
+        let hooked: HashSet<Uuid> = sqlx::query_scalar(
+            "SELECT DISTINCT workspace_id FROM webhooks WHERE workspace_id = ANY($1)",
+        )
+        .bind(workspaces.into_iter().collect::<Vec<_>>())
+        .fetch_all(&self.db)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .collect();
         let mut seen = HashSet::new();
         let events: Vec<&Event> = batch
             .iter()
             .flat_map(|events| events.iter())
-            .filter(|e| seen.insert(e.id))
+            .filter(|e| hooked.contains(&e.workspace) && seen.insert(e.id))
             .collect();
         for chunk in events.chunks(PER_STATEMENT) {
             self.fan_out_chunk(chunk).await?;
@@ -150,9 +202,7 @@ impl Deliveries {
                      AS ev(id, workspace_id, type, occurred_at, data)
              ), seen AS (
                  INSERT INTO events (id, workspace_id, type, occurred_at, data)
-                 SELECT * FROM ev
-                 WHERE EXISTS (SELECT 1 FROM webhooks w WHERE w.workspace_id = ev.workspace_id)
-                 ON CONFLICT DO NOTHING
+                 SELECT * FROM ev ON CONFLICT DO NOTHING
              ), made AS (
                  INSERT INTO attempts (id, workspace_id, webhook_id, message_id, origin, status,
                                        next_attempt_at, created_at, updated_at)
@@ -171,8 +221,8 @@ impl Deliveries {
         .bind(batch.iter().map(|e| e.id).collect::<Vec<_>>())
         .bind(batch.iter().map(|e| e.workspace).collect::<Vec<_>>())
         .bind(batch.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| Json(&e.data)).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| e.raw.occurred_at).collect::<Vec<_>>())
+        .bind(batch.iter().map(|e| Json(data(&e.raw))).collect::<Vec<_>>())
         .bind(now_unix())
         .fetch_all(&self.db)
         .await
@@ -222,10 +272,53 @@ mod tests {
         };
         let batch = DeliveryEvents {
             events: vec![bad, good],
+            ..Default::default()
         };
         let parsed = Event::parse_all(&batch.encode_to_vec()).unwrap();
         assert_eq!(parsed.len(), 1);
         assert_eq!(parsed[0].kind, "email.sent");
         assert!(Event::parse_all(b"\xff\xff").is_err());
+    }
+
+    #[test]
+    fn events_take_their_message_s_common_fields() {
+        let delivery = Uuid::now_v7().to_string();
+        let batch = DeliveryEvents {
+            common: Some(DeliveryEvent {
+                workspace_id: Uuid::nil().to_string(),
+                kind: "queued".into(),
+                subject: "Hi".into(),
+                sequence: 9,
+                ..Default::default()
+            }),
+            events: vec![
+                DeliveryEvent {
+                    event_id: Uuid::now_v7().to_string(),
+                    delivery_id: delivery.clone(),
+                    email: "a@b.example".into(),
+                    ..Default::default()
+                },
+                DeliveryEvent {
+                    event_id: Uuid::now_v7().to_string(),
+                    email: "c@b.example".into(),
+                    message_id: "<own@x.example>".into(),
+                    subject: "Own".into(),
+                    ..Default::default()
+                },
+            ],
+            message_id_domain: "mail.example".into(),
+        };
+        let parsed = Event::parse_all(&batch.encode_to_vec()).unwrap();
+        assert_eq!(parsed.len(), 2);
+        let first = data(&parsed[0].raw);
+        assert_eq!(parsed[0].kind, "email.queued");
+        assert_eq!(
+            (&first["subject"], &first["sequence"], &first["email"]),
+            (&json!("Hi"), &json!(9), &json!("a@b.example"))
+        );
+        assert_eq!(first["messageId"], format!("<{delivery}@mail.example>"));
+        let second = data(&parsed[1].raw);
+        assert_eq!(second["messageId"], "<own@x.example>");
+        assert_eq!(second["subject"], "Own");
     }
 }
