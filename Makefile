@@ -1,7 +1,10 @@
 # Postmesh developer commands. See README.md.
-.PHONY: run test deps build key bench lint fmt
+.PHONY: run test deps build key bench lint fmt image k8s-check
 
 CARGO ?= cargo
+DOCKER ?= docker
+IMAGE_TAG ?= dev
+SERVICES := api-gateway billing sender domain inbound-ingest webhook-dispatcher
 
 run: ## start dependencies and every service (Ctrl-C stops)
 	./deploy/run.sh
@@ -34,3 +37,17 @@ lint: ## formatting and clippy, as CI checks them
 
 fmt:
 	$(CARGO) fmt --all
+
+image: ## postmesh/<service>:$(IMAGE_TAG) for the six services from deploy/Dockerfile (needs a Docker daemon)
+	@if ! command -v $(DOCKER) >/dev/null 2>&1 || ! $(DOCKER) info >/dev/null 2>&1; then \
+		echo "make image: no Docker daemon answers here ('$(DOCKER) info' fails): build the images where Docker runs" >&2; \
+		exit 1; \
+	fi
+	@for svc in $(SERVICES); do \
+		echo "make image: postmesh/$$svc:$(IMAGE_TAG)" >&2; \
+		DOCKER_BUILDKIT=1 $(DOCKER) build -f deploy/Dockerfile --build-arg SERVICE=$$svc \
+			-t postmesh/$$svc:$(IMAGE_TAG) . || exit 1; \
+	done
+
+k8s-check: ## render k8s/overlays/dev and prod, validate every object (kubernetes-validate --strict)
+	./deploy/k8s-check.sh
