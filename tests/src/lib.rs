@@ -303,7 +303,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
     api_gateway::Config {
         common: common.clone(),
         http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        body_limit: 64 * 1024,
+        body_limit: GATEWAY_BODY_LIMIT,
         key_cache_ttl: Duration::from_secs(30),
         rate,
         codes: api_gateway::CodeConfig {
@@ -346,6 +346,9 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
         },
     }
 }
+
+/// The gateway's body limit of a test stack, for routes without one of their own.
+pub const GATEWAY_BODY_LIMIT: usize = 64 * 1024;
 
 /// The platform inbound domain of a test stack.
 pub const INBOUND_DOMAIN: &str = "inbound.postmesh.localhost";
