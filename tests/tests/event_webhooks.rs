@@ -196,6 +196,7 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
         "{sent}"
     );
     assert_eq!(delivered["providerMessageId"], ses_id.as_str());
+    assert!(sent["occurredAt"].as_i64().unwrap() > 1_700_000_000);
     for d in &got {
         let data = d.body["data"].as_object().unwrap();
         assert!(

@@ -88,6 +88,8 @@ pub struct Outlet {
 
 /// Events in one DELIVERY message at most.
 const PER_MESSAGE: usize = 1000;
+/// Encoded bytes of one DELIVERY message at most (NATS refuses more than 1 MiB).
+const MESSAGE_BYTES: usize = 256 * 1024;
 
 /// A new event's row and what its send says of it.
 #[derive(sqlx::FromRow)]
@@ -131,15 +133,20 @@ pub async fn record(
                                   $6::text[], $7::jsonb[], $8::bigint[], $9::text[])
              ON CONFLICT (source_key) DO NOTHING
              RETURNING id, task_id, delivery_id, sequence
+         ), labels AS MATERIALIZED (
+             -- Once per task: reading the message's fields unpacks its whole stored body.
+             SELECT t.id, t.message->>'from_email' AS from_email,
+                 t.message->>'from_name' AS from_name, t.message->>'subject' AS subject,
+                 t.email_type, t.topic, t.campaign_key, t.source_app, t.business_goal,
+                 t.message->>'message_id' AS message_id
+             FROM tasks t WHERE t.id IN (SELECT task_id FROM ins)
          )
-         SELECT ins.id, ins.sequence, t.message->>'from_email' AS from_email,
-             t.message->>'from_name' AS from_name, t.message->>'subject' AS subject,
-             t.email_type, t.topic, t.campaign_key, t.source_app, t.business_goal,
-             COALESCE(t.message->>'message_id',
-                      '<' || ins.delivery_id || '@' || $10 || '>') AS message_id,
+         SELECT ins.id, ins.sequence, l.from_email, l.from_name, l.subject, l.email_type,
+             l.topic, l.campaign_key, l.source_app, l.business_goal,
+             COALESCE(l.message_id, '<' || ins.delivery_id || '@' || $10 || '>') AS message_id,
              d.provider_message_id
          FROM ins
-         LEFT JOIN tasks t ON t.id = ins.task_id
+         LEFT JOIN labels l ON l.id = ins.task_id
          LEFT JOIN deliveries d ON d.delivery_id = ins.delivery_id",
     )
     .bind(&ids)
@@ -204,15 +211,16 @@ fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> Deliver
     }
 }
 
-/// Queues `events` (all of `kind`) for the DELIVERY stream, [`PER_MESSAGE`] to a message:
+/// Queues `events` (all of `kind`) for the DELIVERY stream, [`PER_MESSAGE`] (or
+/// [`MESSAGE_BYTES`]) to a message:
 /// one outbox statement per kind, and a message per thousand events, not one each. Each
 /// message carries `common` (what all its events share), so its events need not repeat it.
 async fn publish(
     tx: &mut PgConnection, outlet: &Outlet, kind: Kind, common: Option<DeliveryEvent>,
     events: &[DeliveryEvent],
 ) -> Result<(), sqlx::Error> {
-    let messages: Vec<Outgoing> = events
-        .chunks(PER_MESSAGE)
+    let messages: Vec<Outgoing> = chunks(events)
+        .into_iter()
         .map(|chunk| {
             let batch = DeliveryEvents {
                 events: chunk.to_vec(),
@@ -223,6 +231,26 @@ async fn publish(
         })
         .collect();
     outbox::enqueue_many(tx, &subject(&outlet.ns, kind), &messages).await
+}
+
+/// `events` cut into runs of at most [`PER_MESSAGE`] events and [`MESSAGE_BYTES`] encoded
+/// bytes (a single larger event goes alone).
+fn chunks(events: &[DeliveryEvent]) -> Vec<&[DeliveryEvent]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, event) in events.iter().enumerate() {
+        // The event, its field tag and length.
+        let size = event.encoded_len() + 8;
+        if i > start && (i - start == PER_MESSAGE || bytes + size > MESSAGE_BYTES) {
+            chunks.push(&events[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < events.len() {
+        chunks.push(&events[start..]);
+    }
+    chunks
 }
 
 /// Publishes a `kind` event (`queued` or `scheduled`) for each of task `task`'s
@@ -297,4 +325,41 @@ pub struct EventView {
     pub kind: Kind,
     pub occurred_at: i64,
     pub detail: Json<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_hold_a_thousand_events_or_256_kib_at_most() {
+        let small = DeliveryEvent {
+            email: "a@example.com".into(),
+            ..Default::default()
+        };
+        let many = vec![small; 2500];
+        let sizes: Vec<usize> = chunks(&many).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [1000, 1000, 500]);
+        let large = DeliveryEvent {
+            subject: "s".repeat(1000),
+            from_name: "n".repeat(1000),
+            ..Default::default()
+        };
+        let many = vec![large; 800];
+        let cut = chunks(&many);
+        assert!(
+            cut.len() > 1,
+            "800 events of 2 KB are more than one message"
+        );
+        for chunk in &cut {
+            let bytes = DeliveryEvents {
+                events: chunk.to_vec(),
+                ..Default::default()
+            }
+            .encoded_len();
+            assert!(bytes <= MESSAGE_BYTES, "{bytes}");
+        }
+        assert_eq!(cut.iter().map(|c| c.len()).sum::<usize>(), 800);
+        assert!(chunks(&[]).is_empty());
+    }
 }

@@ -349,11 +349,35 @@ fn sample_event(kind: &str) -> DeliveryEvent {
 }
 
 /// The sample body a test delivery to target `id` carries: an endpoint's in its shape, a
-/// webhook's of the first type it takes.
+/// webhook's of the first type it takes (`email.sent` when it takes all).
 async fn sample_body(
     state: &AppState, owner: Owner, id: Uuid, shape: Shape,
 ) -> Result<Vec<u8>, ApiError> {
+    let inbound_only = |types: &[String]| {
+        !types.is_empty() && types.iter().all(|t| t == payload::INBOUND_RECEIVED)
+    };
+    let types: Vec<String> = match owner {
+        Owner::Endpoint => Vec::new(),
+        Owner::Webhook => {
+            sqlx::query_scalar("SELECT events FROM webhooks WHERE id = $1")
+                .bind(id)
+                .fetch_one(&state.db)
+                .await?
+        }
+    };
     let encoded = match owner {
+        Owner::Webhook if inbound_only(&types) => {
+            let shape = Shape {
+                max_body_bytes: usize::MAX,
+                ..shape
+            };
+            serde_json::to_vec(&Event::received(
+                &sample(Uuid::nil()),
+                Uuid::nil().to_string(),
+                shape,
+                now_rfc3339(),
+            ))
+        }
         Owner::Endpoint => {
             let address_id: Uuid =
                 sqlx::query_scalar("SELECT address_id FROM endpoints WHERE id = $1")
@@ -373,11 +397,6 @@ async fn sample_body(
             ))
         }
         Owner::Webhook => {
-            let types: Vec<String> =
-                sqlx::query_scalar("SELECT events FROM webhooks WHERE id = $1")
-                    .bind(id)
-                    .fetch_one(&state.db)
-                    .await?;
             let kind = types
                 .into_iter()
                 .find(|t| t.starts_with("email."))

@@ -28,8 +28,6 @@ use postmesh_shared::{Namespace, Runtime};
 use crate::deliver::{queue, UNFINISHED};
 use crate::payload::INBOUND_RECEIVED;
 
-/// Messages written by one statement at most.
-const BATCH: usize = 64;
 /// Batches in flight at once.
 const BATCHES: usize = 4;
 /// The pause before a message that could not be fanned out is tried again.
@@ -73,6 +71,8 @@ pub trait Source: Send + Sync + 'static {
     /// The stream read, and the durable consumer that reads it.
     const STREAM: Stream;
     const CONSUMER: &'static str;
+    /// Messages fanned out together at most.
+    const BATCH: usize;
 
     /// Parses a message; the error says why it can never be fanned out.
     fn decode(&self, payload: &[u8]) -> Result<Self::Item, String>;
@@ -81,7 +81,7 @@ pub trait Source: Send + Sync + 'static {
     fn fan_out(&self, batch: &[&Self::Item]) -> impl Future<Output = Result<(), String>> + Send;
 }
 
-/// Consumes `source`'s stream until the runtime shuts down, in batches of up to [`BATCH`]
+/// Consumes `source`'s stream until the runtime shuts down, in batches of up to its `BATCH`
 /// messages, [`BATCHES`] at once; fan-outs in progress finish first.
 pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
     let ns = &rt.common.namespace;
@@ -94,7 +94,7 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
                 durable_name: Some(S::CONSUMER.into()),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: Duration::from_secs(30),
-                max_ack_pending: (2 * BATCH * BATCHES) as i64,
+                max_ack_pending: (2 * S::BATCH * BATCHES) as i64,
                 ..Default::default()
             },
         )
@@ -102,7 +102,7 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("creating the {} consumer: {e}", S::CONSUMER))?;
     let mut messages = consumer
         .stream()
-        .max_messages_per_batch(BATCH)
+        .max_messages_per_batch(S::BATCH)
         .messages()
         .await
         .map_err(|e| anyhow::anyhow!("pulling for {}: {e}", S::CONSUMER))?;
@@ -125,7 +125,7 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
                 None => break,
             };
             // And whatever else has arrived meanwhile.
-            while batch.len() < BATCH {
+            while batch.len() < S::BATCH {
                 match messages.next().now_or_never() {
                     Some(Some(Ok(msg))) => batch.push(msg),
                     _ => break,
@@ -197,6 +197,8 @@ impl Source for Inbound {
     type Item = Received;
     const STREAM: Stream = Stream::Inbound;
     const CONSUMER: &'static str = "webhook-dispatcher";
+    /// Written by one statement.
+    const BATCH: usize = 64;
 
     fn decode(&self, payload: &[u8]) -> Result<Received, String> {
         Received::parse(payload)
