@@ -20,7 +20,7 @@ use postmesh_shared::{AddressId, Success};
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
 use postmesh_tests::receiver::{Delivery, Receiver, Reply};
-use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN};
+use postmesh_tests::{eventually, peek, ServiceDb, Stack, INBOUND_DOMAIN};
 use webhook_dispatcher::attempts::{AttemptList, AttemptView, Replayed, Tested};
 use webhook_dispatcher::defaults::DefaultPage;
 use webhook_dispatcher::endpoints::{Created, EndpointPage, Subscribed};
@@ -525,11 +525,12 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
         }
     })
     .await;
-    assert!(
-        receiver.count() >= 3,
-        "failed for 2 s first: {}",
-        receiver.count()
-    );
+    // Not before it had failed for the 2 s, from its first failed try to the one that
+    // disabled it (in whole seconds, as the times are kept: more than 1 s).
+    let tries = receiver.deliveries();
+    assert!(tries.len() >= 2, "{} tries", tries.len());
+    let failing_for = tries[tries.len() - 1].arrived - tries[0].arrived;
+    assert!(failing_for > Duration::from_secs(1), "{failing_for:?}");
     // Disabled: new mail is not sent to it.
     ingest(
         &stack,
@@ -635,6 +636,65 @@ async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
     })
     .await;
     assert!(list.iter().all(|a| a.status != "succeeded"));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one() {
+    let mut stack = Stack::start().await;
+    // A small worker: its consumer hands out at most 2 × 2 jobs at once, so a backlog that
+    // waited as jobs in JetStream would soon fill it.
+    let mut config = stack.dispatcher_config();
+    config.delivery.concurrency = 2;
+    config.delivery.endpoint_concurrency = 1;
+    config.delivery.timeout = Duration::from_secs(10);
+    config.delivery.retry_schedule = vec![Duration::from_secs(60), Duration::from_secs(60)];
+    stack.kill_dispatcher().await;
+    // The consumer is durable: made again with this worker's limits.
+    let js = async_nats::jetstream::new(async_nats::connect(&stack.common.nats_url).await.unwrap());
+    let webhooks = js
+        .get_stream(Stream::Webhook.name(stack.ns()))
+        .await
+        .unwrap();
+    webhooks
+        .delete_consumer("webhook-dispatcher")
+        .await
+        .unwrap();
+    stack.restart_dispatcher(config).await;
+    let (key, inbox) = key_with_inbox(&stack, "backlog").await;
+    let (failing, stalled, healthy) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    let f = endpoint(&stack, &key, inbox, &failing, json!({})).await;
+    let s = endpoint(&stack, &key, inbox, &stalled, json!({})).await;
+    endpoint(&stack, &key, inbox, &healthy, json!({})).await;
+    failing.answer(Reply::Status(500));
+    stalled.answer(Reply::Slow(Duration::from_secs(30), 200));
+    let count = 12;
+    for i in 0..count {
+        let raw = message(None, &format!("Backlog {i}"), "", "b");
+        ingest(&stack, &raw, &[&inbox_address("backlog")]).await;
+    }
+    // Before the failing receiver's first retry (60 s) and the stalled one's timeout (10 s).
+    let started = Instant::now();
+    received(&healthy, count, Duration::from_secs(8)).await;
+    assert!(started.elapsed() < Duration::from_secs(8));
+    // Their deliveries wait in the database: the failing one's for its retry, the stalled
+    // one's for a free slot.
+    let now = postmesh_shared::db::now_unix();
+    let list = attempts(&stack, &key, f).await;
+    assert_eq!(list.len(), count);
+    assert!(
+        list.iter().all(|a| a.status == "pending"
+            && a.last_status_code == Some(500)
+            && a.next_attempt_at.is_some_and(|at| at >= now + 45)),
+        "{list:?}"
+    );
+    let list = attempts(&stack, &key, s).await;
+    assert_eq!(list.len(), count);
+    assert!(list.iter().all(|a| a.status == "pending"), "{list:?}");
     stack.shutdown().await;
 }
 
@@ -778,4 +838,91 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
         "the restarted dispatcher finished the rest"
     );
     stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass() {
+    let store = ServiceDb::create(
+        webhook_dispatcher::SERVICE,
+        &[&webhook_dispatcher::MIGRATOR],
+    )
+    .await;
+    let now = postmesh_shared::db::now_unix();
+    let (workspace, a, b, c) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    // (target, requeue_at, status, leased): A has five due, B two, C one not yet due; one of
+    // B's is leased, one of A's succeeded.
+    let rows = [
+        (a, now - 50, "pending", false),
+        (a, now - 40, "pending", false),
+        (a, now - 30, "pending", false),
+        (a, now - 20, "pending", false),
+        (a, now - 10, "pending", false),
+        (a, now - 60, "succeeded", false),
+        (b, now - 45, "pending", false),
+        (b, now - 5, "pending", false),
+        (b, now - 70, "pending", true),
+        (c, now + 100, "pending", false),
+    ];
+    let mut ids = Vec::new();
+    for (target, requeue_at, status, leased) in rows {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
+                                   created_at, updated_at, requeue_at, leased_until_ms)
+             VALUES ($1, $2, $3, $4, 'inbound', $5, $6, $6, $7,
+                     CASE WHEN $8 THEN (extract(epoch FROM now()) * 1000)::bigint + 60000 ELSE 0 END)",
+        )
+        .bind(id)
+        .bind(workspace)
+        .bind(target)
+        .bind(uuid::Uuid::now_v7())
+        .bind(status)
+        .bind(now)
+        .bind(requeue_at)
+        .bind(leased)
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let taken = |list: Vec<(uuid::Uuid, i32)>| -> HashSet<uuid::Uuid> {
+        list.into_iter().map(|(id, _)| id).collect()
+    };
+    // Two of each target, the earliest first.
+    let first = taken(
+        webhook_dispatcher::attempts::due(&store.pool, 2, 500)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(first, HashSet::from([ids[0], ids[1], ids[6], ids[7]]));
+    // Taken ones wait their five minutes; A's next two come in the next pass.
+    let second = taken(
+        webhook_dispatcher::attempts::due(&store.pool, 2, 500)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(second, HashSet::from([ids[2], ids[3]]));
+    // At most `limit` in all.
+    let third = webhook_dispatcher::attempts::due(&store.pool, 2, 1)
+        .await
+        .unwrap();
+    assert_eq!(taken(third), HashSet::from([ids[4]]));
+    assert!(webhook_dispatcher::attempts::due(&store.pool, 2, 500)
+        .await
+        .unwrap()
+        .is_empty());
+    let requeue: i64 = sqlx::query_scalar("SELECT requeue_at FROM attempts WHERE id = $1")
+        .bind(ids[0])
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert!(
+        (now + 299..=now + 302).contains(&requeue),
+        "{requeue} vs {now}"
+    );
 }

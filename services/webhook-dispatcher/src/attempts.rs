@@ -1,7 +1,8 @@
 //! A target's deliveries as a resource — an inbox endpoint's or a workspace webhook's, one
 //! set of handlers for both: its attempts (paged, by status), one retried by hand,
 //! everything it takes since a time replayed (by type for a webhook), a signed sample sent at
-//! once; and the sweep that queues again attempts whose job was lost.
+//! once; and the scheduler that queues attempts when they are due (a retry, a busy target's
+//! turn, a lost job).
 
 use std::time::Duration;
 
@@ -24,14 +25,12 @@ use crate::AppState;
 
 /// The most attempts one page shows.
 const MAX_LIMIT: i64 = 100;
-/// How often the sweep looks for attempts whose job was lost.
-const SWEEP_EVERY: Duration = Duration::from_secs(30);
-/// How late past its time a pending, unleased attempt must be before the sweep queues it.
-const OVERDUE_SECS: i64 = 120;
+/// How often the scheduler queues the attempts that are due.
+const SCHEDULE_EVERY: Duration = Duration::from_secs(1);
 /// Attempts of one replay job.
 const REPLAY_JOB: usize = 50;
-/// Attempts one sweep pass queues at most.
-const SWEEP_BATCH: i64 = 500;
+/// Attempts one scheduler pass queues at most.
+const SCHEDULE_BATCH: i64 = 500;
 
 /// Whose deliveries a route is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,7 +209,8 @@ pub(crate) async fn retry<O: Owned>(
     let (_, column) = O::OWNER.table();
     let view: AttemptView = sqlx::query_as(&format!(
         "WITH a AS (
-             UPDATE attempts SET status = 'pending', next_attempt_at = $3, updated_at = $3
+             UPDATE attempts SET status = 'pending', next_attempt_at = $3, updated_at = $3,
+                 requeue_at = DEFAULT
              WHERE id = $1 AND {column} = $2 RETURNING *
          )
          SELECT {COLUMNS} FROM a LEFT JOIN events ev ON ev.id = a.message_id"
@@ -287,11 +287,11 @@ pub(crate) async fn replay<O: Owned>(
     .bind(types)
     .fetch_all(&state.db)
     .await?;
-    // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the sweep.
+    // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the scheduler.
     for chunk in queued.chunks(REPLAY_JOB) {
         let msg_id = format!("{}:replay", chunk[0]);
         if let Err(e) = queue(&js, &state.ns, chunk, &msg_id).await {
-            tracing::warn!(error = %e, "replay queued in the database only; the sweep sends it");
+            tracing::warn!(error = %e, "replay queued in the database only; the scheduler sends it");
         }
     }
     Ok((
@@ -428,43 +428,59 @@ pub(crate) async fn test<O: Owned>(
     }))
 }
 
-/// Every `SWEEP_EVERY`, queues again pending attempts that are overdue and unleased (their
-/// job was lost: a publish that failed, a stream that lost it).
-pub fn sweep(rt: &Runtime) {
+/// Every `SCHEDULE_EVERY`, queues the attempts that are [`due`], at most `per_target` of
+/// each target per pass, so a target with a large backlog takes its turn without crowding
+/// out the others.
+pub fn schedule(rt: &Runtime, per_target: usize) {
     let (db, js, ns) = (rt.db.clone(), rt.js.clone(), rt.common.namespace.clone());
-    rt.every("webhook sweep", SWEEP_EVERY, move || {
+    rt.every("webhook scheduler", SCHEDULE_EVERY, move || {
         let (db, js, ns) = (db.clone(), js.clone(), ns.clone());
         async move {
-            let overdue: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
-                "SELECT id, attempt_count FROM attempts
-                 WHERE status = 'pending' AND next_attempt_at < $1
-                   AND leased_until_ms < {}
-                 ORDER BY next_attempt_at LIMIT $2",
-                postmesh_shared::queue::DB_NOW_MS
-            ))
-            .bind(now_unix() - OVERDUE_SECS)
-            .bind(SWEEP_BATCH)
-            .fetch_all(&db)
-            .await
-            .map_err(|e| e.to_string())?;
-            if overdue.is_empty() {
-                return Ok::<bool, String>(false);
+            let due = due(&db, per_target, SCHEDULE_BATCH)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !due.is_empty() {
+                tracing::debug!(count = due.len(), "queueing due webhook attempts");
+                // A publish that fails leaves them to a later pass (their default time).
+                queue_each(&js, &ns, &due)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
-            tracing::warn!(
-                count = overdue.len(),
-                "queueing overdue webhook attempts again"
-            );
-            queue_each(&js, &ns, &overdue)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Once queued, they are not overdue again until their job had its chance.
-            sqlx::query("UPDATE attempts SET next_attempt_at = $2 WHERE id = ANY($1)")
-                .bind(overdue.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-                .bind(now_unix())
-                .execute(&db)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(false)
+            Ok::<bool, String>(false)
         }
     });
+}
+
+/// Takes the pending, unleased attempts whose `requeue_at` has passed (a retry's time came,
+/// a busy target's pause ended, or a job was lost), the earliest first, at most
+/// `per_target` of each target and `limit` in all, and gives each its column's default
+/// `requeue_at` again (if still pending five minutes on, its job was lost); answers
+/// `(id, attempt_count)` of each, to be queued. Replicas may take at once: the update
+/// re-checks each row, so each is taken once.
+pub async fn due(
+    db: &PgPool, per_target: usize, limit: i64,
+) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    // `<`: seconds are whole, so a retry due at second t waits until t + 1 has begun and
+    // never comes early.
+    sqlx::query_as(&format!(
+        "UPDATE attempts a SET requeue_at = DEFAULT
+         FROM (
+             SELECT id FROM (
+                 SELECT id, requeue_at, row_number() OVER (
+                     PARTITION BY COALESCE(endpoint_id, webhook_id, workspace_id)
+                     ORDER BY requeue_at, id) AS nth
+                 FROM attempts
+                 WHERE status = 'pending' AND requeue_at < $1 AND leased_until_ms < {now_ms}
+             ) d
+             WHERE nth <= $2 ORDER BY requeue_at LIMIT $3
+         ) due
+         WHERE a.id = due.id AND a.status = 'pending' AND a.requeue_at < $1
+         RETURNING a.id, a.attempt_count",
+        now_ms = postmesh_shared::queue::DB_NOW_MS
+    ))
+    .bind(now_unix())
+    .bind(i64::try_from(per_target).unwrap_or(i64::MAX))
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }

@@ -3,10 +3,11 @@
 //! default webhook) and what they carry (a stored delivery event, or a received message
 //! asked of the inbound service);
 //! the claim takes the attempt's lease; the work renders, signs and POSTs it, each target
-//! limited to `WEBHOOK_ENDPOINT_CONCURRENCY` at once (a busy target's job is handed back, so
-//! it never holds up another's); the record writes the outcome and the target's health (a
-//! 410 or `WEBHOOK_DISABLE_AFTER_SECS` of failures disables it). Retries follow
-//! `WEBHOOK_RETRY_SCHEDULE`, or a receiver's `Retry-After`.
+//! limited to `WEBHOOK_ENDPOINT_CONCURRENCY` at once (a busy target's attempt is left to the
+//! scheduler, so it never holds up another's); the record writes the outcome and the
+//! target's health (a 410 or `WEBHOOK_DISABLE_AFTER_SECS` of failures disables it). Retries
+//! follow `WEBHOOK_RETRY_SCHEDULE`, or a receiver's `Retry-After`, and wait in the database
+//! (`requeue_at`), not in the consumer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
 use postmesh_shared::queue::{
-    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Verdict,
+    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, Verdict,
     DB_NOW_MS,
 };
 use postmesh_shared::secrets::SecretBox;
@@ -42,11 +43,13 @@ const ACK_WAIT: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
-/// `attempts_pending` index (the sweep's: every pending attempt), whatever the statistics.
+/// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
 pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
 
-/// How long an attempt waits for a slot of its busy target before it is handed on.
+/// How long an attempt waits for a slot of its busy target before it is deferred.
 const BUSY_WAIT: Duration = Duration::from_millis(100);
+/// How long a deferred attempt of a busy target waits before the scheduler queues it again.
+const BUSY_PAUSE: Duration = Duration::from_secs(1);
 /// Bytes of a receiver's answer kept in `lastError`.
 const ERROR_BODY_BYTES: usize = 200;
 
@@ -159,7 +162,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 #[derive(sqlx::FromRow)]
 struct AttemptRow {
     id: Uuid,
-    attempt_count: i32,
     workspace_id: Uuid,
     endpoint_id: Option<Uuid>,
     webhook_id: Option<Uuid>,
@@ -179,7 +181,7 @@ struct AttemptRow {
 /// Reads attempts `ids` with their targets (an endpoint, a webhook, or the workspace's
 /// default webhook) and, for an event's attempt, the event.
 const ATTEMPTS_WITH_TARGETS: &str = "
-    SELECT a.id, a.attempt_count, a.workspace_id, a.endpoint_id, a.webhook_id, a.message_id,
+    SELECT a.id, a.workspace_id, a.endpoint_id, a.webhook_id, a.message_id,
         ev.type AS event_type, ev.data AS event_data,
         COALESCE(e.url, w.url, d.url) AS url, COALESCE(e.active, w.active, d.active) AS active,
         COALESCE(e.body_format, d.body_format) AS body_format,
@@ -220,7 +222,8 @@ pub struct Delivery {
     /// Its endpoint or webhook, or for the default webhook its workspace: what slots are
     /// counted by.
     target: Uuid,
-    attempt_count: i32,
+    /// The attempt.
+    attempt: Uuid,
 }
 
 /// What a job's attempts need, by item: each delivery, or why it can never be made; and
@@ -233,8 +236,6 @@ pub struct Prepared {
 /// The dispatcher's stages.
 struct Deliveries {
     state: AppState,
-    /// Where a busy target's attempt is queued alone.
-    js: async_nats::jetstream::Context,
     max_body_bytes: usize,
     schedule: Vec<Duration>,
     disable_after: Duration,
@@ -278,7 +279,6 @@ impl Slots {
 pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> anyhow::Result<()> {
     let stages = Deliveries {
         state,
-        js: rt.js.clone(),
         max_body_bytes: config.max_body_bytes,
         schedule: config.retry_schedule.clone(),
         disable_after: config.disable_after,
@@ -291,10 +291,11 @@ pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> an
         name: "webhook-dispatcher",
         ack_wait: ACK_WAIT,
         max_deliver: i64::try_from(config.retry_schedule.len()).unwrap_or(0) + 1,
-        // Only a busy target's job waits on this (its attempts follow the schedule).
+        // Only a job whose database work failed waits on this (attempts follow the schedule).
         retry_base: Duration::from_millis(500),
         concurrency: config.concurrency,
         claim_ahead: 2 * config.concurrency,
+        timers: Timers::Database,
     };
     queue::spawn(rt, Stream::Webhook, queue, stages).await
 }
@@ -355,7 +356,7 @@ pub async fn ready_target(
         ),
     };
     let row: AttemptRow = sqlx::query_as(&format!(
-        "SELECT id, 0 AS attempt_count, workspace_id, {endpoint} AS endpoint_id,
+        "SELECT id, workspace_id, {endpoint} AS endpoint_id,
              {webhook} AS webhook_id, id AS message_id, NULL::text AS event_type,
              NULL::jsonb AS event_data, url, true AS active, {shape}, secret_sealed,
              previous_secret_sealed, previous_secret_until
@@ -419,13 +420,13 @@ impl Deliveries {
                     continue;
                 }
             };
-            let (target, attempt_count) = (target_of(&row), row.attempt_count);
+            let (target, attempt) = (target_of(&row), row.id);
             if let (Some(kind), Some(Json(data))) = (row.event_type, row.event_data) {
                 deliveries.push(Ok(Delivery {
                     ready,
                     content: Content::Event(kind, data),
                     target,
-                    attempt_count,
+                    attempt,
                 }));
                 continue;
             }
@@ -449,7 +450,7 @@ impl Deliveries {
                     ready,
                     content: Content::Message(message, row.message_id),
                     target,
-                    attempt_count,
+                    attempt,
                 }),
                 None => Err("the message no longer exists".into()),
             });
@@ -482,9 +483,9 @@ impl Stages for Deliveries {
         self.prepare_all(job).await
     }
 
-    /// Takes a slot of the item's target; when they stay all in use, a job of several
-    /// attempts hands this one to a job of its own, and a job of one is tried again soon.
-    async fn admit(&self, job: &Vec<Uuid>, shared: &Prepared, index: usize) -> Admission {
+    /// Takes a slot of the item's target; when they stay all in use, the attempt waits in
+    /// the database for the scheduler (`crate::attempts::schedule`), holding nothing here.
+    async fn admit(&self, _job: &Vec<Uuid>, shared: &Prepared, index: usize) -> Admission {
         // One that can never be made is failed by its work.
         let Ok(delivery) = &shared.deliveries[index] else {
             return Admission::Now;
@@ -494,13 +495,9 @@ impl Stages for Deliveries {
             return Admission::Now;
         }
         let busy = "the endpoint has as many deliveries in flight as it may";
-        if job.len() == 1 {
-            return Admission::Later(busy.into());
-        }
-        let alone = [(job[index], delivery.attempt_count)];
-        match queue_each(&self.js, &self.state.ns, &alone).await {
+        match defer(&self.state.db, delivery.attempt, BUSY_PAUSE).await {
             Ok(()) => Admission::Elsewhere,
-            Err(e) => Admission::Later(format!("{busy}; queueing it alone failed: {e}")),
+            Err(e) => Admission::Later(format!("{busy}; deferring it failed: {e}")),
         }
     }
 
@@ -661,7 +658,8 @@ async fn record(
          ), done AS (
              UPDATE attempts a SET status = u.status, last_error = u.error,
                  last_status_code = COALESCE(u.code, a.last_status_code),
-                 next_attempt_at = u.next_at, updated_at = $7, lease_owner = NULL,
+                 next_attempt_at = u.next_at, requeue_at = COALESCE(u.next_at, a.requeue_at),
+                 updated_at = $7, lease_owner = NULL,
                  leased_until_ms = 0
              FROM u
              WHERE a.id = u.id
@@ -709,6 +707,19 @@ async fn record(
     .await?;
     let written: HashSet<Uuid> = written.into_iter().collect();
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
+}
+
+/// Leaves pending attempt `id` to the scheduler, due `pause` from now.
+async fn defer(db: &PgPool, id: Uuid, pause: Duration) -> Result<(), sqlx::Error> {
+    let pause = i64::try_from(pause.as_secs()).unwrap_or(i64::MAX / 2);
+    sqlx::query(&format!(
+        "UPDATE attempts SET requeue_at = $2 WHERE id = $1 AND {UNFINISHED}"
+    ))
+    .bind(id)
+    .bind(now_unix() + pause)
+    .execute(db)
+    .await
+    .map(drop)
 }
 
 /// Publishes one WEBHOOK job of `attempts` under `msg_id` (a repeat within JetStream's

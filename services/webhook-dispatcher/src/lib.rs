@@ -233,7 +233,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Starts the dispatcher: its routes on NATS, the INBOUND and DELIVERY fan-outs, the
-/// delivery worker and the sweep that republishes attempts whose job was lost.
+/// delivery worker and the scheduler that queues attempts when they are due.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
     if config.allow_insecure {
@@ -263,7 +263,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     };
     fanout::spawn(&rt, deliveries).await?;
     deliver::spawn(&rt, state.clone(), &config.delivery).await?;
-    attempts::sweep(&rt);
+    attempts::schedule(&rt, config.delivery.endpoint_concurrency.max(1));
     rt.serve(rt.host().http(router(state))).await?;
     rt.running(None).await
 }

@@ -2,7 +2,8 @@
 //! consumer with prefetch; per job, its items (messages, webhook calls) each claimed under
 //! a lease on the database clock, renewed with heartbeats; the service's work; the outcome
 //! recorded; claims and outcomes written in batches; the job acknowledged as its most
-//! pressing item says — a retry as NAK-with-delay, a live lease elsewhere as a wait, a
+//! pressing item says — a retry as NAK-with-delay (or, with [`Timers::Database`], acked
+//! while the service's table holds the retry), a live lease elsewhere as a wait, a
 //! permanent failure parked; graceful drain on shutdown. Policy: docs/decisions.md,
 //! "Delivery (sender)".
 //!
@@ -47,6 +48,20 @@ pub struct QueueConfig {
     /// Items claimed and not yet finished at most: claims run ahead of the work, so a free
     /// work slot never waits for the database.
     pub claim_ahead: usize,
+    /// Where an item waits for its retry.
+    pub timers: Timers,
+}
+
+/// Where an item that failed for now waits until it is tried again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timers {
+    /// In JetStream: its job is handed back with a delayed NAK (and counts toward the
+    /// consumer's `max_ack_pending` while it waits).
+    Redelivery,
+    /// In the stage's own table: the recorded retry says when the item is due, and the
+    /// service queues it again then, so its job is acknowledged and holds nothing in the
+    /// consumer (one failing destination cannot fill it).
+    Database,
 }
 
 /// The longest pause before a job is tried again.
@@ -234,7 +249,9 @@ impl Outcome {
             Self::Superseded => 2,
             Self::Stopped => 3,
             Self::Leased(_) => 4,
-            Self::Retry(..) | Self::NotNow(_) => 5,
+            Self::Retry(_, Some(_)) => 5,
+            // Unrecorded: only a redelivery of the job tries it again.
+            Self::Retry(_, None) | Self::NotNow(_) => 6,
         }
     }
 
@@ -273,8 +290,9 @@ struct Worker<S: Stages> {
     shutdown: CancellationToken,
     claims: Batcher<ClaimRow<S::ClaimData>, Option<i32>>,
     records: Batcher<RecordRow, bool>,
-    /// Items claimed and not yet finished, at most `claim_ahead`.
-    claimed: Semaphore,
+    /// Items claimed and not yet finished, at most `claim_ahead`; each item gives its own
+    /// back when it finishes, so a slow item holds one, not its whole job's.
+    claimed: Arc<Semaphore>,
     /// Items in the work stage, at most `concurrency`.
     working: Semaphore,
 }
@@ -326,7 +344,7 @@ pub async fn spawn<S: Stages>(
             }
         }),
         stages,
-        claimed: Semaphore::new(config.claim_ahead.max(1)),
+        claimed: Arc::new(Semaphore::new(config.claim_ahead.max(1))),
         working: Semaphore::new(config.concurrency.max(1)),
         config,
         shutdown: rt.shutdown.clone(),
@@ -457,9 +475,9 @@ impl<S: Stages> Worker<S> {
     ) -> Vec<(usize, Outcome)> {
         let stopped = || indices.iter().map(|&i| (i, Outcome::Stopped)).collect();
         let count = u32::try_from(indices.len().min(self.config.claim_ahead.max(1))).unwrap_or(1);
-        let _claimed = tokio::select! {
+        let mut claimed = tokio::select! {
             _ = self.shutdown.cancelled() => return stopped(),
-            p = self.claimed.acquire_many(count) => p.expect("semaphore is never closed"),
+            p = self.claimed.clone().acquire_many_owned(count) => p.expect("semaphore is never closed"),
         };
         let shared = match self.stages.prepare(&job).await {
             Ok(shared) => Arc::new(shared),
@@ -473,11 +491,18 @@ impl<S: Stages> Worker<S> {
         let mut running = tokio::task::JoinSet::new();
         for &i in &indices {
             let (worker, job, shared, id) = (self.clone(), job.clone(), shared.clone(), ids[i]);
-            let work = async move { (i, worker.item(&job, &shared, i, id, lease).await) };
+            // An item past `claim_ahead` (a job larger than that) runs without one.
+            let permit = claimed.split(1);
+            let work = async move {
+                let outcome = worker.item(&job, &shared, i, id, lease).await;
+                drop(permit);
+                (i, outcome)
+            };
             // Each item's logs stay in the job's span (and its trace).
             running.spawn(work.instrument(tracing::Span::current()));
         }
         let mut outcomes = Vec::with_capacity(indices.len());
+        drop(claimed);
         while let Some(done) = running.join_next().await {
             match done {
                 Ok(outcome) => outcomes.push(outcome),
@@ -606,6 +631,10 @@ impl<S: Stages> Worker<S> {
                 tracing::error!(%reason, "every item of the job failed for good; parked");
                 msg.ack_with(AckKind::Term).await
             }
+            Outcome::Retry(reason, Some(after)) if self.config.timers == Timers::Database => {
+                tracing::warn!(%reason, ?after, "an item will be tried again from the database");
+                msg.ack().await
+            }
             Outcome::Retry(reason, after) => {
                 let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
                 let delay = after.unwrap_or_else(|| retry_delay(self.config.retry_base, delivered));
@@ -647,6 +676,10 @@ mod tests {
         assert_eq!(Outcome::of_job(vec![Done, park()]), Done);
         assert_eq!(Outcome::of_job(vec![park(), park()]), park());
         assert_eq!(Outcome::of_job(vec![Done, retry(), Leased(ms(5))]), retry());
+        // A retry the database holds gives way to one only a redelivery would make.
+        let recorded = || Retry("x".into(), Some(ms(9)));
+        assert_eq!(Outcome::of_job(vec![recorded(), retry()]), retry());
+        assert_eq!(Outcome::of_job(vec![recorded(), Done]), recorded());
         assert_eq!(
             Outcome::of_job(vec![Leased(ms(1)), Done, Leased(ms(3))]),
             Leased(ms(3))

@@ -18,7 +18,9 @@ use uuid::Uuid;
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
-use postmesh_shared::queue::{self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing};
+use postmesh_shared::queue::{
+    self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers,
+};
 use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
 use postmesh_shared::db::now_unix;
@@ -112,6 +114,7 @@ pub async fn spawn(
         concurrency: config.concurrency,
         // The next job's claims are written while the current one's messages go out.
         claim_ahead: 2 * config.concurrency.max(tasks::RECIPIENTS_PER_JOB),
+        timers: Timers::Redelivery,
     };
     queue::spawn(rt, Stream::Send, config, stages).await
 }
