@@ -743,6 +743,13 @@ impl Stack {
         self.wait_ready(admin).await;
     }
 
+    /// The webhook dispatcher's process id, when it runs as a child process.
+    pub fn dispatcher_pid(&self) -> Option<u32> {
+        self.dispatcher_child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+    }
+
     /// Stops the sender: gracefully in process, with SIGKILL as a child process.
     pub async fn kill_sender(&mut self) {
         if let Some(running) = self.sender.take() {

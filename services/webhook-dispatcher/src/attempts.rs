@@ -30,7 +30,11 @@ const SCHEDULE_EVERY: Duration = Duration::from_secs(1);
 /// Attempts of one replay job.
 const REPLAY_JOB: usize = 50;
 /// Attempts one scheduler pass queues at most.
-const SCHEDULE_BATCH: i64 = 500;
+const SCHEDULE_BATCH: i64 = 1000;
+/// Attempts of one target one scheduler pass queues at most: a target's backlog drains at
+/// up to this many a second once it answers again, and a stalled one's is handed round no
+/// faster.
+const SCHEDULE_PER_TARGET: usize = 100;
 
 /// Whose deliveries a route is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -428,15 +432,15 @@ pub(crate) async fn test<O: Owned>(
     }))
 }
 
-/// Every `SCHEDULE_EVERY`, queues the attempts that are [`due`], at most `per_target` of
-/// each target per pass, so a target with a large backlog takes its turn without crowding
-/// out the others.
-pub fn schedule(rt: &Runtime, per_target: usize) {
+/// Every `SCHEDULE_EVERY`, queues the attempts that are [`due`], at most
+/// `SCHEDULE_PER_TARGET` of each target per pass, so a target with a large backlog takes its
+/// turn without crowding out the others.
+pub fn schedule(rt: &Runtime) {
     let (db, js, ns) = (rt.db.clone(), rt.js.clone(), rt.common.namespace.clone());
     rt.every("webhook scheduler", SCHEDULE_EVERY, move || {
         let (db, js, ns) = (db.clone(), js.clone(), ns.clone());
         async move {
-            let due = due(&db, per_target, SCHEDULE_BATCH)
+            let due = due(&db, SCHEDULE_PER_TARGET, SCHEDULE_BATCH)
                 .await
                 .map_err(|e| e.to_string())?;
             if !due.is_empty() {

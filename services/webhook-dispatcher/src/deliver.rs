@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prost::Message as _;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
@@ -46,10 +46,12 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
 pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
 
-/// How long an attempt waits for a slot of its busy target before it is deferred.
-const BUSY_WAIT: Duration = Duration::from_millis(100);
-/// How long a deferred attempt of a busy target waits before the scheduler queues it again.
-const BUSY_PAUSE: Duration = Duration::from_secs(1);
+/// How long an attempt waits for a slot of its busy target. A target that frees none in
+/// that time counts as stalled.
+const BUSY_WAIT: Duration = Duration::from_secs(1);
+/// How long a stalled target stays so: its attempts meanwhile are deferred at once, and
+/// wait this long in the database before the scheduler queues them again.
+const STALLED_FOR: Duration = Duration::from_secs(5);
 /// Bytes of a receiver's answer kept in `lastError`.
 const ERROR_BODY_BYTES: usize = 200;
 
@@ -245,32 +247,52 @@ struct Deliveries {
 /// Delivery slots per target.
 struct Slots {
     per_target: usize,
-    targets: Mutex<HashMap<Uuid, Arc<Semaphore>>>,
+    targets: Mutex<HashMap<Uuid, Arc<TargetSlots>>>,
+}
+
+/// One target's slots, and until when it counts as stalled.
+struct TargetSlots {
+    slots: Arc<Semaphore>,
+    stalled_until: Mutex<Option<Instant>>,
 }
 
 impl Slots {
-    /// A slot of `target`'s, waiting at most [`BUSY_WAIT`] for one to free up.
+    /// A slot of `target`'s: at once, or within [`BUSY_WAIT`] unless the target is stalled;
+    /// `None` when it has none to spare (it then counts as stalled for [`STALLED_FOR`]).
     async fn take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
-        let slots = self.of(target);
-        if let Ok(slot) = slots.clone().try_acquire_owned() {
+        let target = self.of(target);
+        if let Ok(slot) = target.slots.clone().try_acquire_owned() {
             return Some(slot);
         }
-        tokio::time::timeout(BUSY_WAIT, slots.acquire_owned())
-            .await
-            .ok()
-            .and_then(Result::ok)
+        let stalled = |until: &Option<Instant>| until.is_some_and(|u| Instant::now() < u);
+        if stalled(&target.stalled_until.lock().expect("stall lock")) {
+            return None;
+        }
+        match tokio::time::timeout(BUSY_WAIT, target.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Some(slot),
+            _ => {
+                *target.stalled_until.lock().expect("stall lock") =
+                    Some(Instant::now() + STALLED_FOR);
+                None
+            }
+        }
     }
 
-    /// The semaphore of `target`'s slots.
-    fn of(&self, target: Uuid) -> Arc<Semaphore> {
+    /// `target`'s slots.
+    fn of(&self, target: Uuid) -> Arc<TargetSlots> {
         let mut targets = self.targets.lock().expect("slots lock");
         if targets.len() > 10_000 {
             // Forget idle targets; a busy one keeps its semaphore alive through its permits.
-            targets.retain(|_, s| s.available_permits() < self.per_target);
+            targets.retain(|_, t| t.slots.available_permits() < self.per_target);
         }
         targets
             .entry(target)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_target)))
+            .or_insert_with(|| {
+                Arc::new(TargetSlots {
+                    slots: Arc::new(Semaphore::new(self.per_target)),
+                    stalled_until: Mutex::new(None),
+                })
+            })
             .clone()
     }
 }
@@ -495,7 +517,7 @@ impl Stages for Deliveries {
             return Admission::Now;
         }
         let busy = "the endpoint has as many deliveries in flight as it may";
-        match defer(&self.state.db, delivery.attempt, BUSY_PAUSE).await {
+        match defer(&self.state.db, delivery.attempt, STALLED_FOR).await {
             Ok(()) => Admission::Elsewhere,
             Err(e) => Admission::Later(format!("{busy}; deferring it failed: {e}")),
         }

@@ -263,7 +263,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     };
     fanout::spawn(&rt, deliveries).await?;
     deliver::spawn(&rt, state.clone(), &config.delivery).await?;
-    attempts::schedule(&rt, config.delivery.endpoint_concurrency.max(1));
+    attempts::schedule(&rt);
     rt.serve(rt.host().http(router(state))).await?;
     rt.running(None).await
 }

@@ -192,7 +192,7 @@ pub async fn throughput(
 }
 
 /// A process's resident set (`VmRSS`) and its peak (`VmHWM`), in bytes.
-fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
+pub fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> anyhow::Result<u64> {
         let line = status

@@ -1,4 +1,4 @@
-//! `make bench`: seven benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: eight benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** through the whole stack (gateway → NATS → billing → Postgres)
@@ -46,6 +46,11 @@
 //!    (`BENCH_EVENTS`, default 2000; `BENCH_EVENT_CONCURRENCY`, default 32), and the time
 //!    from an event to the delivered email of a workflow whose first step sends
 //!    (`BENCH_EVENT_LATENCY_SAMPLES`, default 20).
+//! 8. **Delivery-event webhooks** ([`events`]): events delivered per second to 10 local
+//!    receivers for a send to `BENCH_EVENT_RECIPIENTS` (default 10,000; each recipient's
+//!    `email.queued` and `email.sent`) against one process posting as many signed payloads
+//!    with reqwest (`BENCH_EVENT_CONCURRENCY`, default 64; goal: ratio ≥ 0.5), and the
+//!    dispatcher's peak RSS with one receiver stalled as its backlog grows (goal: flat).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
@@ -54,10 +59,11 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,audience,workflows,webhooks,inbound,rss`;
+//! `balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss`;
 //! default all).
 
 mod audiences;
+mod events;
 mod inbound;
 mod webhooks;
 mod workflows;
@@ -725,7 +731,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,audience,workflows,webhooks,inbound,rss",
+        "balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
@@ -776,6 +782,13 @@ async fn main() -> anyhow::Result<()> {
                 rounds: env_parse("BENCH_WEBHOOK_ROUNDS", 2)?,
             };
             webhooks::fanout(&mut stack, &settings).await?;
+        }
+        if runs("events") {
+            let settings = events::Settings {
+                recipients: env_parse("BENCH_EVENT_RECIPIENTS", 10_000)?,
+                concurrency: env_parse("BENCH_EVENT_CONCURRENCY", 64)?,
+            };
+            events::run(&mut stack, &settings).await?;
         }
         // Last: the inbound benchmarks write some hundred MB that Postgres then flushes,
         // which would slow whatever ran after them.

@@ -1,0 +1,292 @@
+//! Delivery-event webhooks: a send to an audience of `BENCH_EVENT_RECIPIENTS` contacts
+//! (default 10,000) with 10 workspace webhooks, each on its own local receiver taking
+//! `email.queued` and `email.sent`, so every recipient yields 2 × 10 signed deliveries.
+//!
+//! **Throughput**, measured as the inbox bench's backlog round: the send is accepted and
+//! delivered (to an SMTP sink behind a quick-ACK front) while the dispatcher is stopped, so
+//! its events wait on DELIVERY; then the dispatcher starts as its own process (release
+//! build), and events delivered per second are counted from its first delivery to its last:
+//! DELIVERY → events and attempts → WEBHOOK → signed POST. Against a baseline: one process
+//! posting as many signed payloads of the same shape with reqwest to the same receivers,
+//! `BENCH_EVENT_CONCURRENCY` at once (default 64). Receivers verify every signature.
+//!
+//! **Memory with one receiver stalled**: a fresh dispatcher process, receiver 0 answering
+//! nothing (its POSTs time out); sends to a tenth and then a half of the audience. Once the
+//! other nine receivers hold all their deliveries, the stalled webhook's backlog (pending
+//! attempts) and the dispatcher's peak RSS (VmHWM) are read. Goal: flat, the peak not
+//! growing with the backlog.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::json;
+use uuid::Uuid;
+
+use postmesh_shared::proto::DeliveryEvent;
+use postmesh_shared::Success;
+use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
+use postmesh_tests::receiver::{Receiver, Reply};
+use postmesh_tests::{peek, Stack};
+use sender::send::SendAnswer;
+use webhook_dispatcher::payload::{self, Envelope};
+use webhook_dispatcher::webhooks::Created;
+
+/// Receivers, one webhook each.
+const RECEIVERS: usize = 10;
+/// The types every webhook takes.
+const TYPES: [&str; 2] = ["email.queued", "email.sent"];
+/// The longest wait for a round's deliveries.
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// Settings of the benchmark.
+pub struct Settings {
+    /// Recipients of the measured send (`BENCH_EVENT_RECIPIENTS`).
+    pub recipients: usize,
+    /// The baseline's POSTs in flight (`BENCH_EVENT_CONCURRENCY`).
+    pub concurrency: usize,
+}
+
+/// A webhook on `receiver` taking [`TYPES`]: its id and signing key.
+async fn webhook(stack: &Stack, key: &str, receiver: &Receiver) -> anyhow::Result<(Uuid, Vec<u8>)> {
+    let res = stack
+        .http
+        .post(format!("{}/webhooks", stack.base))
+        .bearer_auth(key)
+        .json(&json!({ "url": receiver.url("/events"), "events": TYPES }))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        res.status() == StatusCode::CREATED,
+        "webhook: {}",
+        res.status()
+    );
+    let created: Success<Created> = res.json().await?;
+    receiver.trust(&created.body.signing_secret);
+    let secret = created.body.signing_secret.trim_start_matches("whsec_");
+    let signing = base64::engine::general_purpose::STANDARD.decode(secret)?;
+    Ok((created.body.webhook.id, signing))
+}
+
+/// Sends to the contacts tagged `first-<size>`; waits until the sink holds every message
+/// and the sender's outbox has published every event.
+async fn send(stack: &Stack, key: &str, sink: &FakeSmtp, size: usize) -> anyhow::Result<()> {
+    let before = sink.received_count();
+    let answer: Success<SendAnswer> = stack
+        .client(key)
+        .post(
+            "/send-email",
+            &json!({"audience": {"include": [{"tag": format!("first-{size}")}]},
+                    "subject": "Hello", "text": "Hi", "emailType": "marketing"}),
+            StatusCode::OK,
+        )
+        .await;
+    anyhow::ensure!(answer.body.recipients.accepted == size, "accepted");
+    let sender_db = stack.sender_db().await;
+    let deadline = Instant::now() + PATIENCE;
+    while sink.received_count() < before + size || peek::kit::unpublished(&sender_db).await > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the send was not delivered in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn delivered(receivers: &[Receiver]) -> usize {
+    receivers.iter().map(Receiver::count).sum()
+}
+
+/// Waits until `receivers` hold `expected` deliveries in all.
+async fn all_delivered(receivers: &[Receiver], expected: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + PATIENCE;
+    while delivered(receivers) < expected {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {expected} deliveries",
+            delivered(receivers)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Pending attempts of webhook `id`: its backlog.
+async fn pending(stack: &Stack, id: Uuid) -> anyhow::Result<i64> {
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    let count = sqlx::query_scalar(
+        "SELECT count(*) FROM attempts WHERE webhook_id = $1 AND status = 'pending'",
+    )
+    .bind(id)
+    .fetch_one(&db)
+    .await?;
+    Ok(count)
+}
+
+/// The dispatcher process's (RSS, peak RSS).
+fn memory(stack: &Stack) -> anyhow::Result<(u64, u64)> {
+    let pid = stack
+        .dispatcher_pid()
+        .ok_or_else(|| anyhow::anyhow!("the dispatcher runs in this process"))?;
+    super::inbound::memory_of(pid)
+}
+
+/// The `email.sent` event of recipient `n`, as the sender publishes it.
+fn sample(n: usize) -> DeliveryEvent {
+    DeliveryEvent {
+        event_id: Uuid::now_v7().to_string(),
+        task_id: Uuid::now_v7().to_string(),
+        delivery_id: Uuid::now_v7().to_string(),
+        email: format!("c{n}@bench.example"),
+        kind: "sent".into(),
+        occurred_at: postmesh_shared::db::now_unix(),
+        detail: "{}".into(),
+        sequence: n as i64,
+        from_address: "hello@postmesh.localhost".into(),
+        subject: "Hello".into(),
+        email_type: "marketing".into(),
+        message_id: format!("<{n}@postmesh.localhost>"),
+        provider_message_id: format!("<{n}@postmesh.localhost>"),
+        ..Default::default()
+    }
+}
+
+/// The baseline: as many signed POSTs of the same shape, `concurrency` at once.
+async fn baseline(
+    receivers: &[Receiver], keys: &[Vec<u8>], posts: usize, concurrency: usize,
+) -> anyhow::Result<f64> {
+    let client = reqwest::Client::new();
+    let before = delivered(receivers);
+    let started = Instant::now();
+    let sent = futures::stream::iter(0..posts).map(|i| {
+        let r = i % RECEIVERS;
+        let data = webhook_dispatcher::events::data(&sample(i / RECEIVERS));
+        let body = serde_json::to_vec(&Envelope::new(
+            TYPES[i / RECEIVERS % 2],
+            webhook_dispatcher::deliver::now_rfc3339(),
+            &data,
+        ))
+        .expect("JSON");
+        let id = payload::webhook_id(Uuid::now_v7());
+        let timestamp = postmesh_shared::db::now_unix();
+        let signature = payload::sign(&[&keys[r]], &id, timestamp, &body);
+        let req = client
+            .post(receivers[r].url("/events"))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body);
+        async move { req.send().await.map(|r| r.status().is_success()) }
+    });
+    let ok = sent
+        .buffer_unordered(concurrency)
+        .filter(|r| futures::future::ready(matches!(r, Ok(true))))
+        .count()
+        .await;
+    anyhow::ensure!(ok == posts, "{ok} of {posts} posts answered 2xx");
+    anyhow::ensure!(
+        delivered(receivers) - before == ok,
+        "receivers verified every post"
+    );
+    Ok(ok as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs both measurements; prints the tables.
+pub async fn run(stack: &mut Stack, s: &Settings) -> anyhow::Result<()> {
+    let n = s.recipients;
+    let (tenth, half) = (n / 10, n / 2);
+    let sink = FakeSmtp::start(Behaviour::Accept {
+        accept_delay: Duration::ZERO,
+    })
+    .await;
+    let front = super::quick_ack_front(sink.addr).await?;
+    stack.deliver_by_smtp(&format!("smtp://{front}")).await;
+    let key = stack.key(10 * n as i64).await;
+    let workspace = stack.workspace_of(&key).await;
+    peek::sender::insert_contacts(&stack.sender_db().await, workspace, n, &[tenth, half, n]).await;
+    let mut receivers = Vec::new();
+    let mut keys = Vec::new();
+    let mut hooks = Vec::new();
+    for _ in 0..RECEIVERS {
+        let receiver = Receiver::start().await;
+        let (id, signing) = webhook(stack, &key, &receiver).await?;
+        receivers.push(receiver);
+        keys.push(signing);
+        hooks.push(id);
+    }
+    let config = stack.dispatcher_config();
+
+    // Throughput: the whole send's events wait on DELIVERY, then a dispatcher starts.
+    stack.kill_dispatcher().await;
+    send(stack, &key, &sink, n).await?;
+    let events = 2 * n * RECEIVERS;
+    stack.spawn_dispatcher(config.clone()).await;
+    all_delivered(&receivers, events).await?;
+    let (_, drain_peak) = memory(stack)?;
+    let mut arrivals: Vec<Instant> = receivers
+        .iter()
+        .flat_map(|r| r.deliveries())
+        .map(|d| d.arrived)
+        .collect();
+    arrivals.sort();
+    let window = arrivals[arrivals.len() - 1] - arrivals[0];
+    drop(arrivals);
+    let pipeline = events as f64 / window.as_secs_f64();
+    let base = baseline(&receivers, &keys, events, s.concurrency).await?;
+
+    // Memory: a fresh process, receiver 0 stalled, backlogs of two sizes.
+    receivers[0].answer(Reply::Slow(Duration::from_secs(3600), 200));
+    stack.spawn_dispatcher(config).await;
+    let healthy = &receivers[1..];
+    let (start_rss, _) = memory(stack)?;
+    let mut rows = Vec::new();
+    for size in [tenth, half] {
+        let expected = delivered(healthy) + 2 * size * (RECEIVERS - 1);
+        send(stack, &key, &sink, size).await?;
+        all_delivered(healthy, expected).await?;
+        let (_, peak) = memory(stack)?;
+        rows.push((size, pending(stack, hooks[0]).await?, peak));
+    }
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "Delivery-event webhooks: a send to {n} recipients, {RECEIVERS} webhooks taking \
+         email.queued and email.sent, each on a local receiver verifying signatures\n"
+    );
+    println!("| path | events delivered/s |");
+    println!("|---|---:|");
+    println!(
+        "| baseline: one process, reqwest, signed, {} in flight | {base:.0} |",
+        s.concurrency
+    );
+    println!(
+        "| postmesh backlog: DELIVERY → dispatcher (own process) → signed POST | {pipeline:.0} |"
+    );
+    let ratio = pipeline / base;
+    let met = if ratio >= 0.5 { "met" } else { "missed" };
+    println!("| ratio (goal ≥ 0.5: {met}) | {ratio:.2} |");
+    println!(
+        "| dispatcher peak RSS over the {events} deliveries, MiB | {:.1} |\n",
+        mib(drain_peak)
+    );
+    println!(
+        "Dispatcher with receiver 0 stalled (a fresh process; RSS at start {:.1} MiB)\n",
+        mib(start_rss)
+    );
+    println!("| send | stalled webhook's pending attempts | peak RSS, MiB |");
+    println!("|---:|---:|---:|");
+    for (size, pending, peak) in &rows {
+        println!("| {size} recipients | {pending} | {:.1} |", mib(*peak));
+    }
+    let (first, last) = (rows[0], rows[rows.len() - 1]);
+    let growth = last.2 as f64 / first.2 as f64;
+    let backlog_growth = last.1 as f64 / first.1.max(1) as f64;
+    let flat = if growth < 1.25 { "met" } else { "missed" };
+    println!(
+        "| peak growth for {backlog_growth:.1}× the backlog (goal: flat, < 1.25×: {flat}) | | {growth:.2}× |\n"
+    );
+    stack.kill_dispatcher().await;
+    Ok(())
+}
