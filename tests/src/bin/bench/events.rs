@@ -12,11 +12,12 @@
 //!
 //! **Memory with one receiver stalled**: a fresh dispatcher process, warmed up by one send
 //! to a tenth of the audience; then receiver 0 answers nothing (its POSTs time out) during
-//! [`STALLED_SENDS`] sends to a tenth of the audience, one
+//! `BENCH_EVENT_STALLED_SENDS` sends (default 8) to a tenth of the audience, one
 //! after another. Once the other nine receivers hold all of a send's deliveries, the
 //! stalled webhook's backlog (pending attempts) and the dispatcher's peak RSS (VmHWM) are
 //! read. Each send is the same burst, so what grows is the backlog alone. Goal: flat, the
-//! peak after the last send within 1.25× of that after the first.
+//! peak after the last send within 1.1× of that halfway, where the backlog was half as
+//! large (the first sends still grow the process to its working size).
 
 use std::time::{Duration, Instant};
 
@@ -39,8 +40,6 @@ use webhook_dispatcher::webhooks::Created;
 const RECEIVERS: usize = 10;
 /// The types every webhook takes.
 const TYPES: [&str; 2] = ["email.queued", "email.sent"];
-/// Sends made while a receiver is stalled.
-const STALLED_SENDS: usize = 8;
 /// The longest wait for a round's deliveries.
 const PATIENCE: Duration = Duration::from_secs(600);
 
@@ -50,6 +49,8 @@ pub struct Settings {
     pub recipients: usize,
     /// The baseline's POSTs in flight (`BENCH_EVENT_CONCURRENCY`).
     pub concurrency: usize,
+    /// Sends made while a receiver is stalled (`BENCH_EVENT_STALLED_SENDS`).
+    pub stalled_sends: usize,
 }
 
 /// A webhook on `receiver` taking [`TYPES`]: its id and signing key.
@@ -250,7 +251,7 @@ pub async fn run(stack: &mut Stack, s: &Settings) -> anyhow::Result<()> {
     receivers[0].answer(Reply::Slow(Duration::from_secs(3600), 200));
     let healthy = &receivers[1..];
     let mut rows = Vec::new();
-    for _ in 0..STALLED_SENDS {
+    for _ in 0..s.stalled_sends.max(1) {
         let expected = delivered(healthy) + 2 * tenth * (RECEIVERS - 1);
         send(stack, &key, &sink, tenth).await?;
         all_delivered(healthy, expected).await?;
@@ -293,13 +294,20 @@ pub async fn run(stack: &mut Stack, s: &Settings) -> anyhow::Result<()> {
             mib(*peak)
         );
     }
-    let (first, last) = (rows[0], rows[rows.len() - 1]);
-    let growth = last.2 as f64 / first.2 as f64;
-    let backlog_growth = last.0 as f64 / first.0.max(1) as f64;
-    let flat = if growth < 1.25 { "met" } else { "missed" };
+    // Over every send, and over the second half, once the process reached its working
+    // size (the goal: the backlog doubles there, the peak does not follow).
+    let growth = |from: usize| {
+        let (first, last) = (rows[from], rows[rows.len() - 1]);
+        let backlog = last.0 as f64 / first.0.max(1) as f64;
+        (backlog, last.2 as f64 / first.2 as f64)
+    };
+    let (backlog, all) = growth(0);
+    println!("| peak growth over every send, the backlog {backlog:.1}× | | | {all:.2}× |");
+    let (backlog, half) = growth((rows.len() - 1) / 2);
+    let flat = if half < 1.1 { "met" } else { "missed" };
     println!(
-        "| peak growth for {backlog_growth:.1}× the backlog (goal: flat, < 1.25×: {flat}) | | | \
-         {growth:.2}× |\n"
+        "| peak growth over the second half, the backlog {backlog:.1}× (goal: flat, < 1.1×: \
+         {flat}) | | | {half:.2}× |\n"
     );
     stack.kill_dispatcher().await;
     Ok(())

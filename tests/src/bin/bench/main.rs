@@ -50,7 +50,8 @@
 //!    receivers for a send to `BENCH_EVENT_RECIPIENTS` (default 10,000; each recipient's
 //!    `email.queued` and `email.sent`) against one process posting as many signed payloads
 //!    with reqwest (`BENCH_EVENT_CONCURRENCY`, default 64; goal: ratio ≥ 0.5), and the
-//!    dispatcher's peak RSS with one receiver stalled as its backlog grows (goal: flat).
+//!    dispatcher's peak RSS with one receiver stalled as its backlog grows over
+//!    `BENCH_EVENT_STALLED_SENDS` sends of a tenth of that (default 8; goal: flat).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
@@ -787,6 +788,7 @@ async fn main() -> anyhow::Result<()> {
             let settings = events::Settings {
                 recipients: env_parse("BENCH_EVENT_RECIPIENTS", 10_000)?,
                 concurrency: env_parse("BENCH_EVENT_CONCURRENCY", 64)?,
+                stalled_sends: env_parse("BENCH_EVENT_STALLED_SENDS", 8)?,
             };
             events::run(&mut stack, &settings).await?;
         }
