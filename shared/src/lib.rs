@@ -24,6 +24,20 @@ pub mod telemetry;
 pub mod text;
 pub mod tls;
 
+#[doc(hidden)]
+pub use mimalloc;
+
+/// Makes mimalloc the binary's allocator (call once, in `main.rs`): its per-thread free lists
+/// cost a fraction of glibc malloc's locking and consolidation under many small tasks.
+/// Every service but inbound-ingest uses it (docs/decisions.md, "Service kit").
+#[macro_export]
+macro_rules! fast_allocator {
+    () => {
+        #[global_allocator]
+        static ALLOCATOR: $crate::mimalloc::MiMalloc = $crate::mimalloc::MiMalloc;
+    };
+}
+
 // The contracts, where services meet them through the kit.
 pub use postmesh_contracts::{ids, proto, rpc, service};
 pub use postmesh_contracts::{

@@ -71,6 +71,8 @@ fn subscriber(
         .with_filter(log_filter);
     let traces = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        // No busy/idle time per span: it read the clock at every poll of every task.
+        .with_tracked_inactivity(false)
         .with_filter(LevelFilter::INFO);
     tracing_subscriber::registry().with(logs).with(traces)
 }

@@ -252,6 +252,8 @@ pub struct Stack {
     cleaned: bool,
     /// Settings of the verification-code flow, as the gateway was started with.
     pub codes: api_gateway::CodeConfig,
+    /// The gateway's settings, for another one (the bench's, as its own process).
+    gateway_config: api_gateway::Config,
 }
 
 /// An HTTP client for tests (TLS set up as the services set it up).
@@ -460,7 +462,7 @@ impl Stack {
         // test may take a free port before the gateway binds it, so a failed start tries a
         // new one.
         let mut tries = 0;
-        let (gateway, codes) = loop {
+        let (gateway, gateway_settings) = loop {
             let addr = free_port();
             let gateway_config = api_gateway::Config {
                 inbound_secret: opts.inbound_secret.clone(),
@@ -468,9 +470,9 @@ impl Stack {
                 public_base_url: format!("http://{addr}"),
                 ..gateway_config(&common, opts.rate)
             };
-            let codes = gateway_config.codes.clone();
+            let settings = gateway_config.clone();
             match api_gateway::start(gateway_config).await {
-                Ok(gateway) => break (gateway, codes),
+                Ok(gateway) => break (gateway, settings),
                 Err(e) if tries < 5 => {
                     tries += 1;
                     eprintln!("gateway start failed ({e:#}); another port");
@@ -499,7 +501,8 @@ impl Stack {
             transport: (TransportKind::File, String::new()),
             ses: DomainOptions::default().ses,
             cleaned: false,
-            codes,
+            codes: gateway_settings.codes.clone(),
+            gateway_config: gateway_settings,
         };
         stack.start_sender().await;
         stack
@@ -512,6 +515,7 @@ impl Stack {
         Self {
             billing_config: billing_config(&common, opts.stripe),
             codes: gateway_config(&common, opts.rate).codes,
+            gateway_config: gateway_config(&common, opts.rate),
             common,
             base,
             http: http_client(),
@@ -668,6 +672,28 @@ impl Stack {
         if let Some(running) = self.domain.take() {
             running.stop().await;
         }
+    }
+
+    /// Billing and a second gateway as child processes with this stack's settings (the
+    /// bench's `/balance`, measuring each process): billing's process, the gateway's, and
+    /// the gateway's base URL. Stop the in-process billing first, or it shares the requests.
+    pub async fn spawn_gateway_and_billing(
+        &mut self,
+    ) -> (tokio::process::Child, tokio::process::Child, String) {
+        let mut billing = self.billing_config.clone();
+        billing.common.admin_addr = free_port();
+        let billing_child = spawn_service(billing::SERVICE, billing.to_env());
+        self.wait_ready(billing.common.admin_addr).await;
+        let mut gateway = self.gateway_config.clone();
+        gateway.common.admin_addr = free_port();
+        gateway.http_addr = free_port();
+        let gateway_child = spawn_service(api_gateway::SERVICE, gateway.to_env());
+        self.wait_ready(gateway.common.admin_addr).await;
+        (
+            billing_child,
+            gateway_child,
+            format!("http://{}", gateway.http_addr),
+        )
     }
 
     /// Starts billing again with the settings it had.

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 use postmesh_shared::clients::billing::BillingClient;
 
-use postmesh_shared::config::{env_or, env_parse, env_secs};
+use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
@@ -103,6 +103,40 @@ impl Config {
             common,
             codes,
         })
+    }
+
+    /// The same settings as environment variables (to start the binary with them).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.common.to_env();
+        env.extend([
+            ("GATEWAY_ADDR", self.http_addr.to_string()),
+            ("GATEWAY_BODY_LIMIT", self.body_limit.to_string()),
+            ("KEY_CACHE_TTL_SECS", secs(self.key_cache_ttl)),
+            ("KEY_RATE_PER_SEC", self.rate.per_sec.to_string()),
+            ("KEY_RATE_BURST", self.rate.burst.to_string()),
+            ("CODE_SECRET", self.codes.secret.clone()),
+            ("CODE_COOLDOWN_SECS", self.codes.cooldown_secs.to_string()),
+            ("CODE_HOURLY_CAP", self.codes.hourly_cap.to_string()),
+            ("CODE_FROM_EMAIL", self.codes.from_email.clone()),
+            (
+                "INBOUND_SECRET",
+                self.inbound_secret.clone().unwrap_or_default(),
+            ),
+            (
+                "PROVIDER_SECRET",
+                self.provider_secret.clone().unwrap_or_default(),
+            ),
+            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
+            (
+                "LOGIN_IP_HOURLY_LIMIT",
+                self.login_ip_hourly_limit.to_string(),
+            ),
+            (
+                "GATEWAY_TRUST_FORWARDED_FOR",
+                u8::from(self.trust_forwarded_for).to_string(),
+            ),
+        ]);
+        env
     }
 }
 

@@ -3,6 +3,8 @@
 
 use anyhow::bail;
 
+postmesh_shared::fast_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -24,7 +24,7 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::billing as api;
-use postmesh_shared::config::{env_or, env_secs};
+use postmesh_shared::config::{env_or, env_secs, secs};
 use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
 
 use crate::catalog::{CatalogFile, FreeLimits};
@@ -80,6 +80,30 @@ impl Config {
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             usage_timeout: env_secs("BILLING_USAGE_TIMEOUT_SECS", Duration::from_millis(500))?,
         })
+    }
+
+    /// The same settings as environment variables (to start the binary with them).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.common.to_env();
+        env.extend([
+            ("BILLING_HOLD_SWEEP_SECS", secs(self.hold_sweep)),
+            (
+                "BILLING_CATALOG_FILE",
+                self.catalog_file.display().to_string(),
+            ),
+            ("STRIPE_API_BASE", self.stripe.api_base.clone()),
+            (
+                "STRIPE_SECRET_KEY",
+                self.stripe.secret_key.clone().unwrap_or_default(),
+            ),
+            (
+                "STRIPE_WEBHOOK_SECRET",
+                self.stripe.webhook_secret.clone().unwrap_or_default(),
+            ),
+            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
+            ("BILLING_USAGE_TIMEOUT_SECS", secs(self.usage_timeout)),
+        ]);
+        env
     }
 }
 

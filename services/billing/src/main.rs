@@ -1,4 +1,6 @@
 //! The billing service binary.
+postmesh_shared::fast_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     billing::run(billing::Config::from_env()?).await

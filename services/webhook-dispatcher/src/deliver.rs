@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use prost::Message as _;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sqlx::types::Json;
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -170,7 +170,7 @@ struct AttemptRow {
     message_id: Uuid,
     /// The delivery event's type and data, for an attempt of one.
     event_type: Option<String>,
-    event_data: Option<Json<Value>>,
+    event_data: Option<Json<Box<RawValue>>>,
     url: Option<String>,
     active: Option<bool>,
     body_format: Option<BodyFormat>,
@@ -213,8 +213,8 @@ pub struct Ready {
 enum Content {
     /// A received message (`inbound.received`), shared by its targets.
     Message(Arc<InboundMessageReply>, Uuid),
-    /// A delivery event: its type and data.
-    Event(String, Value),
+    /// A delivery event: its type and data, as stored (never parsed here).
+    Event(String, Box<RawValue>),
 }
 
 /// One attempt ready to be made.

@@ -1,4 +1,6 @@
 //! The webhook-dispatcher service binary.
+postmesh_shared::fast_allocator!();
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     webhook_dispatcher::run(webhook_dispatcher::Config::from_env()?).await

@@ -147,17 +147,18 @@ impl<'m> Event<'m> {
 
 /// The JSON body of a delivery event's delivery: its stored type and data, stamped now.
 #[derive(Debug, Serialize)]
-pub struct Envelope<'e> {
+pub struct Envelope<'e, D: ?Sized = serde_json::Value> {
     #[serde(rename = "type")]
     pub kind: &'e str,
     /// When this delivery was made (RFC 3339).
     pub timestamp: String,
-    pub data: &'e serde_json::Value,
+    /// The stored data: a `Value`, or as read from the database, unparsed.
+    pub data: &'e D,
 }
 
-impl<'e> Envelope<'e> {
+impl<'e, D: Serialize + ?Sized> Envelope<'e, D> {
     /// The body of event `kind` with `data`, made at `now`.
-    pub fn new(kind: &'e str, now: String, data: &'e serde_json::Value) -> Self {
+    pub fn new(kind: &'e str, now: String, data: &'e D) -> Self {
         Self {
             kind,
             timestamp: now,
