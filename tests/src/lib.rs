@@ -346,6 +346,7 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
             retry_schedule: vec![Duration::from_secs(1), Duration::from_secs(2)],
             ..Default::default()
         },
+        retention_days: 30,
     }
 }
 

@@ -926,3 +926,117 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
         "{requeue} vs {now}"
     );
 }
+
+#[tokio::test]
+async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_delivery_needs() {
+    let store = ServiceDb::create(
+        webhook_dispatcher::SERVICE,
+        &[&webhook_dispatcher::MIGRATOR],
+    )
+    .await;
+    let db = &store.pool;
+    let now = postmesh_shared::db::now_unix();
+    let (old, recent, cutoff) = (now - 40 * 86_400, now - 86_400, now - 30 * 86_400);
+    let workspace = uuid::Uuid::now_v7();
+    let event = |at: i64| async move {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO events (id, workspace_id, type, occurred_at, data)
+             VALUES ($1, $2, 'email.sent', $3, '{}')",
+        )
+        .bind(id)
+        .bind(workspace)
+        .bind(at)
+        .execute(db)
+        .await
+        .unwrap();
+        id
+    };
+    let received = |at: i64| async move {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO received (message_id, workspace_id, address_id, received_at)
+             VALUES ($1, $2, $2, $3)",
+        )
+        .bind(id)
+        .bind(workspace)
+        .bind(at)
+        .execute(db)
+        .await
+        .unwrap();
+        id
+    };
+    let attempt = |message: uuid::Uuid, status: &'static str, at: i64| async move {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO attempts (id, workspace_id, webhook_id, message_id, origin, status,
+                                   created_at, updated_at)
+             VALUES ($1, $2, $2, $3, 'event', $4, $5, $5)",
+        )
+        .bind(id)
+        .bind(workspace)
+        .bind(message)
+        .bind(status)
+        .bind(at)
+        .execute(db)
+        .await
+        .unwrap();
+        id
+    };
+    // Old and done: gone. Old but still pending: kept, with what it carries. Recent: kept.
+    let (old_event, old_pending_event, recent_event) =
+        (event(old).await, event(old).await, event(recent).await);
+    let (old_message, old_pending_message) = (received(old).await, received(old).await);
+    let recent_message = received(recent).await;
+    let old_done = attempt(old_event, "succeeded", old).await;
+    let old_failed = attempt(old_message, "failed", old).await;
+    let old_pending = attempt(old_pending_event, "pending", old).await;
+    let old_pending_inbound = attempt(old_pending_message, "pending", old).await;
+    let recent_done = attempt(recent_event, "succeeded", recent).await;
+    let recent_inbound = attempt(recent_message, "failed", recent).await;
+
+    // Batches of 1: each table gives one row a pass, and says when a batch came back full.
+    let first = webhook_dispatcher::attempts::prune(db, cutoff, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.attempts, first.events, first.received),
+        (1, 1, 1),
+        "{first:?}"
+    );
+    let mut rest = webhook_dispatcher::attempts::prune(db, cutoff, 100)
+        .await
+        .unwrap();
+    assert_eq!((rest.attempts, rest.events, rest.received), (1, 0, 0));
+    rest = webhook_dispatcher::attempts::prune(db, cutoff, 100)
+        .await
+        .unwrap();
+    assert_eq!(rest, Default::default(), "nothing left to prune");
+
+    let ids = |table: &'static str, column: &'static str| async move {
+        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(&format!("SELECT {column} FROM {table}"))
+            .fetch_all(db)
+            .await
+            .unwrap();
+        ids.into_iter().collect::<HashSet<_>>()
+    };
+    assert_eq!(
+        ids("attempts", "id").await,
+        HashSet::from([
+            old_pending,
+            old_pending_inbound,
+            recent_done,
+            recent_inbound
+        ])
+    );
+    assert!(!ids("attempts", "id").await.contains(&old_done));
+    assert!(!ids("attempts", "id").await.contains(&old_failed));
+    assert_eq!(
+        ids("events", "id").await,
+        HashSet::from([old_pending_event, recent_event])
+    );
+    assert_eq!(
+        ids("received", "message_id").await,
+        HashSet::from([old_pending_message, recent_message])
+    );
+}

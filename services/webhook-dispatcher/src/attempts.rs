@@ -1,8 +1,8 @@
 //! A target's deliveries as a resource — an inbox endpoint's or a workspace webhook's, one
 //! set of handlers for both: its attempts (paged, by status), one retried by hand,
 //! everything it takes since a time replayed (by type for a webhook), a signed sample sent at
-//! once; and the scheduler that queues attempts when they are due (a retry, a busy target's
-//! turn, a lost job).
+//! once; the scheduler that queues attempts when they are due (a retry, a busy target's
+//! turn, a lost job); and the retention sweep (`WEBHOOK_RETENTION_DAYS`).
 
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ const SCHEDULE_EVERY: Duration = Duration::from_secs(1);
 const REPLAY_JOB: usize = 50;
 /// Attempts one scheduler pass queues at most.
 const SCHEDULE_BATCH: i64 = 1000;
+/// How often the retention sweep runs.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Rows of each table one retention statement deletes at most.
+const PRUNE_BATCH: i64 = 10_000;
 /// Attempts of one target one scheduler pass queues at most: a target's backlog drains at
 /// up to this many a second once it answers again, and a stalled one's is handed round no
 /// faster.
@@ -453,6 +457,74 @@ pub fn schedule(rt: &Runtime) {
             Ok::<bool, String>(false)
         }
     });
+}
+
+/// Every `PRUNE_EVERY`, deletes what is older than `days` ([`prune`]), in batches of
+/// `PRUNE_BATCH` rows a table until a batch comes back short. Zero keeps everything.
+pub fn prune_periodically(rt: &Runtime, days: u32) {
+    if days == 0 {
+        return;
+    }
+    let db = rt.db.clone();
+    rt.every("webhook retention sweep", PRUNE_EVERY, move || {
+        let db = db.clone();
+        async move {
+            let cutoff = now_unix() - i64::from(days) * 86_400;
+            let pruned = prune(&db, cutoff, PRUNE_BATCH).await?;
+            Ok::<bool, sqlx::Error>(pruned.full(PRUNE_BATCH))
+        }
+    });
+}
+
+/// Rows one [`prune`] pass deleted, by table.
+#[derive(Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct Pruned {
+    pub attempts: i64,
+    pub events: i64,
+    pub received: i64,
+}
+
+impl Pruned {
+    /// Whether a table gave a whole batch (more may be left).
+    fn full(&self, batch: i64) -> bool {
+        self.attempts >= batch || self.events >= batch || self.received >= batch
+    }
+}
+
+/// Deletes up to `batch` rows of each table from before `cutoff` (Unix seconds): finished
+/// attempts created then (their listing), and stored events and received messages of then
+/// (what a replay reaches) that no pending attempt still carries.
+pub async fn prune(db: &PgPool, cutoff: i64, batch: i64) -> Result<Pruned, sqlx::Error> {
+    sqlx::query_as(
+        "WITH old_attempts AS (
+             DELETE FROM attempts WHERE id IN (
+                 SELECT id FROM attempts
+                 WHERE status IN ('succeeded', 'failed') AND created_at < $1 LIMIT $2)
+             RETURNING 1
+         ), old_events AS (
+             DELETE FROM events WHERE id IN (
+                 SELECT ev.id FROM events ev
+                 WHERE ev.occurred_at < $1 AND NOT EXISTS (
+                     SELECT 1 FROM attempts a WHERE a.message_id = ev.id AND a.status = 'pending')
+                 LIMIT $2)
+             RETURNING 1
+         ), old_received AS (
+             DELETE FROM received WHERE message_id IN (
+                 SELECT r.message_id FROM received r
+                 WHERE r.received_at < $1 AND NOT EXISTS (
+                     SELECT 1 FROM attempts a
+                     WHERE a.message_id = r.message_id AND a.status = 'pending')
+                 LIMIT $2)
+             RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM old_attempts) AS attempts,
+                (SELECT count(*) FROM old_events) AS events,
+                (SELECT count(*) FROM old_received) AS received",
+    )
+    .bind(cutoff)
+    .bind(batch)
+    .fetch_one(db)
+    .await
 }
 
 /// Takes the pending, unleased attempts whose `requeue_at` has passed (a retry's time came,

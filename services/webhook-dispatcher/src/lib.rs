@@ -96,6 +96,9 @@ pub struct Config {
     /// `DNS_NAMESERVERS`: where webhook hosts are looked up; empty: the system's resolvers.
     pub nameservers: Vec<SocketAddr>,
     pub delivery: DeliveryConfig,
+    /// `WEBHOOK_RETENTION_DAYS` (default 30; 0 keeps everything): finished attempts, stored
+    /// events and received messages older than this are deleted (replay reaches no further).
+    pub retention_days: u32,
 }
 
 impl Config {
@@ -128,6 +131,7 @@ impl Config {
             allow_insecure,
             nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
             delivery,
+            retention_days: env_parse("WEBHOOK_RETENTION_DAYS", 30)?,
             common,
         })
     }
@@ -164,6 +168,7 @@ impl Config {
                 "WEBHOOK_ENDPOINT_CONCURRENCY",
                 d.endpoint_concurrency.to_string(),
             ),
+            ("WEBHOOK_RETENTION_DAYS", self.retention_days.to_string()),
         ]);
         env
     }
@@ -264,6 +269,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     fanout::spawn(&rt, deliveries).await?;
     deliver::spawn(&rt, state.clone(), &config.delivery).await?;
     attempts::schedule(&rt);
+    attempts::prune_periodically(&rt, config.retention_days);
     rt.serve(rt.host().http(router(state))).await?;
     rt.running(None).await
 }
