@@ -347,6 +347,7 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
             ..Default::default()
         },
         retention_days: 30,
+        replay_max: webhook_dispatcher::DEFAULT_REPLAY_MAX,
     }
 }
 

@@ -506,7 +506,14 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
 
 #[tokio::test]
 async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
+    // A replay queues 3 deliveries at most.
+    stack
+        .restart_dispatcher(webhook_dispatcher::Config {
+            replay_max: 3,
+            ..stack.dispatcher_config()
+        })
+        .await;
     let key = stack.key(100).await;
     let receiver = Receiver::start().await;
     let w = webhook(&stack, &key, &receiver, &["email.sent"]).await;
@@ -613,6 +620,19 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         .map(|d| d.body["data"]["subject"].as_str().unwrap())
         .collect();
     assert_eq!(subjects, HashSet::from(["One", "Two"]));
+    // Every type since then is 4 events (queued and sent of each send), over the cap:
+    // refused, and nothing queued.
+    let listed = attempts(&stack, &key, w).await.len();
+    let refused: ErrorBody = stack
+        .client(&key)
+        .post(
+            &format!("/webhooks/{w}/replay"),
+            &json!({"since": 0}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    assert!(refused.error.contains("more than 3"), "{}", refused.error);
+    assert_eq!(attempts(&stack, &key, w).await.len(), listed);
     let _: ErrorBody = stack
         .client(&key)
         .post(

@@ -281,20 +281,35 @@ pub(crate) async fn replay<O: Owned>(
         Owner::Endpoint => ENDPOINT_REPLAY,
         Owner::Webhook => WEBHOOK_REPLAY,
     };
+    // One over the cap is written at most, and then nothing is kept.
+    let mut tx = state.db.begin().await?;
     let queued: Vec<Uuid> = sqlx::query_scalar(&format!(
         "INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id, origin,
                                status, next_attempt_at, created_at, updated_at)
          SELECT gen_random_uuid(), t.workspace_id, t.endpoint_id, t.webhook_id, t.message_id,
                 'replay', 'pending', $3, $3, $3
-         FROM ({what}) AS t
+         FROM ({what} LIMIT $5) AS t
          RETURNING id"
     ))
     .bind(id)
     .bind(body.since)
     .bind(now)
     .bind(types)
-    .fetch_all(&state.db)
+    .bind(
+        i64::try_from(state.replay_max)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1),
+    )
+    .fetch_all(&mut *tx)
     .await?;
+    if queued.len() > state.replay_max {
+        return Err(ApiError::BadRequest(format!(
+            "the replay would send more than {} deliveries; replay from a later `since` \
+             (or fewer `types`) in parts",
+            state.replay_max
+        )));
+    }
+    tx.commit().await?;
     // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the scheduler.
     for chunk in queued.chunks(REPLAY_JOB) {
         let msg_id = format!("{}:replay", chunk[0]);

@@ -85,6 +85,9 @@ fn parse_schedule(raw: &str) -> anyhow::Result<Vec<Duration>> {
         .collect()
 }
 
+/// `WEBHOOK_REPLAY_MAX` unless set.
+pub const DEFAULT_REPLAY_MAX: usize = 100_000;
+
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -99,6 +102,9 @@ pub struct Config {
     /// `WEBHOOK_RETENTION_DAYS` (default 30; 0 keeps everything): finished attempts, stored
     /// events and received messages older than this are deleted (replay reaches no further).
     pub retention_days: u32,
+    /// `WEBHOOK_REPLAY_MAX` (default 100,000): the most deliveries one replay queues; a
+    /// replay that would queue more is refused (400) and queues nothing.
+    pub replay_max: usize,
 }
 
 impl Config {
@@ -132,6 +138,7 @@ impl Config {
             nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
             delivery,
             retention_days: env_parse("WEBHOOK_RETENTION_DAYS", 30)?,
+            replay_max: env_parse("WEBHOOK_REPLAY_MAX", DEFAULT_REPLAY_MAX)?,
             common,
         })
     }
@@ -169,6 +176,7 @@ impl Config {
                 d.endpoint_concurrency.to_string(),
             ),
             ("WEBHOOK_RETENTION_DAYS", self.retention_days.to_string()),
+            ("WEBHOOK_REPLAY_MAX", self.replay_max.to_string()),
         ]);
         env
     }
@@ -187,6 +195,8 @@ pub struct AppState {
     pub nats: Option<async_nats::Client>,
     /// Makes the signed POSTs (the test route's, and the worker's).
     pub sender: Sender,
+    /// The most deliveries one replay queues (`WEBHOOK_REPLAY_MAX`).
+    pub replay_max: usize,
 }
 
 impl AppState {
@@ -200,6 +210,7 @@ impl AppState {
             secrets: SecretBox::from_hex(DEV_SECRETS_KEY)?,
             reach,
             nats: None,
+            replay_max: DEFAULT_REPLAY_MAX,
         })
     }
 }
@@ -252,6 +263,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ns: config.common.namespace.clone(),
         secrets: SecretBox::from_hex(&config.secrets_key)?,
         sender: Sender::new(reach.clone(), &config.delivery)?,
+        replay_max: config.replay_max,
         reach,
         nats: Some(rt.nats.clone()),
     };
