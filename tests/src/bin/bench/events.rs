@@ -22,7 +22,6 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
@@ -33,7 +32,7 @@ use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::receiver::{Receiver, Reply};
 use postmesh_tests::{peek, Stack};
 use sender::send::SendAnswer;
-use webhook_dispatcher::payload::{self, Envelope};
+use webhook_dispatcher::payload::Envelope;
 use webhook_dispatcher::webhooks::Created;
 
 /// Receivers, one webhook each.
@@ -162,10 +161,7 @@ fn sample(n: usize) -> DeliveryEvent {
 async fn baseline(
     receivers: &[Receiver], keys: &[Vec<u8>], posts: usize, concurrency: usize,
 ) -> anyhow::Result<f64> {
-    let client = reqwest::Client::new();
-    let before = delivered(receivers);
-    let started = Instant::now();
-    let sent = futures::stream::iter(0..posts).map(|i| {
+    super::signed_posts(receivers, posts, concurrency, |i| {
         let r = i % RECEIVERS;
         let data = webhook_dispatcher::events::data(&sample(i / RECEIVERS));
         let body = serde_json::to_vec(&Envelope::new(
@@ -174,29 +170,9 @@ async fn baseline(
             &data,
         ))
         .expect("JSON");
-        let id = payload::webhook_id(Uuid::now_v7());
-        let timestamp = postmesh_shared::db::now_unix();
-        let signature = payload::sign(&[&keys[r]], &id, timestamp, &body);
-        let req = client
-            .post(receivers[r].url("/events"))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body);
-        async move { req.send().await.map(|r| r.status().is_success()) }
-    });
-    let ok = sent
-        .buffer_unordered(concurrency)
-        .filter(|r| futures::future::ready(matches!(r, Ok(true))))
-        .count()
-        .await;
-    anyhow::ensure!(ok == posts, "{ok} of {posts} posts answered 2xx");
-    anyhow::ensure!(
-        delivered(receivers) - before == ok,
-        "receivers verified every post"
-    );
-    Ok(ok as f64 / started.elapsed().as_secs_f64())
+        (receivers[r].url("/events"), keys[r].clone(), body)
+    })
+    .await
 }
 
 /// Runs both measurements; prints the tables.

@@ -76,6 +76,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::header;
+use futures::StreamExt;
 use lettre::message::SinglePart;
 use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -86,7 +87,44 @@ use uuid::Uuid;
 
 use postmesh_shared::config::{env_or, env_parse};
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
+use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{Options, Stack};
+
+/// The webhook baselines: `posts` POSTs signed as the dispatcher signs them (a fresh
+/// `webhook-id` each), `concurrency` at once, the `i`th to `post(i)` = (URL, signing key,
+/// body); every one must be answered 2xx and verified by a receiver of `receivers`. Answers
+/// POSTs per second.
+async fn signed_posts(
+    receivers: &[Receiver], posts: usize, concurrency: usize,
+    post: impl Fn(usize) -> (String, Vec<u8>, Vec<u8>),
+) -> anyhow::Result<f64> {
+    let verified = || receivers.iter().map(Receiver::count).sum::<usize>();
+    let client = reqwest::Client::new();
+    let before = verified();
+    let started = Instant::now();
+    let sent = futures::stream::iter(0..posts).map(|i| {
+        let (url, key, body) = post(i);
+        let id = webhook_dispatcher::payload::webhook_id(Uuid::now_v7());
+        let timestamp = postmesh_shared::db::now_unix();
+        let signature = webhook_dispatcher::payload::sign(&[&key], &id, timestamp, &body);
+        let req = client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body);
+        async move { req.send().await.map(|r| r.status().is_success()) }
+    });
+    let ok = sent
+        .buffer_unordered(concurrency)
+        .filter(|r| futures::future::ready(matches!(r, Ok(true))))
+        .count()
+        .await;
+    anyhow::ensure!(ok == posts, "{ok} of {posts} posts answered 2xx");
+    anyhow::ensure!(verified() - before == ok, "receivers verified every post");
+    Ok(ok as f64 / started.elapsed().as_secs_f64())
+}
 
 /// Results of one load run.
 #[derive(Default)]

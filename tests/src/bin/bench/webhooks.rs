@@ -20,7 +20,7 @@ use postmesh_shared::proto::InboundMessageReply;
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{Stack, INBOUND_DOMAIN, INBOUND_SECRET};
 use webhook_dispatcher::endpoints::{BodyFormat, Created};
-use webhook_dispatcher::payload::{self, Event, Shape};
+use webhook_dispatcher::payload::{Event, Shape};
 
 /// Receivers every message is fanned out to.
 const RECEIVERS: usize = 10;
@@ -202,36 +202,13 @@ fn sample_body(n: usize, to: &str) -> Vec<u8> {
 async fn baseline(
     inboxes: &[Inbox], receivers: &[Receiver], messages: usize, concurrency: usize,
 ) -> anyhow::Result<f64> {
-    let client = reqwest::Client::new();
-    let before = delivered(receivers);
-    let started = Instant::now();
-    let posts = futures::stream::iter(0..messages * RECEIVERS).map(|i| {
+    super::signed_posts(receivers, messages * RECEIVERS, concurrency, |i| {
         let (n, r) = (i / RECEIVERS, i % RECEIVERS);
         let inbox = &inboxes[n % inboxes.len()];
         let body = sample_body(n, &inbox.address);
-        let id = payload::webhook_id(uuid::Uuid::now_v7());
-        let timestamp = postmesh_shared::db::now_unix();
-        let signature = payload::sign(&[&inbox.keys[r]], &id, timestamp, &body);
-        let req = client
-            .post(receivers[r].url("/hook"))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body);
-        async move { req.send().await.map(|r| r.status().is_success()) }
-    });
-    let ok = posts
-        .buffer_unordered(concurrency)
-        .filter(|r| futures::future::ready(matches!(r, Ok(true))))
-        .count()
-        .await;
-    anyhow::ensure!(ok == messages * RECEIVERS, "{ok} posts answered 2xx");
-    anyhow::ensure!(
-        delivered(receivers) - before == ok,
-        "receivers verified every post"
-    );
-    Ok(ok as f64 / started.elapsed().as_secs_f64())
+        (receivers[r].url("/hook"), inbox.keys[r].clone(), body)
+    })
+    .await
 }
 
 /// Deliveries per second, pipeline against baseline; prints the table.
