@@ -88,7 +88,7 @@ macro_rules! manifest {
 }
 
 /// The gateway's own routes: verification codes, web login, API keys, CLI device
-/// authorization and the web app.
+/// authorization, the web app and the API's OpenAPI document.
 pub mod gateway {
     manifest! {
         SEND_CODE = Post "/send-code" Key;
@@ -114,6 +114,8 @@ pub mod gateway {
         APP_KEY_CREATE = Post "/app/keys" Page;
         APP_KEY_REVOKE = Post "/app/keys/{id}/revoke" Page;
         APP_USAGE = Get "/app/usage" Page;
+        OPENAPI = Get "/openapi.json" Public;
+        DOCS = Get "/docs" Public;
     }
 }
 

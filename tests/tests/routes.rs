@@ -300,3 +300,101 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
     assert_eq!(json["success"], false, "{json}");
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page() {
+    let doc = serde_json::to_value(api_gateway::openapi::document()).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut documented = std::collections::HashSet::new();
+    let mut operation_ids = std::collections::HashSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            documented.insert((method.to_uppercase(), path.clone()));
+            let id = operation["operationId"].as_str().unwrap().to_owned();
+            assert!(operation_ids.insert(id.clone()), "{id} is not unique");
+        }
+    }
+    let routes: std::collections::HashSet<(String, String)> = table()
+        .iter()
+        .map(|e| (e.spec.method.as_str().to_owned(), e.spec.path.to_owned()))
+        .collect();
+    assert_eq!(
+        documented, routes,
+        "the document and the route table differ"
+    );
+    // Who may call and which parameters a route takes come from its manifest row.
+    for e in table() {
+        let operation = &doc["paths"][e.spec.path][e.spec.method.as_str().to_lowercase()];
+        let schemes: Vec<&str> = operation["security"]
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .flat_map(|s| s.as_object().unwrap().keys().map(String::as_str))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let expected: &[&str] = match e.spec.policy {
+            Policy::Public => &[],
+            Policy::Key => &["apiKey"],
+            Policy::InboundSecret => &["inboundSecret"],
+            Policy::ProviderSecret => &["providerSecret"],
+            Policy::Session => &["session"],
+            Policy::Page => &["pageSession"],
+        };
+        assert_eq!(
+            schemes,
+            expected,
+            "{} {}",
+            e.spec.method.as_str(),
+            e.spec.path
+        );
+        let params: Vec<&str> = operation["parameters"]
+            .as_array()
+            .map(|list| list.iter().map(|p| p["name"].as_str().unwrap()).collect())
+            .unwrap_or_default();
+        let in_path: Vec<&str> = e
+            .spec
+            .path
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+            .collect();
+        assert_eq!(params, in_path, "{}", e.spec.path);
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["apiKey"]["scheme"],
+        "bearer"
+    );
+
+    // Served as it is built, and the reference page lists every path.
+    let stack = Stack::start().await;
+    let res = stack
+        .http
+        .get(format!("{}/openapi.json", stack.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let served: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(served, doc);
+    let res = stack
+        .http
+        .get(format!("{}/docs", stack.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = res.text().await.unwrap();
+    for e in table() {
+        assert!(
+            page.contains(&format!("<code>{}</code>", e.spec.path)),
+            "{}",
+            e.spec.path
+        );
+    }
+    stack.shutdown().await;
+}

@@ -9,6 +9,7 @@ pub mod device;
 pub mod keys;
 pub mod login;
 pub mod observe;
+pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod sessions;

@@ -19,7 +19,7 @@ use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
 use postmesh_shared::routes::{method_filter, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Service};
 
-use crate::{accounts, codes, device, login, sessions, web, AppState};
+use crate::{accounts, codes, device, login, openapi, sessions, web, AppState};
 
 /// Where a route is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +64,8 @@ pub fn router(state: AppState) -> Router {
         .merge(login::routes())
         .merge(accounts::routes())
         .merge(device::routes())
-        .merge(web::routes());
+        .merge(web::routes())
+        .merge(openapi::routes());
     if let Err(e) = local.check(Service::ApiGateway.routes()) {
         panic!("the gateway's routes disagree with their manifest: {e}");
     }

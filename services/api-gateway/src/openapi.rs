@@ -1,0 +1,261 @@
+//! The API's OpenAPI 3.1 document (`GET /openapi.json`) and a readable reference of it
+//! (`GET /docs`), built once from the gateway's route table: every route of every service,
+//! with its path parameters, who may call it (the policy as a security scheme) and the
+//! spec's error body. Request and response bodies are not described yet.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
+use maud::{html, DOCTYPE};
+use utoipa::openapi::path::{
+    HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathsBuilder,
+};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityRequirement, SecurityScheme,
+};
+use utoipa::openapi::{
+    ComponentsBuilder, ContentBuilder, InfoBuilder, OpenApi, OpenApiBuilder, Ref, Required,
+    ResponseBuilder,
+};
+
+use postmesh_contracts::routes::{gateway as api, HttpMethod as Method};
+use postmesh_contracts::Policy;
+use postmesh_shared::Routes;
+
+use crate::routes::{table, Target};
+use crate::AppState;
+
+/// The gateway's routes that serve the document.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        .at(api::OPENAPI, openapi_json)
+        .at(api::DOCS, docs)
+}
+
+/// `GET /openapi.json`.
+async fn openapi_json() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        rendered().json.as_str(),
+    )
+}
+
+/// `GET /docs`.
+async fn docs() -> Html<&'static str> {
+    Html(rendered().page.as_str())
+}
+
+/// The document and its page, rendered once.
+struct Rendered {
+    json: String,
+    page: String,
+}
+
+fn rendered() -> &'static Rendered {
+    static RENDERED: OnceLock<Rendered> = OnceLock::new();
+    RENDERED.get_or_init(|| Rendered {
+        json: document()
+            .to_pretty_json()
+            .expect("the document serializes"),
+        page: page(),
+    })
+}
+
+/// The security scheme a policy stands for; `None` for public routes.
+fn scheme(policy: Policy) -> Option<(&'static str, SecurityScheme)> {
+    let header_key = |name: &str, what: &str| {
+        SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(name, what)))
+    };
+    let cookie = || {
+        SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+            "pm_session",
+            "a web session, from POST /app/login/verify or /verify-code-login",
+        )))
+    };
+    match policy {
+        Policy::Public => None,
+        Policy::Key => Some((
+            "apiKey",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        )),
+        Policy::InboundSecret => Some((
+            "inboundSecret",
+            header_key(
+                "x-service-inbound-secret",
+                "the upstream MTA's shared secret (INBOUND_SECRET)",
+            ),
+        )),
+        Policy::ProviderSecret => Some((
+            "providerSecret",
+            header_key(
+                "x-service-provider-secret",
+                "the mail provider's shared secret (PROVIDER_SECRET; or ?token=)",
+            ),
+        )),
+        Policy::Session => Some(("session", cookie())),
+        Policy::Page => Some(("pageSession", cookie())),
+    }
+}
+
+fn http_method(method: Method) -> HttpMethod {
+    match method {
+        Method::Get => HttpMethod::Get,
+        Method::Post => HttpMethod::Post,
+        Method::Put => HttpMethod::Put,
+        Method::Patch => HttpMethod::Patch,
+        Method::Delete => HttpMethod::Delete,
+    }
+}
+
+/// `get_webhooks_id_replay` for `GET /webhooks/{id}/replay`: unique, as method and path are.
+pub fn operation_id(method: Method, path: &str) -> String {
+    let words: Vec<String> = path
+        .split(['/', '-', '.', '{', '}'])
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    format!("{}_{}", method.as_str().to_lowercase(), words.join("_"))
+}
+
+/// The names of `path`'s parameters (`{id}`).
+fn parameters(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/')
+        .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+}
+
+/// The OpenAPI document of the gateway's route table.
+pub fn document() -> OpenApi {
+    let error = ObjectBuilder::new()
+        .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
+        .property("error", ObjectBuilder::new().schema_type(Type::String))
+        .required("success")
+        .required("error");
+    let answer = ObjectBuilder::new()
+        .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
+        .required("success");
+    let mut components = ComponentsBuilder::new()
+        .schema("Error", error)
+        .schema("Answer", answer);
+    let mut paths = PathsBuilder::new();
+    for entry in table() {
+        let spec = entry.spec;
+        let owner = owner_name(entry.target);
+        let json = |description: &str, schema: &str| {
+            ResponseBuilder::new().description(description).content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name(schema)))
+                    .build(),
+            )
+        };
+        let mut operation = OperationBuilder::new()
+            .operation_id(Some(operation_id(spec.method, spec.path)))
+            .summary(Some(format!("{} {}", spec.method.as_str(), spec.path)))
+            .tag(owner)
+            .response("200", json("done", "Answer"))
+            .response("400", json("a malformed request", "Error"))
+            .response("404", json("no such resource", "Error"))
+            .response(
+                "default",
+                json("an error, with the spec's status code", "Error"),
+            );
+        if let Some((name, security)) = scheme(spec.policy) {
+            components = components.security_scheme(name, security);
+            operation = operation
+                .security(SecurityRequirement::new::<_, _, &str>(name, []))
+                .response("401", json("not authenticated", "Error"));
+        }
+        if spec.method != Method::Get && spec.method != Method::Delete {
+            operation = operation.response("413", json("a body over the route's limit", "Error"));
+        }
+        for name in parameters(spec.path) {
+            operation = operation.parameter(
+                ParameterBuilder::new()
+                    .name(name)
+                    .parameter_in(ParameterIn::Path)
+                    .required(Required::True)
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
+            );
+        }
+        paths = paths.path(
+            spec.path,
+            utoipa::openapi::PathItem::new(http_method(spec.method), operation),
+        );
+    }
+    OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("Postmesh API")
+                .version(env!("CARGO_PKG_VERSION"))
+                .description(Some(
+                    "Every route the gateway serves. Errors are `{success: false, error}` with \
+                     the status codes of the API specification.",
+                )),
+        )
+        .paths(paths)
+        .components(Some(components.build()))
+        .build()
+}
+
+/// The readable reference: each service's routes, with who may call them.
+fn page() -> String {
+    let entries = table();
+    let owners: Vec<String> = {
+        let mut owners: Vec<String> = entries.iter().map(|e| owner_name(e.target)).collect();
+        owners.dedup();
+        owners
+    };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { "Postmesh API reference" }
+            }
+            body {
+                h1 { "Postmesh API reference" }
+                p {
+                    "The machine-readable document is "
+                    a href="/openapi.json" { "/openapi.json" }
+                    " (OpenAPI 3.1). Errors are " code { "{success: false, error}" } "."
+                }
+                @for owner in &owners {
+                    h2 { (owner) }
+                    table {
+                        tr { th { "method" } th { "path" } th { "who may call" } }
+                        @for e in entries.iter().filter(|e| &owner_name(e.target) == owner) {
+                            tr {
+                                td { code { (e.spec.method.as_str()) } }
+                                td { code { (e.spec.path) } }
+                                td { (who(e.spec.policy)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
+/// The service that serves a route.
+fn owner_name(target: Target) -> String {
+    match target {
+        Target::Gateway => "api-gateway".to_owned(),
+        Target::Service(service) => service.name().to_owned(),
+    }
+}
+
+/// Who may call a route, in words.
+fn who(policy: Policy) -> &'static str {
+    match policy {
+        Policy::Public => "anyone",
+        Policy::Key => "an API key (Authorization: Bearer)",
+        Policy::InboundSecret => "the upstream MTA (x-service-inbound-secret)",
+        Policy::ProviderSecret => "the mail provider (x-service-provider-secret or ?token=)",
+        Policy::Session => "a signed-in web session (pm_session cookie)",
+        Policy::Page => "a signed-in web session; otherwise a redirect to /app/login",
+    }
+}
