@@ -364,6 +364,18 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
         doc["components"]["securitySchemes"]["apiKey"]["scheme"],
         "bearer"
     );
+    // Errors are the JSON error body, except on pages (HTML, and a redirect without a
+    // session).
+    let error_of =
+        |method: &str, path: &str| doc["paths"][path][method]["responses"]["4XX"].clone();
+    assert_eq!(
+        error_of("get", "/balance")["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/Error"
+    );
+    assert!(error_of("get", "/app/keys").get("content").is_none());
+    assert!(error_of("get", "/unsubscribe").get("content").is_none());
+    assert!(doc["paths"]["/app/keys"]["get"]["responses"]["303"].is_object());
+    assert!(doc["paths"]["/balance"]["get"]["responses"]["303"].is_null());
 
     // Served as it is built, and the reference page lists every path.
     let stack = Stack::start().await;

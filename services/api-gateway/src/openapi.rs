@@ -1,7 +1,8 @@
 //! The API's OpenAPI 3.1 document (`GET /openapi.json`) and a readable reference of it
 //! (`GET /docs`), built once from the gateway's route table: every route of every service,
 //! with its path parameters, who may call it (the policy as a security scheme) and the
-//! spec's error body. Request and response bodies are not described yet.
+//! spec's error body (HTML pages for the web app's and unsubscribe routes). Request and
+//! successful response bodies are not described yet.
 
 use std::sync::OnceLock;
 
@@ -20,12 +21,23 @@ use utoipa::openapi::{
     ResponseBuilder,
 };
 
-use postmesh_contracts::routes::{gateway as api, HttpMethod as Method};
-use postmesh_contracts::Policy;
+use postmesh_contracts::routes::{gateway as api, sender, HttpMethod as Method};
+use postmesh_contracts::{Policy, RouteSpec};
 use postmesh_shared::Routes;
 
 use crate::routes::{table, Target};
 use crate::AppState;
+
+/// Routes that answer HTML pages besides those of the `Page` policy.
+const PAGES: [RouteSpec; 7] = [
+    api::APP,
+    api::APP_LOGIN,
+    api::APP_LOGIN_SEND,
+    api::APP_LOGIN_VERIFY,
+    api::DOCS,
+    sender::UNSUBSCRIBE_PAGE,
+    sender::UNSUBSCRIBE,
+];
 
 /// The gateway's routes that serve the document.
 pub fn routes() -> Routes<AppState> {
@@ -132,12 +144,7 @@ pub fn document() -> OpenApi {
         .property("error", ObjectBuilder::new().schema_type(Type::String))
         .required("success")
         .required("error");
-    let answer = ObjectBuilder::new()
-        .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
-        .required("success");
-    let mut components = ComponentsBuilder::new()
-        .schema("Error", error)
-        .schema("Answer", answer);
+    let mut components = ComponentsBuilder::new().schema("Error", error);
     let mut paths = PathsBuilder::new();
     for entry in table() {
         let spec = entry.spec;
@@ -150,25 +157,29 @@ pub fn document() -> OpenApi {
                     .build(),
             )
         };
+        // Bodies of successful answers are not described yet; pages answer HTML, errors
+        // included, and a page without a session redirects to the login page.
+        let page = spec.policy == Policy::Page || PAGES.contains(&spec);
+        let error = |description: &str| match page {
+            true => ResponseBuilder::new().description(description),
+            false => json(description, "Error"),
+        };
         let mut operation = OperationBuilder::new()
             .operation_id(Some(operation_id(spec.method, spec.path)))
             .summary(Some(format!("{} {}", spec.method.as_str(), spec.path)))
             .tag(owner)
-            .response("200", json("done", "Answer"))
-            .response("400", json("a malformed request", "Error"))
-            .response("404", json("no such resource", "Error"))
-            .response(
-                "default",
-                json("an error, with the spec's status code", "Error"),
+            .response("2XX", ResponseBuilder::new().description("done"))
+            .response("4XX", error("refused, with the spec's status code"))
+            .response("5XX", error("failed, or a service unavailable (502, 503)"));
+        if spec.policy == Policy::Page {
+            operation = operation.response(
+                "303",
+                ResponseBuilder::new().description("no session: to /app/login"),
             );
+        }
         if let Some((name, security)) = scheme(spec.policy) {
             components = components.security_scheme(name, security);
-            operation = operation
-                .security(SecurityRequirement::new::<_, _, &str>(name, []))
-                .response("401", json("not authenticated", "Error"));
-        }
-        if spec.method != Method::Get && spec.method != Method::Delete {
-            operation = operation.response("413", json("a body over the route's limit", "Error"));
+            operation = operation.security(SecurityRequirement::new::<_, _, &str>(name, []));
         }
         for name in parameters(spec.path) {
             operation = operation.parameter(
