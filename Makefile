@@ -1,5 +1,5 @@
 # Postmesh developer commands. See README.md.
-.PHONY: run test deps build key bench lint fmt image k8s-check
+.PHONY: run test deps build key bench lint fmt image k8s-check api-check
 
 CARGO ?= cargo
 DOCKER ?= docker
@@ -48,6 +48,9 @@ image: ## postmesh/<service>:$(IMAGE_TAG) for the six services from deploy/Docke
 		DOCKER_BUILDKIT=1 $(DOCKER) build -f deploy/Dockerfile --build-arg SERVICE=$$svc \
 			-t postmesh/$$svc:$(IMAGE_TAG) . || exit 1; \
 	done
+
+api-check: ## every operation of /openapi.json against a running stack with schemathesis (no 5xx, no answer the document does not allow)
+	./deploy/api-check.sh
 
 k8s-check: ## render k8s/overlays/dev and prod, validate every object (kubernetes-validate --strict)
 	./deploy/k8s-check.sh

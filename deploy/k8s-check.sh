@@ -34,28 +34,10 @@ ensure_kubectl() {
   exit 1
 }
 
-apt_updated=0
+# shellcheck source=deploy/pytool.sh
+. deploy/pytool.sh
 ensure_validator() {
-  if [ -x "$VENV/bin/kubernetes-validate" ] &&
-    [ "$("$VENV/bin/kubernetes-validate" --version 2>/dev/null)" = "$KUBERNETES_VALIDATE_VERSION" ]; then
-    return 0
-  fi
-  if ! python3 -m venv --help >/dev/null 2>&1; then
-    if [ "$(id -u)" != 0 ]; then
-      log "python3's venv module is missing; install the Debian package python3-venv (or run as root)"
-      exit 1
-    fi
-    if [ "$apt_updated" = 0 ]; then
-      DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-      apt_updated=1
-    fi
-    log "installing python3-venv"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
-  fi
-  mkdir -p "$VAR"
-  log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into $VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" >&2
+  pytool "$VENV" kubernetes-validate "$KUBERNETES_VALIDATE_VERSION"
 }
 
 ensure_kubectl

@@ -372,6 +372,10 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
         error_of("get", "/balance")["content"]["application/json"]["schema"]["$ref"],
         "#/components/schemas/Error"
     );
+    assert_eq!(
+        error_of("post", "/smtp-auth")["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/SmtpAuthAnswer"
+    );
     assert!(error_of("get", "/app/keys").get("content").is_none());
     assert!(error_of("get", "/unsubscribe").get("content").is_none());
     assert!(doc["paths"]["/app/keys"]["get"]["responses"]["303"].is_object());

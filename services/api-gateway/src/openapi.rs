@@ -144,7 +144,27 @@ pub fn document() -> OpenApi {
         .property("error", ObjectBuilder::new().schema_type(Type::String))
         .required("success")
         .required("error");
-    let mut components = ComponentsBuilder::new().schema("Error", error);
+    // Two routes answer errors in shapes of their own (spec §6 rule 2); /smtp-auth's
+    // refusals by the gateway itself (401, 413) are the common body, so only `error` is
+    // common to all of its errors.
+    let smtp_auth = ObjectBuilder::new()
+        .property(
+            "authenticated",
+            ObjectBuilder::new().schema_type(Type::Boolean),
+        )
+        .property("username", ObjectBuilder::new().schema_type(Type::String))
+        .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
+        .property("error", ObjectBuilder::new().schema_type(Type::String))
+        .required("error");
+    let poll = ObjectBuilder::new()
+        .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
+        .property("status", ObjectBuilder::new().schema_type(Type::String))
+        .property("error", ObjectBuilder::new().schema_type(Type::String))
+        .required("success");
+    let mut components = ComponentsBuilder::new()
+        .schema("Error", error)
+        .schema("SmtpAuthAnswer", smtp_auth)
+        .schema("PollAnswer", poll);
     let mut paths = PathsBuilder::new();
     for entry in table() {
         let spec = entry.spec;
@@ -160,9 +180,14 @@ pub fn document() -> OpenApi {
         // Bodies of successful answers are not described yet; pages answer HTML, errors
         // included, and a page without a session redirects to the login page.
         let page = spec.policy == Policy::Page || PAGES.contains(&spec);
+        let error_schema = match spec {
+            s if s == sender::SMTP_AUTH => "SmtpAuthAnswer",
+            s if s == api::CLI_AUTH_POLL => "PollAnswer",
+            _ => "Error",
+        };
         let error = |description: &str| match page {
             true => ResponseBuilder::new().description(description),
-            false => json(description, "Error"),
+            false => json(description, error_schema),
         };
         let mut operation = OperationBuilder::new()
             .operation_id(Some(operation_id(spec.method, spec.path)))
