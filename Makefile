@@ -1,5 +1,5 @@
 # Postmesh developer commands. See README.md.
-.PHONY: run test deps build key bench lint fmt image k8s-check api-check
+.PHONY: run test deps build key bench soak lint fmt image k8s-check api-check
 
 CARGO ?= cargo
 DOCKER ?= docker
@@ -30,6 +30,10 @@ key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `mak
 bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks); see docs/benchmarks.md
 	$(CARGO) build -q --release -p api-gateway -p billing -p inbound-ingest -p webhook-dispatcher # run as their own processes
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
+
+soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redis and NATS; asserts nothing lost, nothing twice (docs/reliability.md)
+	$(CARGO) build -q --workspace --bins # the services run as child processes
+	$(CARGO) run -q -p postmesh-tests --bin soak
 
 lint: ## formatting and clippy, as CI checks them
 	$(CARGO) fmt --all -- --check

@@ -47,6 +47,27 @@ impl ApiError {
         Self::Internal(context.to_owned())
     }
 
+    /// Wraps a store or database that did not answer (connection lost, refused, timed
+    /// out), logging its detail: 503, so the caller retries.
+    pub fn unavailable(context: &str, err: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %err, "{context}");
+        Self::Unavailable(format!("{context}; retry shortly"))
+    }
+
+    /// A Redis failure: 503 when the connection failed (the caller may retry), else 500.
+    pub fn redis(context: &str, e: redis::RedisError) -> Self {
+        let connection = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_unrecoverable_error();
+        if connection {
+            Self::unavailable(context, e)
+        } else {
+            Self::internal(context, e)
+        }
+    }
+
     /// 403 unless a workspace that holds `held` of `what` (a plural: "mailboxes") may add
     /// one more under its plan's `limit`.
     pub fn within_plan(held: i64, limit: i64, what: &str) -> Result<(), ApiError> {
@@ -143,14 +164,56 @@ impl IntoResponse for ApiError {
 }
 
 impl From<sqlx::Error> for ApiError {
+    /// 503 when the database could not be reached or went away (pool timeout, I/O, a
+    /// server shutting down or not yet accepting connections: SQLSTATE classes 08 and 57P),
+    /// else 500.
     fn from(e: sqlx::Error) -> Self {
-        Self::internal("database error", e)
+        let connection = match &e {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(d) => d
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+            _ => false,
+        };
+        if connection {
+            Self::unavailable("database unavailable", e)
+        } else {
+            Self::internal("database error", e)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_503_and_a_bad_query_500() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let db = |e: sqlx::Error| ApiError::from(e).status();
+        assert_eq!(
+            db(sqlx::Error::PoolTimedOut),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            db(sqlx::Error::Io(refused())),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            db(sqlx::Error::RowNotFound),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let cache = |e: redis::RedisError| ApiError::redis("store", e).status();
+        assert_eq!(cache(refused().into()), StatusCode::SERVICE_UNAVAILABLE);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(cache(reset.into()), StatusCode::SERVICE_UNAVAILABLE);
+        let typed = (redis::ErrorKind::UnexpectedReturnType, "not a number");
+        assert_eq!(cache(typed.into()), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 
     #[test]
     fn rpc_round_trip_keeps_status_and_retry_hint() {

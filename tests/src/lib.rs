@@ -631,7 +631,7 @@ impl Stack {
     }
 
     /// The sender settings of this stack.
-    fn sender_config(&self) -> sender::Config {
+    pub fn sender_config(&self) -> sender::Config {
         sender::Config {
             common: self.common.clone(),
             transport: self.transport.0,
@@ -1014,14 +1014,22 @@ pub async fn remove_namespace(common: &Common) {
     }
 }
 
-/// Starts `service`'s binary as a child process with only `env` (killed when dropped).
+/// Starts `service`'s binary as a child process with only `env` (and `RUST_LOG=warn` unless
+/// `env` sets it; killed when dropped).
 pub fn spawn_service(service: Service, env: Vec<(&'static str, String)>) -> tokio::process::Child {
+    spawn_service_to(service, env, Stdio::null())
+}
+
+/// [`spawn_service`] with the service's log lines (its stdout) going to `log`.
+pub fn spawn_service_to(
+    service: Service, env: Vec<(&'static str, String)>, log: impl Into<Stdio>,
+) -> tokio::process::Child {
     tokio::process::Command::new(workspace_binary(service.name()))
         .env_clear()
-        .envs(env)
         .env("RUST_LOG", "warn")
+        .envs(env)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .stdout(Stdio::null())
+        .stdout(log)
         .kill_on_drop(true)
         .spawn()
         .expect("service binary runs (build the workspace first)")

@@ -312,7 +312,8 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     stack.verify_ok(&key, to, second).await;
 
-    // A send whose email cannot be queued is a 500, refunded, and the code before it stays.
+    // A send whose email cannot be queued is a 503 (retry), refunded, and the code before it
+    // stays.
     let to = "rupert@example.com";
     stack.send_code(&key, to).await;
     let code = stack.code_sent_to(to, 1).await;
@@ -326,12 +327,12 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     let e: ErrorBody = stack
         .send_code(&key, to)
         .await
-        .expect(StatusCode::INTERNAL_SERVER_ERROR, "send_code");
+        .expect(StatusCode::SERVICE_UNAVAILABLE, "send_code");
     assert!(!e.success);
     assert_eq!(stack.balance(&key).await, before);
     // Not counted against the cooldown either.
     let s = stack.send_code(&key, to).await.status;
-    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     stack.verify_ok(&key, to, &code).await;
     stack.shutdown().await;
 }

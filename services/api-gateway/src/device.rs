@@ -89,7 +89,7 @@ pub fn display_user_code(code: &str) -> String {
 }
 
 fn redis_err(e: redis::RedisError) -> ApiError {
-    ApiError::internal("device store unavailable", e)
+    ApiError::redis("device store unavailable", e)
 }
 
 /// Redis keys of the device store.

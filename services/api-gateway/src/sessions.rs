@@ -43,7 +43,7 @@ pub fn random_hex(bytes: usize) -> String {
 }
 
 fn redis_err(e: redis::RedisError) -> ApiError {
-    ApiError::internal("session store unavailable", e)
+    ApiError::redis("session store unavailable", e)
 }
 
 fn session_key(state: &AppState, id_hash: &str) -> String {

@@ -73,7 +73,7 @@ impl From<LedgerError> for ApiError {
             LedgerError::Voided | LedgerError::KeyTaken => ApiError::Conflict(e.to_string()),
             LedgerError::Invalid(m) => ApiError::BadRequest(m),
             LedgerError::Unsettled => ApiError::internal("ledger update failed", e),
-            LedgerError::Db(e) => ApiError::internal("ledger update failed", e),
+            LedgerError::Db(e) => e.into(),
         }
     }
 }
@@ -415,4 +415,18 @@ pub async fn usage_position(
     .bind(since)
     .fetch_one(db)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_database_is_503_and_a_spent_balance_402() {
+        let status = |e: LedgerError| ApiError::from(e).status();
+        let lost = LedgerError::Db(sqlx::Error::PoolTimedOut);
+        assert_eq!(status(lost), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        let spent = LedgerError::InsufficientBalance;
+        assert_eq!(status(spent), axum::http::StatusCode::PAYMENT_REQUIRED);
+    }
 }

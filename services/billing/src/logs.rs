@@ -92,8 +92,7 @@ async fn page(
     .bind(limit)
     .bind(offset)
     .fetch_all(db)
-    .await
-    .map_err(|e| ApiError::internal("log query failed", e))?;
+    .await?;
     Ok(rows.into_iter().map(LogEntry::from).collect())
 }
 

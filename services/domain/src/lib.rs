@@ -80,6 +80,35 @@ impl Config {
             common,
         })
     }
+
+    /// The environment that [`Config::from_env`] reads back as these settings (SES
+    /// credentials left out, as the sender's are).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let join = |names: Vec<String>| names.join(",");
+        let mut env = self.common.to_env();
+        env.extend([
+            ("DOMAIN_RECHECK_SECS", self.recheck.as_secs().to_string()),
+            (
+                "PLATFORM_DOMAINS",
+                join(
+                    self.platform_domains
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect(),
+                ),
+            ),
+            ("INBOUND_MX_HOST", self.inbound_mx_host.clone()),
+            (
+                "DNS_NAMESERVERS",
+                join(self.nameservers.iter().map(SocketAddr::to_string).collect()),
+            ),
+            ("SES_ENDPOINT", self.ses.endpoint.clone()),
+            ("AWS_REGION", self.ses.region.clone()),
+            ("CLOUDFLARE_API_BASE", self.cloudflare_api_base.clone()),
+            ("SECRETS_KEY", self.secrets_key.clone()),
+        ]);
+        env
+    }
 }
 
 /// Parses `PLATFORM_DOMAINS`: a comma list of domain names.

@@ -131,7 +131,8 @@ pub async fn ensure_streams(js: &jetstream::Context, ns: &Namespace) -> anyhow::
     Ok(())
 }
 
-/// Publishes `payload` and waits until JetStream has stored it. `msg_id` makes a retried
+/// Publishes `payload` and waits until JetStream has stored it (503 when it cannot: NATS
+/// down, or a stream not yet recovered after a restart). `msg_id` makes a retried
 /// publish a no-op inside the duplicate window.
 pub async fn publish(
     js: &jetstream::Context, subject: String, msg_id: &str, payload: Bytes,
@@ -148,9 +149,9 @@ async fn publish_with(
     let ack = js
         .publish_with_headers(subject, headers, payload)
         .await
-        .map_err(|e| ApiError::internal("could not queue the message", e))?;
+        .map_err(|e| ApiError::unavailable("could not queue the message", e))?;
     ack.await
-        .map_err(|e| ApiError::internal("the message queue did not confirm", e))?;
+        .map_err(|e| ApiError::unavailable("the message queue did not confirm", e))?;
     Ok(())
 }
 
@@ -174,5 +175,18 @@ mod tests {
         );
         assert_eq!(Stream::Send.subject(&ns), "pm.send.deliver");
         assert_eq!(Stream::Events.subject(&ns), "pm.events.>");
+    }
+
+    /// A publish JetStream does not store (here: no stream takes the subject, as for a
+    /// moment after a NATS restart) is 503, so the caller retries.
+    #[tokio::test]
+    async fn a_publish_no_stream_stores_is_503() {
+        let url = crate::config::env_or("NATS_URL", "nats://127.0.0.1:4222");
+        let js = jetstream::new(async_nats::connect(url).await.expect("NATS"));
+        let subject = format!("nostream{}.send.deliver", uuid::Uuid::now_v7().simple());
+        let e = publish(&js, subject, "m1", Bytes::from_static(b"x"))
+            .await
+            .expect_err("nothing stores it");
+        assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
     }
 }

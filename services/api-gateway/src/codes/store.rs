@@ -117,7 +117,7 @@ return 2
 ";
 
 fn redis_err(e: redis::RedisError) -> ApiError {
-    ApiError::internal("code store unavailable", e)
+    ApiError::redis("code store unavailable", e)
 }
 
 /// The codes and limits of one (account, recipient).

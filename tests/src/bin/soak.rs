@@ -1,0 +1,814 @@
+//! `make soak`: the whole platform under faults. Every service runs as its own process in a
+//! fresh namespace; a steady load of sends, deducts, code sends and checks, and inbound
+//! messages (each delivered to two webhook receivers) runs while each service in turn is
+//! killed with SIGKILL and started again, then PostgreSQL, Redis and NATS are restarted
+//! once each (`deploy/restart-dep.sh`). Afterwards it prints and asserts:
+//!
+//! - every request answered 2xx, except 502/503 (or no connection, while the gateway
+//!   itself is down) inside an outage window: from the fault until the part is back and
+//!   `SOAK_SETTLE_MS` (default 3000) have passed;
+//! - every stored send delivered exactly once per recipient, every 2xx send stored;
+//! - every charge matched to its work: one live charge per stored send at its cost, one per
+//!   deduct key, one per delivered code email, nothing left on hold, and the balance equal
+//!   to the grant less the live charges;
+//! - every accepted inbound message stored once and delivered to each endpoint, under one
+//!   `webhook-id` per endpoint.
+//!
+//! Settings: `SOAK_CALM_MS` (load between faults, default 5000; CI runs 2000), `SOAK_SETTLE_MS`,
+//! `SOAK_DEPS` (`0` skips the dependency restarts, for machines where they are not ours).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use postmesh_shared::{Common, Service};
+use postmesh_tests::receiver::Receiver;
+use postmesh_tests::{
+    billing_config, common, dispatcher_config, domain_config, extract_code, free_port,
+    fresh_namespace, gateway_config, inbound_config, mta, spawn_service_to, DomainOptions, Options,
+    Stack, INBOUND_DOMAIN, INBOUND_SECRET,
+};
+
+/// Credits granted to the soak's key.
+const GRANT: i64 = 1_000_000;
+
+/// One service as a child process: its settings, to start it again.
+struct Proc {
+    service: Service,
+    env: Vec<(&'static str, String)>,
+    admin: SocketAddr,
+    child: Option<tokio::process::Child>,
+}
+
+/// What one request got: its status, or no answer at all.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Status(u16),
+    Unreachable(String),
+}
+
+/// Every request of the load: which operation, when it was sent and answered, and how.
+#[derive(Default)]
+struct Journal {
+    calls: Vec<(&'static str, Instant, Instant, Outcome)>,
+    /// Work answered 2xx whose result never showed.
+    lost: Vec<String>,
+}
+
+/// A fault: what was down, from when until it was back plus the settle time.
+struct Window {
+    part: String,
+    from: Instant,
+    to: Instant,
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+/// A ledger row of the soak's key: idempotency key, kind, delta, hold, whether it was
+/// refunded, and the address it was for.
+type Entry = (String, String, i64, Option<i64>, bool, Option<String>);
+
+#[tokio::main]
+async fn main() {
+    let settle = Duration::from_millis(env_u64("SOAK_SETTLE_MS", 3000));
+    let calm = Duration::from_millis(env_u64("SOAK_CALM_MS", 5000));
+    let with_deps = std::env::var("SOAK_DEPS").map_or(true, |v| v != "0");
+
+    let _ = std::fs::remove_dir_all(logs());
+    std::fs::create_dir_all(logs()).expect("var/soak");
+    let common = common(fresh_namespace());
+    let gateway_addr = free_port();
+    let base = format!("http://{gateway_addr}");
+    let stack = Stack::attach(common.clone(), base.clone());
+    let mut procs = fleet(&common, &stack, gateway_addr);
+    for p in &mut procs {
+        start(p, &stack).await;
+    }
+    eprintln!("soak: six services up in namespace {:?}", common.namespace);
+
+    let key = stack.key(GRANT).await;
+    let receivers = [Receiver::start().await, Receiver::start().await];
+    let inbox = format!("soak@{INBOUND_DOMAIN}");
+    let created: Value = stack
+        .client(&key)
+        .post(
+            "/inbox/addresses",
+            &json!({ "address": inbox }),
+            reqwest::StatusCode::CREATED,
+        )
+        .await;
+    let address_id = created["address"]["id"]
+        .as_str()
+        .expect("address id")
+        .to_owned();
+    for r in &receivers {
+        let made: Value = stack
+            .client(&key)
+            .post(
+                "/inbox/webhook/endpoints",
+                &json!({ "addressId": address_id, "url": r.url("/hook") }),
+                reqwest::StatusCode::CREATED,
+            )
+            .await;
+        r.trust(made["signingSecret"].as_str().expect("secret"));
+    }
+
+    let journal: Shared<Journal> = Shared::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let load = Load {
+        http,
+        base: base.clone(),
+        key: key.clone(),
+        journal: journal.clone(),
+        stop: stop.clone(),
+    };
+    let accepted_sends: Shared<Vec<String>> = Shared::default();
+    let deduct_keys: Shared<Vec<String>> = Shared::default();
+    let accepted_inbound: Shared<Vec<String>> = Shared::default();
+    let outbox = stack.outbox().to_owned();
+    let tasks = vec![
+        tokio::spawn(load.clone().sends("a", accepted_sends.clone())),
+        tokio::spawn(load.clone().sends("b", accepted_sends.clone())),
+        tokio::spawn(load.clone().deducts(deduct_keys.clone())),
+        tokio::spawn(load.clone().codes(outbox.clone())),
+        tokio::spawn(
+            load.clone()
+                .ingests(inbox.clone(), accepted_inbound.clone()),
+        ),
+    ];
+
+    let began = Instant::now();
+    let mut windows = Vec::new();
+    tokio::time::sleep(calm).await;
+    for p in &mut procs {
+        let from = Instant::now();
+        p.child
+            .take()
+            .expect("running")
+            .kill()
+            .await
+            .expect("SIGKILL");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        start(p, &stack).await;
+        eprintln!(
+            "soak: {} killed and back in {:?}",
+            p.service.name(),
+            from.elapsed()
+        );
+        windows.push(Window {
+            part: p.service.name().into(),
+            from,
+            to: Instant::now() + settle,
+        });
+        tokio::time::sleep(calm.max(settle)).await;
+    }
+    if with_deps {
+        for dep in ["postgres", "redis", "nats"] {
+            let from = Instant::now();
+            let status = tokio::process::Command::new("./deploy/restart-dep.sh")
+                .arg(dep)
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .status()
+                .await
+                .expect("restart-dep.sh runs");
+            assert!(status.success(), "{dep} restarted");
+            windows.push(Window {
+                part: dep.into(),
+                from,
+                to: Instant::now() + settle,
+            });
+            tokio::time::sleep(calm.max(settle)).await;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("load task");
+    }
+    let loaded = began.elapsed();
+    eprintln!("soak: load stopped after {loaded:?}; draining");
+
+    let report = Report {
+        stack: &stack,
+        key: &key,
+        windows: &windows,
+    };
+    let mut failures = Vec::new();
+    failures.extend(report.answers(&journal.lock().expect("journal")));
+    failures.extend(report.sends(&accepted_sends.lock().expect("sends")).await);
+    failures.extend(
+        report
+            .charges(&deduct_keys.lock().expect("keys"), &outbox)
+            .await,
+    );
+    failures.extend(
+        report
+            .inbound(&accepted_inbound.lock().expect("ids"), &receivers)
+            .await,
+    );
+    for mut p in procs {
+        if let Some(mut child) = p.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+    stack.shutdown().await;
+    eprintln!("soak: the services' logs are in var/soak/");
+    if failures.is_empty() {
+        eprintln!("soak: every count held");
+    } else {
+        for f in failures.iter().take(30) {
+            eprintln!("soak: FAILED: {f}");
+        }
+        eprintln!("soak: {} checks failed", failures.len());
+        std::process::exit(1);
+    }
+}
+
+/// The six services' settings, in start order (the gateway last, at `gateway_addr`).
+fn fleet(common: &Common, stack: &Stack, gateway_addr: SocketAddr) -> Vec<Proc> {
+    let opts = Options::default();
+    let mut dispatcher = dispatcher_config(common);
+    dispatcher.delivery.retry_schedule = [1, 2, 5, 10, 20]
+        .into_iter()
+        .map(Duration::from_secs)
+        .collect();
+    let gateway = api_gateway::Config {
+        http_addr: gateway_addr,
+        public_base_url: format!("http://{gateway_addr}"),
+        ..gateway_config(common, opts.rate)
+    };
+    let settings = [
+        (
+            billing::SERVICE,
+            billing_config(common, opts.stripe).to_env(),
+        ),
+        (
+            domain::SERVICE,
+            domain_config(common, DomainOptions::default()).to_env(),
+        ),
+        (inbound_ingest::SERVICE, inbound_config(common).to_env()),
+        (webhook_dispatcher::SERVICE, dispatcher.to_env()),
+        (sender::SERVICE, stack.sender_config().to_env()),
+        (api_gateway::SERVICE, gateway.to_env()),
+    ];
+    settings
+        .into_iter()
+        .map(|(service, mut env)| {
+            let admin = free_port();
+            env.retain(|(name, _)| *name != "ADMIN_ADDR");
+            env.push(("ADMIN_ADDR", admin.to_string()));
+            env.push(("RUST_LOG", "info".into()));
+            Proc {
+                service,
+                env,
+                admin,
+                child: None,
+            }
+        })
+        .collect()
+}
+
+/// Where the services' log lines go: `var/soak/<service>.log`.
+fn logs() -> std::path::PathBuf {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../var/soak")).to_owned()
+}
+
+/// Starts `p` and waits until its admin server reports ready.
+async fn start(p: &mut Proc, stack: &Stack) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs().join(format!("{}.log", p.service.name())))
+        .expect("service log file");
+    p.child = Some(spawn_service_to(p.service, p.env.clone(), log));
+    stack.wait_ready(p.admin).await;
+}
+
+/// The load: one client, the key, where answers are written, and when to stop.
+#[derive(Clone)]
+struct Load {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+    journal: Shared<Journal>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Load {
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::SeqCst)
+    }
+
+    /// POSTs `body` to `path` (with the key, or with `secret` as the inbound secret), writes
+    /// the outcome down as `op`, and returns it with the JSON body.
+    async fn post(
+        &self, op: &'static str, path: &str, body: &Value, inbound: bool,
+    ) -> (Outcome, Value) {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        req = if inbound {
+            req.header("x-service-inbound-secret", INBOUND_SECRET)
+        } else {
+            req.bearer_auth(&self.key)
+        };
+        let sent = Instant::now();
+        let (outcome, json) = match req.send().await {
+            Ok(res) => {
+                let status = res.status().as_u16();
+                let json = res.json::<Value>().await.unwrap_or(Value::Null);
+                (Outcome::Status(status), json)
+            }
+            Err(e) => (Outcome::Unreachable(format!("{e:#}")), Value::Null),
+        };
+        self.journal.lock().expect("journal").calls.push((
+            op,
+            sent,
+            Instant::now(),
+            outcome.clone(),
+        ));
+        (outcome, json)
+    }
+
+    /// One send to a fresh recipient after another; the task ids answered 2xx.
+    async fn sends(self, lane: &'static str, accepted: Shared<Vec<String>>) {
+        let mut i = 0;
+        while self.running() {
+            i += 1;
+            let body = json!({
+                "to": format!("soak-send-{lane}{i}@example.com"),
+                "subject": format!("soak {lane}{i}"),
+                "text": "a soak send",
+            });
+            if let (Outcome::Status(200..=299), answer) =
+                self.post("send-email", "/send-email", &body, false).await
+            {
+                let task = answer["taskId"].as_str().expect("taskId").to_owned();
+                accepted.lock().expect("sends").push(task);
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    /// Deducts under a fresh idempotency key, retrying that key until it answers 200.
+    async fn deducts(self, keys: Shared<Vec<String>>) {
+        let mut i = 0;
+        while self.running() {
+            i += 1;
+            let key = format!("soak-deduct-{i}");
+            keys.lock().expect("keys").push(key.clone());
+            loop {
+                let body = json!({ "idempotencyKey": key });
+                if let (Outcome::Status(200), _) =
+                    self.post("deduct", "/deduct", &body, false).await
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    /// Sends a code to a fresh address, reads it from the delivered email and checks it.
+    async fn codes(self, outbox: std::path::PathBuf) {
+        let mut i = 0;
+        while self.running() {
+            i += 1;
+            let email = format!("soak-code-{i}@example.com");
+            let sent = self
+                .post("send-code", "/send-code", &json!({ "email": email }), false)
+                .await;
+            if let Outcome::Status(200) = sent.0 {
+                let code = until(Duration::from_secs(60), || {
+                    let found = messages_to(&outbox, &email)
+                        .iter()
+                        .find_map(|m| extract_code(m));
+                    async move { found.ok_or_else(|| "no code email yet".to_owned()) }
+                })
+                .await;
+                match code {
+                    Ok(code) => {
+                        let body = json!({ "email": email, "code": code });
+                        self.post("verify-code", "/verify-code", &body, false).await;
+                    }
+                    Err(e) => self
+                        .journal
+                        .lock()
+                        .expect("journal")
+                        .lost
+                        .push(format!("code to {email}: {e}")),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    /// Ingests message after message to `inbox`, each retried until it answers 200.
+    async fn ingests(self, inbox: String, accepted: Shared<Vec<String>>) {
+        let mut i = 0;
+        while self.running() {
+            i += 1;
+            let id = format!("soak-{i}@customer.example");
+            let raw = mta::message(
+                Some(&id),
+                &format!("soak {i}"),
+                "",
+                "an inbound soak message",
+            );
+            let body = mta::ingest_body(&raw, &[&inbox]);
+            loop {
+                if let (Outcome::Status(200), _) = self
+                    .post("ingest", "/inbound-email/ingest", &body, true)
+                    .await
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            accepted.lock().expect("ids").push(id);
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+}
+
+/// Delivered `.eml` files in `outbox` addressed to `to`.
+fn messages_to(outbox: &std::path::Path, to: &str) -> Vec<String> {
+    std::fs::read_dir(outbox)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter(|text| {
+            text.lines()
+                .any(|l| l.starts_with("To:") && l.to_lowercase().contains(to))
+        })
+        .collect()
+}
+
+/// Every `To:` address of the `.eml` files in `outbox`, with how many were delivered to it.
+fn delivered(outbox: &std::path::Path) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for entry in std::fs::read_dir(outbox).into_iter().flatten().flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if let Some(line) = text.lines().find(|l| l.starts_with("To:")) {
+            let to = line["To:".len()..]
+                .trim()
+                .trim_matches(['<', '>'])
+                .to_lowercase();
+            *counts.entry(to).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// The checks after the load, each returning what failed.
+struct Report<'a> {
+    stack: &'a Stack,
+    key: &'a str,
+    windows: &'a [Window],
+}
+
+impl Report<'_> {
+    /// The window (if any) a call from `sent` to `answered` overlaps.
+    fn windows(&self, sent: Instant, answered: Instant) -> Vec<&Window> {
+        self.windows
+            .iter()
+            .filter(|w| sent <= w.to && answered >= w.from)
+            .collect()
+    }
+
+    /// Every answer 2xx, or 502/503/no connection inside an outage window.
+    fn answers(&self, journal: &Journal) -> Vec<String> {
+        let mut table: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+        let mut failures = Vec::new();
+        for (op, sent, answered, outcome) in &journal.calls {
+            let windows = self.windows(*sent, *answered);
+            let (label, allowed) = match outcome {
+                Outcome::Status(s @ 200..=299) => (format!("{s}"), true),
+                Outcome::Status(s @ (502 | 503)) => (format!("{s}"), !windows.is_empty()),
+                Outcome::Status(s) => (format!("{s}"), false),
+                Outcome::Unreachable(_) => (
+                    "no connection".into(),
+                    windows.iter().any(|w| w.part == "api-gateway"),
+                ),
+            };
+            *table
+                .entry(op)
+                .or_default()
+                .entry(label.clone())
+                .or_default() += 1;
+            if !allowed {
+                let during = match windows.as_slice() {
+                    [] => "outside any outage".to_owned(),
+                    parts => {
+                        let parts: Vec<&str> = parts.iter().map(|w| w.part.as_str()).collect();
+                        format!("during the {} outage", parts.join(" and "))
+                    }
+                };
+                let detail = match outcome {
+                    Outcome::Unreachable(e) => e.as_str(),
+                    Outcome::Status(_) => "",
+                };
+                failures.push(format!("{op}: {label} {during} {detail}"));
+            }
+        }
+        failures.extend(journal.lost.iter().cloned());
+        eprintln!("soak: answers by operation:");
+        for (op, counts) in &table {
+            eprintln!("  {op:<12} {counts:?}");
+        }
+        failures
+    }
+
+    /// Every task answered 2xx is stored; every stored task delivered once per recipient.
+    async fn sends(&self, accepted: &[String]) -> Vec<String> {
+        let db = self.stack.sender_db().await;
+        let outbox = self.stack.outbox();
+        let recipients: Vec<(String, String)> = sqlx::query_as(
+            "SELECT t.id::text, lower(r.email) FROM tasks t JOIN task_recipients r ON r.task_id = t.id",
+        )
+        .fetch_all(&db)
+        .await
+        .expect("tasks");
+        let wanted: HashSet<&str> = recipients
+            .iter()
+            .map(|(_, e)| e.as_str())
+            .filter(|e| e.starts_with("soak-send-"))
+            .collect();
+        let stored: HashSet<&str> = recipients.iter().map(|(t, _)| t.as_str()).collect();
+        let settled = until(Duration::from_secs(120), || {
+            let counts = delivered(outbox);
+            let missing = wanted.iter().filter(|e| !counts.contains_key(**e)).count();
+            async move {
+                if missing == 0 {
+                    Ok(counts)
+                } else {
+                    Err(format!("{missing} stored sends not delivered yet"))
+                }
+            }
+        })
+        .await;
+        let mut failures = Vec::new();
+        if let Err(e) = settled {
+            failures.push(format!("sends: {e}"));
+        }
+        // Anything delivered twice would have come by now (the workers' retries are short).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let counts = delivered(outbox);
+        let twice: Vec<_> = counts
+            .iter()
+            .filter(|(to, n)| to.starts_with("soak-send-") && **n > 1)
+            .collect();
+        let unasked: Vec<_> = counts
+            .keys()
+            .filter(|to| to.starts_with("soak-send-") && !wanted.contains(to.as_str()))
+            .collect();
+        let lost: Vec<_> = accepted
+            .iter()
+            .filter(|t| !stored.contains(t.as_str()))
+            .collect();
+        let unanswered = wanted.len().saturating_sub(accepted.len());
+        eprintln!(
+            "soak: sends: {} answered 2xx, {} stored ({} stored though the answer was lost), {} delivered, {} twice, {} never stored but delivered, {} answered but not stored",
+            accepted.len(),
+            wanted.len(),
+            unanswered,
+            counts.keys().filter(|t| t.starts_with("soak-send-")).count(),
+            twice.len(),
+            unasked.len(),
+            lost.len()
+        );
+        if !twice.is_empty() {
+            failures.push(format!("sends delivered twice: {twice:?}"));
+        }
+        if !unasked.is_empty() {
+            failures.push(format!("delivered without a stored send: {unasked:?}"));
+        }
+        if !lost.is_empty() {
+            failures.push(format!("sends answered 2xx but not stored: {lost:?}"));
+        }
+        failures
+    }
+
+    /// Every charge matched to its work, nothing on hold, the balance the ledger's.
+    async fn charges(&self, deduct_keys: &[String], outbox: &std::path::Path) -> Vec<String> {
+        let billing = self.stack.service_db(billing::SERVICE).await;
+        let key_id = self.stack.key_id(self.key).await;
+        let mut failures = Vec::new();
+        // Holds run out (and are refunded) within the hold time; wait for none to be left.
+        let entries: Vec<Entry> = match until(Duration::from_secs(120), || {
+            let billing = billing.clone();
+            async move {
+                let rows: Vec<Entry> = sqlx::query_as(
+                    "SELECT l.idempotency_key, l.kind, l.delta, l.hold_until,
+                                EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = l.id),
+                                l.target_email
+                         FROM ledger l WHERE l.api_key_id = $1",
+                )
+                .bind(key_id)
+                .fetch_all(&billing)
+                .await
+                .expect("ledger");
+                let held = rows.iter().filter(|r| r.3.is_some_and(|h| h > 0)).count();
+                if held == 0 {
+                    Ok(rows)
+                } else {
+                    Err(format!("{held} charges still on hold"))
+                }
+            }
+        })
+        .await
+        {
+            Ok(rows) => rows,
+            Err(e) => return vec![format!("charges: {e}")],
+        };
+        // A live charge: confirmed and not refunded.
+        let live_entries: Vec<&Entry> = entries
+            .iter()
+            .filter(|(_, kind, _, hold, refunded, _)| {
+                kind == "charge" && hold.is_none() && !refunded
+            })
+            .collect();
+        let live: HashMap<&str, i64> = live_entries
+            .iter()
+            .map(|(key, _, delta, _, _, _)| (key.as_str(), *delta))
+            .collect();
+        let sender = self.stack.sender_db().await;
+        let tasks: Vec<(String, i64)> =
+            sqlx::query_as("SELECT id::text, cost FROM tasks WHERE api_key_id = $1")
+                .bind(key_id)
+                .fetch_all(&sender)
+                .await
+                .expect("tasks");
+        let task_ids: HashSet<&str> = tasks.iter().map(|(t, _)| t.as_str()).collect();
+        for (task, cost) in &tasks {
+            if live.get(task.as_str()) != Some(&-cost) {
+                failures.push(format!(
+                    "send {task} costs {cost} but its live charge is {:?}",
+                    live.get(task.as_str())
+                ));
+            }
+        }
+        let is_task = |k: &str| uuid::Uuid::parse_str(k).is_ok();
+        for key in live.keys().filter(|k| is_task(k)) {
+            if !task_ids.contains(key) {
+                failures.push(format!("a live charge {key} without its send"));
+            }
+        }
+        for key in deduct_keys {
+            let charge = live.get(format!("deduct:{key}").as_str());
+            if charge != Some(&-1) {
+                failures.push(format!("deduct {key}: live charge {charge:?}"));
+            }
+        }
+        // A code charge is for the address it names: that address must have got its
+        // email (once per address: the load sends one code to each).
+        let emails = delivered(outbox);
+        let mut charged: HashMap<&str, usize> = HashMap::new();
+        for (key, .., target) in &live_entries {
+            if key.starts_with("send-code:") {
+                *charged.entry(target.as_deref().unwrap_or("")).or_default() += 1;
+            }
+        }
+        for (to, n) in &charged {
+            if *n > 1 {
+                failures.push(format!("{n} live code charges for {to}"));
+            }
+            if !emails.contains_key(*to) {
+                failures.push(format!(
+                    "a live code charge for {to}, who got no code email"
+                ));
+            }
+        }
+        let code_emails: Vec<&String> = emails
+            .keys()
+            .filter(|to| to.starts_with("soak-code-"))
+            .collect();
+        let free = code_emails
+            .iter()
+            .filter(|to| !charged.contains_key(to.as_str()))
+            .count();
+        let code_charges = charged.values().sum::<usize>();
+        let code_emails = code_emails.len();
+        let spent: i64 = live.values().sum();
+        let balance = self.stack.balance(self.key).await;
+        if balance != GRANT + spent {
+            failures.push(format!(
+                "balance {balance}, but the grant {GRANT} less live charges is {}",
+                GRANT + spent
+            ));
+        }
+        let refunded = entries.iter().filter(|e| e.1 == "refund").count();
+        if free > 0 {
+            eprintln!("soak: charges: {free} code emails went out uncharged (their hold ran out or was refunded after the code was queued)");
+        }
+        eprintln!(
+            "soak: charges: {} live ({} sends, {} deducts, {code_charges} code sends for {code_emails} code emails), {refunded} refunded, balance {balance} = {GRANT} - {}",
+            live.len(),
+            tasks.len(),
+            deduct_keys.len(),
+            -spent
+        );
+        failures
+    }
+
+    /// Every accepted message stored once and delivered to each receiver under one id.
+    async fn inbound(&self, accepted: &[String], receivers: &[Receiver]) -> Vec<String> {
+        let db = self.stack.service_db(inbound_ingest::SERVICE).await;
+        let stored: Vec<(String, i64)> =
+            sqlx::query_as("SELECT message_id, count(*) FROM messages GROUP BY message_id")
+                .fetch_all(&db)
+                .await
+                .expect("messages");
+        let stored: HashMap<String, i64> = stored.into_iter().collect();
+        let mut failures = Vec::new();
+        for id in accepted {
+            if stored.get(id) != Some(&1) {
+                failures.push(format!("message {id} stored {:?} times", stored.get(id)));
+            }
+        }
+        let per_receiver = |r: &Receiver| {
+            let mut ids: HashMap<String, HashSet<String>> = HashMap::new();
+            let mut posts = 0;
+            for d in r.deliveries() {
+                posts += 1;
+                let message = d.body["data"]["emailId"].as_str().unwrap_or("").to_owned();
+                ids.entry(message).or_default().insert(d.id);
+            }
+            (ids, posts)
+        };
+        let seen = until(Duration::from_secs(120), || {
+            let got: Vec<_> = receivers.iter().map(per_receiver).collect();
+            let missing: usize = got
+                .iter()
+                .map(|(ids, _)| stored.keys().filter(|m| !ids.contains_key(*m)).count())
+                .sum();
+            async move {
+                if missing == 0 {
+                    Ok(got)
+                } else {
+                    Err(format!("{missing} deliveries still missing"))
+                }
+            }
+        })
+        .await;
+        let seen = match seen {
+            Ok(seen) => seen,
+            Err(e) => {
+                failures.push(format!("inbound: {e}"));
+                receivers.iter().map(per_receiver).collect()
+            }
+        };
+        for (n, (ids, posts)) in seen.iter().enumerate() {
+            let split: Vec<_> = ids.iter().filter(|(_, w)| w.len() > 1).collect();
+            if !split.is_empty() {
+                failures.push(format!(
+                    "receiver {n}: messages under more than one webhook-id: {split:?}"
+                ));
+            }
+            eprintln!(
+                "soak: inbound: receiver {n} got {} messages in {posts} POSTs ({} repeated)",
+                ids.len(),
+                posts - ids.len()
+            );
+        }
+        eprintln!(
+            "soak: inbound: {} accepted, {} stored",
+            accepted.len(),
+            stored.len()
+        );
+        failures
+    }
+}
+
+/// Polls `probe` every 100 ms until it answers `Ok`, or gives its last `Err` once `within`
+/// has passed (a failure to report, not to panic on).
+async fn until<T, F: std::future::Future<Output = Result<T, String>>>(
+    within: Duration, mut probe: impl FnMut() -> F,
+) -> Result<T, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(done) => return Ok(done),
+            Err(seen) if Instant::now() >= deadline => {
+                return Err(format!("after {within:?}: {seen}"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
