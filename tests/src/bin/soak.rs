@@ -202,17 +202,13 @@ async fn main() {
     };
     let mut failures = Vec::new();
     failures.extend(report.answers(&journal.lock().expect("journal")));
-    failures.extend(report.sends(&accepted_sends.lock().expect("sends")).await);
-    failures.extend(
-        report
-            .charges(&deduct_keys.lock().expect("keys"), &outbox)
-            .await,
-    );
-    failures.extend(
-        report
-            .inbound(&accepted_inbound.lock().expect("ids"), &receivers)
-            .await,
-    );
+    // The load has stopped: what it wrote down is final.
+    let taken = |list: &Shared<Vec<String>>| std::mem::take(&mut *list.lock().expect("list"));
+    let (accepted_sends, deduct_keys) = (taken(&accepted_sends), taken(&deduct_keys));
+    let accepted_inbound = taken(&accepted_inbound);
+    failures.extend(report.sends(&accepted_sends).await);
+    failures.extend(report.charges(&deduct_keys, &outbox).await);
+    failures.extend(report.inbound(&accepted_inbound, &receivers).await);
     for mut p in procs {
         if let Some(mut child) = p.child.take() {
             let _ = child.kill().await;
