@@ -25,7 +25,7 @@ wait_for() { # name port
 
 restart_postgres() {
   local dir bin owner as=()
-  dir="$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -Atc 'SHOW data_directory')"
+  dir="$(psql -w -h 127.0.0.1 -p "$PG_PORT" -U postgres -Atc 'SHOW data_directory')"
   if command -v pg_lsclusters >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | awk '{print $3}' | grep -qx "$PG_PORT"; then
     read -r ver name _ < <(pg_lsclusters -h | awk -v p="$PG_PORT" '$3 == p')
     pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" restart -m fast >&2 \

@@ -167,6 +167,18 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     }
 }
 
+/// An optional `idempotency-key` header: absent is `None`, malformed a 400.
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, ApiError> {
+        match parts.headers.get(Self::HEADER) {
+            None => Ok(None),
+            Some(raw) => Self::parse(raw.to_str().unwrap_or_default()).map(Some),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

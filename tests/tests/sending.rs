@@ -833,3 +833,73 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     assert_eq!(peek::sender::owed_refunds(&db).await, 0);
     stack.shutdown().await;
 }
+
+/// `POST /send-email` with `key` and an `Idempotency-Key`; the whole answer.
+async fn send_keyed(stack: &Stack, key: &str, idem: &str, body: &Value) -> Answer {
+    stack
+        .client(key)
+        .with_header("idempotency-key", idem)
+        .request(Method::POST, "/send-email", body)
+        .await
+}
+
+#[tokio::test]
+async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let body = json!({"to": "once@example.com", "subject": "s", "text": "t", "variables": {"a": 1, "b": 2}});
+    let first: Success<SendAnswer> = send_keyed(&stack, &key, "order-2026-11-26-0001", &body)
+        .await
+        .expect(StatusCode::OK, "keyed send");
+    let task = first.body.task_id.expect("a task");
+    // The same body again, its object keys in another order: the same answer, no charge.
+    let again = json!({"text": "t", "variables": {"b": 2, "a": 1}, "subject": "s", "to": "once@example.com"});
+    let second: Success<SendAnswer> = send_keyed(&stack, &key, "order-2026-11-26-0001", &again)
+        .await
+        .expect(StatusCode::OK, "repeat");
+    assert_eq!(second.body.task_id, Some(task));
+    assert_eq!(second.body.cost, 1);
+    // Another body under the key is refused; a malformed key is a 400.
+    let other = json!({"to": "other@example.com", "subject": "s", "text": "t"});
+    let e: ErrorBody = send_keyed(&stack, &key, "order-2026-11-26-0001", &other)
+        .await
+        .expect(StatusCode::CONFLICT, "reused key");
+    assert!(e.error.contains("Idempotency-Key"), "{}", e.error);
+    send_keyed(&stack, &key, "short", &other)
+        .await
+        .expect::<ErrorBody>(StatusCode::BAD_REQUEST, "bad key");
+    // Five at once under a new key: one task, one charge, one email.
+    let racing = json!({"to": "race@example.com", "subject": "s", "text": "t"});
+    let answers = futures::future::join_all(
+        (0..5).map(|_| send_keyed(&stack, &key, "order-2026-11-26-0002", &racing)),
+    )
+    .await;
+    let tasks: std::collections::HashSet<_> = answers
+        .iter()
+        .map(|a| {
+            a.expect::<Success<SendAnswer>>(StatusCode::OK, "racing")
+                .body
+                .task_id
+        })
+        .collect();
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    // Another workspace's key of the same name is its own.
+    let other_key = stack.key(1).await;
+    let theirs: Success<SendAnswer> =
+        send_keyed(&stack, &other_key, "order-2026-11-26-0001", &other)
+            .await
+            .expect(StatusCode::OK, "other workspace");
+    assert_ne!(theirs.body.task_id, Some(task));
+    stack
+        .wait_for_messages("once@example.com", 1, Duration::from_secs(15))
+        .await;
+    stack
+        .wait_for_messages("race@example.com", 1, Duration::from_secs(15))
+        .await;
+    // A second copy would have been written by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stack.messages_to("once@example.com").len(), 1);
+    assert_eq!(stack.messages_to("race@example.com").len(), 1);
+    assert_eq!(stack.balance(&key).await, 8, "one credit per keyed send");
+    stack.shutdown().await;
+}

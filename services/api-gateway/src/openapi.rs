@@ -215,6 +215,19 @@ pub fn document() -> OpenApi {
                     .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
             );
         }
+        if spec == sender::SEND_EMAIL {
+            // Optional: makes a retried send answer the first one's task.
+            let key = ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[A-Za-z0-9_-]{16,100}$"));
+            operation = operation.parameter(
+                ParameterBuilder::new()
+                    .name("idempotency-key")
+                    .parameter_in(ParameterIn::Header)
+                    .required(Required::False)
+                    .schema(Some(key)),
+            );
+        }
         paths = paths.path(
             spec.path,
             utoipa::openapi::PathItem::new(http_method(spec.method), operation),

@@ -28,7 +28,7 @@ pub const MAX_SCHEDULE_AHEAD_SECS: i64 = 30 * 24 * 3600;
 const MAX_HEADER_LEN: usize = 998;
 
 /// `to` as the API takes it: one address, or a list of addresses and recipient objects.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum To {
     One(String),
@@ -36,7 +36,7 @@ pub enum To {
 }
 
 /// One entry of a `to` list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum ToItem {
     Address(String),
@@ -48,7 +48,7 @@ pub enum ToItem {
 }
 
 /// `cc` / `bcc`: one address (or a comma list), or a list of addresses.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Addresses {
     One(String),
@@ -56,7 +56,7 @@ pub enum Addresses {
 }
 
 /// One attachment as sent: `content` is base64.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AttachmentBody {
     pub filename: Option<String>,
@@ -64,8 +64,9 @@ pub struct AttachmentBody {
     pub content_type: Option<String>,
 }
 
-/// The `/send-email` body (spec §4.4). Unknown fields are ignored.
-#[derive(Debug, Default, Deserialize)]
+/// The `/send-email` body (spec §4.4). Unknown fields are ignored. Serialized again, it is
+/// the canonical form an `Idempotency-Key` is bound to.
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SendBody {
     pub to: Option<To>,

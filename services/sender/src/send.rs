@@ -9,15 +9,17 @@ use serde::{Deserialize, Serialize};
 
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, IdPath, JsonBody};
+use postmesh_shared::extract::{Caller, IdPath, IdempotencyKey, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
 use postmesh_shared::{nats, ApiError, EmailAddress, Success, TaskId};
+use sha2::{Digest, Sha256};
+use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
 
 use crate::render::{add_utm, fill};
 use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest, Target};
 use crate::settle::{self, Action};
-use crate::tasks::{self, NewTask, TaskMessage, TaskStatus};
+use crate::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
 use crate::{audiences, campaigns, contacts, events, governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
@@ -154,19 +156,76 @@ async fn check_sendable(
     )))
 }
 
-/// `POST /send-email`.
+/// `POST /send-email`. With an `Idempotency-Key` header, a repeat of a stored send gets the
+/// answer the first got and sends and charges nothing more; the same key with another body
+/// is a 409. A send that failed stored nothing, so its key can be retried.
 pub(crate) async fn send(
-    State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendBody>,
+    State(state): State<AppState>, caller: Caller, key: Option<IdempotencyKey>,
+    JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
-    submit(&state, &caller, body, TaskId::new())
-        .await
-        .map(Success::new)
+    let keyed = key.map(|key| Keyed::new(key, &body));
+    if let Some(keyed) = &keyed {
+        if let Some(answer) = keyed.stored(&state, &caller).await? {
+            return Ok(Success::new(answer));
+        }
+    }
+    match submit(&state, &caller, body, TaskId::new(), keyed.as_ref()).await {
+        Ok(answer) => Ok(Success::new(answer)),
+        // A twin with the same key may have committed first (this one's charge is already
+        // refunded): its answer is this one's.
+        Err(e) => match &keyed {
+            Some(keyed) => match keyed.stored(&state, &caller).await {
+                Ok(Some(answer)) => Ok(Success::new(answer)),
+                _ => Err(e),
+            },
+            None => Err(e),
+        },
+    }
+}
+
+/// A send's `Idempotency-Key` with the digest of its body in canonical form.
+pub(crate) struct Keyed {
+    key: IdempotencyKey,
+    digest: Vec<u8>,
+}
+
+impl Keyed {
+    fn new(key: IdempotencyKey, body: &SendBody) -> Self {
+        let canonical = serde_json::to_vec(body).unwrap_or_default();
+        Self {
+            key,
+            digest: Sha256::digest(canonical).to_vec(),
+        }
+    }
+
+    /// The answer of the send stored under this key, if any; 409 when it was made with
+    /// another body.
+    async fn stored(
+        &self, state: &AppState, caller: &Caller,
+    ) -> Result<Option<SendAnswer>, ApiError> {
+        let row: Option<(Vec<u8>, Json<SendAnswer>)> = sqlx::query_as(
+            "SELECT request_digest, answer FROM tasks
+             WHERE workspace_id = $1 AND idempotency_key = $2",
+        )
+        .bind(caller.workspace)
+        .bind(self.key.as_str())
+        .fetch_optional(&state.db)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some((digest, Json(answer))) if digest == self.digest => Ok(Some(answer)),
+            Some(_) => Err(ApiError::Conflict(
+                "this Idempotency-Key was used for another send; use a new key".into(),
+            )),
+        }
+    }
 }
 
 /// Checks, prices, charges and stores a send as task `id` (a workflow step names its own,
-/// so a retried step finds the task it made).
+/// so a retried step finds the task it made), under `keyed` when it has an
+/// `Idempotency-Key` (a dry run stores nothing, so its key binds nothing).
 pub(crate) async fn submit(
-    state: &AppState, caller: &Caller, body: SendBody, id: TaskId,
+    state: &AppState, caller: &Caller, body: SendBody, id: TaskId, keyed: Option<&Keyed>,
 ) -> Result<SendAnswer, ApiError> {
     let now = now_unix();
     let mut body = body;
@@ -205,7 +264,7 @@ pub(crate) async fn submit(
     rejected.extend(capped);
     // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
     let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
-    let task = NewTask {
+    let mut task = NewTask {
         id,
         status: match req.scheduled_at {
             Some(_) => TaskStatus::Scheduled,
@@ -220,6 +279,7 @@ pub(crate) async fn submit(
         campaign_key: campaign_key.as_deref(),
         cost,
         now,
+        idempotency: None,
     };
     let answer = |task_id| SendAnswer {
         task_id,
@@ -245,8 +305,14 @@ pub(crate) async fn submit(
         }
         return Ok(answer(None));
     }
+    let accepted = answer(Some(task.id));
+    task.idempotency = keyed.map(|k| Idempotency {
+        key: k.key.as_str(),
+        digest: &k.digest,
+        answer: serde_json::to_value(&accepted).unwrap_or_default(),
+    });
     accept(state, &quota, tx, &task, charge).await?;
-    Ok(answer(Some(task.id)))
+    Ok(accepted)
 }
 
 /// Who the send goes to: the recipients of its `to`, its audience's contacts or its
@@ -359,7 +425,14 @@ async fn store(
     task: &NewTask<'_>,
 ) -> Result<(), ApiError> {
     quota.check(&mut tx, task.recipients.len() as i64).await?;
-    tasks::insert(&mut tx, outlet, task).await?;
+    tasks::insert(&mut tx, outlet, task).await.map_err(|e| {
+        if postmesh_shared::db::is_unique_violation(&e) && task.idempotency.is_some() {
+            // A twin under the same key committed first; `send` answers with its task.
+            ApiError::Conflict("a send with this Idempotency-Key was stored meanwhile".into())
+        } else {
+            e.into()
+        }
+    })?;
     if task.cost > 0 {
         settle::owe(
             &mut tx,

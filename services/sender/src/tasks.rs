@@ -77,6 +77,16 @@ pub struct NewTask<'a> {
     pub cost: i64,
     /// When the send was accepted (Unix seconds).
     pub now: i64,
+    /// The `Idempotency-Key` it was made with, if any.
+    pub idempotency: Option<Idempotency<'a>>,
+}
+
+/// A send's `Idempotency-Key`: the key, the digest of the body it is bound to, and the
+/// answer a repeat gets.
+pub struct Idempotency<'a> {
+    pub key: &'a str,
+    pub digest: &'a [u8],
+    pub answer: serde_json::Value,
 }
 
 /// Stores `task` in `tx`: queued with its jobs in the outbox, or scheduled without them;
@@ -128,9 +138,9 @@ async fn insert_task(
                             message, email_type, topic, source_app, business_goal,
                             recipient_reason, campaign_name, template_key, template_version,
                             test_send, cost, recipient_count, created_at, released_at,
-                            campaign_key)
+                            campaign_key, idempotency_key, request_digest, answer)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20)",
+                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20, $21, $22, $23)",
     )
     .bind(task.id)
     .bind(task.caller.workspace)
@@ -152,6 +162,9 @@ async fn insert_task(
     .bind(task.recipients.len() as i32)
     .bind(now)
     .bind(task.campaign_key)
+    .bind(task.idempotency.as_ref().map(|i| i.key))
+    .bind(task.idempotency.as_ref().map(|i| i.digest))
+    .bind(task.idempotency.as_ref().map(|i| Json(&i.answer)))
     .execute(&mut *tx)
     .await
     .map(drop)

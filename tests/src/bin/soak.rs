@@ -7,7 +7,8 @@
 //! - every request answered 2xx, except 502/503 (or no connection, while the gateway
 //!   itself is down) inside an outage window: from the fault until the part is back and
 //!   `SOAK_SETTLE_MS` (default 3000) have passed;
-//! - every stored send delivered exactly once per recipient, every 2xx send stored;
+//! - every send (retried under its `Idempotency-Key` until answered) stored once, answered
+//!   with its task, and delivered exactly once;
 //! - every charge matched to its work: one live charge per stored send at its cost, one per
 //!   deduct key, one per delivered code email, nothing left on hold, and the balance equal
 //!   to the grant less the live charges;
@@ -305,9 +306,12 @@ impl Load {
     /// POSTs `body` to `path` (with the key, or with `secret` as the inbound secret), writes
     /// the outcome down as `op`, and returns it with the JSON body.
     async fn post(
-        &self, op: &'static str, path: &str, body: &Value, inbound: bool,
+        &self, op: &'static str, path: &str, body: &Value, inbound: bool, idem: Option<&str>,
     ) -> (Outcome, Value) {
         let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(idem) = idem {
+            req = req.header("idempotency-key", idem);
+        }
         req = if inbound {
             req.header("x-service-inbound-secret", INBOUND_SECRET)
         } else {
@@ -331,7 +335,8 @@ impl Load {
         (outcome, json)
     }
 
-    /// One send to a fresh recipient after another; the task ids answered 2xx.
+    /// One send to a fresh recipient after another, each retried under its own
+    /// `Idempotency-Key` until it answers 2xx; the task ids answered.
     async fn sends(self, lane: &'static str, accepted: Shared<Vec<String>>) {
         let mut i = 0;
         while self.running() {
@@ -341,11 +346,17 @@ impl Load {
                 "subject": format!("soak {lane}{i}"),
                 "text": "a soak send",
             });
-            if let (Outcome::Status(200..=299), answer) =
-                self.post("send-email", "/send-email", &body, false).await
-            {
-                let task = answer["taskId"].as_str().expect("taskId").to_owned();
-                accepted.lock().expect("sends").push(task);
+            let idem = format!("soak-send-{lane}-{i:08}");
+            loop {
+                if let (Outcome::Status(200..=299), answer) = self
+                    .post("send-email", "/send-email", &body, false, Some(&idem))
+                    .await
+                {
+                    let task = answer["taskId"].as_str().expect("taskId").to_owned();
+                    accepted.lock().expect("sends").push(task);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             tokio::time::sleep(Duration::from_millis(40)).await;
         }
@@ -361,7 +372,7 @@ impl Load {
             loop {
                 let body = json!({ "idempotencyKey": key });
                 if let (Outcome::Status(200), _) =
-                    self.post("deduct", "/deduct", &body, false).await
+                    self.post("deduct", "/deduct", &body, false, None).await
                 {
                     break;
                 }
@@ -378,7 +389,13 @@ impl Load {
             i += 1;
             let email = format!("soak-code-{i}@example.com");
             let sent = self
-                .post("send-code", "/send-code", &json!({ "email": email }), false)
+                .post(
+                    "send-code",
+                    "/send-code",
+                    &json!({ "email": email }),
+                    false,
+                    None,
+                )
                 .await;
             if let Outcome::Status(200) = sent.0 {
                 let code = until(Duration::from_secs(60), || {
@@ -391,7 +408,8 @@ impl Load {
                 match code {
                     Ok(code) => {
                         let body = json!({ "email": email, "code": code });
-                        self.post("verify-code", "/verify-code", &body, false).await;
+                        self.post("verify-code", "/verify-code", &body, false, None)
+                            .await;
                     }
                     Err(e) => self
                         .journal
@@ -420,7 +438,7 @@ impl Load {
             let body = mta::ingest_body(&raw, &[&inbox]);
             loop {
                 if let (Outcome::Status(200), _) = self
-                    .post("ingest", "/inbound-email/ingest", &body, true)
+                    .post("ingest", "/inbound-email/ingest", &body, true, None)
                     .await
                 {
                     break;
@@ -571,12 +589,13 @@ impl Report<'_> {
             .iter()
             .filter(|t| !stored.contains(t.as_str()))
             .collect();
-        let unanswered = wanted.len().saturating_sub(accepted.len());
+        let answered: HashSet<&str> = accepted.iter().map(String::as_str).collect();
+        let unanswered: Vec<_> = stored.iter().filter(|t| !answered.contains(*t)).collect();
         eprintln!(
-            "soak: sends: {} answered 2xx, {} stored ({} stored though the answer was lost), {} delivered, {} twice, {} never stored but delivered, {} answered but not stored",
+            "soak: sends: {} answered 2xx, {} stored ({} stored but never answered), {} delivered, {} twice, {} never stored but delivered, {} answered but not stored",
             accepted.len(),
             wanted.len(),
-            unanswered,
+            unanswered.len(),
             counts.keys().filter(|t| t.starts_with("soak-send-")).count(),
             twice.len(),
             unasked.len(),
@@ -590,6 +609,13 @@ impl Report<'_> {
         }
         if !lost.is_empty() {
             failures.push(format!("sends answered 2xx but not stored: {lost:?}"));
+        }
+        // Every send is retried under its key until answered, so a stored send the client
+        // never learnt of means a retry made a second task or lost the first one's answer.
+        if !unanswered.is_empty() {
+            failures.push(format!(
+                "stored sends no retry was answered with: {unanswered:?}"
+            ));
         }
         failures
     }

@@ -471,7 +471,8 @@ async fn send(
         role: Role::Member,
         email: run.caller_email.clone(),
     };
-    crate::send::submit(state, &caller, body, task_id(run.id, pc, run.attempts)).await?;
+    let id = task_id(run.id, pc, run.attempts);
+    crate::send::submit(state, &caller, body, id, None).await?;
     Ok(())
 }
 
