@@ -10,8 +10,8 @@
 //! - every send (retried under its `Idempotency-Key` until answered) stored once, answered
 //!   with its task, and delivered exactly once;
 //! - every charge matched to its work: one live charge per stored send at its cost, one per
-//!   deduct key, one per delivered code email, nothing left on hold, and the balance equal
-//!   to the grant less the live charges;
+//!   deduct key, at most one per code address and only for one that got its email, nothing
+//!   left on hold, and the balance equal to the grant less the live charges;
 //! - every accepted inbound message stored once and delivered to each endpoint, under one
 //!   `webhook-id` per endpoint.
 //!
