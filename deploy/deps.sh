@@ -9,22 +9,9 @@ cd "$(dirname "$0")/.."
 VAR="$PWD/var"
 mkdir -p "$VAR"
 
-PG_PORT=${PG_PORT:-5432}
-REDIS_PORT=${REDIS_PORT:-6379}
-NATS_PORT=${NATS_PORT:-4222}
-
-log() { echo "deps: $*" >&2; }
-
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_for() { # name port
-  for _ in $(seq 1 100); do
-    if listening "$2"; then return 0; fi
-    sleep 0.2
-  done
-  log "$1 did not come up on port $2"
-  return 1
-}
+LOG_PREFIX=deps
+# shellcheck source=deploy/local.sh
+. deploy/local.sh
 
 apt_updated=0
 ensure_package() { # command package
@@ -39,10 +26,6 @@ ensure_package() { # command package
   fi
   log "installing $2"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2
-}
-
-pg_bin() {
-  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1
 }
 
 start_postgres() {

@@ -8,20 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PG_PORT=${PG_PORT:-5432}
-REDIS_PORT=${REDIS_PORT:-6379}
-NATS_PORT=${NATS_PORT:-4222}
-
-log() { echo "restart-dep: $*" >&2; }
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_for() { # name port
-  for _ in $(seq 1 150); do
-    if listening "$2"; then return 0; fi
-    sleep 0.2
-  done
-  log "$1 did not come back on port $2"
-  exit 1
-}
+LOG_PREFIX=restart-dep
+# shellcheck source=deploy/local.sh
+. deploy/local.sh
 
 restart_postgres() {
   local dir bin owner as=()
@@ -31,7 +20,7 @@ restart_postgres() {
     pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" restart -m fast >&2 \
       || pg_ctlcluster "$ver" "$name" restart -m fast >&2
   else
-    bin="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)"
+    bin="$(pg_bin)"
     owner="$(stat -c %U "$dir")"
     if [ "$(id -u)" = 0 ] && [ "$owner" != root ]; then as=(runuser -u "$owner" --); fi
     "${as[@]}" "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w restart -m fast >&2

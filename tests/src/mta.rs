@@ -72,13 +72,19 @@ pub fn message(
 /// the address id.
 pub async fn key_with_inbox(stack: &Stack, local: &str) -> (String, AddressId) {
     let key = stack.key(0).await;
+    let address = inbox(stack, &key, local).await;
+    (key, address)
+}
+
+/// Creates the inbox `{local}@` the platform's inbound domain for `key`; its id.
+pub async fn inbox(stack: &Stack, key: &str, local: &str) -> AddressId {
     let created: Success<Created> = stack
-        .client(&key)
+        .client(key)
         .post(
             "/inbox/addresses",
             &json!({ "address": format!("{local}@{INBOUND_DOMAIN}") }),
             StatusCode::CREATED,
         )
         .await;
-    (key, created.body.address.id)
+    created.body.address.id
 }

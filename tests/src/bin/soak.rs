@@ -94,24 +94,13 @@ async fn main() {
     let key = stack.key(GRANT).await;
     let receivers = [Receiver::start().await, Receiver::start().await];
     let inbox = format!("soak@{INBOUND_DOMAIN}");
-    let created: Value = stack
-        .client(&key)
-        .post(
-            "/inbox/addresses",
-            &json!({ "address": inbox }),
-            reqwest::StatusCode::CREATED,
-        )
-        .await;
-    let address_id = created["address"]["id"]
-        .as_str()
-        .expect("address id")
-        .to_owned();
+    let address_id = mta::inbox(&stack, &key, "soak").await;
     for r in &receivers {
         let made: Value = stack
             .client(&key)
             .post(
                 "/inbox/webhook/endpoints",
-                &json!({ "addressId": address_id, "url": r.url("/hook") }),
+                &json!({ "addressId": address_id.to_string(), "url": r.url("/hook") }),
                 reqwest::StatusCode::CREATED,
             )
             .await;
@@ -558,16 +547,10 @@ impl Report<'_> {
             .filter(|e| e.starts_with("soak-send-"))
             .collect();
         let stored: HashSet<&str> = recipients.iter().map(|(t, _)| t.as_str()).collect();
-        let settled = until(Duration::from_secs(120), || {
+        let settled = until_complete("stored sends not delivered yet", || {
             let counts = delivered(outbox);
             let missing = wanted.iter().filter(|e| !counts.contains_key(**e)).count();
-            async move {
-                if missing == 0 {
-                    Ok(counts)
-                } else {
-                    Err(format!("{missing} stored sends not delivered yet"))
-                }
-            }
+            (counts, missing)
         })
         .await;
         let mut failures = Vec::new();
@@ -767,19 +750,13 @@ impl Report<'_> {
             }
             (ids, posts)
         };
-        let seen = until(Duration::from_secs(120), || {
+        let seen = until_complete("deliveries still missing", || {
             let got: Vec<_> = receivers.iter().map(per_receiver).collect();
             let missing: usize = got
                 .iter()
                 .map(|(ids, _)| stored.keys().filter(|m| !ids.contains_key(*m)).count())
                 .sum();
-            async move {
-                if missing == 0 {
-                    Ok(got)
-                } else {
-                    Err(format!("{missing} deliveries still missing"))
-                }
-            }
+            (got, missing)
         })
         .await;
         let seen = match seen {
@@ -826,6 +803,23 @@ async fn until<T, F: std::future::Future<Output = Result<T, String>>>(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// [`until`] the `probe`, which counts what is still `missing`, counts none (two minutes at
+/// most: the drain after the load).
+async fn until_complete<T>(
+    missing: &str, mut probe: impl FnMut() -> (T, usize),
+) -> Result<T, String> {
+    until(Duration::from_secs(120), || {
+        let (seen, left) = probe();
+        async move {
+            match left {
+                0 => Ok(seen),
+                n => Err(format!("{n} {missing}")),
+            }
+        }
+    })
+    .await
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
