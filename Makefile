@@ -1,5 +1,5 @@
 # Postmesh developer commands. See README.md.
-.PHONY: run test deps build key bench soak lint fmt image k8s-check api-check
+.PHONY: run test deps build key bench soak lint fmt image k8s-check api-check openapi
 
 CARGO ?= cargo
 DOCKER ?= docker
@@ -34,6 +34,9 @@ bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks
 soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redis and NATS; asserts nothing lost, nothing twice (docs/reliability.md)
 	$(CARGO) build -q --workspace --bins # the services run as child processes
 	$(CARGO) run -q -p postmesh-tests --bin soak
+
+openapi: ## rewrite the request and answer schemas the gateway's /openapi.json includes, from the services' types
+	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_body_schemas_the_gateway_includes_are_current
 
 lint: ## formatting and clippy, as CI checks them
 	$(CARGO) fmt --all -- --check

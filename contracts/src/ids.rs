@@ -62,6 +62,21 @@ macro_rules! uuid_id {
                 self.0.fmt(f)
             }
         }
+
+        /// A string of format `uuid`.
+        #[cfg(feature = "utoipa")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                use utoipa::openapi::{KnownFormat, ObjectBuilder, SchemaFormat, schema::Type};
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "utoipa")]
+        impl utoipa::ToSchema for $name {}
     )*};
 }
 

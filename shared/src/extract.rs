@@ -1,36 +1,77 @@
 //! Request extractors that answer bad input with the spec's `{success:false, error}` body.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use std::str::FromStr;
 
+use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::ids::{AccountId, ApiKeyId, WorkspaceId};
 use crate::proto::{AuthContext, ChargeRequest, Role};
 
-/// A JSON body; a malformed or mistyped body is a 400, an oversized one a 413.
+/// A JSON body; a malformed or mistyped body is a 400, as is one holding a NUL character
+/// (`\u0000`: PostgreSQL stores none in text or jsonb); an oversized one is a 413.
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Self(v)),
-            Err(JsonRejection::BytesRejection(e))
-                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
-            {
-                Err(ApiError::PayloadTooLarge("request body too large".into()))
-            }
-            Err(e) => Err(ApiError::BadRequest(format!(
-                "invalid body: {}",
-                e.body_text()
-            ))),
+        if !json_content_type(req.headers()) {
+            return Err(ApiError::BadRequest(
+                "invalid body: Expected request with `Content-Type: application/json`".into(),
+            ));
         }
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::PayloadTooLarge("request body too large".into())
+                }
+                _ => ApiError::BadRequest(format!("invalid body: {}", e.body_text())),
+            })?;
+        if holds_nul(&bytes) {
+            return Err(ApiError::BadRequest(
+                "invalid body: text must not hold NUL characters (\\u0000)".into(),
+            ));
+        }
+        axum::Json::<T>::from_bytes(&bytes)
+            .map(|axum::Json(v)| Self(v))
+            .map_err(|e| ApiError::BadRequest(format!("invalid body: {}", e.body_text())))
     }
+}
+
+/// Whether the content type is JSON: `application/json` or `application/…+json`.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|subtype| subtype.ends_with("+json"))
+}
+
+/// Whether a JSON text escapes a NUL (`\u0000`) in one of its strings: the escape's
+/// backslash must not itself be escaped (`\\u0000` is a backslash and `u0000`).
+pub fn holds_nul(json: &[u8]) -> bool {
+    json.windows(6).enumerate().any(|(at, window)| {
+        window == b"\\u0000"
+            && json[..at].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 0
+    })
 }
 
 /// Query parameters; malformed ones are a 400.
@@ -182,6 +223,32 @@ impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for IdempotencyK
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_escaped_nul_is_found_and_an_escaped_backslash_is_not_one() {
+        assert!(holds_nul(br#"{"a": "x\u0000y"}"#));
+        assert!(holds_nul(br#"{"\u0000": 1}"#));
+        assert!(holds_nul(br#"["\\\u0000"]"#));
+        assert!(!holds_nul(br#"{"a": "x\\u0000y"}"#));
+        assert!(!holds_nul(br#"{"a": "\u0001"}"#));
+    }
+
+    #[test]
+    fn json_content_types_are_json_and_its_suffix() {
+        let headers = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, v.parse().unwrap());
+            h
+        };
+        assert!(json_content_type(&headers("application/json")));
+        assert!(json_content_type(&headers(
+            "Application/JSON; charset=utf-8"
+        )));
+        assert!(json_content_type(&headers("application/merge-patch+json")));
+        assert!(!json_content_type(&headers("text/plain")));
+        assert!(!json_content_type(&headers("application/jsonx")));
+        assert!(!json_content_type(&HeaderMap::new()));
+    }
 
     #[test]
     fn idempotency_keys_follow_the_spec_rule() {

@@ -8,13 +8,45 @@ use axum::handler::Handler;
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 use postmesh_contracts::{HttpMethod, RouteSpec};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 
-/// One declared route and the handler that serves it.
+/// One declared route, the handler that serves it and the JSON bodies it documents.
 pub struct Route<S> {
     pub spec: RouteSpec,
     handler: MethodRouter<S>,
+    pub bodies: Bodies,
+}
+
+/// A named JSON body's schema and the named schemas it refers to, for the API's document.
+#[derive(Clone)]
+pub struct BodySchema {
+    /// The component name of the body's own schema.
+    pub name: String,
+    /// The body's own schema first, then every named schema it refers to.
+    pub schemas: Vec<(String, RefOr<Schema>)>,
+}
+
+impl BodySchema {
+    /// `T`'s schema and those it refers to.
+    pub fn of<T: ToSchema>() -> Self {
+        let name = T::name().into_owned();
+        let mut schemas = vec![(name.clone(), T::schema())];
+        T::schemas(&mut schemas);
+        Self { name, schemas }
+    }
+}
+
+/// What a route takes and answers as JSON (`None`: no JSON body, or not described).
+#[derive(Clone, Default)]
+pub struct Bodies {
+    pub request: Option<BodySchema>,
+    /// Whether the request body may be left out.
+    pub request_optional: bool,
+    /// The successful answer's body.
+    pub answer: Option<BodySchema>,
 }
 
 impl<S: Clone + Send + Sync + 'static> Route<S> {
@@ -63,8 +95,38 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         self.0.push(Route {
             spec,
             handler: on(method_filter(spec.method), handler),
+            bodies: Bodies::default(),
         });
         self
+    }
+
+    /// Documents the JSON body the route added last takes.
+    pub fn takes<T: ToSchema>(mut self) -> Self {
+        self.last().request = Some(BodySchema::of::<T>());
+        self
+    }
+
+    /// Documents the JSON body the route added last takes when one is given (it may be
+    /// left out).
+    pub fn takes_optional<T: ToSchema>(mut self) -> Self {
+        self = self.takes::<T>();
+        self.last().request_optional = true;
+        self
+    }
+
+    /// Documents the JSON body the route added last answers on success.
+    pub fn answers<T: ToSchema>(mut self) -> Self {
+        self.last().answer = Some(BodySchema::of::<T>());
+        self
+    }
+
+    fn last(&mut self) -> &mut Bodies {
+        &mut self.0.last_mut().expect("a route to document").bodies
+    }
+
+    /// Each route with the bodies it documents.
+    pub fn bodies(&self) -> Vec<(RouteSpec, Bodies)> {
+        self.0.iter().map(|r| (r.spec, r.bodies.clone())).collect()
     }
 
     /// Adds every route of `other`.

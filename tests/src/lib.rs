@@ -12,6 +12,7 @@ pub mod fake_smtp;
 pub mod fake_sns;
 pub mod fake_stripe;
 pub mod mta;
+pub mod openapi_bodies;
 pub mod peek;
 pub mod receiver;
 pub mod web;

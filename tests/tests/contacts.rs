@@ -242,3 +242,66 @@ async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one() 
     assert_eq!(ids, [Some("stored-a"), Some("given"), None]);
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn stored_json_reads_back_whatever_its_numbers_and_text_holding_nul_is_refused() {
+    let stack = Stack::start().await;
+    let key = stack.key(0).await;
+    let client = stack.client(&key);
+    // Postgres writes jsonb numbers out in full (309 digits for the largest float): they
+    // must read back as the numbers that went in, not fail every later read.
+    let numbers = json!({"max": f64::MAX, "min": -f64::MAX, "tiny": -2.225073858507203e-309,
+                         "big": 6.311553497814555e24});
+    let made: Success<Upserted> = client
+        .post(
+            "/contacts",
+            &json!({"email": "numbers@example.com", "attributes": numbers}),
+            StatusCode::CREATED,
+        )
+        .await;
+    let read: Success<One> = client
+        .get(
+            &format!("/contacts/{}", made.body.contact.id),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(
+        serde_json::Value::Object(read.body.contact.attributes.0),
+        numbers
+    );
+    let page: Success<ContactPage> = client.get("/contacts", StatusCode::OK).await;
+    assert_eq!(page.body.contacts.len(), 1);
+    // Neither text nor jsonb can hold a NUL: refused at the edge with a 400, not a 500.
+    for (path, body) in [
+        (
+            "/templates",
+            json!({"key": "nul", "subject": "s", "html": "a\u{0}b"}),
+        ),
+        (
+            "/contacts",
+            json!({"email": "nul@example.com", "attributes": {"a\u{0}": 1}}),
+        ),
+    ] {
+        let refused: ErrorBody = client.post(path, &body, StatusCode::BAD_REQUEST).await;
+        assert!(refused.error.contains("NUL"), "{path}: {}", refused.error);
+    }
+    for (kind, body) in [
+        ("text/csv", b"email,city\nnul@example.com,O\0slo\n".to_vec()),
+        (
+            "application/json",
+            br#"[{"email": "nul@example.com", "tags": ["a\u0000"]}]"#.to_vec(),
+        ),
+    ] {
+        let refused: ErrorBody = stack
+            .client(&key)
+            .with_header("content-type", kind)
+            .call(
+                Method::POST,
+                "/contacts/import",
+                Some(body),
+                StatusCode::BAD_REQUEST,
+            )
+            .await;
+        assert!(refused.error.contains("NUL"), "{kind}: {}", refused.error);
+    }
+}

@@ -18,7 +18,7 @@ use postmesh_shared::nats::{self, ServiceHost, CLAIM_CHECK_THRESHOLD};
 use postmesh_shared::proto::{Header, HttpRequest, HttpResponse};
 use postmesh_shared::routes::NO_SUCH_ENDPOINT;
 use postmesh_shared::{Routes, Service};
-use postmesh_tests::Stack;
+use postmesh_tests::{openapi_bodies, Stack};
 
 /// What `router` answers `method path`: `None` when no handler took it (its own "no such
 /// endpoint" 404 or a 405), else the status (a handler may answer 404 itself, or fail for
@@ -301,9 +301,25 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
     stack.shutdown().await;
 }
 
+/// The gateway includes the body schemas as a checked-in file: it must be what the
+/// services' types say now. `make openapi` (`UPDATE_OPENAPI=1`) writes it.
+#[test]
+fn the_body_schemas_the_gateway_includes_are_current() {
+    let current = openapi_bodies::render();
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(openapi_bodies::PATH, &current).unwrap();
+    }
+    let included = std::fs::read_to_string(openapi_bodies::PATH).unwrap();
+    assert!(
+        included == current,
+        "services/api-gateway/src/openapi_bodies.json is not what the services' types say: \
+         run `make openapi`"
+    );
+}
+
 #[tokio::test]
 async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page() {
-    let doc = serde_json::to_value(api_gateway::openapi::document()).unwrap();
+    let doc = api_gateway::openapi::document();
     assert_eq!(doc["openapi"], "3.1.0");
     let mut documented = std::collections::HashSet::new();
     let mut operation_ids = std::collections::HashSet::new();
@@ -390,6 +406,53 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
     assert!(error_of("get", "/unsubscribe").get("content").is_none());
     assert!(doc["paths"]["/app/keys"]["get"]["responses"]["303"].is_object());
     assert!(doc["paths"]["/balance"]["get"]["responses"]["303"].is_null());
+    // Bodies come from the services' types: `/balance` answers `{success, balance}`, a
+    // deduct's body may be left out, a send's may not.
+    let schema_of = |content: &serde_json::Value| {
+        let reference = content["application/json"]["schema"]["$ref"].as_str();
+        let name = reference.and_then(|r| r.strip_prefix("#/components/schemas/"));
+        doc["components"]["schemas"][name.unwrap_or("")].clone()
+    };
+    let balance = schema_of(&doc["paths"]["/balance"]["get"]["responses"]["2XX"]["content"]);
+    assert_eq!(
+        balance["allOf"][0]["required"],
+        serde_json::json!(["success"])
+    );
+    assert_eq!(balance["allOf"][1]["$ref"], "#/components/schemas/Balance");
+    let fields = &doc["components"]["schemas"]["Balance"];
+    assert_eq!(
+        fields["properties"]["balance"]["type"], "integer",
+        "{fields}"
+    );
+    assert_eq!(fields["required"], serde_json::json!(["balance"]));
+    let deduct = &doc["paths"]["/deduct"]["post"]["requestBody"];
+    assert_eq!(deduct["required"], false, "{deduct}");
+    let properties = schema_of(&deduct["content"])["properties"].clone();
+    assert!(properties["idempotencyKey"].is_object(), "{properties}");
+    let send = &doc["paths"]["/send-email"]["post"]["requestBody"];
+    assert_eq!(send["required"], true, "{send}");
+    assert!(schema_of(&send["content"])["properties"]["subject"].is_object());
+    // Ids in paths are uuids.
+    let id = &doc["paths"]["/contacts/{id}"]["get"]["parameters"][0];
+    assert_eq!(id["schema"]["format"], "uuid", "{id}");
+    // Every reference resolves.
+    let mut stack = vec![&doc];
+    while let Some(value) = stack.pop() {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(target) = map.get("$ref").and_then(|r| r.as_str()) {
+                    let name = target.strip_prefix("#/components/schemas/").unwrap();
+                    assert!(
+                        doc["components"]["schemas"][name].is_object(),
+                        "{target} is not in the document"
+                    );
+                }
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
 
     // Served as it is built, and the reference page lists every path.
     let stack = Stack::start().await;

@@ -23,16 +23,22 @@ use crate::AppState;
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ACCOUNT, account)
+        .answers::<Success<AccountAnswer>>()
         .at(api::API_KEYS, list)
+        .answers::<Success<KeyList>>()
         .at(api::API_KEY_CREATE, create)
+        .takes::<CreateBody>()
+        .answers::<Success<Created>>()
         .at(api::API_KEY_REVOKE, revoke)
+        .answers::<Success<Message>>()
 }
 
 /// Longest key name, in characters.
 const NAME_MAX: usize = 100;
 
 /// A key as its owner sees it (never its text).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = ApiKey)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyInfo {
     /// The key's id (`DELETE /api-keys/{id}`).
@@ -176,7 +182,8 @@ pub fn parse_name(raw: &str) -> Result<String, ApiError> {
     Ok(name.to_owned())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Account)]
 #[serde(rename_all = "camelCase")]
 struct AccountAnswer {
     email: String,
@@ -202,7 +209,8 @@ async fn account(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ApiKeyList)]
 struct KeyList {
     keys: Vec<KeyInfo>,
 }
@@ -215,12 +223,15 @@ async fn list(
     Ok(Success::new(KeyList { keys }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = ApiKeyCreateRequest)]
 struct CreateBody {
+    #[schema(min_length = 1)]
     name: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ApiKeyCreated)]
 #[serde(rename_all = "camelCase")]
 struct Created {
     key: KeyInfo,

@@ -26,8 +26,14 @@ use crate::{accounts, login, AppState};
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::CLI_AUTH_INIT, init)
+        .takes::<InitBody>()
+        .answers::<Success<Initiated>>()
         .at(api::CLI_AUTH_POLL, poll)
+        .takes::<TokenBody>()
+        .answers::<PollAnswer>()
         .at(api::CLI_AUTH_APPROVE, approve)
+        .takes::<TokenBody>()
+        .answers::<Success<Approved>>()
 }
 
 /// Seconds a device request lives.
@@ -234,16 +240,19 @@ fn gone() -> ApiError {
     ApiError::Gone("device authorization missing or expired".into())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = CliAuthInitRequest)]
 #[serde(rename_all = "camelCase")]
 struct InitBody {
+    #[schema(pattern = "^[0-9A-Fa-f]{32,128}$")]
     device_token: String,
     /// What the CLI calls its machine; the new key is named for it.
     #[serde(default)]
     device_name: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = CliAuthInitiated)]
 #[serde(rename_all = "camelCase")]
 struct Initiated {
     device_token: String,
@@ -361,7 +370,8 @@ return 1
 ";
 
 /// A poll's answer (spec §7: `{success, status, apiKey, email, error}`).
-#[derive(Serialize, Default)]
+#[derive(Serialize, Default, utoipa::ToSchema)]
+#[schema(as = CliPollAnswer)]
 #[serde(rename_all = "camelCase")]
 struct PollAnswer {
     success: bool,
@@ -384,9 +394,11 @@ fn poll_answer(code: StatusCode, status: &'static str, error: Option<&str>) -> R
     (code, Json(body)).into_response()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = DeviceTokenRequest)]
 #[serde(rename_all = "camelCase")]
 struct TokenBody {
+    #[schema(pattern = "^[0-9A-Fa-f]{32,128}$")]
     device_token: String,
 }
 
@@ -470,7 +482,8 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = CliAuthApproved)]
 struct Approved {
     email: String,
 }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::extract::JsonBody;
+use postmesh_shared::response::Message;
 use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
 
 use crate::codes::{check_login_code, parse_email, send_login_code};
@@ -22,8 +23,13 @@ use crate::{accounts, AppState};
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::LOGIN_CODE, login_code)
+        .takes::<CodeBody>()
+        .answers::<Success<Message>>()
         .at(api::VERIFY_CODE_LOGIN, verify_code_login)
+        .takes::<VerifyBody>()
+        .answers::<Success<Message>>()
         .at(api::LOGOUT, logout)
+        .answers::<Success<Message>>()
 }
 
 /// Counts a login attempt of `kind` (`code`: a login code; `device`: a CLI login) from
@@ -85,8 +91,10 @@ pub async fn sign_in(
     sessions::start(state, account, &stored).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = LoginCodeRequest)]
 struct CodeBody {
+    #[schema(format = Email)]
     email: String,
 }
 
@@ -99,8 +107,10 @@ async fn login_code(
     Ok(Success::message("a login code is on its way to that address").into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = LoginVerifyRequest)]
 struct VerifyBody {
+    #[schema(format = Email)]
     email: String,
     code: String,
 }

@@ -1,9 +1,10 @@
 //! The API's OpenAPI 3.1 document (`GET /openapi.json`) and a readable reference of it
 //! (`GET /docs`), built once from the gateway's route table: every route of every service,
 //! with its path parameters, who may call it (the policy as a security scheme) and the
-//! spec's error body (HTML pages for the web app's and unsubscribe routes). Request and
-//! successful response bodies are not described yet.
+//! spec's error body (HTML pages for the web app's and unsubscribe routes), and the JSON
+//! bodies each route takes and answers, as the services' own types describe them.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use axum::http::header;
@@ -12,7 +13,7 @@ use maud::{html, DOCTYPE};
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathsBuilder,
 };
-use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{
     ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityRequirement, SecurityScheme,
 };
@@ -38,6 +39,10 @@ const PAGES: [RouteSpec; 7] = [
     sender::UNSUBSCRIBE_PAGE,
     sender::UNSUBSCRIBE,
 ];
+
+/// Path parameters that are ids: every service parses them as uuids (any other text is
+/// not found or a 400).
+const UUID_PARAMETERS: [&str; 3] = ["id", "task_id", "attemptId"];
 
 /// The gateway's routes that serve the document.
 pub fn routes() -> Routes<AppState> {
@@ -68,11 +73,55 @@ struct Rendered {
 fn rendered() -> &'static Rendered {
     static RENDERED: OnceLock<Rendered> = OnceLock::new();
     RENDERED.get_or_init(|| Rendered {
-        json: document()
-            .to_pretty_json()
-            .expect("the document serializes"),
+        json: serde_json::to_string_pretty(&document()).expect("the document serializes"),
         page: page(),
     })
+}
+
+/// The body schemas of every service's routes, written from the services' types by the
+/// tests crate (`make openapi`; a test fails when this file is not current).
+const BODIES: &str = include_str!("openapi_bodies.json");
+
+/// [`BODIES`]: each operation's bodies by schema name, and the schemas.
+#[derive(serde::Deserialize)]
+struct BodiesFile {
+    operations: BTreeMap<String, OperationBodies>,
+    schemas: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The bodies of one operation, by schema name.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OperationBodies {
+    request: Option<String>,
+    #[serde(default)]
+    request_optional: bool,
+    answer: Option<String>,
+}
+
+/// Adds [`BODIES`] to `doc`: each operation's request body and successful answer, and the
+/// schemas they refer to.
+fn add_bodies(doc: &mut serde_json::Value) {
+    let file: BodiesFile = serde_json::from_str(BODIES).expect("openapi_bodies.json parses");
+    let json = |name: &str| serde_json::json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}});
+    for item in doc["paths"].as_object_mut().expect("paths").values_mut() {
+        for operation in item.as_object_mut().expect("a path item").values_mut() {
+            let id = operation["operationId"].as_str().expect("an operation id");
+            let Some(bodies) = file.operations.get(id) else {
+                continue;
+            };
+            if let Some(name) = &bodies.request {
+                operation["requestBody"] = serde_json::json!({"content": json(name), "required": !bodies.request_optional});
+            }
+            if let Some(name) = &bodies.answer {
+                operation["responses"]["2XX"]["content"] = json(name);
+            }
+        }
+    }
+    let schemas = doc["components"]["schemas"]
+        .as_object_mut()
+        .expect("component schemas");
+    schemas.extend(file.schemas);
 }
 
 /// The security scheme a policy stands for; `None` for public routes.
@@ -137,8 +186,15 @@ fn parameters(path: &str) -> impl Iterator<Item = &str> {
         .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
 }
 
-/// The OpenAPI document of the gateway's route table.
-pub fn document() -> OpenApi {
+/// The OpenAPI document of the gateway's route table, with the routes' bodies.
+pub fn document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(operations()).expect("the document serializes");
+    add_bodies(&mut doc);
+    doc
+}
+
+/// The document's operations: paths, parameters, security and error bodies.
+fn operations() -> OpenApi {
     let error = ObjectBuilder::new()
         .property("success", ObjectBuilder::new().schema_type(Type::Boolean))
         .property("error", ObjectBuilder::new().schema_type(Type::String))
@@ -207,12 +263,16 @@ pub fn document() -> OpenApi {
             operation = operation.security(SecurityRequirement::new::<_, _, &str>(name, []));
         }
         for name in parameters(spec.path) {
+            let mut schema = ObjectBuilder::new().schema_type(Type::String);
+            if UUID_PARAMETERS.contains(&name) {
+                schema = schema.format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)));
+            }
             operation = operation.parameter(
                 ParameterBuilder::new()
                     .name(name)
                     .parameter_in(ParameterIn::Path)
                     .required(Required::True)
-                    .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
+                    .schema(Some(schema)),
             );
         }
         if spec == sender::SEND_EMAIL {

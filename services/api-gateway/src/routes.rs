@@ -16,8 +16,8 @@ use subtle::ConstantTimeEq;
 
 use postmesh_contracts::{Policy, RouteSpec};
 use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
-use postmesh_shared::routes::{method_filter, NO_SUCH_ENDPOINT};
-use postmesh_shared::{nats, ApiError, Service};
+use postmesh_shared::routes::{method_filter, Bodies, NO_SUCH_ENDPOINT};
+use postmesh_shared::{nats, ApiError, Routes, Service};
 
 use crate::{accounts, codes, device, login, openapi, sessions, web, AppState};
 
@@ -54,18 +54,29 @@ pub fn table() -> Vec<Entry> {
         .collect()
 }
 
+/// The routes the gateway serves itself.
+fn local() -> Routes<AppState> {
+    codes::routes()
+        .merge(login::routes())
+        .merge(accounts::routes())
+        .merge(device::routes())
+        .merge(web::routes())
+        .merge(openapi::routes())
+}
+
+/// Each of the gateway's own routes with the JSON bodies it takes and answers, for the
+/// API's document.
+pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
+    local().bodies()
+}
+
 /// Builds the public router from the route table. A route with its own body limit gets it
 /// as a route layer, over the router-wide `GATEWAY_BODY_LIMIT`.
 ///
 /// # Panics
 /// When the gateway's own handlers do not serve exactly its manifest.
 pub fn router(state: AppState) -> Router {
-    let local = codes::routes()
-        .merge(login::routes())
-        .merge(accounts::routes())
-        .merge(device::routes())
-        .merge(web::routes())
-        .merge(openapi::routes());
+    let local = local();
     if let Err(e) = local.check(Service::ApiGateway.routes()) {
         panic!("the gateway's routes disagree with their manifest: {e}");
     }

@@ -9,7 +9,7 @@ use postmesh_shared::{ApiError, Success};
 use crate::AppState;
 
 /// The answer of `GET /balance`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Balance {
     pub balance: i64,
 }

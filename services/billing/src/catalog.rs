@@ -14,7 +14,9 @@ use postmesh_shared::{ApiError, Success};
 use crate::AppState;
 
 /// What a pack buys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum PackKind {
@@ -25,7 +27,7 @@ pub enum PackKind {
 }
 
 /// A catalog entry that can be bought (spec §2 Pack).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Pack {
     pub id: String,
@@ -50,7 +52,7 @@ pub struct PlanSpec {
 }
 
 /// A plan as the API shows it (spec §2 Plan).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Plan {
     pub id: String,
     pub name: String,
@@ -244,7 +246,7 @@ pub async fn plan_for_sale(db: &PgPool, id: &str) -> Result<Option<(Plan, String
 }
 
 /// The answer of `GET /billing/catalog`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CatalogPage {
     /// Whether top-ups can be bought (a payment processor is configured).
     pub enabled: bool,

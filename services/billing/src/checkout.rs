@@ -28,7 +28,8 @@ pub enum Claim {
 }
 
 /// The answer of both checkout endpoints: the checkout and its hosted payment page.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = CheckoutOpened)]
 pub struct Opened {
     pub id: Uuid,
     pub url: String,

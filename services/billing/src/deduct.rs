@@ -11,16 +11,18 @@ use postmesh_shared::{ApiError, EmailAddress, Success};
 use crate::AppState;
 
 /// The answer of `POST /deduct`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Deducted {
     pub message: String,
     pub balance: i64,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DeductBody {
+pub(crate) struct DeductBody {
+    #[schema(format = Email)]
     target_email: Option<String>,
+    #[schema(min_length = 1, max_length = 100)]
     idempotency_key: Option<String>,
 }
 

@@ -142,7 +142,7 @@ pub async fn rpc(state: AppState, req: EntitlementsRequest) -> Result<Entitlemen
 }
 
 /// The workspace's plan in the entitlements answer.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PlanState {
     pub id: String,
     pub name: String,
@@ -153,28 +153,29 @@ pub struct PlanState {
 }
 
 /// A count against a quota.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Quota {
     pub used: i64,
     pub quota: i64,
 }
 
 /// A count against a limit.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Limit {
     pub used: i64,
     pub limit: i64,
 }
 
 /// Workflow executions in the period; no limit yet.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Executions {
     pub used: i64,
     pub limit: Option<i64>,
 }
 
 /// The usage-billing side: the key's usage balance and what the period took of it.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = UsageModel)]
 pub struct Model {
     pub billing_enforced: bool,
     pub balance_nano: i64,
@@ -185,7 +186,7 @@ pub struct Model {
 }
 
 /// Spec §2 Entitlements.
-#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Entitlements {
     pub plan: Option<PlanState>,
     pub emails: Option<Quota>,
@@ -196,7 +197,7 @@ pub struct Entitlements {
 }
 
 /// The answer of `GET /billing/entitlements`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EntitlementsPage {
     pub entitlements: Entitlements,
     pub plans: Vec<Plan>,

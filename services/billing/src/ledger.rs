@@ -14,7 +14,9 @@ use postmesh_shared::proto::{
 use postmesh_shared::{ApiError, ApiKeyId, TaskId};
 
 /// What a ledger entry did to the balance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum EntryKind {

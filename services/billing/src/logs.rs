@@ -27,7 +27,7 @@ pub const DOWNLOAD_MAX_ROWS: i64 = 4000;
 pub const DOWNLOAD_MAX_BYTES: usize = 896 * 1024;
 
 /// One consumption log entry, with the spec's field names.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogEntry {
     pub log_id: String,
     pub timestamp: String,
@@ -103,7 +103,7 @@ pub(crate) struct PageQuery {
 }
 
 /// The answer of `GET /logs`: one page, newest first.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogPage {
     pub logs: Vec<LogEntry>,
     pub limit: i64,

@@ -28,7 +28,9 @@ pub const NANO_PER_CENT: i64 = 10_000_000;
 pub const LISTED: i64 = 50;
 
 /// Where a purchase stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum PurchaseStatus {
@@ -39,7 +41,7 @@ pub enum PurchaseStatus {
 }
 
 /// A top-up (spec §2 Purchase); times are Unix seconds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Purchase {
     pub id: Uuid,
     pub pack_name: String,
@@ -53,21 +55,24 @@ pub struct Purchase {
 }
 
 /// `{purchase}` answers.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PurchaseView {
     pub purchase: Purchase,
 }
 
 /// The answer of `GET /billing/purchases`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PurchaseList {
     pub purchases: Vec<Purchase>,
 }
 
 /// The body of `POST /billing/checkout`: exactly one of the two.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = TopUpRequest)]
 pub(crate) struct CheckoutBody {
+    #[schema(min_length = 1, max_length = 40)]
     pack_id: Option<String>,
+    #[schema(minimum = 500, maximum = 100_000)]
     amount: Option<i64>,
 }
 

@@ -23,7 +23,9 @@ const ENDED: &str = "('canceled', 'incomplete_expired')";
 pub const LIMITS_APPLY: [&str; 3] = ["active", "trialing", "past_due"];
 
 /// Where a subscription checkout stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum CheckoutStatus {
@@ -33,26 +35,29 @@ pub enum CheckoutStatus {
 }
 
 /// A subscription checkout (spec §2).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct SubscriptionCheckout {
     pub id: Uuid,
     pub status: CheckoutStatus,
 }
 
 /// The answer of the subscription reconcile.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SubscriptionCheckoutView)]
 pub struct CheckoutView {
     pub checkout: SubscriptionCheckout,
 }
 
 /// The answer of the portal.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PortalLink {
     pub url: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = SubscriptionCheckoutRequest)]
 pub(crate) struct CheckoutBody {
+    #[schema(min_length = 1, max_length = 40)]
     plan_id: String,
 }
 

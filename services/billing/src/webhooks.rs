@@ -19,7 +19,8 @@ use crate::{subscriptions, AppState};
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
 /// The answer to Stripe.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StripeEventReceived)]
 pub struct Received {
     /// True when this event id was applied before: nothing changed.
     pub duplicate: bool,

@@ -5,6 +5,8 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
@@ -22,7 +24,8 @@ pub const PROVIDER: &str = "cloudflare";
 const MAX_TOKEN_LEN: usize = 1000;
 
 /// Which records apply-dns writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainDnsScope)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     Outbound,
@@ -30,23 +33,29 @@ pub enum Scope {
     All,
 }
 
-#[derive(Deserialize, Default)]
+/// The body of `POST /sender-domains/{id}/apply-dns` (it may be left out): each field
+/// defaults (`cloudflare`, `all`, the saved token).
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[schema(as = SenderDomainApplyDnsRequest)]
 #[serde(rename_all = "camelCase")]
-struct ApplyRequest {
+pub(crate) struct ApplyRequest {
+    #[schema(schema_with = nullable_provider_schema)]
     provider: Option<String>,
     scope: Option<Scope>,
     api_token: Option<String>,
 }
 
 /// A record left alone because the zone holds something else there.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainDnsConflict)]
 pub struct Conflict {
     pub record: DnsRecord,
     pub existing: Vec<DnsRecord>,
 }
 
 /// `apply-dns` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainDnsApplied)]
 pub struct Applied {
     pub provider: String,
     pub zone: String,
@@ -55,18 +64,38 @@ pub struct Applied {
     pub conflicts: Vec<Conflict>,
 }
 
-#[derive(Deserialize)]
+/// The body of `PUT /sender-domains/dns-provider`: the DNS host's API token to keep.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = DnsProviderToken)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SaveToken {
+    #[schema(schema_with = provider_schema)]
     provider: String,
+    /// 1 to 1,000 bytes once trimmed.
+    #[schema(min_length = 1)]
     api_token: String,
 }
 
 /// `PUT /sender-domains/dns-provider` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = DnsProviderSaved)]
 pub struct Saved {
     pub provider: String,
     pub saved: bool,
+}
+
+/// The schema of a DNS host's name, as [`check_provider`] accepts it: [`PROVIDER`].
+fn provider_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([PROVIDER]))
+}
+
+/// [`provider_schema`], or null (the default, [`PROVIDER`]).
+fn nullable_provider_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .enum_values(Some([Value::from(PROVIDER), Value::Null]))
 }
 
 fn check_provider(provider: &str) -> Result<(), ApiError> {

@@ -16,7 +16,10 @@ use crate::name::DomainName;
 use crate::AppState;
 
 /// Who owns a domain, as the ownership review found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[schema(as = SenderDomainOwnership)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum Ownership {
@@ -26,7 +29,10 @@ pub enum Ownership {
 }
 
 /// Whether mail for the domain reaches our MX.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[schema(as = SenderDomainInboundStatus)]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum InboundStatus {
@@ -36,7 +42,10 @@ pub enum InboundStatus {
 }
 
 /// Whether the provider may send as the domain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[schema(as = SenderDomainOutboundStatus)]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum OutboundStatus {
@@ -112,7 +121,8 @@ impl Domain {
 }
 
 /// The ownership record to publish.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainVerification)]
 pub struct Verification {
     #[serde(rename = "type")]
     pub kind: String,
@@ -121,7 +131,8 @@ pub struct Verification {
 }
 
 /// A domain record as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomain)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainView {
     /// None for a platform domain.
@@ -158,7 +169,8 @@ impl DomainView {
 }
 
 /// `GET /sender-domains` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainList)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainList {
     pub inbound_mx_host: String,
@@ -166,20 +178,23 @@ pub struct DomainList {
 }
 
 /// One domain in an answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainPage)]
 pub struct DomainPage {
     pub domain: DomainView,
 }
 
 /// `POST /sender-domains` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainSubmitted)]
 pub struct Submitted {
     pub message: String,
     pub domain: DomainView,
 }
 
 /// `DELETE /sender-domains/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainDeleted)]
 pub struct Deleted {
     pub deleted: bool,
     pub domain: String,
@@ -216,8 +231,12 @@ pub(crate) async fn list(
     }))
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /sender-domains`: the name to send from.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainSubmission)]
 pub(crate) struct Submission {
+    /// A domain name of two labels or more; a Unicode one is taken in its `xn--` form.
+    #[schema(format = IdnHostname, min_length = 1)]
     domain: String,
 }
 

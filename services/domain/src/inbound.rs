@@ -13,7 +13,8 @@ use crate::records::{self, DnsRecord, MX_PRIORITY};
 use crate::AppState;
 
 /// `verify-inbound` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainInboundCheck)]
 #[serde(rename_all = "camelCase")]
 pub struct InboundCheck {
     pub ready: bool,

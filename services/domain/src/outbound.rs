@@ -14,7 +14,8 @@ use crate::records::{self, DnsRecord};
 use crate::AppState;
 
 /// `setup-outbound` and `verify-outbound` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainOutboundSetup)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboundSetup {
     pub ready: bool,

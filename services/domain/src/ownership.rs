@@ -19,7 +19,8 @@ use crate::AppState;
 pub const SWEEP_BATCH: i64 = 50;
 
 /// The answer of a review step.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainReview)]
 pub struct Reviewed {
     pub verified: bool,
     pub message: String,
@@ -27,7 +28,8 @@ pub struct Reviewed {
 }
 
 /// Pending domains awaiting review (admin).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainPendingList)]
 pub struct PendingList {
     pub domains: Vec<DomainView>,
 }

@@ -11,7 +11,8 @@ pub const MAIL_FROM_LABEL: &str = "mail";
 pub const SPF: &str = "v=spf1 include:amazonses.com ~all";
 
 /// One record to publish.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SenderDomainDnsRecord)]
 pub struct DnsRecord {
     /// `CNAME`, `MX` or `TXT`.
     #[serde(rename = "type")]

@@ -80,7 +80,8 @@ impl InboxAddress {
 }
 
 /// An inbox address as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = InboxAddress)]
 #[serde(rename_all = "camelCase")]
 pub struct AddressView {
     pub id: AddressId,
@@ -89,27 +90,35 @@ pub struct AddressView {
 }
 
 /// `POST /inbox/addresses` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboxAddressCreated)]
 pub struct Created {
     pub address: AddressView,
 }
 
 /// `GET /inbox/addresses` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboxAddressList)]
 pub struct AddressList {
     pub addresses: Vec<AddressView>,
 }
 
 /// `DELETE /inbox/addresses/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboxAddressDeleted)]
 pub struct Deleted {
     pub deleted: bool,
     /// Whether its messages are gone already (`?purge=1`), or kept for the retention.
     pub purged: bool,
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /inbox/addresses`: the address of the new inbox.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = InboxAddressCreateRequest)]
 pub(crate) struct NewAddress {
+    /// On the platform inbound domain or one the workspace verified for inbound; without `+`,
+    /// which marks sub-addresses.
+    #[schema(format = Email, pattern = "^[^+]*$")]
     address: String,
 }
 

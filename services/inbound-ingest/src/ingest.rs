@@ -14,6 +14,8 @@ use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgConnection;
+use utoipa::openapi::schema::{AnyOfBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::JsonBody;
@@ -30,13 +32,16 @@ use crate::AppState;
 /// The largest message accepted, decoded (spec §8).
 pub const MAX_MESSAGE_BYTES: usize = 10 * 1024 * 1024;
 
-#[derive(Deserialize)]
+/// The body of `POST /inbound-email/validate`: a recipient given at RCPT TO.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = InboundValidateRequest)]
 pub(crate) struct ValidateBody {
     address: String,
 }
 
 /// `POST /inbound-email/validate` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboundValidation)]
 pub struct Validated {
     pub accepted: bool,
 }
@@ -52,7 +57,8 @@ pub(crate) async fn validate(
 }
 
 /// `POST /inbound-email/ingest` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboundIngested)]
 pub struct Ingested {
     /// Copies stored now (one per recipient inbox).
     pub stored: u32,
@@ -61,22 +67,34 @@ pub struct Ingested {
 }
 
 /// The body as the MTA sends it; `rawBase64` is borrowed from the request, not copied.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = InboundIngestRequest)]
 #[serde(rename_all = "camelCase")]
-struct IngestBody<'a> {
+pub(crate) struct IngestBody<'a> {
     from: String,
+    /// The envelope recipients; those that are not a live inbox are left out (none: 404).
+    #[schema(min_items = 1)]
     to: Vec<String>,
+    /// The message, base64 (ASCII whitespace ignored); not empty.
     #[serde(borrow)]
+    #[schema(
+        content_encoding = "base64",
+        min_length = 4,
+        pattern = r"^[A-Za-z0-9+/=\t\n\f\r ]+$"
+    )]
     raw_base64: Cow<'a, str>,
     /// Checked apart from the rest: missing or malformed is 503 (the MTA retries).
     #[serde(default)]
+    #[schema(value_type = Authentication, required = true)]
     authentication: Option<Value>,
 }
 
 /// What the MTA found out about the message's origin, stored with each copy.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = InboundAuthentication)]
 #[serde(rename_all = "camelCase")]
 pub struct Authentication {
+    #[schema(schema_with = ip_address_schema)]
     pub source_ip: IpAddr,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub helo: Option<String>,
@@ -114,6 +132,40 @@ impl From<Verdict> for String {
     fn from(v: Verdict) -> String {
         v.0
     }
+}
+
+/// A string of 1-32 ASCII letters, as [`Verdict::try_from`] accepts.
+impl utoipa::PartialSchema for Verdict {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(32))
+            .pattern(Some("^[A-Za-z]+$"))
+            .description(Some(
+                "A check's result word (pass, fail, none, softfail, temperror, ...).",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Verdict {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("InboundVerdict")
+    }
+}
+
+/// An IPv4 or IPv6 address, as [`IpAddr`] reads and writes it.
+fn ip_address_schema() -> RefOr<Schema> {
+    let ip = |format| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(format)))
+    };
+    AnyOfBuilder::new()
+        .item(ip(KnownFormat::Ipv4))
+        .item(ip(KnownFormat::Ipv6))
+        .into()
 }
 
 impl Authentication {

@@ -15,9 +15,11 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::inbound as api;
+use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse};
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service};
+use postmesh_shared::routes::Bodies;
+use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service, Success};
 
 use crate::addresses::Domain;
 
@@ -96,14 +98,30 @@ impl AppState {
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ADDRESSES, addresses::list)
+        .answers::<Success<addresses::AddressList>>()
         .at(api::ADDRESS_CREATE, addresses::create)
+        .takes::<addresses::NewAddress>()
+        .answers::<Success<addresses::Created>>()
         .at(api::ADDRESS_DELETE, addresses::remove)
+        .answers::<Success<addresses::Deleted>>()
         .at(api::VALIDATE, ingest::validate)
+        .takes::<ingest::ValidateBody>()
+        .answers::<Success<ingest::Validated>>()
         .at(api::INGEST, ingest::ingest)
+        .takes::<ingest::IngestBody<'static>>()
+        .answers::<Success<ingest::Ingested>>()
         .at(api::THREADS, threads::list)
+        .answers::<Success<threads::ThreadList>>()
         .at(api::THREAD, threads::show)
+        .answers::<Success<threads::ThreadPage>>()
         .at(api::THREAD_READ, threads::read)
+        .answers::<Success<threads::Read>>()
         .at(api::MESSAGE_RAW, threads::raw)
+}
+
+/// Each route with the JSON bodies it takes and answers, for the API's document.
+pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
+    routes().bodies()
 }
 
 /// The inbound service's HTTP router.

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// One attachment, listed (its content stays in the raw message).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ThreadMessageAttachment)]
 #[serde(rename_all = "camelCase")]
 pub struct Attachment {
     pub filename: Option<String>,
@@ -19,7 +20,10 @@ pub struct Attachment {
 }
 
 /// What a message says of itself, as stored in columns and shown by the API.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema,
+)]
+#[schema(as = ThreadMessageContent)]
 #[serde(rename_all = "camelCase")]
 pub struct Content {
     /// `From:` as written (`Name <addr>` or `addr`); shown as the envelope sender when the

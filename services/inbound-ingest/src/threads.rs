@@ -87,7 +87,8 @@ pub(crate) async fn assign(
 }
 
 /// A thread as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = Thread)]
 #[serde(rename_all = "camelCase")]
 pub struct ThreadView {
     pub id: ThreadId,
@@ -103,7 +104,7 @@ const THREAD_COLUMNS: &str =
     "t.id, t.address_id, t.subject, t.message_count, t.unread, t.last_message_at";
 
 /// `GET /inbox/threads` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ThreadList {
     pub threads: Vec<ThreadView>,
@@ -112,7 +113,8 @@ pub struct ThreadList {
 }
 
 /// One stored message as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = ThreadMessage)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageView {
     pub id: InboundMessageId,
@@ -129,14 +131,15 @@ pub struct MessageView {
 }
 
 /// `GET /inbox/threads/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThreadPage {
     pub thread: ThreadView,
     pub messages: Vec<MessageView>,
 }
 
 /// `POST /inbox/threads/{id}/read` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ThreadRead)]
 pub struct Read {
     pub thread: ThreadView,
 }

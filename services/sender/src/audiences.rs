@@ -5,6 +5,7 @@
 //! statement over the contacts' indexes, never by loading the workspace's contacts.
 //! Saved audiences: `POST /audiences`, `GET /audiences`, `GET/DELETE /audiences/{id}`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use axum::extract::State;
@@ -13,21 +14,24 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
+use utoipa::openapi::{Ref, RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::contacts::name;
+use crate::contacts::{name, name_schema, MAX_NAME_LEN};
 use crate::request::Recipient;
-use crate::AppState;
+use crate::{schema, AppState};
 
 /// Conditions in an include or exclude list at most.
 const MAX_CONDITIONS: usize = 50;
 
 /// An audience as the API gives it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AudienceBody {
     #[serde(default)]
@@ -192,6 +196,106 @@ impl Audience {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// A condition on the contact's own fields, as the API gives it: every form
+/// `Condition::parse` takes but `{audienceId}`, which [`Audience`] adds where it may be.
+impl PartialSchema for Condition {
+    fn schema() -> RefOr<Schema> {
+        let only = |field: &str, value: ObjectBuilder| {
+            schema::closed().property(field, value).required(field)
+        };
+        let attribute = |op: ObjectBuilder, value: Option<RefOr<Schema>>| {
+            let condition = only("attribute", name_schema()).property("op", op);
+            match value {
+                Some(value) => condition.property("value", value).required("value"),
+                None => condition.property(
+                    "value",
+                    ObjectBuilder::new().schema_type(SchemaType::AnyValue),
+                ),
+            }
+        };
+        OneOfBuilder::new()
+            .description(Some(
+                "One condition on a contact: `{tag}`, `{topic}` (subscribed to it), `{email}` or \
+                 `{attribute, op, value}`: `op` `eq` (the default) or `neq` a value, `exists`, \
+                 `in` a non-empty array, `gt` or `lt` a number or string.",
+            ))
+            .item(only("tag", name_schema()))
+            .item(only("topic", name_schema()))
+            .item(only(
+                "email",
+                schema::email().max_length(Some(MAX_NAME_LEN)),
+            ))
+            .item(attribute(
+                schema::unless_string("^(?:eq|neq)$"),
+                Some(schema::not_null().into()),
+            ))
+            .item(attribute(schema::one_of_strings(&["exists"]), None).required("op"))
+            .item(
+                attribute(
+                    schema::one_of_strings(&["in"]),
+                    Some(ArrayBuilder::new().min_items(Some(1)).into()),
+                )
+                .required("op"),
+            )
+            .item(
+                attribute(
+                    schema::one_of_strings(&["gt", "lt"]),
+                    Some(
+                        ObjectBuilder::new()
+                            .schema_type(SchemaType::from_iter([Type::Number, Type::String]))
+                            .into(),
+                    ),
+                )
+                .required("op"),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for Condition {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ContactCondition")
+    }
+}
+
+/// The audience a send or a campaign names, as the API gives it (an [`AudienceBody`] that
+/// [`Audience::parse`] takes with `saved`): its conditions may name saved audiences.
+impl PartialSchema for Audience {
+    fn schema() -> RefOr<Schema> {
+        let conditions = || {
+            let saved = schema::closed()
+                .property("audienceId", schema::uuid())
+                .required("audienceId")
+                .description(Some("A saved audience: its include and not its exclude."));
+            ArrayBuilder::new()
+                .items(
+                    OneOfBuilder::new()
+                        .item(Ref::from_schema_name(Condition::name()))
+                        .item(saved),
+                )
+                .max_items(Some(MAX_CONDITIONS))
+        };
+        schema::closed()
+            .description(Some(
+                "The contacts that match any include condition and no exclude condition.",
+            ))
+            .property("include", conditions().min_items(Some(1)))
+            .required("include")
+            .property("exclude", conditions())
+            .into()
+    }
+}
+
+impl ToSchema for Audience {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Audience")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((Condition::name().into_owned(), Condition::schema()));
     }
 }
 
@@ -363,7 +467,7 @@ pub async fn resolve(
 }
 
 /// A saved audience.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SavedAudience {
     pub id: Uuid,
@@ -385,18 +489,22 @@ impl From<(Uuid, String, Json<AudienceBody>, i64)> for SavedAudience {
     }
 }
 
-/// `POST /audiences` body.
-#[derive(Debug, Deserialize)]
+/// `POST /audiences` body. Its conditions cannot name saved audiences.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct NewAudience {
+    #[schema(schema_with = name_schema, required = true)]
     pub name: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Vec<Condition>, min_items = 1, max_items = 50, required = true)]
     pub include: Vec<Value>,
     #[serde(default)]
+    #[schema(value_type = Vec<Condition>, max_items = 50)]
     pub exclude: Vec<Value>,
 }
 
 /// One saved audience, answered.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = AudienceOne)]
 pub struct One {
     pub audience: SavedAudience,
 }
@@ -430,7 +538,7 @@ pub(crate) async fn create(
 }
 
 /// `GET /audiences` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AudienceList {
     pub audiences: Vec<SavedAudience>,
 }
@@ -468,7 +576,8 @@ pub(crate) async fn read(
 }
 
 /// `DELETE /audiences/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = AudienceDeleted)]
 pub struct Deleted {
     pub deleted: bool,
 }

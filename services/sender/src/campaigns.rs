@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::PgPool;
+use utoipa::openapi::schema::ObjectBuilder;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
@@ -17,19 +18,20 @@ use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audiences::{self, Audience, AudienceBody};
-use crate::contacts::name;
-use crate::request::{EmailType, Recipient, SendBody};
-use crate::AppState;
+use crate::contacts::{name, name_or_null};
+use crate::request::{email_type_or_null, EmailType, Recipient, SendBody};
+use crate::{schema, AppState};
 
 /// Longest campaign key.
 const MAX_KEY_LEN: usize = 100;
 
 /// A campaign as answered.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Campaign {
     pub key: String,
     pub name: String,
+    #[schema(value_type = AudienceBody)]
     pub audience: Json<AudienceBody>,
     pub template_key: Option<String>,
     pub topic: Option<String>,
@@ -77,15 +79,33 @@ pub fn key_of(name: &str) -> String {
 }
 
 /// `POST /campaigns` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewCampaign {
+    #[schema(schema_with = key_schema, required = true)]
     pub key: Option<String>,
+    /// The key unless given.
+    #[schema(schema_with = name_or_null)]
     pub name: Option<String>,
+    #[schema(value_type = Audience)]
     pub audience: Option<AudienceBody>,
+    #[schema(schema_with = name_or_null)]
     pub template_key: Option<String>,
+    #[schema(schema_with = name_or_null)]
     pub topic: Option<String>,
+    /// `marketing` unless given.
+    #[schema(schema_with = email_type_or_null)]
     pub email_type: Option<String>,
+}
+
+/// What [`parse_key`] takes.
+fn key_schema() -> ObjectBuilder {
+    schema::key(MAX_KEY_LEN)
+}
+
+/// What [`parse_key`] takes, or null.
+pub(crate) fn key_or_null() -> ObjectBuilder {
+    schema::or_null(key_schema())
 }
 
 /// Stores a new campaign; 409 when its key is taken.
@@ -140,7 +160,8 @@ pub async fn insert(
 }
 
 /// One campaign, answered.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = CampaignOne)]
 pub struct One {
     pub campaign: Campaign,
 }
@@ -153,7 +174,7 @@ pub(crate) async fn create(
 }
 
 /// `GET /campaigns` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CampaignList {
     pub campaigns: Vec<Campaign>,
 }

@@ -3,6 +3,7 @@
 //! /contacts/{id}` read, change and remove one, and `POST /contacts/import` upserts up to
 //! 10,000 from a JSON array or a CSV file, keeping the good rows and naming the bad ones.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
@@ -12,13 +13,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use utoipa::openapi::schema::{
+    AllOfBuilder, AnyOfBuilder, ArrayBuilder, ObjectBuilder, SchemaType, Type,
+};
+use utoipa::openapi::{Ref, RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
+use postmesh_shared::extract::{holds_nul, Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::AppState;
+use crate::{schema, AppState};
 
 /// Rows of one import at most.
 pub const MAX_IMPORT_ROWS: usize = 10_000;
@@ -28,42 +34,80 @@ const MAX_ATTRIBUTES_BYTES: usize = 16 * 1024;
 /// Tags, and topics, of a contact at most.
 const MAX_TAGS: usize = 100;
 /// Longest tag, topic, attribute name or external id.
-const MAX_NAME_LEN: usize = 200;
+pub(crate) const MAX_NAME_LEN: usize = 200;
 /// Contacts per page by default, and at most.
 const DEFAULT_LIMIT: i64 = 50;
 const MAX_LIMIT: i64 = 100;
 
 /// A contact as stored and answered.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Contact {
     pub id: Uuid,
     pub email: String,
     pub external_id: Option<String>,
+    #[schema(value_type = Object)]
     pub attributes: Json<Map<String, Value>>,
     pub tags: Vec<String>,
+    #[schema(value_type = BTreeMap<String, Subscription>)]
     pub topics: Json<BTreeMap<String, Subscription>>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 /// A contact's standing on one topic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = ContactSubscription)]
 pub enum Subscription {
     Subscribed,
     Unsubscribed,
 }
 
 /// The fields of a contact as a request gives them; all optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContactBody {
+    #[schema(schema_with = schema::email_blank_or_null)]
     pub email: Option<String>,
+    #[schema(schema_with = name_or_null)]
     pub external_id: Option<String>,
+    #[schema(schema_with = attributes_schema)]
     pub attributes: Option<Map<String, Value>>,
+    #[schema(schema_with = tags_schema)]
     pub tags: Option<Vec<String>>,
+    #[schema(schema_with = topics_schema)]
     pub topics: Option<BTreeMap<String, Subscription>>,
+}
+
+/// A [`name`], or null.
+pub(crate) fn name_or_null() -> ObjectBuilder {
+    schema::or_null(name_schema())
+}
+
+/// `attributes`: at most 100, named with nothing to trim, or null.
+fn attributes_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .max_properties(Some(MAX_ATTRIBUTES))
+        .property_names(Some(exact_name_schema()))
+}
+
+/// `tags`: at most 100 names, or null.
+fn tags_schema() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(name_schema())
+        .max_items(Some(MAX_TAGS))
+}
+
+/// `topics`: at most 100, by name, or null.
+fn topics_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .max_properties(Some(MAX_TAGS))
+        .property_names(Some(name_schema()))
+        .additional_properties(Some(Subscription::schema()))
 }
 
 /// A contact's fields, checked: what an upsert or a change writes.
@@ -88,6 +132,26 @@ pub fn name(field: &str, raw: &str) -> Result<String, String> {
         ));
     }
     Ok(v.to_owned())
+}
+
+/// What [`name`] takes, once trimmed: 1-200 characters, none a control character, the
+/// first and last not white space.
+fn trimmed_name() -> String {
+    let (control, space) = (schema::CONTROL, schema::SPACE);
+    let end = format!("[^{control}{space}]");
+    format!("{end}(?:[^{control}]{{0,{}}}{end})?", MAX_NAME_LEN - 2)
+}
+
+/// What [`name`] takes.
+pub(crate) fn name_schema() -> ObjectBuilder {
+    let space = schema::WHITE_SPACE;
+    schema::string(format!("^[{space}]*{}[{space}]*$", trimmed_name()))
+        .description(Some(format!("1-{MAX_NAME_LEN} characters on one line")))
+}
+
+/// What [`name`] takes and leaves as it is: with no white space around it.
+fn exact_name_schema() -> ObjectBuilder {
+    schema::string(format!("^{}$", trimmed_name()))
 }
 
 impl ContactInput {
@@ -151,6 +215,42 @@ impl ContactInput {
             tags,
             topics,
         })
+    }
+}
+
+/// The `POST /contacts` body: a [`ContactBody`] that names the contact to create or update
+/// by its email or its `externalId` ([`upsert`] refuses one that names neither).
+impl PartialSchema for ContactInput {
+    fn schema() -> RefOr<Schema> {
+        let given = |field: &str, schema: ObjectBuilder| {
+            ObjectBuilder::new().property(field, schema).required(field)
+        };
+        AllOfBuilder::new()
+            .description(Some(
+                "A contact's fields, with its email or externalId to find it by (or to create \
+                 it with its email).",
+            ))
+            .item(Ref::from_schema_name(ContactBody::name()))
+            .item(
+                AnyOfBuilder::new()
+                    .item(given("email", schema::not_blank()))
+                    .item(given(
+                        "externalId",
+                        ObjectBuilder::new().schema_type(Type::String),
+                    )),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for ContactInput {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ContactUpsert")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((ContactBody::name().into_owned(), ContactBody::schema()));
+        <ContactBody as ToSchema>::schemas(schemas);
     }
 }
 
@@ -370,7 +470,8 @@ pub async fn fill_external_ids(
 }
 
 /// `POST /contacts` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ContactUpserted)]
 pub struct Upserted {
     pub contact: Contact,
     pub created: bool,
@@ -400,7 +501,7 @@ pub struct ListQuery {
 }
 
 /// `GET /contacts` answer: a page, newest first.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ContactPage {
     pub contacts: Vec<Contact>,
     pub limit: i64,
@@ -438,7 +539,8 @@ pub(crate) async fn list(
 }
 
 /// `GET /contacts/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ContactOne)]
 pub struct One {
     pub contact: Contact,
 }
@@ -468,7 +570,8 @@ pub(crate) async fn change(
 }
 
 /// `DELETE /contacts/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ContactDeleted)]
 pub struct Deleted {
     pub deleted: bool,
 }
@@ -488,7 +591,8 @@ pub(crate) async fn remove(
 }
 
 /// A row of an import that was not written.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ContactImportRowError)]
 pub struct RowError {
     /// 1-based: the array's item, or the CSV's data row (the header is row 0).
     pub row: usize,
@@ -496,7 +600,8 @@ pub struct RowError {
 }
 
 /// `POST /contacts/import` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ContactImported)]
 pub struct Imported {
     pub created: usize,
     pub updated: usize,
@@ -581,7 +686,11 @@ pub(crate) async fn import(
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
+    // PostgreSQL stores no NUL in text or jsonb.
+    let nul = ApiError::BadRequest("the body must not hold NUL characters".into());
     let rows = match kind.as_str() {
+        "text/csv" if body.contains(&0) => return Err(nul),
+        "application/json" if holds_nul(&body) => return Err(nul),
         "text/csv" => csv_rows(&body)?,
         "application/json" => json_rows(&body)?,
         _ => {

@@ -20,9 +20,12 @@ use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
 use postmesh_shared::Namespace;
 
 /// What happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
+#[schema(as = EmailStatusEventKind)]
 pub enum Kind {
     /// Accepted for delivery (at the send, or when its schedule released it).
     Queued,
@@ -319,11 +322,13 @@ pub fn subject(ns: &Namespace, kind: Kind) -> String {
 }
 
 /// One event as `/email-status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = EmailStatusEvent)]
 pub struct EventView {
     pub kind: Kind,
     pub occurred_at: i64,
+    #[schema(value_type = Value)]
     pub detail: Json<Value>,
 }
 

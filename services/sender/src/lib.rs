@@ -13,6 +13,7 @@ pub mod provider;
 pub mod render;
 pub mod request;
 pub mod schedule;
+mod schema;
 pub mod send;
 pub mod settle;
 pub mod smtp_auth;
@@ -37,11 +38,15 @@ use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
 use postmesh_contracts::routes::sender as api;
+use postmesh_contracts::RouteSpec;
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::{db, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service};
+use postmesh_shared::routes::Bodies;
+use postmesh_shared::{
+    db, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service, Success,
+};
 
 pub use worker::WorkerConfig;
 
@@ -232,44 +237,97 @@ impl AppState {
     }
 }
 
-/// Every route the service serves, with its handler.
+/// Every route the service serves, with its handler and the JSON bodies it documents.
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::SEND_EMAIL, send::send)
+        .takes::<request::SendBody>()
+        .answers::<Success<send::SendAnswer>>()
         .at(api::SEND_CANCEL, send::cancel)
+        .answers::<Success<send::Cancelled>>()
         .at(api::EMAIL_STATUS, status::status)
+        .answers::<Success<status::TaskProgress>>()
         .at(api::TEMPLATE_CREATE, templates::create)
+        .takes::<templates::NewTemplate>()
+        .answers::<Success<templates::Template>>()
         .at(api::TEMPLATES, templates::list)
+        .answers::<Success<templates::TemplateList>>()
         .at(api::TEMPLATE, templates::read)
+        .answers::<Success<templates::Template>>()
         .at(api::TEMPLATE_DELETE, templates::remove)
+        .answers::<Success<templates::Deleted>>()
         .at(api::SMTP_AUTH, smtp_auth::check)
+        .takes::<smtp_auth::Body>()
+        .answers::<smtp_auth::SmtpAuth>()
         .at(api::CONTACTS, contacts::list)
+        .answers::<Success<contacts::ContactPage>>()
         .at(api::CONTACT_UPSERT, contacts::create)
+        .takes::<contacts::ContactInput>()
+        .answers::<Success<contacts::Upserted>>()
+        // A JSON array of contacts or a CSV file: the body is left undescribed.
         .at(api::CONTACT_IMPORT, contacts::import)
+        .answers::<Success<contacts::Imported>>()
         .at(api::CONTACT, contacts::read)
+        .answers::<Success<contacts::One>>()
         .at(api::CONTACT_UPDATE, contacts::change)
+        .takes::<contacts::ContactBody>()
+        .answers::<Success<contacts::One>>()
         .at(api::CONTACT_DELETE, contacts::remove)
+        .answers::<Success<contacts::Deleted>>()
         .at(api::SUPPRESSIONS, suppressions::list)
+        .answers::<Success<suppressions::SuppressionPage>>()
         .at(api::SUPPRESSION_CREATE, suppressions::create)
+        .takes::<suppressions::NewSuppression>()
+        .answers::<Success<suppressions::Added>>()
         .at(api::SUPPRESSION_DELETE, suppressions::remove)
+        .answers::<Success<suppressions::Removed>>()
         .at(api::AUDIENCES, audiences::list)
+        .answers::<Success<audiences::AudienceList>>()
         .at(api::AUDIENCE_CREATE, audiences::create)
+        .takes::<audiences::NewAudience>()
+        .answers::<Success<audiences::One>>()
         .at(api::AUDIENCE, audiences::read)
+        .answers::<Success<audiences::One>>()
         .at(api::AUDIENCE_DELETE, audiences::remove)
+        .answers::<Success<audiences::Deleted>>()
         .at(api::CAMPAIGNS, campaigns::list)
+        .answers::<Success<campaigns::CampaignList>>()
         .at(api::CAMPAIGN_CREATE, campaigns::create)
+        .takes::<campaigns::NewCampaign>()
+        .answers::<Success<campaigns::One>>()
         .at(api::CAMPAIGN, campaigns::read)
+        .answers::<Success<campaigns::One>>()
+        // Both answer HTML pages; the token may also come in a form or the query.
         .at(api::UNSUBSCRIBE_PAGE, unsubscribe::confirm_page)
         .at(api::UNSUBSCRIBE, unsubscribe::unsubscribe)
+        .takes_optional::<unsubscribe::TokenQuery>()
+        // SNS posts its envelope as JSON or as text/plain.
         .at(api::PROVIDER_EVENTS, provider::receive)
+        .answers::<Success<provider::Handled>>()
+        // Any JSON object, checked field by field.
         .at(api::EVENT_REPORT, workflows::events::report)
+        .answers::<Success<workflows::events::Accepted>>()
         .at(api::EVENT, workflows::events::show)
+        .answers::<Success<workflows::events::Shown>>()
         .at(api::WORKFLOWS, workflows::list)
+        .answers::<Success<workflows::List>>()
         .at(api::WORKFLOW_CREATE, workflows::create)
+        .takes::<workflows::definition::Workflow>()
+        .answers::<Success<workflows::One>>()
         .at(api::WORKFLOW, workflows::read)
+        .answers::<Success<workflows::One>>()
         .at(api::WORKFLOW_UPDATE, workflows::change)
+        .takes::<workflows::definition::Workflow>()
+        .answers::<Success<workflows::One>>()
         .at(api::WORKFLOW_DELETE, workflows::remove)
+        .answers::<Success<workflows::Deleted>>()
         .at(api::OPERATIONS_OVERVIEW, overview::overview)
+        .answers::<Success<overview::Overview>>()
+}
+
+/// Each route with the JSON bodies it takes and answers, for the API's document.
+pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
+    routes().bodies()
 }
 
 /// The sender's HTTP router.

@@ -19,8 +19,9 @@ use crate::AppState;
 pub const DEADLINE: Duration = Duration::from_millis(1500);
 
 /// The overview's counts; `None` for those of a service that did not answer.
-#[derive(Serialize, Default)]
+#[derive(Serialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = OperationsOverviewStats)]
 pub struct Stats {
     unread_threads: Option<i64>,
     sends_since: Option<i64>,
@@ -33,7 +34,8 @@ pub struct Stats {
 }
 
 /// The answer.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = OperationsOverview)]
 pub struct Overview {
     stats: Stats,
 }

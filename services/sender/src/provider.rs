@@ -169,7 +169,8 @@ impl Envelope {
 }
 
 /// The answer.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ProviderEventsHandled)]
 pub struct Handled {
     pub matched: u64,
     pub duplicates: u64,

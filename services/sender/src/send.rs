@@ -23,14 +23,16 @@ use crate::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
 use crate::{audiences, campaigns, contacts, events, governance, templates, usage, AppState};
 
 /// Recipients in a send answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SendRecipientCounts)]
 pub struct RecipientCounts {
     pub accepted: usize,
     pub rejected: Vec<RejectedRecipient>,
 }
 
 /// A recipient left out, with the reason.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SendRejectedRecipient)]
 pub struct RejectedRecipient {
     pub email: String,
     pub reason: String,
@@ -46,8 +48,9 @@ impl From<Rejected> for RejectedRecipient {
 }
 
 /// The answer to a send.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = SendOutcome)]
 pub struct SendAnswer {
     /// The task; none for a dry run, which stores nothing.
     pub task_id: Option<TaskId>,
@@ -475,8 +478,9 @@ pub fn publish_soon(state: &AppState) {
 }
 
 /// The answer to a cancel.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = SendCancelled)]
 pub struct Cancelled {
     pub task_id: TaskId,
     pub status: TaskStatus,

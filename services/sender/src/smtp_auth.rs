@@ -12,15 +12,19 @@ use postmesh_shared::extract::Caller;
 use postmesh_shared::EmailAddress;
 
 /// The answer, for success and failure alike.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SmtpAuth {
     pub authenticated: bool,
     pub username: String,
     pub error: String,
 }
 
-#[derive(Deserialize)]
-struct Body {
+/// The request: the SMTP username to check.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SmtpAuthBody)]
+pub(crate) struct Body {
+    /// The email address bound to the API key.
+    #[schema(format = Email, required = true, nullable = false)]
     username: Option<String>,
 }
 

@@ -28,8 +28,9 @@ pub struct Page {
 }
 
 /// One recipient's state.
-#[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = EmailStatusRecipient)]
 pub struct RecipientStatus {
     pub email: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,8 +50,9 @@ pub struct RecipientStatus {
 }
 
 /// The answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = EmailStatus)]
 pub struct TaskProgress {
     pub task_id: TaskId,
     /// `scheduled`, `cancelled`, `queued` (nothing finished yet), `sending`, `sent` (all

@@ -5,12 +5,14 @@
 
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::contacts::name;
+use crate::contacts::{name, name_or_null};
 use crate::AppState;
 
 /// Entries per page by default, and at most.
@@ -18,9 +20,12 @@ const DEFAULT_LIMIT: i64 = 50;
 const MAX_LIMIT: i64 = 100;
 
 /// Why an address is suppressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
+#[schema(as = SuppressionReason)]
 pub enum Reason {
     Unsubscribed,
     Bounce,
@@ -29,7 +34,7 @@ pub enum Reason {
 }
 
 /// One entry.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Suppression {
     pub email: String,
@@ -67,7 +72,7 @@ pub struct ListQuery {
 }
 
 /// `GET /suppressions` answer, newest first.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SuppressionPage {
     pub suppressions: Vec<Suppression>,
     pub limit: i64,
@@ -105,15 +110,28 @@ pub(crate) async fn list(
 }
 
 /// `POST /suppressions` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct NewSuppression {
+    #[schema(format = Email, required = true, nullable = false)]
     pub email: Option<String>,
+    /// Only `manual`: the others are recorded as they happen.
+    #[schema(schema_with = manual)]
     pub reason: Option<String>,
+    /// The topic it applies to; none: every topic.
+    #[schema(schema_with = name_or_null)]
     pub topic: Option<String>,
 }
 
+/// `reason`: `manual`, or null.
+fn manual() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .enum_values(Some([Value::from("manual"), Value::Null]))
+}
+
 /// `POST /suppressions` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SuppressionAdded)]
 pub struct Added {
     pub suppression: Suppression,
 }
@@ -165,7 +183,8 @@ pub struct TopicQuery {
 }
 
 /// `DELETE /suppressions/{email}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SuppressionRemoved)]
 pub struct Removed {
     pub removed: u64,
 }

@@ -37,9 +37,12 @@ pub struct TaskMessage {
 }
 
 /// Where a task stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
+#[schema(as = SendTaskStatus)]
 pub enum TaskStatus {
     /// Held until `scheduled_at`.
     Scheduled,

@@ -2,14 +2,19 @@
 //! latest versions or reads one, `DELETE` retires every version. A send pins the version
 //! it used and stores the rendered message, so later changes touch no accepted send.
 
+use std::borrow::Cow;
+
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::AppState;
+use crate::{schema, AppState};
 
 /// Longest template key.
 const MAX_KEY_LEN: usize = 100;
@@ -17,7 +22,7 @@ const MAX_KEY_LEN: usize = 100;
 const MAX_BODY_BYTES: usize = 512 * 1024;
 
 /// A stored template version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Template {
     pub key: String,
@@ -35,6 +40,42 @@ pub struct NewTemplate {
     pub subject: Option<String>,
     pub html: Option<String>,
     pub text: Option<String>,
+}
+
+/// What `create` takes: a key, a subject on one line, and html, text or both.
+impl PartialSchema for NewTemplate {
+    fn schema() -> RefOr<Schema> {
+        let body = || {
+            schema::or_null(ObjectBuilder::new().max_length(Some(MAX_BODY_BYTES)))
+                .description(Some("At most 512 KiB of UTF-8."))
+        };
+        let given = |field: &str| {
+            ObjectBuilder::new()
+                .property(field, schema::not_blank())
+                .required(field)
+        };
+        AllOfBuilder::new()
+            .description(Some(
+                "`POST /templates` body: a key, a subject, and html, text or both.",
+            ))
+            .item(
+                ObjectBuilder::new()
+                    .property("key", schema::key(MAX_KEY_LEN))
+                    .required("key")
+                    .property("subject", schema::not_blank_line())
+                    .required("subject")
+                    .property("html", body())
+                    .property("text", body()),
+            )
+            .item(AnyOfBuilder::new().item(given("html")).item(given("text")))
+            .into()
+    }
+}
+
+impl ToSchema for NewTemplate {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("NewTemplate")
+    }
 }
 
 /// A template key: 1-100 letters, digits, `_`, `-`, `.`.
@@ -100,7 +141,7 @@ pub(crate) async fn create(
 }
 
 /// `GET /templates` answer: the latest version of each key.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TemplateList {
     pub templates: Vec<Template>,
 }
@@ -154,7 +195,8 @@ pub(crate) async fn read(
 }
 
 /// `DELETE /templates/{key}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = TemplateDeleted)]
 pub struct Deleted {
     pub key: String,
     pub deleted: bool,

@@ -151,8 +151,9 @@ fn scope(claims: &Claims) -> String {
     }
 }
 
-/// `?token=`.
-#[derive(Debug, Deserialize)]
+/// `?token=`, or a JSON body's `token`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = UnsubscribeToken)]
 pub struct TokenQuery {
     pub token: Option<String>,
 }

@@ -84,7 +84,7 @@ impl Owned for Webhooks {
 }
 
 /// One attempt as the API shows it.
-#[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptView {
     pub id: Uuid,
@@ -102,26 +102,29 @@ pub struct AttemptView {
 }
 
 /// `GET /inbox/webhook/endpoints/{id}/attempts` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AttemptList {
     pub attempts: Vec<AttemptView>,
 }
 
 /// `POST .../attempts/{attemptId}/retry` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = AttemptRetried)]
 pub struct Retried {
     pub attempt: AttemptView,
 }
 
 /// `POST .../replay` answer: how many deliveries were queued.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = WebhookReplayQueued)]
 pub struct Replayed {
     pub queued: usize,
 }
 
 /// `POST .../test` answer: what the receiver said.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WebhookTestResult)]
 pub struct Tested {
     /// The receiver's status code; none when no answer came.
     pub status_code: Option<u16>,
@@ -236,12 +239,15 @@ pub(crate) async fn retry<O: Owned>(
     ))
 }
 
-#[derive(Deserialize)]
+/// `POST .../replay` body.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = WebhookReplayRequest)]
 pub(crate) struct Since {
     /// Unix seconds.
     since: i64,
     /// Only these event types (each known); none: every type the target takes.
+    #[schema(schema_with = crate::webhooks::nullable_event_type_list)]
     types: Option<Vec<String>>,
 }
 

@@ -9,11 +9,12 @@ use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::{ApiError, Success};
 
 use crate::endpoints::{BodyFormat, ROTATION_OVERLAP_SECS};
-use crate::secret::SigningSecret;
+use crate::secret::{nullable_secret_schema, SigningSecret};
+use crate::target::url_schema;
 use crate::AppState;
 
 /// The default webhook as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DefaultWebhook {
     pub url: String,
@@ -30,8 +31,9 @@ pub struct DefaultWebhook {
 const COLUMNS: &str = "url, body_format, strip_quotes, active, created_at, updated_at";
 
 /// `PUT` and `GET /inbox/webhook/default` answer; the secret on creation or rotation.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = DefaultWebhookPage)]
 pub struct DefaultPage {
     pub webhook: DefaultWebhook,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,19 +41,24 @@ pub struct DefaultPage {
 }
 
 /// `DELETE /inbox/webhook/default` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = DefaultWebhookDeleted)]
 pub struct Removed {
     pub deleted: bool,
 }
 
-#[derive(Deserialize)]
+/// `PUT /inbox/webhook/default` body.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = DefaultWebhookRequest)]
 pub(crate) struct NewDefault {
+    #[schema(schema_with = url_schema)]
     url: String,
     #[serde(default)]
     body_format: BodyFormat,
     #[serde(default)]
     strip_quotes: bool,
+    #[schema(schema_with = nullable_secret_schema)]
     signing_secret: Option<String>,
     #[serde(default)]
     rotate_secret: bool,

@@ -14,17 +14,20 @@ use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::InboxAddressRequest;
 use postmesh_shared::{nats, AddressId, ApiError, Success};
 
-use crate::secret::SigningSecret;
-use crate::target::Target;
+use crate::secret::{nullable_secret_schema, SigningSecret};
+use crate::target::{nullable_url_schema, url_schema, Target};
 use crate::AppState;
 
 /// Endpoints an address may have.
 pub const MAX_PER_ADDRESS: i64 = 10;
 
 /// How a delivery carries the message's body.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
+#[schema(as = WebhookBodyFormat)]
 pub enum BodyFormat {
     #[default]
     Text,
@@ -33,7 +36,7 @@ pub enum BodyFormat {
 }
 
 /// An endpoint as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointView {
     pub id: Uuid,
@@ -49,35 +52,40 @@ pub struct EndpointView {
 const COLUMNS: &str = "id, address_id, url, active, body_format, strip_quotes, created_at";
 
 /// `POST /inbox/webhook/endpoints` answer: the secret, this once.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = EndpointCreated)]
 pub struct Created {
     pub endpoint: EndpointView,
     pub signing_secret: String,
 }
 
 /// One endpoint in an answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EndpointPage {
     pub endpoint: EndpointView,
 }
 
 /// `GET /inbox/webhook/endpoints` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EndpointList {
     pub endpoints: Vec<EndpointView>,
 }
 
-/// `DELETE /inbox/webhook/endpoints/{id}` answer.
-#[derive(Debug, Serialize, Deserialize)]
+/// `DELETE /inbox/webhook/endpoints/{id}` and `DELETE /webhooks/{id}` answer.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = WebhookDeleted)]
 pub struct Deleted {
     pub deleted: bool,
 }
 
-#[derive(Deserialize)]
+/// `POST /inbox/webhook/endpoints` body.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = EndpointCreateRequest)]
 pub(crate) struct NewEndpoint {
     address_id: AddressId,
+    #[schema(schema_with = url_schema)]
     url: String,
     #[serde(default = "yes")]
     active: bool,
@@ -85,6 +93,7 @@ pub(crate) struct NewEndpoint {
     body_format: BodyFormat,
     #[serde(default)]
     strip_quotes: bool,
+    #[schema(schema_with = nullable_secret_schema)]
     signing_secret: Option<String>,
 }
 
@@ -238,9 +247,12 @@ pub(crate) async fn show(
     Ok(Success::new(EndpointPage { endpoint }))
 }
 
-#[derive(Deserialize)]
+/// `PATCH /inbox/webhook/endpoints/{id}` body: what to change.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = EndpointChanges)]
 pub(crate) struct Changes {
+    #[schema(schema_with = nullable_url_schema)]
     url: Option<String>,
     active: Option<bool>,
     body_format: Option<BodyFormat>,
@@ -294,19 +306,23 @@ async fn apply(
 /// How long a rotated-out secret keeps signing beside the new one.
 pub const ROTATION_OVERLAP_SECS: i64 = 24 * 3600;
 
-#[derive(Deserialize)]
+/// `PUT /inbox/webhook/addresses/{addressId}` body.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = AddressSubscriptionRequest)]
 pub(crate) struct Subscription {
     #[serde(flatten)]
     changes: Changes,
+    #[schema(schema_with = nullable_secret_schema)]
     signing_secret: Option<String>,
     #[serde(default)]
     rotate_secret: bool,
 }
 
 /// `PUT /inbox/webhook/addresses/{addressId}` answer: the secret on creation or rotation.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = AddressSubscribed)]
 pub struct Subscribed {
     pub subscription: EndpointView,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,6 +3,9 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+
+use crate::target::TRIMMED;
 
 /// The prefix of every signing secret.
 const PREFIX: &str = "whsec_";
@@ -48,6 +51,42 @@ impl SigningSecret {
     pub fn reveal(&self) -> String {
         format!("{PREFIX}{}", STANDARD.encode(&self.0))
     }
+}
+
+/// What [`SigningSecret::parse`] accepts, as an ECMA-262 pattern: [`PREFIX`] and the
+/// canonical base64 ([`STANDARD`]: padded, no stray bits in the last character) of a
+/// [`KEY_BYTES`] key — whole groups of 4 characters (3 bytes each), then a last group of 1
+/// byte (`xx==`), of 2 (`xxx=`) or none — with what `str::trim` takes off around them.
+fn secret_pattern() -> String {
+    let (min, max) = (*KEY_BYTES.start(), *KEY_BYTES.end());
+    // The whole groups before a last group of `tail` bytes, for a key of `min` to `max`.
+    let groups = |tail: usize| {
+        let least = min.saturating_sub(tail).div_ceil(3);
+        format!("(?:[A-Za-z0-9+/]{{4}}){{{least},{}}}", (max - tail) / 3)
+    };
+    [
+        "^",
+        TRIMMED,
+        "*",
+        PREFIX,
+        "(?:",
+        &groups(0),
+        "|",
+        &groups(1),
+        "[A-Za-z0-9+/][AQgw]==|",
+        &groups(2),
+        "[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)",
+        TRIMMED,
+        "*$",
+    ]
+    .concat()
+}
+
+/// The schema of a `signingSecret` as bodies give it; null (or none): one is generated.
+pub(crate) fn nullable_secret_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .pattern(Some(secret_pattern()))
 }
 
 impl std::fmt::Debug for SigningSecret {

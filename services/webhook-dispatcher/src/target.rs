@@ -10,9 +10,42 @@ use std::time::Duration;
 use hickory_resolver::TokioResolver;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, SchemaType, Type};
 
 /// How long a lookup of a webhook's host may take.
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What `str::trim` takes off (Unicode `White_Space`) as an ECMA-262 character class: `\s`
+/// is not the same (it has U+FEFF and lacks U+0085).
+pub(crate) const TRIMMED: &str =
+    r"[\x09-\x0d \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]";
+
+/// The start of every URL [`Reach::check`] accepts, as an ECMA-262 pattern: after what
+/// `str::trim` and then the URL parser (C0 controls and space) take off, the scheme `https`
+/// or `http` (`http` only with `WEBHOOK_ALLOW_INSECURE`) in any case, the tabs and newlines
+/// the parser ignores allowed in it.
+fn url_pattern() -> String {
+    [
+        "^",
+        TRIMMED,
+        r"*[\x00-\x20]*[hH][\t\n\r]*[tT][\t\n\r]*[tT][\t\n\r]*[pP][\t\n\r]*(?:[sS][\t\n\r]*)?:",
+    ]
+    .concat()
+}
+
+/// The schema of a webhook URL as bodies give it: a URI of a scheme [`Reach::check`] takes
+/// (its host must also resolve to public addresses, which no schema says).
+pub(crate) fn url_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::Custom("uri".into())))
+        .pattern(Some(url_pattern()))
+}
+
+/// [`url_schema`], or null.
+pub(crate) fn nullable_url_schema() -> ObjectBuilder {
+    url_schema().schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+}
 
 /// A webhook URL that passed the checks.
 #[derive(Clone, Debug)]

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
 use uuid::Uuid;
 
 use postmesh_shared::db::{self, now_unix, Turns};
@@ -15,7 +16,8 @@ use postmesh_shared::{ApiError, Success};
 
 use crate::endpoints::Deleted;
 use crate::payload::INBOUND_RECEIVED;
-use crate::secret::SigningSecret;
+use crate::secret::{nullable_secret_schema, SigningSecret};
+use crate::target::{nullable_url_schema, url_schema};
 use crate::AppState;
 
 /// Webhooks a workspace may have.
@@ -74,7 +76,7 @@ pub const EVENT_TYPES: [(&str, &str); 12] = [
 ];
 
 /// A webhook as the API shows it. `events` empty: every type.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookView {
     pub id: Uuid,
@@ -89,27 +91,29 @@ pub struct WebhookView {
 const COLUMNS: &str = "id, url, events, active, created_at";
 
 /// `POST /webhooks` answer: the secret, this once.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WebhookCreated)]
 pub struct Created {
     pub webhook: WebhookView,
     pub signing_secret: String,
 }
 
 /// One webhook in an answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WebhookPage {
     pub webhook: WebhookView,
 }
 
 /// `GET /webhooks` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WebhookList {
     pub webhooks: Vec<WebhookView>,
 }
 
 /// One event type, listed.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = WebhookEventType)]
 pub struct EventType {
     #[serde(rename = "type")]
     pub name: String,
@@ -117,10 +121,27 @@ pub struct EventType {
 }
 
 /// `GET /webhooks/event-types` answer.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WebhookEventTypes)]
 pub struct EventTypes {
     pub event_types: Vec<EventType>,
+}
+
+/// The schema of a list of event types as bodies give them: each one of [`EVENT_TYPES`]
+/// (repeats allowed: [`event_types`] keeps each once).
+fn event_type_list() -> ArrayBuilder {
+    let names = EVENT_TYPES.map(|(name, _)| name);
+    ArrayBuilder::new().items(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(names)),
+    )
+}
+
+/// [`event_type_list`], or null.
+pub(crate) fn nullable_event_type_list() -> ArrayBuilder {
+    event_type_list().schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
 }
 
 /// Event types as given: each known, each once (in the given order); 400 otherwise.
@@ -139,14 +160,19 @@ pub fn event_types(given: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(types)
 }
 
-#[derive(Deserialize)]
+/// `POST /webhooks` body. `events` empty or left out: every type.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = WebhookCreateRequest)]
 pub(crate) struct NewWebhook {
+    #[schema(schema_with = url_schema)]
     url: String,
     #[serde(default)]
+    #[schema(schema_with = event_type_list)]
     events: Vec<String>,
     #[serde(default = "yes")]
     active: bool,
+    #[schema(schema_with = nullable_secret_schema)]
     signing_secret: Option<String>,
 }
 
@@ -253,10 +279,14 @@ pub(crate) async fn show(
     Ok(Success::new(WebhookPage { webhook }))
 }
 
-#[derive(Deserialize)]
+/// `PATCH /webhooks/{id}` body: what to change.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = WebhookChanges)]
 pub(crate) struct Changes {
+    #[schema(schema_with = nullable_url_schema)]
     url: Option<String>,
+    #[schema(schema_with = nullable_event_type_list)]
     events: Option<Vec<String>>,
     active: Option<bool>,
 }

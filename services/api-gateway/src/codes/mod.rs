@@ -41,16 +41,24 @@ pub struct CodeConfig {
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::SEND_CODE, send_code)
+        .takes::<SendCodeBody>()
+        .answers::<Success<Message>>()
         .at(api::VERIFY_CODE, verify_code)
+        .takes::<VerifyCodeBody>()
+        .answers::<Success<Message>>()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SendCodeRequest)]
 struct SendCodeBody {
+    #[schema(format = Email)]
     email: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = VerifyCodeRequest)]
 struct VerifyCodeBody {
+    #[schema(format = Email)]
     email: String,
     code: String,
 }

@@ -150,14 +150,17 @@ impl NewEvent {
 }
 
 /// An event as the API shows it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WorkflowEvent)]
 pub struct EventView {
     pub event_id: String,
     pub event_name: String,
     pub occurred_at: String,
     pub received_at: i64,
+    #[schema(value_type = Value)]
     pub contact: Json<Value>,
+    #[schema(value_type = Object)]
     pub properties: Json<Map<String, Value>>,
 }
 
@@ -222,7 +225,8 @@ fn subject(ns: &Namespace, event_name: &str) -> String {
 }
 
 /// The answer of `POST /events`.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WorkflowEventAccepted)]
 pub struct Accepted {
     duplicate: bool,
     event: EventView,
@@ -330,7 +334,8 @@ pub(crate) async fn report(
 }
 
 /// The answer of `GET /events/{eventId}`.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WorkflowEventShown)]
 pub struct Shown {
     event: EventView,
     runs: Vec<RunView>,

@@ -6,11 +6,16 @@ pub mod definition;
 pub mod events;
 pub mod runs;
 
+use std::borrow::Cow;
+
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Serialize;
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::{KnownFormat, RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
@@ -42,6 +47,44 @@ struct Row {
     active_runs: i64,
     created_at: i64,
     updated_at: i64,
+}
+
+/// The body's fields and the view's own in one object: `allOf` with [`WorkflowBody`], which
+/// refuses unknown fields, would refuse the view's own.
+impl PartialSchema for WorkflowView {
+    fn schema() -> RefOr<Schema> {
+        let RefOr::T(Schema::Object(body)) = WorkflowBody::schema() else {
+            unreachable!("a struct's derived schema is an object")
+        };
+        let uuid = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)));
+        let own = [
+            ("id", uuid.into()),
+            ("version", i32::schema()),
+            ("activeRuns", i64::schema()),
+            ("createdAt", i64::schema()),
+            ("updatedAt", i64::schema()),
+        ];
+        own.into_iter()
+            .fold(
+                ObjectBuilder::from(body)
+                    .additional_properties(None::<AdditionalProperties<Schema>>)
+                    .description(Some("A workflow as the API shows it.")),
+                |view, (name, schema)| view.property(name, schema).required(name),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for WorkflowView {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("WorkflowView")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        <WorkflowBody as ToSchema>::schemas(schemas);
+    }
 }
 
 impl From<Row> for WorkflowView {
@@ -109,7 +152,8 @@ async fn save_version(
 }
 
 /// One workflow.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WorkflowOne)]
 pub struct One {
     workflow: WorkflowView,
 }
@@ -146,7 +190,8 @@ pub(crate) async fn create(
 }
 
 /// The workspace's workflows.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WorkflowList)]
 pub struct List {
     workflows: Vec<WorkflowView>,
 }
@@ -210,8 +255,9 @@ pub(crate) async fn change(
 }
 
 /// What a delete did.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WorkflowDeleted)]
 pub struct Deleted {
     deleted: bool,
     ended_runs: u64,

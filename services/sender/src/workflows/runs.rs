@@ -32,8 +32,9 @@ const LEASE_SECS: i64 = 10;
 const MAX_ATTEMPTS: i32 = 8;
 
 /// A run as the API shows it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WorkflowRun)]
 pub struct RunView {
     pub id: Uuid,
     pub workflow_id: Uuid,
