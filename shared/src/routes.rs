@@ -8,8 +8,9 @@ use axum::handler::Handler;
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 use postmesh_contracts::{HttpMethod, RouteSpec};
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::{RefOr, Schema};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 
@@ -47,6 +48,8 @@ pub struct Bodies {
     pub request_optional: bool,
     /// The successful answer's body.
     pub answer: Option<BodySchema>,
+    /// The query parameters it reads.
+    pub query: Vec<Parameter>,
 }
 
 impl<S: Clone + Send + Sync + 'static> Route<S> {
@@ -111,6 +114,12 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
     pub fn takes_optional<T: ToSchema>(mut self) -> Self {
         self = self.takes::<T>();
         self.last().request_optional = true;
+        self
+    }
+
+    /// Documents the query parameters the route added last reads.
+    pub fn query<T: IntoParams>(mut self) -> Self {
+        self.last().query = T::into_params(|| Some(ParameterIn::Query));
         self
     }
 

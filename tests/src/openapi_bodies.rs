@@ -15,7 +15,8 @@ pub const PATH: &str = concat!(
     "/../services/api-gateway/src/openapi_bodies.json"
 );
 
-/// The file's text: each operation's request and answer schema names, and every schema.
+/// The file's text: each operation's request and answer schema names and query parameters,
+/// and every schema.
 ///
 /// # Panics
 /// When two different schemas share a name (rename one with `#[schema(as = …)]`).
@@ -48,6 +49,10 @@ pub fn render() -> String {
                     ),
                 }
             }
+        }
+        if !bodies.query.is_empty() {
+            let query = serde_json::to_value(&bodies.query).expect("parameters serialize");
+            operation.insert("query".into(), query);
         }
         if bodies.request_optional {
             operation.insert("requestOptional".into(), json!(true));

@@ -432,6 +432,21 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
     let send = &doc["paths"]["/send-email"]["post"]["requestBody"];
     assert_eq!(send["required"], true, "{send}");
     assert!(schema_of(&send["content"])["properties"]["subject"].is_object());
+    // Query parameters come from the handlers' query types, with serde's names.
+    let query = |method: &str, path: &str| -> Vec<String> {
+        doc["paths"][path][method]["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "query")
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(query("get", "/logs"), ["limit", "offset"]);
+    assert_eq!(
+        query("get", "/inbox/threads"),
+        ["addressId", "unread", "limit", "offset"]
+    );
     // Ids in paths are uuids.
     let id = &doc["paths"]["/contacts/{id}"]["get"]["parameters"][0];
     assert_eq!(id["schema"]["format"], "uuid", "{id}");

@@ -2,7 +2,8 @@
 //! (`GET /docs`), built once from the gateway's route table: every route of every service,
 //! with its path parameters, who may call it (the policy as a security scheme) and the
 //! spec's error body (HTML pages for the web app's and unsubscribe routes), and the JSON
-//! bodies each route takes and answers, as the services' own types describe them.
+//! bodies and query parameters each route takes and answers, as the services' own types
+//! describe them.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -97,10 +98,12 @@ struct OperationBodies {
     #[serde(default)]
     request_optional: bool,
     answer: Option<String>,
+    #[serde(default)]
+    query: Vec<serde_json::Value>,
 }
 
-/// Adds [`BODIES`] to `doc`: each operation's request body and successful answer, and the
-/// schemas they refer to.
+/// Adds [`BODIES`] to `doc`: each operation's request body, successful answer and query
+/// parameters, and the schemas they refer to.
 fn add_bodies(doc: &mut serde_json::Value) {
     let file: BodiesFile = serde_json::from_str(BODIES).expect("openapi_bodies.json parses");
     let json = |name: &str| serde_json::json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}});
@@ -115,6 +118,14 @@ fn add_bodies(doc: &mut serde_json::Value) {
             }
             if let Some(name) = &bodies.answer {
                 operation["responses"]["2XX"]["content"] = json(name);
+            }
+            if !bodies.query.is_empty() {
+                let parameters = &mut operation["parameters"];
+                if parameters.is_null() {
+                    *parameters = serde_json::json!([]);
+                }
+                let list = parameters.as_array_mut().expect("parameters are a list");
+                list.extend(bodies.query.iter().cloned());
             }
         }
     }

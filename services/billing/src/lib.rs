@@ -166,6 +166,7 @@ fn routes() -> Routes<AppState> {
         .takes_optional::<deduct::DeductBody>()
         .answers::<Success<deduct::Deducted>>()
         .at(api::LOGS, logs::list)
+        .query::<logs::PageQuery>()
         .answers::<Success<logs::LogPage>>()
         .at(api::LOGS_DOWNLOAD, logs::download)
         .at(api::CATALOG, catalog::catalog)

@@ -96,7 +96,7 @@ async fn page(
     Ok(rows.into_iter().map(LogEntry::from).collect())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 pub(crate) struct PageQuery {
     limit: Option<i64>,
     offset: Option<i64>,

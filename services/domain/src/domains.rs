@@ -200,7 +200,7 @@ pub struct Deleted {
     pub domain: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 pub(crate) struct ListQuery {
     include_unverified: Option<String>,
 }

@@ -180,6 +180,7 @@ impl AppState {
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::DOMAINS, domains::list)
+        .query::<domains::ListQuery>()
         .answers::<Success<domains::DomainList>>()
         .at(api::DOMAIN_SUBMIT, domains::submit)
         .takes::<domains::Submission>()

@@ -229,7 +229,7 @@ pub(crate) async fn list(
     Ok(Success::new(AddressList { addresses }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 pub(crate) struct DeleteQuery {
     purge: Option<String>,
 }

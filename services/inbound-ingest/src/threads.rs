@@ -144,9 +144,10 @@ pub struct Read {
     pub thread: ThreadView,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
+    #[param(value_type = Option<String>, format = Uuid)]
     address_id: Option<AddressId>,
     unread: Option<String>,
     limit: Option<i64>,

@@ -492,7 +492,7 @@ pub(crate) async fn create(
 }
 
 /// `GET /contacts` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct ListQuery {
     pub tag: Option<String>,
     pub email: Option<String>,

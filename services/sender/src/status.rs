@@ -21,7 +21,7 @@ const DEFAULT_LIMIT: i64 = 100;
 const MAX_LIMIT: i64 = 1000;
 
 /// `?limit=&offset=`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct Page {
     pub limit: Option<i64>,
     pub offset: Option<i64>,

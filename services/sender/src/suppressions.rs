@@ -64,7 +64,7 @@ pub async fn add(
 }
 
 /// `GET /suppressions` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct ListQuery {
     pub email: Option<String>,
     pub limit: Option<i64>,
@@ -177,7 +177,7 @@ pub(crate) async fn create(
 }
 
 /// `?topic=` of a delete.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct TopicQuery {
     pub topic: Option<String>,
 }

@@ -161,7 +161,7 @@ pub(crate) async fn list(
 }
 
 /// `?version=` of `GET /templates/{key}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct VersionQuery {
     pub version: Option<i32>,
 }

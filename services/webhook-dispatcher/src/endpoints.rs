@@ -207,9 +207,10 @@ async fn require_address(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
+    #[param(value_type = Option<String>, format = Uuid)]
     address_id: Option<AddressId>,
 }
 

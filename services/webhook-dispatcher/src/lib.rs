@@ -226,6 +226,7 @@ fn routes() -> Routes<AppState> {
 
     Routes::new()
         .at(api::ENDPOINTS, endpoints::list)
+        .query::<endpoints::ListQuery>()
         .answers::<Success<EndpointList>>()
         .at(api::ENDPOINT_CREATE, endpoints::create)
         .takes::<NewEndpoint>()
@@ -248,6 +249,7 @@ fn routes() -> Routes<AppState> {
         .at(api::DEFAULT_DELETE, defaults::remove)
         .answers::<Success<Removed>>()
         .at(api::ATTEMPTS, attempts::list::<Endpoints>)
+        .query::<attempts::ListQuery>()
         .answers::<Success<AttemptList>>()
         .at(api::ATTEMPT_RETRY, attempts::retry::<Endpoints>)
         .answers::<Success<Retried>>()
@@ -271,6 +273,7 @@ fn routes() -> Routes<AppState> {
         .at(api::WEBHOOK_DELETE, webhooks::remove)
         .answers::<Success<Deleted>>()
         .at(api::WEBHOOK_ATTEMPTS, attempts::list::<Webhooks>)
+        .query::<attempts::ListQuery>()
         .answers::<Success<AttemptList>>()
         .at(api::WEBHOOK_ATTEMPT_RETRY, attempts::retry::<Webhooks>)
         .answers::<Success<Retried>>()
