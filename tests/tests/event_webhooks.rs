@@ -610,8 +610,24 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         }
     };
     assert_eq!(replay(json!(["email.delivered"])).await, 0);
+    // While the receiver holds a replay's deliveries they wait (pending), and the same
+    // replay again (a retried call) queues nothing more.
+    let hold = || vec![Reply::Slow(Duration::from_secs(2), 200); 2];
+    let none_waiting = || async {
+        eventually(Duration::from_secs(10), || async {
+            let list = attempts(&stack, &key, w).await;
+            match list.iter().any(|a| a.status == "pending") {
+                false => Ok(list),
+                true => Err(format!("{list:?}")),
+            }
+        })
+        .await
+    };
+    let listed = attempts(&stack, &key, w).await;
     let before = receiver.count();
+    receiver.script(hold());
     assert_eq!(replay(json!(["email.sent"])).await, 2);
+    assert_eq!(replay(json!(["email.sent"])).await, 0);
     let got = received(&receiver, before + 2, Duration::from_secs(10)).await;
     let replayed = &got[before..];
     assert!(replayed.iter().all(|d| d.body["type"] == "email.sent"));
@@ -620,6 +636,29 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         .map(|d| d.body["data"]["subject"].as_str().unwrap())
         .collect();
     assert_eq!(subjects, HashSet::from(["One", "Two"]));
+    // Delivered, they may be replayed again; while that replay waits, the earlier one's
+    // attempt is not sent again by hand (409).
+    let first_replay: Vec<Uuid> = none_waiting()
+        .await
+        .into_iter()
+        .filter(|a| !listed.iter().any(|l| l.id == a.id))
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(first_replay.len(), 2);
+    let before = receiver.count();
+    receiver.script(hold());
+    assert_eq!(replay(json!(["email.sent"])).await, 2);
+    let waiting: ErrorBody = stack
+        .client(&key)
+        .post(
+            &format!("/webhooks/{w}/attempts/{}/retry", first_replay[0]),
+            &json!({}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    assert!(waiting.error.contains("waiting"), "{}", waiting.error);
+    received(&receiver, before + 2, Duration::from_secs(10)).await;
+    none_waiting().await;
     // Every type since then is 4 events (queued and sent of each send), over the cap:
     // refused, and nothing queued.
     let listed = attempts(&stack, &key, w).await.len();

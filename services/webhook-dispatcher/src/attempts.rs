@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
+use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
@@ -132,7 +132,7 @@ pub struct Tested {
     pub error: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
     status: Option<String>,
@@ -230,7 +230,11 @@ pub(crate) async fn retry<O: Owned>(
     .bind(owner)
     .bind(now_unix())
     .fetch_optional(&state.db)
-    .await?
+    .await
+    .map_err(|e| match is_unique_violation(&e) {
+        true => ApiError::Conflict("a replay of this message to this target is waiting".into()),
+        false => e.into(),
+    })?
     .ok_or_else(|| ApiError::NotFound("no such attempt".into()))?;
     queue_each(&js, &state.ns, &[(view.id, view.attempt_count)]).await?;
     Ok((
@@ -274,7 +278,7 @@ const WEBHOOK_REPLAY: &str = "
       AND ($4::text[] IS NULL OR 'inbound.received' = ANY($4))";
 
 /// Queues a new delivery to the target of everything it takes since `since` (of `types`,
-/// when given); 202 with how many.
+/// when given), but none of a message a replay to it already has waiting; 202 with how many.
 pub(crate) async fn replay<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<Since>,
@@ -295,6 +299,8 @@ pub(crate) async fn replay<O: Owned>(
          SELECT gen_random_uuid(), t.workspace_id, t.endpoint_id, t.webhook_id, t.message_id,
                 'replay', 'pending', $3, $3, $3
          FROM ({what} LIMIT $5) AS t
+         ON CONFLICT (message_id, (COALESCE(endpoint_id, webhook_id)))
+             WHERE origin = 'replay' AND status = 'pending' DO NOTHING
          RETURNING id"
     ))
     .bind(id)
