@@ -348,6 +348,47 @@ async fn a_legacy_charset_and_an_unreadable_message_are_kept() {
 }
 
 #[tokio::test]
+async fn a_message_holding_nul_is_stored_with_u_fffd_in_its_text_and_kept_raw() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let to = format!("support@{INBOUND_DOMAIN}");
+    create_address(&stack, &key, &to).await;
+    // Text columns hold no NUL: the message is stored, its text with U+FFFD, its raw bytes
+    // as they came.
+    let raw = message(Some("nul@customer.example"), "Hi\0there", "", "one\0two");
+    assert_eq!(ingest(&stack, &raw, &[&to]).await.stored, 1);
+    let list = threads(&stack, &key, "").await;
+    let page: Success<ThreadPage> = stack
+        .client(&key)
+        .get(
+            &format!("/inbox/threads/{}", list.threads[0].id),
+            StatusCode::OK,
+        )
+        .await;
+    let m = &page.body.messages[0];
+    assert_eq!(m.content.subject, "Hi\u{FFFD}there");
+    assert_eq!(
+        m.content.text.as_deref().map(str::trim),
+        Some("one\u{FFFD}two")
+    );
+    let stored = stack
+        .client(&key)
+        .send(Method::GET, &format!("/inbox/messages/{}/raw", m.id), None)
+        .await
+        .body;
+    assert_eq!(stored, raw);
+    // A NUL in the envelope (text, jsonb) is the MTA's error: 400, nothing stored.
+    let mut body = ingest_body(&message(None, "s", "", "b"), &[&to]);
+    body["from"] = json!("ann\u{0}@customer.example");
+    let refused: ErrorBody = mta(&stack)
+        .post("/inbound-email/ingest", &body, StatusCode::BAD_REQUEST)
+        .await;
+    assert!(refused.error.contains("NUL"), "{}", refused.error);
+    assert_eq!(threads(&stack, &key, "").await.threads.len(), 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
 async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
     let stack = Stack::start().await;
     let key = stack.key(1).await;

@@ -18,7 +18,7 @@ use utoipa::openapi::schema::{AnyOfBuilder, KnownFormat, ObjectBuilder, SchemaFo
 use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::db::{self, now_unix, Turns};
-use postmesh_shared::extract::JsonBody;
+use postmesh_shared::extract::{holds_nul, JsonBody};
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
@@ -224,9 +224,16 @@ pub(crate) async fn ingest(
 }
 
 /// The request's message (decoded), envelope sender, recipients and authentication, in the
-/// order of the checks: bad JSON 400, over 10 MiB 413 (from the base64 length, before
+/// order of the checks: bad JSON (or an escaped NUL) 400, over 10 MiB 413 (from the base64 length, before
 /// decoding), authentication 503, bad base64 400.
 fn decode(body: &[u8]) -> Result<(Vec<u8>, String, Vec<String>, Authentication), ApiError> {
+    // The envelope and its authentication are stored as text and jsonb, which hold no NUL
+    // (the message itself is base64 and may hold anything).
+    if holds_nul(body) {
+        return Err(ApiError::BadRequest(
+            "invalid body: text must not hold NUL characters (\\u0000)".into(),
+        ));
+    }
     let req: IngestBody<'_> = serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))?;
     let encoded: Cow<'_, str> = if req.raw_base64.contains(|c: char| c.is_ascii_whitespace()) {

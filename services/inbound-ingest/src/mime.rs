@@ -72,6 +72,43 @@ impl Parsed {
         let Some(msg) = MessageParser::default().parse(raw) else {
             return Self::default();
         };
+        Self::from_message(&msg, body_limit).without_nul()
+    }
+
+    /// Each NUL in its text replaced by U+FFFD: PostgreSQL text holds none, and a message is
+    /// stored whatever it holds (its raw bytes keep them).
+    fn without_nul(mut self) -> Self {
+        fn clean(text: &mut String) {
+            if text.contains('\0') {
+                *text = text.replace('\0', "\u{FFFD}");
+            }
+        }
+        let c = &mut self.content;
+        let attachments = self.attachments.iter_mut().flat_map(|a| {
+            let Attachment {
+                filename,
+                content_type,
+                ..
+            } = a;
+            filename.as_mut().into_iter().chain([content_type])
+        });
+        [&mut c.subject]
+            .into_iter()
+            .chain(c.from.as_mut())
+            .chain(c.text.as_mut())
+            .chain(c.html.as_mut())
+            .chain(c.message_id.as_mut())
+            .chain(c.in_reply_to.as_mut())
+            .chain(c.to.iter_mut())
+            .chain(c.cc.iter_mut())
+            .chain(self.references.iter_mut())
+            .chain(attachments)
+            .for_each(clean);
+        self
+    }
+
+    /// What `msg` says, bodies over `body_limit` left in the raw message.
+    fn from_message(msg: &mail_parser::Message<'_>, body_limit: usize) -> Self {
         // The parts as sent: mail-parser would render a missing one from the other, which is
         // the reader's choice to make (a webhook renders it its own way).
         let text = msg.text_part(0).and_then(|p| match &p.body {
