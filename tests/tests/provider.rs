@@ -386,6 +386,22 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         (StatusCode::OK, json!(true))
     );
     assert_eq!(body["matched"], 0);
+    // One SES accepted moments ago may overtake the worker's record of its id: SNS is
+    // asked to deliver it again (503), and nothing is kept of it, so the delivery again
+    // (same SNS message id) counts once the id is known.
+    let mut early = ses_event("Delivery", "not-yet-known", "x@example.com", json!({}));
+    early["mail"]["timestamp"] = json!(webhook_dispatcher::deliver::now_rfc3339());
+    let (status, body) = post(&stack, &sns.notification("sns-11", &early, 2)).await;
+    assert_eq!(
+        (status, body["success"].clone()),
+        (StatusCode::SERVICE_UNAVAILABLE, json!(false))
+    );
+    early["mail"]["messageId"] = json!(r.provider_message_id.as_deref().unwrap());
+    let (status, body) = post(&stack, &sns.notification("sns-11", &early, 2)).await;
+    assert_eq!(
+        (status, body["matched"].clone(), body["duplicates"].clone()),
+        (StatusCode::OK, json!(1), json!(0))
+    );
     let opened = ses_event(
         "Open",
         r.provider_message_id.as_deref().unwrap(),

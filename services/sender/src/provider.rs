@@ -5,7 +5,9 @@
 //! SNS's canonical string must hold — and its topic must be one of `SNS_TOPIC_ARNS` (when
 //! set). A `SubscriptionConfirmation` is confirmed by fetching its `SubscribeURL` (same
 //! pattern). A `Notification`'s SES event is matched to our message by the SES message id
-//! recorded at delivery: each is a delivery event of its recipient, and permanent bounces,
+//! recorded at delivery (one SES accepted in the last 15 minutes and not known yet is a 503,
+//! so SNS delivers it again once the worker has recorded the id): each is a delivery event
+//! of its recipient, and permanent bounces,
 //! complaints and unsubscribes write suppressions; an SNS message seen before is counted as
 //! a duplicate and changes nothing.
 
@@ -37,6 +39,9 @@ use crate::AppState;
 
 /// `SNS_URL_PATTERN` unless set: SNS's own hosts.
 pub const DEFAULT_URL_PATTERN: &str = r"^https://sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/";
+/// How long after SES accepted a message a notification of it that matches none of ours is
+/// answered 503, so SNS delivers it again once the worker has recorded the SES id.
+const UNKNOWN_RETRY_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How long fetching a certificate or confirming a subscription may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Certificates kept at most.
@@ -301,6 +306,21 @@ struct SesEvent {
 #[serde(rename_all = "camelCase")]
 struct SesMail {
     message_id: String,
+    /// When SES accepted the message (RFC 3339).
+    timestamp: Option<String>,
+}
+
+impl SesMail {
+    /// Whether SES accepted the message within [`UNKNOWN_RETRY_WINDOW`]: a notification of
+    /// it may overtake our worker's record of its SES id.
+    fn is_recent(&self) -> bool {
+        let Some(accepted) = self.timestamp.as_deref().and_then(|raw| {
+            time::OffsetDateTime::parse(raw, &time::format_description::well_known::Rfc3339).ok()
+        }) else {
+            return false;
+        };
+        (time::OffsetDateTime::now_utc() - accepted).unsigned_abs() < UNKNOWN_RETRY_WINDOW
+    }
 }
 
 /// The recipient addresses listed under `list` (`[{emailAddress}]`) of `part`.
@@ -456,6 +476,12 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
     .await
     .map_err(unavailable)?;
     let Some(ours) = ours else {
+        if mail.is_recent() {
+            return Err(ApiError::Unavailable(format!(
+                "no message of ours has SES id {} yet; deliver the notification again",
+                mail.message_id
+            )));
+        }
         return Ok(ignored(format!(
             "no message of ours has SES id {}",
             mail.message_id
