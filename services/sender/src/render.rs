@@ -36,14 +36,12 @@ pub const UNSUBSCRIBE_URL: &str = "unsubscribe_url";
 pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<String, ApiError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
-    while let Some(open) = rest.find("{{") {
-        let after = &rest[open + 2..];
-        let Some(close) = after.find("}}") else { break };
-        let name = after[..close].trim();
-        out.push_str(&rest[..open]);
+    while let Some((start, end, inner)) = next_placeholder(rest) {
+        out.push_str(&rest[..start]);
+        let (whole, name) = (&rest[start..end], inner.trim());
         if name == UNSUBSCRIBE_URL && !vars.contains_key(name) {
             // Each recipient's own link, put in when its message is built.
-            out.push_str(&rest[open..open + 2 + close + 2]);
+            out.push_str(whole);
         } else if is_name(name) {
             let value = vars.get(name).ok_or_else(|| {
                 ApiError::BadRequest(format!(
@@ -53,12 +51,24 @@ pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<Str
             let text = value_text(name, value)?;
             out.push_str(&if html { escape_html(&text) } else { text });
         } else {
-            out.push_str(&rest[open..open + 2 + close + 2]);
+            out.push_str(whole);
         }
-        rest = &after[close + 2..];
+        rest = &rest[end..];
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The next `{{ … }}` of `s`: where it starts and ends, and what it holds. A `{{` that
+/// another `{{` follows before the `}}` is text (`a {{ b {{name}}`: the placeholder is the
+/// second).
+fn next_placeholder(s: &str) -> Option<(usize, usize, &str)> {
+    let open = s.find("{{")?;
+    let close = open + 2 + s[open + 2..].find("}}")?;
+    let start = s[open + 2..close]
+        .rfind("{{")
+        .map_or(open, |inner| open + 2 + inner);
+    Some((start, close + 2, &s[start + 2..close]))
 }
 
 /// `template` with each `{{unsubscribe_url}}` replaced by `link` (escaped when `html`;
@@ -77,16 +87,14 @@ pub fn put_unsubscribe<'a>(
     };
     let mut out = String::with_capacity(template.len() + link.len());
     let mut rest = template;
-    while let Some(open) = rest.find("{{") {
-        let after = &rest[open + 2..];
-        let Some(close) = after.find("}}") else { break };
-        out.push_str(&rest[..open]);
-        if after[..close].trim() == UNSUBSCRIBE_URL {
+    while let Some((start, end, inner)) = next_placeholder(rest) {
+        out.push_str(&rest[..start]);
+        if inner.trim() == UNSUBSCRIBE_URL {
             out.push_str(&link);
         } else {
-            out.push_str(&rest[open..open + 2 + close + 2]);
+            out.push_str(&rest[start..end]);
         }
-        rest = &after[close + 2..];
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out.into()
@@ -189,6 +197,23 @@ mod tests {
         assert_eq!(
             fill("{{#if x}} {{ unclosed", &v, false).unwrap(),
             "{{#if x}} {{ unclosed"
+        );
+        // A stray `{{` is text, and the placeholder after it is filled.
+        assert_eq!(
+            fill("a {{ b {{name}} {{{n}}}", &v, false).unwrap(),
+            "a {{ b <Ann & Bo> {{{n}}}"
+        );
+        assert_eq!(
+            fill("{{ {{unsubscribe_url}}", &v, true).unwrap(),
+            "{{ {{unsubscribe_url}}"
+        );
+        assert_eq!(
+            put_unsubscribe(
+                "x {{ y {{ unsubscribe_url }} {{z}}",
+                Some("https://u/?a&b"),
+                true
+            ),
+            "x {{ y https://u/?a&amp;b {{z}}"
         );
         let err = fill("Hi {{ missing }}", &v, false).unwrap_err().to_string();
         assert!(err.contains("\"missing\""), "{err}");
