@@ -255,7 +255,7 @@ async fn an_audience_over_the_limit_is_refused() {
 
 #[tokio::test]
 async fn a_campaign_freezes_its_audience_at_its_first_send() {
-    let stack = Stack::start().await;
+    let mut stack = Stack::start().await;
     let key = stack.key(1000).await;
     contacts(
         &stack,
@@ -381,8 +381,30 @@ async fn a_campaign_freezes_its_audience_at_its_first_send() {
         recipients(&stack, &key, again.task_id.unwrap()).await,
         names(&["ann", "bob", "cat"])
     );
+
+    // A campaignName send that fails after making its campaign (billing is down) can be
+    // repeated as is: the campaign it made, never sent, is taken again. Once a send of it
+    // is stored, the name is taken.
+    let winter = json!({"subject": "Hello", "text": "Hi", "campaignName": "Winter Sale",
+                        "audience": {"include": [{"tag": "spring"}]}});
+    stack.stop_billing().await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .post("/send-email", &winter, StatusCode::SERVICE_UNAVAILABLE)
+        .await;
+    stack.start_billing().await;
+    let repeated: Success<SendAnswer> = stack
+        .client(&key)
+        .post("/send-email", &winter, StatusCode::OK)
+        .await;
+    assert_eq!(repeated.body.campaign_key.as_deref(), Some("winter-sale"));
+    assert_eq!(repeated.body.recipients.accepted, 4);
+    let _: ErrorBody = stack
+        .client(&key)
+        .post("/send-email", &winter, StatusCode::CONFLICT)
+        .await;
     let list: Success<campaigns::CampaignList> =
         stack.client(&key).get("/campaigns", StatusCode::OK).await;
-    assert_eq!(list.body.campaigns.len(), 2);
+    assert_eq!(list.body.campaigns.len(), 3);
     stack.shutdown().await;
 }

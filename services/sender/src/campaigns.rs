@@ -79,7 +79,7 @@ pub fn key_of(name: &str) -> String {
 }
 
 /// `POST /campaigns` body.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewCampaign {
     #[schema(schema_with = key_schema, required = true)]
@@ -299,20 +299,50 @@ pub async fn create_for_send(
 ) -> Result<String, ApiError> {
     let audience: AudienceBody = serde_json::from_value(audience.clone())
         .map_err(|e| ApiError::BadRequest(format!("audience: {e}")))?;
-    let campaign = insert(
-        db,
-        workspace,
-        NewCampaign {
-            key: Some(key_of(name)),
-            name: Some(name.to_owned()),
-            audience: Some(audience),
-            template_key: None,
-            topic: topic.map(str::to_owned),
-            email_type: Some(email_type.as_str().into()),
-        },
+    let key = key_of(name);
+    let wanted = NewCampaign {
+        key: Some(key.clone()),
+        name: Some(name.to_owned()),
+        audience: Some(audience),
+        template_key: None,
+        topic: topic.map(str::to_owned),
+        email_type: Some(email_type.as_str().into()),
+    };
+    let made = insert(db, workspace, wanted.clone()).await;
+    let Err(ApiError::Conflict(taken)) = made else {
+        return made.map(|campaign| campaign.key);
+    };
+    // A send that failed after making its campaign may be repeated as is: the campaign,
+    // made just so and never sent, is taken again.
+    match find(db, workspace, &key).await? {
+        Some(existing) if made_by(&existing, &wanted) && !sent(db, workspace, &key).await? => {
+            Ok(key)
+        }
+        _ => Err(ApiError::Conflict(taken)),
+    }
+}
+
+/// Whether `campaign` is what a send's `campaignName` would make of `wanted`.
+fn made_by(campaign: &Campaign, wanted: &NewCampaign) -> bool {
+    let same_audience = wanted.audience.as_ref().is_some_and(|a| {
+        serde_json::to_value(a).ok() == serde_json::to_value(&campaign.audience.0).ok()
+    });
+    Some(campaign.name.as_str()) == wanted.name.as_deref().map(str::trim)
+        && same_audience
+        && campaign.template_key.is_none()
+        && campaign.topic.as_deref() == wanted.topic.as_deref().map(str::trim)
+        && Some(campaign.email_type.as_str()) == wanted.email_type.as_deref()
+}
+
+/// Whether a send of campaign `key` was stored.
+async fn sent(db: &PgPool, workspace: WorkspaceId, key: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE workspace_id = $1 AND campaign_key = $2)",
     )
-    .await?;
-    Ok(campaign.key)
+    .bind(workspace)
+    .bind(key)
+    .fetch_one(db)
+    .await
 }
 
 #[cfg(test)]
