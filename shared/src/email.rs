@@ -37,6 +37,17 @@ impl EmailAddress {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// What "the same address" means: see [`key`].
+    pub fn key(&self) -> String {
+        key(&self.0)
+    }
+}
+
+/// The key an address is stored and compared under: lowercased in full Unicode, here in
+/// Rust and never by the database's `lower()` (whose result depends on its locale).
+pub fn key(address: &str) -> String {
+    address.trim().to_lowercase()
 }
 
 impl fmt::Display for EmailAddress {
@@ -47,7 +58,14 @@ impl fmt::Display for EmailAddress {
 
 #[cfg(test)]
 mod tests {
-    use super::EmailAddress;
+    use super::{key, EmailAddress};
+
+    #[test]
+    fn keys_lower_the_whole_address_in_unicode() {
+        let address = EmailAddress::parse("ΟΔΟΣ@Example.com").unwrap();
+        assert_eq!(address.key(), "οδος@example.com");
+        assert_eq!(key(" ÉLISE@x.org "), "élise@x.org");
+    }
 
     #[test]
     fn accepts_plausible_and_rejects_broken_addresses() {

@@ -1,7 +1,10 @@
 //! Who a send may reach: each suppression rule against each email type, a contact's topic
 //! unsubscription, frequency caps and topic exclusions (two concurrent sends against a cap
 //! of 1 included), filtered recipients neither charged nor sent and listed with their
-//! reason, in a dry run too; and the suppression list's routes.
+//! reason, in a dry run too; cc and bcc addresses filtered by the same suppressions; and the
+//! suppression list's routes.
+
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -188,6 +191,60 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     assert_eq!((none.recipients.accepted, none.cost), (0, 0));
     assert!(none.task_id.is_some());
     assert_eq!(stack.balance(&key).await, balance - 9);
+
+    // Copies obey the same rules: a suppressed cc or bcc address is left off the message,
+    // rejected with its reason, and not charged.
+    let copies = json!({
+        "cc": ["bounced@example.com", "cc-fine@example.com"],
+        "bcc": ["unsub-news@example.com", "bcc-fine@example.com"],
+    });
+    let copied = send(
+        &stack,
+        &key,
+        &mail(&["copied@example.com"], "marketing", Some("news"), copies),
+    )
+    .await;
+    assert_eq!(
+        rejected(&copied),
+        pairs(&[
+            ("bounced@example.com", "suppressed:bounce"),
+            ("unsub-news@example.com", "unsubscribed:news"),
+        ])
+    );
+    assert_eq!((copied.recipients.accepted, copied.cost), (1, 3));
+    assert_eq!(stack.balance(&key).await, balance - 12);
+    let sent = stack
+        .wait_for_messages("copied@example.com", 1, Duration::from_secs(15))
+        .await;
+    let cc = sent[0]
+        .lines()
+        .find(|l| l.starts_with("Cc:"))
+        .expect("a Cc header");
+    assert!(
+        cc.contains("cc-fine@example.com") && !cc.contains("bounced"),
+        "{cc}"
+    );
+
+    // One key for an address everywhere, whatever the database's locale: a Greek capital
+    // sigma lowers to a final sigma at the end of a word (Postgres' lower() says σ).
+    let _: Success<Added> = stack
+        .client(&key)
+        .post(
+            "/suppressions",
+            &json!({"email": "ΟΔΟΣ@example.com", "reason": "manual"}),
+            StatusCode::OK,
+        )
+        .await;
+    let greek = send(
+        &stack,
+        &key,
+        &mail(&["ΟΔΟΣ@example.com"], "transactional", None, json!({})),
+    )
+    .await;
+    assert_eq!(
+        rejected(&greek),
+        pairs(&[("ΟΔΟΣ@example.com", "suppressed:manual")])
+    );
     stack.shutdown().await;
 }
 

@@ -105,7 +105,7 @@ impl Condition {
             let raw = text("email")?;
             let email = EmailAddress::parse(&raw)
                 .ok_or_else(|| format!("invalid email address {raw:?}"))?;
-            return Ok(Self::Email(email.as_str().to_lowercase()));
+            return Ok(Self::Email(email.key()));
         }
         if obj.contains_key("audienceId") {
             only(&["audienceId"])?;

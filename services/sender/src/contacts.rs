@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{holds_nul, Caller, IdPath, JsonBody, QueryParams};
-use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
+use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::{schema, AppState};
 
@@ -286,7 +286,7 @@ async fn update(
 ) -> Result<Contact, ContactError> {
     let changed = sqlx::query_as::<_, Contact>(&format!(
         "UPDATE contacts SET
-             email = COALESCE($3, email), email_key = COALESCE(lower($3), email_key),
+             email = COALESCE($3, email), email_key = COALESCE($9, email_key),
              external_id = COALESCE($4, external_id),
              attributes = CASE WHEN $5::jsonb IS NULL THEN attributes
                  ELSE (SELECT COALESCE(jsonb_object_agg(key, value), '{{}}')
@@ -305,6 +305,7 @@ async fn update(
     .bind(&input.tags)
     .bind(input.topics.as_ref().map(Json))
     .bind(now_unix())
+    .bind(input.email.as_ref().map(EmailAddress::key))
     .fetch_optional(conn)
     .await;
     match changed {
@@ -323,7 +324,7 @@ async fn update(
 pub async fn upsert(
     conn: &mut PgConnection, workspace: WorkspaceId, input: &ContactInput,
 ) -> Result<(Contact, bool), ContactError> {
-    let email_key = input.email.as_ref().map(|e| e.as_str().to_lowercase());
+    let email_key = input.email.as_ref().map(EmailAddress::key);
     if email_key.is_none() && input.external_id.is_none() {
         return Err(ContactError::Invalid(
             "give email or externalId to find the contact by".into(),
@@ -377,7 +378,7 @@ pub async fn upsert(
         let made = sqlx::query_as::<_, Contact>(&format!(
             "INSERT INTO contacts (id, workspace_id, email, email_key, external_id, attributes,
                                    tags, topics, created_at, updated_at)
-             VALUES ($1, $2, $3, lower($3), $4, $5, $6, $7, $8, $8)
+             VALUES ($1, $2, $3, $9, $4, $5, $6, $7, $8, $8)
              RETURNING {COLUMNS}"
         ))
         .bind(Uuid::now_v7())
@@ -388,6 +389,7 @@ pub async fn upsert(
         .bind(input.tags.clone().unwrap_or_default())
         .bind(Json(input.topics.clone().unwrap_or_default()))
         .bind(now)
+        .bind(email.key())
         .fetch_one(&mut *conn)
         .await;
         match made {
@@ -419,10 +421,10 @@ pub async fn find_by_email(
     conn: &mut PgConnection, workspace: WorkspaceId, email: &EmailAddress,
 ) -> Result<Option<Contact>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND email_key = lower($2)"
+        "SELECT {COLUMNS} FROM contacts WHERE workspace_id = $1 AND email_key = $2"
     ))
     .bind(workspace)
-    .bind(email.as_str())
+    .bind(email.key())
     .fetch_optional(conn)
     .await
 }
@@ -448,7 +450,7 @@ pub async fn fill_external_ids(
     let missing: Vec<String> = recipients
         .iter()
         .filter(|r| r.external_id.is_none())
-        .map(|r| r.email.as_str().to_lowercase())
+        .map(|r| r.email.key())
         .collect();
     if missing.is_empty() {
         return Ok(());
@@ -464,7 +466,7 @@ pub async fn fill_external_ids(
     .into_iter()
     .collect();
     for r in recipients.iter_mut().filter(|r| r.external_id.is_none()) {
-        r.external_id = stored.get(&r.email.as_str().to_lowercase()).cloned();
+        r.external_id = stored.get(&r.email.key()).cloned();
     }
     Ok(())
 }
@@ -521,12 +523,12 @@ pub(crate) async fn list(
     let contacts = sqlx::query_as::<_, Contact>(&format!(
         "SELECT {COLUMNS} FROM contacts
          WHERE workspace_id = $1 AND ($2::text IS NULL OR tags @> ARRAY[$2])
-           AND ($3::text IS NULL OR email_key = lower($3))
+           AND ($3::text IS NULL OR email_key = $3)
          ORDER BY id DESC LIMIT $4 OFFSET $5"
     ))
     .bind(caller.workspace)
     .bind(q.tag.as_deref().map(str::trim))
-    .bind(q.email.as_deref().map(str::trim))
+    .bind(q.email.as_deref().map(email::key))
     .bind(limit)
     .bind(offset)
     .fetch_all(&state.db)

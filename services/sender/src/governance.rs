@@ -1,6 +1,8 @@
 //! Who a send may reach, decided before it is priced: suppressions and topic
 //! subscriptions, then frequency caps and topic exclusions. A recipient filtered out is
-//! neither charged nor sent; it is rejected with its reason.
+//! neither charged nor sent; it is rejected with its reason. A cc or bcc address is
+//! checked against the same suppressions (not caps: a copy is not a send to its address)
+//! and left off every copy when it is suppressed.
 //!
 //! Suppressions: a bounce or a complaint blocks every email type, and so does a manual
 //! entry without a topic; an unsubscribe (or a manual entry) of a topic blocks `marketing`
@@ -10,7 +12,7 @@
 
 use sqlx::PgConnection;
 
-use postmesh_shared::WorkspaceId;
+use postmesh_shared::{email, WorkspaceId};
 
 use crate::request::{EmailType, Recipient, Rejected, SendRequest};
 
@@ -35,10 +37,7 @@ fn split(
 }
 
 fn keys(recipients: &[Recipient]) -> Vec<String> {
-    recipients
-        .iter()
-        .map(|r| r.email.as_str().to_lowercase())
-        .collect()
+    recipients.iter().map(|r| r.email.key()).collect()
 }
 
 /// Leaves out suppressed and unsubscribed recipients.
@@ -48,7 +47,40 @@ pub async fn suppressions(
     if recipients.is_empty() {
         return Ok((recipients, Vec::new()));
     }
-    let reasons: Vec<Option<String>> = sqlx::query_scalar(
+    let reasons = suppressed(conn, workspace, req, keys(&recipients)).await?;
+    Ok(split(recipients, reasons))
+}
+
+/// Leaves out the suppressed and unsubscribed addresses of `copies` (a message's cc or bcc),
+/// by the rules of its recipients; answers them with their reasons.
+pub async fn copies(
+    conn: &mut PgConnection, workspace: WorkspaceId, req: &SendRequest, copies: &mut Vec<String>,
+) -> Result<Vec<Rejected>, sqlx::Error> {
+    if copies.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = copies.iter().map(|c| email::key(c)).collect();
+    let reasons = suppressed(conn, workspace, req, keys).await?;
+    let mut rejected = Vec::new();
+    let mut reasons = reasons.into_iter();
+    copies.retain(|email| match reasons.next().flatten() {
+        None => true,
+        Some(reason) => {
+            rejected.push(Rejected {
+                email: email.clone(),
+                reason,
+            });
+            false
+        }
+    });
+    Ok(rejected)
+}
+
+/// Why each address of `keys` (lowercased) may not get `req`'s mail, if it may not.
+async fn suppressed(
+    conn: &mut PgConnection, workspace: WorkspaceId, req: &SendRequest, keys: Vec<String>,
+) -> Result<Vec<Option<String>>, sqlx::Error> {
+    sqlx::query_scalar(
         "SELECT COALESCE(
              (SELECT CASE WHEN s.reason = 'unsubscribed' THEN 'unsubscribed'
                           ELSE 'suppressed:' || s.reason END
@@ -66,10 +98,9 @@ pub async fn suppressions(
     .bind(workspace)
     .bind(req.email_type != EmailType::Transactional)
     .bind(&req.topic)
-    .bind(keys(&recipients))
+    .bind(keys)
     .fetch_all(conn)
-    .await?;
-    Ok(split(recipients, reasons))
+    .await
 }
 
 /// Leaves out recipients over the send's frequency cap or within its topic exclusion, as of

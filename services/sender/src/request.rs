@@ -485,7 +485,7 @@ fn recipients(to: To) -> Result<(Vec<Recipient>, Vec<Rejected>), ApiError> {
         let email = EmailAddress::parse(&raw)
             .ok_or_else(|| bad(format!("invalid recipient address {raw:?}")))?;
         let external_id = header_text("externalId", external_id)?;
-        if seen.insert(email.as_str().to_lowercase()) {
+        if seen.insert(email.key()) {
             accepted.push(Recipient { email, external_id });
         } else {
             rejected.push(Rejected {

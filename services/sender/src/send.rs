@@ -242,16 +242,21 @@ pub(crate) async fn submit(
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
     check_sendable(state, caller, &from).await?;
-    let (message, template) = compose(state, caller, &req, &from).await?;
+    let (mut message, template) = compose(state, caller, &req, &from).await?;
     let (campaign_key, recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     // A test send goes to the caller alone, whatever the rules.
-    let (recipients, filtered) = if req.test_send {
-        (recipients, Vec::new())
+    let recipients = if req.test_send {
+        recipients
     } else {
         let mut conn = state.db.acquire().await?;
-        governance::suppressions(&mut conn, caller.workspace, &req, recipients).await?
+        let (recipients, filtered) =
+            governance::suppressions(&mut conn, caller.workspace, &req, recipients).await?;
+        rejected.extend(filtered);
+        for copies in [&mut message.cc, &mut message.bcc] {
+            rejected.extend(governance::copies(&mut conn, caller.workspace, &req, copies).await?);
+        }
+        recipients
     };
-    rejected.extend(filtered);
     let quota = usage::Quota::of(state, caller).await?;
     // Caps are counted under the addresses' locks, in the transaction that stores the send.
     let mut tx = state.db.begin().await?;

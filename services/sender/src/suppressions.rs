@@ -10,7 +10,7 @@ use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
-use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
+use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::contacts::{name, name_or_null};
 use crate::AppState;
@@ -51,13 +51,14 @@ pub async fn add(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO suppressions (workspace_id, email_key, email, reason, topic, created_at)
-         VALUES ($1, lower($2), $2, $3, COALESCE($4, ''), $5) ON CONFLICT DO NOTHING",
+         VALUES ($1, $6, $2, $3, COALESCE($4, ''), $5) ON CONFLICT DO NOTHING",
     )
     .bind(workspace)
     .bind(email.as_str())
     .bind(reason)
     .bind(topic)
     .bind(now_unix())
+    .bind(email.key())
     .execute(db)
     .await
     .map(drop)
@@ -93,11 +94,11 @@ pub(crate) async fn list(
     }
     let suppressions = sqlx::query_as::<_, Suppression>(&format!(
         "SELECT {COLUMNS} FROM suppressions
-         WHERE workspace_id = $1 AND ($2::text IS NULL OR email_key = lower($2))
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR email_key = $2)
          ORDER BY created_at DESC, email_key, reason, topic LIMIT $3 OFFSET $4"
     ))
     .bind(caller.workspace)
-    .bind(q.email.as_deref().map(str::trim))
+    .bind(q.email.as_deref().map(email::key))
     .bind(limit)
     .bind(offset)
     .fetch_all(&state.db)
@@ -165,11 +166,11 @@ pub(crate) async fn create(
     .await?;
     let suppression = sqlx::query_as::<_, Suppression>(&format!(
         "SELECT {COLUMNS} FROM suppressions
-         WHERE workspace_id = $1 AND email_key = lower($2) AND reason = 'manual'
+         WHERE workspace_id = $1 AND email_key = $2 AND reason = 'manual'
            AND topic = COALESCE($3, '')"
     ))
     .bind(caller.workspace)
-    .bind(email.as_str())
+    .bind(email.key())
     .bind(&topic)
     .fetch_one(&state.db)
     .await?;
@@ -196,10 +197,10 @@ pub(crate) async fn remove(
 ) -> Result<Success<Removed>, ApiError> {
     let done = sqlx::query(
         "DELETE FROM suppressions
-         WHERE workspace_id = $1 AND email_key = lower($2) AND ($3::text IS NULL OR topic = $3)",
+         WHERE workspace_id = $1 AND email_key = $2 AND ($3::text IS NULL OR topic = $3)",
     )
     .bind(caller.workspace)
-    .bind(email.trim())
+    .bind(email::key(&email))
     .bind(q.topic.as_deref().map(str::trim))
     .execute(&state.db)
     .await?;

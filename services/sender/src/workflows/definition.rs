@@ -157,7 +157,9 @@ impl Cond {
             Cond::Contact(Condition::Topic(topic)) => {
                 contact.topics.0.get(topic) == Some(&Subscription::Subscribed)
             }
-            Cond::Contact(Condition::Email(email)) => contact.email.to_lowercase() == *email,
+            Cond::Contact(Condition::Email(email)) => {
+                postmesh_shared::email::key(&contact.email) == *email
+            }
             Cond::Contact(Condition::Attribute { name, op, value }) => {
                 compare(contact.attributes.0.get(name), *op, value)
             }
