@@ -243,6 +243,54 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         assert!(!err.success);
     }
 
+    // A name left unproven for a week is released to another workspace's submission, never
+    // to its own holder's again; the holder's domain is gone.
+    sqlx::query("UPDATE domains SET created_at = created_at - $2 WHERE name = $1")
+        .bind(&domain.domain)
+        .bind(domain::domains::PENDING_RELEASE_SECS + 60)
+        .execute(&world.stack.service_db(domain::SERVICE).await)
+        .await
+        .unwrap();
+    let _: ErrorBody = world
+        .client(&starter)
+        .post(
+            "/sender-domains",
+            &json!({"domain": domain.domain}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    let taken: Success<Submitted> = world
+        .client(&pro)
+        .post(
+            "/sender-domains",
+            &json!({"domain": domain.domain}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(taken.body.domain.ownership_status, Ownership::Pending);
+    let old = domain.id.expect("a custom domain's id");
+    let _: ErrorBody = world
+        .client(&starter)
+        .get(&format!("/sender-domains/{old}"), StatusCode::NOT_FOUND)
+        .await;
+    // Proven (here: marked so), a name is never released, however old.
+    sqlx::query(
+        "UPDATE domains SET ownership = 'verified', created_at = created_at - $2 WHERE name = $1",
+    )
+    .bind(&domain.domain)
+    .bind(domain::domains::PENDING_RELEASE_SECS + 60)
+    .execute(&world.stack.service_db(domain::SERVICE).await)
+    .await
+    .unwrap();
+    let _: ErrorBody = world
+        .client(&starter)
+        .post(
+            "/sender-domains",
+            &json!({"domain": domain.domain}),
+            StatusCode::CONFLICT,
+        )
+        .await;
+
     // Two workspaces submitting one new name at the same moment: one wins.
     let other_pro = world.subscribed("pro").await;
     let (first, second) = (world.client(&pro), world.client(&other_pro));

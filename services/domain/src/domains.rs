@@ -289,14 +289,35 @@ async fn custom_domain_limit(state: &AppState, workspace: WorkspaceId) -> Result
     Ok(ent.custom_domains)
 }
 
+/// How long another workspace's submission of a name waits for its ownership proof before
+/// a new submission may take the name over.
+pub const PENDING_RELEASE_SECS: i64 = 7 * 24 * 3600;
+
 /// Inserts `name` for `workspace` unless the name is taken anywhere (409; the unique index
-/// settles a race) or the workspace holds `limit` domains already (403). Submissions of one workspace take turns, so two at once
+/// settles a race) or the workspace holds `limit` domains already (403). A name another
+/// workspace submitted more than [`PENDING_RELEASE_SECS`] ago and never proved (nor an
+/// admin reviewed) is released to this submission: whoever submits a name first cannot
+/// hold it against its owner. Submissions of one workspace take turns, so two at once
 /// cannot both fit under the limit.
 async fn insert(
     db: &PgPool, workspace: WorkspaceId, name: &DomainName, limit: i64,
 ) -> Result<Domain, ApiError> {
     let mut tx = db.begin().await?;
     db::take_turns(&mut tx, Turns::Workspace, workspace).await?;
+    // A pending domain holds nothing outside this table (sending and receiving need proven
+    // ownership), so releasing it is deleting its row.
+    let released = sqlx::query(
+        "DELETE FROM domains WHERE name = $1 AND workspace_id <> $2 AND ownership = 'pending'
+             AND created_at <= $3",
+    )
+    .bind(name.as_str())
+    .bind(workspace.as_uuid())
+    .bind(now_unix() - PENDING_RELEASE_SECS)
+    .execute(&mut *tx)
+    .await?;
+    if released.rows_affected() > 0 {
+        tracing::info!(domain = %name, "a name left unproven was released to a new submission");
+    }
     let taken: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM domains WHERE name = $1)")
         .bind(name.as_str())
         .fetch_one(&mut *tx)
