@@ -111,6 +111,7 @@ impl FakeStripe {
             Router::new()
                 .route("/v1/checkout/sessions", post(create_session))
                 .route("/v1/checkout/sessions/{id}", get(retrieve_session))
+                .route("/v1/checkout/sessions/{id}/expire", post(expire_session))
                 .route("/v1/subscriptions/{id}", get(retrieve_subscription))
                 .route("/v1/billing_portal/sessions", post(create_portal_session))
                 .fallback(|method: Method, uri: Uri| async move {
@@ -670,6 +671,41 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
         .subscription_metadata
         .insert(id, Value::Object(sub_metadata));
     Ok(public_session(&session))
+}
+
+/// `POST /v1/checkout/sessions/{id}/expire`: takes no parameters; only an open session
+/// expires, anything else is Stripe's 400.
+async fn expire_session(
+    State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>, body: Bytes,
+) -> Result<Response, Failure> {
+    let path = format!("/v1/checkout/sessions/{id}/expire");
+    let params = admit_post(&fake, &path, &headers, &body)?;
+    if let Some((name, _)) = params.first() {
+        return Err(invalid(
+            &format!("Received unknown parameter: {name}"),
+            Some(name),
+        ));
+    }
+    let mut books = fake.books();
+    let Some(session) = books.sessions.get_mut(&id) else {
+        return Err(stripe_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &format!("No such checkout.session: '{id}'"),
+            Some("id"),
+        ));
+    };
+    if session["status"] != "open" {
+        return Err(invalid(
+            &format!(
+                "This Checkout Session is {} and cannot be expired: only an open session can.",
+                session["status"].as_str().unwrap_or("not open")
+            ),
+            None,
+        ));
+    }
+    session["status"] = json!("expired");
+    Ok(Json(public_session(session)).into_response())
 }
 
 async fn retrieve_session(

@@ -564,6 +564,16 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         )
         .await;
 
+    // A plan checkout left open is expired at Stripe when a newer one opens: only the
+    // newest can be paid (two paid would be two subscriptions).
+    let abandoned: Success<Opened> = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "pro"}),
+            StatusCode::OK,
+        )
+        .await;
+    let abandoned = stripe.session_by_url(&abandoned.body.url);
     let opened: Success<Opened> = with_key(&stack, &key, &idem())
         .post(
             "/billing/subscription/checkout",
@@ -572,6 +582,13 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         )
         .await;
     let session_id = stripe.session_by_url(&opened.body.url);
+    assert_eq!(
+        (
+            stripe.session(&abandoned)["status"].clone(),
+            stripe.session(&session_id)["status"].clone()
+        ),
+        (json!("expired"), json!("open"))
+    );
     let session = stripe.session(&session_id);
     let checkout_id = opened.body.id.to_string();
     assert_eq!(session["mode"], "subscription");
@@ -698,11 +715,21 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         .client(&key)
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
         .await;
-    let _: Success<Opened> = with_key(&stack, &key, &idem())
+    let again: Success<Opened> = with_key(&stack, &key, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
             StatusCode::OK,
+        )
+        .await;
+    // Paid at Stripe before its event arrived: a newer checkout is a conflict, not a second
+    // subscription.
+    stripe.complete(&stripe.session_by_url(&again.body.url), true);
+    let _: ErrorBody = with_key(&stack, &key, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({"plan_id": "starter"}),
+            StatusCode::CONFLICT,
         )
         .await;
     stack.shutdown().await;

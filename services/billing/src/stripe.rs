@@ -244,6 +244,12 @@ pub trait PaymentProvider: Send + Sync {
         &'a self, id: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>>;
 
+    /// Expires an open Checkout Session, so it can no longer be paid (an error when it is
+    /// not open).
+    fn expire_checkout_session<'a>(
+        &'a self, id: &'a str,
+    ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>>;
+
     /// Retrieves a subscription.
     fn subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Subscription, StripeError>>;
 
@@ -343,6 +349,13 @@ impl PaymentProvider for StripeClient {
         &'a self, id: &'a str,
     ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
         Box::pin(self.send(self.get(&format!("/v1/checkout/sessions/{id}"))))
+    }
+
+    fn expire_checkout_session<'a>(
+        &'a self, id: &'a str,
+    ) -> BoxFuture<'a, Result<CheckoutSession, StripeError>> {
+        let req = self.post(&format!("/v1/checkout/sessions/{id}/expire"));
+        Box::pin(self.send(req.form(&[] as &[(&str, &str)])))
     }
 
     fn subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Subscription, StripeError>> {

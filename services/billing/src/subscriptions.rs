@@ -13,8 +13,10 @@ use postmesh_shared::{ApiError, IdempotencyKey, Success, WorkspaceId};
 
 use crate::catalog;
 use crate::checkout::{self, Claim, Opened};
-use crate::stripe::{CheckoutSession, LineItem, Mode, NewCheckoutSession, Subscription};
-use crate::AppState;
+use crate::stripe::{
+    CheckoutSession, LineItem, Mode, NewCheckoutSession, StripeError, Subscription,
+};
+use crate::{AppState, Payments};
 
 /// Stripe statuses of a subscription that is over: the workspace has no plan.
 const ENDED: &str = "('canceled', 'incomplete_expired')";
@@ -148,8 +150,49 @@ pub(crate) async fn create_checkout(
         cancel_url: payments
             .return_url(&format!("/billing/subscription/cancelled?checkout_id={id}")),
     };
+    expire_others(&state.db, payments, caller.workspace, id).await?;
     let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
     Ok(Success::new(opened))
+}
+
+/// Expires at Stripe the workspace's other plan checkouts still open, so that only the
+/// newest can be paid (two paid ones would be two subscriptions). One found paid meanwhile
+/// means the plan is on its way: 409.
+async fn expire_others(
+    db: &PgPool, payments: &Payments, workspace: WorkspaceId, newest: Uuid,
+) -> Result<(), ApiError> {
+    let open: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT s.id, c.session_id FROM subscription_checkouts s JOIN checkouts c ON c.id = s.id
+         WHERE s.workspace_id = $1 AND s.status = 'pending' AND s.id <> $2
+           AND c.session_id IS NOT NULL",
+    )
+    .bind(workspace)
+    .bind(newest)
+    .fetch_all(db)
+    .await?;
+    for (id, session) in open {
+        let status = match payments.stripe.expire_checkout_session(&session).await {
+            Ok(expired) => expired.status,
+            // Not open any more: paid, or expired already.
+            Err(StripeError::Rejected { .. }) => {
+                payments.stripe.checkout_session(&session).await?.status
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if status.as_deref() == Some("complete") {
+            return Err(ApiError::Conflict(
+                "another plan checkout of this workspace was just paid".into(),
+            ));
+        }
+        sqlx::query(
+            "UPDATE subscription_checkouts SET status = $2 WHERE id = $1 AND status = 'pending'",
+        )
+        .bind(id)
+        .bind(CheckoutStatus::Expired)
+        .execute(db)
+        .await?;
+    }
+    Ok(())
 }
 
 /// The Stripe customer of the workspace's latest subscription, ended or not.
