@@ -104,3 +104,77 @@ async fn concurrent_charges_of_one_key_never_overdraw() {
         .all(|e| matches!(e, ledger::LedgerError::InsufficientBalance)));
     assert_eq!(ledger::current_balance(&store.pool, key).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn balance_reads_waiting_together_share_one_query_and_each_gets_its_own_key() {
+    let (store, first, _) = billing_with_key(1).await;
+    let mut keys = vec![(first, 1)];
+    for credits in 2..=6 {
+        let key = ApiKeyId::new();
+        ledger::grant(
+            &mut store.pool.acquire().await.unwrap(),
+            &GrantRequest {
+                api_key_id: key.to_string(),
+                account_id: uuid::Uuid::now_v7().to_string(),
+                email: "owner@example.com".into(),
+                credits,
+                idempotency_key: format!("grant:{key}"),
+            },
+        )
+        .await
+        .unwrap();
+        keys.push((key, credits));
+    }
+    keys.push((ApiKeyId::new(), 0)); // never granted
+    let reads = billing::balance::BalanceReads::new(store.pool.clone());
+    let mut watch = store.pool.acquire().await.unwrap();
+    // Every query waits behind this lock until it is released.
+    let mut lock = store.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE balances IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let waiting: Vec<_> = (0..100)
+        .map(|i| {
+            let (reads, (key, credits)) = (reads.clone(), keys[i % keys.len()]);
+            tokio::spawn(async move { (reads.read(key).await.unwrap(), credits) })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while blocked(&mut watch).await < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no query reached the lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // 100 reads wait, in one query: the rest share the next one.
+    assert_eq!(blocked(&mut watch).await, 1);
+    lock.commit().await.unwrap();
+    for read in waiting {
+        let (balance, credits) = read.await.unwrap();
+        assert_eq!(balance, credits);
+    }
+    // A read after a write sees it.
+    let charge = ChargeRequest {
+        api_key_id: first.to_string(),
+        caller_email: "owner@example.com".into(),
+        cost: 1,
+        idempotency_key: "after".into(),
+        ..Default::default()
+    };
+    ledger::charge(&store.pool, &charge).await.unwrap();
+    assert_eq!(reads.read(first).await.unwrap(), 0);
+}
+
+/// Queries of this database waiting for a lock.
+async fn blocked(watch: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(watch)
+    .await
+    .unwrap()
+}

@@ -127,6 +127,8 @@ impl Payments {
 #[derive(Clone)]
 pub struct AppState {
     pub db: PgPool,
+    /// `GET /balance` reads, batched.
+    pub balances: balance::BalanceReads,
     /// Stripe, when configured.
     pub payments: Option<Arc<Payments>>,
     /// The webhook signing secret, when configured.
@@ -141,6 +143,7 @@ impl AppState {
     /// State over `db` alone: no payment processor, no usage counts, no free allowance.
     pub fn new(db: PgPool) -> Self {
         Self {
+            balances: balance::BalanceReads::new(db.clone()),
             db,
             payments: None,
             webhook_secret: None,
@@ -226,6 +229,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tracing::warn!("STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks answer 503; only reconcile settles purchases");
     }
     let state = AppState {
+        balances: balance::BalanceReads::new(rt.db.clone()),
         db: rt.db.clone(),
         payments,
         webhook_secret: config.stripe.webhook_secret.as_deref().map(Arc::from),
