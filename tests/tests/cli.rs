@@ -144,7 +144,8 @@ async fn the_cli_logs_in_by_device_flow_and_sends_with_the_stored_key() {
         .await
         .expect("login finishes after approval")
         .expect("exit status");
-    while let Ok(line) = lines.try_recv() {
+    // Everything it printed, to its end (both pipes close when it exits).
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(5), lines.recv()).await {
         printed.push_str(&line);
         printed.push('\n');
     }

@@ -1,8 +1,8 @@
 //! Who a send may reach: each suppression rule against each email type, a contact's topic
 //! unsubscription, frequency caps and topic exclusions (two concurrent sends against a cap
 //! of 1 included), filtered recipients neither charged nor sent and listed with their
-//! reason, in a dry run too; cc and bcc addresses filtered by the same suppressions; and the
-//! suppression list's routes.
+//! reason, in a dry run too; cc and bcc addresses filtered by the same suppressions; a
+//! scheduled send checked again at its release; and the suppression list's routes.
 
 use std::time::Duration;
 
@@ -403,5 +403,103 @@ async fn the_suppression_list_is_listed_added_to_and_removed_from() {
         .await;
     let page: Success<SuppressionPage> = client.get("/suppressions", StatusCode::OK).await;
     assert_eq!(page.body.suppressions.len(), 1);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let db = stack.service_db(sender::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let at = postmesh_shared::db::now_unix() + 3;
+    let later = json!({ "scheduledAt": at });
+    let both = ["stay@example.com", "leave@example.com"];
+    let first = send(
+        &stack,
+        &key,
+        &mail(&both, "marketing", Some("news"), later.clone()),
+    )
+    .await;
+    let alone = ["gone@example.com"];
+    let second = send(
+        &stack,
+        &key,
+        &mail(&alone, "marketing", Some("news"), later),
+    )
+    .await;
+    assert_eq!(stack.balance(&key).await, 7);
+    // Both unsubscribe after the sends were accepted, before their release.
+    for address in ["Leave@example.com", "gone@example.com"] {
+        let email = postmesh_shared::EmailAddress::parse(address).unwrap();
+        sender::suppressions::add(
+            &db,
+            workspace.into(),
+            &email,
+            Reason::Unsubscribed,
+            Some("news"),
+        )
+        .await
+        .unwrap();
+    }
+    let done = |task| {
+        let client = stack.client(&key);
+        async move {
+            postmesh_tests::eventually(Duration::from_secs(30), || async {
+                let p: Success<TaskProgress> = client
+                    .get(&format!("/email-status/{task}"), StatusCode::OK)
+                    .await;
+                if p.body.status == "sent" {
+                    Ok(p.body)
+                } else {
+                    Err(p.body.status)
+                }
+            })
+            .await
+        }
+    };
+    let first = done(first.task_id.unwrap()).await;
+    assert!(postmesh_shared::db::now_unix() >= at, "released early");
+    let sent: Vec<&str> = first.recipients.iter().map(|r| r.email.as_str()).collect();
+    assert_eq!(
+        (first.total, first.sent, sent),
+        (1, 1, vec!["stay@example.com"])
+    );
+    let left_off: Vec<(&str, &str)> = first
+        .rejected
+        .iter()
+        .map(|r| (r.email.as_str(), r.reason.as_str()))
+        .collect();
+    assert_eq!(left_off, [("leave@example.com", "unsubscribed:news")]);
+    let second = done(second.task_id.unwrap()).await;
+    assert_eq!((second.total, second.rejected.len()), (0, 1));
+    assert_eq!(stack.messages_to("stay@example.com").len(), 1);
+    assert!(stack.messages_to("leave@example.com").is_empty());
+    assert!(stack.messages_to("gone@example.com").is_empty());
+    // Each left-off message is a `rejected` event with its reason.
+    let events: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT email, kind, detail->>'reason' FROM delivery_events
+         WHERE email IN ('leave@example.com', 'gone@example.com') ORDER BY email",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    let reason = Some("unsubscribed:news".to_owned());
+    assert_eq!(
+        events,
+        [
+            ("gone@example.com".into(), "rejected".into(), reason.clone()),
+            ("leave@example.com".into(), "rejected".into(), reason),
+        ]
+    );
+    // The send left with no recipient is refunded; the other keeps its charge (see
+    // docs/decisions.md, "Known gaps").
+    postmesh_tests::eventually(Duration::from_secs(10), || async {
+        match stack.balance(&key).await {
+            8 => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
     stack.shutdown().await;
 }

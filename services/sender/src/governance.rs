@@ -47,7 +47,14 @@ pub async fn suppressions(
     if recipients.is_empty() {
         return Ok((recipients, Vec::new()));
     }
-    let reasons = suppressed(conn, workspace, req, keys(&recipients)).await?;
+    let reasons = suppressed(
+        conn,
+        workspace,
+        req.email_type,
+        req.topic.as_deref(),
+        keys(&recipients),
+    )
+    .await?;
     Ok(split(recipients, reasons))
 }
 
@@ -60,7 +67,7 @@ pub async fn copies(
         return Ok(Vec::new());
     }
     let keys = copies.iter().map(|c| email::key(c)).collect();
-    let reasons = suppressed(conn, workspace, req, keys).await?;
+    let reasons = suppressed(conn, workspace, req.email_type, req.topic.as_deref(), keys).await?;
     let mut rejected = Vec::new();
     let mut reasons = reasons.into_iter();
     copies.retain(|email| match reasons.next().flatten() {
@@ -76,9 +83,11 @@ pub async fn copies(
     Ok(rejected)
 }
 
-/// Why each address of `keys` (lowercased) may not get `req`'s mail, if it may not.
-async fn suppressed(
-    conn: &mut PgConnection, workspace: WorkspaceId, req: &SendRequest, keys: Vec<String>,
+/// Why each address of `keys` (made by [`email::key`]) may not get mail of `email_type`
+/// and `topic`, if it may not.
+pub async fn suppressed(
+    conn: &mut PgConnection, workspace: WorkspaceId, email_type: EmailType, topic: Option<&str>,
+    keys: Vec<String>,
 ) -> Result<Vec<Option<String>>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT COALESCE(
@@ -96,8 +105,8 @@ async fn suppressed(
          FROM UNNEST($4::text[]) WITH ORDINALITY AS u(key, i) ORDER BY u.i",
     )
     .bind(workspace)
-    .bind(req.email_type != EmailType::Transactional)
-    .bind(&req.topic)
+    .bind(email_type != EmailType::Transactional)
+    .bind(topic)
     .bind(keys)
     .fetch_all(conn)
     .await

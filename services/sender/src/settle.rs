@@ -56,6 +56,23 @@ pub async fn owe(tx: &mut PgConnection, charge: &Charge) -> Result<(), sqlx::Err
     .map(drop)
 }
 
+/// Records, in the caller's transaction, that the whole charge `task`'s confirm holds is
+/// owed back (a scheduled send left with no recipient at its release); false when the
+/// task has no charge.
+pub async fn owe_refund_of(tx: &mut PgConnection, task: TaskId) -> Result<bool, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO settlements (task_id, action, api_key_id, account_id, caller_email, cost, next_at)
+         SELECT task_id, 'refund', api_key_id, account_id, caller_email, cost, $2
+         FROM settlements WHERE task_id = $1 AND action = 'confirm'
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(task)
+    .bind(now_unix())
+    .execute(tx)
+    .await
+    .map(|done| done.rows_affected() == 1)
+}
+
 /// Asks billing; the outcome to record, or the error that makes it a retry.
 async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
     let (key, task) = (c.api_key_id.to_string(), c.task_id.to_string());
@@ -67,7 +84,7 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
                 &RefundRequest {
                     api_key_id: key,
                     charge_idempotency_key: task,
-                    reason: "scheduled send cancelled".into(),
+                    reason: "scheduled send cancelled or left with no recipient".into(),
                 },
             )
             .await?;
