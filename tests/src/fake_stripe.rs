@@ -51,6 +51,8 @@ pub struct Books {
     idempotent: HashMap<String, Saved>,
     requests: Vec<Recorded>,
     down: bool,
+    /// How long creating a checkout session takes (Stripe answers in a few hundred ms).
+    session_latency: std::time::Duration,
 }
 
 /// The fake: its `base` is billing's `STRIPE_API_BASE`.
@@ -157,6 +159,11 @@ impl FakeStripe {
     /// While down, every API call answers 500 `api_error`, as during a Stripe outage.
     pub fn set_down(&self, down: bool) {
         self.books().down = down;
+    }
+
+    /// Makes each checkout session's creation take `latency` before it is made.
+    pub fn set_session_latency(&self, latency: std::time::Duration) {
+        self.books().session_latency = latency;
     }
 
     /// Every request received so far.
@@ -453,6 +460,8 @@ async fn create_session(
     State(fake): State<FakeStripe>, headers: HeaderMap, body: Bytes,
 ) -> Result<Response, Failure> {
     let params = admit_post(&fake, "/v1/checkout/sessions", &headers, &body)?;
+    let latency = fake.books().session_latency;
+    tokio::time::sleep(latency).await;
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())

@@ -1,6 +1,8 @@
 //! Top-ups and plans through the real gateway → NATS → billing path, with a fake Stripe
 //! speaking Stripe's wire protocol and signed webhooks delivered to the public endpoint.
 
+use std::time::Duration;
+
 use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -765,5 +767,37 @@ async fn usage_counts_come_from_the_owning_services() {
         counted.custom_domains.used, 0,
         "the domain service's own count"
     );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn plan_checkouts_opened_at_once_leave_one_session_open() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    // Each session takes a while at Stripe, so the two requests overlap there.
+    stripe.set_session_latency(Duration::from_millis(500));
+    let open = |plan: &'static str| {
+        let client = with_key(&stack, &key, &idem());
+        async move {
+            let opened: Success<Opened> = client
+                .post(
+                    "/billing/subscription/checkout",
+                    &json!({ "plan_id": plan }),
+                    StatusCode::OK,
+                )
+                .await;
+            opened.body.url
+        }
+    };
+    let (a, b) = tokio::join!(open("starter"), open("pro"));
+    let mut statuses: Vec<String> = [a, b]
+        .iter()
+        .map(|url| {
+            let session = stripe.session(&stripe.session_by_url(url));
+            session["status"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    statuses.sort();
+    assert_eq!(statuses, ["expired", "open"]);
     stack.shutdown().await;
 }

@@ -150,8 +150,16 @@ pub(crate) async fn create_checkout(
         cancel_url: payments
             .return_url(&format!("/billing/subscription/cancelled?checkout_id={id}")),
     };
+    // One plan checkout of a workspace opens at a time: the next one waits for this one's
+    // session, so it sees it and expires it (two opening at once could both be paid).
+    let mut turn = state.db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('plan checkout ' || $1, 0))")
+        .bind(caller.workspace.to_string())
+        .execute(&mut *turn)
+        .await?;
     expire_others(&state.db, payments, caller.workspace, id).await?;
     let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
+    turn.commit().await?;
     Ok(Success::new(opened))
 }
 
