@@ -4,6 +4,7 @@
 //! from the contracts' route manifests, the start-up runtime and telemetry. What crosses a
 //! process boundary (messages, ids, the RPC table, route manifests) is `postmesh-contracts`.
 
+pub mod batch;
 pub mod clients;
 pub mod config;
 pub mod db;

@@ -10,7 +10,6 @@
 //! A service implements [`Stages`] (decode, items, prepare, admit, work, and the SQL of its claims,
 //! standing, renewals and outcomes) and calls [`spawn`].
 
-mod batch;
 mod lease;
 
 use std::future::Future;
@@ -25,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::batch::{Batcher, Keyed};
 use crate::jetstream::Stream;
 use crate::runtime::Runtime;
 use crate::telemetry;
-use batch::{Batcher, Keyed};
 
 pub use lease::{lease_ms, DB_NOW_MS};
 
@@ -113,8 +112,8 @@ pub struct ClaimRow<D> {
 }
 
 impl<D> Keyed for ClaimRow<D> {
-    fn key(&self) -> Uuid {
-        self.item
+    fn key(&self) -> Option<Uuid> {
+        Some(self.item)
     }
 }
 
@@ -152,8 +151,8 @@ pub struct RecordRow {
 }
 
 impl Keyed for RecordRow {
-    fn key(&self) -> Uuid {
-        self.item
+    fn key(&self) -> Option<Uuid> {
+        Some(self.item)
     }
 }
 

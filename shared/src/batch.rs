@@ -1,7 +1,8 @@
-//! Many items' writes as one statement: an item's claim or outcome is handed to a
-//! [`Batcher`], whose task writes whatever has queued up meanwhile in one statement and
-//! answers each item its own result. Under load this turns one commit per item into one per
-//! batch; alone, an item waits for nothing.
+//! Many items' statements as one: an item (a claim, an outcome, a balance read) is handed
+//! to a [`Batcher`], whose task runs whatever has queued up meanwhile as one statement and
+//! answers each item its own result. Under load this turns one round trip (and commit) per
+//! item into one per batch; alone, an item waits for nothing. One statement is in flight at
+//! a time, so what arrives while it runs goes together in the next.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -13,15 +14,17 @@ use uuid::Uuid;
 /// Items written by one statement at most.
 const MAX_BATCH: usize = 64;
 
-/// A row keyed by its item: one statement takes each item once.
-pub(super) trait Keyed {
-    fn key(&self) -> Uuid;
+/// A row and the item it writes: one statement takes each item once (`None`: a row that
+/// may share its statement with others of its item, such as a read).
+pub trait Keyed {
+    /// The item, for rows a statement may take only once.
+    fn key(&self) -> Option<Uuid>;
 }
 
 type Reply<O> = oneshot::Sender<Result<O, String>>;
 
 /// Batches rows of type `I` into statements answering `O` per row.
-pub(super) struct Batcher<I, O> {
+pub struct Batcher<I, O> {
     tx: mpsc::UnboundedSender<(I, Reply<O>)>,
 }
 
@@ -53,7 +56,7 @@ impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
                 let mut seen = HashSet::new();
                 let (batch, later): (Vec<_>, Vec<_>) = waiting
                     .drain(..)
-                    .partition(|(item, _)| seen.insert(item.key()));
+                    .partition(|(item, _)| item.key().is_none_or(|key| seen.insert(key)));
                 waiting = later;
                 let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
                 match run(items).await {
