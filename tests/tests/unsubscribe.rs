@@ -2,7 +2,8 @@
 //! `{{unsubscribe_url}}` link on marketing mail and their absence on transactional mail, the
 //! confirmation page, the one-click POST as form, JSON and query (idempotent), the bad-token
 //! pages, the suppression it writes stopping the next marketing send, and the `sent` and
-//! `unsubscribed` events in `/email-status` and on the DELIVERY stream.
+//! `unsubscribed` events (joined to the message the link came in) in `/email-status` and on
+//! the DELIVERY stream.
 
 use std::time::Duration;
 
@@ -143,6 +144,15 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded() {
         .unwrap();
     assert_eq!(done.status(), StatusCode::OK);
     assert!(done.text().await.unwrap().contains("unsubscribed"));
+    // The unsubscribe joins the events of the message it came in.
+    let task = marketing.task_id.unwrap();
+    eventually(Duration::from_secs(10), || async {
+        match events_of(&stack, &key, task).await.as_slice() {
+            [Kind::Sent, Kind::Unsubscribed] => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let token = link.split_once("token=").unwrap().1.to_owned();
     // Again, as a form field and as JSON: nothing more is written.
     let url = format!("{}/unsubscribe", stack.base);
@@ -247,10 +257,11 @@ async fn bad_tokens_get_an_html_page_and_change_nothing() {
     let workspace = stack.workspace_of(&key).await;
     let url = format!("{}/unsubscribe", stack.base);
     let ours = Unsubscribe::new(UNSUBSCRIBE_SECRET, 60, &stack.base);
-    let expired = ours.token(workspace, "ann@example.com", None, 1_000_000);
+    let expired = ours.token(workspace, "ann@example.com", None, None, 1_000_000);
     let forged = Unsubscribe::new("another secret", 60, &stack.base).token(
         workspace,
         "ann@example.com",
+        None,
         None,
         postmesh_shared::db::now_unix(),
     );
@@ -281,10 +292,11 @@ async fn bad_tokens_get_an_html_page_and_change_nothing() {
         .get("/suppressions", StatusCode::OK)
         .await;
     assert!(listed.body.suppressions.is_empty());
-    // A good one works without a key.
+    // A good one works without a key, one naming no message (as made before tokens did) too.
     let good = ours.token(
         workspace,
         "ann@example.com",
+        None,
         None,
         postmesh_shared::db::now_unix(),
     );

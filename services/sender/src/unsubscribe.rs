@@ -40,6 +40,10 @@ pub struct Claims {
     /// Unix seconds after which the token is refused.
     #[serde(rename = "x")]
     pub expires: i64,
+    /// The message the link came in, whose events the unsubscribe joins (tokens made
+    /// before it was carried have none).
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Uuid>,
 }
 
 /// Signs and checks unsubscribe tokens and makes their links.
@@ -75,13 +79,17 @@ impl Unsubscribe {
         mac.finalize().into_bytes().to_vec()
     }
 
-    /// A token for `email` of `workspace` on `topic`, made at `now`.
-    pub fn token(&self, workspace: Uuid, email: &str, topic: Option<&str>, now: i64) -> String {
+    /// A token for `email` of `workspace` on `topic`, made at `now` for the message
+    /// `delivery`.
+    pub fn token(
+        &self, workspace: Uuid, email: &str, topic: Option<&str>, delivery: Option<Uuid>, now: i64,
+    ) -> String {
         let claims = Claims {
             workspace,
             email: email.to_owned(),
             topic: topic.map(str::to_owned),
             expires: now + self.ttl_days * 24 * 3600,
+            delivery,
         };
         let payload = serde_json::to_vec(&claims).expect("claims serialize");
         format!(
@@ -236,10 +244,24 @@ pub(crate) async fn unsubscribe(
             claims.topic.as_deref(),
         )
         .await?;
+        // The message the link came in, when the token names it: its task.
+        let task: Option<Uuid> = match claims.delivery {
+            Some(delivery) => {
+                sqlx::query_scalar(
+                    "SELECT r.task_id FROM task_recipients r JOIN tasks t ON t.id = r.task_id
+                     WHERE r.delivery_id = $1 AND t.workspace_id = $2",
+                )
+                .bind(delivery)
+                .bind(claims.workspace)
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+            None => None,
+        };
         let event = NewEvent {
             workspace: claims.workspace,
-            task: None,
-            delivery: None,
+            task,
+            delivery: task.and(claims.delivery),
             email: email.to_string(),
             kind: Kind::Unsubscribed,
             detail: json!({
@@ -279,15 +301,17 @@ mod tests {
     fn tokens_verify_until_they_expire_and_only_with_our_secret() {
         let signer = Unsubscribe::new("secret", 60, "https://mail.example.com/");
         let ws = Uuid::now_v7();
-        let token = signer.token(ws, "ann@example.com", Some("news"), 1000);
+        let delivery = Uuid::now_v7();
+        let token = signer.token(ws, "ann@example.com", Some("news"), Some(delivery), 1000);
         let claims = signer.verify(&token, 1000 + 59 * 86400).unwrap();
         assert_eq!(
             (
                 claims.workspace,
                 claims.email.as_str(),
-                claims.topic.as_deref()
+                claims.topic.as_deref(),
+                claims.delivery
             ),
-            (ws, "ann@example.com", Some("news"))
+            (ws, "ann@example.com", Some("news"), Some(delivery))
         );
         assert_eq!(signer.verify(&token, 1000 + 61 * 86400), Err("expired"));
         let other = Unsubscribe::new("other", 60, "");

@@ -83,13 +83,20 @@ struct Delivery {
 }
 
 impl Delivery {
-    /// The unsubscribe link of `task`'s message to `to`: none for transactional mail.
-    fn unsubscribe_link(&self, task: &LoadedTask, to: &str) -> Option<String> {
+    /// The unsubscribe link of `task`'s message `delivery` to `to`: none for transactional
+    /// mail.
+    fn unsubscribe_link(&self, task: &LoadedTask, to: &str, delivery: Uuid) -> Option<String> {
         let signer = self.unsubscribe.as_ref()?;
         if task.email_type == EmailType::Transactional {
             return None;
         }
-        let token = signer.token(task.workspace_id, to, task.topic.as_deref(), now_unix());
+        let token = signer.token(
+            task.workspace_id,
+            to,
+            task.topic.as_deref(),
+            Some(delivery),
+            now_unix(),
+        );
         Some(signer.url(&token))
     }
 }
@@ -221,7 +228,7 @@ impl Stages for Delivery {
         let draft = match (&job.body, &letter.task) {
             (Body::Code { email, .. }, _) => message::Draft::of_code(email, message_id),
             (Body::Slice { .. }, Some(task)) => {
-                let link = self.unsubscribe_link(task, to);
+                let link = self.unsubscribe_link(task, to, id.as_uuid());
                 message::Draft::of_task(task, to, message_id, link)
             }
             (Body::Slice { task, .. }, None) => {
