@@ -267,6 +267,7 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
         api_key_id: key_id.clone(),
         charge_idempotency_key: idem.into(),
         reason: "test".into(),
+        credits: 0,
     };
     let c: ChargeReply = stack.rpc(&charge("a")).await.unwrap();
     assert_eq!(c.balance, 3);
@@ -286,6 +287,90 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
     let logs: Success<LogPage> = stack.client(&key).get("/logs", StatusCode::OK).await;
     let kinds: Vec<EntryKind> = logs.body.logs.iter().map(|l| l.kind).collect();
     assert_eq!(kinds, [EntryKind::Refund, EntryKind::Charge]);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_part_refund_gives_back_that_much_once_and_a_whole_refund_only_the_rest() {
+    use postmesh_shared::proto::{
+        ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, RefundReply, RefundRequest,
+    };
+    use postmesh_shared::ApiError;
+
+    let stack = Stack::start().await;
+    let key = stack.key(20).await;
+    let key_id = stack.key_id(&key).await.to_string();
+    let charge = |idem: &str, hold_secs: i64| ChargeRequest {
+        api_key_id: key_id.clone(),
+        caller_email: "t@example.com".into(),
+        cost: 4,
+        idempotency_key: idem.into(),
+        hold_secs,
+        ..Default::default()
+    };
+    let refund = |idem: &str, credits: i64| RefundRequest {
+        api_key_id: key_id.clone(),
+        charge_idempotency_key: idem.into(),
+        reason: "test".into(),
+        credits,
+    };
+    let refunded = |idem: &'static str, credits: i64| {
+        let (stack, req) = (&stack, refund(idem, credits));
+        async move {
+            let r: RefundReply = stack.rpc(&req).await.unwrap();
+            (r.refunded, r.balance)
+        }
+    };
+    let _: ChargeReply = stack.rpc(&charge("a", 0)).await.unwrap();
+    assert_eq!(stack.balance(&key).await, 16);
+    // One part per charge: a repeat, or another amount, moves nothing.
+    assert_eq!(refunded("a", 1).await, (true, 17));
+    assert_eq!(refunded("a", 1).await, (false, 17));
+    assert_eq!(refunded("a", 2).await, (false, 17));
+    // The whole refund gives back the rest, once; no part after it.
+    assert_eq!(refunded("a", 0).await, (true, 20));
+    assert_eq!(refunded("a", 0).await, (false, 20));
+    assert_eq!(refunded("a", 1).await, (false, 20));
+    // More than the charge is refused; a part of no charge is nothing (no void either).
+    let _: ChargeReply = stack.rpc(&charge("b", 0)).await.unwrap();
+    let too_much: Result<RefundReply, ApiError> = stack.rpc(&refund("b", 5)).await;
+    assert!(
+        matches!(too_much, Err(ApiError::BadRequest(_))),
+        "{too_much:?}"
+    );
+    assert_eq!(refunded("none", 1).await, (false, 16));
+    let _: ChargeReply = stack.rpc(&charge("none", 0)).await.unwrap();
+    assert_eq!(stack.balance(&key).await, 12);
+    // A held charge stays confirmable after a part refund.
+    let _: ChargeReply = stack.rpc(&charge("held", 3600)).await.unwrap();
+    assert_eq!(refunded("held", 3).await, (true, 11));
+    let confirm = ConfirmRequest {
+        api_key_id: key_id.clone(),
+        charge_idempotency_key: "held".into(),
+    };
+    let c: ConfirmReply = stack.rpc(&confirm).await.unwrap();
+    assert!(c.confirmed);
+    // A hold that runs out after a part refund gives back only the rest.
+    let _: ChargeReply = stack.rpc(&charge("lapsed", 2)).await.unwrap();
+    assert_eq!(refunded("lapsed", 1).await, (true, 8));
+    let (stack_ref, key_ref) = (&stack, &key);
+    eventually(std::time::Duration::from_secs(20), || async move {
+        match stack_ref.balance(key_ref).await {
+            11 => Ok(()),
+            other => Err(format!("the lapsed hold is not refunded: {other}")),
+        }
+    })
+    .await;
+    // A part and a whole refund of one charge at once give back the charge, no more.
+    for i in 0..5 {
+        let idem = format!("race-{i}");
+        let _: ChargeReply = stack.rpc(&charge(&idem, 0)).await.unwrap();
+        let (part, whole) = (refund(&idem, 1), refund(&idem, 0));
+        let (p, w) = tokio::join!(stack.rpc(&part), stack.rpc(&whole));
+        assert!(w.unwrap().refunded);
+        p.unwrap();
+        assert_eq!(stack.balance(&key).await, 11, "race {i}");
+    }
     stack.shutdown().await;
 }
 

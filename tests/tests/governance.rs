@@ -492,14 +492,104 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
             ("leave@example.com".into(), "rejected".into(), reason),
         ]
     );
-    // The send left with no recipient is refunded; the other keeps its charge (see
-    // docs/decisions.md, "Known gaps").
+    // The send left with no recipient is refunded whole, the other for the recipient it
+    // left off: 10 - 2 - 1 + 1 + 1.
     postmesh_tests::eventually(Duration::from_secs(10), || async {
         match stack.balance(&key).await {
-            8 => Ok(()),
+            9 => Ok(()),
             other => Err(other),
         }
     })
     .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stack.balance(&key).await, 9);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let db = stack.service_db(sender::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let at = postmesh_shared::db::now_unix() + 3;
+    let extra = json!({
+        "scheduledAt": at,
+        "cc": ["cc-stays@example.com", "cc-leaves@example.com"],
+        "bcc": ["bcc-leaves@example.com"],
+    });
+    let to = ["one@example.com", "two@example.com"];
+    let answer = send(&stack, &key, &mail(&to, "marketing", Some("news"), extra)).await;
+    // Each recipient's message and its three copies.
+    assert_eq!(answer.cost, 8);
+    assert_eq!(stack.balance(&key).await, 2);
+    for address in ["cc-leaves@example.com", "BCC-leaves@example.com"] {
+        let email = postmesh_shared::EmailAddress::parse(address).unwrap();
+        sender::suppressions::add(
+            &db,
+            workspace.into(),
+            &email,
+            Reason::Unsubscribed,
+            Some("news"),
+        )
+        .await
+        .unwrap();
+    }
+    let task = answer.task_id.unwrap();
+    let client = stack.client(&key);
+    let progress = postmesh_tests::eventually(Duration::from_secs(30), || async {
+        let p: Success<TaskProgress> = client
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        if p.body.status == "sent" {
+            Ok(p.body)
+        } else {
+            Err(p.body.status)
+        }
+    })
+    .await;
+    assert_eq!((progress.total, progress.sent), (2, 2));
+    let mut left_off: Vec<(&str, &str)> = progress
+        .rejected
+        .iter()
+        .map(|r| (r.email.as_str(), r.reason.as_str()))
+        .collect();
+    left_off.sort();
+    assert_eq!(
+        left_off,
+        [
+            ("bcc-leaves@example.com", "unsubscribed:news"),
+            ("cc-leaves@example.com", "unsubscribed:news"),
+        ]
+    );
+    for recipient in to {
+        let sent = stack
+            .wait_for_messages(recipient, 1, Duration::from_secs(15))
+            .await;
+        let cc = sent[0]
+            .lines()
+            .find(|l| l.starts_with("Cc:"))
+            .expect("a Cc header");
+        assert!(
+            cc.contains("cc-stays@example.com") && !cc.contains("cc-leaves"),
+            "{cc}"
+        );
+    }
+    let (bcc,): (Value,) = sqlx::query_as("SELECT message->'bcc' FROM tasks WHERE id = $1")
+        .bind(task.as_uuid())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(bcc, json!([]));
+    // The two copies left off each message come back: 10 - 2 × (1 + 1).
+    postmesh_tests::eventually(Duration::from_secs(10), || async {
+        match stack.balance(&key).await {
+            6 => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stack.balance(&key).await, 6);
     stack.shutdown().await;
 }

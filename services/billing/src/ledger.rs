@@ -187,16 +187,26 @@ async fn earlier_charge(
     }
 }
 
-/// Gives back the charge made with `charge_idempotency_key`, at most once. When there is no
-/// such charge yet, the key is voided instead, so a charge still in flight (its caller timed
-/// out and gave up) fails rather than taking credits nobody will give back.
+/// Gives back the charge made with `charge_idempotency_key`, at most once: the whole of it
+/// (less a part given back before), or with `credits` set only that many. When there is no
+/// such charge yet, a whole refund voids the key instead, so a charge still in flight (its
+/// caller timed out and gave up) fails rather than taking credits nobody will give back.
 pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, LedgerError> {
     let key_id = parse_key_id(&req.api_key_id)?;
     let idem = LedgerKey::parse(&req.charge_idempotency_key)?;
+    if req.credits < 0 {
+        return Err(LedgerError::Invalid("credits must not be negative".into()));
+    }
+    if req.credits > 0 {
+        return refund_part(db, key_id, &idem, req.credits, &req.reason).await;
+    }
     // A charge may commit between the two statements below; the void then conflicts with it
     // and the next round refunds it. Two rounds always settle it; the third is a safeguard.
     for _ in 0..3 {
-        if let Some(balance) = refund_charge(db, key_id, &idem).await? {
+        let mut tx = db.begin().await?;
+        let refunded = refund_charge(&mut tx, key_id, &idem).await?;
+        tx.commit().await?;
+        if let Some(balance) = refunded {
             tracing::info!(api_key_id = %key_id, reason = %req.reason, "charge refunded");
             return Ok(RefundReply {
                 balance,
@@ -228,29 +238,111 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
     Err(LedgerError::Unsettled)
 }
 
-/// Refunds the charge with key `idem` if it exists and is not refunded yet; the new balance.
+/// The idempotency key of the part refund of the charge keyed `charge`.
+const PART_PREFIX: &str = "refund-part:";
+
+/// Locks the charge with key `idem` for the caller's transaction, so its refunds, whole and
+/// part, are written one after the other; its id and cost.
+async fn lock_charge(
+    tx: &mut PgConnection, key_id: ApiKeyId, idem: &LedgerKey,
+) -> Result<Option<(Uuid, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, -delta FROM ledger
+         WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge' FOR UPDATE",
+    )
+    .bind(key_id)
+    .bind(idem.as_str())
+    .fetch_optional(tx)
+    .await
+}
+
+/// Gives back `credits` of the charge with key `idem`, once per charge (a repeat moves
+/// nothing); not when there is no such charge or it was refunded whole. Such a part is a
+/// `refund` entry without `refund_of`: the charge stays confirmable, and a whole refund
+/// later gives back only the rest.
+async fn refund_part(
+    db: &PgPool, key_id: ApiKeyId, idem: &LedgerKey, credits: i64, reason: &str,
+) -> Result<RefundReply, LedgerError> {
+    let mut tx = db.begin().await?;
+    let Some((charge, cost)) = lock_charge(&mut tx, key_id, idem).await? else {
+        drop(tx);
+        return Ok(RefundReply {
+            balance: current_balance(db, key_id).await?,
+            refunded: false,
+        });
+    };
+    if credits > cost {
+        return Err(LedgerError::Invalid(format!(
+            "credits ({credits}) exceed the charge ({cost})"
+        )));
+    }
+    let balance: Option<i64> = sqlx::query_scalar(&format!(
+        "WITH ins AS (
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
+                                 target_email, from_email, subject, send_mode, recipient_count, task_id)
+             SELECT $3, api_key_id, '{PART_PREFIX}' || idempotency_key, 'refund', $4, $5,
+                    caller_email, target_email, from_email, subject, send_mode, recipient_count,
+                    task_id
+             FROM ledger c
+             WHERE c.id = $2 AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id)
+             ON CONFLICT DO NOTHING
+             RETURNING delta)
+         UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = $5
+         WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
+         RETURNING balance"
+    ))
+    .bind(key_id)
+    .bind(charge)
+    .bind(Uuid::now_v7())
+    .bind(credits)
+    .bind(now_unix())
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    if balance.is_some() {
+        tracing::info!(api_key_id = %key_id, credits, %reason, "part of a charge refunded");
+    }
+    Ok(RefundReply {
+        refunded: balance.is_some(),
+        balance: match balance {
+            Some(balance) => balance,
+            None => current_balance(db, key_id).await?,
+        },
+    })
+}
+
+/// Refunds the charge with key `idem` if it exists and is not refunded yet, less a part
+/// given back before; the new balance. Takes the charge's lock first, so a part refund
+/// committed meanwhile is seen.
 async fn refund_charge(
-    db: impl sqlx::PgExecutor<'_>, key_id: ApiKeyId, idem: &LedgerKey,
+    tx: &mut PgConnection, key_id: ApiKeyId, idem: &LedgerKey,
 ) -> Result<Option<i64>, LedgerError> {
-    Ok(sqlx::query_scalar(
+    if lock_charge(&mut *tx, key_id, idem).await?.is_none() {
+        return Ok(None);
+    }
+    Ok(sqlx::query_scalar(&format!(
         "WITH ins AS (
              INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
                                  target_email, from_email, subject, send_mode, recipient_count, task_id,
                                  refund_of)
-             SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund', -delta, $4, caller_email,
-                    target_email, from_email, subject, send_mode, recipient_count, task_id, id
-             FROM ledger WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
+             SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund',
+                    -delta - COALESCE((SELECT p.delta FROM ledger p
+                                       WHERE p.api_key_id = c.api_key_id
+                                         AND p.idempotency_key = '{PART_PREFIX}' || c.idempotency_key), 0),
+                    $4, caller_email, target_email, from_email, subject, send_mode,
+                    recipient_count, task_id, id
+             FROM ledger c WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
              ON CONFLICT DO NOTHING
              RETURNING delta)
          UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = $4
          WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
-         RETURNING balance",
-    )
+         RETURNING balance"
+    ))
     .bind(key_id)
     .bind(idem.as_str())
     .bind(Uuid::now_v7())
     .bind(now_unix())
-    .fetch_optional(db)
+    .fetch_optional(tx)
     .await?)
 }
 
@@ -310,7 +402,7 @@ pub async fn release_expired_holds(db: &PgPool) -> Result<usize, LedgerError> {
     .fetch_all(&mut *tx)
     .await?;
     for (key_id, idem) in &expired {
-        if refund_charge(&mut *tx, *key_id, &LedgerKey(idem.clone()))
+        if refund_charge(&mut tx, *key_id, &LedgerKey(idem.clone()))
             .await?
             .is_some()
         {

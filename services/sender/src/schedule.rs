@@ -2,10 +2,12 @@
 //! `FOR UPDATE SKIP LOCKED`, so replicas split them and a task is released once; a release
 //! writes the task's jobs to the outbox in the same transaction that marks it queued.
 //! Suppressions are checked again at release: a recipient suppressed or unsubscribed since
-//! the send was accepted is left off (rejected with its reason, a `rejected` event), and a
-//! task left with no recipient gets its charge back.
+//! the send was accepted is left off (rejected with its reason, a `rejected` event), and so
+//! is a cc or bcc address (off every copy, rejected with its reason); their part of the
+//! charge is given back. A task left with no recipient gets its whole charge back.
 
 use serde_json::json;
+use sqlx::types::Json;
 use sqlx::PgConnection;
 
 use postmesh_shared::db::now_unix;
@@ -40,6 +42,7 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     .fetch_all(&mut *tx)
     .await?;
     let mut refunds = Vec::new();
+    let mut parts = Vec::new();
     for task in &due {
         let rows: Vec<(DeliveryId, String)> = sqlx::query_as(
             "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
@@ -47,9 +50,20 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
         .bind(task.id)
         .fetch_all(&mut *tx)
         .await?;
+        let of = rows.len();
         let rows = leave_off_suppressed(&mut tx, state, task, rows).await?;
-        if rows.is_empty() && settle::owe_refund_of(&mut tx, task.id).await? {
-            refunds.push(task.id);
+        if rows.is_empty() {
+            if settle::owe_refund_of(&mut tx, task.id).await? {
+                refunds.push(task.id);
+            }
+        } else {
+            let copies = leave_off_copies(&mut tx, task).await?;
+            // Each recipient left costs its message and its copies.
+            let kept_cost = (rows.len() * (1 + copies.kept)) as i64;
+            let changed = rows.len() < of || copies.left_off > 0;
+            if changed && settle::owe_part_of(&mut tx, task.id, kept_cost).await? {
+                parts.push(task.id);
+            }
         }
         let recipients: Vec<(DeliveryId, &str)> = rows
             .iter()
@@ -70,6 +84,9 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     tx.commit().await?;
     for task in refunds {
         settle::now(state, task, Action::Refund).await;
+    }
+    for task in parts {
+        settle::now(state, task, Action::RefundPart).await;
     }
     if !due.is_empty() {
         tracing::info!(tasks = due.len(), "scheduled tasks released");
@@ -115,23 +132,17 @@ async fn leave_off_suppressed(
          ), unfinished AS (
              DELETE FROM unfinished_deliveries WHERE delivery_id = ANY($2)
          ), counted AS (
-             DELETE FROM sends_to WHERE task_id = $1 AND email_key = ANY($5)
-         ), rejected AS (
-             INSERT INTO task_rejections (task_id, idx, email, reason)
-             SELECT $1, (SELECT COALESCE(max(idx) + 1, 0) FROM task_rejections WHERE task_id = $1)
-                        + n - 1, e, r
-             FROM UNNEST($3::text[], $4::text[]) WITH ORDINALITY AS x(e, r, n)
+             DELETE FROM sends_to WHERE task_id = $1 AND email_key = ANY($3)
          )
          UPDATE tasks SET recipient_count = recipient_count - cardinality($2::uuid[])
          WHERE id = $1",
     )
     .bind(task.id)
     .bind(&deliveries)
-    .bind(&addresses)
-    .bind(&reasons)
     .bind(&address_keys)
     .execute(&mut *tx)
     .await?;
+    reject(tx, task.id, &addresses, &reasons).await?;
     let now = now_unix();
     let rejected: Vec<events::NewEvent> = left_off
         .into_iter()
@@ -149,4 +160,82 @@ async fn leave_off_suppressed(
     tracing::info!(task = %task.id, left_off = rejected.len(), "recipients suppressed since the send was accepted left off at release");
     events::record(tx, &state.events, &rejected).await?;
     Ok(kept)
+}
+
+/// The copies (cc and bcc) a task still sends after [`leave_off_copies`].
+struct Copies {
+    kept: usize,
+    left_off: usize,
+}
+
+/// Takes the cc and bcc addresses suppressed or unsubscribed since the send was accepted
+/// off the task's message, and lists them in its rejections with their reasons.
+async fn leave_off_copies(tx: &mut PgConnection, task: &Due) -> Result<Copies, sqlx::Error> {
+    let (cc, bcc): (Vec<String>, Vec<String>) = sqlx::query_as(
+        "SELECT ARRAY(SELECT jsonb_array_elements_text(message->'cc')),
+                ARRAY(SELECT jsonb_array_elements_text(message->'bcc'))
+         FROM tasks WHERE id = $1",
+    )
+    .bind(task.id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let (mut kept, mut left_off) = ([Vec::new(), Vec::new()], Vec::new());
+    for (list, copies) in [cc, bcc].into_iter().enumerate() {
+        if copies.is_empty() {
+            continue;
+        }
+        let keys = copies.iter().map(|c| email::key(c)).collect();
+        let reasons = governance::suppressed(
+            tx,
+            task.workspace_id,
+            task.email_type,
+            task.topic.as_deref(),
+            keys,
+        )
+        .await?;
+        for (copy, reason) in copies.into_iter().zip(reasons) {
+            match reason {
+                None => kept[list].push(copy),
+                Some(reason) => left_off.push((copy, reason)),
+            }
+        }
+    }
+    if !left_off.is_empty() {
+        let [cc, bcc] = &kept;
+        sqlx::query(
+            "UPDATE tasks SET message = message || jsonb_build_object('cc', $2::jsonb, 'bcc', $3::jsonb)
+             WHERE id = $1",
+        )
+        .bind(task.id)
+        .bind(Json(cc))
+        .bind(Json(bcc))
+        .execute(&mut *tx)
+        .await?;
+        let addresses: Vec<&str> = left_off.iter().map(|(a, _)| a.as_str()).collect();
+        let reasons: Vec<&str> = left_off.iter().map(|(_, r)| r.as_str()).collect();
+        reject(tx, task.id, &addresses, &reasons).await?;
+        tracing::info!(task = %task.id, left_off = left_off.len(), "copies suppressed since the send was accepted left off at release");
+    }
+    Ok(Copies {
+        kept: kept[0].len() + kept[1].len(),
+        left_off: left_off.len(),
+    })
+}
+
+/// Adds `addresses` to the task's rejections, after those it has, with their reasons.
+async fn reject(
+    tx: &mut PgConnection, task: TaskId, addresses: &[&str], reasons: &[&str],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO task_rejections (task_id, idx, email, reason)
+         SELECT $1, (SELECT COALESCE(max(idx) + 1, 0) FROM task_rejections WHERE task_id = $1)
+                    + n - 1, e, r
+         FROM UNNEST($2::text[], $3::text[]) WITH ORDINALITY AS x(e, r, n)",
+    )
+    .bind(task)
+    .bind(addresses)
+    .bind(reasons)
+    .execute(tx)
+    .await
+    .map(drop)
 }

@@ -1,6 +1,7 @@
-//! Settling charges with billing, durably: the confirm of a send's held charge and the
-//! refund of a cancelled send are rows written in the transaction that owes them, tried at
-//! once and retried by a sweep until billing answers. A confirm that comes after the hold
+//! Settling charges with billing, durably: the confirm of a send's held charge, the refund
+//! of a cancelled send and the part refund of a scheduled send that left recipients off at
+//! its release are rows written in the transaction that owes them, tried at once and
+//! retried by a sweep until billing answers. A confirm that comes after the hold
 //! ran out (billing gave the credits back) charges the send again, under its own key, since
 //! its messages are on their way.
 
@@ -19,12 +20,14 @@ const MAX_PAUSE_SECS: i64 = 300;
 
 /// What is owed to billing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum Action {
     /// Make the send's held charge final.
     Confirm,
     /// Give the cancelled send's charge back.
     Refund,
+    /// Give back the part of the charge of recipients left off at the send's release.
+    RefundPart,
 }
 
 /// The charge a settlement is about.
@@ -73,18 +76,55 @@ pub async fn owe_refund_of(tx: &mut PgConnection, task: TaskId) -> Result<bool, 
     .map(|done| done.rows_affected() == 1)
 }
 
+/// Records, in the caller's transaction, that `task`'s charge beyond `kept_cost` is owed
+/// back (recipients and copies left off at its release); false when the send was not
+/// charged.
+pub async fn owe_part_of(
+    tx: &mut PgConnection, task: TaskId, kept_cost: i64,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO settlements (task_id, action, api_key_id, account_id, caller_email, cost, next_at)
+         SELECT task_id, 'refund_part', api_key_id, account_id, caller_email, cost - $2, $3
+         FROM settlements WHERE task_id = $1 AND action = 'confirm' AND cost > $2
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(task)
+    .bind(kept_cost)
+    .bind(now_unix())
+    .execute(tx)
+    .await
+    .map(|done| done.rows_affected() == 1)
+}
+
+/// The credits of `task`'s charge owed back as a part refund (0 without one).
+async fn part_refunded(state: &AppState, task: TaskId) -> Result<i64, ApiError> {
+    Ok(sqlx::query_scalar(
+        "SELECT cost FROM settlements WHERE task_id = $1 AND action = 'refund_part'",
+    )
+    .bind(task)
+    .fetch_optional(&state.db)
+    .await?
+    .unwrap_or(0))
+}
+
 /// Asks billing; the outcome to record, or the error that makes it a retry.
 async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
     let (key, task) = (c.api_key_id.to_string(), c.task_id.to_string());
     match c.action {
-        Action::Refund => {
+        Action::Refund | Action::RefundPart => {
+            let (reason, credits) = if c.action == Action::Refund {
+                ("scheduled send cancelled or left with no recipient", 0)
+            } else {
+                ("recipients left off at a scheduled send's release", c.cost)
+            };
             let reply = nats::call(
                 &state.nats,
                 &state.ns,
                 &RefundRequest {
                     api_key_id: key,
                     charge_idempotency_key: task,
-                    reason: "scheduled send cancelled or left with no recipient".into(),
+                    reason: reason.into(),
+                    credits,
                 },
             )
             .await?;
@@ -108,7 +148,9 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
             if reply.confirmed {
                 return Ok("confirmed".into());
             }
-            // The hold ran out and billing gave the credits back: charge again.
+            // The hold ran out and billing gave the credits back: charge again, less a part
+            // owed back (whether billing gave it back before the hold ran out or not).
+            let cost = c.cost - part_refunded(state, c.task_id).await?;
             let late = nats::call(
                 &state.nats,
                 &state.ns,
@@ -116,7 +158,7 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
                     api_key_id: key,
                     account_id: c.account_id.clone(),
                     caller_email: c.caller_email.clone(),
-                    cost: c.cost,
+                    cost,
                     idempotency_key: format!("{task}:late"),
                     task_id: Some(task),
                     ..Default::default()

@@ -89,6 +89,7 @@ impl BillingClient {
             api_key_id: api_key_id.to_owned(),
             charge_idempotency_key: key.to_owned(),
             reason: reason.to_owned(),
+            credits: 0,
         };
         self.settle(key, req).await;
     }
