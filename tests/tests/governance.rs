@@ -507,6 +507,80 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
 }
 
 #[tokio::test]
+async fn a_part_refund_comes_from_the_charge_that_stands() {
+    use postmesh_shared::proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
+
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let key_id = stack.key_id(&key).await.to_string();
+    let db = stack.service_db(sender::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let at = postmesh_shared::db::now_unix() + 3;
+    let both = ["stays@example.com", "leaves@example.com"];
+    let later = json!({ "scheduledAt": at });
+    let answer = send(&stack, &key, &mail(&both, "marketing", Some("news"), later)).await;
+    let task = answer.task_id.unwrap();
+    // As if billing had been out past the hold: the sweep gave the send's charge back, and
+    // the sender's confirm charged it again under `{task}:late`.
+    let refunded: RefundReply = stack
+        .rpc(&RefundRequest {
+            api_key_id: key_id.clone(),
+            charge_idempotency_key: task.to_string(),
+            reason: "hold ran out".into(),
+            credits: 0,
+        })
+        .await
+        .unwrap();
+    assert!(refunded.refunded);
+    let _: ChargeReply = stack
+        .rpc(&ChargeRequest {
+            api_key_id: key_id.clone(),
+            caller_email: "t@example.com".into(),
+            cost: 2,
+            idempotency_key: format!("{task}:late"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE settlements SET outcome = 'charged after the hold ran out'
+         WHERE task_id = $1 AND action = 'confirm'",
+    )
+    .bind(task.as_uuid())
+    .execute(&db)
+    .await
+    .unwrap();
+    assert_eq!(stack.balance(&key).await, 8);
+    let email = postmesh_shared::EmailAddress::parse("leaves@example.com").unwrap();
+    sender::suppressions::add(
+        &db,
+        workspace.into(),
+        &email,
+        Reason::Unsubscribed,
+        Some("news"),
+    )
+    .await
+    .unwrap();
+    // The recipient left off at the release is given back from the late charge.
+    postmesh_tests::eventually(Duration::from_secs(20), || async {
+        match stack.balance(&key).await {
+            9 => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let (outcome,): (Option<String>,) = sqlx::query_as(
+        "SELECT outcome FROM settlements WHERE task_id = $1 AND action = 'refund_part'",
+    )
+    .bind(task.as_uuid())
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(outcome.as_deref(), Some("refunded"));
+    stack.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them() {
     let stack = Stack::start().await;
     let key = stack.key(10).await;

@@ -96,33 +96,53 @@ pub async fn owe_part_of(
     .map(|done| done.rows_affected() == 1)
 }
 
-/// The credits of `task`'s charge owed back as a part refund (0 without one).
-async fn part_refunded(state: &AppState, task: TaskId) -> Result<i64, ApiError> {
-    Ok(sqlx::query_scalar(
-        "SELECT cost FROM settlements WHERE task_id = $1 AND action = 'refund_part'",
+/// The key of `task`'s charge that stands once its confirm is settled: the send's own, or
+/// `{task}:late` when its hold had run out (and, unpaid, no charge at all); an error while
+/// the confirm is not settled, so a part refund waits for it and is taken from the charge
+/// that stands.
+async fn standing_charge(state: &AppState, task: TaskId) -> Result<String, ApiError> {
+    let confirm: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT done_at, outcome FROM settlements WHERE task_id = $1 AND action = 'confirm'",
     )
     .bind(task)
     .fetch_optional(&state.db)
-    .await?
-    .unwrap_or(0))
+    .await?;
+    match confirm {
+        Some((Some(_), Some(outcome))) if outcome != CONFIRMED => Ok(format!("{task}:late")),
+        Some((Some(_), _)) => Ok(task.to_string()),
+        _ => Err(ApiError::Unavailable(
+            "the send's charge is not confirmed yet".into(),
+        )),
+    }
 }
+
+/// The outcome of a confirm that billing took.
+const CONFIRMED: &str = "confirmed";
 
 /// Asks billing; the outcome to record, or the error that makes it a retry.
 async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
     let (key, task) = (c.api_key_id.to_string(), c.task_id.to_string());
     match c.action {
         Action::Refund | Action::RefundPart => {
-            let (reason, credits) = if c.action == Action::Refund {
-                ("scheduled send cancelled or left with no recipient", 0)
+            let (reason, credits, charge) = if c.action == Action::Refund {
+                (
+                    "scheduled send cancelled or left with no recipient",
+                    0,
+                    task,
+                )
             } else {
-                ("recipients left off at a scheduled send's release", c.cost)
+                (
+                    "recipients left off at a scheduled send's release",
+                    c.cost,
+                    standing_charge(state, c.task_id).await?,
+                )
             };
             let reply = nats::call(
                 &state.nats,
                 &state.ns,
                 &RefundRequest {
                     api_key_id: key,
-                    charge_idempotency_key: task,
+                    charge_idempotency_key: charge,
                     reason: reason.into(),
                     credits,
                 },
@@ -146,11 +166,9 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
             )
             .await?;
             if reply.confirmed {
-                return Ok("confirmed".into());
+                return Ok(CONFIRMED.into());
             }
-            // The hold ran out and billing gave the credits back: charge again, less a part
-            // owed back (whether billing gave it back before the hold ran out or not).
-            let cost = c.cost - part_refunded(state, c.task_id).await?;
+            // The hold ran out and billing gave the credits back: charge again.
             let late = nats::call(
                 &state.nats,
                 &state.ns,
@@ -158,7 +176,7 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
                     api_key_id: key,
                     account_id: c.account_id.clone(),
                     caller_email: c.caller_email.clone(),
-                    cost,
+                    cost: c.cost,
                     idempotency_key: format!("{task}:late"),
                     task_id: Some(task),
                     ..Default::default()
