@@ -16,7 +16,7 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::Success;
 use postmesh_tests::fake_stripe::{self, FakeStripe};
-use postmesh_tests::{Options, Stack, TestClient};
+use postmesh_tests::{eventually, Options, Stack, TestClient};
 
 /// A stack whose billing talks to a fresh fake Stripe.
 async fn stack_with_stripe() -> (Stack, FakeStripe) {
@@ -496,6 +496,94 @@ async fn a_stripe_outage_loses_no_purchase() {
         .await;
     assert_eq!(view.body.purchase.status, PurchaseStatus::Paid);
     assert_eq!(stack.balance(&key).await, 1000);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
+    let (stack, stripe) = stack_with_stripe().await;
+    let key = stack.key(0).await;
+    let db = stack.service_db(billing::SERVICE).await;
+    // Stripe down: three checkouts stored, none opened.
+    stripe.set_down(true);
+    let (stale, fresh, plan) = (idem(), idem(), idem());
+    let pack = json!({"pack_id": "credits-1k"});
+    for k in [&stale, &fresh] {
+        let _: ErrorBody = with_key(&stack, &key, k)
+            .post("/billing/checkout", &pack, StatusCode::SERVICE_UNAVAILABLE)
+            .await;
+    }
+    let starter = json!({"plan_id": "starter"});
+    let _: ErrorBody = with_key(&stack, &key, &plan)
+        .post(
+            "/billing/subscription/checkout",
+            &starter,
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    stripe.set_down(false);
+    let id_of = |k: &str| {
+        sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM checkouts WHERE idempotency_key = $1")
+            .bind(k.to_owned())
+            .fetch_one(&db)
+    };
+    let (stale_id, fresh_id, plan_id) = (
+        id_of(&stale).await.unwrap(),
+        id_of(&fresh).await.unwrap(),
+        id_of(&plan).await.unwrap(),
+    );
+    // Two of them were stored a day and a second ago, the third a little less than a day.
+    let age = |ids: Vec<uuid::Uuid>, secs: i64| {
+        sqlx::query("UPDATE checkouts SET created_at = created_at - $2 WHERE id = ANY($1)")
+            .bind(ids)
+            .bind(secs)
+            .execute(&db)
+    };
+    age(vec![stale_id, plan_id], 86_401).await.unwrap();
+    age(vec![fresh_id], 86_000).await.unwrap();
+    let (stack_ref, key_ref) = (&stack, &key);
+    eventually(Duration::from_secs(10), || async move {
+        match purchase(stack_ref, key_ref, stale_id).await.status {
+            PurchaseStatus::Expired => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let view: Success<CheckoutView> = stack
+        .client(&key)
+        .post(
+            &format!("/billing/subscription/checkouts/{plan_id}/reconcile"),
+            &json!({}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(view.body.checkout.status, CheckoutStatus::Expired);
+    // Sweeps every 500 ms in tests: a few more have passed the younger one by.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        purchase(&stack, &key, fresh_id).await.status,
+        PurchaseStatus::Pending
+    );
+    // An expired checkout's key is spent; the fresh one still opens its checkout.
+    let e: ErrorBody = with_key(&stack, &key, &stale)
+        .post("/billing/checkout", &pack, StatusCode::CONFLICT)
+        .await;
+    assert!(e.error.contains("expired"), "{}", e.error);
+    let _: ErrorBody = with_key(&stack, &key, &plan)
+        .post(
+            "/billing/subscription/checkout",
+            &starter,
+            StatusCode::CONFLICT,
+        )
+        .await;
+    let opened: Success<Opened> = with_key(&stack, &key, &fresh)
+        .post("/billing/checkout", &pack, StatusCode::OK)
+        .await;
+    assert_eq!(opened.body.id, fresh_id);
+    assert_eq!(
+        purchase(&stack, &key, stale_id).await.status,
+        PurchaseStatus::Expired
+    );
     stack.shutdown().await;
 }
 

@@ -14,6 +14,11 @@ use crate::Payments;
 
 /// Seconds one request holds the right to open a checkout's session; longer than a Stripe call.
 pub const OPENING_LEASE_SECS: i64 = 30;
+/// Seconds a checkout whose session was never opened can still be opened with its key: a
+/// day, as long as Stripe keeps an idempotency key and a Checkout Session lives.
+pub const UNOPENED_SECS: i64 = 24 * 3600;
+/// Checkouts one call of [`expire_unopened`] expires at most.
+pub const EXPIRE_BATCH: u64 = 100;
 
 /// What an idempotency key stands for when a checkout request arrives.
 #[derive(Debug, PartialEq, Eq)]
@@ -59,15 +64,20 @@ pub async fn claim(
     if inserted.rows_affected() == 1 {
         return Ok(Claim::New(id));
     }
-    let (id, earlier, url, creating_until): (Uuid, String, Option<String>, Option<i64>) =
-        sqlx::query_as(
-            "SELECT id, request, url, creating_until FROM checkouts
+    let (id, earlier, url, creating_until, expired_at): (
+        Uuid,
+        String,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    ) = sqlx::query_as(
+        "SELECT id, request, url, creating_until, expired_at FROM checkouts
              WHERE api_key_id = $1 AND idempotency_key = $2 FOR UPDATE",
-        )
-        .bind(key)
-        .bind(idem.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
+    )
+    .bind(key)
+    .bind(idem.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
     if earlier != request {
         return Err(ApiError::Conflict(
             "this idempotency-key was used for a different request".into(),
@@ -75,6 +85,12 @@ pub async fn claim(
     }
     if let Some(url) = url {
         return Ok(Claim::Done(Opened { id, url }));
+    }
+    if expired_at.is_some() {
+        return Err(ApiError::Conflict(
+            "this checkout expired before its payment page was opened; use a new idempotency-key"
+                .into(),
+        ));
     }
     if creating_until.is_some_and(|until| until > now) {
         return Err(ApiError::Conflict(
@@ -153,6 +169,39 @@ pub async fn of_session(
         tracing::warn!(session = %session.id, checkout = %id, "session does not belong to the checkout; ignored");
         Ok(None)
     }
+}
+
+/// Expires checkouts, top-ups and plan checkouts, whose session was never opened within
+/// [`UNOPENED_SECS`] (and that no request is opening), at most [`EXPIRE_BATCH`]; how many.
+/// Replicas running this at once take different rows.
+pub async fn expire_unopened(db: &PgPool) -> Result<u64, sqlx::Error> {
+    let now = now_unix();
+    let expired: Vec<Uuid> = sqlx::query_scalar(
+        "WITH stale AS (
+             UPDATE checkouts SET expired_at = $1, creating_until = NULL
+             WHERE id IN (SELECT id FROM checkouts
+                          WHERE url IS NULL AND expired_at IS NULL AND created_at < $1 - $2
+                            AND COALESCE(creating_until, 0) < $1
+                          ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+             RETURNING id
+         ), top_ups AS (
+             UPDATE purchases SET status = 'expired'
+             WHERE id IN (SELECT id FROM stale) AND status = 'pending'
+         ), plans AS (
+             UPDATE subscription_checkouts SET status = 'expired'
+             WHERE id IN (SELECT id FROM stale) AND status = 'pending'
+         )
+         SELECT id FROM stale",
+    )
+    .bind(now)
+    .bind(UNOPENED_SECS)
+    .bind(EXPIRE_BATCH as i64)
+    .fetch_all(db)
+    .await?;
+    if !expired.is_empty() {
+        tracing::info!(count = expired.len(), "checkouts never opened expired");
+    }
+    Ok(expired.len() as u64)
 }
 
 /// The recorded Stripe session of checkout `id`.

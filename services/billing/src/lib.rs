@@ -249,7 +249,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let db = state.db.clone();
         async move {
             let released = ledger::release_expired_holds(&db).await?;
-            Ok::<_, ledger::LedgerError>(released == ledger::HOLD_BATCH)
+            let expired = checkout::expire_unopened(&db).await?;
+            Ok::<_, ledger::LedgerError>(
+                released == ledger::HOLD_BATCH || expired == checkout::EXPIRE_BATCH,
+            )
         }
     });
     rt.running(None).await
