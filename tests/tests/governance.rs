@@ -569,14 +569,22 @@ async fn a_part_refund_comes_from_the_charge_that_stands() {
         }
     })
     .await;
-    let (outcome,): (Option<String>,) = sqlx::query_as(
-        "SELECT outcome FROM settlements WHERE task_id = $1 AND action = 'refund_part'",
-    )
-    .bind(task.as_uuid())
-    .fetch_one(&db)
-    .await
-    .unwrap();
-    assert_eq!(outcome.as_deref(), Some("refunded"));
+    // Recorded by the sender once billing answered.
+    postmesh_tests::eventually(Duration::from_secs(10), || async {
+        let (outcome,): (Option<String>,) = sqlx::query_as(
+            "SELECT outcome FROM settlements WHERE task_id = $1 AND action = 'refund_part'",
+        )
+        .bind(task.as_uuid())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        match outcome.as_deref() {
+            Some("refunded") => Ok(()),
+            _ => Err(outcome),
+        }
+    })
+    .await;
+    assert_eq!(stack.balance(&key).await, 9);
     stack.shutdown().await;
 }
 

@@ -100,18 +100,7 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
 async fn leave_off_suppressed(
     tx: &mut PgConnection, state: &AppState, task: &Due, rows: Vec<(DeliveryId, String)>,
 ) -> Result<Vec<(DeliveryId, String)>, sqlx::Error> {
-    let keys = rows
-        .iter()
-        .map(|(_, address)| email::key(address))
-        .collect();
-    let reasons = governance::suppressed(
-        tx,
-        task.workspace_id,
-        task.email_type,
-        task.topic.as_deref(),
-        keys,
-    )
-    .await?;
+    let reasons = barred(tx, task, rows.iter().map(|(_, address)| address.as_str())).await?;
     let (mut kept, mut left_off) = (Vec::with_capacity(rows.len()), Vec::new());
     for (row, reason) in rows.into_iter().zip(reasons) {
         match reason {
@@ -162,6 +151,22 @@ async fn leave_off_suppressed(
     Ok(kept)
 }
 
+/// Why each of `addresses` may no longer get `task`'s mail (suppressed or unsubscribed
+/// since the send was accepted), if it may not.
+async fn barred(
+    tx: &mut PgConnection, task: &Due, addresses: impl Iterator<Item = &str>,
+) -> Result<Vec<Option<String>>, sqlx::Error> {
+    let keys = addresses.map(email::key).collect();
+    governance::suppressed(
+        tx,
+        task.workspace_id,
+        task.email_type,
+        task.topic.as_deref(),
+        keys,
+    )
+    .await
+}
+
 /// The copies (cc and bcc) a task still sends after [`leave_off_copies`].
 struct Copies {
     kept: usize,
@@ -184,15 +189,7 @@ async fn leave_off_copies(tx: &mut PgConnection, task: &Due) -> Result<Copies, s
         if copies.is_empty() {
             continue;
         }
-        let keys = copies.iter().map(|c| email::key(c)).collect();
-        let reasons = governance::suppressed(
-            tx,
-            task.workspace_id,
-            task.email_type,
-            task.topic.as_deref(),
-            keys,
-        )
-        .await?;
+        let reasons = barred(tx, task, copies.iter().map(String::as_str)).await?;
         for (copy, reason) in copies.into_iter().zip(reasons) {
             match reason {
                 None => kept[list].push(copy),
