@@ -50,6 +50,39 @@ fn rejected(answer: &SendAnswer) -> Vec<(String, String)> {
     list
 }
 
+/// Unsubscribes `addresses` of `workspace` from the topic `news`, straight in the sender's
+/// database (as a one-click unsubscribe would).
+async fn unsubscribe_from_news(db: &sqlx::PgPool, workspace: uuid::Uuid, addresses: &[&str]) {
+    for address in addresses {
+        let email = postmesh_shared::EmailAddress::parse(address).unwrap();
+        sender::suppressions::add(
+            db,
+            workspace.into(),
+            &email,
+            Reason::Unsubscribed,
+            Some("news"),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// The progress of `task` once it is `sent` (within 30 s).
+async fn sent_task(stack: &Stack, key: &str, task: impl std::fmt::Display) -> TaskProgress {
+    let client = stack.client(key);
+    postmesh_tests::eventually(Duration::from_secs(30), || async {
+        let p: Success<TaskProgress> = client
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        if p.body.status == "sent" {
+            Ok(p.body)
+        } else {
+            Err(p.body.status)
+        }
+    })
+    .await
+}
+
 fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(e, r)| (e.to_string(), r.to_string()))
@@ -430,35 +463,8 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
     .await;
     assert_eq!(stack.balance(&key).await, 7);
     // Both unsubscribe after the sends were accepted, before their release.
-    for address in ["Leave@example.com", "gone@example.com"] {
-        let email = postmesh_shared::EmailAddress::parse(address).unwrap();
-        sender::suppressions::add(
-            &db,
-            workspace.into(),
-            &email,
-            Reason::Unsubscribed,
-            Some("news"),
-        )
-        .await
-        .unwrap();
-    }
-    let done = |task| {
-        let client = stack.client(&key);
-        async move {
-            postmesh_tests::eventually(Duration::from_secs(30), || async {
-                let p: Success<TaskProgress> = client
-                    .get(&format!("/email-status/{task}"), StatusCode::OK)
-                    .await;
-                if p.body.status == "sent" {
-                    Ok(p.body)
-                } else {
-                    Err(p.body.status)
-                }
-            })
-            .await
-        }
-    };
-    let first = done(first.task_id.unwrap()).await;
+    unsubscribe_from_news(&db, workspace, &["Leave@example.com", "gone@example.com"]).await;
+    let first = sent_task(&stack, &key, first.task_id.unwrap()).await;
     assert!(postmesh_shared::db::now_unix() >= at, "released early");
     let sent: Vec<&str> = first.recipients.iter().map(|r| r.email.as_str()).collect();
     assert_eq!(
@@ -471,7 +477,7 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
         .map(|r| (r.email.as_str(), r.reason.as_str()))
         .collect();
     assert_eq!(left_off, [("leave@example.com", "unsubscribed:news")]);
-    let second = done(second.task_id.unwrap()).await;
+    let second = sent_task(&stack, &key, second.task_id.unwrap()).await;
     assert_eq!((second.total, second.rejected.len()), (0, 1));
     assert_eq!(stack.messages_to("stay@example.com").len(), 1);
     assert!(stack.messages_to("leave@example.com").is_empty());
@@ -551,16 +557,7 @@ async fn a_part_refund_comes_from_the_charge_that_stands() {
     .await
     .unwrap();
     assert_eq!(stack.balance(&key).await, 8);
-    let email = postmesh_shared::EmailAddress::parse("leaves@example.com").unwrap();
-    sender::suppressions::add(
-        &db,
-        workspace.into(),
-        &email,
-        Reason::Unsubscribed,
-        Some("news"),
-    )
-    .await
-    .unwrap();
+    unsubscribe_from_news(&db, workspace, &["leaves@example.com"]).await;
     // The recipient left off at the release is given back from the late charge.
     postmesh_tests::eventually(Duration::from_secs(20), || async {
         match stack.balance(&key).await {
@@ -605,31 +602,14 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     // Each recipient's message and its three copies.
     assert_eq!(answer.cost, 8);
     assert_eq!(stack.balance(&key).await, 2);
-    for address in ["cc-leaves@example.com", "BCC-leaves@example.com"] {
-        let email = postmesh_shared::EmailAddress::parse(address).unwrap();
-        sender::suppressions::add(
-            &db,
-            workspace.into(),
-            &email,
-            Reason::Unsubscribed,
-            Some("news"),
-        )
-        .await
-        .unwrap();
-    }
-    let task = answer.task_id.unwrap();
-    let client = stack.client(&key);
-    let progress = postmesh_tests::eventually(Duration::from_secs(30), || async {
-        let p: Success<TaskProgress> = client
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        if p.body.status == "sent" {
-            Ok(p.body)
-        } else {
-            Err(p.body.status)
-        }
-    })
+    unsubscribe_from_news(
+        &db,
+        workspace,
+        &["cc-leaves@example.com", "BCC-leaves@example.com"],
+    )
     .await;
+    let task = answer.task_id.unwrap();
+    let progress = sent_task(&stack, &key, task).await;
     assert_eq!((progress.total, progress.sent), (2, 2));
     let mut left_off: Vec<(&str, &str)> = progress
         .rejected

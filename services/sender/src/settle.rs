@@ -108,12 +108,17 @@ async fn standing_charge(state: &AppState, task: TaskId) -> Result<String, ApiEr
     .fetch_optional(&state.db)
     .await?;
     match confirm {
-        Some((Some(_), Some(outcome))) if outcome != CONFIRMED => Ok(format!("{task}:late")),
+        Some((Some(_), Some(outcome))) if outcome != CONFIRMED => Ok(late_key(&task.to_string())),
         Some((Some(_), _)) => Ok(task.to_string()),
         _ => Err(ApiError::Unavailable(
             "the send's charge is not confirmed yet".into(),
         )),
     }
+}
+
+/// The key of the charge a confirm makes after the hold of the send keyed `task` ran out.
+fn late_key(task: &str) -> String {
+    format!("{task}:late")
 }
 
 /// The outcome of a confirm that billing took.
@@ -177,7 +182,7 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
                     account_id: c.account_id.clone(),
                     caller_email: c.caller_email.clone(),
                     cost: c.cost,
-                    idempotency_key: format!("{task}:late"),
+                    idempotency_key: late_key(&task),
                     task_id: Some(task),
                     ..Default::default()
                 },
