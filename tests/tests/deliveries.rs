@@ -683,17 +683,32 @@ async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one
     assert!(started.elapsed() < Duration::from_secs(8));
     // Their deliveries wait in the database: the failing one's for its retry, the stalled
     // one's for a free slot.
+    // (Each attempt is written once its first try is answered, or a second on without one.)
     let now = postmesh_shared::db::now_unix();
-    let list = attempts(&stack, &key, f).await;
-    assert_eq!(list.len(), count);
+    let list = eventually(Duration::from_secs(3), || async {
+        let list = attempts(&stack, &key, f).await;
+        if list.len() == count {
+            Ok(list)
+        } else {
+            Err(list.len())
+        }
+    })
+    .await;
     assert!(
         list.iter().all(|a| a.status == "pending"
             && a.last_status_code == Some(500)
             && a.next_attempt_at.is_some_and(|at| at >= now + 45)),
         "{list:?}"
     );
-    let list = attempts(&stack, &key, s).await;
-    assert_eq!(list.len(), count);
+    let list = eventually(Duration::from_secs(3), || async {
+        let list = attempts(&stack, &key, s).await;
+        if list.len() == count {
+            Ok(list)
+        } else {
+            Err(list.len())
+        }
+    })
+    .await;
     assert!(list.iter().all(|a| a.status == "pending"), "{list:?}");
     stack.shutdown().await;
 }
@@ -1039,4 +1054,85 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
         ids("received", "message_id").await,
         HashSet::from([old_pending_message, recent_message])
     );
+}
+
+#[tokio::test]
+async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "once").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let count = 3;
+    for i in 0..count {
+        let raw = message(None, &format!("Once {i}"), "", "o");
+        ingest(&stack, &raw, &[&inbox_address("once")]).await;
+    }
+    let list = settled(&stack, &key, e, count, "succeeded").await;
+    // Each attempt's row is the one its fan-out's transaction wrote beside the received
+    // message (same xmin), never updated since: no claim, no separate outcome write.
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM attempts a JOIN received r USING (message_id)
+         WHERE a.endpoint_id = $1 AND a.xmin = r.xmin AND a.attempt_count = 1
+           AND a.lease_owner IS NULL",
+    )
+    .bind(e)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(untouched, count as i64);
+    // Its id, so its webhook-id, comes from the message and the endpoint alone.
+    let got = received(&receiver, count, Duration::from_secs(1)).await;
+    for a in &list {
+        assert_eq!(
+            a.id,
+            webhook_dispatcher::direct::attempt_id(a.message_id, e)
+        );
+        let id = format!("msg_{}", a.id.simple());
+        assert_eq!(got.iter().filter(|d| d.id == id).count(), 1, "{id}");
+    }
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_its_webhook_id() {
+    let mut stack = Stack::start().await;
+    let config = stack.dispatcher_config();
+    stack.spawn_dispatcher(config.clone()).await;
+    let (key, inbox) = key_with_inbox(&stack, "cut").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    // The answer takes 0.9 s: the dispatcher is killed after the POST arrived and before
+    // its attempt was written.
+    receiver.answer(Reply::Slow(Duration::from_millis(900), 200));
+    let raw = message(None, "Cut off", "", "c");
+    ingest(&stack, &raw, &[&inbox_address("cut")]).await;
+    received(&receiver, 1, Duration::from_secs(10)).await;
+    stack.kill_dispatcher().await; // SIGKILL
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE endpoint_id = $1")
+        .bind(e)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(written, 0, "the kill came before the attempt was written");
+    receiver.answer(Reply::Status(200));
+    stack.restart_dispatcher(config).await;
+    // INBOUND hands the unacknowledged message out again once its ack wait (30 s) is over.
+    let list = eventually(Duration::from_secs(60), || async {
+        let list = attempts(&stack, &key, e).await;
+        match list.as_slice() {
+            [a] if a.status == "succeeded" => Ok(a.id),
+            _ => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    let got = receiver.deliveries();
+    assert_eq!(got.len(), 2, "tried again, once");
+    let id = format!("msg_{}", list.simple());
+    assert!(
+        got.iter().all(|d| d.id == id),
+        "the same webhook-id both times"
+    );
+    stack.shutdown().await;
 }

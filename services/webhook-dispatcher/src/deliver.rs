@@ -162,12 +162,12 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// Where an attempt goes and how, and what it carries, read with it.
 #[derive(sqlx::FromRow)]
-struct AttemptRow {
-    id: Uuid,
-    workspace_id: Uuid,
-    endpoint_id: Option<Uuid>,
-    webhook_id: Option<Uuid>,
-    message_id: Uuid,
+pub(crate) struct AttemptRow {
+    pub id: Uuid,
+    pub workspace_id: Uuid,
+    pub endpoint_id: Option<Uuid>,
+    pub webhook_id: Option<Uuid>,
+    pub message_id: Uuid,
     /// The delivery event's type and data, for an attempt of one.
     event_type: Option<String>,
     event_data: Option<Json<Box<RawValue>>>,
@@ -210,22 +210,54 @@ pub struct Ready {
 }
 
 /// What a delivery carries.
-enum Content {
+pub(crate) enum Content {
     /// A received message (`inbound.received`), shared by its targets.
     Message(Arc<InboundMessageReply>, Uuid),
-    /// A delivery event: its type and data, as stored (never parsed here).
-    Event(String, Box<RawValue>),
+    /// A delivery event: its type and data, as stored (never parsed here), shared by its
+    /// targets.
+    Event(Arc<(String, Box<RawValue>)>),
 }
 
 /// One attempt ready to be made.
 pub struct Delivery {
-    ready: Ready,
-    content: Content,
+    pub(crate) ready: Arc<Ready>,
+    pub(crate) content: Content,
     /// Its endpoint or webhook, or for the default webhook its workspace: what slots are
     /// counted by.
-    target: Uuid,
+    pub(crate) target: Uuid,
     /// The attempt.
-    attempt: Uuid,
+    pub(crate) attempt: Uuid,
+}
+
+impl Delivery {
+    /// The JSON body of this delivery, stamped now.
+    pub(crate) fn body(&self) -> serde_json::Result<Vec<u8>> {
+        match &self.content {
+            Content::Message(message, id) => serde_json::to_vec(&Event::received(
+                message,
+                id.to_string(),
+                self.ready.shape,
+                now_rfc3339(),
+            )),
+            Content::Event(event) => {
+                let (kind, data) = &**event;
+                serde_json::to_vec(&payload::Envelope::new(kind, now_rfc3339(), data))
+            }
+        }
+    }
+
+    /// POSTs it, signed, with `sender`; owns what it needs, so it can outlive its caller.
+    pub(crate) fn post(
+        &self, sender: &Sender, body: Vec<u8>,
+    ) -> impl std::future::Future<Output = Answer> + Send + 'static {
+        let (sender, ready, id) = (sender.clone(), self.ready.clone(), self.attempt);
+        async move {
+            let keys: Vec<&[u8]> = ready.keys.iter().map(Vec::as_slice).collect();
+            sender
+                .post(&ready.url, &payload::webhook_id(id), &keys, body)
+                .await
+        }
+    }
 }
 
 /// What a job's attempts need, by item: each delivery, or why it can never be made; and
@@ -241,11 +273,11 @@ struct Deliveries {
     max_body_bytes: usize,
     schedule: Vec<Duration>,
     disable_after: Duration,
-    slots: Slots,
+    slots: Arc<Slots>,
 }
 
-/// Delivery slots per target.
-struct Slots {
+/// Delivery slots per target, shared by the worker and the fan-outs' direct tries.
+pub(crate) struct Slots {
     per_target: usize,
     targets: Mutex<HashMap<Uuid, Arc<TargetSlots>>>,
 }
@@ -257,9 +289,22 @@ struct TargetSlots {
 }
 
 impl Slots {
+    /// `per_target` slots for each target.
+    pub(crate) fn new(per_target: usize) -> Self {
+        Self {
+            per_target: per_target.max(1),
+            targets: Mutex::default(),
+        }
+    }
+
+    /// Slots per target.
+    pub(crate) fn per_target(&self) -> usize {
+        self.per_target
+    }
+
     /// A slot of `target`'s: at once, or within [`BUSY_WAIT`] unless the target is stalled;
     /// `None` when it has none to spare (it then counts as stalled for [`STALLED_FOR`]).
-    async fn take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
+    pub(crate) async fn take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
         let target = self.of(target);
         if let Ok(slot) = target.slots.clone().try_acquire_owned() {
             return Some(slot);
@@ -297,17 +342,17 @@ impl Slots {
     }
 }
 
-/// Consumes the WEBHOOK stream until the runtime shuts down.
-pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> anyhow::Result<()> {
+/// Consumes the WEBHOOK stream until the runtime shuts down, its targets' slots shared
+/// with the fan-outs' direct tries.
+pub(crate) async fn spawn(
+    rt: &Runtime, state: AppState, config: &DeliveryConfig, slots: Arc<Slots>,
+) -> anyhow::Result<()> {
     let stages = Deliveries {
         state,
         max_body_bytes: config.max_body_bytes,
         schedule: config.retry_schedule.clone(),
         disable_after: config.disable_after,
-        slots: Slots {
-            per_target: config.endpoint_concurrency.max(1),
-            targets: Mutex::default(),
-        },
+        slots,
     };
     let queue = QueueConfig {
         name: "webhook-dispatcher",
@@ -322,7 +367,10 @@ pub async fn spawn(rt: &Runtime, state: AppState, config: &DeliveryConfig) -> an
     queue::spawn(rt, Stream::Webhook, queue, stages).await
 }
 
-fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result<Ready, String> {
+/// The target of `row`, ready to post to, or why it cannot be.
+pub(crate) fn ready(
+    row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize,
+) -> Result<Ready, String> {
     let (Some(url), Some(sealed)) = (&row.url, &row.secret_sealed) else {
         return Err(match (row.endpoint_id, row.webhook_id) {
             (Some(_), _) => "the endpoint was deleted".into(),
@@ -358,7 +406,7 @@ fn ready(row: &AttemptRow, secrets: &SecretBox, max_body_bytes: usize) -> Result
 }
 
 /// Its endpoint or webhook, or for the default webhook its workspace.
-fn target_of(row: &AttemptRow) -> Uuid {
+pub(crate) fn target_of(row: &AttemptRow) -> Uuid {
     row.endpoint_id
         .or(row.webhook_id)
         .unwrap_or(row.workspace_id)
@@ -436,7 +484,7 @@ impl Deliveries {
                 continue;
             };
             let ready = match ready(&row, &self.state.secrets, self.max_body_bytes) {
-                Ok(ready) => ready,
+                Ok(ready) => Arc::new(ready),
                 Err(why) => {
                     deliveries.push(Err(why));
                     continue;
@@ -446,7 +494,7 @@ impl Deliveries {
             if let (Some(kind), Some(Json(data))) = (row.event_type, row.event_data) {
                 deliveries.push(Ok(Delivery {
                     ready,
-                    content: Content::Event(kind, data),
+                    content: Content::Event(Arc::new((kind, data))),
                     target,
                     attempt,
                 }));
@@ -565,36 +613,16 @@ impl Stages for Deliveries {
     }
 
     async fn work(
-        &self, job: &Vec<Uuid>, shared: &Prepared, index: usize,
+        &self, _job: &Vec<Uuid>, shared: &Prepared, index: usize,
     ) -> Result<String, Failure> {
         let delivery = shared.deliveries[index]
             .as_ref()
             .map_err(|why| Failure::Permanent(why.clone()))?;
         let _slot = shared.slots[index].lock().expect("slot lock").take();
-        let body = match &delivery.content {
-            Content::Message(message, id) => serde_json::to_vec(&Event::received(
-                message,
-                id.to_string(),
-                delivery.ready.shape,
-                now_rfc3339(),
-            )),
-            Content::Event(kind, data) => {
-                serde_json::to_vec(&payload::Envelope::new(kind, now_rfc3339(), data))
-            }
-        }
-        .map_err(|e| Failure::Permanent(e.to_string()))?;
-        let keys: Vec<&[u8]> = delivery.ready.keys.iter().map(Vec::as_slice).collect();
-        let answer = self
-            .state
-            .sender
-            .post(
-                &delivery.ready.url,
-                &payload::webhook_id(job[index]),
-                &keys,
-                body,
-            )
-            .await;
-        outcome(answer)
+        let body = delivery
+            .body()
+            .map_err(|e| Failure::Permanent(e.to_string()))?;
+        outcome(delivery.post(&self.state.sender, body).await)
     }
 
     async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
@@ -625,7 +653,7 @@ impl Stages for Deliveries {
 
 /// What a receiver's answer means for the attempt. The detail of a success, and the start
 /// of a failure's text, carry the status code (`HTTP 500: ...`) for the record.
-fn outcome(answer: Answer) -> Result<String, Failure> {
+pub(crate) fn outcome(answer: Answer) -> Result<String, Failure> {
     match (answer.status, answer.error) {
         (Some(status), None) => Ok(format!("HTTP {}", status.as_u16())),
         (Some(StatusCode::GONE), Some(e)) => Err(Failure::Permanent(e)),
@@ -642,11 +670,41 @@ fn status_code(text: &str) -> Option<i32> {
     text.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
 }
 
-/// Writes a batch of outcomes (distinct attempts) and their targets' health (a target's row
-/// is written only when that changes it): a success clears `failing_since`; a failure sets it, and disables the target when it is older than
-/// `disable_after`; a 410 disables it at once. Answers whether each outcome was written: a
-/// success always is, a failure or retry only while its claim holds the attempt.
-async fn record(
+/// What an outcome writes to its attempt's row.
+pub(crate) struct Written {
+    pub status: &'static str,
+    pub code: Option<i32>,
+    /// The failure, for anything but a success.
+    pub error: Option<String>,
+    /// When a retry is due (Unix seconds).
+    pub next_at: Option<i64>,
+}
+
+impl Written {
+    /// The columns of `verdict`, reached at `now`.
+    pub(crate) fn of(verdict: &Verdict, now: i64) -> Self {
+        let (status, text, next_at) = match verdict {
+            Verdict::Done(detail) => ("succeeded", detail, None),
+            Verdict::Failed(e) => ("failed", e, None),
+            Verdict::Retry(e, after) => (
+                "pending",
+                e,
+                Some(now + i64::try_from(after.as_secs()).unwrap_or(i64::MAX / 2)),
+            ),
+        };
+        Self {
+            status,
+            code: status_code(text),
+            error: (status != "succeeded").then(|| text.clone()),
+            next_at,
+        }
+    }
+}
+
+/// Writes a batch of outcomes (distinct attempts) and their targets' health ([`health`]).
+/// Answers whether each outcome was written: a success always is, a failure or retry only
+/// while its claim holds the attempt.
+pub(crate) async fn record(
     db: &PgPool, rows: Vec<RecordRow>, disable_after: Duration,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let now = now_unix();
@@ -657,22 +715,14 @@ async fn record(
     let mut next_at: Vec<Option<i64>> = Vec::with_capacity(rows.len());
     for row in &rows {
         ids.push(row.item);
-        let (status, text, next) = match &row.verdict {
-            Verdict::Done(detail) => ("succeeded", detail, None),
-            Verdict::Failed(e) => ("failed", e, None),
-            Verdict::Retry(e, after) => (
-                "pending",
-                e,
-                Some(now + i64::try_from(after.as_secs()).unwrap_or(i64::MAX / 2)),
-            ),
-        };
-        statuses.push(status);
-        codes.push(status_code(text));
-        errors.push((status != "succeeded").then(|| text.clone()));
-        next_at.push(next);
+        let written = Written::of(&row.verdict, now);
+        statuses.push(written.status);
+        codes.push(written.code);
+        errors.push(written.error);
+        next_at.push(written.next_at);
     }
     let leases: Vec<Uuid> = rows.iter().map(|r| r.lease).collect();
-    let written: Vec<Uuid> = sqlx::query_scalar(
+    let written: Vec<Uuid> = sqlx::query_scalar(&format!(
         "WITH u AS (
              SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::int[],
                                   $6::bigint[])
@@ -688,35 +738,10 @@ async fn record(
                AND CASE WHEN u.status = 'succeeded' THEN a.status <> 'succeeded'
                         ELSE a.status = 'pending' AND a.lease_owner = u.lease END
              RETURNING a.id, a.endpoint_id, a.webhook_id, a.workspace_id, u.status, u.code
-         ), health AS (
-             SELECT endpoint_id, webhook_id, workspace_id, bool_or(status = 'succeeded') AS ok,
-                 bool_or(COALESCE(code, 0) = 410) AS gone
-             FROM done GROUP BY endpoint_id, webhook_id, workspace_id
-         ), webhooks_seen AS (
-             UPDATE webhooks w
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(w.failing_since, $7) END,
-                 active = w.active AND (h.ok OR NOT (h.gone
-                     OR $7 - COALESCE(w.failing_since, $7) >= $8))
-             FROM health h WHERE h.webhook_id IS NOT NULL AND w.id = h.webhook_id
-               AND (NOT h.ok OR w.failing_since IS NOT NULL)
-         ), endpoints_seen AS (
-             UPDATE endpoints e
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, $7) END,
-                 active = e.active AND (h.ok OR NOT (h.gone
-                     OR $7 - COALESCE(e.failing_since, $7) >= $8))
-             FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
-               AND (NOT h.ok OR e.failing_since IS NOT NULL)
-         ), defaults_seen AS (
-             UPDATE default_webhooks d
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, $7) END,
-                 active = d.active AND (h.ok OR NOT (h.gone
-                     OR $7 - COALESCE(d.failing_since, $7) >= $8))
-             FROM health h WHERE h.endpoint_id IS NULL AND h.webhook_id IS NULL
-               AND d.workspace_id = h.workspace_id
-               AND (NOT h.ok OR d.failing_since IS NOT NULL)
-         )
+         ){HEALTH}
          SELECT id FROM done",
-    )
+        HEALTH = health(7, 8)
+    ))
     .bind(&ids)
     .bind(&statuses)
     .bind(&errors)
@@ -729,6 +754,43 @@ async fn record(
     .await?;
     let written: HashSet<Uuid> = written.into_iter().collect();
     Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
+}
+
+/// The statements that write targets' health after the outcomes of a CTE `done` (columns
+/// `endpoint_id, webhook_id, workspace_id, status, code`), with the time now and
+/// `WEBHOOK_DISABLE_AFTER_SECS` as parameters `now` and `disable_after`: a target's row is
+/// written only when that changes it. A success clears `failing_since`; a failure sets it,
+/// and disables the target when it is older than `disable_after`; a 410 disables it at once.
+pub(crate) fn health(now: u8, disable_after: u8) -> String {
+    format!(
+        ", health AS (
+             SELECT endpoint_id, webhook_id, workspace_id, bool_or(status = 'succeeded') AS ok,
+                 bool_or(COALESCE(code, 0) = 410) AS gone
+             FROM done GROUP BY endpoint_id, webhook_id, workspace_id
+         ), webhooks_seen AS (
+             UPDATE webhooks w
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(w.failing_since, ${now}) END,
+                 active = w.active AND (h.ok OR NOT (h.gone
+                     OR ${now} - COALESCE(w.failing_since, ${now}) >= ${disable_after}))
+             FROM health h WHERE h.webhook_id IS NOT NULL AND w.id = h.webhook_id
+               AND (NOT h.ok OR w.failing_since IS NOT NULL)
+         ), endpoints_seen AS (
+             UPDATE endpoints e
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, ${now}) END,
+                 active = e.active AND (h.ok OR NOT (h.gone
+                     OR ${now} - COALESCE(e.failing_since, ${now}) >= ${disable_after}))
+             FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
+               AND (NOT h.ok OR e.failing_since IS NOT NULL)
+         ), defaults_seen AS (
+             UPDATE default_webhooks d
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, ${now}) END,
+                 active = d.active AND (h.ok OR NOT (h.gone
+                     OR ${now} - COALESCE(d.failing_since, ${now}) >= ${disable_after}))
+             FROM health h WHERE h.endpoint_id IS NULL AND h.webhook_id IS NULL
+               AND d.workspace_id = h.workspace_id
+               AND (NOT h.ok OR d.failing_since IS NOT NULL)
+         )"
+    )
 }
 
 /// Leaves pending attempt `id` to the scheduler, due `pause` from now.

@@ -1,32 +1,30 @@
 //! The DELIVERY fan-out: each delivery event the sender publishes (up to 1,000 to a message)
 //! of a workspace that has webhooks becomes an `email.<kind>` event, stored once (its
 //! deliveries carry it, a replay sends it again), and one attempt per active webhook of its
-//! workspace that takes its type — written in one statement per [`PER_STATEMENT`] events,
-//! then one WEBHOOK job per event. Events of workspaces without webhooks cost one lookup per
+//! workspace that takes its type — each tried once directly (`crate::direct`), then written
+//! with its outcome, [`PER_STATEMENT`] events at a time, then one WEBHOOK job per event of
+//! those left to the worker. Events of workspaces without webhooks cost one lookup per
 //! batch, and no rendering.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-use async_nats::jetstream;
 use prost::Message as _;
+use serde_json::value::to_raw_value;
 use serde_json::{json, Map, Value};
 use sqlx::types::Json;
-use sqlx::PgPool;
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
-use postmesh_shared::Namespace;
 
-use crate::deliver::UNFINISHED;
-use crate::fanout::{queue_jobs, Source, ONCE};
+use crate::deliver::{target_of, AttemptRow, Content};
+use crate::direct::{attempt_id, Direct};
+use crate::fanout::{unfinished, Source};
 
 /// The DELIVERY fan-out: what it needs.
 pub struct Deliveries {
-    pub db: PgPool,
-    pub js: jetstream::Context,
-    pub ns: Namespace,
+    pub direct: Arc<Direct>,
 }
 
 /// A delivery event, parsed.
@@ -148,13 +146,14 @@ pub fn data(e: &DeliveryEvent) -> Value {
 }
 
 /// Events written by one statement at most.
-const PER_STATEMENT: usize = 2000;
+const PER_STATEMENT: usize = 500;
 
 impl Source for Deliveries {
     type Item = Vec<Event>;
     const STREAM: Stream = Stream::Delivery;
     const CONSUMER: &'static str = "webhook-dispatcher-events";
-    /// Up to 4,000 events: a batch's fan-out stays well within its 30 s ack window.
+    /// Up to 4,000 events, 8 chunks of [`PER_STATEMENT`]; the batch's messages are kept
+    /// in progress while their fan-out runs.
     const BATCH: usize = 4;
 
     fn decode(&self, payload: &[u8]) -> Result<Vec<Event>, String> {
@@ -175,7 +174,7 @@ impl Source for Deliveries {
             "SELECT DISTINCT workspace_id FROM webhooks WHERE workspace_id = ANY($1)",
         )
         .bind(workspaces.into_iter().collect::<Vec<_>>())
-        .fetch_all(&self.db)
+        .fetch_all(&self.direct.state.db)
         .await
         .map_err(|e| e.to_string())?
         .into_iter()
@@ -194,45 +193,91 @@ impl Source for Deliveries {
 }
 
 impl Deliveries {
-    /// Fans out `batch` in one statement.
+    /// Fans out `batch`: tries each new attempt once, then writes the events and the
+    /// attempts in one transaction, and queues what is left to the worker, earlier runs'
+    /// unfinished attempts of the events with it.
     async fn fan_out_chunk(&self, batch: &[&Event]) -> Result<(), String> {
-        // One statement, as the INBOUND fan-out's: the rows, the new attempts and the
-        // pending ones of an earlier run of the same events.
-        let pending: Vec<(Uuid, Uuid)> = sqlx::query_as(&format!(
-            "WITH ev AS (
+        let direct = &*self.direct;
+        let db = &direct.state.db;
+        let ids: Vec<Uuid> = batch.iter().map(|e| e.id).collect();
+        let workspaces: Vec<Uuid> = batch.iter().map(|e| e.workspace).collect();
+        let kinds: Vec<&str> = batch.iter().map(|e| e.kind.as_str()).collect();
+        let (mut rows, pending) = tokio::try_join!(
+            sqlx::query_as::<_, AttemptRow>(NEW_TARGETS)
+                .bind(&ids)
+                .bind(&workspaces)
+                .bind(&kinds)
+                .fetch_all(db),
+            unfinished(db, &ids, "event"),
+        )
+        .map_err(|e| e.to_string())?;
+        for row in &mut rows {
+            row.id = attempt_id(row.message_id, target_of(row));
+        }
+        let mut contents = HashMap::with_capacity(batch.len());
+        for e in batch {
+            let data = to_raw_value(&data(&e.raw)).map_err(|e| e.to_string())?;
+            contents.insert(e.id, Arc::new((e.kind.clone(), data)));
+        }
+        let tried = direct
+            .try_all(rows, |row| {
+                let event = contents.get(&row.message_id)?;
+                Some(Content::Event(event.clone()))
+            })
+            .await;
+        let lease = Uuid::now_v7();
+        let written = async {
+            let mut tx = db.begin().await?;
+            sqlx::query(
+                "INSERT INTO events (id, workspace_id, type, occurred_at, data)
                  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[],
                                       $5::jsonb[])
-                     AS ev(id, workspace_id, type, occurred_at, data)
-             ), seen AS (
-                 INSERT INTO events (id, workspace_id, type, occurred_at, data)
-                 SELECT * FROM ev ON CONFLICT DO NOTHING
-             ), made AS (
-                 INSERT INTO attempts (id, workspace_id, webhook_id, message_id, origin, status,
-                                       next_attempt_at, created_at, updated_at)
-                 SELECT gen_random_uuid(), ev.workspace_id, w.id, ev.id, 'event', 'pending',
-                        $6, $6, $6
-                 FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.active
-                     AND (w.events = '{{}}' OR ev.type = ANY(w.events))
-                 ON CONFLICT {ONCE} DO NOTHING
-                 RETURNING id, message_id
-             )
-             SELECT id, message_id FROM made
-             UNION
-             SELECT id, message_id FROM attempts
-             WHERE message_id = ANY($1) AND origin = 'event' AND {UNFINISHED}"
-        ))
-        .bind(batch.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| e.workspace).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| e.raw.occurred_at).collect::<Vec<_>>())
-        .bind(batch.iter().map(|e| Json(data(&e.raw))).collect::<Vec<_>>())
-        .bind(now_unix())
-        .fetch_all(&self.db)
-        .await
-        .map_err(|e| e.to_string())?;
-        queue_jobs(&self.js, &self.ns, pending).await
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&ids)
+            .bind(&workspaces)
+            .bind(&kinds)
+            .bind(batch.iter().map(|e| e.raw.occurred_at).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|e| Json(&contents[&e.id].1))
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *tx)
+            .await?;
+            let made = direct.write(&mut tx, "event", &tried, lease).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(made)
+        }
+        .await;
+        match written {
+            Ok(made) => direct.finish(tried, Some((made, lease)), pending).await,
+            Err(e) => {
+                direct.finish(tried, None, Vec::new()).await?;
+                Err(e.to_string())
+            }
+        }
     }
 }
+
+/// The active webhooks of each event's workspace (`$1` events, `$2` workspaces, `$3`
+/// types) that take its type and it has no attempt for yet, as attempt rows (their ids
+/// still to be made).
+const NEW_TARGETS: &str = "
+    WITH ev AS (
+        SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[]) AS ev(id, workspace_id, type)
+    )
+    SELECT ev.id, ev.workspace_id, NULL::uuid AS endpoint_id, w.id AS webhook_id,
+        ev.id AS message_id, NULL::text AS event_type, NULL::jsonb AS event_data, w.url,
+        w.active, NULL::text AS body_format, false AS strip_quotes, w.secret_sealed,
+        w.previous_secret_sealed, w.previous_secret_until
+    FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.active
+        AND (w.events = '{}' OR ev.type = ANY(w.events))
+    WHERE NOT EXISTS (
+        SELECT 1 FROM attempts a
+        WHERE a.message_id = ev.id AND a.origin IN ('inbound', 'event')
+          AND COALESCE(a.endpoint_id, a.webhook_id, a.workspace_id) = w.id)";
 
 #[cfg(test)]
 mod tests {

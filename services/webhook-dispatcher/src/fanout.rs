@@ -1,11 +1,13 @@
 //! The fan-outs: each message of a source stream becomes durable attempts, one per target
-//! that wants it, written in one statement per batch (at most once per target and message,
-//! whatever redeliveries), then one WEBHOOK job per message of its pending attempts, then
-//! the ack. A crash before the ack redelivers the message, which finds its attempts and
-//! queues them again (JetStream drops the repeats by id). Two sources: INBOUND (this
-//! module: each received message to every active endpoint of its address — or, when the
-//! address has none, to the workspace's default webhook, spec §4.7 rule 2 — and to the
-//! workspace's webhooks taking `inbound.received`) and DELIVERY (`crate::events`).
+//! that wants it (at most once per target and message, whatever redeliveries): each new
+//! one tried once directly (`crate::direct`), then all written in one statement per batch
+//! with their outcomes, then one WEBHOOK job per message of the attempts left to the
+//! worker, then the ack. A crash before the ack redelivers the message, which tries what
+//! it finds unwritten and queues its unfinished attempts again (JetStream drops the
+//! repeats by id). Two sources: INBOUND (this module: each received message to every
+//! active endpoint of its address — or, when the address has none, to the workspace's
+//! default webhook, spec §4.7 rule 2 — and to the workspace's webhooks taking
+//! `inbound.received`) and DELIVERY (`crate::events`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -20,24 +22,25 @@ use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::proto::InboundReceived;
+use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
 use postmesh_shared::{Namespace, Runtime};
 
-use crate::deliver::{queue, UNFINISHED};
+use crate::deliver::{message, queue, target_of, AttemptRow, Content, UNFINISHED};
+use crate::direct::{attempt_id, Direct};
 use crate::payload::INBOUND_RECEIVED;
 
 /// Batches in flight at once.
 const BATCHES: usize = 4;
+/// How often a batch still being fanned out tells JetStream it is in progress (well within
+/// the consumer's 30 s ack wait).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// The pause before a message that could not be fanned out is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
 /// The INBOUND fan-out: what it needs.
 pub struct Inbound {
-    pub db: PgPool,
-    pub js: jetstream::Context,
-    pub ns: Namespace,
+    pub direct: Arc<Direct>,
 }
 
 /// A received message, parsed.
@@ -158,7 +161,21 @@ async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
         return;
     }
     let items: Vec<&S::Item> = good.iter().map(|(_, r)| r).collect();
-    let outcome = source.fan_out(&items).await;
+    let fan_out = source.fan_out(&items);
+    tokio::pin!(fan_out);
+    // A batch's first tries take seconds per 500 events: its messages are kept from being
+    // handed out again meanwhile.
+    let mut progress =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut fan_out => break outcome,
+            _ = progress.tick() => {
+                let beats = good.iter().map(|(msg, _)| msg.ack_with(AckKind::Progress));
+                futures::future::join_all(beats).await;
+            }
+        }
+    };
     let acks = good.iter().map(|(msg, _)| async {
         match &outcome {
             Ok(()) => msg.ack().await,
@@ -174,6 +191,20 @@ async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
 /// The arbiter of the fan-outs' inserts: an attempt per subject and target, once.
 pub const ONCE: &str = "(message_id, (COALESCE(endpoint_id, webhook_id, workspace_id)))
     WHERE origin IN ('inbound', 'event')";
+
+/// Earlier runs' unfinished attempts of `subjects` (of `origin`), with their subjects.
+pub(crate) async fn unfinished(
+    db: &PgPool, subjects: &[Uuid], origin: &str,
+) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT id, message_id FROM attempts
+         WHERE message_id = ANY($1) AND origin = $2 AND {UNFINISHED}"
+    ))
+    .bind(subjects)
+    .bind(origin)
+    .fetch_all(db)
+    .await
+}
 
 /// Queues one job per subject (message or event) of its pending `(attempt, subject)`s, the
 /// same again if the source redelivers it.
@@ -197,14 +228,16 @@ impl Source for Inbound {
     type Item = Received;
     const STREAM: Stream = Stream::Inbound;
     const CONSUMER: &'static str = "webhook-dispatcher";
-    /// Written by one statement.
+    /// Planned and written by one statement each.
     const BATCH: usize = 64;
 
     fn decode(&self, payload: &[u8]) -> Result<Received, String> {
         Received::parse(payload)
     }
 
-    /// Writes the messages' attempts (once), then queues each message's pending ones.
+    /// Tries each new attempt of the messages once ([`crate::direct`]), then writes the
+    /// messages and the attempts, and queues what is left to the worker, earlier runs'
+    /// unfinished attempts of the messages with it.
     async fn fan_out(&self, batch: &[&Received]) -> Result<(), String> {
         // Each message once (INBOUND may bring one twice).
         let mut seen = HashSet::new();
@@ -213,54 +246,122 @@ impl Source for Inbound {
             .copied()
             .filter(|m| seen.insert(m.message))
             .collect();
-        // One statement, so one transaction: the `received` rows, an attempt per target
-        // (none again for a redelivered message), and every pending attempt of the
-        // messages, new (RETURNING) or from an earlier run (the SELECT sees the table as
-        // it was before the statement).
-        let pending: Vec<(Uuid, Uuid)> = sqlx::query_as(&format!(
-            "WITH m AS (
-                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[])
-                     AS m(message_id, workspace_id, address_id, received_at)
-             ), seen AS (
-                 INSERT INTO received (message_id, workspace_id, address_id, received_at)
-                 SELECT message_id, workspace_id, address_id, received_at FROM m
-                 ON CONFLICT DO NOTHING
-             ), endpoint AS (
-                 SELECT m.message_id, e.id FROM m
-                 JOIN endpoints e ON e.address_id = m.address_id
-                     AND e.workspace_id = m.workspace_id AND e.active
-             ), target AS (
-                 SELECT message_id, id AS endpoint_id, NULL::uuid AS webhook_id FROM endpoint
-                 UNION ALL
-                 SELECT m.message_id, NULL, NULL FROM m
-                 JOIN default_webhooks d ON d.workspace_id = m.workspace_id AND d.active
-                 WHERE NOT EXISTS (SELECT 1 FROM endpoint WHERE endpoint.message_id = m.message_id)
-                 UNION ALL
-                 SELECT m.message_id, NULL, w.id FROM m
-                 JOIN webhooks w ON w.workspace_id = m.workspace_id AND w.active
-                     AND (w.events = '{{}}' OR '{INBOUND_RECEIVED}' = ANY(w.events))
-             ), made AS (
-                 INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id,
-                                       origin, status, next_attempt_at, created_at, updated_at)
-                 SELECT gen_random_uuid(), m.workspace_id, target.endpoint_id,
-                        target.webhook_id, m.message_id, 'inbound', 'pending', $5, $5, $5
-                 FROM target JOIN m USING (message_id)
-                 ON CONFLICT {ONCE} DO NOTHING
-                 RETURNING id, message_id
-             )
-             SELECT id, message_id FROM made
-             UNION
-             SELECT id, message_id FROM attempts
-             WHERE message_id = ANY($1) AND origin = 'inbound' AND {UNFINISHED}"
-        ))
-        .bind(batch.iter().map(|m| m.message).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.workspace).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.address).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.received_at).collect::<Vec<_>>())
-        .bind(now_unix())
-        .fetch_all(&self.db)
-        .await
+        let direct = &*self.direct;
+        let db = &direct.state.db;
+        let ids: Vec<Uuid> = batch.iter().map(|m| m.message).collect();
+        let plan = new_targets();
+        let (mut rows, pending) = tokio::try_join!(
+            sqlx::query_as::<_, AttemptRow>(&plan)
+                .bind(&ids)
+                .bind(batch.iter().map(|m| m.workspace).collect::<Vec<_>>())
+                .bind(batch.iter().map(|m| m.address).collect::<Vec<_>>())
+                .fetch_all(db),
+            unfinished(db, &ids, "inbound"),
+        )
         .map_err(|e| e.to_string())?;
-        queue_jobs(&self.js, &self.ns, pending).await
+        for row in &mut rows {
+            row.id = attempt_id(row.message_id, target_of(row));
+        }
+        let messages = self.messages(&batch, &rows).await;
+        let tried = direct
+            .try_all(rows, |row| {
+                let message = messages.get(&row.message_id)?.clone()?;
+                Some(Content::Message(message, row.message_id))
+            })
+            .await;
+        let lease = Uuid::now_v7();
+        let written = async {
+            let mut tx = db.begin().await?;
+            sqlx::query(
+                "INSERT INTO received (message_id, workspace_id, address_id, received_at)
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[])
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&ids)
+            .bind(batch.iter().map(|m| m.workspace).collect::<Vec<_>>())
+            .bind(batch.iter().map(|m| m.address).collect::<Vec<_>>())
+            .bind(batch.iter().map(|m| m.received_at).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            let made = direct.write(&mut tx, "inbound", &tried, lease).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(made)
+        }
+        .await;
+        match written {
+            Ok(made) => direct.finish(tried, Some((made, lease)), pending).await,
+            Err(e) => {
+                direct.finish(tried, None, Vec::new()).await?;
+                Err(e.to_string())
+            }
+        }
     }
+}
+
+impl Inbound {
+    /// Asks the inbound service for each message that has new attempts, all at once;
+    /// `None` for one it does not answer for (its attempts are left to the worker).
+    async fn messages(
+        &self, batch: &[&Received], rows: &[AttemptRow],
+    ) -> HashMap<Uuid, Option<Arc<InboundMessageReply>>> {
+        let wanted: HashSet<Uuid> = rows.iter().map(|r| r.message_id).collect();
+        let asks = batch
+            .iter()
+            .filter(|m| wanted.contains(&m.message))
+            .map(|m| async move {
+                let state = &self.direct.state;
+                let max = self.direct.config.max_body_bytes;
+                let found = message(state, m.workspace, m.message, max).await;
+                (m.message, found.ok().flatten().map(Arc::new))
+            });
+        futures::future::join_all(asks).await.into_iter().collect()
+    }
+}
+
+/// The active targets of each message in `$1` (workspaces `$2`, addresses `$3`) that it has
+/// no attempt for yet, as attempt rows (their ids still to be made): every endpoint of its
+/// address — or, when the address has none, the workspace's default webhook (spec §4.7
+/// rule 2) — and every webhook of its workspace taking `inbound.received`.
+fn new_targets() -> String {
+    format!(
+        "WITH m AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[])
+                 AS m(message_id, workspace_id, address_id)
+         ), endpoint AS (
+             SELECT m.message_id, e.id FROM m
+             JOIN endpoints e ON e.address_id = m.address_id
+                 AND e.workspace_id = m.workspace_id AND e.active
+         ), target AS (
+             SELECT message_id, id AS endpoint_id, NULL::uuid AS webhook_id FROM endpoint
+             UNION ALL
+             SELECT m.message_id, NULL, NULL FROM m
+             JOIN default_webhooks d ON d.workspace_id = m.workspace_id AND d.active
+             WHERE NOT EXISTS (SELECT 1 FROM endpoint WHERE endpoint.message_id = m.message_id)
+             UNION ALL
+             SELECT m.message_id, NULL, w.id FROM m
+             JOIN webhooks w ON w.workspace_id = m.workspace_id AND w.active
+                 AND (w.events = '{{}}' OR '{INBOUND_RECEIVED}' = ANY(w.events))
+         )
+         SELECT t.message_id AS id, m.workspace_id, t.endpoint_id, t.webhook_id, t.message_id,
+             NULL::text AS event_type, NULL::jsonb AS event_data,
+             COALESCE(e.url, w.url, d.url) AS url,
+             COALESCE(e.active, w.active, d.active) AS active,
+             COALESCE(e.body_format, d.body_format) AS body_format,
+             COALESCE(e.strip_quotes, d.strip_quotes) AS strip_quotes,
+             COALESCE(e.secret_sealed, w.secret_sealed, d.secret_sealed) AS secret_sealed,
+             COALESCE(e.previous_secret_sealed, w.previous_secret_sealed,
+                      d.previous_secret_sealed) AS previous_secret_sealed,
+             COALESCE(e.previous_secret_until, w.previous_secret_until,
+                      d.previous_secret_until) AS previous_secret_until
+         FROM target t JOIN m USING (message_id)
+         LEFT JOIN endpoints e ON e.id = t.endpoint_id
+         LEFT JOIN webhooks w ON w.id = t.webhook_id
+         LEFT JOIN default_webhooks d ON t.endpoint_id IS NULL AND t.webhook_id IS NULL
+             AND d.workspace_id = m.workspace_id
+         WHERE NOT EXISTS (
+             SELECT 1 FROM attempts a
+             WHERE a.message_id = t.message_id AND a.origin IN ('inbound', 'event')
+               AND COALESCE(a.endpoint_id, a.webhook_id, a.workspace_id)
+                   = COALESCE(t.endpoint_id, t.webhook_id, m.workspace_id))"
+    )
 }

@@ -6,6 +6,7 @@
 pub mod attempts;
 pub mod defaults;
 pub mod deliver;
+pub mod direct;
 pub mod endpoints;
 pub mod events;
 pub mod fanout;
@@ -16,6 +17,7 @@ pub mod target;
 pub mod webhooks;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -313,19 +315,21 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         reach,
         nats: Some(rt.nats.clone()),
     };
-    let inbound = fanout::Inbound {
-        db: rt.db.clone(),
+    let slots = Arc::new(deliver::Slots::new(config.delivery.endpoint_concurrency));
+    let direct = Arc::new(direct::Direct {
+        state: state.clone(),
         js: rt.js.clone(),
         ns: rt.common.namespace.clone(),
+        slots: slots.clone(),
+        config: config.delivery.clone(),
+        tracker: rt.tracker.clone(),
+    });
+    let inbound = fanout::Inbound {
+        direct: direct.clone(),
     };
     fanout::spawn(&rt, inbound).await?;
-    let deliveries = events::Deliveries {
-        db: rt.db.clone(),
-        js: rt.js.clone(),
-        ns: rt.common.namespace.clone(),
-    };
-    fanout::spawn(&rt, deliveries).await?;
-    deliver::spawn(&rt, state.clone(), &config.delivery).await?;
+    fanout::spawn(&rt, events::Deliveries { direct }).await?;
+    deliver::spawn(&rt, state.clone(), &config.delivery, slots).await?;
     attempts::schedule(&rt);
     attempts::prune_periodically(&rt, config.retention_days);
     rt.serve(rt.host().http(router(state))).await?;
