@@ -129,7 +129,12 @@ impl Sender {
         let (excerpt, _) = postmesh_shared::text::cut_at(text, ERROR_BODY_BYTES);
         Answer {
             status: Some(status),
-            error: Some(format!("HTTP {}: {}", status.as_u16(), excerpt.trim())),
+            // Postgres text takes no NUL.
+            error: Some(format!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                excerpt.trim().replace('\0', "")
+            )),
             retry_after,
         }
     }

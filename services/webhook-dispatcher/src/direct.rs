@@ -31,7 +31,7 @@ use crate::deliver::{
     health, outcome, ready, record, target_of, Answer, AttemptRow, Content, Delivery, Ready, Slots,
     Written,
 };
-use crate::fanout::{queue_jobs, ONCE};
+use crate::fanout::queue_jobs;
 use crate::{AppState, DeliveryConfig};
 
 /// How long a first try waits for its answer before its attempt is written without one.
@@ -92,10 +92,11 @@ enum How {
 
 impl Direct {
     /// Tries each new attempt in `rows` (their targets read with them) once, carrying
-    /// `content(row)`: each target's tries at most its slots at a time, the rest of a
+    /// `content(row)`, unless this is not the `first` run of their fan-out (all are then
+    /// left to the worker): each target's tries at most its slots at a time, the rest of a
     /// target's queued once it frees none (it is stalled or slow) or [`TRY_FOR`] has passed.
     pub(crate) async fn try_all(
-        &self, rows: Vec<AttemptRow>, content: impl Fn(&AttemptRow) -> Option<Content>,
+        &self, rows: Vec<AttemptRow>, first: bool, content: impl Fn(&AttemptRow) -> Option<Content>,
     ) -> Vec<Tried> {
         let mut readied: HashMap<Uuid, Option<Arc<Ready>>> = HashMap::new();
         let mut lanes: HashMap<Uuid, Vec<(usize, Delivery)>> = HashMap::new();
@@ -110,7 +111,7 @@ impl Direct {
                         .ok()
                 })
                 .clone();
-            if let (Some(ready), Some(content)) = (ready, content(&row)) {
+            if let (true, Some(ready), Some(content)) = (first, ready, content(&row)) {
                 let delivery = Delivery {
                     ready,
                     content,
@@ -216,18 +217,22 @@ impl Direct {
             subjects.push(t.subject);
             let written = match &t.how {
                 How::Answered(verdict) => Written::of(verdict, now),
+                // Due now, as the worker shows an attempt it holds or is about to take.
                 How::Waiting(_) | How::Queued => Written {
                     status: "pending",
                     code: None,
                     error: None,
-                    next_at: None,
+                    next_at: Some(now),
                 },
             };
             statuses.push(written.status);
             counts.push(i32::from(!matches!(t.how, How::Queued)));
             codes.push(written.code);
             errors.push(written.error);
-            requeue_at.push(written.next_at.unwrap_or(now + LOST_AFTER_SECS));
+            requeue_at.push(match &t.how {
+                How::Answered(_) => written.next_at.unwrap_or(now + LOST_AFTER_SECS),
+                How::Waiting(_) | How::Queued => now + LOST_AFTER_SECS,
+            });
             next_at.push(written.next_at);
             leased.push(matches!(t.how, How::Waiting(_)));
             answered.push(matches!(t.how, How::Answered(_)));
@@ -251,7 +256,7 @@ impl Direct {
                      CASE WHEN leased THEN $16::uuid END,
                      CASE WHEN leased THEN {DB_NOW_MS} + $17 ELSE 0 END
                  FROM u
-                 ON CONFLICT {ONCE} DO NOTHING
+                 ON CONFLICT DO NOTHING
                  RETURNING id
              ), done AS (
                  SELECT u.endpoint_id, u.webhook_id, u.workspace_id, u.status, u.code
@@ -327,6 +332,10 @@ impl Direct {
                     Err(e) => tracing::warn!(error = %e, attempt = %id, "recording a late answer"),
                 }
             }
+            tracing::error!(
+                attempt = %id,
+                "a late answer was not recorded: the attempt is tried again once its lease ends"
+            );
         });
     }
 }

@@ -164,7 +164,7 @@ impl Source for Deliveries {
     /// queues each event's pending ones; [`PER_STATEMENT`] events at a time (each statement
     /// stands alone: a batch that fails half-way is done again, and finds its first half
     /// written).
-    async fn fan_out(&self, batch: &[&Vec<Event>]) -> Result<(), String> {
+    async fn fan_out(&self, batch: &[&Vec<Event>], first: bool) -> Result<(), String> {
         let workspaces: HashSet<Uuid> = batch
             .iter()
             .flat_map(|events| events.iter())
@@ -186,7 +186,7 @@ impl Source for Deliveries {
             .filter(|e| hooked.contains(&e.workspace) && seen.insert(e.id))
             .collect();
         for chunk in events.chunks(PER_STATEMENT) {
-            self.fan_out_chunk(chunk).await?;
+            self.fan_out_chunk(chunk, first).await?;
         }
         Ok(())
     }
@@ -196,7 +196,7 @@ impl Deliveries {
     /// Fans out `batch`: tries each new attempt once, then writes the events and the
     /// attempts in one transaction, and queues what is left to the worker, earlier runs'
     /// unfinished attempts of the events with it.
-    async fn fan_out_chunk(&self, batch: &[&Event]) -> Result<(), String> {
+    async fn fan_out_chunk(&self, batch: &[&Event], first: bool) -> Result<(), String> {
         let direct = &*self.direct;
         let db = &direct.state.db;
         let ids: Vec<Uuid> = batch.iter().map(|e| e.id).collect();
@@ -220,7 +220,7 @@ impl Deliveries {
             contents.insert(e.id, Arc::new((e.kind.clone(), data)));
         }
         let tried = direct
-            .try_all(rows, |row| {
+            .try_all(rows, first, |row| {
                 let event = contents.get(&row.message_id)?;
                 Some(Content::Event(event.clone()))
             })

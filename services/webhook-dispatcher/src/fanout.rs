@@ -80,8 +80,11 @@ pub trait Source: Send + Sync + 'static {
     /// Parses a message; the error says why it can never be fanned out.
     fn decode(&self, payload: &[u8]) -> Result<Self::Item, String>;
 
-    /// Writes the attempts of a batch (once) and queues their jobs.
-    fn fan_out(&self, batch: &[&Self::Item]) -> impl Future<Output = Result<(), String>> + Send;
+    /// Writes the attempts of a batch (once) and queues their jobs; with `first` (the
+    /// batch's first hand-out) their first tries are made before.
+    fn fan_out(
+        &self, batch: &[&Self::Item], first: bool,
+    ) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 /// Consumes `source`'s stream until the runtime shuts down, in batches of up to its `BATCH`
@@ -134,19 +137,44 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
                     _ => break,
                 }
             }
-            let slot = slots.clone().acquire_owned().await;
-            let source = source.clone();
+            let (source, slots) = (source.clone(), slots.clone());
+            // Kept in progress from here, so a batch waiting for its turn is not handed
+            // out again while it waits, nor while its fan-out's first tries take seconds.
             tracker.spawn(async move {
-                handle(&*source, batch).await;
-                drop(slot);
+                let work = async {
+                    let _slot = slots.acquire_owned().await;
+                    handle(&*source, &batch).await;
+                };
+                kept_in_progress(&batch, work).await;
             });
         }
     });
     Ok(())
 }
 
-/// Fans a batch of messages out and acknowledges each as it went.
-async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
+/// Runs `work`, telling JetStream every [`PROGRESS_EVERY`] meanwhile that `batch` is in
+/// progress.
+async fn kept_in_progress(batch: &[jetstream::Message], work: impl Future<Output = ()>) {
+    tokio::pin!(work);
+    let mut progress =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            () = &mut work => return,
+            _ = progress.tick() => {
+                let beats = batch.iter().map(|msg| msg.ack_with(AckKind::Progress));
+                futures::future::join_all(beats).await;
+            }
+        }
+    }
+}
+
+/// Fans a batch of messages out and acknowledges each as it went. Only a batch that
+/// JetStream hands out for the first time makes first tries: one handed out again (its
+/// fan-out failed, or its process died) has its new attempts written pending for the
+/// worker, whose tries are counted and bounded, so a write that keeps failing cannot
+/// repeat POSTs.
+async fn handle<S: Source>(source: &S, batch: &[jetstream::Message]) {
     let mut good = Vec::with_capacity(batch.len());
     for msg in batch {
         match source.decode(&msg.payload) {
@@ -160,22 +188,11 @@ async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
     if good.is_empty() {
         return;
     }
+    let first = good
+        .iter()
+        .all(|(msg, _)| msg.info().is_ok_and(|info| info.delivered == 1));
     let items: Vec<&S::Item> = good.iter().map(|(_, r)| r).collect();
-    let fan_out = source.fan_out(&items);
-    tokio::pin!(fan_out);
-    // A batch's first tries take seconds per 500 events: its messages are kept from being
-    // handed out again meanwhile.
-    let mut progress =
-        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
-    let outcome = loop {
-        tokio::select! {
-            outcome = &mut fan_out => break outcome,
-            _ = progress.tick() => {
-                let beats = good.iter().map(|(msg, _)| msg.ack_with(AckKind::Progress));
-                futures::future::join_all(beats).await;
-            }
-        }
-    };
+    let outcome = source.fan_out(&items, first).await;
     let acks = good.iter().map(|(msg, _)| async {
         match &outcome {
             Ok(()) => msg.ack().await,
@@ -188,17 +205,15 @@ async fn handle<S: Source>(source: &S, batch: Vec<jetstream::Message>) {
     }
 }
 
-/// The arbiter of the fan-outs' inserts: an attempt per subject and target, once.
-pub const ONCE: &str = "(message_id, (COALESCE(endpoint_id, webhook_id, workspace_id)))
-    WHERE origin IN ('inbound', 'event')";
-
-/// Earlier runs' unfinished attempts of `subjects` (of `origin`), with their subjects.
+/// Earlier runs' attempts of `subjects` (of `origin`) never tried, with their subjects: a
+/// crash may have come before their jobs were published. (Those waiting for a retry or a
+/// late answer are the scheduler's, at their `requeue_at`.)
 pub(crate) async fn unfinished(
     db: &PgPool, subjects: &[Uuid], origin: &str,
 ) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT id, message_id FROM attempts
-         WHERE message_id = ANY($1) AND origin = $2 AND {UNFINISHED}"
+         WHERE message_id = ANY($1) AND origin = $2 AND {UNFINISHED} AND attempt_count = 0"
     ))
     .bind(subjects)
     .bind(origin)
@@ -238,7 +253,7 @@ impl Source for Inbound {
     /// Tries each new attempt of the messages once ([`crate::direct`]), then writes the
     /// messages and the attempts, and queues what is left to the worker, earlier runs'
     /// unfinished attempts of the messages with it.
-    async fn fan_out(&self, batch: &[&Received]) -> Result<(), String> {
+    async fn fan_out(&self, batch: &[&Received], first: bool) -> Result<(), String> {
         // Each message once (INBOUND may bring one twice).
         let mut seen = HashSet::new();
         let batch: Vec<&Received> = batch
@@ -264,7 +279,7 @@ impl Source for Inbound {
         }
         let messages = self.messages(&batch, &rows).await;
         let tried = direct
-            .try_all(rows, |row| {
+            .try_all(rows, first, |row| {
                 let message = messages.get(&row.message_id)?.clone()?;
                 Some(Content::Message(message, row.message_id))
             })
