@@ -1181,3 +1181,43 @@ async fn a_fan_out_whose_write_keeps_failing_posts_once_and_leaves_the_rest_to_t
     );
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_over() {
+    let mut stack = Stack::start().await;
+    let config = stack.dispatcher_config();
+    stack.spawn_dispatcher(config.clone()).await;
+    let (key, inbox) = key_with_inbox(&stack, "waiting").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    // The answer takes 1.8 s: a second in, the attempt is written leased, waiting for it;
+    // the dispatcher is killed before it comes.
+    receiver.answer(Reply::Slow(Duration::from_millis(1800), 200));
+    let raw = message(None, "Waiting", "", "w");
+    ingest(&stack, &raw, &[&inbox_address("waiting")]).await;
+    eventually(Duration::from_secs(10), || async {
+        let list = attempts(&stack, &key, e).await;
+        match list.as_slice() {
+            [a] if a.status == "pending" && a.attempt_count == 1 => Ok(()),
+            _ => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    stack.kill_dispatcher().await; // SIGKILL
+    receiver.answer(Reply::Status(200));
+    stack.restart_dispatcher(config).await;
+    // Its lease (the 2 s timeout and 2 s more) over, the scheduler queues it: well before
+    // INBOUND would hand the message out again (30 s), or a lost job's five minutes.
+    let started = Instant::now();
+    let list = settled(&stack, &key, e, 1, "succeeded").await;
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(list[0].attempt_count, 2);
+    let got = receiver.deliveries();
+    assert_eq!(got.len(), 2);
+    let id = format!("msg_{}", list[0].id.simple());
+    assert!(
+        got.iter().all(|d| d.id == id),
+        "the same webhook-id both times"
+    );
+    stack.shutdown().await;
+}

@@ -40,8 +40,8 @@ const HAND_OFF_AFTER: Duration = Duration::from_secs(1);
 /// then is left to the worker, so a batch is written (and its source's message acked)
 /// within about this plus [`HAND_OFF_AFTER`] however slow its targets.
 const TRY_FOR: Duration = Duration::from_secs(2);
-/// An attempt left waiting or queued is due for the scheduler this long after it is written,
-/// unless its job or its answer came first (the column's default, migration 0007).
+/// An attempt left queued is due for the scheduler this long after it is written, unless
+/// its job came first (the column's default, migration 0007).
 const LOST_AFTER_SECS: i64 = 300;
 /// Pauses between tries to record a late answer while the database does not take it.
 const RECORD_RETRIES: [u64; 4] = [0, 100, 500, 2000];
@@ -192,6 +192,11 @@ impl Direct {
         &self, tx: &mut PgConnection, origin: &str, tried: &[Tried], lease: Uuid,
     ) -> Result<HashSet<Uuid>, sqlx::Error> {
         let now = now_unix();
+        // A waiting attempt's lease outlasts its POST; should its answer never be recorded
+        // (the process died), the scheduler takes it once the lease is over.
+        let lease_for = self.config.timeout + 2 * HAND_OFF_AFTER;
+        let lease_ms = i64::try_from(lease_for.as_millis()).unwrap_or(i64::MAX / 2);
+        let lease_over = now + i64::try_from(lease_for.as_secs()).unwrap_or(i64::MAX / 4) + 1;
         let n = tried.len();
         let (mut ids, mut workspaces, mut endpoints, mut webhooks, mut subjects) = (
             Vec::with_capacity(n),
@@ -231,14 +236,13 @@ impl Direct {
             errors.push(written.error);
             requeue_at.push(match &t.how {
                 How::Answered(_) => written.next_at.unwrap_or(now + LOST_AFTER_SECS),
-                How::Waiting(_) | How::Queued => now + LOST_AFTER_SECS,
+                How::Waiting(_) => lease_over,
+                How::Queued => now + LOST_AFTER_SECS,
             });
             next_at.push(written.next_at);
             leased.push(matches!(t.how, How::Waiting(_)));
             answered.push(matches!(t.how, How::Answered(_)));
         }
-        let lease_ms = i64::try_from((self.config.timeout + 2 * HAND_OFF_AFTER).as_millis())
-            .unwrap_or(i64::MAX / 2);
         let made: Vec<Uuid> = sqlx::query_scalar(&format!(
             "WITH u AS (
                  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::uuid[],
