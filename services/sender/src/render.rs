@@ -100,40 +100,30 @@ pub fn put_unsubscribe<'a>(
     out.into()
 }
 
-/// Appends `params` to every `http(s)` link (`href="..."` or `href='...'`) of `html`,
-/// leaving a parameter the link already has alone.
+/// Appends `params` to every `http(s)` link (`<a href>`, `<area href>`) of `html`, leaving a
+/// parameter the link already has alone: one streaming pass (lol_html), so the time grows
+/// with the document, never with links × document.
 pub fn add_utm(html: &str, params: &[(String, String)]) -> String {
     if params.is_empty() {
         return html.to_owned();
     }
-    let mut out = String::with_capacity(html.len() + 64);
-    let mut rest = html;
-    while let Some(at) = find_href(rest) {
-        let quote_at = at + 5;
-        let quote = rest.as_bytes()[quote_at] as char;
-        out.push_str(&rest[..=quote_at]);
-        rest = &rest[quote_at + 1..];
-        let Some(end) = rest.find(quote) else { break };
-        let link = &rest[..end];
-        out.push_str(&with_params(link, params));
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The next `href=` followed by a quote, case-insensitively.
-fn find_href(s: &str) -> Option<usize> {
-    let lower = s.to_ascii_lowercase();
-    let mut from = 0;
-    while let Some(i) = lower[from..].find("href=") {
-        let at = from + i;
-        if matches!(s.as_bytes().get(at + 5), Some(b'"' | b'\'')) {
-            return Some(at);
-        }
-        from = at + 5;
-    }
-    None
+    let settings = lol_html::RewriteStrSettings {
+        element_content_handlers: vec![lol_html::element!("a[href], area[href]", |el| {
+            if let Some(link) = el.get_attribute("href") {
+                let tagged = with_params(&link, params);
+                if tagged != link {
+                    el.set_attribute("href", &tagged)?;
+                }
+            }
+            Ok(())
+        })],
+        // Markup a browser would parse two ways is rewritten as the parser sees it, not
+        // refused.
+        strict: false,
+        ..lol_html::RewriteStrSettings::new()
+    };
+    // Only a handler can fail a rewrite, and ours only on a bad attribute name.
+    lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned())
 }
 
 fn with_params(link: &str, params: &[(String, String)]) -> String {
@@ -230,8 +220,91 @@ mod tests {
         let html = r##"<a href="https://x.com/a">a</a> <A HREF='http://x.com/b?utm_source=keep#top'>b</A> <a href="mailto:q@x.com">m</a> <a href="#in">i</a>"##;
         assert_eq!(
             add_utm(html, &p),
-            r##"<a href="https://x.com/a?utm_source=news+letter&amp;utm_medium=email">a</a> <A HREF='http://x.com/b?utm_source=keep&amp;utm_medium=email#top'>b</A> <a href="mailto:q@x.com">m</a> <a href="#in">i</a>"##
+            r##"<a href="https://x.com/a?utm_source=news+letter&amp;utm_medium=email">a</a> <A HREF="http://x.com/b?utm_source=keep&amp;utm_medium=email#top">b</A> <a href="mailto:q@x.com">m</a> <a href="#in">i</a>"##
         );
         assert_eq!(add_utm(html, &[]), html);
+    }
+
+    /// Documents made of link tags, text, entities, comments and scripts, from a seed.
+    fn documents(count: usize) -> Vec<String> {
+        const PIECES: &[&str] = &[
+            r#"<a href="https://x.com/p">"#,
+            r#"<a class="b" href="http://x.com/?q=1&amp;r=2#f">"#,
+            r#"<a href="https://x.com/?utm_source=own">"#,
+            r#"<a href="mailto:a@x.com">"#,
+            r#"<area href="https://x.com/m">"#,
+            "</a>",
+            "text & more ",
+            "&lt;a href=\"https://x.com/t\"&gt;",
+            "<!-- <a href=\"https://x.com/c\"> -->",
+            "<script>var s = '<a href=\"https://x.com/s\">';</script>",
+            "<p>",
+            "</p>",
+            "<link href=\"https://x.com/style.css\">",
+            "é ✓ ",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        (0..count)
+            .map(|_| {
+                let len = (next() % 24) as usize;
+                (0..len)
+                    .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The document with every link tag's attributes left out.
+    fn outside_links(html: &str) -> String {
+        let mut out = String::new();
+        let mut rest = html;
+        while let Some(at) = rest.find("<a").or_else(|| rest.find("<area")) {
+            let at = [rest.find("<a "), rest.find("<area ")]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(at);
+            out.push_str(&rest[..at]);
+            let end = rest[at..].find('>').map_or(rest.len(), |e| at + e + 1);
+            out.push_str("<link-tag>");
+            rest = &rest[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    #[test]
+    fn utm_rewriting_is_idempotent_and_leaves_the_rest_alone() {
+        let p = vec![("utm_source".to_owned(), "news".to_owned())];
+        for doc in documents(500) {
+            let once = add_utm(&doc, &p);
+            assert_eq!(add_utm(&once, &p), once, "not idempotent on {doc}");
+            assert_eq!(
+                outside_links(&once),
+                outside_links(&doc),
+                "changed outside links: {doc}"
+            );
+            let links = doc.matches("<a href=\"https://x.com/p\">").count();
+            assert_eq!(
+                once.matches("https://x.com/p?utm_source=news").count(),
+                links,
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn utm_rewriting_is_linear_in_the_links() {
+        // 200,000 links: one pass, where a rescan of the rest per link would never end.
+        let html = "<a href=\"https://x.com/p\">x</a> ".repeat(200_000);
+        let p = vec![("utm_source".to_owned(), "news".to_owned())];
+        let out = add_utm(&html, &p);
+        assert_eq!(out.matches("?utm_source=news").count(), 200_000);
     }
 }

@@ -4,6 +4,7 @@
 //! attempts, each a signed POST on the WEBHOOK stream, retried on a schedule.
 
 pub mod attempts;
+pub mod bounded;
 pub mod defaults;
 pub mod deliver;
 pub mod direct;

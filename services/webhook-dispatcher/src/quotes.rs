@@ -13,6 +13,7 @@ use markup5ever_rcdom::{Handle, NodeData, RcDom, SerializableHandle};
 
 use postmesh_shared::text::escape_html;
 
+use crate::bounded;
 use crate::endpoints::BodyFormat;
 
 /// A body rendered for an endpoint.
@@ -34,15 +35,28 @@ pub fn render(text: Option<&str>, html: Option<&str>, format: BodyFormat, strip:
     };
     if use_html {
         let html = html.unwrap_or_default();
-        let (html, stripped_quotes) = if strip {
-            strip_html(html)
-        } else {
-            (html.to_owned(), false)
-        };
-        let body = match format {
-            BodyFormat::Html => html,
-            BodyFormat::Text => html_to_text(&html),
-            BodyFormat::Markdown => html_to_markdown(&html),
+        if matches!(format, BodyFormat::Html) && !strip {
+            return Rendered {
+                body: html.to_owned(),
+                stripped_quotes: false,
+            };
+        }
+        // Parsed only within bounds: a sender's markup never costs more than linear time
+        // or a bounded stack in the parser and the converters.
+        let safe = bounded::bound(html);
+        if safe.flattened > 0 {
+            tracing::warn!(
+                flattened = safe.flattened,
+                "a received HTML body nests too deeply; its inner tags are flattened"
+            );
+        }
+        let stripped = if strip { strip_html(&safe.html) } else { None };
+        let stripped_quotes = stripped.is_some();
+        let body = match (format, stripped) {
+            (BodyFormat::Html, None) => html.to_owned(),
+            (BodyFormat::Html, Some(out)) => out,
+            (BodyFormat::Text, out) => html_to_text(out.as_deref().unwrap_or(&safe.html)),
+            (BodyFormat::Markdown, out) => html_to_markdown(out.as_deref().unwrap_or(&safe.html)),
         };
         return Rendered {
             body,
@@ -68,7 +82,9 @@ pub fn render(text: Option<&str>, html: Option<&str>, format: BodyFormat, strip:
 
 /// HTML as plain text.
 fn html_to_text(html: &str) -> String {
+    // Deep lists and quotes indent past the width: wider lines, never an empty body.
     html2text::config::plain()
+        .allow_width_overflow()
         .string_from_read(html.as_bytes(), TEXT_WIDTH)
         .unwrap_or_default()
         .trim_end()
@@ -138,13 +154,13 @@ fn starts_quote(lines: &[&str]) -> bool {
 }
 
 /// HTML without its quoted reply: quote containers removed, and from an Outlook reply header
-/// on, everything.
-pub fn strip_html(html: &str) -> (String, bool) {
+/// on, everything; `None` when it has none. The HTML must be within [`bounded`]'s bounds.
+pub fn strip_html(html: &str) -> Option<String> {
     let dom = html5ever::parse_document(RcDom::default(), Default::default()).one(html);
     let (mut removed, mut cut) = (false, false);
     prune(&dom.document, &mut removed, &mut cut);
     if !removed {
-        return (html.to_owned(), false);
+        return None;
     }
     let mut out = Vec::with_capacity(html.len());
     let document: SerializableHandle = dom.document.clone().into();
@@ -152,11 +168,9 @@ pub fn strip_html(html: &str) -> (String, bool) {
         traversal_scope: TraversalScope::ChildrenOnly(None),
         ..Default::default()
     };
-    if html5ever::serialize(&mut out, &document, opts).is_err() {
-        return (html.to_owned(), false);
-    }
+    html5ever::serialize(&mut out, &document, opts).ok()?;
     let _ = out.flush();
-    (String::from_utf8_lossy(&out).into_owned(), true)
+    Some(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Drops `node`'s quote containers, and every node after a cut marker (`cut`, which then
@@ -240,21 +254,19 @@ mod tests {
     #[test]
     fn html_quote_containers_and_what_follows_an_outlook_header_go() {
         let html = r#"<div>Top</div><div class="gmail_quote"><div class="gmail_attr">On Mon Ann wrote:</div><blockquote>old</blockquote></div>"#;
-        let (out, stripped) = strip_html(html);
-        assert!(stripped);
+        let out = strip_html(html).unwrap();
         assert!(
             out.contains("Top") && !out.contains("old") && !out.contains("wrote"),
             "{out}"
         );
         let outlook = r#"<div>Reply</div><div id="appendonsend"></div><hr><div id="divRplyFwdMsg"><b>From:</b> Ann</div><div>old</div>"#;
-        let (out, stripped) = strip_html(outlook);
-        assert!(stripped);
+        let out = strip_html(outlook).unwrap();
         assert!(
             out.contains("Reply") && !out.contains("old") && !out.contains("<hr"),
             "{out}"
         );
         let clean = "<p>Hello</p>";
-        assert_eq!(strip_html(clean), (clean.into(), false));
+        assert_eq!(strip_html(clean), None);
     }
 
     #[test]
@@ -268,5 +280,60 @@ mod tests {
         assert_eq!(pre, "<pre>a &lt; b</pre>");
         let both = render(Some("plain"), html, BodyFormat::Text, false).body;
         assert_eq!(both, "plain");
+    }
+
+    #[test]
+    fn hostile_markup_renders_on_a_worker_stack() {
+        let n = 50_000;
+        let docs = [
+            format!("{}deep{}", "<div>".repeat(n), "</div>".repeat(n)),
+            format!("{}deep", "<table><td>".repeat(n)),
+            format!("{}deep", "<table><tr><td>".repeat(n)),
+            format!("{}deep", "<ul><li>".repeat(n)),
+            format!("{}deep", "<dl><dd><a href=x><em>".repeat(n)),
+            format!("{}deep", "<blockquote>".repeat(n)),
+            format!("{}{}deep", "<svg><g>".repeat(n), "</g></svg>".repeat(n)),
+            (0..n)
+                .map(|i| format!("<p><b id={i}><i id={i}>"))
+                .collect::<String>()
+                + "deep",
+            format!(
+                "<div class=gmail_quote>{}{}deep",
+                "<div>".repeat(n),
+                "</div>".repeat(n + 1)
+            ),
+        ];
+        // A tokio worker's stack is 2 MiB.
+        let rendered = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let mut bodies = Vec::new();
+                for doc in &docs {
+                    for format in [BodyFormat::Text, BodyFormat::Markdown, BodyFormat::Html] {
+                        for strip in [false, true] {
+                            let quoted = strip && doc.starts_with("<blockquote>");
+                            let body = render(None, Some(doc), format, strip).body;
+                            // A quote's content goes with it when quotes are stripped.
+                            bodies.push(if quoted { format!("{body}deep") } else { body });
+                        }
+                    }
+                }
+                bodies
+            })
+            .unwrap()
+            .join()
+            .expect("rendering overflowed or panicked");
+        for (i, body) in rendered.iter().enumerate() {
+            // Text wraps at the width, even inside a word, and quotes mark each line.
+            let joined: String = body
+                .chars()
+                .filter(|c| !c.is_whitespace() && *c != '>')
+                .collect();
+            assert!(
+                joined.contains("deep"),
+                "rendering {i}: {}",
+                &body[body.len().saturating_sub(300)..]
+            );
+        }
     }
 }
