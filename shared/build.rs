@@ -1,4 +1,5 @@
 //! The kit's migrations are embedded by `sqlx::migrate!`: rebuild when one is added.
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=migrations-dead-letters");
 }

@@ -114,6 +114,9 @@ pub mod gateway {
         APP_KEY_CREATE = Post "/app/keys" Page;
         APP_KEY_REVOKE = Post "/app/keys/{id}/revoke" Page;
         APP_USAGE = Get "/app/usage" Page;
+        // Operators (admin keys): stream messages the consumers kept aside.
+        DEAD_LETTERS = Get "/admin/dead-letters" Key;
+        DEAD_LETTER_REQUEUE = Post "/admin/dead-letters/{id}/requeue" Key;
         OPENAPI = Get "/openapi.json" Public;
         DOCS = Get "/docs" Public;
     }

@@ -6,11 +6,12 @@ use prost::Message;
 
 use crate::namespace::Namespace;
 use crate::proto::{
-    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, EntitlementsReply,
-    EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply, InboundDomainRequest,
-    InboundMessageReply, InboundMessageRequest, InboxAddressReply, InboxAddressRequest,
-    OverviewReply, OverviewRequest, RefundReply, RefundRequest, SendableReply, SendableRequest,
-    UsageReply, UsageRequest,
+    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, DeadLettersReply, DeadLettersRequest,
+    EntitlementsReply, EntitlementsRequest, GrantReply, GrantRequest, InboundDomainReply,
+    InboundDomainRequest, InboundMessageReply, InboundMessageRequest, InboxAddressReply,
+    InboxAddressRequest, OverviewReply, OverviewRequest, RefundReply, RefundRequest,
+    RequeueDeadLetterReply, RequeueDeadLetterRequest, SendableReply, SendableRequest, UsageReply,
+    UsageRequest,
 };
 use crate::service::Service;
 
@@ -64,6 +65,8 @@ rpcs! {
     InboundIngest "message": InboundMessageRequest => InboundMessageReply;
     * "usage": UsageRequest => UsageReply;
     * "overview": OverviewRequest => OverviewReply;
+    * "dead_letters": DeadLettersRequest => DeadLettersReply;
+    * "requeue_dead_letter": RequeueDeadLetterRequest => RequeueDeadLetterReply;
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ impl Service {
         Service::ApiGateway,
     ];
 
+    /// The services that consume streams, and so keep dead letters (`shared::dead_letters`).
+    pub const CONSUMERS: [Service; 2] = [Service::Sender, Service::WebhookDispatcher];
+
     /// The service's name: its binary, its NATS subjects and its database name.
     pub const fn name(self) -> &'static str {
         match self {

@@ -26,6 +26,9 @@ pub struct Common {
     pub drain_timeout: Duration,
     /// How often the outbox relay looks for unpublished messages (`OUTBOX_POLL_SECS`, default 1).
     pub outbox_poll: Duration,
+    /// Failures of a stream message before it is kept aside as a dead letter
+    /// (`MAX_DELIVER`, default 5).
+    pub max_deliver: u32,
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     pub admin_addr: SocketAddr,
     pub otlp_endpoint: Option<String>,
@@ -46,6 +49,7 @@ impl Common {
             upstream_timeout: env_secs("UPSTREAM_TIMEOUT_SECS", Duration::from_secs(10))?,
             drain_timeout: env_secs("SHUTDOWN_DRAIN_SECS", Duration::from_secs(30))?,
             outbox_poll: env_secs("OUTBOX_POLL_SECS", Duration::from_secs(1))?,
+            max_deliver: env_parse("MAX_DELIVER", 5)?,
             admin_addr: env_parse("ADMIN_ADDR", SocketAddr::from(([127, 0, 0, 1], admin_port)))?,
             otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .ok()
@@ -67,6 +71,7 @@ impl Common {
             ("UPSTREAM_TIMEOUT_SECS", secs(self.upstream_timeout)),
             ("SHUTDOWN_DRAIN_SECS", secs(self.drain_timeout)),
             ("OUTBOX_POLL_SECS", secs(self.outbox_poll)),
+            ("MAX_DELIVER", self.max_deliver.to_string()),
             ("ADMIN_ADDR", self.admin_addr.to_string()),
             (
                 "POSTMESH_ENV",

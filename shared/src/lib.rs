@@ -8,6 +8,7 @@ pub mod batch;
 pub mod clients;
 pub mod config;
 pub mod db;
+pub mod dead_letters;
 pub mod dns;
 pub mod email;
 pub mod error;

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Common;
+use crate::dead_letters::{self, DeadLetters};
 use crate::jetstream::outbox::Outbox;
 use crate::lifecycle::Running;
 use crate::nats::ServiceHost;
@@ -92,12 +93,28 @@ impl Runtime {
         outbox
     }
 
-    /// A host for this service's HTTP router and RPCs on NATS.
+    /// A host for this service's HTTP router and RPCs on NATS; a consumer's answers the
+    /// dead-letter methods too.
     pub fn host(&self) -> ServiceHost {
-        ServiceHost::new(
+        let host = ServiceHost::new(
             self.nats.clone(),
             self.common.namespace.clone(),
             self.service,
+        );
+        if Service::CONSUMERS.contains(&self.service) {
+            dead_letters::serve(host, self.dead_letters())
+        } else {
+            host
+        }
+    }
+
+    /// The service's dead letters (it booted with [`dead_letters::DEAD_LETTER_MIGRATIONS`]).
+    pub fn dead_letters(&self) -> DeadLetters {
+        DeadLetters::new(
+            self.db.clone(),
+            self.js.clone(),
+            self.service,
+            self.common.max_deliver,
         )
     }
 

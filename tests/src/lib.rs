@@ -285,6 +285,7 @@ pub fn common(ns: Namespace) -> Common {
         upstream_timeout: Duration::from_secs(10),
         drain_timeout: Duration::from_secs(30),
         outbox_poll: Duration::from_millis(200),
+        max_deliver: 5,
         admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok(),
         production: false,

@@ -5,6 +5,7 @@
 pub mod accounts;
 pub mod codes;
 pub mod create_key;
+pub mod dead_letters;
 pub mod device;
 pub mod keys;
 pub mod login;

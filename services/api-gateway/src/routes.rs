@@ -19,7 +19,7 @@ use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
 use postmesh_shared::routes::{method_filter, Bodies, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Routes, Service};
 
-use crate::{accounts, codes, device, login, openapi, sessions, web, AppState};
+use crate::{accounts, codes, dead_letters, device, login, openapi, sessions, web, AppState};
 
 /// Where a route is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +61,7 @@ fn local() -> Routes<AppState> {
         .merge(accounts::routes())
         .merge(device::routes())
         .merge(web::routes())
+        .merge(dead_letters::routes())
         .merge(openapi::routes())
 }
 

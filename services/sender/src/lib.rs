@@ -42,6 +42,7 @@ use postmesh_contracts::RouteSpec;
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
+use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::routes::Bodies;
 use postmesh_shared::{
@@ -57,7 +58,8 @@ pub const SERVICE: Service = Service::Sender;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// The sender's migrations: its own and the kit's (the outbox of released jobs).
-pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &db::KIT_MIGRATIONS];
+pub const MIGRATIONS: [&sqlx::migrate::Migrator; 3] =
+    [&MIGRATOR, &db::KIT_MIGRATIONS, &DEAD_LETTER_MIGRATIONS];
 
 /// Database connections beyond one per job in progress.
 const SPARE_CONNECTIONS: u32 = 4;

@@ -22,6 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
+use postmesh_shared::dead_letters::{panic_message, DeadLetters};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
 use postmesh_shared::{Namespace, Runtime};
@@ -30,13 +31,14 @@ use crate::deliver::{message, queue, target_of, AttemptRow, Content, UNFINISHED}
 use crate::direct::{attempt_id, Direct};
 use crate::payload::INBOUND_RECEIVED;
 
+/// The pause before a message whose fan-out failed is tried again; doubles with each
+/// failure until `MAX_DELIVER`.
+const RETRY: Duration = Duration::from_secs(1);
 /// Batches in flight at once.
 const BATCHES: usize = 4;
 /// How often a batch still being fanned out tells JetStream it is in progress (well within
 /// the consumer's 30 s ack wait).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-/// The pause before a message that could not be fanned out is tried again.
-const RETRY: Duration = Duration::from_secs(2);
 
 /// The INBOUND fan-out: what it needs.
 pub struct Inbound {
@@ -115,6 +117,7 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
     let source = Arc::new(source);
     let (tracker, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
     let slots = Arc::new(Semaphore::new(BATCHES));
+    let letters = rt.dead_letters();
     rt.tracker.spawn(async move {
         loop {
             let first = tokio::select! {
@@ -137,13 +140,13 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
                     _ => break,
                 }
             }
-            let (source, slots) = (source.clone(), slots.clone());
+            let (source, slots, letters) = (source.clone(), slots.clone(), letters.clone());
             // Kept in progress from here, so a batch waiting for its turn is not handed
             // out again while it waits, nor while its fan-out's first tries take seconds.
             tracker.spawn(async move {
                 let work = async {
                     let _slot = slots.acquire_owned().await;
-                    handle(&*source, &batch).await;
+                    handle(&*source, &letters, &batch).await;
                 };
                 kept_in_progress(&batch, work).await;
             });
@@ -173,15 +176,18 @@ async fn kept_in_progress(batch: &[jetstream::Message], work: impl Future<Output
 /// JetStream hands out for the first time makes first tries: one handed out again (its
 /// fan-out failed, or its process died) has its new attempts written pending for the
 /// worker, whose tries are counted and bounded, so a write that keeps failing cannot
-/// repeat POSTs.
-async fn handle<S: Source>(source: &S, batch: &[jetstream::Message]) {
+/// repeat POSTs. A message that cannot be decoded, or whose fan-out panics or fails
+/// `MAX_DELIVER` times, is kept aside as a dead letter.
+async fn handle<S: Source>(source: &S, letters: &DeadLetters, batch: &[jetstream::Message]) {
     let mut good = Vec::with_capacity(batch.len());
     for msg in batch {
         match source.decode(&msg.payload) {
             Ok(item) => good.push((msg, item)),
             Err(reason) => {
-                tracing::error!(%reason, consumer = S::CONSUMER, "a message that can never be fanned out");
-                let _ = msg.ack_with(AckKind::Term).await;
+                let fate = letters
+                    .dead(msg, &format!("undecodable: {reason}"), 1)
+                    .await;
+                DeadLetters::settle(msg, fate).await;
             }
         }
     }
@@ -192,17 +198,33 @@ async fn handle<S: Source>(source: &S, batch: &[jetstream::Message]) {
         .iter()
         .all(|(msg, _)| msg.info().is_ok_and(|info| info.delivered == 1));
     let items: Vec<&S::Item> = good.iter().map(|(_, r)| r).collect();
-    let outcome = source.fan_out(&items, first).await;
-    let acks = good.iter().map(|(msg, _)| async {
-        match &outcome {
-            Ok(()) => msg.ack().await,
-            Err(_) => msg.ack_with(AckKind::Nak(Some(RETRY))).await,
+    let failed = match guarded(source.fan_out(&items, first)).await {
+        Ok(()) => {
+            futures::future::join_all(good.iter().map(|(msg, _)| msg.ack())).await;
+            return;
         }
-    });
-    futures::future::join_all(acks).await;
-    if let Err(e) = outcome {
-        tracing::warn!(error = %e, count = good.len(), consumer = S::CONSUMER, "fan-out failed; will retry");
+        Err(e) => e,
+    };
+    if let [(msg, _)] = good.as_slice() {
+        DeadLetters::settle(msg, letters.failed(msg, &failed, RETRY).await).await;
+        return;
     }
+    // One message may spoil its batch: each is fanned out alone, so only it fails.
+    tracing::warn!(error = %failed, count = good.len(), consumer = S::CONSUMER, "fan-out failed; each message alone");
+    for (msg, item) in &good {
+        match guarded(source.fan_out(&[item], false)).await {
+            Ok(()) => drop(msg.ack().await),
+            Err(e) => DeadLetters::settle(msg, letters.failed(msg, &e, RETRY).await).await,
+        }
+    }
+}
+
+/// A fan-out's result, a panic in it as its error.
+async fn guarded(fan_out: impl Future<Output = Result<(), String>>) -> Result<(), String> {
+    std::panic::AssertUnwindSafe(fan_out)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(panic_message(&*panic)))
 }
 
 /// Earlier runs' attempts of `subjects` (of `origin`) never tried, with their subjects: a

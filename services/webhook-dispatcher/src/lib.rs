@@ -27,6 +27,7 @@ use sqlx::PgPool;
 use postmesh_contracts::routes::webhooks as api;
 use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
+use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::routes::Bodies;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 use postmesh_shared::{Common, Namespace, Routes, Running, Runtime, Service, Success};
@@ -40,6 +41,9 @@ pub const SERVICE: Service = Service::WebhookDispatcher;
 
 /// The service's own migrations (`migrations/`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+/// Its migrations and the kit's dead letters.
+pub const MIGRATIONS: [&sqlx::migrate::Migrator; 2] = [&MIGRATOR, &DEAD_LETTER_MIGRATIONS];
 
 /// How deliveries are made and retried.
 #[derive(Clone, Debug)]
@@ -300,7 +304,7 @@ pub fn router(state: AppState) -> Router {
 /// Starts the dispatcher: its routes on NATS, the INBOUND and DELIVERY fan-outs, the
 /// delivery worker and the scheduler that queues attempts when they are due.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
+    let rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
     if config.allow_insecure {
         tracing::warn!(
             "WEBHOOK_ALLOW_INSECURE=1: webhooks may go to http:// and private hosts; never in production"

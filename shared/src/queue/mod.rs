@@ -18,13 +18,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::batch::{Batcher, Keyed};
+use crate::dead_letters::{panic_message, DeadLetters, PANICKED};
 use crate::jetstream::Stream;
 use crate::runtime::Runtime;
 use crate::telemetry;
@@ -237,6 +238,8 @@ pub enum Outcome {
     Park(String),
     /// Not started: the worker is stopping.
     Stopped,
+    /// The job's handling panicked outside an item's work: counted toward a dead letter.
+    Panicked(String),
 }
 
 impl Outcome {
@@ -251,6 +254,7 @@ impl Outcome {
             Self::Retry(_, Some(_)) => 5,
             // Unrecorded: only a redelivery of the job tries it again.
             Self::Retry(_, None) | Self::NotNow(_) => 6,
+            Self::Panicked(_) => 7,
         }
     }
 
@@ -294,6 +298,8 @@ struct Worker<S: Stages> {
     claimed: Arc<Semaphore>,
     /// Items in the work stage, at most `concurrency`.
     working: Semaphore,
+    /// Where jobs that cannot be handled are kept aside.
+    letters: DeadLetters,
 }
 
 /// Consumes `stream` with `stages` until the runtime shuts down; jobs in progress finish
@@ -345,6 +351,7 @@ pub async fn spawn<S: Stages>(
         stages,
         claimed: Arc::new(Semaphore::new(config.claim_ahead.max(1))),
         working: Semaphore::new(config.concurrency.max(1)),
+        letters: rt.dead_letters(),
         config,
         shutdown: rt.shutdown.clone(),
     });
@@ -385,15 +392,22 @@ impl<S: Stages> Worker<S> {
             let job = match self.stages.decode(&msg.payload) {
                 Ok(job) => Arc::new(job),
                 Err(reason) => {
-                    tracing::error!(%reason, "a job that can never run dropped from the queue");
-                    let _ = msg.ack_with(AckKind::Term).await;
+                    let fate = self
+                        .letters
+                        .dead(&msg, &format!("undecodable: {reason}"), 1)
+                        .await;
+                    DeadLetters::settle(&msg, fate).await;
                     return;
                 }
             };
             if let Some(id) = msg.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
                 tracing::Span::current().record("job", id.as_str());
             }
-            let outcome = self.run(&msg, &job).await;
+            // A panic costs this job, never the worker: it counts toward a dead letter.
+            let outcome = std::panic::AssertUnwindSafe(self.run(&msg, &job))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Outcome::Panicked(panic_message(&*panic)));
             self.acknowledge(&msg, outcome).await;
         }
         .instrument(span)
@@ -502,16 +516,19 @@ impl<S: Stages> Worker<S> {
         }
         let mut outcomes = Vec::with_capacity(indices.len());
         drop(claimed);
+        let mut panicked = None;
         while let Some(done) = running.join_next().await {
             match done {
                 Ok(outcome) => outcomes.push(outcome),
+                Err(e) if e.is_panic() => panicked = Some(panic_message(&*e.into_panic())),
                 Err(e) => tracing::error!(error = %e, "an item's task failed"),
             }
         }
-        // A task that panicked leaves its item to be tried again.
+        // A task that panicked outside its work counts toward the job's dead letter.
+        let reason = panicked.unwrap_or_else(|| "an item's task was cancelled".to_owned());
         for &i in &indices {
             if !outcomes.iter().any(|(j, _)| *j == i) {
-                outcomes.push((i, Outcome::Retry("the item's task failed".into(), None)));
+                outcomes.push((i, Outcome::Panicked(reason.clone())));
             }
         }
         outcomes
@@ -545,13 +562,23 @@ impl<S: Stages> Worker<S> {
             },
             Err(e) => return Outcome::Retry(format!("database: {e}"), None),
         };
+        // A claim past the last attempt: the earlier claims never recorded an outcome (their
+        // work crashed or hung the process), so the item is given up without a new try.
+        if attempt > self.config.max_deliver {
+            let reason = format!("no outcome after {} tries", self.config.max_deliver);
+            return self.record(id, lease, Verdict::Failed(reason)).await;
+        }
         let result = {
             let _slot = self
                 .working
                 .acquire()
                 .await
                 .expect("semaphore is never closed");
-            self.stages.work(job, shared, index).await
+            // A panicking piece of work is a failure of this try, retried and counted.
+            std::panic::AssertUnwindSafe(self.stages.work(job, shared, index))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(Failure::Transient(panic_message(&*panic))))
         };
         let backoff = self
             .stages
@@ -572,6 +599,7 @@ impl<S: Stages> Worker<S> {
             Outcome::Leased(_) | Outcome::Superseded | Outcome::Stopped | Outcome::NotNow(_) => {
                 "elsewhere"
             }
+            Outcome::Panicked(_) => "panicked",
         };
         let labels = [("queue", self.config.name), ("result", result)];
         metrics::counter!("postmesh_queue_items_total", &labels).increment(1);
@@ -614,6 +642,21 @@ impl<S: Stages> Worker<S> {
     /// Acknowledges the job as `outcome` says.
     async fn acknowledge(&self, msg: &jetstream::Message, outcome: Outcome) {
         let _ = match outcome {
+            Outcome::Panicked(reason) => {
+                let fate = self
+                    .letters
+                    .failed(msg, &reason, self.config.retry_base)
+                    .await;
+                DeadLetters::settle(msg, fate).await;
+                Ok(())
+            }
+            // Work that panicked on every try: kept aside, with the payload that made it.
+            Outcome::Park(reason) if reason.starts_with(PANICKED) => {
+                let tries = i32::try_from(self.config.max_deliver).unwrap_or(i32::MAX);
+                let fate = self.letters.dead(msg, &reason, tries).await;
+                DeadLetters::settle(msg, fate).await;
+                Ok(())
+            }
             // Not waited for: a lost ack redelivers a job whose items are recorded as
             // finished, and their claims acknowledge it without doing them again.
             Outcome::Done => msg.ack().await,
@@ -685,6 +728,9 @@ mod tests {
         );
         assert_eq!(Outcome::of_job(vec![Superseded, Done, park()]), Superseded);
         assert_eq!(Outcome::of_job(vec![Done, Stopped]), Stopped);
+        // A panic outside the work outranks all: it counts toward the job's dead letter.
+        let panicked = || Panicked("p".into());
+        assert_eq!(Outcome::of_job(vec![Done, panicked(), retry()]), panicked());
         assert_eq!(Outcome::of_job(vec![]), Done);
     }
 
