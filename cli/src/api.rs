@@ -12,6 +12,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// The longest answer the CLI reads (a whole log download included); longer is an error.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
 /// How long to wait for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a whole answer.
@@ -256,9 +259,19 @@ impl Client {
                 root_cause(&e)
             },
         };
-        let response = request.send().await.map_err(unreachable)?;
+        let mut response = request.send().await.map_err(unreachable)?;
         let status = response.status();
-        let raw = response.text().await.map_err(unreachable)?;
+        let mut raw = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            if raw.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(ApiError::Unreachable {
+                    url: self.base_url.to_string(),
+                    reason: format!("an answer over {} MiB", MAX_ANSWER_BYTES >> 20),
+                });
+            }
+            raw.extend_from_slice(&chunk);
+        }
+        let raw = String::from_utf8_lossy(&raw).into_owned();
         Ok(Reply::new(status, raw, keyed))
     }
 

@@ -5,6 +5,7 @@
 //! as its script says, then 200.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -34,6 +35,8 @@ pub enum Reply {
     Slow(Duration, u16),
     /// 302 to this URL.
     Redirect(String),
+    /// This status with a body that never ends.
+    Endless(u16),
 }
 
 /// A delivery that passed the checks.
@@ -192,7 +195,9 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
             .or_else(|| books.default.clone())
             .unwrap_or(Reply::Status(200));
         delivery.answered = match &reply {
-            Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Slow(_, s) => *s,
+            Reply::Status(s) | Reply::RetryAfter(s, _) | Reply::Slow(_, s) | Reply::Endless(s) => {
+                *s
+            }
             Reply::Redirect(_) => 302,
         };
         books.deliveries.push(delivery);
@@ -209,5 +214,10 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
             status(s).into_response()
         }
         Reply::Redirect(to) => (StatusCode::FOUND, [("location", to)]).into_response(),
+        Reply::Endless(s) => {
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let body = futures::stream::repeat_with(move || Ok::<_, Infallible>(chunk.clone()));
+            (status(s), axum::body::Body::from_stream(body)).into_response()
+        }
     }
 }

@@ -1221,3 +1221,32 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
     );
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped() {
+    let stack = Stack::start().await;
+    let (key, inbox) = key_with_inbox(&stack, "endless").await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    receiver.answer(Reply::Endless(500));
+    let started = Instant::now();
+    ingest(
+        &stack,
+        &message(None, "Endless", "", "e"),
+        &[&inbox_address("endless")],
+    )
+    .await;
+    // Recorded long before the 15 s answer timeout: the body was not read to its end.
+    let tried = eventually(Duration::from_secs(10), || async {
+        match attempts(&stack, &key, e).await.pop() {
+            Some(a) if a.last_status_code == Some(500) => Ok(a),
+            other => Err(other.map(|a| a.status)),
+        }
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let error = tried.last_error.expect("the answer's excerpt");
+    assert!(error.starts_with("HTTP 500: xxx"), "{error}");
+    assert!(error.len() < 300, "{} bytes", error.len());
+    stack.shutdown().await;
+}

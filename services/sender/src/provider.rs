@@ -31,6 +31,7 @@ use x509_cert::der::DecodePem;
 use x509_cert::Certificate;
 
 use postmesh_shared::db::now_unix;
+use postmesh_shared::outside::read_capped;
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::events::{self, Kind, NewEvent};
@@ -46,6 +47,8 @@ const UNKNOWN_RETRY_WINDOW: Duration = Duration::from_secs(15 * 60);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Certificates kept at most.
 const MAX_CERTS: usize = 64;
+/// The largest signing certificate read (SNS's are about 2 KiB of PEM).
+const MAX_CERT_BYTES: usize = 64 * 1024;
 
 /// Where notifications may come from, and the certificates already fetched.
 #[derive(Clone)]
@@ -97,8 +100,15 @@ impl Sns {
         if !res.status().is_success() {
             return Err(unavailable(format!("HTTP {}", res.status().as_u16())));
         }
-        let pem = res.text().await.map_err(|e| unavailable(e.to_string()))?;
-        let cert = Certificate::from_pem(pem.as_bytes())
+        let (pem, longer) = read_capped(res, MAX_CERT_BYTES)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if longer {
+            return Err(ApiError::BadRequest(format!(
+                "the signing certificate is over {MAX_CERT_BYTES} bytes"
+            )));
+        }
+        let cert = Certificate::from_pem(&pem)
             .map_err(|e| ApiError::BadRequest(format!("the signing certificate: {e}")))?;
         let spki = cert.tbs_certificate.subject_public_key_info.owned_to_ref();
         let key = RsaPublicKey::try_from(spki).map_err(|e| {

@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
+use postmesh_shared::outside::read_capped;
 use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
 use postmesh_shared::queue::{
     self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, Verdict,
@@ -54,6 +55,8 @@ const BUSY_WAIT: Duration = Duration::from_secs(1);
 const STALLED_FOR: Duration = Duration::from_secs(5);
 /// Bytes of a receiver's answer kept in `lastError`.
 const ERROR_BODY_BYTES: usize = 200;
+/// How much of a receiver's error answer is read at most.
+const ERROR_READ_BYTES: usize = 4096;
 
 /// Makes signed POSTs: one HTTP client whose lookups go through [`Reach`], no redirects.
 #[derive(Clone)]
@@ -125,8 +128,11 @@ impl Sender {
         )
         .then(|| retry_after(res.headers()))
         .flatten();
-        let text = res.text().await.unwrap_or_default();
-        let (excerpt, _) = postmesh_shared::text::cut_at(text, ERROR_BODY_BYTES);
+        // Read no further than this, whatever the receiver streams: the rest is dropped.
+        let read = read_capped(res, ERROR_READ_BYTES).await;
+        let text = read.map(|(body, _)| String::from_utf8_lossy(&body).into_owned());
+        let (excerpt, _) =
+            postmesh_shared::text::cut_at(text.unwrap_or_default(), ERROR_BODY_BYTES);
         Answer {
             status: Some(status),
             // Postgres text takes no NUL.

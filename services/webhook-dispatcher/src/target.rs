@@ -147,41 +147,36 @@ pub fn is_public(ip: IpAddr) -> bool {
 
 fn is_public_v4(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();
-    let refused = ip.is_unspecified()
-        || a == 0 // "this network"
-        || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local() // 169.254/16: cloud metadata lives here
+    let refused = a == 0 // "this network", 0/8
+        || a == 10 // private 10/8
+        || a == 127 // loopback 127/8
         || (a == 100 && (64..128).contains(&b)) // CGNAT 100.64/10
-        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
-        || ip.is_documentation()
+        || (a == 169 && b == 254) // link-local 169.254/16: cloud metadata lives here
+        || (a == 172 && (16..32).contains(&b)) // private 172.16/12
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments 192.0.0/24
+        || (a == 192 && b == 0 && c == 2) // documentation 192.0.2/24
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast 192.88.99/24
+        || (a == 192 && b == 168) // private 192.168/16
         || (a == 198 && (18..20).contains(&b)) // benchmarking 198.18/15
-        || ip.is_multicast()
-        || a >= 240; // reserved and broadcast
+        || (a == 198 && b == 51 && c == 100) // documentation 198.51.100/24
+        || (a == 203 && b == 0 && c == 113) // documentation 203.0.113/24
+        || a >= 224; // multicast 224/4, reserved 240/4 and broadcast
     !refused
 }
 
+/// Only global unicast (2000::/3) is public, and within it not the special-purpose blocks.
+/// Everything else is refused, so every form that embeds or reaches an IPv4 address
+/// (IPv4-mapped ::ffff:0:0/96, -compatible ::/96, -translated ::ffff:0:0:0/96, NAT64
+/// 64:ff9b::/96 and 64:ff9b:1::/48) is, along with loopback, unique local, site-local,
+/// link-local and multicast.
 fn is_public_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return is_public_v4(v4);
-    }
     let s = ip.segments();
-    // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits.
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return is_public_v4(Ipv4Addr::new(
-            (s[6] >> 8) as u8,
-            s[6] as u8,
-            (s[7] >> 8) as u8,
-            s[7] as u8,
-        ));
-    }
-    let refused = ip.is_unspecified()
-        || ip.is_loopback()
-        || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7 (AWS metadata fd00:ec2::254)
-        || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
-        || ip.is_multicast()
-        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || s[..6] == [0, 0, 0, 0, 0, 0]; // IPv4-compatible (deprecated) and the like
+    let global_unicast = (s[0] & 0xe000) == 0x2000;
+    let refused = !global_unicast
+        || (s[0] == 0x2001 && s[1] < 0x0200) // IETF 2001::/23: Teredo 2001::/32, benchmarking 2001:2::/48, ORCHID
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation 2001:db8::/32
+        || s[0] == 0x2002 // 6to4 2002::/16
+        || (s[0] == 0x3fff && s[1] < 0x1000); // documentation 3fff::/20
     !refused
 }
 
@@ -189,36 +184,139 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
 mod tests {
     use super::*;
 
+    /// Every non-public range, by its first and last address (and one inside where the
+    /// edges alone would not show it).
+    const REFUSED: &[(&str, &[&str])] = &[
+        ("this network 0/8", &["0.0.0.0", "0.255.255.255"]),
+        ("private 10/8", &["10.0.0.0", "10.255.255.255"]),
+        ("CGNAT 100.64/10", &["100.64.0.0", "100.127.255.255"]),
+        ("loopback 127/8", &["127.0.0.0", "127.255.255.255"]),
+        (
+            "link-local 169.254/16",
+            &["169.254.0.0", "169.254.169.254", "169.254.255.255"],
+        ),
+        ("private 172.16/12", &["172.16.0.0", "172.31.255.255"]),
+        ("IETF 192.0.0/24", &["192.0.0.0", "192.0.0.255"]),
+        ("documentation 192.0.2/24", &["192.0.2.0", "192.0.2.255"]),
+        ("6to4 relay 192.88.99/24", &["192.88.99.0", "192.88.99.255"]),
+        ("private 192.168/16", &["192.168.0.0", "192.168.255.255"]),
+        ("benchmarking 198.18/15", &["198.18.0.0", "198.19.255.255"]),
+        (
+            "documentation 198.51.100/24",
+            &["198.51.100.0", "198.51.100.255"],
+        ),
+        (
+            "documentation 203.0.113/24",
+            &["203.0.113.0", "203.0.113.255"],
+        ),
+        ("multicast 224/4", &["224.0.0.0", "239.255.255.255"]),
+        (
+            "reserved 240/4 and broadcast",
+            &["240.0.0.0", "255.255.255.255"],
+        ),
+        ("unspecified ::", &["::"]),
+        ("loopback ::1", &["::1"]),
+        (
+            "IPv4-compatible ::/96",
+            &["::0.0.0.1", "::93.184.216.34", "::255.255.255.255"],
+        ),
+        (
+            "IPv4-mapped ::ffff:0:0/96",
+            &["::ffff:0.0.0.0", "::ffff:93.184.216.34", "::ffff:127.0.0.1"],
+        ),
+        (
+            "IPv4-translated ::ffff:0:0:0/96",
+            &["::ffff:0:0.0.0.0", "::ffff:0:93.184.216.34"],
+        ),
+        (
+            "NAT64 64:ff9b::/96",
+            &["64:ff9b::", "64:ff9b::93.184.216.34", "64:ff9b::ffff:ffff"],
+        ),
+        (
+            "local NAT64 64:ff9b:1::/48",
+            &["64:ff9b:1::", "64:ff9b:1:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        ("discard 100::/64", &["100::", "100::ffff:ffff:ffff:ffff"]),
+        (
+            "IETF 2001::/23",
+            &["2001::", "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "Teredo 2001::/32",
+            &["2001:0:4136:e378:8000:63bf:3fff:fdd2"],
+        ),
+        (
+            "benchmarking 2001:2::/48",
+            &["2001:2::", "2001:2:0:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "documentation 2001:db8::/32",
+            &["2001:db8::", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "6to4 2002::/16",
+            &[
+                "2002::",
+                "2002:5db8:d822::1",
+                "2002:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ],
+        ),
+        (
+            "documentation 3fff::/20",
+            &["3fff::", "3fff:fff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "unique local fc00::/7",
+            &[
+                "fc00::",
+                "fd00:ec2::254",
+                "fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ],
+        ),
+        (
+            "link-local fe80::/10",
+            &["fe80::", "febf:ffff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "site-local fec0::/10",
+            &["fec0::", "feff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        ),
+        (
+            "multicast ff00::/8",
+            &[
+                "ff00::",
+                "ff02::1",
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            ],
+        ),
+    ];
+
     #[test]
-    fn only_public_unicast_addresses_pass() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "224.0.0.1",
-            "255.255.255.255",
-            "192.0.2.1",
-            "::1",
-            "::",
-            "fd00:ec2::254",
-            "fe80::1",
-            "ff02::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.0.0.1",
-            "64:ff9b::a00:1",
-            "2001:db8::1",
-        ] {
-            assert!(!is_public(ip.parse().unwrap()), "{ip} is refused");
+    fn every_non_public_range_is_refused_and_public_unicast_passes() {
+        for (range, ips) in REFUSED {
+            for ip in *ips {
+                assert!(!is_public(ip.parse().unwrap()), "{ip} ({range}) is refused");
+            }
         }
         for ip in [
-            "93.184.216.34",
             "1.1.1.1",
+            "9.255.255.255",
+            "11.0.0.0",
+            "93.184.216.34",
+            "100.63.255.255",
+            "100.128.0.0",
+            "172.15.255.255",
+            "172.32.0.0",
+            "192.0.1.0",
+            "192.88.98.255",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "2001:200::1",
+            "2001:4860:4860::8888",
+            "2600::",
             "2606:4700:4700::1111",
-            "::ffff:93.184.216.34",
+            "3ffe:ffff::1",
         ] {
             assert!(is_public(ip.parse().unwrap()), "{ip} is public");
         }
