@@ -13,8 +13,8 @@ pub enum Policy {
     Key,
     /// The upstream MTA: `x-service-inbound-secret` equal to the gateway's `INBOUND_SECRET`.
     InboundSecret,
-    /// The cloud mail provider: `x-service-provider-secret` (or `?token=`) equal to the
-    /// gateway's `PROVIDER_SECRET`.
+    /// The cloud mail provider: `x-service-provider-secret` equal to the gateway's
+    /// `PROVIDER_SECRET` (`?token=` only with `PROVIDER_SECRET_IN_QUERY=1`).
     ProviderSecret,
     /// A signed-in web session (the `pm_session` cookie); 401 without one.
     Session,

@@ -99,6 +99,50 @@ impl Common {
     }
 }
 
+/// A connection URL fit for errors and logs: its password (`user:***@`) and any
+/// `password`, `token` or `secret` query value hidden.
+pub fn redacted(url: &str) -> String {
+    let (before_query, query) = url
+        .split_once('?')
+        .map_or((url, None), |(a, q)| (a, Some(q)));
+    let mut out = match before_query.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+            let authority = match authority.rsplit_once('@') {
+                Some((user_info, host)) => {
+                    let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+                    if user_info.contains(':') {
+                        format!("{user}:***@{host}")
+                    } else {
+                        format!("***@{host}")
+                    }
+                }
+                None => authority.to_owned(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => before_query.to_owned(),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _))
+                    if ["password", "token", "secret"]
+                        .iter()
+                        .any(|s| k.to_ascii_lowercase().contains(s)) =>
+                {
+                    format!("{k}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
 /// The variable's value, or `default` when unset or empty.
 pub fn env_or(name: &str, default: &str) -> String {
     std::env::var(name)
@@ -142,6 +186,20 @@ pub fn secs(d: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn connection_urls_lose_their_secrets() {
+        assert_eq!(
+            redacted("postgres://app:s3cret@db:5432/x?sslmode=require&password=p"),
+            "postgres://app:***@db:5432/x?sslmode=require&password=***"
+        );
+        assert_eq!(
+            redacted("nats://tok@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redacted("smtps://u:p@w@host:465"), "smtps://u:***@host:465");
+    }
     use super::*;
 
     #[test]

@@ -10,7 +10,7 @@ use sqlx::migrate::{Migration, MigrationSource, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::config::Common;
+use crate::config::{redacted, Common};
 use crate::service::Service;
 
 /// Tables of the service kit (the outbox), versions 9001 and up; a service that uses them
@@ -33,7 +33,7 @@ pub async fn connect(
 ) -> anyhow::Result<PgPool> {
     let name = service.database(&common.namespace);
     let server = PgConnectOptions::from_str(&common.database_url)
-        .with_context(|| format!("invalid DATABASE_URL {:?}", common.database_url))?;
+        .with_context(|| format!("invalid DATABASE_URL {:?}", redacted(&common.database_url)))?;
     create_database(&server, &name).await?;
     let pool = PgPoolOptions::new()
         .max_connections(common.db_max_connections)

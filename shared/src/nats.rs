@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 use tracing::Instrument;
 
+use crate::config::redacted;
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
 use crate::rpc::{Method, Rpc};
@@ -68,7 +69,7 @@ pub async fn connect(
         .request_timeout(Some(request_timeout))
         .connect(url)
         .await
-        .with_context(|| format!("connecting to NATS at {url}"))
+        .with_context(|| format!("connecting to NATS at {}", redacted(url)))
 }
 
 /// Sends `payload` to `subject` and waits for the answer of `target`; a failed request

@@ -320,6 +320,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         },
         inbound_secret: Some(INBOUND_SECRET.into()),
         provider_secret: Some(PROVIDER_SECRET.into()),
+        provider_secret_in_query: false,
         public_base_url: "http://127.0.0.1".into(),
         login_ip_hourly_limit: 30,
         trust_forwarded_for: false,

@@ -19,12 +19,13 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use postmesh_shared::proto::{InboundDomainRequest, SendableRequest};
 use postmesh_tests::fake_cloudflare::FakeCloudflare;
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::fake_ses::FakeSes;
+use postmesh_tests::mta::{ingest_body, message, mta};
 use postmesh_tests::{peek, DomainOptions, FakeStripe, Options, Stack, TestClient};
 
 /// A stack whose domain service asks the fake DNS, SES and Cloudflare, and whose billing
@@ -495,8 +496,43 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
         .unwrap();
     assert!(found.found);
     assert_eq!(found.domain_id, id);
+    // An inbox on it receives while the domain stays verified for inbound, and not after.
+    let address = format!("support@{name}");
+    let _: Value = world
+        .client(&key)
+        .post(
+            "/inbox/addresses",
+            &json!({ "address": address }),
+            StatusCode::CREATED,
+        )
+        .await;
+    let validate = || async {
+        let answer: Value = mta(&world.stack)
+            .post(
+                "/inbound-email/validate",
+                &json!({ "address": address }),
+                StatusCode::OK,
+            )
+            .await;
+        answer["accepted"].clone()
+    };
+    assert_eq!(validate().await, json!(true));
     world.dns.set_mx(&name, &[(10, "mx.elsewhere.example")]);
     let _: Success<InboundCheck> = world.act(&key, &id, "verify-inbound", StatusCode::OK).await;
+    assert_eq!(
+        validate().await,
+        json!(false),
+        "its domain no longer routes to us"
+    );
+    let raw = message(None, "Late", "", "late");
+    let late = mta(&world.stack)
+        .request(
+            Method::POST,
+            "/inbound-email/ingest",
+            &ingest_body(&raw, &[&address]),
+        )
+        .await;
+    assert_eq!(late.status, StatusCode::NOT_FOUND);
     let gone = world
         .stack
         .rpc(&InboundDomainRequest {

@@ -155,14 +155,18 @@ async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
     sns.sign(&mut env);
     assert_eq!(post(&stack, &env).await.0, StatusCode::BAD_REQUEST);
 
-    // The provider secret: wrong → 401, in the query → taken; bad payloads → 400.
+    // The provider secret: wrong → 401, in the query → 401 (access logs keep queries; only
+    // PROVIDER_SECRET_IN_QUERY=1 takes it), in the header → taken; bad payloads → 400.
     let good = sns.confirmation("tok-5").to_string();
     let (status, _) = post_as(&stack, good.clone(), "text/plain", Some("wrong"), "").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _) = post_as(&stack, good.clone(), "text/plain", None, "").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let query = format!("?token={PROVIDER_SECRET}");
-    let (status, body) = post_as(&stack, good, "application/json", None, &query).await;
+    let (status, body) = post_as(&stack, good.clone(), "application/json", None, &query).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let secret = Some(PROVIDER_SECRET);
+    let (status, body) = post_as(&stack, good, "application/json", secret, "").await;
     assert_eq!(
         (status, body["confirmed"].clone()),
         (StatusCode::OK, json!(true))

@@ -2,6 +2,7 @@
 //! stream messages each consuming service kept aside, asked of each over NATS, and one put
 //! back on its subject.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::Extension;
 use base64::Engine as _;
@@ -127,9 +128,10 @@ fn letter(l: DeadLetter) -> Letter {
     }
 }
 
+/// The body is ignored, but read within the route's limit like any other (413 beyond).
 async fn requeue(
     State(state): State<AppState>, Extension(auth): Extension<AuthContext>,
-    IdPath(id): IdPath<Uuid>,
+    IdPath(id): IdPath<Uuid>, _body: Bytes,
 ) -> Result<Success<Requeued>, ApiError> {
     require_admin(&auth)?;
     let req = RequeueDeadLetterRequest { id: id.to_string() };

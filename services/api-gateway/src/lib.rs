@@ -59,9 +59,12 @@ pub struct Config {
     /// What the upstream MTA sends in `x-service-inbound-secret` (`INBOUND_SECRET`); unset:
     /// `/inbound-email/*` answer 503.
     pub inbound_secret: Option<String>,
-    /// What the cloud mail provider sends in `x-service-provider-secret` or `?token=`
+    /// What the cloud mail provider sends in `x-service-provider-secret`
     /// (`PROVIDER_SECRET`); unset: `/provider-events/esp` answers 503.
     pub provider_secret: Option<String>,
+    /// `PROVIDER_SECRET_IN_QUERY=1`: `?token=` is taken too, for SNS subscriptions that
+    /// cannot send headers (it lands in access logs; warned at start). Default: 401.
+    pub provider_secret_in_query: bool,
     /// Where browsers reach the gateway (`PUBLIC_BASE_URL`, default
     /// `http://127.0.0.1:8080`): device verification links; cookies are `Secure` unless it
     /// is `http://`.
@@ -99,6 +102,7 @@ impl Config {
             provider_secret: std::env::var("PROVIDER_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            provider_secret_in_query: env_or("PROVIDER_SECRET_IN_QUERY", "0") == "1",
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
             trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
@@ -127,6 +131,10 @@ impl Config {
             (
                 "PROVIDER_SECRET",
                 self.provider_secret.clone().unwrap_or_default(),
+            ),
+            (
+                "PROVIDER_SECRET_IN_QUERY",
+                u8::from(self.provider_secret_in_query).to_string(),
             ),
             ("PUBLIC_BASE_URL", self.public_base_url.clone()),
             (
@@ -160,6 +168,8 @@ pub struct Gateway {
     pub body_limit: usize,
     pub inbound_secret: Option<String>,
     pub provider_secret: Option<String>,
+    /// `PROVIDER_SECRET_IN_QUERY`.
+    pub provider_secret_in_query: bool,
     /// `PUBLIC_BASE_URL`.
     pub public_base_url: String,
     /// `LOGIN_IP_HOURLY_LIMIT`.
@@ -199,6 +209,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         body_limit: config.body_limit,
         inbound_secret: config.inbound_secret.clone(),
         provider_secret: config.provider_secret.clone(),
+        provider_secret_in_query: config.provider_secret_in_query,
         public_base_url: config.public_base_url.clone(),
         login_ip_hourly_limit: config.login_ip_hourly_limit,
         trust_forwarded_for: config.trust_forwarded_for,
@@ -208,6 +219,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
     if state.provider_secret.is_none() {
         tracing::warn!("PROVIDER_SECRET is not set: /provider-events/esp answers 503");
+    }
+    if state.provider_secret_in_query {
+        tracing::warn!(
+            "PROVIDER_SECRET_IN_QUERY=1: /provider-events/esp takes ?token=, which access logs keep"
+        );
     }
     let http = rt.listen(config.http_addr, app(state)).await?;
     rt.running(Some(http)).await

@@ -163,7 +163,7 @@ fn scheme(policy: Policy) -> Option<(&'static str, SecurityScheme)> {
             "providerSecret",
             header_key(
                 "x-service-provider-secret",
-                "the mail provider's shared secret (PROVIDER_SECRET; or ?token=)",
+                "the mail provider's shared secret (PROVIDER_SECRET)",
             ),
         )),
         Policy::Session => Some(("session", cookie())),
@@ -374,7 +374,7 @@ fn who(policy: Policy) -> &'static str {
         Policy::Public => "anyone",
         Policy::Key => "an API key (Authorization: Bearer)",
         Policy::InboundSecret => "the upstream MTA (x-service-inbound-secret)",
-        Policy::ProviderSecret => "the mail provider (x-service-provider-secret or ?token=)",
+        Policy::ProviderSecret => "the mail provider (x-service-provider-secret)",
         Policy::Session => "a signed-in web session (pm_session cookie)",
         Policy::Page => "a signed-in web session; otherwise a redirect to /app/login",
     }

@@ -202,11 +202,12 @@ async fn require_inbound_secret(
     Ok(next.run(req).await)
 }
 
-/// The header the cloud mail provider proves itself with (or `?token=`).
+/// The header the cloud mail provider proves itself with.
 pub const PROVIDER_SECRET_HEADER: &str = "x-service-provider-secret";
 
-/// Admits the cloud mail provider: `x-service-provider-secret`, or the query's `token`,
-/// must equal `PROVIDER_SECRET`; 503 while none is configured, 401 otherwise.
+/// Admits the cloud mail provider: `x-service-provider-secret` (or, with
+/// `PROVIDER_SECRET_IN_QUERY=1`, the query's `token`) must equal `PROVIDER_SECRET`; 503
+/// while none is configured, 401 otherwise, and for a `token` that is not allowed.
 async fn require_provider_secret(
     State(state): State<AppState>, req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
@@ -222,13 +223,18 @@ async fn require_provider_secret(
             .find(|(k, _)| k == "token")
             .map(|(_, v)| v)
     });
+    if from_query.is_some() && !state.provider_secret_in_query {
+        return Err(ApiError::Unauthorized(format!(
+            "the provider secret goes in {PROVIDER_SECRET_HEADER}, not the query"
+        )));
+    }
     let given = match req.headers().get(PROVIDER_SECRET_HEADER) {
         Some(v) => v.as_bytes().to_vec(),
         None => from_query.unwrap_or_default().into_bytes(),
     };
     if !same_secret(&given, expected) {
         return Err(ApiError::Unauthorized(format!(
-            "missing or wrong {PROVIDER_SECRET_HEADER} (or token)"
+            "missing or wrong {PROVIDER_SECRET_HEADER}"
         )));
     }
     Ok(next.run(req).await)

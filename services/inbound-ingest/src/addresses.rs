@@ -309,6 +309,30 @@ pub async fn owned(
 }
 
 /// The live inbox of `address`, with its workspace.
+/// The live inbox of `address` that receives now: on the platform inbound domain, or on a
+/// custom domain its workspace still holds verified for inbound (asked of the domain
+/// service each time, so a deleted or unverified domain stops its mail at once).
+pub async fn receiving(
+    state: &AppState, address: &InboxAddress,
+) -> Result<Option<(AddressId, WorkspaceId)>, ApiError> {
+    let Some((id, workspace)) = live(&state.db, address).await? else {
+        return Ok(None);
+    };
+    if address.domain() == state.inbound_domain.0 {
+        return Ok(Some((id, workspace)));
+    }
+    let Some(client) = &state.nats else {
+        return Err(ApiError::Unavailable("domains are not reachable".into()));
+    };
+    let req = InboundDomainRequest {
+        domain: address.domain().to_owned(),
+    };
+    let owner = nats::call(client, &state.ns, &req).await?;
+    let held = owner.found && owner.workspace_id == workspace.to_string();
+    Ok(held.then_some((id, workspace)))
+}
+
+/// The address's inbox unless it was deleted (whatever its domain's standing).
 pub async fn live(
     db: impl PgExecutor<'_>, address: &InboxAddress,
 ) -> Result<Option<(AddressId, WorkspaceId)>, sqlx::Error> {

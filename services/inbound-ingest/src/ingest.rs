@@ -50,7 +50,7 @@ pub(crate) async fn validate(
     State(state): State<AppState>, JsonBody(body): JsonBody<ValidateBody>,
 ) -> Result<Success<Validated>, ApiError> {
     let accepted = match InboxAddress::of_recipient(&body.address) {
-        Some(inbox) => addresses::live(&state.db, &inbox).await?.is_some(),
+        Some(inbox) => addresses::receiving(&state, &inbox).await?.is_some(),
         None => false,
     };
     Ok(Success::new(Validated { accepted }))
@@ -284,7 +284,7 @@ async fn inboxes_of(state: &AppState, recipients: &[String]) -> Result<Vec<Inbox
         .collect();
     let mut inboxes = Vec::new();
     for address in wanted.into_values() {
-        if let Some((id, workspace)) = addresses::live(&state.db, &address).await? {
+        if let Some((id, workspace)) = addresses::receiving(state, &address).await? {
             inboxes.push((id, workspace, address));
         }
     }

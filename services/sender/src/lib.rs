@@ -109,6 +109,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// How SNS notifications are checked; in production, none without `SNS_TOPIC_ARNS`
+    /// (`/provider-events/esp` answers 503), so no other AWS account's topic is taken.
+    pub fn sns(&self) -> anyhow::Result<Option<provider::Sns>> {
+        if self.common.production && self.sns_topic_arns.is_empty() {
+            tracing::warn!(
+                "SNS_TOPIC_ARNS is empty: in production /provider-events/esp answers 503"
+            );
+            return Ok(None);
+        }
+        let sns = provider::Sns::new(&self.sns_url_pattern, self.sns_topic_arns.clone())?;
+        Ok(Some(sns))
+    }
+
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
@@ -373,10 +386,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         events: outlet.clone(),
         audience_max: config.audience_max,
         unsubscribe: unsubscribe.clone(),
-        sns: Some(provider::Sns::new(
-            &config.sns_url_pattern,
-            config.sns_topic_arns.clone(),
-        )?),
+        sns: config.sns()?,
         ..AppState::new(
             rt.db.clone(),
             rt.nats.clone(),
@@ -451,5 +461,22 @@ mod tests {
         }
         let back = Config::from_env().unwrap();
         assert_eq!(format!("{back:?}"), format!("{config:?}"));
+    }
+
+    #[test]
+    fn in_production_provider_events_need_their_topics() {
+        let mut config = Config::from_env().unwrap();
+        config.sns_topic_arns = Vec::new();
+        assert!(
+            config.sns().unwrap().is_some(),
+            "any topic outside production"
+        );
+        config.common.production = true;
+        assert!(
+            config.sns().unwrap().is_none(),
+            "no topics, no provider route"
+        );
+        config.sns_topic_arns = vec!["arn:aws:sns:us-east-1:123456789012:ses".into()];
+        assert!(config.sns().unwrap().is_some());
     }
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
+use anyhow::Context as _;
 use postmesh_ses::SesClient;
+use postmesh_shared::config::redacted;
 use postmesh_shared::DeliveryId;
 
 use crate::Config;
@@ -94,7 +96,8 @@ impl Transport {
             // One pooled connection per job worked on at once: a smaller pool (lettre's
             // default is 10) makes jobs wait for, or open and close, connections.
             TransportKind::Smtp => Ok(Self::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)?
+                AsyncSmtpTransport::<Tokio1Executor>::from_url(&config.smtp_url)
+                    .with_context(|| format!("SMTP_URL {}", redacted(&config.smtp_url)))?
                     .pool_config(
                         PoolConfig::new().max_size(config.worker.concurrency.max(1) as u32),
                     )

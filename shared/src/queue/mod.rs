@@ -562,12 +562,6 @@ impl<S: Stages> Worker<S> {
             },
             Err(e) => return Outcome::Retry(format!("database: {e}"), None),
         };
-        // A claim past the last attempt: the earlier claims never recorded an outcome (their
-        // work crashed or hung the process), so the item is given up without a new try.
-        if attempt > self.config.max_deliver {
-            let reason = format!("no outcome after {} tries", self.config.max_deliver);
-            return self.record(id, lease, Verdict::Failed(reason)).await;
-        }
         let result = {
             let _slot = self
                 .working
