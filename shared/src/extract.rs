@@ -74,6 +74,39 @@ pub fn holds_nul(json: &[u8]) -> bool {
     })
 }
 
+/// The largest page of a list.
+pub const MAX_PAGE: i64 = 500;
+
+/// `limit` (1-500) and `offset` (0 or more) of a list's page.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+pub struct PageQuery {
+    /// Items on the page (1-500; each list has its default).
+    pub limit: Option<i64>,
+    /// Items skipped before the page.
+    pub offset: Option<i64>,
+}
+
+/// A page of a list: at most `limit` items after the first `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Page {
+    pub limit: i64,
+    pub offset: i64,
+}
+
+impl PageQuery {
+    /// The page asked for, `default` items when no limit is given; 400 out of bounds.
+    pub fn page(&self, default: i64) -> Result<Page, ApiError> {
+        let limit = self.limit.unwrap_or(default);
+        let offset = self.offset.unwrap_or(0);
+        if !(1..=MAX_PAGE).contains(&limit) || offset < 0 {
+            return Err(ApiError::BadRequest(format!(
+                "limit must be 1-{MAX_PAGE} and offset 0 or more"
+            )));
+        }
+        Ok(Page { limit, offset })
+    }
+}
+
 /// Query parameters; malformed ones are a 400.
 pub struct QueryParams<T>(pub T);
 

@@ -63,3 +63,49 @@ pub async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, String> {
         body,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `body_len` bytes (`None`: an endless body) with `status` on a local port.
+    async fn serve(status: u16, body_len: Option<usize>) -> String {
+        use axum::body::Body;
+        let app = axum::Router::new().fallback(move || async move {
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let body = match body_len {
+                Some(len) => Body::from(vec![b'x'; len]),
+                None => Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::convert::Infallible>(chunk.clone())
+                })),
+            };
+            (StatusCode::from_u16(status).unwrap(), body)
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/")
+    }
+
+    #[tokio::test]
+    async fn answers_are_read_up_to_their_cap() {
+        let client = http_client("test", Duration::from_secs(5)).unwrap();
+        let endless = serve(500, None).await;
+        let res = client.get(&endless).send().await.unwrap();
+        let (body, longer) = read_capped(res, 4096).await.unwrap();
+        assert_eq!((body.len(), longer), (4096, true));
+        let short = serve(200, Some(10)).await;
+        let res = client.get(&short).send().await.unwrap();
+        let (body, longer) = read_capped(res, 4096).await.unwrap();
+        assert_eq!((body.len(), longer), (10, false));
+        // An outside API's endless error answer is an error, not a 5 s read.
+        let err = exchange(client.get(&endless))
+            .await
+            .err()
+            .expect("too long");
+        assert!(err.contains("over"), "{err}");
+        // A 2xx stands whatever its body.
+        let ok = exchange(client.get(serve(200, None).await)).await.unwrap();
+        assert!(ok.status.is_success());
+    }
+}

@@ -323,6 +323,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         provider_secret_in_query: false,
         public_base_url: "http://127.0.0.1".into(),
         login_ip_hourly_limit: 30,
+        api_keys_per_account: 50,
         trust_forwarded_for: false,
     }
 }
@@ -651,6 +652,7 @@ impl Stack {
             // Test SNS servers are local (`postmesh_tests::fake_sns`).
             sns_url_pattern: r"^http://127\.0\.0\.1:\d+/".into(),
             sns_topic_arns: vec![FAKE_SNS_TOPIC.into()],
+            quotas: sender::Quotas::default(),
             worker: worker_config(self.send_concurrency),
         }
     }

@@ -394,3 +394,50 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
     other.stop().await;
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages() {
+    let stack = Stack::start().await;
+    let primary = stack.key(0).await;
+    let email = stack.account_email(&primary).await;
+    let mut user = WebUser::login(&stack, &email, 0).await;
+    // The primary and 49 more fill API_KEYS_PER_ACCOUNT (50 in the test stack).
+    for i in 1..50 {
+        let made = user
+            .json(
+                Method::POST,
+                "/api-keys",
+                &json!({ "name": format!("k{i}") }),
+            )
+            .await;
+        assert_eq!(made.status, StatusCode::CREATED, "key {i}");
+    }
+    let over = user
+        .json(Method::POST, "/api-keys", &json!({ "name": "one more" }))
+        .await;
+    assert_eq!(over.status, StatusCode::FORBIDDEN);
+    let error: Value = over.expect(StatusCode::FORBIDDEN, "over the quota");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("API_KEYS_PER_ACCOUNT = 50"),
+        "{error}"
+    );
+    let page: Value = user
+        .json(Method::GET, "/api-keys?limit=10&offset=45", &json!({}))
+        .await
+        .expect(StatusCode::OK, "a page");
+    let names: Vec<&str> = page["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["k45", "k46", "k47", "k48", "k49"]);
+    let bad = user
+        .json(Method::GET, "/api-keys?limit=501", &json!({}))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    stack.shutdown().await;
+}

@@ -859,3 +859,50 @@ async fn a_stored_copy_is_in_the_outbox_when_its_transaction_commits() {
     }
     assert_eq!(peek::inbound::messages(&db.pool).await, 1);
 }
+
+#[tokio::test]
+async fn a_thread_is_read_a_page_of_messages_at_a_time() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let to = format!("support@{INBOUND_DOMAIN}");
+    create_address(&stack, &key, &to).await;
+    for i in 0..3 {
+        let replying = if i == 0 {
+            String::new()
+        } else {
+            "In-Reply-To: <t-0@customer.example>\r\nReferences: <t-0@customer.example>\r\n".into()
+        };
+        let raw = message(
+            Some(&format!("t-{i}@customer.example")),
+            "Paged",
+            &replying,
+            &format!("m{i}"),
+        );
+        ingest(&stack, &raw, &[&to]).await;
+    }
+    let list = threads(&stack, &key, "").await;
+    assert_eq!(list.threads.len(), 1);
+    let path = format!("/inbox/threads/{}", list.threads[0].id);
+    let page: Success<ThreadPage> = stack
+        .client(&key)
+        .get(&format!("{path}?limit=1&offset=1"), StatusCode::OK)
+        .await;
+    let ids: Vec<_> = page
+        .body
+        .messages
+        .iter()
+        .map(|m| m.content.message_id.clone())
+        .collect();
+    assert_eq!(ids, [Some("t-1@customer.example".to_owned())]);
+    assert_eq!(
+        (page.body.total, page.body.limit, page.body.offset),
+        (3, 1, 1)
+    );
+    let whole: Success<ThreadPage> = stack.client(&key).get(&path, StatusCode::OK).await;
+    assert_eq!((whole.body.messages.len(), whole.body.limit), (3, 100));
+    let _: ErrorBody = stack
+        .client(&key)
+        .get(&format!("{path}?limit=501"), StatusCode::BAD_REQUEST)
+        .await;
+    stack.shutdown().await;
+}

@@ -154,6 +154,40 @@ async fn another_workspace_s_key_never_reaches_this_workspace_s_data() {
     stack.shutdown().await;
 }
 
+/// JSON nested 1,000 deep, as an object inside each field.
+fn deep_json() -> Vec<u8> {
+    let depth = 1_000;
+    format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth)).into_bytes()
+}
+
+#[tokio::test]
+async fn deep_json_is_a_400() {
+    let stack = Stack::start().await;
+    let key = stack.key(100).await;
+    let routes = [
+        (HttpMethod::Post, "/send-email"),
+        (HttpMethod::Post, "/contacts"),
+        (HttpMethod::Post, "/contacts/import"),
+        (HttpMethod::Post, "/events"),
+        (HttpMethod::Post, "/templates"),
+        (HttpMethod::Post, "/workflows"),
+        (HttpMethod::Post, "/webhooks"),
+    ];
+    for (m, path) in routes {
+        let route = all_routes()
+            .into_iter()
+            .find(|r| r.method == m && r.path == path)
+            .expect("a declared route");
+        let (status, text) = call(&stack, &route, path, Some(&key), Some(deep_json())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {text}");
+        let answer: Value = serde_json::from_str(&text).expect("a JSON error");
+        assert_eq!(answer["success"], false, "{path}: {text}");
+    }
+    // Every service still answers.
+    let _: Value = stack.client(&key).get("/balance", StatusCode::OK).await;
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500() {
     let stack = Stack::start().await;

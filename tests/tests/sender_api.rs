@@ -3,7 +3,7 @@
 //! invisible.
 
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::outbox::Outbox;
@@ -15,6 +15,11 @@ use sender::templates::{Template, TemplateList};
 /// The sender's database and its router, called by two fresh callers of different
 /// workspaces.
 async fn sender_router() -> (ServiceDb, TestClient, TestClient) {
+    sender_router_with(sender::Quotas::default()).await
+}
+
+/// [`sender_router`] with its own quotas.
+async fn sender_router_with(quotas: sender::Quotas) -> (ServiceDb, TestClient, TestClient) {
     let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
     let nats = async_nats::connect(&store.common.nats_url)
         .await
@@ -27,7 +32,7 @@ async fn sender_router() -> (ServiceDb, TestClient, TestClient) {
         Outbox::new(store.pool.clone(), async_nats::jetstream::new(nats)),
         EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
     );
-    let router = sender::router(state);
+    let router = sender::router(sender::AppState { quotas, ..state });
     let client = |role| TestClient::router(router.clone(), Some(caller(role)));
     (store, client(Role::Member), client(Role::Member))
 }
@@ -75,4 +80,106 @@ async fn task_ids_are_checked_at_the_edge() {
     let _: ErrorBody = mine
         .delete("/send-email/nope", StatusCode::BAD_REQUEST)
         .await;
+}
+
+#[tokio::test]
+async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
+    let quotas = sender::Quotas {
+        templates: 3,
+        audiences: 2,
+        workflows: 1,
+    };
+    let (_store, mine, theirs) = sender_router_with(quotas).await;
+    let template = |key: &str| json!({"key": key, "subject": "s", "text": "t"});
+    for key in ["a", "b", "c"] {
+        let _: Value = mine
+            .post("/templates", &template(key), StatusCode::OK)
+            .await;
+    }
+    let over: ErrorBody = mine
+        .post("/templates", &template("d"), StatusCode::FORBIDDEN)
+        .await;
+    assert!(
+        over.error.contains("TEMPLATES_PER_WORKSPACE = 3"),
+        "{}",
+        over.error
+    );
+    // A new version of a key held is no new template; another workspace has its own quota.
+    let _: Value = mine
+        .post("/templates", &template("a"), StatusCode::OK)
+        .await;
+    let _: Value = theirs
+        .post("/templates", &template("d"), StatusCode::OK)
+        .await;
+    // Versions per template: 100.
+    for _ in 2..=sender::templates::MAX_VERSIONS {
+        let _: Value = mine
+            .post("/templates", &template("b"), StatusCode::OK)
+            .await;
+    }
+    let over: ErrorBody = mine
+        .post("/templates", &template("b"), StatusCode::FORBIDDEN)
+        .await;
+    assert!(over.error.contains("100 versions"), "{}", over.error);
+
+    let audience = json!({"name": "n", "include": [{"tag": "x"}]});
+    for _ in 0..2 {
+        let _: Value = mine
+            .post("/audiences", &audience, StatusCode::CREATED)
+            .await;
+    }
+    let over: ErrorBody = mine
+        .post("/audiences", &audience, StatusCode::FORBIDDEN)
+        .await;
+    assert!(
+        over.error.contains("AUDIENCES_PER_WORKSPACE = 2"),
+        "{}",
+        over.error
+    );
+
+    let _: Value = mine
+        .post("/templates", &template("a"), StatusCode::OK)
+        .await;
+    let workflow = json!({ "name": "w", "trigger": { "event_name": "go" },
+                           "steps": [{ "type": "send", "templateKey": "a" }] });
+    let _: Value = mine
+        .post("/workflows", &workflow, StatusCode::CREATED)
+        .await;
+    let over: ErrorBody = mine
+        .post("/workflows", &workflow, StatusCode::FORBIDDEN)
+        .await;
+    assert!(
+        over.error.contains("WORKFLOWS_PER_WORKSPACE = 1"),
+        "{}",
+        over.error
+    );
+
+    // Pages: templates by key, audiences oldest first.
+    let page: Value = mine
+        .get("/templates?limit=2&offset=1", StatusCode::OK)
+        .await;
+    let keys: Vec<&str> = page["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["b", "c"]);
+    assert_eq!(
+        (page["limit"].clone(), page["offset"].clone()),
+        (json!(2), json!(1))
+    );
+    let page: Value = mine.get("/audiences?limit=1", StatusCode::OK).await;
+    assert_eq!(page["audiences"].as_array().unwrap().len(), 1);
+    let page: Value = mine.get("/workflows?offset=1", StatusCode::OK).await;
+    assert_eq!(page["workflows"].as_array().unwrap().len(), 0);
+    let page: Value = mine.get("/campaigns", StatusCode::OK).await;
+    assert_eq!(page["limit"], json!(50));
+    for bad in ["limit=0", "limit=501", "offset=-1", "limit=x"] {
+        for list in ["/templates", "/audiences", "/workflows", "/campaigns"] {
+            let _: ErrorBody = mine
+                .get(&format!("{list}?{bad}"), StatusCode::BAD_REQUEST)
+                .await;
+        }
+    }
 }

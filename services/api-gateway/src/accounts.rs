@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::JsonBody;
+use postmesh_shared::extract::{JsonBody, PageQuery, QueryParams};
 use postmesh_shared::proto::{AuthContext, Role};
 use postmesh_shared::response::Message;
 use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
@@ -25,6 +25,7 @@ pub fn routes() -> Routes<AppState> {
         .at(api::ACCOUNT, account)
         .answers::<Success<AccountAnswer>>()
         .at(api::API_KEYS, list)
+        .query::<PageQuery>()
         .answers::<Success<KeyList>>()
         .at(api::API_KEY_CREATE, create)
         .takes::<CreateBody>()
@@ -93,13 +94,26 @@ pub async fn mint(
     state: &AppState, account: Uuid, name: &str,
 ) -> Result<(String, KeyInfo), ApiError> {
     let mut tx = state.db.begin().await?;
+    // The account's row is locked: two keys made at once cannot both fit the quota.
     let primary: Option<Uuid> =
-        sqlx::query_scalar("SELECT primary_key_id FROM accounts WHERE id = $1")
+        sqlx::query_scalar("SELECT primary_key_id FROM accounts WHERE id = $1 FOR UPDATE")
             .bind(account)
             .fetch_optional(&mut *tx)
             .await?
             .flatten();
     let primary = primary.ok_or_else(no_key)?;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL",
+    )
+    .bind(account)
+    .fetch_one(&mut *tx)
+    .await?;
+    let quota = state.api_keys_per_account;
+    if held >= quota {
+        return Err(ApiError::Forbidden(format!(
+            "the account holds {held} API keys, its quota (API_KEYS_PER_ACCOUNT = {quota}); revoke one first"
+        )));
+    }
     let id = Uuid::now_v7();
     let text = keys::insert_key(&mut tx, account, id, primary, name, Role::Member).await?;
     tx.commit().await?;
@@ -213,14 +227,27 @@ async fn account(
 #[schema(as = ApiKeyList)]
 struct KeyList {
     keys: Vec<KeyInfo>,
+    limit: i64,
+    offset: i64,
 }
 
-/// `GET /api-keys`.
+/// `GET /api-keys`: a page, oldest first.
 async fn list(
     State(state): State<AppState>, Extension(session): Extension<Session>,
+    QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<KeyList>, ApiError> {
-    let keys = keys_of(&state, session.account).await?;
-    Ok(Success::new(KeyList { keys }))
+    let page = q.page(50)?;
+    let keys = keys_of(&state, session.account)
+        .await?
+        .into_iter()
+        .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
+        .take(usize::try_from(page.limit).unwrap_or(0))
+        .collect();
+    Ok(Success::new(KeyList {
+        keys,
+        limit: page.limit,
+        offset: page.offset,
+    }))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

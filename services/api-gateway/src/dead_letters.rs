@@ -6,11 +6,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::Extension;
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use uuid::Uuid;
 
 use postmesh_contracts::routes::gateway as api;
-use postmesh_shared::extract::{IdPath, QueryParams};
+use postmesh_shared::extract::{IdPath, PageQuery, QueryParams};
 use postmesh_shared::proto::{
     AuthContext, DeadLetter, DeadLettersRequest, RequeueDeadLetterRequest, Role,
 };
@@ -18,9 +18,8 @@ use postmesh_shared::{nats, ApiError, Routes, Service, Success};
 
 use crate::AppState;
 
-/// A page's default and largest size.
+/// A page's default size.
 const DEFAULT_LIMIT: i64 = 50;
-const MAX_LIMIT: i64 = 500;
 
 /// The dead-letter routes.
 pub fn routes() -> Routes<AppState> {
@@ -30,13 +29,6 @@ pub fn routes() -> Routes<AppState> {
         .answers::<Success<DeadLetterList>>()
         .at(api::DEAD_LETTER_REQUEUE, requeue)
         .answers::<Success<Requeued>>()
-}
-
-/// `limit` (1-500, default 50) and `offset`, per service.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-pub struct PageQuery {
-    pub limit: Option<i64>,
-    pub offset: Option<i64>,
 }
 
 /// Each consuming service's dead letters.
@@ -92,14 +84,11 @@ async fn list(
     QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<DeadLetterList>, ApiError> {
     require_admin(&auth)?;
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let offset = q.offset.unwrap_or(0);
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
-        )));
-    }
-    let req = DeadLettersRequest { limit, offset };
+    let page = q.page(DEFAULT_LIMIT)?;
+    let req = DeadLettersRequest {
+        limit: page.limit,
+        offset: page.offset,
+    };
     let asks =
         Service::CONSUMERS.map(|service| nats::call_on(&state.nats, &state.ns, service, &req));
     let answers = futures::future::try_join_all(asks).await?;

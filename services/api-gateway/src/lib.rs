@@ -71,6 +71,8 @@ pub struct Config {
     pub public_base_url: String,
     /// Login codes one IP may ask for an hour (`LOGIN_IP_HOURLY_LIMIT`, default 30).
     pub login_ip_hourly_limit: u32,
+    /// Live API keys one account may hold (`API_KEYS_PER_ACCOUNT`, default 50).
+    pub api_keys_per_account: i64,
     /// Whether the client IP is the last `X-Forwarded-For` entry
     /// (`GATEWAY_TRUST_FORWARDED_FOR=1`, behind a proxy that appends it), not the peer.
     pub trust_forwarded_for: bool,
@@ -105,6 +107,7 @@ impl Config {
             provider_secret_in_query: env_or("PROVIDER_SECRET_IN_QUERY", "0") == "1",
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
+            api_keys_per_account: env_parse("API_KEYS_PER_ACCOUNT", 50)?,
             trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
             common,
             codes,
@@ -142,6 +145,10 @@ impl Config {
                 self.login_ip_hourly_limit.to_string(),
             ),
             (
+                "API_KEYS_PER_ACCOUNT",
+                self.api_keys_per_account.to_string(),
+            ),
+            (
                 "GATEWAY_TRUST_FORWARDED_FOR",
                 u8::from(self.trust_forwarded_for).to_string(),
             ),
@@ -174,6 +181,8 @@ pub struct Gateway {
     pub public_base_url: String,
     /// `LOGIN_IP_HOURLY_LIMIT`.
     pub login_ip_hourly_limit: u32,
+    /// `API_KEYS_PER_ACCOUNT`.
+    pub api_keys_per_account: i64,
     /// `GATEWAY_TRUST_FORWARDED_FOR`.
     pub trust_forwarded_for: bool,
 }
@@ -212,6 +221,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         provider_secret_in_query: config.provider_secret_in_query,
         public_base_url: config.public_base_url.clone(),
         login_ip_hourly_limit: config.login_ip_hourly_limit,
+        api_keys_per_account: config.api_keys_per_account,
         trust_forwarded_for: config.trust_forwarded_for,
     });
     if state.inbound_secret.is_none() {

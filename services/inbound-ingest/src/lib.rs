@@ -115,6 +115,7 @@ fn routes() -> Routes<AppState> {
         .query::<threads::ListQuery>()
         .answers::<Success<threads::ThreadList>>()
         .at(api::THREAD, threads::show)
+        .query::<postmesh_shared::extract::PageQuery>()
         .answers::<Success<threads::ThreadPage>>()
         .at(api::THREAD_READ, threads::read)
         .answers::<Success<threads::Read>>()

@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::extract::{Caller, IdPath, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, PageQuery, QueryParams};
 use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
 
 use crate::addresses;
@@ -130,12 +130,19 @@ pub struct MessageView {
     pub bodies_in_raw: bool,
 }
 
-/// `GET /inbox/threads/{id}` answer.
+/// `GET /inbox/threads/{id}` answer: the thread and a page of its messages, oldest first.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ThreadPage {
     pub thread: ThreadView,
     pub messages: Vec<MessageView>,
+    /// The thread's messages in all.
+    pub total: i64,
+    pub limit: i64,
+    pub offset: i64,
 }
+
+/// Messages on a page of a thread when no limit is given.
+const THREAD_PAGE: i64 = 100;
 
 /// `POST /inbox/threads/{id}/read` answer.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -209,23 +216,38 @@ async fn owned_thread(db: &PgPool, caller: &Caller, id: ThreadId) -> Result<Thre
 
 pub(crate) async fn show(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<ThreadId>,
+    QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<ThreadPage>, ApiError> {
+    // Any outside sender can grow a thread: it is read a page at a time.
+    let page = q.page(THREAD_PAGE)?;
     let thread = owned_thread(&state.db, &caller, id).await?;
     let mut messages: Vec<MessageView> = sqlx::query_as(
         "SELECT id, COALESCE(from_header, envelope_from) AS from, to_header AS to,
              cc_header AS cc, subject, text_body AS text, html_body AS html, message_id,
              in_reply_to, received_at, attachments, authentication, bodies_in_raw
-         FROM messages WHERE thread_id = $1 ORDER BY received_at, id",
+         FROM messages WHERE thread_id = $1 ORDER BY received_at, id LIMIT $2 OFFSET $3",
     )
     .bind(id)
+    .bind(page.limit)
+    .bind(page.offset)
     .fetch_all(&state.db)
     .await?;
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM messages WHERE thread_id = $1")
+        .bind(id)
+        .fetch_one(&state.db)
+        .await?;
     for m in messages.iter_mut().filter(|m| m.bodies_in_raw) {
         let raw = raw_of(&state.db, m.id).await?;
         let whole = Parsed::whole(&raw).content;
         (m.content.text, m.content.html) = (whole.text, whole.html);
     }
-    Ok(Success::new(ThreadPage { thread, messages }))
+    Ok(Success::new(ThreadPage {
+        thread,
+        messages,
+        total,
+        limit: page.limit,
+        offset: page.offset,
+    }))
 }
 
 pub(crate) async fn read(

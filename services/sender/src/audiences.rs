@@ -19,16 +19,18 @@ use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, IdPath, JsonBody};
+use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::contacts::{name, name_schema, MAX_NAME_LEN};
 use crate::request::Recipient;
-use crate::{schema, AppState};
+use crate::{schema, AppState, Quotas};
 
 /// Conditions in an include or exclude list at most.
 const MAX_CONDITIONS: usize = 50;
+/// A page of audiences when no limit is given.
+const DEFAULT_PAGE: i64 = 50;
 
 /// An audience as the API gives it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -518,6 +520,14 @@ pub(crate) async fn create(
         exclude: body.exclude,
     };
     Audience::parse(&definition, false).map_err(ApiError::BadRequest)?;
+    let mut tx = state.db.begin().await?;
+    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM audiences WHERE workspace_id = $1")
+        .bind(caller.workspace)
+        .fetch_one(&mut *tx)
+        .await?;
+    let quota = state.quotas.audiences;
+    Quotas::check(held, quota, "audiences", "AUDIENCES_PER_WORKSPACE")?;
     let row: (Uuid, String, Json<AudienceBody>, i64) = sqlx::query_as(
         "INSERT INTO audiences (id, workspace_id, name, definition, created_at)
          VALUES ($1, $2, $3, $4, $5) RETURNING id, name, definition, created_at",
@@ -527,8 +537,9 @@ pub(crate) async fn create(
     .bind(&name)
     .bind(Json(&definition))
     .bind(now_unix())
-    .fetch_one(&state.db)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok((
         StatusCode::CREATED,
         Success::new(One {
@@ -537,24 +548,31 @@ pub(crate) async fn create(
     ))
 }
 
-/// `GET /audiences` answer.
+/// `GET /audiences` answer: a page, oldest first.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AudienceList {
     pub audiences: Vec<SavedAudience>,
+    pub limit: i64,
+    pub offset: i64,
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>, caller: Caller,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<AudienceList>, ApiError> {
+    let page = q.page(DEFAULT_PAGE)?;
     let rows: Vec<(Uuid, String, Json<AudienceBody>, i64)> = sqlx::query_as(
         "SELECT id, name, definition, created_at FROM audiences WHERE workspace_id = $1
-         ORDER BY id",
+         ORDER BY id LIMIT $2 OFFSET $3",
     )
     .bind(caller.workspace)
+    .bind(page.limit)
+    .bind(page.offset)
     .fetch_all(&state.db)
     .await?;
     Ok(Success::new(AudienceList {
         audiences: rows.into_iter().map(Into::into).collect(),
+        limit: page.limit,
+        offset: page.offset,
     }))
 }
 

@@ -14,7 +14,7 @@ use utoipa::openapi::schema::ObjectBuilder;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audiences::{self, Audience, AudienceBody};
@@ -173,22 +173,35 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Success::new(One { campaign })))
 }
 
-/// `GET /campaigns` answer.
+/// `GET /campaigns` answer: a page, oldest first.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CampaignList {
     pub campaigns: Vec<Campaign>,
+    pub limit: i64,
+    pub offset: i64,
 }
 
+/// A page of campaigns when no limit is given.
+const DEFAULT_PAGE: i64 = 50;
+
 pub(crate) async fn list(
-    State(state): State<AppState>, caller: Caller,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<CampaignList>, ApiError> {
+    let page = q.page(DEFAULT_PAGE)?;
     let campaigns = sqlx::query_as::<_, Campaign>(&format!(
-        "SELECT {COLUMNS} FROM campaigns c WHERE workspace_id = $1 ORDER BY created_at, key"
+        "SELECT {COLUMNS} FROM campaigns c WHERE workspace_id = $1
+         ORDER BY created_at, key LIMIT $2 OFFSET $3"
     ))
     .bind(caller.workspace)
+    .bind(page.limit)
+    .bind(page.offset)
     .fetch_all(&state.db)
     .await?;
-    Ok(Success::new(CampaignList { campaigns }))
+    Ok(Success::new(CampaignList {
+        campaigns,
+        limit: page.limit,
+        offset: page.offset,
+    }))
 }
 
 /// Campaign `key` of `workspace`, if any.

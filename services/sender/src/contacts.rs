@@ -623,6 +623,10 @@ fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
         .clone();
     let mut rows = Vec::new();
     for record in reader.records() {
+        // Read no further than one row past the cap: the rest is never parsed.
+        if rows.len() == MAX_IMPORT_ROWS {
+            return Err(too_many_rows());
+        }
         rows.push(record.map_err(|e| e.to_string()).and_then(|record| {
             let mut body = ContactBody::default();
             for (column, cell) in headers.iter().zip(record.iter()) {
@@ -665,11 +669,55 @@ fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
     Ok(rows)
 }
 
+/// The 400 of an import over [`MAX_IMPORT_ROWS`].
+fn too_many_rows() -> ApiError {
+    ApiError::BadRequest(format!(
+        "more than {MAX_IMPORT_ROWS} rows; an import takes at most {MAX_IMPORT_ROWS}"
+    ))
+}
+
+/// A JSON array read up to [`MAX_IMPORT_ROWS`] items: one more stops the parse.
+struct CappedArray(Vec<Value>);
+
+/// Why a [`CappedArray`] stopped.
+const TOO_MANY: &str = "too many rows";
+
+impl<'de> Deserialize<'de> for CappedArray {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Items;
+        impl<'de> serde::de::Visitor<'de> for Items {
+            type Value = CappedArray;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON array of contacts")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self, mut seq: A,
+            ) -> Result<CappedArray, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Value>()? {
+                    if items.len() == MAX_IMPORT_ROWS {
+                        return Err(serde::de::Error::custom(TOO_MANY));
+                    }
+                    items.push(item);
+                }
+                Ok(CappedArray(items))
+            }
+        }
+        d.deserialize_seq(Items)
+    }
+}
+
 /// The rows of a JSON array of contact objects.
 fn json_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
-    let items: Vec<Value> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::BadRequest(format!("the body must be a JSON array of contacts: {e}"))
-    })?;
+    let items = match serde_json::from_slice::<CappedArray>(body) {
+        Ok(CappedArray(items)) => items,
+        Err(e) if e.to_string().starts_with(TOO_MANY) => return Err(too_many_rows()),
+        Err(e) => {
+            return Err(ApiError::BadRequest(format!(
+                "the body must be a JSON array of contacts: {e}"
+            )))
+        }
+    };
     Ok(items
         .into_iter()
         .map(|item| serde_json::from_value(item).map_err(|e| e.to_string()))
@@ -701,12 +749,6 @@ pub(crate) async fn import(
             ))
         }
     };
-    if rows.len() > MAX_IMPORT_ROWS {
-        return Err(ApiError::BadRequest(format!(
-            "{} rows; an import takes at most {MAX_IMPORT_ROWS}",
-            rows.len()
-        )));
-    }
     let mut answer = Imported {
         created: 0,
         updated: 0,
@@ -775,5 +817,25 @@ mod tests {
                 .unwrap_err()
                 .contains("attributes")
         );
+    }
+
+    #[test]
+    fn imports_stop_reading_one_row_past_the_cap() {
+        // A 16 MiB file of one-character rows: refused at row 10,001, the rest unread.
+        let csv = format!("email\n{}", "a\n".repeat(8 << 20));
+        let Err(err) = csv_rows(csv.as_bytes()) else {
+            panic!("too many rows taken")
+        };
+        assert!(err.to_string().contains("more than 10000 rows"), "{err}");
+        let exactly = format!("email\n{}", "a\n".repeat(MAX_IMPORT_ROWS));
+        assert_eq!(csv_rows(exactly.as_bytes()).unwrap().len(), MAX_IMPORT_ROWS);
+        let json = format!("[{}1]", "1,".repeat(8 << 20));
+        let Err(err) = json_rows(json.as_bytes()) else {
+            panic!("too many rows taken")
+        };
+        assert!(err.to_string().contains("more than 10000 rows"), "{err}");
+        let json = format!("[{}1]", "{},".repeat(MAX_IMPORT_ROWS - 1));
+        assert_eq!(json_rows(json.as_bytes()).unwrap().len(), MAX_IMPORT_ROWS);
+        assert!(json_rows(b"{}").is_err());
     }
 }

@@ -43,10 +43,11 @@ use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
+use postmesh_shared::extract::PageQuery;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::routes::Bodies;
 use postmesh_shared::{
-    db, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service, Success,
+    db, ApiError, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service, Success,
 };
 
 pub use worker::WorkerConfig;
@@ -105,7 +106,43 @@ pub struct Config {
     pub sns_url_pattern: String,
     /// SNS topics whose notifications are taken (`SNS_TOPIC_ARNS`, comma list; empty: any).
     pub sns_topic_arns: Vec<String>,
+    /// What a workspace may hold (`TEMPLATES_PER_WORKSPACE`, `AUDIENCES_PER_WORKSPACE`,
+    /// `WORKFLOWS_PER_WORKSPACE`).
+    pub quotas: Quotas,
     pub worker: WorkerConfig,
+}
+
+/// The most of each resource a workspace may hold; one more is a 403 that names the quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quotas {
+    /// Template keys (`TEMPLATES_PER_WORKSPACE`, default 1,000).
+    pub templates: i64,
+    /// Saved audiences (`AUDIENCES_PER_WORKSPACE`, default 200).
+    pub audiences: i64,
+    /// Workflows (`WORKFLOWS_PER_WORKSPACE`, default 200).
+    pub workflows: i64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            templates: 1_000,
+            audiences: 200,
+            workflows: 200,
+        }
+    }
+}
+
+impl Quotas {
+    /// 403 when `held` already fills `quota` (named by its setting).
+    pub fn check(held: i64, quota: i64, what: &str, setting: &str) -> Result<(), ApiError> {
+        if held >= quota {
+            return Err(ApiError::Forbidden(format!(
+                "the workspace holds {held} {what}, its quota ({setting} = {quota})"
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -146,6 +183,11 @@ impl Config {
                 .filter(|t| !t.is_empty())
                 .map(str::to_owned)
                 .collect(),
+            quotas: Quotas {
+                templates: env_parse("TEMPLATES_PER_WORKSPACE", Quotas::default().templates)?,
+                audiences: env_parse("AUDIENCES_PER_WORKSPACE", Quotas::default().audiences)?,
+                workflows: env_parse("WORKFLOWS_PER_WORKSPACE", Quotas::default().workflows)?,
+            },
             worker: WorkerConfig {
                 ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
                 max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
@@ -175,6 +217,9 @@ impl Config {
             ("PUBLIC_BASE_URL", self.public_base_url.clone()),
             ("SNS_URL_PATTERN", self.sns_url_pattern.clone()),
             ("SNS_TOPIC_ARNS", self.sns_topic_arns.join(",")),
+            ("TEMPLATES_PER_WORKSPACE", self.quotas.templates.to_string()),
+            ("AUDIENCES_PER_WORKSPACE", self.quotas.audiences.to_string()),
+            ("WORKFLOWS_PER_WORKSPACE", self.quotas.workflows.to_string()),
             ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
             ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
             ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
@@ -224,6 +269,8 @@ pub struct AppState {
     pub sns: Option<provider::Sns>,
     /// Where delivery events are published.
     pub events: events::Outlet,
+    /// What a workspace may hold.
+    pub quotas: Quotas,
 }
 
 impl AppState {
@@ -248,6 +295,7 @@ impl AppState {
             audience_max: DEFAULT_AUDIENCE_MAX,
             unsubscribe: None,
             sns: None,
+            quotas: Quotas::default(),
         }
     }
 }
@@ -267,6 +315,7 @@ fn routes() -> Routes<AppState> {
         .takes::<templates::NewTemplate>()
         .answers::<Success<templates::Template>>()
         .at(api::TEMPLATES, templates::list)
+        .query::<PageQuery>()
         .answers::<Success<templates::TemplateList>>()
         .at(api::TEMPLATE, templates::read)
         .query::<templates::VersionQuery>()
@@ -302,6 +351,7 @@ fn routes() -> Routes<AppState> {
         .query::<suppressions::TopicQuery>()
         .answers::<Success<suppressions::Removed>>()
         .at(api::AUDIENCES, audiences::list)
+        .query::<PageQuery>()
         .answers::<Success<audiences::AudienceList>>()
         .at(api::AUDIENCE_CREATE, audiences::create)
         .takes::<audiences::NewAudience>()
@@ -311,6 +361,7 @@ fn routes() -> Routes<AppState> {
         .at(api::AUDIENCE_DELETE, audiences::remove)
         .answers::<Success<audiences::Deleted>>()
         .at(api::CAMPAIGNS, campaigns::list)
+        .query::<PageQuery>()
         .answers::<Success<campaigns::CampaignList>>()
         .at(api::CAMPAIGN_CREATE, campaigns::create)
         .takes::<campaigns::NewCampaign>()
@@ -330,6 +381,7 @@ fn routes() -> Routes<AppState> {
         .at(api::EVENT, workflows::events::show)
         .answers::<Success<workflows::events::Shown>>()
         .at(api::WORKFLOWS, workflows::list)
+        .query::<PageQuery>()
         .answers::<Success<workflows::List>>()
         .at(api::WORKFLOW_CREATE, workflows::create)
         .takes::<workflows::definition::Workflow>()
@@ -387,6 +439,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         audience_max: config.audience_max,
         unsubscribe: unsubscribe.clone(),
         sns: config.sns()?,
+        quotas: config.quotas,
         ..AppState::new(
             rt.db.clone(),
             rt.nats.clone(),
@@ -450,6 +503,11 @@ mod tests {
         config.public_base_url = "https://mail.example.com".into();
         config.sns_url_pattern = "^http://127\\.0\\.0\\.1:\\d+/".into();
         config.sns_topic_arns = vec!["arn:a".into(), "arn:b".into()];
+        config.quotas = Quotas {
+            templates: 7,
+            audiences: 8,
+            workflows: 9,
+        };
         config.worker = WorkerConfig {
             ack_wait: Duration::from_secs(2),
             max_deliver: 5,

@@ -10,16 +10,20 @@ use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
+use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::{schema, AppState};
+use crate::{schema, AppState, Quotas};
 
 /// Longest template key.
 const MAX_KEY_LEN: usize = 100;
 /// Largest template body (HTML or text), in bytes.
 const MAX_BODY_BYTES: usize = 512 * 1024;
+/// Versions one template key keeps at most.
+pub const MAX_VERSIONS: i64 = 100;
+/// A page of templates when no limit is given.
+const DEFAULT_PAGE: i64 = 50;
 
 /// A stored template version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -114,50 +118,72 @@ pub(crate) async fn create(
             MAX_BODY_BYTES / 1024
         )));
     }
-    // Two posts of one key at once both read the same last version: the loser retries.
-    for _ in 0..5 {
-        let stored = sqlx::query_as::<_, Template>(
-            "INSERT INTO templates (workspace_id, key, version, subject, html, text, created_at)
-             SELECT $1, $2, COALESCE(MAX(version), 0) + 1, $3, $4, $5, $6
-             FROM templates WHERE workspace_id = $1 AND key = $2
-             RETURNING key, version, subject, html, text, created_at",
-        )
-        .bind(caller.workspace)
-        .bind(&key)
-        .bind(&subject)
-        .bind(&html)
-        .bind(&text)
-        .bind(now_unix())
-        .fetch_one(&state.db)
-        .await;
-        match stored {
-            Err(e) if is_unique_violation(&e) => continue,
-            other => return Ok(Success::new(other?)),
-        }
+    // A workspace's template writes take turns: the quotas are counted, then kept.
+    let mut tx = state.db.begin().await?;
+    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
+    let (keys, versions): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT key) FILTER (WHERE deleted_at IS NULL),
+                count(*) FILTER (WHERE key = $2)
+         FROM templates WHERE workspace_id = $1",
+    )
+    .bind(caller.workspace)
+    .bind(&key)
+    .fetch_one(&mut *tx)
+    .await?;
+    if versions == 0 {
+        let quota = state.quotas.templates;
+        Quotas::check(keys, quota, "templates", "TEMPLATES_PER_WORKSPACE")?;
     }
-    Err(ApiError::Conflict(
-        "the template is being changed concurrently; retry".into(),
-    ))
+    if versions >= MAX_VERSIONS {
+        return Err(ApiError::Forbidden(format!(
+            "template {key:?} holds {versions} versions, the most a template keeps ({MAX_VERSIONS}); use another key"
+        )));
+    }
+    let stored = sqlx::query_as::<_, Template>(
+        "INSERT INTO templates (workspace_id, key, version, subject, html, text, created_at)
+         SELECT $1, $2, COALESCE(MAX(version), 0) + 1, $3, $4, $5, $6
+         FROM templates WHERE workspace_id = $1 AND key = $2
+         RETURNING key, version, subject, html, text, created_at",
+    )
+    .bind(caller.workspace)
+    .bind(&key)
+    .bind(&subject)
+    .bind(&html)
+    .bind(&text)
+    .bind(now_unix())
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Success::new(stored))
 }
 
-/// `GET /templates` answer: the latest version of each key.
+/// `GET /templates` answer: the latest version of each key, a page by key.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TemplateList {
     pub templates: Vec<Template>,
+    pub limit: i64,
+    pub offset: i64,
 }
 
 pub(crate) async fn list(
-    State(state): State<AppState>, caller: Caller,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<TemplateList>, ApiError> {
+    let page = q.page(DEFAULT_PAGE)?;
     let templates = sqlx::query_as::<_, Template>(
         "SELECT DISTINCT ON (key) key, version, subject, html, text, created_at
          FROM templates WHERE workspace_id = $1 AND deleted_at IS NULL
-         ORDER BY key, version DESC",
+         ORDER BY key, version DESC LIMIT $2 OFFSET $3",
     )
     .bind(caller.workspace)
+    .bind(page.limit)
+    .bind(page.offset)
     .fetch_all(&state.db)
     .await?;
-    Ok(Success::new(TemplateList { templates }))
+    Ok(Success::new(TemplateList {
+        templates,
+        limit: page.limit,
+        offset: page.offset,
+    }))
 }
 
 /// `?version=` of `GET /templates/{key}`.

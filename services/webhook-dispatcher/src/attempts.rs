@@ -119,6 +119,9 @@ pub struct Retried {
 #[schema(as = WebhookReplayQueued)]
 pub struct Replayed {
     pub queued: usize,
+    /// Whether more than `WEBHOOK_REPLAY_MAX` matched: the oldest were queued; replay from
+    /// a later `since` for the rest.
+    pub truncated: bool,
 }
 
 /// `POST .../test` answer: what the receiver said.
@@ -257,7 +260,8 @@ pub(crate) struct Since {
 
 /// What an endpoint's replay sends: every message its address received since `$2`.
 const ENDPOINT_REPLAY: &str = "
-    SELECT e.workspace_id, e.id AS endpoint_id, NULL::uuid AS webhook_id, r.message_id
+    SELECT e.workspace_id, e.id AS endpoint_id, NULL::uuid AS webhook_id, r.message_id,
+           r.received_at AS at
     FROM endpoints e JOIN received r ON r.address_id = e.address_id
     WHERE e.id = $1 AND r.received_at >= $2
       AND ($4::text[] IS NULL OR 'inbound.received' = ANY($4))";
@@ -265,20 +269,22 @@ const ENDPOINT_REPLAY: &str = "
 /// What a webhook's replay sends: every event of its workspace since `$2` of a type it
 /// takes (and `$4` names, when given), received messages included.
 const WEBHOOK_REPLAY: &str = "
-    SELECT w.workspace_id, NULL::uuid AS endpoint_id, w.id AS webhook_id, ev.id AS message_id
+    SELECT w.workspace_id, NULL::uuid AS endpoint_id, w.id AS webhook_id, ev.id AS message_id,
+           ev.occurred_at AS at
     FROM webhooks w JOIN events ev ON ev.workspace_id = w.workspace_id
     WHERE w.id = $1 AND ev.occurred_at >= $2
       AND (w.events = '{}' OR ev.type = ANY(w.events))
       AND ($4::text[] IS NULL OR ev.type = ANY($4))
     UNION ALL
-    SELECT w.workspace_id, NULL, w.id, r.message_id
+    SELECT w.workspace_id, NULL, w.id, r.message_id, r.received_at
     FROM webhooks w JOIN received r ON r.workspace_id = w.workspace_id
     WHERE w.id = $1 AND r.received_at >= $2
       AND (w.events = '{}' OR 'inbound.received' = ANY(w.events))
       AND ($4::text[] IS NULL OR 'inbound.received' = ANY($4))";
 
 /// Queues a new delivery to the target of everything it takes since `since` (of `types`,
-/// when given), but none of a message a replay to it already has waiting; 202 with how many.
+/// when given), oldest first and `WEBHOOK_REPLAY_MAX` at most (`truncated` then), but none
+/// of a message a replay to it already has waiting; 202 with how many.
 pub(crate) async fn replay<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<Since>,
@@ -291,36 +297,33 @@ pub(crate) async fn replay<O: Owned>(
         Owner::Endpoint => ENDPOINT_REPLAY,
         Owner::Webhook => WEBHOOK_REPLAY,
     };
-    // One over the cap is written at most, and then nothing is kept.
+    let max = i64::try_from(state.replay_max).unwrap_or(i64::MAX);
+    // One over the cap is picked, to tell a cut replay; the cap's worth is written.
     let mut tx = state.db.begin().await?;
-    let queued: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id, origin,
-                               status, next_attempt_at, created_at, updated_at)
-         SELECT gen_random_uuid(), t.workspace_id, t.endpoint_id, t.webhook_id, t.message_id,
-                'replay', 'pending', $3, $3, $3
-         FROM ({what} LIMIT $5) AS t
-         ON CONFLICT (message_id, (COALESCE(endpoint_id, webhook_id)))
-             WHERE origin = 'replay' AND status = 'pending' DO NOTHING
-         RETURNING id"
+    let (picked, queued): (i64, Vec<Uuid>) = sqlx::query_as(&format!(
+        "WITH picked AS (
+             SELECT * FROM ({what}) AS t ORDER BY t.at, t.message_id LIMIT $5 + 1
+         ), written AS (
+             INSERT INTO attempts (id, workspace_id, endpoint_id, webhook_id, message_id, origin,
+                                   status, next_attempt_at, created_at, updated_at)
+             SELECT gen_random_uuid(), p.workspace_id, p.endpoint_id, p.webhook_id,
+                    p.message_id, 'replay', 'pending', $3, $3, $3
+             FROM (SELECT * FROM picked ORDER BY at, message_id LIMIT $5) AS p
+             ON CONFLICT (message_id, (COALESCE(endpoint_id, webhook_id)))
+                 WHERE origin = 'replay' AND status = 'pending' DO NOTHING
+             RETURNING id
+         )
+         SELECT (SELECT count(*) FROM picked),
+                COALESCE((SELECT array_agg(id) FROM written), '{{}}')"
     ))
     .bind(id)
     .bind(body.since)
     .bind(now)
     .bind(types)
-    .bind(
-        i64::try_from(state.replay_max)
-            .unwrap_or(i64::MAX)
-            .saturating_add(1),
-    )
-    .fetch_all(&mut *tx)
+    .bind(max)
+    .fetch_one(&mut *tx)
     .await?;
-    if queued.len() > state.replay_max {
-        return Err(ApiError::BadRequest(format!(
-            "the replay would send more than {} deliveries; replay from a later `since` \
-             (or fewer `types`) in parts",
-            state.replay_max
-        )));
-    }
+    let truncated = picked > max;
     tx.commit().await?;
     // Jobs of up to REPLAY_JOB attempts; a publish that fails leaves them to the scheduler.
     for chunk in queued.chunks(REPLAY_JOB) {
@@ -333,6 +336,7 @@ pub(crate) async fn replay<O: Owned>(
         StatusCode::ACCEPTED,
         Success::new(Replayed {
             queued: queued.len(),
+            truncated,
         }),
     ))
 }

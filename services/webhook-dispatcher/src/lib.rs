@@ -95,7 +95,7 @@ fn parse_schedule(raw: &str) -> anyhow::Result<Vec<Duration>> {
 }
 
 /// `WEBHOOK_REPLAY_MAX` unless set.
-pub const DEFAULT_REPLAY_MAX: usize = 100_000;
+pub const DEFAULT_REPLAY_MAX: usize = 10_000;
 
 /// Dispatcher settings.
 #[derive(Clone, Debug)]

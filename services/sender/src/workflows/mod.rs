@@ -18,12 +18,12 @@ use utoipa::openapi::{KnownFormat, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody};
+use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::templates;
-use crate::AppState;
+use crate::{AppState, Quotas};
 use definition::{Workflow, WorkflowBody};
 
 /// A workflow as the API shows it.
@@ -171,6 +171,13 @@ pub(crate) async fn create(
         .map(|e| e.event_name.clone())
         .collect();
     let mut tx = state.db.begin().await?;
+    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows WHERE workspace_id = $1")
+        .bind(caller.workspace)
+        .fetch_one(&mut *tx)
+        .await?;
+    let quota = state.quotas.workflows;
+    Quotas::check(held, quota, "workflows", "WORKFLOWS_PER_WORKSPACE")?;
     sqlx::query(
         "INSERT INTO workflows (id, workspace_id, name, version, trigger_event,
                                 created_at, updated_at)
@@ -189,25 +196,37 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Success::new(One { workflow })))
 }
 
-/// The workspace's workflows.
+/// The workspace's workflows: a page, oldest first.
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = WorkflowList)]
 pub struct List {
     workflows: Vec<WorkflowView>,
+    limit: i64,
+    offset: i64,
 }
 
 /// `GET /workflows`.
 pub(crate) async fn list(
-    State(state): State<AppState>, caller: Caller,
+    State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Success<List>, ApiError> {
-    let rows: Vec<Row> = sqlx::query_as(&format!("{SELECT} ORDER BY w.created_at, w.id"))
-        .bind(caller.workspace)
-        .fetch_all(&state.db)
-        .await?;
+    let page = q.page(DEFAULT_PAGE)?;
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "{SELECT} ORDER BY w.created_at, w.id LIMIT $2 OFFSET $3"
+    ))
+    .bind(caller.workspace)
+    .bind(page.limit)
+    .bind(page.offset)
+    .fetch_all(&state.db)
+    .await?;
     Ok(Success::new(List {
         workflows: rows.into_iter().map(Into::into).collect(),
+        limit: page.limit,
+        offset: page.offset,
     }))
 }
+
+/// A page of workflows when no limit is given.
+const DEFAULT_PAGE: i64 = 50;
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(raw).map_err(|_| ApiError::NotFound("workflow not found".into()))
