@@ -441,3 +441,44 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages() {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup() {
+    let stack = Stack::start().await;
+    let key = stack.key(1).await;
+    let (gateway, base) = second_gateway(&stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+    // Within one minute: the count starts afresh with each.
+    let second = postmesh_shared::db::now_unix() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
+    }
+    let call = |key: String| {
+        let base = base.clone();
+        async move {
+            reqwest::Client::new()
+                .get(format!("{base}/balance"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(call(key.clone()).await.status(), StatusCode::OK);
+    for _ in 0..5 {
+        let made_up = format!("pm_{}_{}", uuid::Uuid::new_v4().simple(), "0".repeat(64));
+        assert_eq!(call(made_up).await.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Now even the right key waits for the minute's end.
+    let refused = call(key.clone()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    // Other gateways (and addresses) count their own.
+    assert_eq!(stack.balance(&key).await, 1);
+    gateway.stop().await;
+    stack.shutdown().await;
+}

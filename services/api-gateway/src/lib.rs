@@ -11,6 +11,7 @@ pub mod keys;
 pub mod login;
 pub mod observe;
 pub mod openapi;
+pub mod preauth;
 pub mod ratelimit;
 pub mod routes;
 pub mod sessions;
@@ -73,6 +74,9 @@ pub struct Config {
     pub login_ip_hourly_limit: u32,
     /// Live API keys one account may hold (`API_KEYS_PER_ACCOUNT`, default 50).
     pub api_keys_per_account: i64,
+    /// Failed authentications a client address may have in a minute before it is answered
+    /// 429 without a key lookup (`AUTH_FAILURES_PER_IP_PER_MINUTE`, default 60; 0 is off).
+    pub auth_failures_per_ip_per_minute: u32,
     /// Whether the client IP is the last `X-Forwarded-For` entry
     /// (`GATEWAY_TRUST_FORWARDED_FOR=1`, behind a proxy that appends it), not the peer.
     pub trust_forwarded_for: bool,
@@ -108,6 +112,7 @@ impl Config {
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
             api_keys_per_account: env_parse("API_KEYS_PER_ACCOUNT", 50)?,
+            auth_failures_per_ip_per_minute: env_parse("AUTH_FAILURES_PER_IP_PER_MINUTE", 60)?,
             trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
             common,
             codes,
@@ -149,6 +154,10 @@ impl Config {
                 self.api_keys_per_account.to_string(),
             ),
             (
+                "AUTH_FAILURES_PER_IP_PER_MINUTE",
+                self.auth_failures_per_ip_per_minute.to_string(),
+            ),
+            (
                 "GATEWAY_TRUST_FORWARDED_FOR",
                 u8::from(self.trust_forwarded_for).to_string(),
             ),
@@ -183,6 +192,8 @@ pub struct Gateway {
     pub login_ip_hourly_limit: u32,
     /// `API_KEYS_PER_ACCOUNT`.
     pub api_keys_per_account: i64,
+    /// Failed authentications per client address (`AUTH_FAILURES_PER_IP_PER_MINUTE`).
+    pub failed_auths: preauth::FailedAuths,
     /// `GATEWAY_TRUST_FORWARDED_FOR`.
     pub trust_forwarded_for: bool,
 }
@@ -222,6 +233,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         public_base_url: config.public_base_url.clone(),
         login_ip_hourly_limit: config.login_ip_hourly_limit,
         api_keys_per_account: config.api_keys_per_account,
+        failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
         trust_forwarded_for: config.trust_forwarded_for,
     });
     if state.inbound_secret.is_none() {

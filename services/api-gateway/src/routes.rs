@@ -144,10 +144,15 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Admits requests carrying a valid API key within its request rate, attaching the caller's
-/// `AuthContext`.
+/// `AuthContext`. An address past its failed authentications this minute is refused first
+/// (429), before any key is looked up.
 async fn require_key(
-    State(state): State<AppState>, mut req: Request, next: Next,
+    State(state): State<AppState>, req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let ip = sessions::client_ip(&state, &parts);
+    state.failed_auths.check(ip)?;
+    let mut req = Request::from_parts(parts, body);
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -156,11 +161,22 @@ async fn require_key(
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim)
-        .ok_or_else(|| {
-            ApiError::Unauthorized("missing API key: send Authorization: Bearer <key>".into())
-        })?;
-    let auth = state.keys.authenticate(token).await?;
+        .map(str::trim);
+    let authenticated = match token {
+        Some(token) => state.keys.authenticate(token).await,
+        None => Err(ApiError::Unauthorized(
+            "missing API key: send Authorization: Bearer <key>".into(),
+        )),
+    };
+    let auth = match authenticated {
+        Ok(auth) => auth,
+        Err(e) => {
+            if matches!(e, ApiError::Unauthorized(_)) {
+                state.failed_auths.failed(ip);
+            }
+            return Err(e);
+        }
+    };
     let mut redis = state.redis.clone();
     state
         .rate
