@@ -11,6 +11,7 @@ pub mod fake_ses;
 pub mod fake_smtp;
 pub mod fake_sns;
 pub mod fake_stripe;
+pub mod hostile;
 pub mod mta;
 pub mod openapi_bodies;
 pub mod peek;

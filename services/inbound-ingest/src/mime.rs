@@ -39,6 +39,14 @@ pub struct Content {
     pub in_reply_to: Option<String>,
 }
 
+/// Attachments listed at most (the rest stay in the raw message, unlisted): a message of
+/// 10,000 parts must not make every webhook and page carry 10,000 entries.
+pub const MAX_LISTED_ATTACHMENTS: usize = 100;
+/// `To` and `Cc` addresses kept at most, each.
+pub const MAX_LISTED_ADDRESSES: usize = 1_000;
+/// `References` kept at most: the nearest ancestors, which threading needs.
+pub const MAX_REFERENCES: usize = 100;
+
 /// The largest text or HTML body stored beside the raw message; a larger one is read
 /// from the raw message when shown, so ingesting it does not hold a second copy.
 pub const INLINE_BODY_BYTES: usize = 1024 * 1024;
@@ -136,9 +144,10 @@ impl Parsed {
         Self {
             content,
             bodies_in_raw,
-            references: ids(msg.references()),
+            references: nearest(ids(msg.references())),
             attachments: msg
                 .attachments()
+                .take(MAX_LISTED_ATTACHMENTS)
                 .map(|part| Attachment {
                     filename: part.attachment_name().map(str::to_owned),
                     content_type: part
@@ -223,15 +232,53 @@ fn addresses(address: Option<&Address<'_>>) -> Vec<String> {
         .map(|a| {
             a.iter()
                 .filter_map(|a| a.address())
+                .take(MAX_LISTED_ADDRESSES)
                 .map(str::to_owned)
                 .collect()
         })
         .unwrap_or_default()
 }
 
+/// The last [`MAX_REFERENCES`] of `references` (oldest first, as written).
+fn nearest(mut references: Vec<String>) -> Vec<String> {
+    let cut = references.len().saturating_sub(MAX_REFERENCES);
+    references.drain(..cut);
+    references
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostile_messages_are_read_in_linear_time_and_listed_within_bounds() {
+        let mut parts = String::from(
+            "From: a@x.com\r\nSubject: parts\r\nMIME-Version: 1.0\r\n\
+             Content-Type: multipart/mixed; boundary=\"b\"\r\n\r\n",
+        );
+        for i in 0..10_000 {
+            parts.push_str(&format!(
+                "--b\r\nContent-Type: text/plain\r\n\
+                 Content-Disposition: attachment; filename=\"f{i}.txt\"\r\n\r\nx\r\n"
+            ));
+        }
+        parts.push_str("--b--\r\n");
+        let p = Parsed::of(parts.as_bytes());
+        assert!(p.readable);
+        assert_eq!(p.attachments.len(), MAX_LISTED_ATTACHMENTS);
+        let mut headers: String = (0..100_000).map(|i| format!("X-H{i}: v\r\n")).collect();
+        let to: Vec<String> = (0..5_000).map(|i| format!("r{i}@x.com")).collect();
+        let refs: String = (0..5_000).map(|i| format!(" <m{i}@x.com>")).collect();
+        headers.push_str(&format!(
+            "From: a@x.com\r\nTo: {}\r\nReferences:{refs}\r\nSubject: h\r\n\r\nbody\r\n",
+            to.join(", ")
+        ));
+        let p = Parsed::of(headers.as_bytes());
+        assert_eq!(p.content.subject, "h");
+        assert_eq!(p.content.to.len(), MAX_LISTED_ADDRESSES);
+        assert_eq!(p.references.len(), MAX_REFERENCES);
+        assert_eq!(p.references.last().map(String::as_str), Some("m4999@x.com"));
+    }
 
     #[test]
     fn base_subjects_drop_reply_and_forward_prefixes() {
