@@ -936,6 +936,7 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
     let ask = |ws: &str, from: &str| SendableRequest {
         workspace_id: ws.to_owned(),
         from_address: from.to_owned(),
+        outbound: false,
     };
     let mine = world
         .stack
@@ -944,6 +945,28 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
         .unwrap();
     assert!(mine.sendable, "{}", mine.reason);
     assert_eq!(mine.domain, name);
+    // A sender whose transport is SES needs the domain verified for outbound too.
+    let through_ses = |from: &str, ws: &str| SendableRequest {
+        outbound: true,
+        ..ask(ws, from)
+    };
+    let not_yet = world
+        .stack
+        .rpc(&through_ses(&format!("hello@{name}"), &owner_ws))
+        .await
+        .unwrap();
+    assert!(!not_yet.sendable);
+    assert!(
+        not_yet.reason.contains("not for sending"),
+        "{}",
+        not_yet.reason
+    );
+    let platform_ses = world
+        .stack
+        .rpc(&through_ses("news@postmesh.localhost", &owner_ws))
+        .await
+        .unwrap();
+    assert!(platform_ses.sendable, "{}", platform_ses.reason);
     let theirs = world
         .stack
         .rpc(&ask(&other_ws, &format!("hello@{name}")))

@@ -35,7 +35,10 @@ async fn the_hostile_corpus_is_answered_and_every_service_stays_the_same_process
     let to = format!("hostile@{INBOUND_DOMAIN}");
     let receiver = Receiver::start().await;
     for (path, shape) in [
-        ("/markdown", json!({ "bodyFormat": "markdown", "stripQuotes": true })),
+        (
+            "/markdown",
+            json!({ "bodyFormat": "markdown", "stripQuotes": true }),
+        ),
         ("/text", json!({ "bodyFormat": "text" })),
     ] {
         let mut body = json!({ "addressId": inbox, "url": receiver.url(path) });

@@ -183,3 +183,25 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
         }
     }
 }
+
+#[tokio::test]
+async fn to_with_a_campaign_key_is_400_before_the_campaign_is_looked_up() {
+    let (_store, mine, _) = sender_router().await;
+    for extra in [
+        json!({"to": "a@example.com"}),
+        json!({"audience": {"include": []}}),
+    ] {
+        let mut body = json!({"campaignKey": "no-such-campaign", "subject": "s", "text": "t"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let e: ErrorBody = mine
+            .post("/send-email", &body, StatusCode::BAD_REQUEST)
+            .await;
+        assert!(
+            e.error.contains("only one of to, audience or campaignKey"),
+            "{}",
+            e.error
+        );
+    }
+}

@@ -69,14 +69,23 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
             domain: domain.to_string(),
         });
     }
-    let ownership: Option<domains::Ownership> =
-        sqlx::query_scalar("SELECT ownership FROM domains WHERE name = $1 AND workspace_id = $2")
-            .bind(domain.as_str())
-            .bind(workspace.as_uuid())
-            .fetch_optional(&state.db)
-            .await?;
-    Ok(match ownership {
-        Some(domains::Ownership::Verified) => SendableReply {
+    let row: Option<(domains::Ownership, bool)> = sqlx::query_as(
+        "SELECT ownership, outbound_status = 'verified' FROM domains
+         WHERE name = $1 AND workspace_id = $2",
+    )
+    .bind(domain.as_str())
+    .bind(workspace.as_uuid())
+    .fetch_optional(&state.db)
+    .await?;
+    Ok(match row {
+        Some((domains::Ownership::Verified, false)) if req.outbound => refuse(
+            domain.to_string(),
+            format!(
+                "{domain} is verified for ownership but not for sending: \
+                 POST /sender-domains/{{id}}/setup-outbound, then verify-outbound"
+            ),
+        ),
+        Some((domains::Ownership::Verified, _)) => SendableReply {
             sendable: true,
             reason: String::new(),
             domain: domain.to_string(),

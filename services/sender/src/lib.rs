@@ -271,6 +271,9 @@ pub struct AppState {
     pub events: events::Outlet,
     /// What a workspace may hold.
     pub quotas: Quotas,
+    /// The transport sends through the provider (SES): a custom from-domain must be
+    /// verified for outbound there, or the send is a 400 at once.
+    pub needs_outbound: bool,
 }
 
 impl AppState {
@@ -296,6 +299,7 @@ impl AppState {
             unsubscribe: None,
             sns: None,
             quotas: Quotas::default(),
+            needs_outbound: false,
         }
     }
 }
@@ -440,6 +444,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         unsubscribe: unsubscribe.clone(),
         sns: config.sns()?,
         quotas: config.quotas,
+        needs_outbound: config.transport == TransportKind::Ses,
         ..AppState::new(
             rt.db.clone(),
             rt.nats.clone(),

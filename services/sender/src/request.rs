@@ -627,18 +627,24 @@ pub enum Target {
     Campaign(String),
 }
 
-/// The one target of a send, and the recipients of a `to`.
-fn target(body: &mut SendBody) -> Result<(Target, Vec<Recipient>, Vec<Rejected>), ApiError> {
+/// 400 unless exactly one of `to`, `audience` and `campaignKey` selects the targets:
+/// checked before anything is looked up.
+pub fn one_target(body: &SendBody) -> Result<(), ApiError> {
     let targets = [
         body.to.is_some(),
         body.audience.is_some(),
         body.campaign_key.is_some(),
     ];
     match targets.iter().filter(|t| **t).count() {
-        0 => return Err(bad("give exactly one of to, audience or campaignKey")),
-        1 => {}
-        _ => return Err(bad("give only one of to, audience or campaignKey")),
+        0 => Err(bad("give exactly one of to, audience or campaignKey")),
+        1 => Ok(()),
+        _ => Err(bad("give only one of to, audience or campaignKey")),
     }
+}
+
+/// The one target of a send, and the recipients of a `to`.
+fn target(body: &mut SendBody) -> Result<(Target, Vec<Recipient>, Vec<Rejected>), ApiError> {
+    one_target(body)?;
     if let Some(to) = body.to.take() {
         let (recipients, rejected) = recipients(to)?;
         return Ok((Target::To, recipients, rejected));

@@ -147,6 +147,7 @@ async fn check_sendable(
         &SendableRequest {
             workspace_id: caller.workspace.to_string(),
             from_address: from.to_string(),
+            outbound: state.needs_outbound,
         },
     )
     .await?;
@@ -232,6 +233,8 @@ pub(crate) async fn submit(
 ) -> Result<SendAnswer, ApiError> {
     let now = now_unix();
     let mut body = body;
+    // A campaign's defaults are read only for a send that targets it alone.
+    crate::request::one_target(&body)?;
     if let Some(key) = &body.campaign_key {
         let key = key.clone();
         campaigns::fill_defaults(&state.db, caller.workspace, &key, &mut body).await?;
