@@ -199,7 +199,7 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
 }
 
 #[tokio::test]
-async fn five_wrong_login_codes_void_the_code_and_an_expired_code_is_404() {
+async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404() {
     let stack = Stack::start().await;
     let email = fresh_email();
     let mut user = WebUser::new(&stack.base, &email);
@@ -228,9 +228,31 @@ async fn five_wrong_login_codes_void_the_code_and_an_expired_code_is_404() {
         .await;
     assert_eq!(
         late.status,
-        StatusCode::NOT_FOUND,
-        "the voided code no longer works"
+        StatusCode::TOO_MANY_REQUESTS,
+        "five wrong codes this hour: not even the right one is tried"
     );
+    // Nor a new code: the wrong ones count per address, across its codes.
+    set_ttl(&stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "a second login code");
+    let fresh = stack.code_sent_to(&email, 2).await;
+    let refused = user
+        .json(
+            Method::POST,
+            "/verify-code-login",
+            &json!({ "email": email, "code": fresh }),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3000..=3600).contains(&wait), "{wait}");
 
     // A code past its 5 minutes: 404.
     let other = fresh_email();

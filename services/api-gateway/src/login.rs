@@ -81,11 +81,13 @@ pub async fn send_code(
     send_login_code(state, email).await
 }
 
-/// Checks `code` for `email` and starts a session, signing the address up on first login;
+/// Checks `code` for `email` (within `LOGIN_IP_HOURLY_LIMIT` tries an hour from `ip`) and
+/// starts a session, signing the address up on first login;
 /// the session's `Set-Cookie` value.
 pub async fn sign_in(
-    state: &AppState, email: &EmailAddress, code: &str,
+    state: &AppState, ip: Option<IpAddr>, email: &EmailAddress, code: &str,
 ) -> Result<HeaderValue, ApiError> {
+    limit_ip(state, "verify", ip).await?;
     check_login_code(state, email, code).await?;
     let (account, stored) = accounts::find_or_register(state, email).await?;
     sessions::start(state, account, &stored).await
@@ -117,10 +119,11 @@ struct VerifyBody {
 
 /// `POST /verify-code-login {email, code}`: 200 and the session cookie.
 async fn verify_code_login(
-    State(state): State<AppState>, JsonBody(body): JsonBody<VerifyBody>,
+    State(state): State<AppState>, parts: Parts, JsonBody(body): JsonBody<VerifyBody>,
 ) -> Result<Response, ApiError> {
     let email = parse_email(&body.email)?;
-    let cookie = sign_in(&state, &email, &body.code).await?;
+    let ip = sessions::client_ip(&state, &parts);
+    let cookie = sign_in(&state, ip, &email, &body.code).await?;
     let mut res = Success::message("logged in").into_response();
     res.headers_mut().append(header::SET_COOKIE, cookie);
     Ok(res)

@@ -175,13 +175,45 @@ pub(crate) async fn check_login_code(
 ) -> Result<(), ApiError> {
     let code = Code::parse(code.trim())
         .ok_or_else(|| ApiError::BadRequest("code must be 6 digits".into()))?;
+    // Wrong codes count per address across all its codes: a new code is no new guesses.
+    let wrong = state.ns.redis_key(&format!("login:wrong:{}", email.key()));
+    let mut redis = state.redis.clone();
+    let (count, ttl): (Option<u64>, i64) = redis::pipe()
+        .get(&wrong)
+        .ttl(&wrong)
+        .query_async(&mut redis)
+        .await
+        .map_err(|e| ApiError::redis("login limit unavailable", e))?;
+    if count.unwrap_or(0) >= WRONG_LOGIN_CODES_PER_HOUR {
+        return Err(ApiError::TooManyRequests {
+            message: "too many wrong codes for this address this hour".into(),
+            retry_after: u64::try_from(ttl).unwrap_or(3600).max(1),
+        });
+    }
     let check = CodeStore::new(state, LOGIN_SCOPE.into(), email)
         .check(&code)
         .await?;
+    if matches!(check, Check::Mismatch | Check::Voided) {
+        let _: () = redis::pipe()
+            .incr(&wrong, 1)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&wrong)
+            .arg(3600)
+            .arg("NX")
+            .ignore()
+            .query_async(&mut redis)
+            .await
+            .map_err(|e| ApiError::redis("login limit unavailable", e))?;
+    }
     metrics::counter!("postmesh_login_codes_verified_total", "outcome" => check.name())
         .increment(1);
     outcome(check)
 }
+
+/// Wrong login codes an address may enter in an hour, across all its codes; then 429
+/// until the hour ends, for the right code too.
+const WRONG_LOGIN_CODES_PER_HOUR: u64 = 5;
 
 /// The answer to a checked code.
 fn outcome(check: Check) -> Result<(), ApiError> {

@@ -146,12 +146,13 @@ pub struct VerifyForm {
 
 /// `POST /app/login/verify`: signs in and goes on to `next`.
 pub async fn verify(
-    State(state): State<AppState>, headers: HeaderMap, Form(form): Form<VerifyForm>,
+    State(state): State<AppState>, parts: Parts, Form(form): Form<VerifyForm>,
 ) -> Response {
-    if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
+    let headers = &parts.headers;
+    if let Some(res) = csrf_refusal(&state, headers, &form.csrf) {
         return res;
     }
-    let csrf = Csrf::of(&headers);
+    let csrf = Csrf::of(headers);
     let next = next_or_home(Some(&form.next));
     let Some(email) = EmailAddress::parse(form.email.trim()) else {
         let body = email_form(&csrf, &next, "", Some("That is not an email address."));
@@ -161,7 +162,8 @@ pub async fn verify(
             layout("Sign in", None, &csrf, body),
         );
     };
-    match login::sign_in(&state, &email, &form.code).await {
+    let ip = sessions::client_ip(&state, &parts);
+    match login::sign_in(&state, ip, &email, &form.code).await {
         Ok(cookie) => {
             let mut res = see_other(&next);
             res.headers_mut().append(header::SET_COOKIE, cookie);
