@@ -504,3 +504,39 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup() {
     gateway.stop().await;
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_session_ends_30_days_after_sign_in_however_it_is_used() {
+    let stack = Stack::start().await;
+    let primary = stack.key(0).await;
+    let email = stack.account_email(&primary).await;
+    let mut user = WebUser::login(&stack, &email, 0).await;
+    let listed = user.json(Method::GET, "/api-keys", &json!({})).await;
+    assert_eq!(listed.status, StatusCode::OK);
+    // Used every day since, but signed in 30 days ago.
+    let stored = stack.redis_keys("session:*").await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let mut redis = stack.redis().await;
+    let raw: String = redis::cmd("GET")
+        .arg(&stored[0])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut session: Value = serde_json::from_str(&raw).unwrap();
+    let month_ago = postmesh_shared::db::now_unix() - 30 * 24 * 3600;
+    session["started_at"] = json!(month_ago);
+    let _: () = redis::cmd("SET")
+        .arg(&stored[0])
+        .arg(session.to_string())
+        .arg("KEEPTTL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let later = user.json(Method::GET, "/api-keys", &json!({})).await;
+    assert_eq!(later.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        stack.redis_keys("session:*").await.is_empty(),
+        "ended, not left to expire"
+    );
+    stack.shutdown().await;
+}

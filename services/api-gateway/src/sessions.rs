@@ -1,5 +1,7 @@
-//! Web sessions: a random id in the `pm_session` cookie, stored in Redis only as its
-//! SHA-256, with a 7-day sliding expiry. The `Session` and `Page` route policies load it.
+//! Web sessions: a random id in the `pm_session` cookie (`__Host-pm_session` when
+//! `PUBLIC_BASE_URL` is https), stored in Redis only as its SHA-256, with a 7-day sliding
+//! expiry and an end 30 days after sign-in however it is used. The `Session` and `Page`
+//! route policies load it.
 //! Policy: docs/decisions.md, "Accounts and sessions".
 
 use std::net::{IpAddr, SocketAddr};
@@ -14,14 +16,29 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use postmesh_shared::db::now_unix;
 use postmesh_shared::ApiError;
 
 use crate::AppState;
 
-/// The session cookie's name.
+/// The session cookie's name over plain http (local runs).
 pub const SESSION_COOKIE: &str = "pm_session";
+/// Its name over https: the `__Host-` prefix makes browsers refuse it unless it is
+/// `Secure`, for `Path=/` and set by this host alone (no subdomain can plant one).
+pub const HOST_SESSION_COOKIE: &str = "__Host-pm_session";
 /// Seconds a session lives after its last use.
 pub const SESSION_TTL_SECS: u64 = 7 * 24 * 3600;
+/// Seconds a session lives after its sign-in at most, however often it is used.
+pub const SESSION_MAX_SECS: i64 = 30 * 24 * 3600;
+
+/// The session cookie's name for this deployment.
+pub fn session_cookie(state: &AppState) -> &'static str {
+    if state.public_base_url.starts_with("https://") {
+        HOST_SESSION_COOKIE
+    } else {
+        SESSION_COOKIE
+    }
+}
 
 /// A signed-in user, as the `Session` and `Page` policies attach it to the request.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -30,6 +47,9 @@ pub struct Session {
     pub account: Uuid,
     /// Its address, as stored.
     pub email: String,
+    /// When it was signed in (Unix seconds); a session stored without one has ended.
+    #[serde(default)]
+    pub started_at: i64,
     /// The stored id's hash (the Redis key's last part).
     #[serde(skip)]
     pub id_hash: String,
@@ -60,6 +80,7 @@ pub async fn start(state: &AppState, account: Uuid, email: &str) -> Result<Heade
     let session = Session {
         account,
         email: email.to_owned(),
+        started_at: now_unix(),
         id_hash: String::new(),
     };
     let value = serde_json::to_string(&session).map_err(|e| ApiError::internal("session", e))?;
@@ -74,7 +95,7 @@ pub async fn start(state: &AppState, account: Uuid, email: &str) -> Result<Heade
         .map_err(redis_err)?;
     Ok(set_cookie(
         state,
-        SESSION_COOKIE,
+        session_cookie(state),
         &id,
         SESSION_TTL_SECS,
         "Lax",
@@ -82,9 +103,9 @@ pub async fn start(state: &AppState, account: Uuid, email: &str) -> Result<Heade
 }
 
 /// The session the request's cookie names, its expiry pushed back 7 days; `None` without a
-/// cookie or when the session ended or expired.
+/// cookie, when the session ended or expired, or 30 days after its sign-in.
 pub async fn load(state: &AppState, headers: &HeaderMap) -> Result<Option<Session>, ApiError> {
-    let Some(id) = cookie(headers, SESSION_COOKIE) else {
+    let Some(id) = cookie(headers, session_cookie(state)) else {
         return Ok(None);
     };
     let id_hash = hash(id);
@@ -96,9 +117,16 @@ pub async fn load(state: &AppState, headers: &HeaderMap) -> Result<Option<Sessio
         .query_async(&mut redis)
         .await
         .map_err(redis_err)?;
-    Ok(value
+    let session = value
         .and_then(|v| serde_json::from_str::<Session>(&v).ok())
-        .map(|s| Session { id_hash, ..s }))
+        .map(|s| Session { id_hash, ..s });
+    match session {
+        Some(s) if now_unix() - s.started_at >= SESSION_MAX_SECS => {
+            end(state, &s).await?;
+            Ok(None)
+        }
+        session => Ok(session),
+    }
 }
 
 /// Ends `session`; the `Set-Cookie` value that clears the cookie.
@@ -109,7 +137,7 @@ pub async fn end(state: &AppState, session: &Session) -> Result<HeaderValue, Api
         .query_async::<()>(&mut redis)
         .await
         .map_err(redis_err)?;
-    Ok(set_cookie(state, SESSION_COOKIE, "", 0, "Lax"))
+    Ok(set_cookie(state, session_cookie(state), "", 0, "Lax"))
 }
 
 /// A `Set-Cookie` value: `HttpOnly`, `Path=/`, `Secure` unless `PUBLIC_BASE_URL` is
