@@ -29,6 +29,27 @@ pub fn escape_html(s: &str) -> String {
     out
 }
 
+/// `count` documents of up to 20 of `pieces` each, the same on every run (xorshift from a
+/// fixed seed): the inputs of property tests over parsers and rewriters.
+pub fn sample_documents(pieces: &[&str], count: usize) -> Vec<String> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let pick = |n: u64, len: usize| usize::try_from(n % len as u64).unwrap_or(0);
+    (0..count)
+        .map(|_| {
+            let len = pick(next(), 20);
+            (0..len)
+                .map(|_| pieces[pick(next(), pieces.len())])
+                .collect()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

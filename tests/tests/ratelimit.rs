@@ -113,3 +113,36 @@ async fn concurrent_requests_within_the_burst_all_pass() {
     assert_eq!(limited, 0, "61 requests in a burst of 100");
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_accounts_keys_share_one_rate() {
+    let stack = Stack::start_opts(Options::with_rate(1, 4)).await;
+    let first = stack.key(10).await;
+    let email = stack.account_email(&first).await;
+    let mut user = postmesh_tests::web::WebUser::login(&stack, &email, 0).await;
+    let made: serde_json::Value = user
+        .json(Method::POST, "/api-keys", &json!({ "name": "second" }))
+        .await
+        .expect(StatusCode::CREATED, "a second key");
+    let second = made["apiKey"].as_str().unwrap().to_owned();
+    let get = |key: &str| {
+        let (http, url) = (stack.http.clone(), format!("{}/balance", stack.base));
+        let key = key.to_owned();
+        async move {
+            http.get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    for key in [&first, &first, &second, &second] {
+        assert_eq!(get(key).await, StatusCode::OK);
+    }
+    // The second key has used 2 of its own 4, but the account's 4 are gone.
+    assert_eq!(get(&second).await, StatusCode::TOO_MANY_REQUESTS);
+    // Another account is not affected.
+    assert_eq!(get(&stack.key(10).await).await, StatusCode::OK);
+    stack.shutdown().await;
+}

@@ -137,6 +137,22 @@ impl RateLimit {
     pub async fn check(
         &self, redis: &mut ConnectionManager, ns: &Namespace, api_key_id: &str,
     ) -> Result<(), ApiError> {
+        self.check_bucket(redis, ns, api_key_id, "API key").await
+    }
+
+    /// [`RateLimit::check`] for the whole account `account_id`: all its keys together
+    /// have the same allowance as one, so more keys are no more requests.
+    pub async fn check_account(
+        &self, redis: &mut ConnectionManager, ns: &Namespace, account_id: &str,
+    ) -> Result<(), ApiError> {
+        let bucket = format!("account:{account_id}");
+        self.check_bucket(redis, ns, &bucket, "account").await
+    }
+
+    /// Takes one request of `bucket`'s allowance (`what` names it in the 429).
+    async fn check_bucket(
+        &self, redis: &mut ConnectionManager, ns: &Namespace, api_key_id: &str, what: &str,
+    ) -> Result<(), ApiError> {
         if self.config.per_sec == 0 {
             return Ok(());
         }
@@ -157,7 +173,7 @@ impl RateLimit {
             Ok((0, retry_after)) => (
                 0,
                 Err(ApiError::TooManyRequests {
-                    message: "too many requests for this API key".into(),
+                    message: format!("too many requests for this {what}"),
                     retry_after,
                 }),
             ),

@@ -182,6 +182,10 @@ async fn require_key(
         .rate
         .check(&mut redis, &state.ns, &auth.key_id)
         .await?;
+    state
+        .rate
+        .check_account(&mut redis, &state.ns, &auth.account_id)
+        .await?;
     req.extensions_mut().insert(auth);
     Ok(next.run(req).await)
 }

@@ -19,7 +19,7 @@ use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
-use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
@@ -521,13 +521,15 @@ pub(crate) async fn create(
     };
     Audience::parse(&definition, false).map_err(ApiError::BadRequest)?;
     let mut tx = state.db.begin().await?;
-    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
-    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM audiences WHERE workspace_id = $1")
-        .bind(caller.workspace)
-        .fetch_one(&mut *tx)
-        .await?;
     let quota = state.quotas.audiences;
-    Quotas::check(held, quota, "audiences", "AUDIENCES_PER_WORKSPACE")?;
+    Quotas::hold(
+        &mut tx,
+        "audiences",
+        caller.workspace,
+        quota,
+        "AUDIENCES_PER_WORKSPACE",
+    )
+    .await?;
     let row: (Uuid, String, Json<AudienceBody>, i64) = sqlx::query_as(
         "INSERT INTO audiences (id, workspace_id, name, definition, created_at)
          VALUES ($1, $2, $3, $4, $5) RETURNING id, name, definition, created_at",

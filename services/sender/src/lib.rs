@@ -134,6 +134,22 @@ impl Default for Quotas {
 }
 
 impl Quotas {
+    /// Takes the workspace's turn in `tx` and counts its rows of `table`: 403 when they
+    /// already fill `quota` (named by its setting), so the caller's insert keeps it.
+    pub async fn hold(
+        tx: &mut sqlx::PgConnection, table: &str, workspace: postmesh_shared::WorkspaceId,
+        quota: i64, setting: &str,
+    ) -> Result<(), ApiError> {
+        db::take_turns(tx, db::Turns::Workspace, workspace).await?;
+        let held: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE workspace_id = $1"
+        ))
+        .bind(workspace)
+        .fetch_one(&mut *tx)
+        .await?;
+        Self::check(held, quota, table, setting)
+    }
+
     /// 403 when `held` already fills `quota` (named by its setting).
     pub fn check(held: i64, quota: i64, what: &str, setting: &str) -> Result<(), ApiError> {
         if held >= quota {

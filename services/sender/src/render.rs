@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(add_utm(html, &[]), html);
     }
 
-    /// Documents made of link tags, text, entities, comments and scripts, from a seed.
+    /// Documents made of link tags, text, entities, comments and scripts.
     fn documents(count: usize) -> Vec<String> {
         const PIECES: &[&str] = &[
             r#"<a href="https://x.com/p">"#,
@@ -243,21 +243,7 @@ mod tests {
             "<link href=\"https://x.com/style.css\">",
             "é ✓ ",
         ];
-        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        (0..count)
-            .map(|_| {
-                let len = (next() % 24) as usize;
-                (0..len)
-                    .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
-                    .collect()
-            })
-            .collect()
+        postmesh_shared::text::sample_documents(PIECES, count)
     }
 
     /// The document with every link tag's attributes left out.

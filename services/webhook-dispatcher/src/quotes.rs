@@ -337,25 +337,6 @@ mod tests {
         }
     }
 
-    /// Documents built from the pieces quoted replies are made of, from a seed.
-    fn documents(pieces: &[&str], count: usize) -> Vec<String> {
-        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        (0..count)
-            .map(|_| {
-                let len = (next() % 20) as usize;
-                (0..len)
-                    .map(|_| pieces[(next() % pieces.len() as u64) as usize])
-                    .collect()
-            })
-            .collect()
-    }
-
     #[test]
     fn stripping_text_never_panics_and_never_grows() {
         let pieces = [
@@ -374,7 +355,7 @@ mod tests {
             "\r\n",
             "plain text",
         ];
-        for doc in documents(&pieces, 2_000) {
+        for doc in postmesh_shared::text::sample_documents(&pieces, 2_000) {
             let (out, stripped) = strip_text(&doc);
             assert!(out.len() <= doc.len(), "grew: {doc:?} -> {out:?}");
             assert_eq!(stripped, out != doc, "{doc:?}");
@@ -404,7 +385,7 @@ mod tests {
             "<!--",
             "-->",
         ];
-        for doc in documents(&pieces, 2_000) {
+        for doc in postmesh_shared::text::sample_documents(&pieces, 2_000) {
             let safe = bounded::bound(&doc).html;
             if let Some(out) = strip_html(&safe) {
                 assert!(

@@ -18,7 +18,7 @@ use utoipa::openapi::{KnownFormat, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
-use postmesh_shared::db::{self, now_unix, Turns};
+use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
@@ -171,13 +171,15 @@ pub(crate) async fn create(
         .map(|e| e.event_name.clone())
         .collect();
     let mut tx = state.db.begin().await?;
-    db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
-    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows WHERE workspace_id = $1")
-        .bind(caller.workspace)
-        .fetch_one(&mut *tx)
-        .await?;
     let quota = state.quotas.workflows;
-    Quotas::check(held, quota, "workflows", "WORKFLOWS_PER_WORKSPACE")?;
+    Quotas::hold(
+        &mut tx,
+        "workflows",
+        caller.workspace,
+        quota,
+        "WORKFLOWS_PER_WORKSPACE",
+    )
+    .await?;
     sqlx::query(
         "INSERT INTO workflows (id, workspace_id, name, version, trigger_event,
                                 created_at, updated_at)
