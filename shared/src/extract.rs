@@ -93,6 +93,14 @@ pub struct Page {
     pub offset: i64,
 }
 
+impl Page {
+    /// The page a list's own `limit` and `offset` parameters ask for (a list with filters
+    /// of its own keeps them beside these), `default` items without a limit.
+    pub fn of(limit: Option<i64>, offset: Option<i64>, default: i64) -> Result<Self, ApiError> {
+        PageQuery { limit, offset }.page(default)
+    }
+}
+
 impl PageQuery {
     /// The page asked for, `default` items when no limit is given; 400 out of bounds.
     pub fn page(&self, default: i64) -> Result<Page, ApiError> {

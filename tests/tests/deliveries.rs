@@ -1248,5 +1248,15 @@ async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped
     let error = tried.last_error.expect("the answer's excerpt");
     assert!(error.starts_with("HTTP 500: xxx"), "{error}");
     assert!(error.len() < 300, "{} bytes", error.len());
+    // Attempts are listed up to 500 a page.
+    let path = format!("/inbox/webhook/endpoints/{e}/attempts");
+    let _: Value = stack
+        .client(&key)
+        .get(&format!("{path}?limit=500"), StatusCode::OK)
+        .await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .get(&format!("{path}?limit=501"), StatusCode::BAD_REQUEST)
+        .await;
     stack.shutdown().await;
 }

@@ -904,5 +904,14 @@ async fn a_thread_is_read_a_page_of_messages_at_a_time() {
         .client(&key)
         .get(&format!("{path}?limit=501"), StatusCode::BAD_REQUEST)
         .await;
+    // The thread list pages the same way: up to 500.
+    let _: Value = stack
+        .client(&key)
+        .get("/inbox/threads?limit=500", StatusCode::OK)
+        .await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .get("/inbox/threads?limit=501", StatusCode::BAD_REQUEST)
+        .await;
     stack.shutdown().await;
 }

@@ -175,8 +175,25 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
     assert_eq!(page["workflows"].as_array().unwrap().len(), 0);
     let page: Value = mine.get("/campaigns", StatusCode::OK).await;
     assert_eq!(page["limit"], json!(50));
+    for list in [
+        "/templates",
+        "/audiences",
+        "/workflows",
+        "/campaigns",
+        "/contacts",
+        "/suppressions",
+    ] {
+        let _: Value = mine.get(&format!("{list}?limit=500"), StatusCode::OK).await;
+    }
     for bad in ["limit=0", "limit=501", "offset=-1", "limit=x"] {
-        for list in ["/templates", "/audiences", "/workflows", "/campaigns"] {
+        for list in [
+            "/templates",
+            "/audiences",
+            "/workflows",
+            "/campaigns",
+            "/contacts",
+            "/suppressions",
+        ] {
             let _: ErrorBody = mine
                 .get(&format!("{list}?{bad}"), StatusCode::BAD_REQUEST)
                 .await;

@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use postmesh_shared::extract::{Caller, IdPath, PageQuery, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, Page, PageQuery, QueryParams};
 use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
 
 use crate::addresses;
@@ -19,8 +19,6 @@ use crate::AppState;
 
 /// How long a thread takes in messages by subject alone.
 const SUBJECT_WINDOW_SECS: i64 = 7 * 86_400;
-/// Threads listed at most per page.
-const MAX_LIMIT: i64 = 100;
 
 /// The thread a new copy in `address` joins, created when there is none; its counters are
 /// updated for the copy. Runs under the inbox's lock (see `ingest`).
@@ -164,13 +162,7 @@ pub(crate) struct ListQuery {
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<ThreadList>, ApiError> {
-    let limit = q.limit.unwrap_or(50);
-    let offset = q.offset.unwrap_or(0);
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit is 1 to {MAX_LIMIT} and offset 0 or more"
-        )));
-    }
+    let Page { limit, offset } = Page::of(q.limit, q.offset, 50)?;
     if let Some(address) = q.address_id {
         if addresses::owned(&state.db, caller.workspace, address)
             .await?

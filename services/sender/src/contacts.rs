@@ -21,7 +21,7 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{holds_nul, Caller, IdPath, JsonBody, QueryParams};
+use postmesh_shared::extract::{holds_nul, Caller, IdPath, JsonBody, Page, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::{schema, AppState};
@@ -35,9 +35,8 @@ const MAX_ATTRIBUTES_BYTES: usize = 16 * 1024;
 const MAX_TAGS: usize = 100;
 /// Longest tag, topic, attribute name or external id.
 pub(crate) const MAX_NAME_LEN: usize = 200;
-/// Contacts per page by default, and at most.
+/// Contacts per page by default.
 const DEFAULT_LIMIT: i64 = 50;
-const MAX_LIMIT: i64 = 100;
 
 /// A contact as stored and answered.
 #[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -513,13 +512,7 @@ pub struct ContactPage {
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<ContactPage>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let offset = q.offset.unwrap_or(0);
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
-        )));
-    }
+    let Page { limit, offset } = Page::of(q.limit, q.offset, DEFAULT_LIMIT)?;
     let contacts = sqlx::query_as::<_, Contact>(&format!(
         "SELECT {COLUMNS} FROM contacts
          WHERE workspace_id = $1 AND ($2::text IS NULL OR tags @> ARRAY[$2])

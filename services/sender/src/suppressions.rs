@@ -9,15 +9,14 @@ use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody, QueryParams};
+use postmesh_shared::extract::{Caller, JsonBody, Page, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::contacts::{name, name_or_null};
 use crate::AppState;
 
-/// Entries per page by default, and at most.
+/// Entries per page by default.
 const DEFAULT_LIMIT: i64 = 50;
-const MAX_LIMIT: i64 = 100;
 
 /// Why an address is suppressed.
 #[derive(
@@ -85,13 +84,7 @@ const COLUMNS: &str = "email, reason, NULLIF(topic, '') AS topic, created_at";
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<SuppressionPage>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    let offset = q.offset.unwrap_or(0);
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
-        )));
-    }
+    let Page { limit, offset } = Page::of(q.limit, q.offset, DEFAULT_LIMIT)?;
     let suppressions = sqlx::query_as::<_, Suppression>(&format!(
         "SELECT {COLUMNS} FROM suppressions
          WHERE workspace_id = $1 AND ($2::text IS NULL OR email_key = $2)

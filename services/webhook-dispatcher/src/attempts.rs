@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, Page, QueryParams};
 use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
@@ -23,8 +23,6 @@ use crate::deliver::{now_rfc3339, queue, queue_each};
 use crate::payload::{self, Event, Shape};
 use crate::AppState;
 
-/// The most attempts one page shows.
-const MAX_LIMIT: i64 = 100;
 /// How often the scheduler queues the attempts that are due.
 const SCHEDULE_EVERY: Duration = Duration::from_secs(1);
 /// Attempts of one replay job.
@@ -169,12 +167,7 @@ pub(crate) async fn list<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<AttemptList>, ApiError> {
-    let (limit, offset) = (q.limit.unwrap_or(50), q.offset.unwrap_or(0));
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit is 1 to {MAX_LIMIT} and offset 0 or more"
-        )));
-    }
+    let Page { limit, offset } = Page::of(q.limit, q.offset, 50)?;
     if let Some(status) = &q.status {
         if !matches!(status.as_str(), "pending" | "succeeded" | "failed") {
             return Err(ApiError::BadRequest(
