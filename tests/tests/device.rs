@@ -440,6 +440,16 @@ async fn key_pages_create_and_revoke_with_csrf() {
         .form_with_csrf("/app/keys", &"1".repeat(64), &[("name", "forged")])
         .await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    // A CSRF cookie planted by another site (a subdomain may set one) with a form that
+    // matches it: refused, the token is bound to the session.
+    let planted = "2".repeat(64);
+    user.csrf = planted.clone();
+    let tossed = user
+        .form_with_csrf("/app/keys", &planted, &[("name", "tossed")])
+        .await;
+    assert_eq!(tossed.status, StatusCode::FORBIDDEN);
+    assert_eq!(user.page("/app/keys").await.status, StatusCode::OK);
+    assert_ne!(user.csrf, planted, "the page set the session's token again");
     let created = user.form("/app/keys", &[("name", "laptop")]).await;
     assert_eq!(created.status, StatusCode::CREATED);
     let html = text(&created);

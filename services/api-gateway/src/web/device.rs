@@ -75,7 +75,7 @@ pub async fn page(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
     Query(q): Query<DeviceQuery>,
 ) -> Result<Response, ApiError> {
-    let csrf = Csrf::of(&headers);
+    let csrf = Csrf::of(&state, &headers);
     let render =
         |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
     if let Some(rid) = q.request.as_deref().filter(|r| !r.is_empty()) {
@@ -111,7 +111,7 @@ pub async fn decide(
     if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
         return Ok(res);
     }
-    let csrf = Csrf::of(&headers);
+    let csrf = Csrf::of(&state, &headers);
     let render =
         |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
     let expired = "This sign-in request expired or was already handled. Run postmesh login again.";

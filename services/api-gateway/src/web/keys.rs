@@ -75,7 +75,7 @@ async fn render(
     notice: Notice<'_>,
 ) -> Result<Response, ApiError> {
     let keys = accounts::keys_of(state, session.account).await?;
-    let csrf = Csrf::of(headers);
+    let csrf = Csrf::of(state, headers);
     let markup = layout(TITLE, Some(session), &csrf, body(&csrf, &keys, notice));
     Ok(csrf.page(state, status, markup))
 }

@@ -72,7 +72,7 @@ fn code_form(csrf: &Csrf, next: &str, email: &str, error: Option<&str>) -> Marku
 pub async fn page(
     State(state): State<AppState>, headers: HeaderMap, Query(q): Query<NextQuery>,
 ) -> Response {
-    let csrf = Csrf::of(&headers);
+    let csrf = Csrf::of(&state, &headers);
     let next = next_or_home(q.next.as_deref());
     let body = email_form(&csrf, &next, "", None);
     csrf.page(&state, StatusCode::OK, layout("Sign in", None, &csrf, body))
@@ -95,7 +95,7 @@ pub async fn send(
     if let Some(res) = csrf_refusal(&state, &parts.headers, &form.csrf) {
         return res;
     }
-    let csrf = Csrf::of(&parts.headers);
+    let csrf = Csrf::of(&state, &parts.headers);
     let next = next_or_home(Some(&form.next));
     let Some(email) = EmailAddress::parse(form.email.trim()) else {
         let body = email_form(
@@ -152,7 +152,7 @@ pub async fn verify(
     if let Some(res) = csrf_refusal(&state, headers, &form.csrf) {
         return res;
     }
-    let csrf = Csrf::of(headers);
+    let csrf = Csrf::of(&state, headers);
     let next = next_or_home(Some(&form.next));
     let Some(email) = EmailAddress::parse(form.email.trim()) else {
         let body = email_form(&csrf, &next, "", Some("That is not an email address."));

@@ -1,5 +1,6 @@
 //! The web app: server-rendered pages (maud), usable without JavaScript and on a phone.
-//! Every form carries a CSRF token that must equal the `pm_csrf` cookie (double submit).
+//! Every form carries a CSRF token: signed in, an HMAC of the session cookie; signed out,
+//! the `pm_csrf` cookie's value (double submit).
 //! Policy: docs/decisions.md, "Web app".
 
 mod device;
@@ -9,7 +10,9 @@ mod usage;
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
+use hmac::{Hmac, Mac};
 use maud::{html, Markup, DOCTYPE};
+use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use postmesh_contracts::routes::gateway as api;
@@ -39,24 +42,29 @@ pub const CSRF_COOKIE: &str = "pm_csrf";
 /// Hex characters of a CSRF token.
 const CSRF_LEN: usize = 64;
 
-/// The CSRF token of a page: the browser's `pm_csrf` cookie, or a new one set with the page.
+/// The CSRF token of a page. Signed in, it is bound to the session (an HMAC of the
+/// session cookie under `CODE_SECRET`), so a cookie planted by another site or subdomain
+/// is no valid token; signed out, the browser's `pm_csrf` cookie, or a new one. The page
+/// sets the cookie when it differs from the token.
 pub struct Csrf {
     token: String,
     fresh: bool,
 }
 
 impl Csrf {
-    /// The request's token, or a fresh one.
-    pub fn of(headers: &HeaderMap) -> Self {
-        match cookie(headers, CSRF_COOKIE) {
-            Some(token) if token.len() == CSRF_LEN => Self {
-                token: token.to_owned(),
-                fresh: false,
+    /// The request's token: its session's, else its cookie's, else a fresh one.
+    pub fn of(state: &AppState, headers: &HeaderMap) -> Self {
+        let cookie_token = cookie(headers, CSRF_COOKIE).filter(|t| t.len() == CSRF_LEN);
+        let token = match session_token(state, headers) {
+            Some(bound) => bound,
+            None => match cookie_token {
+                Some(token) => token.to_owned(),
+                None => sessions::random_hex(32),
             },
-            _ => Self {
-                token: sessions::random_hex(32),
-                fresh: true,
-            },
+        };
+        Self {
+            fresh: cookie_token != Some(token.as_str()),
+            token,
         }
     }
 
@@ -86,13 +94,25 @@ impl Csrf {
     }
 }
 
-/// `None` when the form's `csrf` field equals the `pm_csrf` cookie; otherwise the 403 page.
+/// The CSRF token bound to the request's session cookie, if it carries one.
+fn session_token(state: &AppState, headers: &HeaderMap) -> Option<String> {
+    let session = cookie(headers, sessions::session_cookie(state))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(state.codes.secret.as_bytes()).ok()?;
+    mac.update(b"csrf:");
+    mac.update(session.as_bytes());
+    Some(hex::encode(mac.finalize().into_bytes()))
+}
+
+/// `None` when the form's `csrf` field is the request's token (its session's when signed
+/// in, else the `pm_csrf` cookie); otherwise the 403 page.
 pub fn csrf_refusal(state: &AppState, headers: &HeaderMap, given: &str) -> Option<Response> {
-    let expected = cookie(headers, CSRF_COOKIE).unwrap_or_default();
+    let expected = session_token(state, headers)
+        .or_else(|| cookie(headers, CSRF_COOKIE).map(str::to_owned))
+        .unwrap_or_default();
     if expected.len() == CSRF_LEN && bool::from(expected.as_bytes().ct_eq(given.as_bytes())) {
         return None;
     }
-    let csrf = Csrf::of(headers);
+    let csrf = Csrf::of(state, headers);
     Some(csrf.page(
         state,
         StatusCode::FORBIDDEN,

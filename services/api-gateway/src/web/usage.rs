@@ -98,7 +98,7 @@ fn body(balance: Option<Value>, ent: Option<Value>, logs: Option<Value>) -> Mark
 pub async fn page(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
 ) -> Result<Response, ApiError> {
-    let csrf = Csrf::of(&headers);
+    let csrf = Csrf::of(&state, &headers);
     let Some(primary) = accounts::primary_key(&state, session.account).await? else {
         let body = html! { p.error role="alert" { "This account has no API key to bill to yet." } };
         let markup = layout("Usage", Some(&session), &csrf, body);
