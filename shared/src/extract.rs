@@ -81,8 +81,10 @@ pub const MAX_PAGE: i64 = 500;
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 pub struct PageQuery {
     /// Items on the page (1-500; each list has its default).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// Items skipped before the page.
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
 }
 
