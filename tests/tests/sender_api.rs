@@ -82,6 +82,15 @@ async fn task_ids_are_checked_at_the_edge() {
         .await;
 }
 
+/// Creates `held` of `body` at `path` (201 each), then one more: a 403 naming `quota`.
+async fn fills(client: &TestClient, path: &str, body: &Value, held: usize, quota: &str) {
+    for _ in 0..held {
+        let _: Value = client.post(path, body, StatusCode::CREATED).await;
+    }
+    let over: ErrorBody = client.post(path, body, StatusCode::FORBIDDEN).await;
+    assert!(over.error.contains(quota), "{}", over.error);
+}
+
 #[tokio::test]
 async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
     let quotas = sender::Quotas {
@@ -123,36 +132,27 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
     assert!(over.error.contains("100 versions"), "{}", over.error);
 
     let audience = json!({"name": "n", "include": [{"tag": "x"}]});
-    for _ in 0..2 {
-        let _: Value = mine
-            .post("/audiences", &audience, StatusCode::CREATED)
-            .await;
-    }
-    let over: ErrorBody = mine
-        .post("/audiences", &audience, StatusCode::FORBIDDEN)
-        .await;
-    assert!(
-        over.error.contains("AUDIENCES_PER_WORKSPACE = 2"),
-        "{}",
-        over.error
-    );
-
+    fills(
+        &mine,
+        "/audiences",
+        &audience,
+        2,
+        "AUDIENCES_PER_WORKSPACE = 2",
+    )
+    .await;
     let _: Value = mine
         .post("/templates", &template("a"), StatusCode::OK)
         .await;
     let workflow = json!({ "name": "w", "trigger": { "event_name": "go" },
                            "steps": [{ "type": "send", "templateKey": "a" }] });
-    let _: Value = mine
-        .post("/workflows", &workflow, StatusCode::CREATED)
-        .await;
-    let over: ErrorBody = mine
-        .post("/workflows", &workflow, StatusCode::FORBIDDEN)
-        .await;
-    assert!(
-        over.error.contains("WORKFLOWS_PER_WORKSPACE = 1"),
-        "{}",
-        over.error
-    );
+    fills(
+        &mine,
+        "/workflows",
+        &workflow,
+        1,
+        "WORKFLOWS_PER_WORKSPACE = 1",
+    )
+    .await;
 
     // Pages: templates by key, audiences oldest first.
     let page: Value = mine
