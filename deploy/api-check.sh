@@ -24,6 +24,8 @@ export UNSUBSCRIBE_SECRET=apicheck-unsubscribe WEBHOOK_ALLOW_INSECURE=1
 # Configured, so its route checks signatures (unset, it is 503 by design).
 export STRIPE_WEBHOOK_SECRET=whsec_apicheck
 
+"$bin/api-gateway" bootstrap
+
 pids=()
 stop() { [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null || true; wait || true; }
 trap stop EXIT

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes PostgreSQL, Redis and NATS (with JetStream) reachable on their local default ports.
+# Makes PostgreSQL and Redis reachable on their local default ports, and Postmesh's own NATS
+# (JetStream, the users of deploy/nats.conf) on 127.0.0.1:4223.
 # A server that already answers is left alone. A missing one is started: an existing Debian
 # PostgreSQL cluster is started in place; otherwise data lives under var/. Missing programs
 # are installed from Debian's packages when running as root.
@@ -72,9 +73,9 @@ start_nats() {
   if listening "$NATS_PORT"; then return 0; fi
   ensure_package nats-server nats-server
   mkdir -p "$VAR/nats"
-  log "starting NATS with JetStream"
-  setsid nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$VAR/nats" \
-    >"$VAR/nats/nats.log" 2>&1 < /dev/null &
+  log "starting NATS with JetStream and the users of deploy/nats.conf"
+  setsid nats-server -c "$PWD/deploy/nats.conf" -a 127.0.0.1 -p "$NATS_PORT" -sd "$VAR/nats" \
+    -P "$VAR/nats/nats.pid" >"$VAR/nats/nats.log" 2>&1 < /dev/null &
   wait_for NATS "$NATS_PORT"
 }
 

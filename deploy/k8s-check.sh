@@ -13,7 +13,8 @@
 #     Deployment with probes (/readyz, /healthz) on its admin port, requests and limits, a
 #     preStop and a grace period covering SHUTDOWN_DRAIN_SECS, a restricted securityContext,
 #     scrape annotations, an autoscaler (HPA or ScaledObject), a PDB and a Service; every
-#     variable name is one of README.md's settings table.
+#     variable name is one of README.md's settings table; the dev overlay's NATS
+#     configuration is deploy/nats.conf.
 # kubernetes-validate is installed with pip into var/k8s-venv when missing. Needs kubectl
 # (with its built-in kustomize) and python3.
 set -euo pipefail
@@ -42,6 +43,13 @@ ensure_validator() {
 
 ensure_kubectl
 ensure_validator
+
+# The dev overlay's NATS runs with the users and permissions of deploy/nats.conf: a copy,
+# since kustomize reads only files below the overlay.
+if ! cmp -s deploy/nats.conf k8s/overlays/dev/nats.conf; then
+  log "k8s/overlays/dev/nats.conf differs from deploy/nats.conf: copy it over"
+  exit 1
+fi
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -2,7 +2,9 @@
 # how to wait for one. The sourcing script sets LOG_PREFIX first.
 PG_PORT=${PG_PORT:-5432}
 REDIS_PORT=${REDIS_PORT:-6379}
-NATS_PORT=${NATS_PORT:-4222}
+# Postmesh runs a NATS of its own (deploy/nats.conf: users and permissions per service), on
+# 4223 so that a NATS already on the standard port is left alone.
+NATS_PORT=${NATS_PORT:-4223}
 
 log() { echo "$LOG_PREFIX: $*" >&2; }
 

@@ -46,8 +46,9 @@ restart_redis() {
 
 restart_nats() {
   local pid cmd=()
-  pid="$(pgrep -x nats-server | head -n1)"
-  [ -n "$pid" ] || { log "no nats-server process"; exit 1; }
+  pid="$(cat var/nats/nats.pid 2>/dev/null || true)"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || pid="$(pgrep -f "nats-server.* -p $NATS_PORT" | head -n1)"
+  [ -n "$pid" ] || { log "no nats-server process on port $NATS_PORT"; exit 1; }
   mapfile -d '' cmd <"/proc/$pid/cmdline"
   kill -TERM "$pid"
   for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done

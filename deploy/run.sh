@@ -26,6 +26,9 @@ export UNSUBSCRIBE_SECRET="${UNSUBSCRIBE_SECRET:-dev-unsubscribe-secret}"
 # Local webhook receivers (http://, localhost) are allowed; never in production.
 export WEBHOOK_ALLOW_INSECURE="${WEBHOOK_ALLOW_INSECURE:-1}"
 
+# Each service's PostgreSQL role and database (the services cannot create them).
+"$bin/api-gateway" bootstrap
+
 # Services first, then the gateway that forwards to them.
 for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; do
   "$bin/$svc" &

@@ -13,10 +13,18 @@ use postmesh_contracts::{Namespace, Service};
 #[derive(Clone, Debug)]
 pub struct Common {
     pub namespace: Namespace,
+    /// The NATS server; the service signs in as the user named after it.
     pub nats_url: String,
+    /// This service's NATS password (`NATS_PASSWORD`; development default `dev-<service>`,
+    /// as `deploy/nats.conf` has it).
+    pub nats_password: Option<String>,
     pub redis_url: String,
-    /// Postgres server URL without a database; each service appends its own `{ns}_{service}`.
+    /// Postgres server URL (host, port, options); each service signs in as its own role
+    /// `{ns}_{service}` to its own database of that name.
     pub database_url: String,
+    /// This service's PostgreSQL password (`DATABASE_PASSWORD`; none: the server's own rule,
+    /// trust on a developer's machine).
+    pub database_password: Option<String>,
     pub db_max_connections: u32,
     /// How long a query waits for a free connection (`DB_ACQUIRE_TIMEOUT_SECS`, default 5).
     pub db_acquire_timeout: Duration,
@@ -39,11 +47,18 @@ impl Common {
     /// Reads the shared settings; the admin port defaults to the service's own.
     pub fn from_env(service: Service) -> anyhow::Result<Self> {
         let admin_port = service.admin_port();
+        let production = env_or("POSTMESH_ENV", "development") == "production";
+        let nats_password = env_opt("NATS_PASSWORD");
+        if production && nats_password.is_none() {
+            bail!("NATS_PASSWORD must be set in production");
+        }
         Ok(Self {
             namespace: Namespace::parse(&env_or("POSTMESH_NAMESPACE", "pm"))?,
-            nats_url: env_or("NATS_URL", "nats://127.0.0.1:4222"),
+            nats_url: env_or("NATS_URL", "nats://127.0.0.1:4223"),
+            nats_password,
             redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
-            database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),
+            database_url: env_or("DATABASE_URL", "postgres://127.0.0.1:5432"),
+            database_password: env_opt("DATABASE_PASSWORD"),
             db_max_connections: env_parse("DB_MAX_CONNECTIONS", 10)?,
             db_acquire_timeout: env_secs("DB_ACQUIRE_TIMEOUT_SECS", Duration::from_secs(5))?,
             upstream_timeout: env_secs("UPSTREAM_TIMEOUT_SECS", Duration::from_secs(10))?,
@@ -54,7 +69,7 @@ impl Common {
             otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
                 .ok()
                 .filter(|s| !s.is_empty()),
-            production: env_or("POSTMESH_ENV", "development") == "production",
+            production,
         })
     }
 
@@ -85,6 +100,12 @@ impl Common {
         ];
         if let Some(endpoint) = &self.otlp_endpoint {
             env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()));
+        }
+        if let Some(password) = &self.nats_password {
+            env.push(("NATS_PASSWORD", password.clone()));
+        }
+        if let Some(password) = &self.database_password {
+            env.push(("DATABASE_PASSWORD", password.clone()));
         }
         env
     }
@@ -149,6 +170,11 @@ pub fn env_or(name: &str, default: &str) -> String {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| default.to_owned())
+}
+
+/// The variable's value, or none when unset or empty.
+pub fn env_opt(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// The variable parsed as `T`, or `default` when unset or empty.

@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 use tracing::Instrument;
 
-use crate::config::redacted;
+use crate::config::{redacted, Common};
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
 use crate::rpc::{Method, Rpc};
@@ -60,16 +60,27 @@ pub fn outgoing_headers() -> HeaderMap {
     headers
 }
 
-/// Connects to NATS as `service`; `request_timeout` bounds every request/reply.
+/// Connects to NATS as `service`: the user named after it, with its `NATS_PASSWORD` (or the
+/// development default), unless the URL carries credentials of its own; `request_timeout`
+/// bounds every request/reply.
 pub async fn connect(
-    url: &str, service: Service, request_timeout: Duration,
+    common: &Common, service: Service, request_timeout: Duration,
 ) -> anyhow::Result<Client> {
-    async_nats::ConnectOptions::new()
+    let url = &common.nats_url;
+    let mut options = async_nats::ConnectOptions::new();
+    if !url.contains('@') {
+        let password = common
+            .nats_password
+            .clone()
+            .unwrap_or_else(|| format!("dev-{}", service.name()));
+        options = options.user_and_password(service.name().to_owned(), password);
+    }
+    options
         .name(service.name())
         .request_timeout(Some(request_timeout))
         .connect(url)
         .await
-        .with_context(|| format!("connecting to NATS at {}", redacted(url)))
+        .with_context(|| format!("connecting to NATS at {} as {service}", redacted(url)))
 }
 
 /// Sends `payload` to `subject` and waits for the answer of `target`; a failed request
@@ -359,10 +370,11 @@ impl ServiceHost {
             for endpoint_loop in loops {
                 let _ = endpoint_loop.await;
             }
-            // A request nobody answers is a round trip through the server on this
-            // connection: when its "no responders" comes back, the server has applied the
-            // unsubscriptions sent before it.
-            let _ = client.request(client.new_inbox(), Bytes::new()).await;
+            // A request the server itself answers (JetStream's account info, which every
+            // service's NATS user may ask) is a round trip through it on this connection:
+            // when its answer comes back, the server has applied the unsubscriptions sent
+            // before it.
+            let _ = client.request("$JS.API.INFO", Bytes::new()).await;
         });
         Ok(())
     }

@@ -49,7 +49,7 @@ impl Runtime {
     ) -> anyhow::Result<Self> {
         telemetry::init(service.name(), common.otlp_endpoint.as_deref());
         let db = db::connect(common, service, migrations).await?;
-        let nats = crate::nats::connect(&common.nats_url, service, common.upstream_timeout).await?;
+        let nats = crate::nats::connect(common, service, common.upstream_timeout).await?;
         let js = jetstream::new(nats.clone());
         streams::ensure_streams(&js, &common.namespace).await?;
         Ok(Self {

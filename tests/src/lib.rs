@@ -274,13 +274,52 @@ pub fn fresh_namespace() -> Namespace {
     Namespace::parse(&format!("t{tail}")).expect("valid namespace")
 }
 
-/// Shared settings of a test stack in namespace `ns`.
+/// The tests' NATS server (`NATS_URL`, default Postmesh's own on port 4223).
+pub fn nats_url() -> String {
+    env_or("NATS_URL", "nats://127.0.0.1:4223")
+}
+
+/// The operator's NATS user of `deploy/nats.conf` (`NATS_OPS_PASSWORD`, default its
+/// development password): every subject, for a test that publishes or inspects what no one
+/// service may.
+pub async fn ops_nats(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+    async_nats::ConnectOptions::with_user_and_password(
+        "ops".into(),
+        env_or("NATS_OPS_PASSWORD", "dev-ops"),
+    )
+    .connect(url)
+    .await
+}
+
+/// The PostgreSQL administrator's connection of the tests (`DATABASE_ADMIN_URL`): it makes
+/// and drops each namespace's roles and databases, as `api-gateway bootstrap` does.
+pub fn admin_url() -> String {
+    env_or(
+        "DATABASE_ADMIN_URL",
+        api_gateway::bootstrap::DEFAULT_ADMIN_URL,
+    )
+}
+
+/// Shared settings of a test stack in namespace `ns`, whose services' roles and databases
+/// this makes (dropped again by [`remove_namespace`]).
 pub fn common(ns: Namespace) -> Common {
+    let made = ns.clone();
+    on_a_fresh_runtime(move || async move {
+        let admin = admin_url();
+        let each = Service::ALL
+            .map(|service| postmesh_shared::db::bootstrap(&admin, &made, service, None));
+        for made in futures::future::join_all(each).await {
+            made.expect("bootstrap of a test namespace's databases");
+        }
+    })
+    .expect("bootstrap of a test namespace's databases");
     Common {
         namespace: ns,
-        nats_url: env_or("NATS_URL", "nats://127.0.0.1:4222"),
+        nats_url: nats_url(),
+        nats_password: None,
         redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
-        database_url: env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),
+        database_url: env_or("DATABASE_URL", "postgres://127.0.0.1:5432"),
+        database_password: None,
         db_max_connections: 10,
         db_acquire_timeout: Duration::from_secs(5),
         upstream_timeout: Duration::from_secs(10),
@@ -370,7 +409,6 @@ pub const INBOUND_DOMAIN: &str = "inbound.postmesh.localhost";
 pub struct ServiceDb {
     pub common: Common,
     pub pool: sqlx::PgPool,
-    service: Service,
 }
 
 impl ServiceDb {
@@ -380,26 +418,25 @@ impl ServiceDb {
         let pool = postmesh_shared::db::connect(&common, service, migrations)
             .await
             .expect("service database");
-        Self {
-            common,
-            pool,
-            service,
-        }
+        Self { common, pool }
     }
 }
 
 impl Drop for ServiceDb {
     fn drop(&mut self) {
-        let (url, name) = (
-            self.common.database_url.clone(),
-            self.service.database(&self.common.namespace),
-        );
         // No `pool.close()` here: its connections belong to the test's runtime, which is
         // blocked in this drop, so closing them could wait forever. `DROP DATABASE ... WITH
         // (FORCE)` ends them from the server side instead.
-        on_a_fresh_runtime(async move {
-            let _ = postmesh_shared::db::drop_database(&url, &name).await;
-        });
+        let ns = self.common.namespace.clone();
+        on_a_fresh_runtime(move || async move { drop_databases(&ns).await });
+    }
+}
+
+/// Drops the roles and databases of every service in `ns`.
+async fn drop_databases(ns: &Namespace) {
+    let admin = admin_url();
+    for service in Service::ALL {
+        let _ = postmesh_shared::db::drop_database(&admin, &service.database(ns)).await;
     }
 }
 
@@ -418,17 +455,19 @@ pub fn caller(role: Role) -> postmesh_shared::proto::AuthContext {
     }
 }
 
-/// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`).
-fn on_a_fresh_runtime(work: impl Future<Output = ()> + Send + 'static) {
+/// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`, or setup in a
+/// plain function); none if it panicked.
+fn on_a_fresh_runtime<T: Send + 'static, F: Future<Output = T>>(
+    work: impl FnOnce() -> F + Send + 'static,
+) -> Option<T> {
     let cleanup = std::thread::spawn(move || {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-        {
-            rt.block_on(work);
-        }
+            .ok()
+            .map(|rt| rt.block_on(work()))
     });
-    let _ = cleanup.join();
+    cleanup.join().ok().flatten()
 }
 
 impl Stack {
@@ -627,7 +666,7 @@ impl Stack {
     /// Calls a service's typed RPC, as another service would.
     pub async fn rpc<R: Rpc>(&self, req: &R) -> Result<R::Reply, postmesh_shared::ApiError> {
         use postmesh_shared::nats;
-        let client = nats::connect(&self.common.nats_url, R::SERVICE, Duration::from_secs(5))
+        let client = nats::connect(&self.common, Service::ApiGateway, Duration::from_secs(5))
             .await
             .expect("nats");
         nats::call(&client, self.ns(), req).await
@@ -989,18 +1028,15 @@ impl Drop for Stack {
             return;
         }
         let common = self.common.clone();
-        on_a_fresh_runtime(async move { remove_namespace(&common).await });
+        on_a_fresh_runtime(move || async move { remove_namespace(&common).await });
     }
 }
 
 /// Drops a namespace's databases, streams, object-store bucket and Redis keys.
 pub async fn remove_namespace(common: &Common) {
     let ns = &common.namespace;
-    for service in Service::ALL {
-        let _ =
-            postmesh_shared::db::drop_database(&common.database_url, &service.database(ns)).await;
-    }
-    if let Ok(client) = async_nats::connect(&common.nats_url).await {
+    drop_databases(ns).await;
+    if let Ok(client) = crate::ops_nats(&common.nats_url).await {
         let js = async_nats::jetstream::new(client);
         for stream in Stream::ALL {
             let _ = js.delete_stream(stream.name(ns)).await;

@@ -32,7 +32,7 @@ fn charge(key: ApiKeyId, idem: &str) -> ChargeRequest {
 
 /// A client and a key holding 10 credits.
 async fn funded(common: &postmesh_shared::Common) -> (BillingClient, TaskTracker, ApiKeyId) {
-    let nats = async_nats::connect(&common.nats_url).await.unwrap();
+    let nats = postmesh_tests::ops_nats(&common.nats_url).await.unwrap();
     let retries = TaskTracker::new();
     let client = BillingClient::new(nats, common.namespace.clone(), retries.clone());
     let key = ApiKeyId::new();

@@ -318,7 +318,9 @@ async fn a_resend_replaces_the_code_and_a_failed_resend_keeps_it() {
     stack.send_code(&key, to).await;
     let code = stack.code_sent_to(to, 1).await;
     let before = stack.balance(&key).await;
-    let nats = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let nats = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
     async_nats::jetstream::new(nats)
         .delete_stream(stack.ns().stream("SEND"))
         .await

@@ -181,7 +181,7 @@ async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
     let stack = Stack::start().await;
     let ns = stack.ns().clone();
     let js = async_nats::jetstream::new(
-        async_nats::connect(&stack.common.nats_url)
+        postmesh_tests::ops_nats(&stack.common.nats_url)
             .await
             .expect("NATS"),
     );

@@ -90,7 +90,9 @@ async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
 }
 
 async fn publish(stack: &Stack, job: &SendJob) {
-    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
     let js = async_nats::jetstream::new(client);
     postmesh_shared::jetstream::publish(
         &js,
@@ -130,7 +132,9 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     publish(&stack, &b).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The stack's worker has both jobs in hand, waiting on their leases.
-    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
     let mut consumer: async_nats::jetstream::consumer::PullConsumer =
         async_nats::jetstream::new(client)
             .get_stream(stack.ns().stream("SEND"))

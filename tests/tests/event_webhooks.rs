@@ -730,7 +730,9 @@ async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
 
 /// Every message of the namespace's DELIVERY stream: its subject and events.
 async fn published_events(stack: &Stack) -> Vec<(String, DeliveryEvents)> {
-    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js
         .get_stream(Stream::Delivery.name(stack.ns()))
@@ -792,7 +794,9 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     stack.kill_dispatcher().await; // SIGKILL
     assert!(before.len() < count, "the kill came mid-delivery");
     // As if the kill had beaten every ack: each event and each job comes again.
-    let client = async_nats::connect(&stack.common.nats_url).await.unwrap();
+    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
     let js = async_nats::jetstream::new(client);
     let stack_ref = &stack;
     let events = eventually(Duration::from_secs(20), || async move {

@@ -21,7 +21,9 @@ async fn setup() -> (
     async_nats::jetstream::Context,
 ) {
     let store = ServiceDb::create(Service::Domain, &[&db::KIT_MIGRATIONS]).await;
-    let nats = async_nats::connect(&store.common.nats_url).await.unwrap();
+    let nats = postmesh_tests::ops_nats(&store.common.nats_url)
+        .await
+        .unwrap();
     let js = async_nats::jetstream::new(nats.clone());
     let ns = &store.common.namespace;
     postmesh_shared::jetstream::ensure_streams(&js, ns)

@@ -126,7 +126,7 @@ async fn the_overview_counts_each_owners_data_and_names_the_missing() {
     assert_eq!(partial["stats"]["sendsSince"], 3);
 
     // A service that hangs instead: the answer still comes, at the deadline.
-    let nats = async_nats::connect(&stack.common.nats_url)
+    let nats = postmesh_tests::ops_nats(&stack.common.nats_url)
         .await
         .expect("nats");
     let subject = postmesh_shared::Service::Domain.rpc_subject(stack.ns(), "overview");

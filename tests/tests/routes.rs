@@ -2,8 +2,6 @@
 //! gateway's table is the manifests. And a body too large for a NATS message still reaches
 //! its route.
 
-use std::time::Duration;
-
 use axum::body::{Body, Bytes};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -50,10 +48,9 @@ async fn served_routers() -> Vec<(Service, axum::Router)> {
         .acquire_timeout(std::time::Duration::from_millis(200))
         .connect_lazy("postgres://nobody@127.0.0.1:1/none")
         .unwrap();
-    let nats =
-        async_nats::connect(postmesh_tests::common(postmesh_tests::fresh_namespace()).nats_url)
-            .await
-            .expect("NATS");
+    let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
+        .await
+        .expect("NATS");
     let sender_state = sender::AppState::new(
         idle.clone(),
         nats.clone(),
@@ -154,7 +151,8 @@ async fn digest(body: Bytes) -> String {
 async fn a_body_too_large_for_nats_travels_by_claim_check() {
     let common = postmesh_tests::common(postmesh_tests::fresh_namespace());
     let ns = common.namespace.clone();
-    let client = nats::connect(&common.nats_url, Service::Domain, Duration::from_secs(10))
+    // Serves as the domain service and forwards as the gateway: the operator's user may do both.
+    let client = postmesh_tests::ops_nats(&common.nats_url)
         .await
         .expect("nats");
     let upload_route = RouteSpec {
@@ -270,7 +268,7 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
     let error = json["error"].as_str().unwrap_or_default();
     assert!(error.contains("column 2097153"), "{error}");
     let js = async_nats::jetstream::new(
-        async_nats::connect(&stack.common.nats_url)
+        postmesh_tests::ops_nats(&stack.common.nats_url)
             .await
             .expect("nats"),
     );

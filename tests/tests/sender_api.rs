@@ -21,7 +21,7 @@ async fn sender_router() -> (ServiceDb, TestClient, TestClient) {
 /// [`sender_router`] with its own quotas.
 async fn sender_router_with(quotas: sender::Quotas) -> (ServiceDb, TestClient, TestClient) {
     let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
-    let nats = async_nats::connect(&store.common.nats_url)
+    let nats = postmesh_tests::ops_nats(&store.common.nats_url)
         .await
         .expect("NATS");
     let state = sender::AppState::new(

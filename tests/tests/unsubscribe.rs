@@ -193,7 +193,11 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded() {
     assert_eq!(next.recipients.rejected[0].reason, "unsubscribed:news");
 
     // The DELIVERY stream has her sent event and exactly one unsubscribed event.
-    let js = async_nats::jetstream::new(async_nats::connect(&stack.common.nats_url).await.unwrap());
+    let js = async_nats::jetstream::new(
+        postmesh_tests::ops_nats(&stack.common.nats_url)
+            .await
+            .unwrap(),
+    );
     let stream = js
         .get_stream(Stream::Delivery.name(stack.ns()))
         .await

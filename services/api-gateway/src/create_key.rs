@@ -52,9 +52,7 @@ impl CreateKey {
     /// Creates the account if needed and the key; returns the key text.
     pub async fn create(&self, common: &Common) -> anyhow::Result<String> {
         let db = db::connect(common, SERVICE, &MIGRATIONS).await?;
-        let nats =
-            postmesh_shared::nats::connect(&common.nats_url, SERVICE, common.upstream_timeout)
-                .await?;
+        let nats = postmesh_shared::nats::connect(common, SERVICE, common.upstream_timeout).await?;
         let billing = BillingClient::new(nats, common.namespace.clone(), TaskTracker::new());
         keys::create_key(
             &db,

@@ -3,6 +3,7 @@
 //! forwards every other route to its service over NATS as an HTTP envelope.
 
 pub mod accounts;
+pub mod bootstrap;
 pub mod codes;
 pub mod create_key;
 pub mod dead_letters;

@@ -1,5 +1,6 @@
 //! The gateway binary. `api-gateway` serves; `api-gateway create-key ...` makes an API key
-//! (see `create_key`).
+//! (see `create_key`); `api-gateway bootstrap` makes every service's database role and
+//! database (see `bootstrap`).
 
 use anyhow::bail;
 
@@ -15,6 +16,9 @@ async fn main() -> anyhow::Result<()> {
             let common = postmesh_shared::Common::from_env(api_gateway::SERVICE)?;
             command.run(&common).await
         }
-        Some(other) => bail!("unknown command {other}; use no argument to serve, or create-key"),
+        Some("bootstrap") => api_gateway::bootstrap::run().await,
+        Some(other) => {
+            bail!("unknown command {other}; use no argument to serve, create-key or bootstrap")
+        }
     }
 }

@@ -142,7 +142,7 @@ pub async fn throughput(
         inboxes.push(address);
     }
     let db = stack.service_db(Service::InboundIngest).await;
-    let nats = async_nats::connect(&stack.common.nats_url).await?;
+    let nats = postmesh_tests::ops_nats(&stack.common.nats_url).await?;
     let state = inbound_ingest::AppState {
         outbox: Some(Outbox::new(
             db.clone(),
