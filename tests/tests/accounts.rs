@@ -505,6 +505,55 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup() {
     stack.shutdown().await;
 }
 
+/// Polling `/cli/auth/poll` with device tokens no one started is guessing, as made-up keys
+/// are: each counts against the address, and past the limit even a real poll waits.
+#[tokio::test]
+async fn polls_of_unknown_device_tokens_count_as_failed_authentications() {
+    let stack = Stack::start().await;
+    let (gateway, base) = second_gateway(&stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+    let second = postmesh_shared::db::now_unix() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
+    }
+    let post = |path: &'static str, token: String| {
+        let base = base.clone();
+        async move {
+            let answer = reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .json(&json!({ "deviceToken": token }))
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status();
+            (status, answer.text().await.unwrap())
+        }
+    };
+    let token = || uuid::Uuid::new_v4().simple().to_string();
+    let started = token();
+    assert_eq!(
+        post("/cli/auth/init", started.clone()).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post("/cli/auth/poll", started).await.0,
+        StatusCode::ACCEPTED
+    );
+    for _ in 0..5 {
+        assert_eq!(post("/cli/auth/poll", token()).await.0, StatusCode::GONE);
+    }
+    // A device started now, polled for the first time (on time: not a slow_down), waits too.
+    let later = token();
+    assert_eq!(
+        post("/cli/auth/init", later.clone()).await.0,
+        StatusCode::OK
+    );
+    let (status, body) = post("/cli/auth/poll", later).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("failed authentications"), "{body}");
+    gateway.stop().await;
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_session_ends_30_days_after_sign_in_however_it_is_used() {
     let stack = Stack::start().await;

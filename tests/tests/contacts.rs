@@ -45,7 +45,7 @@ async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
     let c = &again.body.contact;
     assert!(!again.body.created);
     assert_eq!(c.id, ann.id);
-    assert_eq!(c.email, "ann@new.example");
+    assert_eq!(c.email.as_deref(), Some("ann@new.example"));
     assert_eq!(
         serde_json::Value::Object(c.attributes.0.clone()),
         json!({"plan": "pro", "city": "Oslo"})

@@ -135,19 +135,40 @@ async fn events_are_checked_and_stored_once_per_id() {
         "{contacts}"
     );
 
-    // An unknown external id alone cannot make a contact; with an email it can, and then
-    // the external id finds it.
+    // An event about a contact never seen, named by its external id alone, is never dropped:
+    // it makes that contact, without an email; a later event gives it one, and the external
+    // id still names that one contact.
     let mut by_id = good.clone();
     by_id["event_id"] = json!("e-2");
     by_id["contact"] = json!({ "external_contact_id": "crm-1" });
-    let answer = client.request(Method::POST, "/events", &by_id).await;
-    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
-    by_id["contact"] = json!({ "external_contact_id": "crm-1", "email": fresh("crm") });
     let _: Value = client.post("/events", &by_id, StatusCode::CREATED).await;
+    let made = contacts_named(&client, "crm-1").await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["email"], Value::Null, "{made:?}");
+    let crm_email = fresh("crm");
     by_id["event_id"] = json!("e-3");
+    by_id["contact"] = json!({ "external_contact_id": "crm-1", "email": crm_email });
+    let _: Value = client.post("/events", &by_id, StatusCode::CREATED).await;
+    by_id["event_id"] = json!("e-4");
     by_id["contact"] = json!({ "external_contact_id": "crm-1" });
     let _: Value = client.post("/events", &by_id, StatusCode::CREATED).await;
+    let found = contacts_named(&client, "crm-1").await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["id"], made[0]["id"], "one contact throughout");
+    assert_eq!(found[0]["email"], crm_email.as_str(), "{found:?}");
     stack.shutdown().await;
+}
+
+/// The contacts of the caller's workspace with external id `external`.
+async fn contacts_named(client: &postmesh_tests::TestClient, external: &str) -> Vec<Value> {
+    let listed: Value = client.get("/contacts?limit=500", StatusCode::OK).await;
+    listed["contacts"]
+        .as_array()
+        .expect("contacts")
+        .iter()
+        .filter(|c| c["externalId"] == external)
+        .cloned()
+        .collect()
 }
 
 #[tokio::test]

@@ -402,9 +402,18 @@ struct TokenBody {
     device_token: String,
 }
 
-/// `POST /cli/auth/poll {deviceToken}`.
-async fn poll(State(state): State<AppState>, JsonBody(body): JsonBody<TokenBody>) -> Response {
+/// `POST /cli/auth/poll {deviceToken}`. A poll of a token no one started (or one long
+/// expired) is a failed authentication of the client's address, as a wrong API key is: past
+/// `AUTH_FAILURES_PER_IP_PER_MINUTE` the address is answered 429 before any lookup.
+async fn poll(
+    State(state): State<AppState>, parts: Parts, JsonBody(body): JsonBody<TokenBody>,
+) -> Response {
+    let ip = sessions::client_ip(&state, &parts);
+    if let Err(e) = state.failed_auths.check(ip) {
+        return e.into_response();
+    }
     let Some(token) = DeviceToken::parse(&body.device_token) else {
+        state.failed_auths.failed(ip);
         return poll_answer(
             StatusCode::BAD_REQUEST,
             "invalid",
@@ -412,7 +421,12 @@ async fn poll(State(state): State<AppState>, JsonBody(body): JsonBody<TokenBody>
         );
     };
     match take(&state, &token.hash()).await {
-        Ok(res) => res,
+        Ok(res) => {
+            if res.status() == StatusCode::GONE {
+                state.failed_auths.failed(ip);
+            }
+            res
+        }
         Err(e) => poll_answer(e.status(), "error", Some(&e.to_string())),
     }
 }

@@ -452,7 +452,8 @@ pub async fn resolve(
     let mut q = QueryBuilder::new(
         "SELECT c.id, c.email, c.external_id FROM contacts c WHERE c.workspace_id = ",
     );
-    q.push_bind(workspace).push(" AND ");
+    // A contact without an email (known by its external id alone) is no one to send to.
+    q.push_bind(workspace).push(" AND c.email IS NOT NULL AND ");
     push_audience(&mut q, audience, &saved);
     q.push(" ORDER BY c.id LIMIT ").push_bind(max as i64 + 1);
     let rows: Vec<(Uuid, String, Option<String>)> =

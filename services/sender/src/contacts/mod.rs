@@ -47,7 +47,8 @@ const DEFAULT_LIMIT: i64 = 50;
 #[serde(rename_all = "camelCase")]
 pub struct Contact {
     pub id: Uuid,
-    pub email: String,
+    /// None for a contact known by its external id alone (an event made it).
+    pub email: Option<String>,
     pub external_id: Option<String>,
     #[schema(value_type = Object)]
     pub attributes: Json<Map<String, Value>>,
@@ -321,11 +322,28 @@ async fn update(
     }
 }
 
+/// What a new contact needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// An email (the contacts API: a contact is someone to write to).
+    NeedsEmail,
+    /// Its external id is enough (an event about a contact not seen before is never
+    /// dropped; the contact gets an email when one is given).
+    ExternalIdEnough,
+}
+
 /// Creates or updates the contact `input` names: the one with its `externalId`, else the one
 /// with its email; answers it and whether it is new. Two writes of one new contact at once
 /// both see none: the loser's insert fails and it updates the winner's row instead.
 pub async fn upsert(
     conn: &mut PgConnection, workspace: WorkspaceId, input: &ContactInput,
+) -> Result<(Contact, bool), ContactError> {
+    upsert_as(conn, workspace, input, Creation::NeedsEmail).await
+}
+
+/// [`upsert`], creating a contact as `creation` allows.
+pub async fn upsert_as(
+    conn: &mut PgConnection, workspace: WorkspaceId, input: &ContactInput, creation: Creation,
 ) -> Result<(Contact, bool), ContactError> {
     let email_key = input.email.as_ref().map(EmailAddress::key);
     if email_key.is_none() && input.external_id.is_none() {
@@ -334,7 +352,7 @@ pub async fn upsert(
         ));
     }
     for _ in 0..3 {
-        let found: Vec<(Uuid, Option<String>, String)> = sqlx::query_as(
+        let found: Vec<(Uuid, Option<String>, Option<String>)> = sqlx::query_as(
             "SELECT id, external_id, email_key FROM contacts
              WHERE workspace_id = $1 AND (external_id = $2 OR email_key = $3)",
         )
@@ -346,7 +364,7 @@ pub async fn upsert(
         let by_external = found
             .iter()
             .find(|f| f.1.is_some() && f.1 == input.external_id);
-        let by_email = found.iter().find(|f| Some(&f.2) == email_key.as_ref());
+        let by_email = found.iter().find(|f| f.2.is_some() && f.2 == email_key);
         let target = match (by_external, by_email) {
             (Some(a), Some(b)) if a.0 != b.0 => {
                 return Err(ContactError::Conflict(
@@ -365,11 +383,12 @@ pub async fn upsert(
         if let Some(id) = target {
             return Ok((update(conn, workspace, id, input).await?, false));
         }
-        let Some(email) = &input.email else {
+        if input.email.is_none() && creation == Creation::NeedsEmail {
             return Err(ContactError::Invalid(
                 "no contact has that externalId; give email to create one".into(),
             ));
-        };
+        }
+        let email = input.email.as_ref();
         let now = now_unix();
         let attributes: Map<String, Value> = input
             .attributes
@@ -386,13 +405,13 @@ pub async fn upsert(
         ))
         .bind(Uuid::now_v7())
         .bind(workspace)
-        .bind(email.as_str())
+        .bind(email.map(EmailAddress::as_str))
         .bind(&input.external_id)
         .bind(Json(&attributes))
         .bind(input.tags.clone().unwrap_or_default())
         .bind(Json(input.topics.clone().unwrap_or_default()))
         .bind(now)
-        .bind(email.key())
+        .bind(email.map(EmailAddress::key))
         .fetch_one(&mut *conn)
         .await;
         match made {

@@ -158,7 +158,12 @@ impl Cond {
                 contact.topics.0.get(topic) == Some(&Subscription::Subscribed)
             }
             Cond::Contact(Condition::Email(email)) => {
-                postmesh_shared::email::key(&contact.email) == *email
+                contact
+                    .email
+                    .as_deref()
+                    .map(postmesh_shared::email::key)
+                    .as_ref()
+                    == Some(email)
             }
             Cond::Contact(Condition::Attribute { name, op, value }) => {
                 compare(contact.attributes.0.get(name), *op, value)

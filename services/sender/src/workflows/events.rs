@@ -179,13 +179,28 @@ async fn stored(
 }
 
 /// The contact an event names: by external id first, then by email; created when neither
-/// finds one (which needs the email).
+/// finds one (by its external id alone if no email is given).
 async fn contact_of(
     conn: &mut PgConnection, workspace: WorkspaceId, ev: &NewEvent,
 ) -> Result<Contact, ApiError> {
+    let input = contacts::ContactInput {
+        email: ev.email.clone(),
+        external_id: ev.external_contact_id.clone(),
+        ..Default::default()
+    };
+    let creation = contacts::Creation::ExternalIdEnough;
     if let Some(external) = &ev.external_contact_id {
         if let Some(c) = contacts::find_by_external_id(conn, workspace, external).await? {
-            return Ok(c);
+            if c.email.is_some() || ev.email.is_none() {
+                return Ok(c);
+            }
+            // Known by its external id alone until now: the event gives it its email, unless
+            // another contact has that email (the event still counts, for this one).
+            return match contacts::upsert_as(conn, workspace, &input, creation).await {
+                Ok((given, _)) => Ok(given),
+                Err(contacts::ContactError::Conflict(_)) => Ok(c),
+                Err(e) => Err(e.into()),
+            };
         }
     }
     if let Some(email) = &ev.email {
@@ -193,17 +208,9 @@ async fn contact_of(
             return Ok(c);
         }
     }
-    if ev.email.is_none() {
-        return Err(ApiError::BadRequest(
-            "no contact has that external_contact_id; give email to create one".into(),
-        ));
-    }
-    let input = contacts::ContactInput {
-        email: ev.email.clone(),
-        external_id: ev.external_contact_id.clone(),
-        ..Default::default()
-    };
-    Ok(contacts::upsert(conn, workspace, &input).await?.0)
+    Ok(contacts::upsert_as(conn, workspace, &input, creation)
+        .await?
+        .0)
 }
 
 /// `{ns}.events.<event_name>`, the name made a single subject token.

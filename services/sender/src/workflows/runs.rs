@@ -372,8 +372,13 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                 email_type,
                 topic,
             } => {
+                let Some(to) = &contact.email else {
+                    let why = format!("step {pc}: the contact has no email address to send to");
+                    lease.end(state, "failed", Some(&why)).await?;
+                    return Ok(());
+                };
                 let body = json!({
-                    "to": [{ "email": contact.email, "externalId": contact.external_id }],
+                    "to": [{ "email": to, "externalId": contact.external_id }],
                     "templateKey": template_key,
                     "emailType": email_type.as_str(),
                     "topic": topic,
