@@ -1,5 +1,5 @@
 # Postmesh developer commands. See README.md.
-.PHONY: run test deps build key bench soak lint fmt image k8s-check api-check openapi
+.PHONY: run test deps build key bench soak lint fmt image k8s-check api-check openapi fuzz
 
 CARGO ?= cargo
 DOCKER ?= docker
@@ -37,6 +37,9 @@ soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redi
 
 openapi: ## rewrite the request and answer schemas the gateway's /openapi.json includes, from the services' types
 	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_body_schemas_the_gateway_includes_are_current
+
+fuzz: ## every parser of outside input under cargo-fuzz, FUZZ_SECS (60) each; FUZZ_TARGETS picks some (deploy/fuzz.sh)
+	./deploy/fuzz.sh
 
 lint: ## formatting and clippy, as CI checks them
 	$(CARGO) fmt --all -- --check

@@ -635,13 +635,9 @@ impl Stack {
         self.service_db(sender::SERVICE).await
     }
 
-    /// A service's database in this stack.
+    /// A service's database in this stack, as the administrator (to observe, or to break).
     pub async fn service_db(&self, service: Service) -> sqlx::PgPool {
-        let url = format!(
-            "{}/{}",
-            self.common.database_url,
-            service.database(self.ns())
-        );
+        let url = format!("{}/{}", admin_url(), service.database(self.ns()));
         sqlx::PgPool::connect(&url).await.expect("service database")
     }
 

@@ -295,6 +295,63 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
     stack.shutdown().await;
 }
 
+/// A scheduled task whose release fails every time (here: a trigger refuses to queue it) is
+/// tried `RELEASE_TRIES` times, then set aside as failed and refunded; a task due after it
+/// goes out meanwhile, never held up behind it.
+#[tokio::test]
+async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let at = now() + 1;
+    let body = |to: &str| json!({"to": to, "subject": "s", "text": "t", "scheduledAt": at});
+    let poisoned = accepted(&stack, &key, body("poisoned@example.com"))
+        .await
+        .task_id
+        .expect("a task id");
+    let fine = accepted(&stack, &key, body("fine@example.com"))
+        .await
+        .task_id
+        .expect("a task id");
+    assert_eq!(stack.balance(&key).await, 8);
+    let db = stack.sender_db().await;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.id = '{poisoned}' AND NEW.status = 'queued' THEN
+             RAISE EXCEPTION 'poisoned task';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER poison BEFORE UPDATE ON tasks FOR EACH ROW EXECUTE FUNCTION poison();"
+    ))
+    .execute(&db)
+    .await
+    .expect("the trigger");
+
+    let done = wait_finished(&stack, &key, fine).await;
+    assert_eq!(done.status, "sent");
+    let failed = wait_status(&stack, &key, poisoned, |p| p.status == "failed").await;
+    assert_eq!(failed.sent, 0);
+    let (tries, error): (i32, Option<String>) =
+        sqlx::query_as("SELECT release_failures, last_error FROM tasks WHERE id = $1")
+            .bind(poisoned)
+            .fetch_one(&db)
+            .await
+            .expect("the task");
+    assert_eq!(tries, sender::schedule::RELEASE_TRIES);
+    // What the release answered (the details are in the sender's log).
+    assert_eq!(error.as_deref(), Some("database error"));
+    assert!(stack.messages_to("poisoned@example.com").is_empty());
+    eventually(Duration::from_secs(10), || async {
+        match stack.balance(&key).await {
+            9 => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
     let stack = Stack::start().await;

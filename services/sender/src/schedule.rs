@@ -4,7 +4,9 @@
 //! Suppressions are checked again at release: a recipient suppressed or unsubscribed since
 //! the send was accepted is left off (rejected with its reason, a `rejected` event), and so
 //! is a cc or bcc address (off every copy, rejected with its reason); their part of the
-//! charge is given back. A task left with no recipient gets its whole charge back.
+//! charge is given back. A task left with no recipient gets its whole charge back. Each task
+//! is released in a transaction of its own; one whose release fails [`RELEASE_TRIES`] times
+//! is set aside as `failed` (its error kept) and refunded, never retried forever.
 
 use serde_json::json;
 use sqlx::types::Json;
@@ -20,6 +22,8 @@ use crate::{governance, tasks, AppState};
 
 /// Tasks one pass releases at most.
 const BATCH: i64 = 20;
+/// Failed releases of a task before it is set aside as failed and refunded.
+pub const RELEASE_TRIES: i32 = 5;
 
 #[derive(sqlx::FromRow)]
 struct Due {
@@ -29,70 +33,121 @@ struct Due {
     topic: Option<String>,
 }
 
-/// Releases up to [`BATCH`] due tasks; true when more may be due.
+/// Releases up to [`BATCH`] due tasks, each in its own transaction, so one that fails never
+/// holds up the others (tasks that failed before go last); true when more may be due.
 pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
-    let mut tx = state.db.begin().await?;
-    let due: Vec<Due> = sqlx::query_as(
-        "SELECT id, workspace_id, email_type, topic FROM tasks
-         WHERE status = 'scheduled' AND scheduled_at <= $1
-         ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    let due: Vec<TaskId> = sqlx::query_scalar(
+        "SELECT id FROM tasks WHERE status = 'scheduled' AND scheduled_at <= $1
+         ORDER BY release_failures, scheduled_at LIMIT $2",
     )
     .bind(now_unix())
     .bind(BATCH)
-    .fetch_all(&mut *tx)
+    .fetch_all(&state.db)
     .await?;
-    let mut refunds = Vec::new();
-    let mut parts = Vec::new();
-    for task in &due {
-        let rows: Vec<(DeliveryId, String)> = sqlx::query_as(
-            "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
-        )
-        .bind(task.id)
-        .fetch_all(&mut *tx)
-        .await?;
-        let of = rows.len();
-        let rows = leave_off_suppressed(&mut tx, state, task, rows).await?;
-        if rows.is_empty() {
-            if settle::owe_refund_of(&mut tx, task.id).await? {
-                refunds.push(task.id);
-            }
-        } else {
-            let copies = leave_off_copies(&mut tx, task).await?;
-            // Each recipient left costs its message and its copies.
-            let kept_cost = (rows.len() * (1 + copies.kept)) as i64;
-            let changed = rows.len() < of || copies.left_off > 0;
-            if changed && settle::owe_part_of(&mut tx, task.id, kept_cost).await? {
-                parts.push(task.id);
-            }
+    let mut released = 0;
+    for &task in &due {
+        match release(state, task).await {
+            Ok(true) => released += 1,
+            Ok(false) => {}
+            Err(e @ ApiError::Unavailable(_)) => return Err(e),
+            Err(e) => failed_release(state, task, &e).await?,
         }
-        let recipients: Vec<(DeliveryId, &str)> = rows
-            .iter()
-            .map(|(delivery, email)| (*delivery, email.as_str()))
-            .collect();
-        let jobs = tasks::Jobs {
-            task: task.id,
-            workspace: task.workspace_id,
-            email_type: task.email_type,
-        };
-        jobs.enqueue(&mut tx, &state.events, &recipients).await?;
-        sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
-            .bind(task.id)
-            .bind(now_unix())
-            .execute(&mut *tx)
-            .await?;
     }
-    tx.commit().await?;
-    for task in refunds {
-        settle::now(state, task, Action::Refund).await;
-    }
-    for task in parts {
-        settle::now(state, task, Action::RefundPart).await;
-    }
-    if !due.is_empty() {
-        tracing::info!(tasks = due.len(), "scheduled tasks released");
+    if released > 0 {
+        tracing::info!(tasks = released, "scheduled tasks released");
         crate::send::publish_soon(state);
     }
     Ok(due.len() as i64 == BATCH)
+}
+
+/// Counts a failed release of `task`; at [`RELEASE_TRIES`] the task is failed and its charge
+/// given back.
+async fn failed_release(state: &AppState, task: TaskId, e: &ApiError) -> Result<(), ApiError> {
+    let mut tx = state.db.begin().await?;
+    let failed: Option<bool> = sqlx::query_scalar(
+        "UPDATE tasks SET release_failures = release_failures + 1, last_error = $2,
+             status = CASE WHEN release_failures + 1 >= $3 THEN 'failed' ELSE status END
+         WHERE id = $1 AND status = 'scheduled'
+         RETURNING status = 'failed'",
+    )
+    .bind(task)
+    .bind(e.to_string())
+    .bind(RELEASE_TRIES)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let refund = match failed {
+        Some(true) => settle::owe_refund_of(&mut tx, task).await?,
+        _ => false,
+    };
+    tx.commit().await?;
+    if failed == Some(true) {
+        tracing::error!(%task, error = %e, "a scheduled task failed every release; set aside as failed");
+    } else {
+        tracing::warn!(%task, error = %e, "a scheduled task failed to release; tried again later");
+    }
+    if refund {
+        settle::now(state, task, Action::Refund).await;
+    }
+    Ok(())
+}
+
+/// Releases `task` if it is still scheduled and no other replica holds it: its jobs to the
+/// outbox and its status queued, in one transaction; false when there was nothing to do.
+async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let Some(task): Option<Due> = sqlx::query_as(
+        "SELECT id, workspace_id, email_type, topic FROM tasks
+         WHERE id = $1 AND status = 'scheduled' FOR UPDATE SKIP LOCKED",
+    )
+    .bind(task)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(false);
+    };
+    let task = &task;
+    let mut refund = None;
+    let rows: Vec<(DeliveryId, String)> = sqlx::query_as(
+        "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+    )
+    .bind(task.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let of = rows.len();
+    let rows = leave_off_suppressed(&mut tx, state, task, rows).await?;
+    if rows.is_empty() {
+        if settle::owe_refund_of(&mut tx, task.id).await? {
+            refund = Some(Action::Refund);
+        }
+    } else {
+        let copies = leave_off_copies(&mut tx, task).await?;
+        // Each recipient left costs its message and its copies.
+        let kept_cost = (rows.len() * (1 + copies.kept)) as i64;
+        let changed = rows.len() < of || copies.left_off > 0;
+        if changed && settle::owe_part_of(&mut tx, task.id, kept_cost).await? {
+            refund = Some(Action::RefundPart);
+        }
+    }
+    let recipients: Vec<(DeliveryId, &str)> = rows
+        .iter()
+        .map(|(delivery, email)| (*delivery, email.as_str()))
+        .collect();
+    let jobs = tasks::Jobs {
+        task: task.id,
+        workspace: task.workspace_id,
+        email_type: task.email_type,
+    };
+    jobs.enqueue(&mut tx, &state.events, &recipients).await?;
+    sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
+        .bind(task.id)
+        .bind(now_unix())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    if let Some(action) = refund {
+        settle::now(state, task.id, action).await;
+    }
+    Ok(true)
 }
 
 /// The recipients of `task` still allowed its mail; the others are taken off the task and

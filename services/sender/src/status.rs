@@ -75,6 +75,7 @@ fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static st
     match task {
         TaskStatus::Scheduled => "scheduled",
         TaskStatus::Cancelled => "cancelled",
+        TaskStatus::Failed => "failed",
         TaskStatus::Queued if queued > 0 && sent + failed == 0 => "queued",
         TaskStatus::Queued if queued > 0 => "sending",
         TaskStatus::Queued if failed == 0 => "sent",

@@ -50,6 +50,8 @@ pub enum TaskStatus {
     Queued,
     /// Cancelled before release, and refunded.
     Cancelled,
+    /// Its release failed every try; refunded.
+    Failed,
 }
 
 impl TaskStatus {
@@ -59,6 +61,7 @@ impl TaskStatus {
             Self::Scheduled => "scheduled",
             Self::Queued => "queued",
             Self::Cancelled => "cancelled",
+            Self::Failed => "failed",
         }
     }
 }

@@ -73,16 +73,7 @@ impl Reach {
 
     /// Parses and checks `raw`, resolving its host; the reason when it may not be used.
     pub async fn check(&self, raw: &str) -> Result<Target, String> {
-        let url = Url::parse(raw.trim()).map_err(|e| format!("url {raw:?} is not a URL: {e}"))?;
-        match url.scheme() {
-            "https" => {}
-            "http" if self.allow_insecure => {}
-            other => return Err(format!("url must be https:// (not {other}://)")),
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("url must not carry credentials".into());
-        }
-        self.admit_literal(&url)?;
+        let url = admit(raw, self.allow_insecure)?;
         if let Some(host) = url.domain() {
             self.addresses(host).await?;
         }
@@ -92,14 +83,7 @@ impl Reach {
     /// Refuses a URL whose host is a literal address that is not public (a host name is
     /// checked by the lookup a connection makes).
     pub fn admit_literal(&self, url: &Url) -> Result<(), String> {
-        let host = url.host_str().ok_or("url has no host")?;
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        match bare.parse::<IpAddr>() {
-            Ok(ip) if !self.allow_insecure && !is_public(ip) => {
-                Err(format!("{ip} is not a public address"))
-            }
-            _ => Ok(()),
-        }
+        admit_literal(url, self.allow_insecure)
     }
 
     /// The addresses of `host`, every one of them public unless insecure hosts are allowed.
@@ -122,6 +106,31 @@ impl Reach {
             }
         }
         Ok(ips)
+    }
+}
+
+/// The checks of a webhook URL that need no lookup: a URL, https (http too when insecure
+/// targets are allowed), no credentials, and no literal address that is not public.
+pub fn admit(raw: &str, allow_insecure: bool) -> Result<Url, String> {
+    let url = Url::parse(raw.trim()).map_err(|e| format!("url {raw:?} is not a URL: {e}"))?;
+    match url.scheme() {
+        "https" => {}
+        "http" if allow_insecure => {}
+        other => return Err(format!("url must be https:// (not {other}://)")),
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("url must not carry credentials".into());
+    }
+    admit_literal(&url, allow_insecure)?;
+    Ok(url)
+}
+
+fn admit_literal(url: &Url, allow_insecure: bool) -> Result<(), String> {
+    let host = url.host_str().ok_or("url has no host")?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<IpAddr>() {
+        Ok(ip) if !allow_insecure && !is_public(ip) => Err(format!("{ip} is not a public address")),
+        _ => Ok(()),
     }
 }
 

@@ -36,7 +36,7 @@ pub struct Imported {
 /// The rows of a CSV file with a header row: `email`, `externalId` (or `external_id`),
 /// `tags` (separated by `;`), `topic:<name>` (`subscribed` / `unsubscribed`); any other
 /// column is an attribute (its text; an empty cell sets nothing).
-fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
+pub fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
     // Spreadsheets often save a byte-order mark before the header.
     let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(body);
@@ -131,7 +131,7 @@ impl<'de> Deserialize<'de> for CappedArray {
 }
 
 /// The rows of a JSON array of contact objects.
-fn json_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
+pub fn json_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiError> {
     let items = match serde_json::from_slice::<CappedArray>(body) {
         Ok(CappedArray(items)) => items,
         Err(e) if e.to_string().starts_with(TOO_MANY) => return Err(too_many_rows()),

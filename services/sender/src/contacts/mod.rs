@@ -28,7 +28,7 @@ use crate::{schema, AppState};
 mod imports;
 
 pub(crate) use imports::import;
-pub use imports::{Imported, RowError};
+pub use imports::{csv_rows, json_rows, Imported, RowError};
 
 /// Rows of one import at most.
 pub const MAX_IMPORT_ROWS: usize = 10_000;

@@ -60,12 +60,13 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss`;
+//! `balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss,hostile`;
 //! default all).
 
 mod audiences;
 mod balance;
 mod events;
+mod hostile;
 mod inbound;
 mod webhooks;
 mod workflows;
@@ -599,7 +600,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss",
+        "balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss,hostile",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter runs on every request (its cost is measured) but never throttles.
@@ -672,6 +673,9 @@ async fn main() -> anyhow::Result<()> {
         }
         if runs("rss") {
             inbound::peak_rss().await?;
+        }
+        if runs("hostile") {
+            hostile::run(&stack, secs).await?;
         }
         anyhow::Ok(())
     }

@@ -1,0 +1,125 @@
+//! Hostile load: ordinary traffic (10 clients asking `GET /balance` one request after
+//! another) alone, then with 2 clients sending the hostile corpus at the same time (a
+//! 50,000-deep HTML message through the MTA's route, a dry-run send of 200,000 links with
+//! UTM parameters, a 16 MiB CSV of one-character rows, 1,000-deep JSON). Ordinary traffic's
+//! p99 should stay within 2× of the run without them.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use postmesh_tests::hostile::{deep_html, deep_json, html_message, links_html, one_character_rows};
+use postmesh_tests::mta::{ingest, key_with_inbox};
+use postmesh_tests::{Stack, INBOUND_DOMAIN};
+
+use crate::Run;
+
+/// Ordinary clients.
+const CLIENTS: usize = 10;
+/// Clients sending the corpus.
+const HOSTILE: usize = 2;
+
+/// Runs both phases for `secs` each and prints the table.
+pub async fn run(stack: &Stack, secs: u64) -> anyhow::Result<()> {
+    let key = stack.key(0).await;
+    let (inbox_key, _) = key_with_inbox(stack, "hostile-bench").await;
+    let quiet = phase(stack, &key, &inbox_key, secs, 0).await?;
+    let loud = phase(stack, &key, &inbox_key, secs, HOSTILE).await?;
+    let ratio = loud.0.percentile_ms(0.99) / quiet.0.percentile_ms(0.99);
+    println!(
+        "Hostile load: {CLIENTS} clients of GET /balance for {secs} s, alone and beside \
+         {HOSTILE} clients sending the hostile corpus ({} corpus requests answered)\n",
+        loud.1
+    );
+    println!("| run | requests/s | p50 ms | p99 ms |");
+    println!("|---|---:|---:|---:|");
+    for (name, (run, _)) in [("ordinary alone", &quiet), ("beside the corpus", &loud)] {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.2} |",
+            run.rps(),
+            run.percentile_ms(0.5),
+            run.percentile_ms(0.99)
+        );
+    }
+    println!(
+        "| p99 ratio (goal ≤ 2: {}) | | | {ratio:.2} |\n",
+        if ratio <= 2.0 { "met" } else { "missed" }
+    );
+    Ok(())
+}
+
+/// One phase: the ordinary clients' latencies, and how many corpus requests were answered.
+async fn phase(
+    stack: &Stack, key: &str, inbox_key: &str, secs: u64, hostile: usize,
+) -> anyhow::Result<(Run, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let latencies = Mutex::new(Vec::new());
+    let errors = Mutex::new(0usize);
+    let ordinary = (0..CLIENTS).map(|_| async {
+        let client = stack.client(key);
+        let mut mine = Vec::new();
+        let mut failed = 0;
+        while Instant::now() < deadline {
+            let started = Instant::now();
+            let answer = client.request(Method::GET, "/balance", &json!({})).await;
+            mine.push(started.elapsed().as_micros() as u64);
+            if answer.status != StatusCode::OK {
+                failed += 1;
+            }
+        }
+        latencies.lock().await.extend(mine);
+        *errors.lock().await += failed;
+    });
+    let corpus = (0..hostile).map(|i| async move {
+        let client = stack.client(inbox_key);
+        let to = format!("hostile-bench@{INBOUND_DOMAIN}");
+        let mut n = 0;
+        let mut round = i;
+        while Instant::now() < deadline {
+            match round % 4 {
+                0 => {
+                    ingest(stack, &html_message(&to, &deep_html(50_000)), &[&to]).await;
+                }
+                1 => {
+                    let links = json!({ "to": "a@example.com", "subject": "s",
+                        "html": links_html(200_000), "utm": { "utm_source": "news" },
+                        "dryRun": true });
+                    client.request(Method::POST, "/send-email", &links).await;
+                }
+                2 => {
+                    let csv = one_character_rows(16 * 1024 * 1024 - 1024);
+                    stack
+                        .client(inbox_key)
+                        .with_header("content-type", "text/csv")
+                        .send(Method::POST, "/contacts/import", Some(csv))
+                        .await;
+                }
+                _ => {
+                    client
+                        .send(Method::POST, "/send-email", Some(deep_json(1_000)))
+                        .await;
+                }
+            }
+            n += 1;
+            round += 1;
+        }
+        n
+    });
+    let (_, counts) = tokio::join!(
+        futures::future::join_all(ordinary),
+        futures::future::join_all(corpus)
+    );
+    let mut latencies_us = latencies.into_inner();
+    latencies_us.sort_unstable();
+    let errors = errors.into_inner();
+    anyhow::ensure!(errors == 0, "{errors} ordinary requests failed");
+    let run = Run {
+        requests: latencies_us.len(),
+        errors,
+        elapsed: Duration::from_secs(secs),
+        latencies_us,
+    };
+    Ok((run, counts.iter().sum()))
+}
