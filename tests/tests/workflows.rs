@@ -280,6 +280,60 @@ async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
     stack.shutdown().await;
 }
 
+/// A run taken up more than `MAX_CLAIMS` times without a pass ending (as when its handling
+/// brings the sender down each time) fails, saying so, instead of being taken up forever;
+/// one taken up fewer times goes on, and its count starts afresh.
+#[tokio::test]
+async fn a_run_taken_up_too_often_without_an_end_fails() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "later", "Later").await;
+    workflow(
+        &client,
+        json!({
+            "name": "later",
+            "trigger": { "event_name": "joined" },
+            "steps": [{ "type": "wait", "seconds": 3600 },
+                      { "type": "send", "templateKey": "later", "emailType": "lifecycle" }]
+        }),
+    )
+    .await;
+    let (ann, bo) = (fresh("ann"), fresh("bo"));
+    for (id, email) in [("j-ann", &ann), ("j-bo", &bo)] {
+        let _: Value = client
+            .post(
+                "/events",
+                &event(id, "joined", email, json!({})),
+                StatusCode::CREATED,
+            )
+            .await;
+    }
+    // Both asleep in their wait; then as if taken up and lost that often, and due now.
+    let db = stack.sender_db().await;
+    for (id, claims) in [("j-ann", sender::workflows::runs::MAX_CLAIMS), ("j-bo", 4)] {
+        let changed =
+            sqlx::query("UPDATE workflow_runs SET claims = $2, next_at = 0 WHERE event_id = $1")
+                .bind(id)
+                .bind(claims)
+                .execute(&db)
+                .await
+                .expect("update");
+        assert_eq!(changed.rows_affected(), 1);
+    }
+    let failed = runs_when(&client, "j-ann", |r| r[0]["status"] != "active").await;
+    assert_eq!(failed[0]["status"], "failed", "{failed:?}");
+    let reason = failed[0]["exitReason"].as_str().unwrap_or_default();
+    assert!(reason.contains("taken up 5 times"), "{reason}");
+    let done = runs_when(&client, "j-bo", |r| r[0]["status"] != "active").await;
+    assert_eq!(done[0]["status"], "completed", "{done:?}");
+    stack
+        .wait_for_messages(&bo, 1, Duration::from_secs(15))
+        .await;
+    stack.assert_no_messages(&ann, Duration::from_secs(1)).await;
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn branches_go_each_way_and_reentry_is_honoured() {
     let stack = Stack::start().await;

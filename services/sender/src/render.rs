@@ -139,7 +139,9 @@ fn with_params(link: &str, params: &[(String, String)]) -> String {
     let existing: Vec<&str> = decoded
         .split_once('?')
         .map(|(_, q)| {
-            q.split(['&', ';'])
+            // A second `?` inside the query (`?a?utm_source=x`) separates names too, as
+            // the parameters this adds after such a query must be found again.
+            q.split(['&', ';', '?'])
                 .filter_map(|p| p.split('=').next())
                 .collect()
         })
@@ -282,6 +284,24 @@ mod tests {
                 links,
                 "{doc}"
             );
+        }
+    }
+
+    /// Found by the `link_rewrite` fuzz target: a query holding a second `?`.
+    #[test]
+    fn utm_rewriting_is_idempotent_after_a_second_question_mark() {
+        let p = vec![
+            ("utm_source".to_owned(), "news".to_owned()),
+            ("utm_campaign".to_owned(), "fall".to_owned()),
+        ];
+        for link in [
+            "https://ex?aref?",
+            "https://ex?a?b=1",
+            "https://ex?a=1?utm_source=x",
+        ] {
+            let doc = format!("<a href=\"{link}\">x</a>");
+            let once = add_utm(&doc, &p);
+            assert_eq!(add_utm(&once, &p), once, "not idempotent on {doc}");
         }
     }
 

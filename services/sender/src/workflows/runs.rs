@@ -30,6 +30,9 @@ const BATCH: i64 = 50;
 const LEASE_SECS: i64 = 10;
 /// Tries of a send step that fails for a passing reason, before the run fails.
 const MAX_ATTEMPTS: i32 = 8;
+/// Passes that took a run up and ended without a word (the process working it stopped)
+/// before the run fails: one whose handling brings its process down is not taken up forever.
+pub const MAX_CLAIMS: i32 = 5;
 
 /// A run as the API shows it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -221,17 +224,30 @@ pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
     .await?;
     for run in &due {
         let lease = Lease { run: run.id, token };
-        // The batch is worked one run after another: each gets its full lease.
-        let renewed = sqlx::query(
-            "UPDATE workflow_runs SET lease_until = $3
-             WHERE id = $1 AND lease_token = $2 AND status = 'active'",
+        // The batch is worked one run after another: each gets its full lease, and counts
+        // as taken up (a pass that ends records it, setting the count back).
+        let claims: Option<i32> = sqlx::query_scalar(
+            "UPDATE workflow_runs SET lease_until = $3, claims = claims + 1
+             WHERE id = $1 AND lease_token = $2 AND status = 'active'
+             RETURNING claims",
         )
         .bind(run.id)
         .bind(token)
         .bind(now_unix() + LEASE_SECS)
-        .execute(&state.db)
+        .fetch_optional(&state.db)
         .await?;
-        if renewed.rows_affected() == 0 {
+        let Some(claims) = claims else {
+            continue;
+        };
+        if claims > MAX_CLAIMS {
+            tracing::error!(run = %run.id, claims, "workflow run taken up too often without an end; failed");
+            let reason = format!(
+                "step {}: taken up {} times without finishing (its handling stopped the \
+                 process working it)",
+                run.pc,
+                claims - 1
+            );
+            lease.end(state, "failed", Some(&reason)).await?;
             continue;
         }
         if let Err(e) = advance(state, run, &lease).await {
@@ -257,7 +273,8 @@ async fn failed_try(
     tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
     let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
     sqlx::query(
-        "UPDATE workflow_runs SET next_at = $3, lease_until = NULL, attempts = attempts + 1
+        "UPDATE workflow_runs SET next_at = $3, lease_until = NULL, attempts = attempts + 1,
+             claims = 0
          WHERE id = $1 AND lease_token = $2 AND status = 'active'",
     )
     .bind(lease.run)
@@ -282,7 +299,7 @@ impl Lease {
     ) -> Result<bool, ApiError> {
         let done = sqlx::query(
             "UPDATE workflow_runs
-             SET pc = $3, attempts = 0, next_at = COALESCE($4, next_at),
+             SET pc = $3, attempts = 0, claims = 0, next_at = COALESCE($4, next_at),
                  lease_until = CASE WHEN $4 IS NULL THEN lease_until END
              WHERE id = $1 AND lease_token = $2 AND status = 'active'",
         )
