@@ -13,7 +13,7 @@
 #     Deployment with probes (/readyz, /healthz) on its admin port, requests and limits, a
 #     preStop and a grace period covering SHUTDOWN_DRAIN_SECS, a restricted securityContext,
 #     scrape annotations, an autoscaler (HPA or ScaledObject), a PDB and a Service; every
-#     variable name is one of README.md's settings table; the dev overlay's NATS
+#     variable name is one of docs/configuration.md's settings table; the dev overlay's NATS
 #     configuration is deploy/nats.conf.
 # kubernetes-validate is installed with pip into var/k8s-venv when missing. Needs kubectl
 # (with its built-in kustomize) and python3.
@@ -110,15 +110,14 @@ def named(kind, name):
     return next((d for d in objs(kind) if d["metadata"]["name"] == name), None)
 
 
-# The README's settings table: every variable name the manifests may use.
-readme = pathlib.Path("README.md").read_text()
-section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+# docs/configuration.md's settings table: every variable name the manifests may use.
+section = pathlib.Path("docs/configuration.md").read_text()
 allowed = set()
 for line in section.splitlines():
     if line.startswith("| `"):
         allowed.update(re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1]))
 if len(allowed) < 50:
-    err(f"found only {len(allowed)} settings in README.md's Configuration table")
+    err(f"found only {len(allowed)} settings in docs/configuration.md's table")
 
 # The six services and their admin ports, as contracts/src/service.rs has them.
 service_rs = pathlib.Path("contracts/src/service.rs").read_text()
@@ -136,7 +135,7 @@ for cm in configmaps:
         config = cm.get("data", {})
         for key in config:
             if key not in allowed:
-                err(f"ConfigMap {cm['metadata']['name']}: {key} is not in README.md's settings table")
+                err(f"ConfigMap {cm['metadata']['name']}: {key} is not in docs/configuration.md's settings table")
 if not config:
     err("no postmesh-config ConfigMap")
 namespace = config.get("POSTMESH_NAMESPACE", "pm")
@@ -147,7 +146,7 @@ for s in secrets.values():
     if s["metadata"]["name"].startswith("postmesh-secrets"):
         for key in list(s.get("data", {})) + list(s.get("stringData", {})):
             if key not in allowed:
-                err(f"Secret {s['metadata']['name']}: {key} is not in README.md's settings table")
+                err(f"Secret {s['metadata']['name']}: {key} is not in docs/configuration.md's settings table")
 # A Secret the overlay leaves out must be the documented external one.
 external_keys = {
     line.split("=", 1)[0]
@@ -321,7 +320,7 @@ for svc, port in sorted(ports.items()):
         err(f"{where}: ADMIN_ADDR must be 0.0.0.0:{port}")
     for name, e in env.items():
         if name not in allowed:
-            err(f"{where}: {name} is not in README.md's settings table")
+            err(f"{where}: {name} is not in docs/configuration.md's settings table")
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         if ref:
             s = secrets.get(ref["name"])
