@@ -17,7 +17,7 @@ use crate::proto::{AuthContext, ChargeRequest, Role};
 /// (`\u0000`: PostgreSQL stores none in text or jsonb); an oversized one is a 413.
 pub struct JsonBody<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -34,14 +34,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 }
                 _ => ApiError::BadRequest(format!("invalid body: {}", e.body_text())),
             })?;
-        if holds_nul(&bytes) {
-            return Err(ApiError::BadRequest(
-                "invalid body: text must not hold NUL characters (\\u0000)".into(),
-            ));
-        }
-        axum::Json::<T>::from_bytes(&bytes)
-            .map(|axum::Json(v)| Self(v))
-            .map_err(|e| ApiError::BadRequest(format!("invalid body: {}", e.body_text())))
+        // A large body is read on the CPU pool, off the worker other requests share.
+        crate::cpu::run_sized(bytes.len(), move || {
+            if holds_nul(&bytes) {
+                return Err(ApiError::BadRequest(
+                    "invalid body: text must not hold NUL characters (\\u0000)".into(),
+                ));
+            }
+            axum::Json::<T>::from_bytes(&bytes)
+                .map(|axum::Json(v)| Self(v))
+                .map_err(|e| ApiError::BadRequest(format!("invalid body: {}", e.body_text())))
+        })
+        .await
     }
 }
 

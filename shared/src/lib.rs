@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod clients;
 pub mod config;
+pub mod cpu;
 pub mod db;
 pub mod dead_letters;
 pub mod dns;

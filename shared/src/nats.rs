@@ -26,6 +26,7 @@ use tower::ServiceExt as _;
 use tracing::Instrument;
 
 use crate::config::{redacted, Common};
+use crate::cpu;
 use crate::error::ApiError;
 use crate::proto::{rpc_reply, Header, HttpRequest, HttpResponse, RpcReply};
 use crate::rpc::{Method, Rpc};
@@ -172,7 +173,7 @@ pub async fn forward(
     let payload = if req.body.len() <= CLAIM_CHECK_THRESHOLD {
         request(client, subject, service, req.encode_to_vec().into()).await?
     } else {
-        let key = put_body(client, ns, &req.body).await?;
+        let key = put_body(client, ns, req.body.clone()).await?;
         let envelope = HttpRequest {
             body: Bytes::new(),
             body_key: key.clone(),
@@ -336,7 +337,7 @@ impl ServiceHost {
                     inner.spawn(async move {
                         let span =
                             tracing::info_span!("nats.request", subject = %req.message.subject);
-                        telemetry::link_nats(&span, req.message.headers.as_ref());
+                        telemetry::link_nats(&span, [req.message.headers.as_ref()]);
                         let request_id = req
                             .message
                             .headers
@@ -400,7 +401,7 @@ async fn handle_http(
     };
     let mut answer = response_envelope(response).await;
     if answer.body.len() > CLAIM_CHECK_THRESHOLD {
-        match put_body(client, ns, &answer.body).await {
+        match put_body(client, ns, answer.body.clone()).await {
             Ok(key) => (answer.body, answer.body_key) = (Bytes::new(), key),
             Err(e) => {
                 answer = response_envelope(axum::response::IntoResponse::into_response(e)).await
@@ -433,20 +434,34 @@ async fn response_envelope(response: axum::response::Response) -> HttpResponse {
     }
 }
 
-/// Stores `body` in the namespace's bucket under a new key; returns the key.
-async fn put_body(client: &Client, ns: &Namespace, body: &[u8]) -> Result<String, ApiError> {
-    let store = bodies(client, ns).await?;
-    let key = uuid::Uuid::now_v7().simple().to_string();
-    store
-        .put(key.as_str(), &mut &body[..])
-        .await
-        .map_err(|e| store_unavailable("storing a body", e))?;
-    Ok(key)
+/// Stores `body` in the namespace's bucket under a new key; returns the key. Runs on the
+/// CPU pool's runtime: the store digests the whole body, which would hold up a worker.
+async fn put_body(client: &Client, ns: &Namespace, body: Bytes) -> Result<String, ApiError> {
+    let (client, ns) = (client.clone(), ns.clone());
+    cpu::run_async(async move {
+        let store = bodies(&client, &ns).await?;
+        let key = uuid::Uuid::now_v7().simple().to_string();
+        store
+            .put(key.as_str(), &mut &body[..])
+            .await
+            .map_err(|e| store_unavailable("storing a body", e))?;
+        Ok(key)
+    })
+    .await
 }
 
 /// Reads the body `key` names from the namespace's bucket; returns it with the bucket, to
-/// delete it later. A body that is gone (expired, or its request given up) is a 502.
+/// delete it later. A body that is gone (expired, or its request given up) is a 502. Runs
+/// on the CPU pool's runtime: the store digests the whole body, which would hold up a worker.
 async fn claim_body(
+    client: &Client, ns: &Namespace, key: &str,
+) -> Result<(Bytes, ObjectStore), ApiError> {
+    let (client, ns, key) = (client.clone(), ns.clone(), key.to_owned());
+    cpu::run_async(async move { read_body(&client, &ns, &key).await }).await
+}
+
+/// [`claim_body`], where it runs.
+async fn read_body(
     client: &Client, ns: &Namespace, key: &str,
 ) -> Result<(Bytes, ObjectStore), ApiError> {
     use tokio::io::AsyncReadExt;

@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio_util::sync::CancellationToken;
@@ -132,11 +132,24 @@ pub fn inject_nats(headers: &mut async_nats::HeaderMap) {
     });
 }
 
-/// Makes `span` a child of the trace named in incoming NATS headers.
-pub fn link_nats(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
-    if let Some(h) = headers {
+/// Makes `span` a child of the trace named in the headers of the NATS message it handles;
+/// of several messages, the first one's trace, linked to the others'.
+pub fn link_nats<'a>(
+    span: &tracing::Span, headers: impl IntoIterator<Item = Option<&'a async_nats::HeaderMap>>,
+) {
+    let mut parented = false;
+    for h in headers.into_iter().flatten() {
         let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&NatsHeadersRef(h)));
-        let _ = span.set_parent(cx);
+        let remote = cx.span().span_context().clone();
+        if !remote.is_valid() {
+            continue;
+        }
+        if parented {
+            span.add_link(remote);
+        } else {
+            let _ = span.set_parent(cx);
+            parented = true;
+        }
     }
 }
 
@@ -225,7 +238,7 @@ mod tests {
         assert!(traceparent.contains(&trace_id.to_string()), "{traceparent}");
 
         let child = tracing::info_span!("child");
-        link_nats(&child, Some(&headers));
+        link_nats(&child, [Some(&headers)]);
         let child_trace = child.context().span().span_context().trace_id();
         assert_eq!(child_trace, trace_id);
         let unrelated = tracing::info_span!("unrelated");

@@ -1,7 +1,9 @@
-//! OTLP export: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans of the gateway and of the
-//! service behind NATS reach the collector over OTLP/HTTP.
+//! OTLP export: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans reach the collector over
+//! OTLP/HTTP, and a received email's and a send's spans are one trace each, from the
+//! gateway through NATS, the outbox and the queues to the webhook POST.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -9,7 +11,15 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::Router;
 
-use postmesh_tests::Stack;
+use prost::Message as _;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use postmesh_shared::{AddressId, Success};
+use postmesh_tests::mta::{ingest_body, key_with_inbox, message, mta};
+use postmesh_tests::receiver::Receiver;
+use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN};
+use webhook_dispatcher::{endpoints, webhooks};
 
 type Seen = Arc<Mutex<Vec<(String, Bytes)>>>;
 
@@ -38,22 +48,171 @@ async fn fake_collector() -> (String, Seen) {
     (format!("http://{addr}"), seen)
 }
 
+/// The parts of an OTLP/HTTP trace export (`ExportTraceServiceRequest`) the test reads;
+/// prost skips the rest.
+mod otlp {
+    /// `ExportTraceServiceRequest`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Export {
+        #[prost(message, repeated, tag = "1")]
+        pub resource_spans: Vec<ResourceSpans>,
+    }
+    /// `ResourceSpans`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ResourceSpans {
+        #[prost(message, repeated, tag = "2")]
+        pub scope_spans: Vec<ScopeSpans>,
+    }
+    /// `ScopeSpans`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ScopeSpans {
+        #[prost(message, repeated, tag = "2")]
+        pub spans: Vec<Span>,
+    }
+    /// `Span`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Span {
+        #[prost(bytes = "vec", tag = "1")]
+        pub trace_id: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub span_id: Vec<u8>,
+        #[prost(bytes = "vec", tag = "4")]
+        pub parent_span_id: Vec<u8>,
+        #[prost(string, tag = "5")]
+        pub name: String,
+    }
+}
+
+/// A `traceparent` of a new trace; the trace id and the (caller's) span id.
+fn new_trace() -> (String, [u8; 16], [u8; 8]) {
+    let (trace, span): ([u8; 16], [u8; 8]) = (rand::random(), rand::random());
+    let header = format!("00-{}-{}-01", hex::encode(trace), hex::encode(span));
+    (header, trace, span)
+}
+
+/// The names of `trace`'s spans in `spans`, after checking they hang together: each one's
+/// parent is another of them, or `caller` (the span that started the trace outside).
+fn one_trace(spans: &[otlp::Span], trace: [u8; 16], caller: [u8; 8]) -> Vec<String> {
+    let mine: Vec<&otlp::Span> = spans.iter().filter(|s| s.trace_id == trace).collect();
+    for span in &mine {
+        let parent = &span.parent_span_id;
+        assert!(
+            parent.as_slice() == caller || mine.iter().any(|s| &s.span_id == parent),
+            "{} has a parent outside the trace",
+            span.name
+        );
+    }
+    mine.iter().map(|s| s.name.clone()).collect()
+}
+
+/// A webhook endpoint of `inbox` posting to `receiver`, which trusts its secret.
+async fn inbox_endpoint(stack: &Stack, key: &str, inbox: AddressId, receiver: &Receiver) {
+    let created: Success<endpoints::Created> = stack
+        .client(key)
+        .post(
+            "/inbox/webhook/endpoints",
+            &json!({ "addressId": inbox, "url": receiver.url("/inbound") }),
+            StatusCode::CREATED,
+        )
+        .await;
+    receiver.trust(&created.body.signing_secret);
+}
+
+/// A webhook taking every event of `key`'s workspace, posting to `receiver`.
+async fn event_webhook(stack: &Stack, key: &str, receiver: &Receiver) {
+    let created: Success<webhooks::Created> = stack
+        .client(key)
+        .post(
+            "/webhooks",
+            &json!({ "url": receiver.url("/events") }),
+            StatusCode::CREATED,
+        )
+        .await;
+    receiver.trust(&created.body.signing_secret);
+}
+
+/// Waits until `receiver` got a delivery.
+async fn delivered(receiver: &Receiver) {
+    eventually(Duration::from_secs(30), || async {
+        (receiver.count() > 0)
+            .then_some(())
+            .ok_or(receiver.refused())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn spans_are_exported_over_otlp_when_configured() {
+async fn a_received_email_and_a_send_are_each_one_trace_up_to_their_webhook() {
     let (endpoint, seen) = fake_collector().await;
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
     let stack = Stack::start().await;
-    let key = stack.key(3).await;
-    assert_eq!(stack.balance(&key).await, 3);
+
+    // A received email: gateway → inbound-ingest → outbox → INBOUND fan-out → webhook POST.
+    let (key, inbox) = key_with_inbox(&stack, "traced").await;
+    let inbound = Receiver::start().await;
+    inbox_endpoint(&stack, &key, inbox, &inbound).await;
+    let (header, received_trace, received_caller) = new_trace();
+    let to = format!("traced@{INBOUND_DOMAIN}");
+    let raw = message(None, "traced", "", "hello");
+    let _: Value = mta(&stack)
+        .with_header("traceparent", &header)
+        .post(
+            "/inbound-email/ingest",
+            &ingest_body(&raw, &[&to]),
+            StatusCode::OK,
+        )
+        .await;
+    delivered(&inbound).await;
+
+    // A send: gateway → sender → SEND worker → DELIVERY fan-out → webhook POST.
+    let paying = stack.key(3).await;
+    let events = Receiver::start().await;
+    event_webhook(&stack, &paying, &events).await;
+    let (header, send_trace, send_caller) = new_trace();
+    let _: Value = stack
+        .client(&paying)
+        .with_header("traceparent", &header)
+        .post(
+            "/send-email",
+            &json!({ "to": "ann@example.com", "subject": "s", "text": "t" }),
+            StatusCode::OK,
+        )
+        .await;
+    delivered(&events).await;
+
     tokio::task::spawn_blocking(postmesh_shared::telemetry::shutdown)
         .await
         .unwrap();
     let exports = seen.lock().unwrap().clone();
-    assert!(!exports.is_empty(), "nothing exported");
     assert!(exports.iter().all(|(ct, _)| ct == "application/x-protobuf"));
-    let all: Vec<u8> = exports.iter().flat_map(|(_, b)| b.to_vec()).collect();
-    let has = |needle: &str| all.windows(needle.len()).any(|w| w == needle.as_bytes());
-    assert!(has("http.request"), "gateway span missing");
-    assert!(has("nats.request"), "service span missing");
+    let spans: Vec<otlp::Span> = exports
+        .iter()
+        .map(|(_, body)| otlp::Export::decode(body.clone()).expect("an OTLP export"))
+        .flat_map(|export| export.resource_spans)
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .collect();
+    let received = one_trace(&spans, received_trace, received_caller);
+    for name in [
+        "http.request",
+        "nats.request",
+        "webhook.fanout",
+        "webhook.post",
+    ] {
+        assert!(
+            received.iter().any(|n| n == name),
+            "{name} not in {received:?}"
+        );
+    }
+    let sent = one_trace(&spans, send_trace, send_caller);
+    for name in [
+        "http.request",
+        "nats.request",
+        "queue.job",
+        "webhook.fanout",
+        "webhook.post",
+    ] {
+        assert!(sent.iter().any(|n| n == name), "{name} not in {sent:?}");
+    }
     stack.shutdown().await;
 }

@@ -22,7 +22,7 @@ use postmesh_shared::extract::{holds_nul, JsonBody};
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
-use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, WorkspaceId};
+use postmesh_shared::{cpu, AddressId, ApiError, InboundMessageId, Success, WorkspaceId};
 
 use crate::addresses::{self, InboxAddress};
 use crate::mime::Parsed;
@@ -186,10 +186,15 @@ type Inbox = (AddressId, WorkspaceId, InboxAddress);
 pub(crate) async fn ingest(
     State(state): State<AppState>, body: Bytes,
 ) -> Result<Success<Ingested>, ApiError> {
-    let (raw, envelope_from, recipients, auth) = decode(&body)?;
-    drop(body);
+    // Decoded and parsed on the CPU pool when large, off the worker other requests share.
+    let (raw, envelope_from, recipients, auth) =
+        cpu::run_sized(body.len(), move || decode(&body)).await?;
     let inboxes = inboxes_of(&state, &recipients).await?;
-    let parsed = Parsed::of(&raw);
+    let (raw, parsed) = cpu::run_sized(raw.len(), move || {
+        let parsed = Parsed::of(&raw);
+        (raw, parsed)
+    })
+    .await;
     let mut conn = state.db.acquire().await?;
     let subject = Stream::Inbound.subject(&state.ns);
     let (stored, duplicates) = store(

@@ -11,7 +11,7 @@ use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, IdempotencyKey, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress, Success, TaskId};
+use postmesh_shared::{cpu, nats, ApiError, EmailAddress, Success, TaskId};
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
@@ -106,7 +106,17 @@ async fn compose(
             "the subject is empty or not a single line once filled".into(),
         ));
     }
-    let html = add_utm(&fill(&html, vars, true)?, &req.utm);
+    // A large body is filled and its links tagged on the CPU pool.
+    let (owned_vars, utm) = (vars.clone(), req.utm.clone());
+    let html = cpu::run_sized(html.len(), move || {
+        let html = fill(&html, &owned_vars, true)?;
+        Ok::<_, ApiError>(if utm.is_empty() {
+            html
+        } else {
+            add_utm(&html, &utm)
+        })
+    })
+    .await?;
     let text = fill(&text, vars, false)?;
     if req.test_send {
         subject = format!("[Test] {subject}");

@@ -31,7 +31,7 @@ use postmesh_shared::queue::{
     DB_NOW_MS,
 };
 use postmesh_shared::secrets::SecretBox;
-use postmesh_shared::{nats, Namespace, Runtime};
+use postmesh_shared::{cpu, nats, Namespace, Runtime};
 
 use crate::attempts::Owner;
 use crate::endpoints::BodyFormat;
@@ -89,6 +89,7 @@ impl Sender {
     }
 
     /// POSTs `body` to `url`, signed with `keys` under `id`.
+    #[tracing::instrument(name = "webhook.post", skip_all, fields(webhook_id = id))]
     pub async fn post(&self, url: &Url, id: &str, keys: &[&[u8]], body: Vec<u8>) -> Answer {
         let refused = |error: String| Answer {
             status: None,
@@ -241,15 +242,22 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// The JSON body of this delivery, stamped now.
-    pub(crate) fn body(&self) -> serde_json::Result<Vec<u8>> {
+    /// The JSON body of this delivery, stamped now; a large message is rendered on the CPU
+    /// pool, off the worker other deliveries share.
+    pub(crate) async fn body(&self) -> serde_json::Result<Vec<u8>> {
         match &self.content {
-            Content::Message(message, id) => serde_json::to_vec(&Event::received(
-                message,
-                id.to_string(),
-                self.ready.shape,
-                now_rfc3339(),
-            )),
+            Content::Message(message, id) => {
+                let (message, id, shape) = (message.clone(), *id, self.ready.shape);
+                let size = [&message.text, &message.html]
+                    .iter()
+                    .map(|part| part.as_ref().map_or(0, String::len))
+                    .sum();
+                cpu::run_sized(size, move || {
+                    let event = Event::received(&message, id.to_string(), shape, now_rfc3339());
+                    serde_json::to_vec(&event)
+                })
+                .await
+            }
             Content::Event(event) => {
                 let (kind, data) = &**event;
                 serde_json::to_vec(&payload::Envelope::new(kind, now_rfc3339(), data))
@@ -632,6 +640,7 @@ impl Stages for Deliveries {
         let _slot = shared.slots[index].lock().expect("slot lock").take();
         let body = delivery
             .body()
+            .await
             .map_err(|e| Failure::Permanent(e.to_string()))?;
         outcome(delivery.post(&self.state.sender, body).await)
     }

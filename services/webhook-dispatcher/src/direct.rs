@@ -165,7 +165,7 @@ impl Direct {
             return How::Queued;
         };
         // A body that cannot be made is the worker's to fail.
-        let Ok(body) = delivery.body() else {
+        let Ok(body) = delivery.body().await else {
             return How::Queued;
         };
         let post = delivery.post(&self.state.sender, body);

@@ -20,12 +20,13 @@ use futures::{FutureExt, StreamExt};
 use prost::Message as _;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use postmesh_shared::dead_letters::{panic_message, DeadLetters};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
-use postmesh_shared::{Namespace, Runtime};
+use postmesh_shared::{telemetry, Namespace, Runtime};
 
 use crate::deliver::{message, queue, target_of, AttemptRow, Content, UNFINISHED};
 use crate::direct::{attempt_id, Direct};
@@ -144,10 +145,13 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
             // Kept in progress from here, so a batch waiting for its turn is not handed
             // out again while it waits, nor while its fan-out's first tries take seconds.
             tracker.spawn(async move {
+                let span = tracing::info_span!("webhook.fanout", consumer = S::CONSUMER);
+                telemetry::link_nats(&span, batch.iter().map(|msg| msg.headers.as_ref()));
                 let work = async {
                     let _slot = slots.acquire_owned().await;
                     handle(&*source, &letters, &batch).await;
-                };
+                }
+                .instrument(span);
                 kept_in_progress(&batch, work).await;
             });
         }

@@ -111,8 +111,8 @@ pub struct Config {
     /// `WEBHOOK_RETENTION_DAYS` (default 30; 0 keeps everything): finished attempts, stored
     /// events and received messages older than this are deleted (replay reaches no further).
     pub retention_days: u32,
-    /// `WEBHOOK_REPLAY_MAX` (default 100,000): the most deliveries one replay queues; a
-    /// replay that would queue more is refused (400) and queues nothing.
+    /// `WEBHOOK_REPLAY_MAX` (default 10,000): the most deliveries one replay queues; the
+    /// rest are left out and the answer says `truncated`.
     pub replay_max: usize,
 }
 

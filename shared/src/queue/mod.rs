@@ -387,7 +387,7 @@ impl<S: Stages> Worker<S> {
             queue = self.config.name,
             job = tracing::field::Empty
         );
-        telemetry::link_nats(&span, msg.headers.as_ref());
+        telemetry::link_nats(&span, [msg.headers.as_ref()]);
         async {
             let job = match self.stages.decode(&msg.payload) {
                 Ok(job) => Arc::new(job),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use postmesh_shared::extract::{holds_nul, Caller};
-use postmesh_shared::{ApiError, Success};
+use postmesh_shared::{cpu, ApiError, Success};
 
 use super::{upsert, ContactBody, ContactError, ContactInput, Subscription, MAX_IMPORT_ROWS};
 use crate::AppState;
@@ -160,18 +160,18 @@ pub(crate) async fn import(
         .trim()
         .to_ascii_lowercase();
     // PostgreSQL stores no NUL in text or jsonb.
-    let nul = ApiError::BadRequest("the body must not hold NUL characters".into());
-    let rows = match kind.as_str() {
-        "text/csv" if body.contains(&0) => return Err(nul),
-        "application/json" if holds_nul(&body) => return Err(nul),
-        "text/csv" => csv_rows(&body)?,
-        "application/json" => json_rows(&body)?,
-        _ => {
-            return Err(ApiError::BadRequest(
-                "send a JSON array (application/json) or a CSV file (text/csv)".into(),
-            ))
-        }
-    };
+    let nul = || ApiError::BadRequest("the body must not hold NUL characters".into());
+    // Read on the CPU pool when large, off the worker other requests share.
+    let rows = cpu::run_sized(body.len(), move || match kind.as_str() {
+        "text/csv" if body.contains(&0) => Err(nul()),
+        "application/json" if holds_nul(&body) => Err(nul()),
+        "text/csv" => csv_rows(&body),
+        "application/json" => json_rows(&body),
+        _ => Err(ApiError::BadRequest(
+            "send a JSON array (application/json) or a CSV file (text/csv)".into(),
+        )),
+    })
+    .await?;
     let mut answer = Imported {
         created: 0,
         updated: 0,

@@ -1,8 +1,9 @@
 //! Hostile load: ordinary traffic (10 clients asking `GET /balance` one request after
 //! another) alone, then with 2 clients sending the hostile corpus at the same time (a
 //! 50,000-deep HTML message through the MTA's route, a dry-run send of 200,000 links with
-//! UTM parameters, a 16 MiB CSV of one-character rows, 1,000-deep JSON). Ordinary traffic's
-//! p99 should stay within 2× of the run without them.
+//! UTM parameters, a 16 MiB CSV of one-character rows, 1,000-deep JSON), all through a
+//! gateway and billing running as processes of their own. Ordinary traffic's p99 should stay
+//! within 2× of the run without them.
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use postmesh_tests::hostile::{deep_html, deep_json, html_message, links_html, one_character_rows};
-use postmesh_tests::mta::{ingest, key_with_inbox};
-use postmesh_tests::{Stack, INBOUND_DOMAIN};
+use postmesh_tests::mta::{ingest_body, key_with_inbox};
+use postmesh_tests::{Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
 
 use crate::Run;
 
@@ -22,11 +23,18 @@ const CLIENTS: usize = 10;
 const HOSTILE: usize = 2;
 
 /// Runs both phases for `secs` each and prints the table.
-pub async fn run(stack: &Stack, secs: u64) -> anyhow::Result<()> {
+pub async fn run(stack: &mut Stack, secs: u64) -> anyhow::Result<()> {
     let key = stack.key(0).await;
     let (inbox_key, _) = key_with_inbox(stack, "hostile-bench").await;
-    let quiet = phase(stack, &key, &inbox_key, secs, 0).await?;
-    let loud = phase(stack, &key, &inbox_key, secs, HOSTILE).await?;
+    // The gateway and billing as processes of their own, as deployed: the load's clients
+    // (and its copies of the corpus) share no runtime with them.
+    stack.stop_billing().await;
+    let (billing, gateway, base) = stack.spawn_gateway_and_billing().await;
+    let quiet = phase(&base, &key, &inbox_key, secs, 0).await;
+    let loud = phase(&base, &key, &inbox_key, secs, HOSTILE).await;
+    drop((billing, gateway));
+    stack.start_billing().await;
+    let (quiet, loud) = (quiet?, loud?);
     let ratio = loud.0.percentile_ms(0.99) / quiet.0.percentile_ms(0.99);
     println!(
         "Hostile load: {CLIENTS} clients of GET /balance for {secs} s, alone and beside \
@@ -50,15 +58,44 @@ pub async fn run(stack: &Stack, secs: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The hostile corpus as request bodies, made before a phase starts so that the clients
+/// only send them.
+struct Corpus {
+    /// `POST /inbound-email/ingest` of a 50,000-deep HTML message.
+    deep_message: Vec<u8>,
+    /// A dry-run send of 200,000 links with UTM parameters.
+    links: Vec<u8>,
+    /// A 16 MiB CSV of one-character rows.
+    csv: Vec<u8>,
+    /// 1,000-deep JSON.
+    deep_json: Vec<u8>,
+}
+
+impl Corpus {
+    fn new() -> Self {
+        let to = format!("hostile-bench@{INBOUND_DOMAIN}");
+        let message = html_message(&to, &deep_html(50_000));
+        let links = json!({ "to": "a@example.com", "subject": "s", "html": links_html(200_000),
+                            "utm": { "utm_source": "news" }, "dryRun": true });
+        Self {
+            deep_message: serde_json::to_vec(&ingest_body(&message, &[&to])).unwrap(),
+            links: serde_json::to_vec(&links).unwrap(),
+            csv: one_character_rows(16 * 1024 * 1024 - 1024),
+            deep_json: deep_json(1_000),
+        }
+    }
+}
+
 /// One phase: the ordinary clients' latencies, and how many corpus requests were answered.
 async fn phase(
-    stack: &Stack, key: &str, inbox_key: &str, secs: u64, hostile: usize,
+    base: &str, key: &str, inbox_key: &str, secs: u64, hostile: usize,
 ) -> anyhow::Result<(Run, usize)> {
+    let corpus = &Corpus::new();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let latencies = Mutex::new(Vec::new());
     let errors = Mutex::new(0usize);
     let ordinary = (0..CLIENTS).map(|_| async {
-        let client = stack.client(key);
+        let client = TestClient::http(base, Some(key));
         let mut mine = Vec::new();
         let mut failed = 0;
         while Instant::now() < deadline {
@@ -73,33 +110,30 @@ async fn phase(
         *errors.lock().await += failed;
     });
     let corpus = (0..hostile).map(|i| async move {
-        let client = stack.client(inbox_key);
-        let to = format!("hostile-bench@{INBOUND_DOMAIN}");
+        let client = TestClient::http(base, Some(inbox_key));
+        let mta =
+            TestClient::http(base, None).with_header("x-service-inbound-secret", INBOUND_SECRET);
+        let csv_client =
+            TestClient::http(base, Some(inbox_key)).with_header("content-type", "text/csv");
         let mut n = 0;
         let mut round = i;
         while Instant::now() < deadline {
             match round % 4 {
                 0 => {
-                    ingest(stack, &html_message(&to, &deep_html(50_000)), &[&to]).await;
+                    let body = Some(corpus.deep_message.clone());
+                    drop(mta.send(Method::POST, "/inbound-email/ingest", body).await);
                 }
                 1 => {
-                    let links = json!({ "to": "a@example.com", "subject": "s",
-                        "html": links_html(200_000), "utm": { "utm_source": "news" },
-                        "dryRun": true });
-                    client.request(Method::POST, "/send-email", &links).await;
+                    let links = Some(corpus.links.clone());
+                    drop(client.send(Method::POST, "/send-email", links).await);
                 }
                 2 => {
-                    let csv = one_character_rows(16 * 1024 * 1024 - 1024);
-                    stack
-                        .client(inbox_key)
-                        .with_header("content-type", "text/csv")
-                        .send(Method::POST, "/contacts/import", Some(csv))
-                        .await;
+                    let csv = Some(corpus.csv.clone());
+                    drop(csv_client.send(Method::POST, "/contacts/import", csv).await);
                 }
                 _ => {
-                    client
-                        .send(Method::POST, "/send-email", Some(deep_json(1_000)))
-                        .await;
+                    let json = Some(corpus.deep_json.clone());
+                    drop(client.send(Method::POST, "/send-email", json).await);
                 }
             }
             n += 1;

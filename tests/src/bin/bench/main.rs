@@ -675,7 +675,7 @@ async fn main() -> anyhow::Result<()> {
             inbound::peak_rss().await?;
         }
         if runs("hostile") {
-            hostile::run(&stack, secs).await?;
+            hostile::run(&mut stack, secs).await?;
         }
         anyhow::Ok(())
     }
