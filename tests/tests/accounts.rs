@@ -6,6 +6,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Running;
 use postmesh_tests::web::{set_cookie_header, WebUser};
 use postmesh_tests::{eventually, gateway_config, Stack, TestClient};
@@ -409,6 +410,13 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
         )
         .await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+    // A malformed id is a 400 naming it, as every path id.
+    let malformed = user
+        .json(Method::DELETE, "/api-keys/nope", &json!({}))
+        .await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    let error: ErrorBody = malformed.json();
+    assert!(error.error.contains("\"nope\""), "{}", error.error);
     let _: Value = stack
         .client(&stranger)
         .get("/balance", StatusCode::OK)

@@ -65,7 +65,7 @@ async fn templates_are_versioned_per_workspace() {
 }
 
 #[tokio::test]
-async fn task_ids_are_checked_at_the_edge() {
+async fn task_and_workflow_ids_are_checked_at_the_edge() {
     let (_store, mine, _) = sender_router().await;
     let e: ErrorBody = mine
         .get("/email-status/nope", StatusCode::BAD_REQUEST)
@@ -79,6 +79,21 @@ async fn task_ids_are_checked_at_the_edge() {
     let _: ErrorBody = mine.delete(&cancel, StatusCode::NOT_FOUND).await;
     let _: ErrorBody = mine
         .delete("/send-email/nope", StatusCode::BAD_REQUEST)
+        .await;
+    // Workflow ids alike: malformed 400 naming it, unknown 404.
+    let e: ErrorBody = mine.get("/workflows/nope", StatusCode::BAD_REQUEST).await;
+    assert!(e.error.contains("\"nope\""), "{}", e.error);
+    let _: ErrorBody = mine
+        .patch("/workflows/nope", &json!({}), StatusCode::BAD_REQUEST)
+        .await;
+    let _: ErrorBody = mine
+        .delete("/workflows/nope", StatusCode::BAD_REQUEST)
+        .await;
+    let _: ErrorBody = mine
+        .get(&format!("/workflows/{unknown}"), StatusCode::NOT_FOUND)
+        .await;
+    let _: ErrorBody = mine
+        .delete(&format!("/workflows/{unknown}"), StatusCode::NOT_FOUND)
         .await;
 }
 

@@ -2,7 +2,7 @@
 //! list, new keys billing to the account's primary key, revocation, and `GET /account`.
 //! Policy: docs/decisions.md, "Accounts and sessions".
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Extension;
 use serde::{Deserialize, Serialize};
@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{JsonBody, PageQuery, QueryParams};
+use postmesh_shared::extract::{IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::proto::{AuthContext, Role};
 use postmesh_shared::response::Message;
 use postmesh_shared::{ApiError, EmailAddress, Routes, Success};
@@ -278,9 +278,8 @@ async fn create(
 
 /// `DELETE /api-keys/{id}`.
 async fn revoke(
-    State(state): State<AppState>, Extension(session): Extension<Session>, Path(id): Path<String>,
+    State(state): State<AppState>, Extension(session): Extension<Session>, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Message>, ApiError> {
-    let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("API key not found".into()))?;
     revoke_key(&state, session.account, id).await?;
     Ok(Success::message("API key revoked"))
 }

@@ -8,7 +8,7 @@ pub mod runs;
 
 use std::borrow::Cow;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Serialize;
 use sqlx::types::Json;
@@ -19,7 +19,7 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::templates;
@@ -230,25 +230,20 @@ pub(crate) async fn list(
 /// A page of workflows when no limit is given.
 const DEFAULT_PAGE: i64 = 50;
 
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::NotFound("workflow not found".into()))
-}
-
 /// `GET /workflows/{id}`.
 pub(crate) async fn read(
-    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<One>, ApiError> {
     let mut conn = state.db.acquire().await?;
-    let workflow = one(&mut conn, caller.workspace, parse_id(&id)?).await?;
+    let workflow = one(&mut conn, caller.workspace, id).await?;
     Ok(Success::new(One { workflow }))
 }
 
 /// `PATCH /workflows/{id}` with a whole workflow: a new version, for new runs only.
 pub(crate) async fn change(
-    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<WorkflowBody>,
 ) -> Result<Success<One>, ApiError> {
-    let id = parse_id(&id)?;
     let workflow = checked(&state, caller.workspace, &body).await?;
     let exits: Vec<String> = workflow
         .exits
@@ -286,9 +281,8 @@ pub struct Deleted {
 
 /// `DELETE /workflows/{id}`: it starts no more runs, and its active runs end.
 pub(crate) async fn remove(
-    State(state): State<AppState>, caller: Caller, Path(id): Path<String>,
+    State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Deleted>, ApiError> {
-    let id = parse_id(&id)?;
     let mut tx = state.db.begin().await?;
     let now = now_unix();
     let gone = sqlx::query(
