@@ -80,6 +80,8 @@ pub const PROVIDER_SECRET: &str = "test-provider-secret";
 
 /// The `INBOUND_SECRET` of a test stack's gateway.
 pub const INBOUND_SECRET: &str = "test-inbound-secret";
+/// Seconds between device-login polls in test stacks (5 in production).
+pub const DEVICE_POLL_INTERVAL_SECS: u64 = 1;
 
 /// Where a test stack's domain service finds DNS, SES and Cloudflare.
 pub struct DomainOptions {
@@ -363,6 +365,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         provider_secret_in_query: false,
         public_base_url: "http://127.0.0.1".into(),
         login_ip_hourly_limit: 30,
+        device_poll_interval_secs: DEVICE_POLL_INTERVAL_SECS,
         api_keys_per_account: 50,
         // The sweeps call every route with wrong keys from one address: off here, and on
         // in the test of the limit itself.

@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use postmesh_tests::web::{text, WebUser};
-use postmesh_tests::{Answer, Stack, TestClient};
+use postmesh_tests::{Answer, Stack, TestClient, DEVICE_POLL_INTERVAL_SECS};
 
 fn token() -> String {
     format!(
@@ -43,9 +43,9 @@ async fn poll(client: &TestClient, token: &str) -> (StatusCode, Value) {
     (answer.status, body)
 }
 
-/// Waits out the poll interval (5 s) so the next poll is on time.
+/// Waits out the poll interval so the next poll is on time.
 async fn wait_interval() {
-    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    tokio::time::sleep(Duration::from_secs(DEVICE_POLL_INTERVAL_SECS)).await;
 }
 
 #[tokio::test]
@@ -86,7 +86,7 @@ async fn device_authorization_follows_the_state_table() {
     assert_eq!(started["success"], true);
     assert_eq!(started["deviceToken"], t.as_str());
     assert_eq!(started["expiresIn"], 600);
-    assert_eq!(started["interval"], 5);
+    assert_eq!(started["interval"], DEVICE_POLL_INTERVAL_SECS);
     let user_code = started["userCode"].as_str().expect("userCode");
     assert_eq!(user_code.len(), 9, "{user_code}");
     assert_eq!(&user_code[4..5], "-");
@@ -352,7 +352,7 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
         .await;
     assert_eq!(fifth.status, StatusCode::BAD_REQUEST);
     assert!(text(&fifth).contains("void"), "{}", text(&fifth));
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    wait_interval().await;
     let (status, _) = poll(&cli, &t).await;
     assert_eq!(status, StatusCode::GONE, "the voided request is gone");
 

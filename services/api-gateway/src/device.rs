@@ -38,8 +38,6 @@ pub fn routes() -> Routes<AppState> {
 
 /// Seconds a device request lives.
 pub const EXPIRES_IN: u64 = 600;
-/// Seconds a CLI waits between polls.
-pub const INTERVAL: u64 = 5;
 /// Polls this much early still count as on time (network jitter), in milliseconds.
 const POLL_SLACK_MS: u64 = 250;
 /// Seconds a used device token is remembered, so it cannot start a second request.
@@ -333,7 +331,7 @@ async fn init(
     Ok(Success::new(Initiated {
         device_token: body.device_token,
         expires_in: EXPIRES_IN,
-        interval: INTERVAL,
+        interval: state.device_poll_interval_secs,
         user_code: display_user_code(&user_code),
         verification_url: format!(
             "{}/app/device?request={rid}",
@@ -435,7 +433,8 @@ async fn poll(
 async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
     let record = key(state, "req", hash);
     let mut redis = state.redis.clone();
-    let least_ms = (INTERVAL * 1000).saturating_sub(POLL_SLACK_MS);
+    let interval = state.device_poll_interval_secs;
+    let least_ms = (interval * 1000).saturating_sub(POLL_SLACK_MS);
     let found: Vec<String> = redis::Script::new(POLL_SCRIPT)
         .key(&record)
         .arg(least_ms)
@@ -448,7 +447,9 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
         Some("slow_down") => Ok(poll_answer(
             StatusCode::TOO_MANY_REQUESTS,
             "slow_down",
-            Some("polling faster than the interval; wait 5 seconds longer between polls"),
+            Some(&format!(
+                "polling faster than the interval; wait {interval} seconds longer between polls"
+            )),
         )),
         Some("denied") => Ok(poll_answer(
             StatusCode::GONE,

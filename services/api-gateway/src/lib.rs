@@ -73,6 +73,9 @@ pub struct Config {
     pub public_base_url: String,
     /// Login codes one IP may ask for an hour (`LOGIN_IP_HOURLY_LIMIT`, default 30).
     pub login_ip_hourly_limit: u32,
+    /// Seconds a CLI waits between device-login polls (`DEVICE_POLL_INTERVAL_SECS`,
+    /// default 5; faster polls are `slow_down`).
+    pub device_poll_interval_secs: u64,
     /// Live API keys one account may hold (`API_KEYS_PER_ACCOUNT`, default 50).
     pub api_keys_per_account: i64,
     /// Failed authentications a client address may have in a minute before it is answered
@@ -112,6 +115,7 @@ impl Config {
             provider_secret_in_query: env_or("PROVIDER_SECRET_IN_QUERY", "0") == "1",
             public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
             login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
+            device_poll_interval_secs: env_parse("DEVICE_POLL_INTERVAL_SECS", 5)?,
             api_keys_per_account: env_parse("API_KEYS_PER_ACCOUNT", 50)?,
             auth_failures_per_ip_per_minute: env_parse("AUTH_FAILURES_PER_IP_PER_MINUTE", 60)?,
             trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
@@ -149,6 +153,10 @@ impl Config {
             (
                 "LOGIN_IP_HOURLY_LIMIT",
                 self.login_ip_hourly_limit.to_string(),
+            ),
+            (
+                "DEVICE_POLL_INTERVAL_SECS",
+                self.device_poll_interval_secs.to_string(),
             ),
             (
                 "API_KEYS_PER_ACCOUNT",
@@ -191,6 +199,8 @@ pub struct Gateway {
     pub public_base_url: String,
     /// `LOGIN_IP_HOURLY_LIMIT`.
     pub login_ip_hourly_limit: u32,
+    /// `DEVICE_POLL_INTERVAL_SECS`.
+    pub device_poll_interval_secs: u64,
     /// `API_KEYS_PER_ACCOUNT`.
     pub api_keys_per_account: i64,
     /// Failed authentications per client address (`AUTH_FAILURES_PER_IP_PER_MINUTE`).
@@ -233,6 +243,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         provider_secret_in_query: config.provider_secret_in_query,
         public_base_url: config.public_base_url.clone(),
         login_ip_hourly_limit: config.login_ip_hourly_limit,
+        device_poll_interval_secs: config.device_poll_interval_secs,
         api_keys_per_account: config.api_keys_per_account,
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
         trust_forwarded_for: config.trust_forwarded_for,
