@@ -2,8 +2,9 @@
 //! another) alone, then with 2 clients sending the hostile corpus at the same time (a
 //! 50,000-deep HTML message through the MTA's route, a dry-run send of 200,000 links with
 //! UTM parameters, a 16 MiB CSV of one-character rows, 1,000-deep JSON), all through a
-//! gateway and billing running as processes of their own. Ordinary traffic's p99 should stay
-//! within 2× of the run without them.
+//! gateway and billing running as processes of their own, in alternating rounds whose
+//! latencies are pooled. Ordinary traffic's p99 should stay within 2× of the run without
+//! them.
 
 use std::time::{Duration, Instant};
 
@@ -21,24 +22,37 @@ use crate::Run;
 const CLIENTS: usize = 10;
 /// Clients sending the corpus.
 const HOSTILE: usize = 2;
+/// What they send, in turn (`BENCH_HOSTILE_KINDS` picks some): the deep HTML message, the
+/// links, the CSV, the deep JSON.
+const KINDS: &str = "html,links,csv,json";
 
-/// Runs both phases for `secs` each and prints the table.
-pub async fn run(stack: &mut Stack, secs: u64) -> anyhow::Result<()> {
+/// Runs `rounds` of both phases, `secs` each, alternating, and prints the table of their
+/// pooled latencies.
+pub async fn run(stack: &mut Stack, secs: u64, rounds: usize) -> anyhow::Result<()> {
     let key = stack.key(0).await;
     let (inbox_key, _) = key_with_inbox(stack, "hostile-bench").await;
+    let corpus = Corpus::new();
     // The gateway and billing as processes of their own, as deployed: the load's clients
     // (and its copies of the corpus) share no runtime with them.
     stack.stop_billing().await;
     let (billing, gateway, base) = stack.spawn_gateway_and_billing().await;
-    let quiet = phase(&base, &key, &inbox_key, secs, 0).await;
-    let loud = phase(&base, &key, &inbox_key, secs, HOSTILE).await;
+    let measured = async {
+        let (mut quiet, mut loud) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            quiet.push(phase(&base, &key, &inbox_key, &corpus, secs, 0).await?);
+            loud.push(phase(&base, &key, &inbox_key, &corpus, secs, HOSTILE).await?);
+        }
+        anyhow::Ok((pooled(quiet), pooled(loud)))
+    }
+    .await;
     drop((billing, gateway));
     stack.start_billing().await;
-    let (quiet, loud) = (quiet?, loud?);
+    let (quiet, loud) = measured?;
     let ratio = loud.0.percentile_ms(0.99) / quiet.0.percentile_ms(0.99);
     println!(
-        "Hostile load: {CLIENTS} clients of GET /balance for {secs} s, alone and beside \
-         {HOSTILE} clients sending the hostile corpus ({} corpus requests answered)\n",
+        "Hostile load: {CLIENTS} clients of GET /balance, alone and beside {HOSTILE} clients \
+         sending the hostile corpus, {rounds} rounds of {secs} s each ({} corpus requests \
+         answered)\n",
         loud.1
     );
     println!("| run | requests/s | p50 ms | p99 ms |");
@@ -86,11 +100,32 @@ impl Corpus {
     }
 }
 
+/// Phases' runs as one, with their corpus requests.
+fn pooled(phases: Vec<(Run, usize)>) -> (Run, usize) {
+    let mut all = Run {
+        requests: 0,
+        errors: 0,
+        elapsed: Duration::ZERO,
+        latencies_us: Vec::new(),
+    };
+    let mut corpus = 0;
+    for (run, answered) in phases {
+        all.requests += run.requests;
+        all.errors += run.errors;
+        all.elapsed += run.elapsed;
+        all.latencies_us.extend(run.latencies_us);
+        corpus += answered;
+    }
+    all.latencies_us.sort_unstable();
+    (all, corpus)
+}
+
 /// One phase: the ordinary clients' latencies, and how many corpus requests were answered.
 async fn phase(
-    base: &str, key: &str, inbox_key: &str, secs: u64, hostile: usize,
+    base: &str, key: &str, inbox_key: &str, corpus: &Corpus, secs: u64, hostile: usize,
 ) -> anyhow::Result<(Run, usize)> {
-    let corpus = &Corpus::new();
+    let kinds = std::env::var("BENCH_HOSTILE_KINDS").unwrap_or_else(|_| KINDS.into());
+    let kinds: &Vec<&str> = &kinds.split(',').map(str::trim).collect();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let latencies = Mutex::new(Vec::new());
     let errors = Mutex::new(0usize);
@@ -118,23 +153,24 @@ async fn phase(
         let mut n = 0;
         let mut round = i;
         while Instant::now() < deadline {
-            match round % 4 {
-                0 => {
+            match kinds[round % kinds.len()] {
+                "html" => {
                     let body = Some(corpus.deep_message.clone());
                     drop(mta.send(Method::POST, "/inbound-email/ingest", body).await);
                 }
-                1 => {
+                "links" => {
                     let links = Some(corpus.links.clone());
                     drop(client.send(Method::POST, "/send-email", links).await);
                 }
-                2 => {
+                "csv" => {
                     let csv = Some(corpus.csv.clone());
                     drop(csv_client.send(Method::POST, "/contacts/import", csv).await);
                 }
-                _ => {
+                "json" => {
                     let json = Some(corpus.deep_json.clone());
                     drop(client.send(Method::POST, "/send-email", json).await);
                 }
+                other => panic!("BENCH_HOSTILE_KINDS: no kind {other:?}"),
             }
             n += 1;
             round += 1;

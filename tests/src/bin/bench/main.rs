@@ -54,8 +54,9 @@
 //!    `BENCH_EVENT_STALLED_SENDS` sends of a tenth of that (default 8; goal: flat).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
-//! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` rounds,
-//! default 3), `BENCH_SEND_RECIPIENTS` (per send, default 1000), `BENCH_DIRECT_SENDS`
+//! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` and hostile
+//! load rounds, default 3), `BENCH_HOSTILE_KINDS` (which of `html,links,csv,json` the
+//! hostile load sends, default all), `BENCH_SEND_RECIPIENTS` (per send, default 1000), `BENCH_DIRECT_SENDS`
 //! (default 1), `BENCH_PIPELINE_SENDS` (default 5), `BENCH_PIPELINE_ROUNDS` (default 2),
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
@@ -675,7 +676,7 @@ async fn main() -> anyhow::Result<()> {
             inbound::peak_rss().await?;
         }
         if runs("hostile") {
-            hostile::run(&mut stack, secs).await?;
+            hostile::run(&mut stack, secs, rounds).await?;
         }
         anyhow::Ok(())
     }
