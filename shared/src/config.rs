@@ -212,6 +212,104 @@ pub fn secs(d: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    /// The `.rs` files under `dir`, recursively.
+    fn sources(dir: &Path, into: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, into);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                into.push(path);
+            }
+        }
+    }
+
+    /// The names between `"` after each of `calls` in `text`.
+    fn names_after(text: &str, calls: &[&str]) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for call in calls {
+            for (at, _) in text.match_indices(call) {
+                let rest = &text[at + call.len()..];
+                if let Some(end) = rest.find('"') {
+                    names.insert(rest[..end].to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn the_configuration_table_lists_every_setting_the_code_reads_and_no_other() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for dir in ["services", "shared/src", "cli/src", "clients"] {
+            sources(&root.join(dir), &mut files);
+        }
+        let code: String = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .collect();
+        let calls = [
+            "env_or(\"",
+            "env_parse(\"",
+            "env_secs(\"",
+            "env_opt(\"",
+            "env::var(\"",
+            "env::var_os(\"",
+        ];
+        // The CLI finds its credentials file through the user's own variables.
+        let personal = ["HOME", "XDG_CONFIG_HOME"];
+        let read: BTreeSet<String> = names_after(&code, &calls)
+            .into_iter()
+            .filter(|n| !personal.contains(&n.as_str()))
+            .collect();
+        let table = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+        let listed: BTreeSet<String> = table
+            .lines()
+            .filter_map(|line| line.strip_prefix("| "))
+            .filter_map(|row| row.split(" | ").next())
+            .flat_map(|cell| cell.split(", "))
+            .filter_map(|name| name.strip_prefix('`')?.strip_suffix('`'))
+            .filter(|name| {
+                name.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            })
+            .map(str::to_owned)
+            .collect();
+        let missing: Vec<_> = read.difference(&listed).collect();
+        assert!(
+            missing.is_empty(),
+            "read by the code, not in docs/configuration.md: {missing:?}"
+        );
+        // Each listed name is read somewhere: by name, as a service's secret, or by the
+        // log filter.
+        let services = [
+            "API_GATEWAY",
+            "BILLING",
+            "SENDER",
+            "DOMAIN",
+            "INBOUND_INGEST",
+            "WEBHOOK_DISPATCHER",
+        ];
+        let stale: Vec<_> = listed
+            .iter()
+            .filter(|name| !code.contains(&format!("\"{name}\"")) && name.as_str() != "RUST_LOG")
+            .filter(|name| {
+                !services.iter().any(|s| {
+                    name.strip_prefix(s).is_some_and(|rest| {
+                        rest == "_DATABASE_PASSWORD" || rest == "_NATS_PASSWORD"
+                    })
+                })
+            })
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "in docs/configuration.md, read by nothing: {stale:?}"
+        );
+    }
 
     #[test]
     fn connection_urls_lose_their_secrets() {
