@@ -259,6 +259,9 @@ mod tests {
             "env_opt(\"",
             "env::var(\"",
             "env::var_os(\"",
+            // The CLI's: clap's env attribute and its key variable.
+            "env = \"",
+            "_ENV: &str = \"",
         ];
         // The CLI finds its credentials file through the user's own variables.
         let personal = ["HOME", "XDG_CONFIG_HOME"];

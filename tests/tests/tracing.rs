@@ -90,9 +90,9 @@ fn new_trace() -> (String, [u8; 16], [u8; 8]) {
     (header, trace, span)
 }
 
-/// The names of `trace`'s spans in `spans`, after checking they hang together: each one's
-/// parent is another of them, or `caller` (the span that started the trace outside).
-fn one_trace(spans: &[otlp::Span], trace: [u8; 16], caller: [u8; 8]) -> Vec<String> {
+/// Checks that `trace`'s spans in `spans` hang together (each one's parent is another of
+/// them, or `caller`, the span that started the trace outside) and include each of `names`.
+fn one_trace(spans: &[otlp::Span], trace: [u8; 16], caller: [u8; 8], names: &[&str]) {
     let mine: Vec<&otlp::Span> = spans.iter().filter(|s| s.trace_id == trace).collect();
     for span in &mine {
         let parent = &span.parent_span_id;
@@ -102,7 +102,10 @@ fn one_trace(spans: &[otlp::Span], trace: [u8; 16], caller: [u8; 8]) -> Vec<Stri
             span.name
         );
     }
-    mine.iter().map(|s| s.name.clone()).collect()
+    let found: Vec<&str> = mine.iter().map(|s| s.name.as_str()).collect();
+    for name in names {
+        assert!(found.contains(name), "{name} not in {found:?}");
+    }
 }
 
 /// A webhook endpoint of `inbox` posting to `receiver`, which trusts its secret.
@@ -192,27 +195,28 @@ async fn a_received_email_and_a_send_are_each_one_trace_up_to_their_webhook() {
         .flat_map(|r| r.scope_spans)
         .flat_map(|s| s.spans)
         .collect();
-    let received = one_trace(&spans, received_trace, received_caller);
-    for name in [
-        "http.request",
-        "nats.request",
-        "webhook.fanout",
-        "webhook.post",
-    ] {
-        assert!(
-            received.iter().any(|n| n == name),
-            "{name} not in {received:?}"
-        );
-    }
-    let sent = one_trace(&spans, send_trace, send_caller);
-    for name in [
-        "http.request",
-        "nats.request",
-        "queue.job",
-        "webhook.fanout",
-        "webhook.post",
-    ] {
-        assert!(sent.iter().any(|n| n == name), "{name} not in {sent:?}");
-    }
+    one_trace(
+        &spans,
+        received_trace,
+        received_caller,
+        &[
+            "http.request",
+            "nats.request",
+            "webhook.fanout",
+            "webhook.post",
+        ],
+    );
+    one_trace(
+        &spans,
+        send_trace,
+        send_caller,
+        &[
+            "http.request",
+            "nats.request",
+            "queue.job",
+            "webhook.fanout",
+            "webhook.post",
+        ],
+    );
     stack.shutdown().await;
 }
