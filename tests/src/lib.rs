@@ -352,6 +352,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         body_limit: GATEWAY_BODY_LIMIT,
         key_cache_ttl: Duration::from_secs(30),
         rate,
+        body_rate: api_gateway::BodyRateConfig::default(),
         codes: api_gateway::CodeConfig {
             secret: "test-code-secret".into(),
             ttl_secs: 300,
@@ -743,6 +744,37 @@ impl Stack {
             gateway_child,
             format!("http://{}", gateway.http_addr),
         )
+    }
+
+    /// The sender and inbound-ingest as child processes with this stack's settings, in
+    /// place of the in-process ones (the bench's hostile load: the services its corpus
+    /// reaches share no runtime with the clients that measure). Returns their processes;
+    /// [`Stack::start_sender_and_inbound`] brings the in-process ones back.
+    pub async fn spawn_sender_and_inbound(
+        &mut self,
+    ) -> (tokio::process::Child, tokio::process::Child) {
+        self.kill_sender().await;
+        if let Some(running) = self.inbound.take() {
+            running.stop().await;
+        }
+        let mut sender = self.sender_config();
+        sender.common.admin_addr = free_port();
+        let sender_child = spawn_service(sender::SERVICE, sender.to_env());
+        self.wait_ready(sender.common.admin_addr).await;
+        let mut inbound = inbound_config(&self.common);
+        inbound.common.admin_addr = free_port();
+        let inbound_child = spawn_service(inbound_ingest::SERVICE, inbound.to_env());
+        self.wait_ready(inbound.common.admin_addr).await;
+        (sender_child, inbound_child)
+    }
+
+    /// Starts the sender and inbound-ingest in process again.
+    pub async fn start_sender_and_inbound(&mut self) {
+        self.start_sender().await;
+        let running = inbound_ingest::start(inbound_config(&self.common))
+            .await
+            .expect("inbound service starts");
+        self.inbound = Some(running);
     }
 
     /// Starts billing again with the settings it had.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use postmesh_tests::{Options, Stack};
 
@@ -144,5 +145,84 @@ async fn an_accounts_keys_share_one_rate() {
     assert_eq!(get(&second).await, StatusCode::TOO_MANY_REQUESTS);
     // Another account is not affected.
     assert_eq!(get(&stack.key(10).await).await, StatusCode::OK);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_accounts_large_bodies_spend_a_byte_budget() {
+    let stack = Stack::start().await;
+    // A gateway whose accounts may send 64 KiB of large bodies a second, 1 MiB at once.
+    let config = api_gateway::Config {
+        body_rate: api_gateway::BodyRateConfig {
+            bytes_per_sec: 64 * 1024,
+            burst_bytes: 1024 * 1024,
+        },
+        ..postmesh_tests::gateway_config(&stack.common, Options::default().rate)
+    };
+    let gateway = api_gateway::start(config).await.unwrap();
+    let addr = gateway.http_addr.unwrap();
+    let base = format!("http://{addr}");
+    let (key, other) = (stack.key(10).await, stack.key(10).await);
+    // A dry-run send of about `kib` KiB.
+    let send = |key: &str, kib: usize| {
+        let html = format!("<p>{}</p>", "x".repeat(kib * 1024));
+        let body = json!({ "to": "a@example.com", "subject": "s", "html": html, "dryRun": true });
+        let request = stack
+            .http
+            .post(format!("{base}/send-email"))
+            .bearer_auth(key)
+            .json(&body);
+        async move { request.send().await.unwrap() }
+    };
+    for _ in 0..3 {
+        assert_eq!(send(&key, 300).await.status(), StatusCode::OK);
+    }
+    // 900 KiB spent: 300 more do not fit, and wait for the ~3 s it takes to earn them.
+    let refused = send(&key, 300).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((2..=4).contains(&wait), "Retry-After {wait}");
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["success"], json!(false));
+    // Small bodies cost nothing of it; another account has its own.
+    assert_eq!(send(&key, 10).await.status(), StatusCode::OK);
+    assert_eq!(send(&other, 300).await.status(), StatusCode::OK);
+    // A body larger than the whole burst costs the burst, so a full budget lets it pass.
+    assert_ne!(
+        send(&stack.key(10).await, 1500).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A body sent in chunks, its length undeclared, is counted once it has been read.
+    let html = format!("<p>{}</p>", "x".repeat(300 * 1024));
+    let payload = serde_json::to_vec(
+        &json!({ "to": "a@example.com", "subject": "s", "html": html, "dryRun": true }),
+    )
+    .unwrap();
+    let head = format!(
+        "POST /send-email HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    );
+    let mut request = head.into_bytes();
+    for chunk in payload.chunks(64 * 1024) {
+        request.extend(format!("{:x}\r\n", chunk.len()).into_bytes());
+        request.extend(chunk);
+        request.extend(b"\r\n");
+    }
+    request.extend(b"0\r\n\r\n");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(&request).await.unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 429"),
+        "a chunked 300 KiB body over the budget: {}",
+        answer.lines().next().unwrap_or_default()
+    );
+    gateway.stop().await;
     stack.shutdown().await;
 }

@@ -33,7 +33,7 @@ use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
 pub use codes::CodeConfig;
-pub use ratelimit::RateConfig;
+pub use ratelimit::{BodyRateConfig, RateConfig};
 
 /// This service.
 pub const SERVICE: Service = Service::ApiGateway;
@@ -57,6 +57,9 @@ pub struct Config {
     pub key_cache_ttl: Duration,
     /// Per-key request rate (`KEY_RATE_PER_SEC`, default 100; `KEY_RATE_BURST`, default 300).
     pub rate: RateConfig,
+    /// Per-account bytes of request bodies over 64 KiB (`ACCOUNT_BODY_BYTES_PER_SEC`,
+    /// default 4 MiB; `ACCOUNT_BODY_BURST_BYTES`, default 64 MiB).
+    pub body_rate: BodyRateConfig,
     pub codes: CodeConfig,
     /// What the upstream MTA sends in `x-service-inbound-secret` (`INBOUND_SECRET`); unset:
     /// `/inbound-email/*` answer 503.
@@ -106,6 +109,16 @@ impl Config {
                 per_sec: env_parse("KEY_RATE_PER_SEC", 100)?,
                 burst: env_parse("KEY_RATE_BURST", 300)?,
             },
+            body_rate: BodyRateConfig {
+                bytes_per_sec: env_parse(
+                    "ACCOUNT_BODY_BYTES_PER_SEC",
+                    BodyRateConfig::default().bytes_per_sec,
+                )?,
+                burst_bytes: env_parse(
+                    "ACCOUNT_BODY_BURST_BYTES",
+                    BodyRateConfig::default().burst_bytes,
+                )?,
+            },
             inbound_secret: std::env::var("INBOUND_SECRET")
                 .ok()
                 .filter(|s| !s.is_empty()),
@@ -133,6 +146,14 @@ impl Config {
             ("KEY_CACHE_TTL_SECS", secs(self.key_cache_ttl)),
             ("KEY_RATE_PER_SEC", self.rate.per_sec.to_string()),
             ("KEY_RATE_BURST", self.rate.burst.to_string()),
+            (
+                "ACCOUNT_BODY_BYTES_PER_SEC",
+                self.body_rate.bytes_per_sec.to_string(),
+            ),
+            (
+                "ACCOUNT_BODY_BURST_BYTES",
+                self.body_rate.burst_bytes.to_string(),
+            ),
             ("CODE_SECRET", self.codes.secret.clone()),
             ("CODE_COOLDOWN_SECS", self.codes.cooldown_secs.to_string()),
             ("CODE_HOURLY_CAP", self.codes.hourly_cap.to_string()),
@@ -189,6 +210,8 @@ pub struct Gateway {
     pub billing: BillingClient,
     pub keys: keys::KeyStore,
     pub rate: ratelimit::RateLimit,
+    /// Per-account bytes of large request bodies.
+    pub body_rate: ratelimit::BodyRate,
     pub codes: CodeConfig,
     pub body_limit: usize,
     pub inbound_secret: Option<String>,
@@ -236,6 +259,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             keys::DEFAULT_CACHE_CAPACITY,
         ),
         rate: ratelimit::RateLimit::new(config.rate),
+        body_rate: ratelimit::BodyRate::new(config.body_rate),
         codes: config.codes.clone(),
         body_limit: config.body_limit,
         inbound_secret: config.inbound_secret.clone(),

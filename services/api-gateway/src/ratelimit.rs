@@ -1,7 +1,8 @@
 //! The per-key request rate: a GCRA limit kept in Redis, so every gateway replica counts
 //! against the same allowance; over the limit → 429 with `Retry-After`. Allowance is taken
-//! from Redis in batches sized to the key's recent traffic and spent locally. Policy:
-//! docs/decisions.md, "Gateway".
+//! from Redis in batches sized to the key's recent traffic and spent locally. Large request
+//! bodies also spend an account's byte budget ([`BodyRate`]). Policy: docs/decisions.md,
+//! "Gateway".
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,9 +20,32 @@ pub struct RateConfig {
     pub burst: u32,
 }
 
-/// GCRA on Redis's clock for up to ARGV[3] requests at once. KEYS[1] holds the theoretical
-/// arrival time (ms); ARGV[1] is the interval between requests (ms), ARGV[2] the burst.
-/// Returns {granted, seconds to wait when none was}.
+/// Bytes of request body an account may send: bodies over [`FREE_BODY_BYTES`] spend their
+/// size, `bytes_per_sec` on average, up to `burst_bytes` at once. `bytes_per_sec == 0`
+/// turns the budget off.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyRateConfig {
+    pub bytes_per_sec: u64,
+    pub burst_bytes: u64,
+}
+
+impl Default for BodyRateConfig {
+    /// 4 MiB a second, 64 MiB at once: four times the largest body any route takes.
+    fn default() -> Self {
+        Self {
+            bytes_per_sec: 4 * 1024 * 1024,
+            burst_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Bodies up to this size cost nothing of the byte budget: ordinary requests are counted by
+/// the request rate alone.
+pub const FREE_BODY_BYTES: u64 = 64 * 1024;
+
+/// GCRA on Redis's clock for up to ARGV[3] requests at once, none when fewer than ARGV[4]
+/// fit. KEYS[1] holds the theoretical arrival time (ms); ARGV[1] is the interval between
+/// requests (ms), ARGV[2] the burst. Returns {granted, seconds to wait when none was}.
 const GCRA_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -30,9 +54,10 @@ local burst = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
 local room = math.floor((now + interval * burst - tat) / interval + 1e-9)
+local least = tonumber(ARGV[4])
 local n = math.min(tonumber(ARGV[3]), room)
-if n < 1 then
-  return {0, math.max(1, math.ceil((tat - interval * (burst - 1) - now) / 1000))}
+if n < least then
+  return {0, math.max(1, math.ceil((tat - interval * (burst - least) - now) / 1000))}
 end
 tat = tat + n * interval
 redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1)
@@ -167,6 +192,7 @@ impl RateLimit {
             .arg(interval_ms)
             .arg(self.config.burst.max(1))
             .arg(ask)
+            .arg(1)
             .invoke_async(redis)
             .await;
         let (granted, verdict) = match answer {
@@ -185,5 +211,60 @@ impl RateLimit {
         };
         self.keep_local(api_key_id, granted.saturating_sub(1), batch);
         verdict
+    }
+}
+
+/// The per-account byte budget of large request bodies, shared by every gateway replica
+/// through Redis in KiB units.
+pub struct BodyRate {
+    config: BodyRateConfig,
+    script: redis::Script,
+}
+
+impl BodyRate {
+    /// A budget enforcing `config`.
+    pub fn new(config: BodyRateConfig) -> Self {
+        Self {
+            config,
+            script: redis::Script::new(GCRA_SCRIPT),
+        }
+    }
+
+    /// Spends `bytes` of `account_id`'s budget when the body is over [`FREE_BODY_BYTES`];
+    /// 429 with `Retry-After` when they do not fit yet. A body larger than the burst costs
+    /// the whole burst, so every body the route takes can pass. Redis down: it passes.
+    pub async fn check(
+        &self, redis: &mut ConnectionManager, ns: &Namespace, account_id: &str, bytes: u64,
+    ) -> Result<(), ApiError> {
+        if self.config.bytes_per_sec == 0 || bytes <= FREE_BODY_BYTES {
+            return Ok(());
+        }
+        let burst = (self.config.burst_bytes / 1024).max(1);
+        let cost = bytes.div_ceil(1024).min(burst);
+        let interval_ms = 1000.0 * 1024.0 / self.config.bytes_per_sec as f64;
+        let answer: Result<(u64, u64), _> = self
+            .script
+            .key(ns.redis_key(&format!("body-rate:account:{account_id}")))
+            .arg(interval_ms)
+            .arg(burst)
+            .arg(cost)
+            .arg(cost)
+            .invoke_async(redis)
+            .await;
+        match answer {
+            Ok((0, retry_after)) => Err(ApiError::TooManyRequests {
+                message: format!(
+                    "too many request body bytes for this account (large bodies may send \
+                     {} bytes a second)",
+                    self.config.bytes_per_sec
+                ),
+                retry_after,
+            }),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "body rate limiter unavailable; request let through");
+                Ok(())
+            }
+        }
     }
 }

@@ -271,6 +271,21 @@ const FORWARDED_REQUEST_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("stripe-signature"),
 ];
 
+/// Spends `bytes` of the caller's account's body budget (callers without an account, the
+/// MTA and the provider, have none).
+async fn spend_body(
+    state: &crate::Gateway, auth: Option<&AuthContext>, bytes: u64,
+) -> Result<(), ApiError> {
+    let Some(auth) = auth else {
+        return Ok(());
+    };
+    let mut redis = state.redis.clone();
+    state
+        .body_rate
+        .check(&mut redis, &state.ns, &auth.account_id, bytes)
+        .await
+}
+
 /// Sends the request to `service` as an envelope and relays its answer. The body may be up
 /// to the route's own limit (`body_limit`), else `GATEWAY_BODY_LIMIT`; one too large for a
 /// NATS message goes by claim check (`nats::forward`).
@@ -289,9 +304,18 @@ async fn forward(
             "request body over {limit} bytes"
         )));
     }
+    // A large body spends its account's byte budget: before it is read when its length is
+    // declared, else once it has been.
+    let auth = parts.extensions.get::<AuthContext>();
+    if let Some(len) = declared {
+        spend_body(&state, auth, len).await?;
+    }
     let body = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::PayloadTooLarge(format!("request body over {limit} bytes")))?;
+    if declared.is_none() {
+        spend_body(&state, auth, body.len() as u64).await?;
+    }
     let headers = FORWARDED_REQUEST_HEADERS
         .iter()
         .filter_map(|name| {
