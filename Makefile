@@ -28,7 +28,7 @@ key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `mak
 	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
 
 bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks); see docs/benchmarks.md
-	$(CARGO) build -q --release -p api-gateway -p billing -p inbound-ingest -p webhook-dispatcher # run as their own processes
+	$(CARGO) build -q --release -p api-gateway -p billing -p sender -p inbound-ingest -p webhook-dispatcher # run as their own processes
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
 
 soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redis and NATS; asserts nothing lost, nothing twice (docs/reliability.md)
