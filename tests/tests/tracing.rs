@@ -183,6 +183,9 @@ async fn a_received_email_and_a_send_are_each_one_trace_up_to_their_webhook() {
         .await;
     delivered(&events).await;
 
+    // The services stop first: a fan-out whose POST the receiver has seen may still be open,
+    // and a span is exported only once it ends.
+    stack.shutdown().await;
     tokio::task::spawn_blocking(postmesh_shared::telemetry::shutdown)
         .await
         .unwrap();
@@ -218,5 +221,4 @@ async fn a_received_email_and_a_send_are_each_one_trace_up_to_their_webhook() {
             "webhook.post",
         ],
     );
-    stack.shutdown().await;
 }
