@@ -33,6 +33,7 @@ use rand::Rng;
 use reqwest::{Method, StatusCode};
 
 use api_gateway::create_key::CreateKey;
+use inbound_ingest::budget::ByteBudget;
 use postmesh_shared::config::env_or;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::Role;
@@ -67,6 +68,8 @@ pub struct Options {
     pub audience_max: usize,
     /// The gateway's `INBOUND_SECRET` (default [`INBOUND_SECRET`]; none: unset).
     pub inbound_secret: Option<String>,
+    /// Inbound-ingest's per-workspace byte budget (default: the service's).
+    pub inbound_budget: ByteBudget,
 }
 
 /// The sender's `UNSUBSCRIBE_SECRET` in a test stack.
@@ -139,6 +142,7 @@ impl Default for Options {
             send_concurrency: 8,
             audience_max: sender::DEFAULT_AUDIENCE_MAX,
             inbound_secret: Some(INBOUND_SECRET.into()),
+            inbound_budget: ByteBudget::default(),
         }
     }
 }
@@ -239,6 +243,8 @@ pub struct Stack {
     billing_config: billing::Config,
     domain: Option<Running>,
     inbound: Option<Running>,
+    /// Inbound-ingest's byte budget at its next start.
+    pub inbound_budget: ByteBudget,
     dispatcher: Option<Running>,
     dispatcher_child: Option<tokio::process::Child>,
     sender: Option<Running>,
@@ -381,6 +387,7 @@ pub fn inbound_config(common: &Common) -> inbound_ingest::Config {
         common: common.clone(),
         inbound_domain: inbound_ingest::addresses::Domain::parse(INBOUND_DOMAIN).expect("valid"),
         retention_days: 30,
+        budget: ByteBudget::default(),
     }
 }
 
@@ -505,9 +512,12 @@ impl Stack {
         let domain = domain::start(domain_config(&common, opts.domain))
             .await
             .expect("domain service starts");
-        let inbound = inbound_ingest::start(inbound_config(&common))
-            .await
-            .expect("inbound service starts");
+        let inbound = inbound_ingest::start(inbound_ingest::Config {
+            budget: opts.inbound_budget,
+            ..inbound_config(&common)
+        })
+        .await
+        .expect("inbound service starts");
         let dispatcher = webhook_dispatcher::start(dispatcher_config(&common))
             .await
             .expect("webhook dispatcher starts");
@@ -544,6 +554,7 @@ impl Stack {
             billing_config,
             domain: Some(domain),
             inbound: Some(inbound),
+            inbound_budget: opts.inbound_budget,
             dispatcher: Some(dispatcher),
             dispatcher_child: None,
             sender: None,
@@ -577,6 +588,7 @@ impl Stack {
             billing: None,
             domain: None,
             inbound: None,
+            inbound_budget: opts.inbound_budget,
             dispatcher: None,
             dispatcher_child: None,
             sender: None,
@@ -761,17 +773,25 @@ impl Stack {
         sender.common.admin_addr = free_port();
         let sender_child = spawn_service(sender::SERVICE, sender.to_env());
         self.wait_ready(sender.common.admin_addr).await;
-        let mut inbound = inbound_config(&self.common);
+        let mut inbound = self.inbound_config();
         inbound.common.admin_addr = free_port();
         let inbound_child = spawn_service(inbound_ingest::SERVICE, inbound.to_env());
         self.wait_ready(inbound.common.admin_addr).await;
         (sender_child, inbound_child)
     }
 
+    /// Inbound-ingest's settings in this stack.
+    fn inbound_config(&self) -> inbound_ingest::Config {
+        inbound_ingest::Config {
+            budget: self.inbound_budget,
+            ..inbound_config(&self.common)
+        }
+    }
+
     /// Starts the sender and inbound-ingest in process again.
     pub async fn start_sender_and_inbound(&mut self) {
         self.start_sender().await;
-        let running = inbound_ingest::start(inbound_config(&self.common))
+        let running = inbound_ingest::start(self.inbound_config())
             .await
             .expect("inbound service starts");
         self.inbound = Some(running);

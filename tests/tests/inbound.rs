@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use billing::entitlements::EntitlementsPage;
 use inbound_ingest::addresses::{AddressList, AddressView, Created, Deleted};
+use inbound_ingest::budget::ByteBudget;
 use inbound_ingest::ingest::{Ingested, Validated};
 use inbound_ingest::threads::{Read, ThreadList, ThreadPage};
 use postmesh_shared::error::ErrorBody;
@@ -916,4 +917,57 @@ async fn a_thread_is_read_a_page_of_messages_at_a_time() {
         .get("/inbox/threads?limit=501", StatusCode::BAD_REQUEST)
         .await;
     stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_workspaces_inbound_mail_spends_a_byte_budget_then_waits() {
+    // A budget that refills one byte a second: what is spent stays spent for the test.
+    let db = ServiceDb::create(inbound_ingest::SERVICE, &inbound_ingest::MIGRATIONS).await;
+    let state = inbound_ingest::AppState {
+        budget: ByteBudget {
+            bytes_per_sec: 1,
+            burst_bytes: 1000,
+        },
+        ..inbound_ingest::AppState::new(db.pool.clone(), db.common.namespace.clone())
+    };
+    let [a, b, c] = ["budget-a", "budget-b", "budget-c"].map(|l| format!("{l}@{INBOUND_DOMAIN}"));
+    for to in [&a, &b, &c] {
+        // Each inbox in a workspace of its own.
+        peek::inbound::insert_address(&db.pool, uuid::Uuid::now_v7(), to).await;
+    }
+    let mta = TestClient::router(inbound_ingest::router(state), None);
+    let mut n = 0;
+    let mut send = |to: &[&str], size: usize| {
+        n += 1;
+        let mut raw = message(Some(&format!("budget-{n}@x.io")), "Budget", "", "");
+        raw.resize(size, b'x');
+        let body = ingest_body(&raw, to);
+        let mta = &mta;
+        async move {
+            mta.request(Method::POST, "/inbound-email/ingest", &body)
+                .await
+        }
+    };
+    // Two messages of 400 bytes fit in A's 1,000; the third waits about 200 s.
+    for _ in 0..2 {
+        assert_eq!(send(&[&a], 400).await.status, StatusCode::OK);
+    }
+    let refused = send(&[&a], 400).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = refused.header("retry-after").parse().unwrap();
+    assert!((199..=200).contains(&wait), "Retry-After {wait}");
+    assert!(refused.json::<ErrorBody>().error.contains("bytes a second"));
+    // B's budget is its own; a message to A and B that A has no room for (200 bytes left)
+    // is refused whole and costs B nothing.
+    assert_eq!(send(&[&b], 400).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&[&a, &b], 300).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&[&b], 400).await.status, StatusCode::OK);
+    assert_eq!(send(&[&b], 400).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // A message over the burst passes on a full budget, and empties it.
+    assert_eq!(send(&[&c], 1500).await.status, StatusCode::OK);
+    assert_eq!(send(&[&c], 100).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(peek::inbound::messages(&db.pool).await, 5);
 }

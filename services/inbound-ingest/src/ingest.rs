@@ -190,6 +190,11 @@ pub(crate) async fn ingest(
     let (raw, envelope_from, recipients, auth) =
         cpu::run_sized(body.len(), move || decode(&body)).await?;
     let inboxes = inboxes_of(&state, &recipients).await?;
+    let workspaces: Vec<WorkspaceId> = inboxes.iter().map(|(_, w, _)| *w).collect();
+    state
+        .budget
+        .spend(&state.db, &workspaces, raw.len())
+        .await?;
     let (raw, parsed) = cpu::run_sized(raw.len(), move || {
         let parsed = Parsed::of(&raw);
         (raw, parsed)

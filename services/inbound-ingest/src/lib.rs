@@ -4,6 +4,7 @@
 //! `address` and `usage` (mailboxes) RPCs.
 
 pub mod addresses;
+pub mod budget;
 pub mod ingest;
 pub mod mime;
 pub mod rpc;
@@ -22,6 +23,7 @@ use postmesh_shared::routes::Bodies;
 use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service, Success};
 
 use crate::addresses::Domain;
+use crate::budget::ByteBudget;
 
 /// This service.
 pub const SERVICE: Service = Service::InboundIngest;
@@ -44,6 +46,9 @@ pub struct Config {
     pub inbound_domain: Domain,
     /// How long a deleted address's messages are kept (`INBOUND_RETENTION_DAYS`, default 30).
     pub retention_days: u32,
+    /// Each workspace's inbound byte budget (`INBOUND_WORKSPACE_BYTES_PER_SEC`,
+    /// `INBOUND_WORKSPACE_BURST_BYTES`).
+    pub budget: ByteBudget,
 }
 
 impl Config {
@@ -55,6 +60,7 @@ impl Config {
             inbound_domain: Domain::parse(&raw)
                 .ok_or_else(|| anyhow::anyhow!("INBOUND_DOMAIN {raw:?} is not a domain name"))?,
             retention_days: env_parse("INBOUND_RETENTION_DAYS", 30)?,
+            budget: ByteBudget::from_env()?,
         })
     }
 
@@ -63,6 +69,7 @@ impl Config {
         let mut env = self.common.to_env();
         env.push(("INBOUND_DOMAIN", self.inbound_domain.to_string()));
         env.push(("INBOUND_RETENTION_DAYS", self.retention_days.to_string()));
+        env.extend(self.budget.to_env());
         env
     }
 }
@@ -73,6 +80,8 @@ pub struct AppState {
     pub db: PgPool,
     pub ns: Namespace,
     pub inbound_domain: Domain,
+    /// Each workspace's inbound byte budget.
+    pub budget: ByteBudget,
     /// Where stored copies are announced; without it (router tests) nothing is published
     /// at once and the relay of a running service picks the rows up.
     pub outbox: Option<Outbox>,
@@ -82,12 +91,13 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State over `db` alone, for the router: the default inbound domain, no NATS.
+    /// State over `db` alone, for the router: the default inbound domain and budget, no NATS.
     pub fn new(db: PgPool, ns: Namespace) -> Self {
         Self {
             db,
             ns,
             inbound_domain: Domain::parse("inbound.postmesh.localhost").expect("a domain"),
+            budget: ByteBudget::default(),
             outbox: None,
             nats: None,
         }
@@ -140,6 +150,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         db: rt.db.clone(),
         ns: config.common.namespace.clone(),
         inbound_domain: config.inbound_domain.clone(),
+        budget: config.budget,
         outbox: Some(rt.outbox()),
         nats: Some(rt.nats.clone()),
     };

@@ -38,7 +38,10 @@ pub async fn run(stack: &mut Stack, secs: u64, rounds: usize) -> anyhow::Result<
     // clients (and the corpus) share no runtime with them.
     stack.stop_billing().await;
     let (billing, gateway, base) = stack.spawn_gateway_and_billing().await;
+    // Inbound mail spends the budget a deployment has by default.
+    let unbounded = std::mem::take(&mut stack.inbound_budget);
     let (sender, inbound) = stack.spawn_sender_and_inbound().await;
+    stack.inbound_budget = unbounded;
     let dispatcher = stack.dispatcher_config();
     stack.spawn_dispatcher(dispatcher.clone()).await;
     let measured = async {

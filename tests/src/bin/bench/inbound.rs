@@ -14,8 +14,8 @@ use tower::ServiceExt;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::Service;
 use postmesh_tests::{
-    common, fresh_namespace, gateway_config, peek, remove_namespace, spawn_service, Stack,
-    INBOUND_DOMAIN, INBOUND_SECRET,
+    common, fresh_namespace, gateway_config, inbound_config, peek, remove_namespace, spawn_service,
+    Stack, INBOUND_DOMAIN, INBOUND_SECRET,
 };
 
 /// Size of the throughput benchmark's messages.
@@ -149,6 +149,7 @@ pub async fn throughput(
             async_nats::jetstream::new(nats.clone()),
         )),
         nats: Some(nats),
+        budget: stack.inbound_budget,
         ..inbound_ingest::AppState::new(db, stack.ns().clone())
     };
     let targets = [
@@ -215,15 +216,9 @@ pub fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
 pub async fn peak_rss() -> anyhow::Result<()> {
     let common = common(fresh_namespace());
     let admin = postmesh_tests::free_port();
-    let env = inbound_ingest::Config {
-        common: postmesh_shared::Common {
-            admin_addr: admin,
-            ..common.clone()
-        },
-        inbound_domain: inbound_ingest::addresses::Domain::parse(INBOUND_DOMAIN).expect("domain"),
-        retention_days: 30,
-    }
-    .to_env();
+    let mut config = inbound_config(&common);
+    config.common.admin_addr = admin;
+    let env = config.to_env();
     let mut child = spawn_service(Service::InboundIngest, env);
     let pid = child
         .id()

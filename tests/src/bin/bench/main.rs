@@ -87,6 +87,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use uuid::Uuid;
 
+use inbound_ingest::budget::ByteBudget;
 use postmesh_shared::config::{env_or, env_parse};
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::receiver::Receiver;
@@ -604,9 +605,14 @@ async fn main() -> anyhow::Result<()> {
         "balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss,hostile",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
-    // The per-key limiter runs on every request (its cost is measured) but never throttles.
+    // The per-key limiter and the inbound byte budget run on every request (their cost is
+    // measured) but never throttle; the hostile load sets the budget's defaults.
     let mut stack = Stack::start_opts(Options {
         send_concurrency: sending.lettre_concurrency,
+        inbound_budget: ByteBudget {
+            bytes_per_sec: 1 << 40,
+            burst_bytes: 1 << 40,
+        },
         ..Options::with_rate(10_000_000, 10_000_000)
     })
     .await;
