@@ -1,6 +1,8 @@
 //! Filling a message: `{{name}}` placeholders from the request's variables (HTML-escaped in
 //! the HTML body), and `utm_*` parameters appended to the links of the HTML body.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use postmesh_shared::text::escape_html;
@@ -107,76 +109,136 @@ pub fn add_utm(html: &str, params: &[(String, String)]) -> String {
     if params.is_empty() {
         return html.to_owned();
     }
+    let tags = Tags::new(params);
     // Malformed markup may come out of the rewriter serialized so that it parses another
     // way (found by fuzzing): a document whose rewrite would change again is sent as
-    // written, so tagging stays idempotent.
-    let once = tag_links(html, params);
-    if once != html && tag_links(&once, params) != once {
+    // written, so tagging stays idempotent. Untouched markup passes through byte for byte,
+    // so a second rewrite changes something exactly when it finds a link to tag.
+    let once = tags.rewrite(html);
+    if once != html && tags.would_tag(&once) {
         return html.to_owned();
     }
     once
 }
 
-/// [`add_utm`]'s one rewriting pass.
-fn tag_links(html: &str, params: &[(String, String)]) -> String {
-    let settings = lol_html::RewriteStrSettings {
-        element_content_handlers: vec![lol_html::element!("a[href], area[href]", |el| {
-            if let Some(link) = el.get_attribute("href") {
-                let tagged = with_params(&link, params);
-                if tagged != link {
-                    el.set_attribute("href", &tagged)?;
-                }
-            }
-            Ok(())
-        })],
-        // Markup a browser would parse two ways is rewritten as the parser sees it, not
-        // refused.
-        strict: false,
-        ..lol_html::RewriteStrSettings::new()
-    };
-    // Only a handler can fail a rewrite, and ours only on a bad attribute name.
-    lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned())
+/// The link selector [`add_utm`] rewrites.
+const LINKS: &str = "a[href], area[href]";
+
+/// The parameters to add, and their query string when a link has none of them (most links).
+struct Tags<'a> {
+    params: &'a [(String, String)],
+    all: String,
 }
 
-fn with_params(link: &str, params: &[(String, String)]) -> String {
-    let lower = link.to_ascii_lowercase();
-    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
-        return link.to_owned();
+impl<'a> Tags<'a> {
+    fn new(params: &'a [(String, String)]) -> Self {
+        Self {
+            params,
+            all: query(params.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        }
     }
-    let (base, fragment) = match link.find('#') {
-        Some(i) => (&link[..i], &link[i..]),
-        None => (link, ""),
-    };
-    let decoded = base.replace("&amp;", "&");
-    let existing: Vec<&str> = decoded
-        .split_once('?')
-        .map(|(_, q)| {
-            // A second `?` inside the query (`?a?utm_source=x`) separates names too, as
-            // the parameters this adds after such a query must be found again.
-            q.split(['&', ';', '?'])
-                .filter_map(|p| p.split('=').next())
-                .collect()
-        })
-        .unwrap_or_default();
-    let added: Vec<(&str, &str)> = params
-        .iter()
-        .filter(|(k, _)| !existing.contains(&k.as_str()))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    if added.is_empty() {
-        return link.to_owned();
+
+    /// One rewriting pass.
+    fn rewrite(&self, html: &str) -> String {
+        let settings = lol_html::RewriteStrSettings {
+            element_content_handlers: vec![lol_html::element!(LINKS, |el| {
+                if let Some(tagged) = el.get_attribute("href").and_then(|l| self.tag(&l)) {
+                    el.set_attribute("href", &tagged)?;
+                }
+                Ok(())
+            })],
+            // Markup a browser would parse two ways is rewritten as the parser sees it, not
+            // refused.
+            strict: false,
+            ..lol_html::RewriteStrSettings::new()
+        };
+        // Only a handler can fail a rewrite, and ours only on a bad attribute name.
+        lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned())
     }
-    let query = serde_urlencoded::to_string(&added).unwrap_or_default();
-    // Inside an HTML attribute `&` is written `&amp;`.
-    let query = query.replace('&', "&amp;");
-    let sep = if !base.contains('?') {
-        "?"
-    } else if base.ends_with('?') || base.ends_with('&') {
-        ""
-    } else {
-        "&amp;"
-    };
-    format!("{base}{sep}{query}{fragment}")
+
+    /// Whether a pass over `html` would tag a link: the same parse, its output dropped.
+    fn would_tag(&self, html: &str) -> bool {
+        let found = std::cell::Cell::new(false);
+        let settings = lol_html::Settings {
+            element_content_handlers: vec![lol_html::element!(LINKS, |el| {
+                if !found.get()
+                    && el
+                        .get_attribute("href")
+                        .and_then(|l| self.tag(&l))
+                        .is_some()
+                {
+                    found.set(true);
+                }
+                Ok(())
+            })],
+            strict: false,
+            ..lol_html::Settings::new()
+        };
+        let mut rewriter = lol_html::HtmlRewriter::new(settings, |_: &[u8]| {});
+        // A failed pass changes nothing, as in `rewrite`.
+        let ran = rewriter
+            .write(html.as_bytes())
+            .and_then(|()| rewriter.end());
+        ran.is_ok() && found.get()
+    }
+
+    /// `link` with the parameters it lacks, or None when it is not `http(s)` or has them all.
+    fn tag(&self, link: &str) -> Option<String> {
+        let http = |scheme: &str| {
+            link.get(..scheme.len())
+                .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+        };
+        if !(http("http://") || http("https://")) {
+            return None;
+        }
+        let (base, fragment) = match link.find('#') {
+            Some(i) => (&link[..i], &link[i..]),
+            None => (link, ""),
+        };
+        let decoded: Cow<'_, str> = if base.contains("&amp;") {
+            Cow::Owned(base.replace("&amp;", "&"))
+        } else {
+            Cow::Borrowed(base)
+        };
+        // A second `?` inside the query (`?a?utm_source=x`) separates names too, as the
+        // parameters this adds after such a query must be found again.
+        let existing: Vec<&str> = decoded
+            .split_once('?')
+            .map(|(_, q)| {
+                q.split(['&', ';', '?'])
+                    .filter_map(|p| p.split('=').next())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let lacking = |(k, _): &&(String, String)| !existing.contains(&k.as_str());
+        let missing = self.params.iter().filter(lacking).count();
+        let added: Cow<'_, str> = match missing {
+            0 => return None,
+            n if n == self.params.len() => Cow::Borrowed(&self.all),
+            _ => Cow::Owned(query(
+                self.params
+                    .iter()
+                    .filter(lacking)
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            )),
+        };
+        let sep = if !base.contains('?') {
+            "?"
+        } else if base.ends_with('?') || base.ends_with('&') {
+            ""
+        } else {
+            "&amp;"
+        };
+        Some(format!("{base}{sep}{added}{fragment}"))
+    }
+}
+
+/// `pairs` URL-encoded as a query, `&` written `&amp;` as inside an HTML attribute.
+fn query<'p>(pairs: impl Iterator<Item = (&'p str, &'p str)>) -> String {
+    let pairs: Vec<_> = pairs.collect();
+    serde_urlencoded::to_string(&pairs)
+        .unwrap_or_default()
+        .replace('&', "&amp;")
 }
 
 #[cfg(test)]
