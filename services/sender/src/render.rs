@@ -113,12 +113,26 @@ pub fn add_utm(html: &str, params: &[(String, String)]) -> String {
     // Malformed markup may come out of the rewriter serialized so that it parses another
     // way (found by fuzzing): a document whose rewrite would change again is sent as
     // written, so tagging stays idempotent. Untouched markup passes through byte for byte,
-    // so a second rewrite changes something exactly when it finds a link to tag.
-    let once = tags.rewrite(html);
-    if once != html && tags.would_tag(&once) {
+    // so a second rewrite changes something exactly when it finds a link to tag; it is
+    // only needed when a tag the pass rewrote may not parse back the same.
+    let (once, plain) = tags.rewrite(html);
+    if once != html && !plain && tags.would_tag(&once) {
         return html.to_owned();
     }
     once
+}
+
+/// Whether a start tag whose attributes have these names, written again as the rewriter
+/// writes a changed tag (each attribute after one space, unchanged ones byte for byte, the
+/// changed value in double quotes), parses into the same attributes: true for the names of
+/// well-formed HTML, false for any name a tokenizer may have cut out of stray `=`, `/`,
+/// quotes or `<`.
+fn plain_names<'n>(mut names: impl Iterator<Item = &'n str>) -> bool {
+    names.all(|n| {
+        n.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'.'))
+    })
 }
 
 /// The link selector [`add_utm`] rewrites.
@@ -138,11 +152,20 @@ impl<'a> Tags<'a> {
         }
     }
 
-    /// One rewriting pass.
-    fn rewrite(&self, html: &str) -> String {
+    /// One rewriting pass, and whether every tag it changed has only [`plain_names`].
+    fn rewrite(&self, html: &str) -> (String, bool) {
+        let plain = std::cell::Cell::new(true);
         let settings = lol_html::RewriteStrSettings {
             element_content_handlers: vec![lol_html::element!(LINKS, |el| {
                 if let Some(tagged) = el.get_attribute("href").and_then(|l| self.tag(&l)) {
+                    if plain.get() {
+                        let names: Vec<String> = el
+                            .attributes()
+                            .iter()
+                            .map(|a| a.name_preserve_case())
+                            .collect();
+                        plain.set(plain_names(names.iter().map(String::as_str)));
+                    }
                     el.set_attribute("href", &tagged)?;
                 }
                 Ok(())
@@ -153,7 +176,8 @@ impl<'a> Tags<'a> {
             ..lol_html::RewriteStrSettings::new()
         };
         // Only a handler can fail a rewrite, and ours only on a bad attribute name.
-        lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned())
+        let once = lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned());
+        (once, plain.get())
     }
 
     /// Whether a pass over `html` would tag a link: the same parse, its output dropped.
@@ -358,6 +382,38 @@ mod tests {
                 links,
                 "{doc}"
             );
+        }
+    }
+
+    /// Link tags whose attributes a tokenizer cuts in odd places: a rewrite that writes such
+    /// a tag again must still be its own fixed point.
+    #[test]
+    fn utm_rewriting_is_idempotent_on_odd_attributes() {
+        const PIECES: &[&str] = &[
+            r#"<a href="https://x.com/p">"#,
+            r#"<a e/=x href="https://x.com/q">"#,
+            r#"<a href='https://x.com/"q'>"#,
+            "<a/href=https://x.com/u>",
+            r#"<a href=https://x.com/v title=a"b>"#,
+            r#"<a href="https://x.com/w"title="t">"#,
+            r#"<a ="x" href="https://x.com/e">"#,
+            r#"<a href="https://x.com/s" "y>"#,
+            r#"<area href="https://x.com/m" / >"#,
+            r#"<a href="https://x.com/<q>>""#,
+            r#"e/="fahttps:/?aref~"#,
+            "<f=<p>",
+            "<a tps:/",
+            "<a href=\"",
+            "=\"",
+            "\" ",
+            "</a>",
+            "<p>",
+            " ",
+        ];
+        let p = vec![("utm_source".to_owned(), "news".to_owned())];
+        for doc in postmesh_shared::text::sample_documents(PIECES, 2_000) {
+            let once = add_utm(&doc, &p);
+            assert_eq!(add_utm(&once, &p), once, "not idempotent on {doc}");
         }
     }
 
