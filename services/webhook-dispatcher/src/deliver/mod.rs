@@ -9,26 +9,22 @@
 //! follow `WEBHOOK_RETRY_SCHEDULE`, or a receiver's `Retry-After`, and wait in the database
 //! (`requeue_at`), not in the consumer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prost::Message as _;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
-use reqwest::{StatusCode, Url};
+use reqwest::Url;
 use serde_json::value::RawValue;
 use sqlx::types::Json;
-use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::outside::read_capped;
 use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
 use postmesh_shared::queue::{
-    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, Verdict,
-    DB_NOW_MS,
+    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, DB_NOW_MS,
 };
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
@@ -36,141 +32,26 @@ use postmesh_shared::{cpu, nats, Namespace, Runtime};
 use crate::attempts::Owner;
 use crate::endpoints::BodyFormat;
 use crate::payload::{self, Event, Shape};
-use crate::target::Reach;
 use crate::{AppState, DeliveryConfig};
+
+mod post;
+mod record;
+mod slots;
+
+pub use post::{Answer, Sender};
+use record::defer;
+pub(crate) use record::{health, outcome, record, Written};
+pub(crate) use slots::Slots;
 
 /// How long JetStream waits for a job's ack; the heartbeat extends it while a POST runs.
 const ACK_WAIT: Duration = Duration::from_secs(30);
-/// The longest `Retry-After` honoured.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
 /// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
 pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
 
-/// How long an attempt waits for a slot of its busy target. A target that frees none in
-/// that time counts as stalled.
-const BUSY_WAIT: Duration = Duration::from_secs(1);
 /// How long a stalled target stays so: its attempts meanwhile are deferred at once, and
 /// wait this long in the database before the scheduler queues them again.
 const STALLED_FOR: Duration = Duration::from_secs(5);
-/// Bytes of a receiver's answer kept in `lastError`.
-const ERROR_BODY_BYTES: usize = 200;
-/// How much of a receiver's error answer is read at most.
-const ERROR_READ_BYTES: usize = 4096;
-
-/// Makes signed POSTs: one HTTP client whose lookups go through [`Reach`], no redirects.
-#[derive(Clone)]
-pub struct Sender {
-    client: reqwest::Client,
-    reach: Reach,
-}
-
-/// A receiver's answer, or why none came.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: Option<StatusCode>,
-    /// The failure in words; `None` for a 2xx.
-    pub error: Option<String>,
-    /// A 429 or 503's `Retry-After`.
-    pub retry_after: Option<Duration>,
-}
-
-impl Sender {
-    /// A sender that waits `config.timeout` for each answer.
-    pub fn new(reach: Reach, config: &DeliveryConfig) -> anyhow::Result<Self> {
-        postmesh_shared::tls::install_provider();
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(reach.clone())
-            .user_agent("Postmesh-Webhooks/1")
-            .build()?;
-        Ok(Self { client, reach })
-    }
-
-    /// POSTs `body` to `url`, signed with `keys` under `id`.
-    #[tracing::instrument(name = "webhook.post", skip_all, fields(webhook_id = id))]
-    pub async fn post(&self, url: &Url, id: &str, keys: &[&[u8]], body: Vec<u8>) -> Answer {
-        let refused = |error: String| Answer {
-            status: None,
-            error: Some(error),
-            retry_after: None,
-        };
-        if let Err(e) = self.reach.admit_literal(url) {
-            return refused(e);
-        }
-        let timestamp = now_unix();
-        let signature = payload::sign(keys, id, timestamp, &body);
-        let sent = self
-            .client
-            .post(url.clone())
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body)
-            .send()
-            .await;
-        let res = match sent {
-            Ok(res) => res,
-            Err(e) => return refused(chain(&e)),
-        };
-        let status = res.status();
-        if status.is_success() {
-            return Answer {
-                status: Some(status),
-                error: None,
-                retry_after: None,
-            };
-        }
-        let retry_after = matches!(
-            status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        )
-        .then(|| retry_after(res.headers()))
-        .flatten();
-        // Read no further than this, whatever the receiver streams: the rest is dropped.
-        let read = read_capped(res, ERROR_READ_BYTES).await;
-        let text = read.map(|(body, _)| String::from_utf8_lossy(&body).into_owned());
-        let (excerpt, _) =
-            postmesh_shared::text::cut_at(text.unwrap_or_default(), ERROR_BODY_BYTES);
-        Answer {
-            status: Some(status),
-            // Postgres text takes no NUL.
-            error: Some(format!(
-                "HTTP {}: {}",
-                status.as_u16(),
-                excerpt.trim().replace('\0', "")
-            )),
-            retry_after,
-        }
-    }
-}
-
-/// An error with its causes, which say why a connection failed (a refused address, a
-/// timeout).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not used by webhook receivers we know).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let secs: u64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
-}
 
 /// Where an attempt goes and how, and what it carries, read with it.
 #[derive(sqlx::FromRow)]
@@ -293,72 +174,6 @@ struct Deliveries {
     schedule: Vec<Duration>,
     disable_after: Duration,
     slots: Arc<Slots>,
-}
-
-/// Delivery slots per target, shared by the worker and the fan-outs' direct tries.
-pub(crate) struct Slots {
-    per_target: usize,
-    targets: Mutex<HashMap<Uuid, Arc<TargetSlots>>>,
-}
-
-/// One target's slots, and until when it counts as stalled.
-struct TargetSlots {
-    slots: Arc<Semaphore>,
-    stalled_until: Mutex<Option<Instant>>,
-}
-
-impl Slots {
-    /// `per_target` slots for each target.
-    pub(crate) fn new(per_target: usize) -> Self {
-        Self {
-            per_target: per_target.max(1),
-            targets: Mutex::default(),
-        }
-    }
-
-    /// Slots per target.
-    pub(crate) fn per_target(&self) -> usize {
-        self.per_target
-    }
-
-    /// A slot of `target`'s: at once, or within [`BUSY_WAIT`] unless the target is stalled;
-    /// `None` when it has none to spare (it then counts as stalled for [`STALLED_FOR`]).
-    pub(crate) async fn take(&self, target: Uuid) -> Option<OwnedSemaphorePermit> {
-        let target = self.of(target);
-        if let Ok(slot) = target.slots.clone().try_acquire_owned() {
-            return Some(slot);
-        }
-        let stalled = |until: &Option<Instant>| until.is_some_and(|u| Instant::now() < u);
-        if stalled(&target.stalled_until.lock().expect("stall lock")) {
-            return None;
-        }
-        match tokio::time::timeout(BUSY_WAIT, target.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => Some(slot),
-            _ => {
-                *target.stalled_until.lock().expect("stall lock") =
-                    Some(Instant::now() + STALLED_FOR);
-                None
-            }
-        }
-    }
-
-    /// `target`'s slots.
-    fn of(&self, target: Uuid) -> Arc<TargetSlots> {
-        let mut targets = self.targets.lock().expect("slots lock");
-        if targets.len() > 10_000 {
-            // Forget idle targets; a busy one keeps its semaphore alive through its permits.
-            targets.retain(|_, t| t.slots.available_permits() < self.per_target);
-        }
-        targets
-            .entry(target)
-            .or_insert_with(|| {
-                Arc::new(TargetSlots {
-                    slots: Arc::new(Semaphore::new(self.per_target)),
-                    stalled_until: Mutex::new(None),
-                })
-            })
-            .clone()
-    }
 }
 
 /// Consumes the WEBHOOK stream until the runtime shuts down, its targets' slots shared
@@ -671,161 +486,6 @@ impl Stages for Deliveries {
     }
 }
 
-/// What a receiver's answer means for the attempt. The detail of a success, and the start
-/// of a failure's text, carry the status code (`HTTP 500: ...`) for the record.
-pub(crate) fn outcome(answer: Answer) -> Result<String, Failure> {
-    match (answer.status, answer.error) {
-        (Some(status), None) => Ok(format!("HTTP {}", status.as_u16())),
-        (Some(StatusCode::GONE), Some(e)) => Err(Failure::Permanent(e)),
-        (_, Some(e)) => match answer.retry_after {
-            Some(after) => Err(Failure::Later(e, after)),
-            None => Err(Failure::Transient(e)),
-        },
-        (None, None) => Err(Failure::Transient("no answer".into())),
-    }
-}
-
-/// The status code a recorded detail or error starts with (`HTTP 503: ...`).
-fn status_code(text: &str) -> Option<i32> {
-    text.strip_prefix("HTTP ")?.get(..3)?.parse().ok()
-}
-
-/// What an outcome writes to its attempt's row.
-pub(crate) struct Written {
-    pub status: &'static str,
-    pub code: Option<i32>,
-    /// The failure, for anything but a success.
-    pub error: Option<String>,
-    /// When a retry is due (Unix seconds).
-    pub next_at: Option<i64>,
-}
-
-impl Written {
-    /// The columns of `verdict`, reached at `now`.
-    pub(crate) fn of(verdict: &Verdict, now: i64) -> Self {
-        let (status, text, next_at) = match verdict {
-            Verdict::Done(detail) => ("succeeded", detail, None),
-            Verdict::Failed(e) => ("failed", e, None),
-            Verdict::Retry(e, after) => (
-                "pending",
-                e,
-                Some(now + i64::try_from(after.as_secs()).unwrap_or(i64::MAX / 2)),
-            ),
-        };
-        Self {
-            status,
-            code: status_code(text),
-            error: (status != "succeeded").then(|| text.clone()),
-            next_at,
-        }
-    }
-}
-
-/// Writes a batch of outcomes (distinct attempts) and their targets' health ([`health`]).
-/// Answers whether each outcome was written: a success always is, a failure or retry only
-/// while its claim holds the attempt.
-pub(crate) async fn record(
-    db: &PgPool, rows: Vec<RecordRow>, disable_after: Duration,
-) -> Result<Vec<bool>, sqlx::Error> {
-    let now = now_unix();
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut statuses = Vec::with_capacity(rows.len());
-    let mut errors: Vec<Option<String>> = Vec::with_capacity(rows.len());
-    let mut codes: Vec<Option<i32>> = Vec::with_capacity(rows.len());
-    let mut next_at: Vec<Option<i64>> = Vec::with_capacity(rows.len());
-    for row in &rows {
-        ids.push(row.item);
-        let written = Written::of(&row.verdict, now);
-        statuses.push(written.status);
-        codes.push(written.code);
-        errors.push(written.error);
-        next_at.push(written.next_at);
-    }
-    let leases: Vec<Uuid> = rows.iter().map(|r| r.lease).collect();
-    let written: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "WITH u AS (
-             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::int[],
-                                  $6::bigint[])
-                 AS u(id, status, error, lease, code, next_at)
-         ), done AS (
-             UPDATE attempts a SET status = u.status, last_error = u.error,
-                 last_status_code = COALESCE(u.code, a.last_status_code),
-                 next_attempt_at = u.next_at, requeue_at = COALESCE(u.next_at, a.requeue_at),
-                 updated_at = $7, lease_owner = NULL,
-                 leased_until_ms = 0
-             FROM u
-             WHERE a.id = u.id
-               AND CASE WHEN u.status = 'succeeded' THEN a.status <> 'succeeded'
-                        ELSE a.status = 'pending' AND a.lease_owner = u.lease END
-             RETURNING a.id, a.endpoint_id, a.webhook_id, a.workspace_id, u.status, u.code
-         ){HEALTH}
-         SELECT id FROM done",
-        HEALTH = health(7, 8)
-    ))
-    .bind(&ids)
-    .bind(&statuses)
-    .bind(&errors)
-    .bind(&leases)
-    .bind(&codes)
-    .bind(&next_at)
-    .bind(now)
-    .bind(i64::try_from(disable_after.as_secs()).unwrap_or(i64::MAX))
-    .fetch_all(db)
-    .await?;
-    let written: HashSet<Uuid> = written.into_iter().collect();
-    Ok(rows.iter().map(|r| written.contains(&r.item)).collect())
-}
-
-/// The statements that write targets' health after the outcomes of a CTE `done` (columns
-/// `endpoint_id, webhook_id, workspace_id, status, code`), with the time now and
-/// `WEBHOOK_DISABLE_AFTER_SECS` as parameters `now` and `disable_after`: a target's row is
-/// written only when that changes it. A success clears `failing_since`; a failure sets it,
-/// and disables the target when it is older than `disable_after`; a 410 disables it at once.
-pub(crate) fn health(now: u8, disable_after: u8) -> String {
-    format!(
-        ", health AS (
-             SELECT endpoint_id, webhook_id, workspace_id, bool_or(status = 'succeeded') AS ok,
-                 bool_or(COALESCE(code, 0) = 410) AS gone
-             FROM done GROUP BY endpoint_id, webhook_id, workspace_id
-         ), webhooks_seen AS (
-             UPDATE webhooks w
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(w.failing_since, ${now}) END,
-                 active = w.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(w.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.webhook_id IS NOT NULL AND w.id = h.webhook_id
-               AND (NOT h.ok OR w.failing_since IS NOT NULL)
-         ), endpoints_seen AS (
-             UPDATE endpoints e
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, ${now}) END,
-                 active = e.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(e.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
-               AND (NOT h.ok OR e.failing_since IS NOT NULL)
-         ), defaults_seen AS (
-             UPDATE default_webhooks d
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, ${now}) END,
-                 active = d.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(d.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.endpoint_id IS NULL AND h.webhook_id IS NULL
-               AND d.workspace_id = h.workspace_id
-               AND (NOT h.ok OR d.failing_since IS NOT NULL)
-         )"
-    )
-}
-
-/// Leaves pending attempt `id` to the scheduler, due `pause` from now.
-async fn defer(db: &PgPool, id: Uuid, pause: Duration) -> Result<(), sqlx::Error> {
-    let pause = i64::try_from(pause.as_secs()).unwrap_or(i64::MAX / 2);
-    sqlx::query(&format!(
-        "UPDATE attempts SET requeue_at = $2 WHERE id = $1 AND {UNFINISHED}"
-    ))
-    .bind(id)
-    .bind(now_unix() + pause)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
 /// Publishes one WEBHOOK job of `attempts` under `msg_id` (a repeat within JetStream's
 /// duplicate window is dropped).
 pub async fn queue(
@@ -847,33 +507,4 @@ pub async fn queue_each(
         .iter()
         .map(|(id, count)| async move { queue(js, ns, &[*id], &format!("{id}:{count}")).await });
     futures::future::try_join_all(publishes).await.map(drop)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn answers_become_outcomes() {
-        let answer = |status: Option<u16>, error: Option<&str>, after: Option<u64>| Answer {
-            status: status.map(|s| StatusCode::from_u16(s).unwrap()),
-            error: error.map(str::to_owned),
-            retry_after: after.map(Duration::from_secs),
-        };
-        assert_eq!(outcome(answer(Some(204), None, None)).unwrap(), "HTTP 204");
-        assert!(matches!(
-            outcome(answer(Some(410), Some("HTTP 410: gone"), None)),
-            Err(Failure::Permanent(_))
-        ));
-        assert!(matches!(
-            outcome(answer(Some(429), Some("HTTP 429: slow"), Some(7))),
-            Err(Failure::Later(_, d)) if d == Duration::from_secs(7)
-        ));
-        assert!(matches!(
-            outcome(answer(None, Some("connect refused"), None)),
-            Err(Failure::Transient(_))
-        ));
-        assert_eq!(status_code("HTTP 503: busy"), Some(503));
-        assert_eq!(status_code("connect refused"), None);
-    }
 }

@@ -1,0 +1,261 @@
+//! The `/send-email` body as the API takes it, with its JSON Schema: what [`super::SendRequest`] is
+//! parsed from.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
+use utoipa::openapi::{Ref, RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
+
+use crate::audiences::Audience;
+use crate::campaigns::key_or_null;
+use crate::schema;
+
+use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};
+
+/// `to` as the API takes it: one address, or a list of addresses and recipient objects.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum To {
+    One(String),
+    Many(Vec<ToItem>),
+}
+
+/// What `recipients` takes.
+impl PartialSchema for To {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .description(Some(
+                "One address, or a list of 1-1000 addresses and recipient objects.",
+            ))
+            .item(schema::email())
+            .item(
+                ArrayBuilder::new()
+                    .items(Ref::from_schema_name(ToItem::name()))
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_RECIPIENTS)),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for To {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SendTo")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((ToItem::name().into_owned(), ToItem::schema()));
+    }
+}
+
+/// One entry of a `to` list.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ToItem {
+    Address(String),
+    Recipient {
+        email: String,
+        #[serde(rename = "externalId")]
+        external_id: Option<String>,
+    },
+}
+
+/// What `recipients` takes of one entry.
+impl PartialSchema for ToItem {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .description(Some(
+                "One entry of a `to` list: an address, or a recipient object.",
+            ))
+            .item(schema::email())
+            .item(
+                ObjectBuilder::new()
+                    .property("email", schema::email())
+                    .required("email")
+                    .property("externalId", header_text_schema()),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for ToItem {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SendToItem")
+    }
+}
+
+/// `cc` / `bcc`: one address (or a comma list), or a list of addresses.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Addresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// What `copies` takes.
+impl PartialSchema for Addresses {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .description(Some(
+                "One address (or a comma list), or a list of addresses; blank entries are left \
+                 out. `cc` and `bcc` hold at most 49 addresses together.",
+            ))
+            .item(schema::email_list())
+            .item(ArrayBuilder::new().items(schema::email_or_blank()))
+            .into()
+    }
+}
+
+impl ToSchema for Addresses {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SendAddresses")
+    }
+}
+
+/// One attachment as sent: `content` is base64.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = SendAttachment)]
+pub struct AttachmentBody {
+    #[schema(schema_with = filename_schema, required = true)]
+    pub filename: Option<String>,
+    #[schema(schema_with = base64_schema, required = true)]
+    pub content: Option<String>,
+    pub content_type: Option<String>,
+}
+
+/// What [`attachments`] takes as a filename: a plain name on one line, at most 255 bytes.
+fn filename_schema() -> ObjectBuilder {
+    let (control, space) = (schema::CONTROL, schema::SPACE);
+    schema::string(format!(
+        r"^[^{control}/\\]*[^{control}{space}/\\][^{control}/\\]*$"
+    ))
+    .max_length(Some(255))
+}
+
+/// Standard base64 with its padding, white space anywhere (what [`attachments`] decodes):
+/// the last digit before the padding carries no bits past the data.
+fn base64_schema() -> ObjectBuilder {
+    let (space, digit) = (r"[\t\n\x0c\r ]*", "[A-Za-z0-9+/]");
+    let digits = |n: usize| format!("(?:{digit}{space}){{{n}}}");
+    let (four, one, two) = (digits(4), digits(1), digits(2));
+    let end = format!("{one}[AQgw]{space}={space}={space}|{two}[AEIMQUYcgkosw048]{space}={space}");
+    schema::string(format!("^{space}(?:{four})*(?:{end})?$"))
+}
+
+/// What [`header_text`] takes, or null.
+fn header_text_schema() -> ObjectBuilder {
+    schema::or_null(schema::one_line().max_length(Some(MAX_HEADER_LEN)))
+}
+
+/// What [`msg_id`] takes: `<left@right>`, with or without the brackets (the 250-byte limit
+/// is left out).
+fn message_id_schema() -> ObjectBuilder {
+    let space = schema::WHITE_SPACE;
+    // Printable ASCII but `"(),<>\`, and no `@` before the first one.
+    let left = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f\x41-\x5b\x5d-\x7e]+";
+    let right = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f-\x5b\x5d-\x7e]+";
+    schema::string(format!(
+        "^[{space}]*(?:<{left}@{right}>|{left}@{right})[{space}]*$"
+    ))
+}
+
+/// A message id, or null.
+fn message_id_or_null() -> ObjectBuilder {
+    schema::or_null(message_id_schema())
+}
+
+/// `references`: message ids, or null.
+fn references_schema() -> ArrayBuilder {
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(message_id_schema())
+}
+
+/// What [`utm`] takes: parameter names of letters, digits and `_` once trimmed, or null.
+fn utm_schema() -> ObjectBuilder {
+    let space = schema::WHITE_SPACE;
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .property_names(Some(schema::string(format!(
+            "^[{space}]*[A-Za-z0-9_]+[{space}]*$"
+        ))))
+        .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
+}
+
+/// What [`EmailType::parse`] takes, or null.
+pub(crate) fn email_type_or_null() -> ObjectBuilder {
+    schema::or_null(schema::string(schema::email_type()))
+        .description(Some("`transactional`, `lifecycle` or `marketing`"))
+}
+
+/// `templateKey`: not blank, or null.
+fn template_key_schema() -> ObjectBuilder {
+    schema::or_null(schema::not_blank())
+}
+
+/// The `/send-email` body (spec §4.4). Unknown fields are ignored. Serialized again, it is
+/// the canonical form an `Idempotency-Key` is bound to.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SendBody {
+    pub to: Option<To>,
+    #[schema(value_type = Option<Audience>)]
+    pub audience: Option<Value>,
+    #[schema(schema_with = key_or_null)]
+    pub campaign_key: Option<String>,
+    #[schema(schema_with = header_text_schema)]
+    pub campaign_name: Option<String>,
+    #[schema(schema_with = header_text_schema)]
+    pub subject: Option<String>,
+    pub html: Option<String>,
+    pub text: Option<String>,
+    #[schema(schema_with = schema::email_blank_or_null)]
+    pub from_email: Option<String>,
+    #[schema(schema_with = header_text_schema)]
+    pub from_name: Option<String>,
+    #[schema(schema_with = schema::email_blank_or_null)]
+    pub reply_to: Option<String>,
+    pub cc: Option<Addresses>,
+    pub bcc: Option<Addresses>,
+    #[schema(schema_with = header_text_schema)]
+    pub topic: Option<String>,
+    #[schema(schema_with = email_type_or_null)]
+    pub email_type: Option<String>,
+    pub dry_run: Option<bool>,
+    pub test_send: Option<bool>,
+    /// Unix seconds, in the next 30 days.
+    #[schema(value_type = Option<i64>)]
+    pub scheduled_at: Option<f64>,
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 365)]
+    pub frequency_cap_days: Option<f64>,
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 1000)]
+    pub frequency_cap_max: Option<f64>,
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 365)]
+    pub topic_exclusion_days: Option<f64>,
+    #[schema(schema_with = header_text_schema)]
+    pub recipient_reason: Option<String>,
+    #[schema(schema_with = template_key_schema)]
+    pub template_key: Option<String>,
+    #[schema(value_type = Option<i32>, minimum = 1, maximum = 2147483647)]
+    pub template_version: Option<f64>,
+    #[schema(schema_with = header_text_schema)]
+    pub source_app: Option<String>,
+    #[schema(schema_with = header_text_schema)]
+    pub business_goal: Option<String>,
+    #[schema(schema_with = utm_schema)]
+    pub utm: Option<BTreeMap<String, String>>,
+    #[schema(schema_with = message_id_or_null)]
+    pub message_id: Option<String>,
+    #[schema(schema_with = message_id_or_null)]
+    pub in_reply_to: Option<String>,
+    #[schema(schema_with = references_schema)]
+    pub references: Option<Vec<String>>,
+    #[schema(max_items = 100)]
+    pub attachments: Option<Vec<AttachmentBody>>,
+    pub variables: Option<Map<String, Value>>,
+}
