@@ -1,8 +1,10 @@
 //! CPU-heavy work on outside input (parsing and rendering mail, rewriting links, reading
-//! imports) runs off the async workers, on a pool of threads of lower CPU priority: a large
-//! input then neither holds up the requests that share its worker nor, when the cores are
-//! busy, takes CPU from work that needs little of it. Async work with heavy steps of its own
-//! (a claim-checked body's digest) runs on a runtime of the same priority.
+//! imports) runs off the async workers, on a pool of threads of the kernel's idle class
+//! (`SCHED_IDLE`): a large input then neither holds up the requests that share its worker
+//! nor, when the cores are busy, takes CPU from work that needs little of it — a request
+//! thread that wakes takes the core from a pool thread at once, instead of waiting out its
+//! time slice as it must behind a merely `nice` thread. Async work with heavy steps of its
+//! own (a claim-checked body's digest) runs on a runtime of the same class.
 
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -14,7 +16,8 @@ use tokio::sync::{oneshot, Semaphore};
 /// Inputs smaller than this (bytes) are handled where they are: handing them over would
 /// cost more than it spares.
 pub const INLINE_BYTES: usize = 64 * 1024;
-/// How much lower than the service's other threads the pool runs (a `nice` increment).
+/// How much lower than the service's other threads the pool runs (a `nice` increment) where
+/// the idle class is refused.
 const NICENESS: i32 = 10;
 /// Each pool thread's stack: the parsers are bounded well within it.
 const STACK_BYTES: usize = 8 << 20;
@@ -60,13 +63,20 @@ fn pool() -> &'static Pool {
     })
 }
 
-/// Lowers the calling thread's CPU priority by [`NICENESS`] (Linux keeps one per thread).
+/// Moves the calling thread to the idle scheduling class (Linux keeps one per thread), or
+/// lowers its priority by [`NICENESS`] where that is refused.
 #[cfg(target_os = "linux")]
 fn lower_priority() {
-    // SAFETY: gettid and setpriority only read and change this thread's scheduling value;
-    // a refusal leaves it as it was, which is harmless.
+    // SAFETY: gettid, sched_setscheduler, getpriority and setpriority only read and change
+    // this thread's scheduling values; a refusal leaves them as they were, which is
+    // harmless.
     unsafe {
-        let tid = libc::gettid() as libc::id_t;
+        let tid = libc::gettid();
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0 {
+            return;
+        }
+        let tid = tid as libc::id_t;
         let now = libc::getpriority(libc::PRIO_PROCESS, tid);
         libc::setpriority(libc::PRIO_PROCESS, tid, now + NICENESS);
     }
@@ -95,7 +105,7 @@ pub async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -
 }
 
 /// Runs `work`, a future with CPU-heavy steps of its own (a large body's digest), on the
-/// pool's runtime: one thread of the pool's lower priority; a panic in it resumes here.
+/// pool's runtime: one thread of the pool's idle class; a panic in it resumes here.
 pub async fn run_async<F>(work: F) -> F::Output
 where
     F: Future + Send + 'static,
@@ -145,18 +155,24 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn work_runs_on_a_pool_thread_of_lower_priority() {
-        let (name, nice) = run(|| {
-            // SAFETY: getpriority only reads this thread's scheduling value.
-            let nice =
-                unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
-            (std::thread::current().name().map(str::to_owned), nice)
+    async fn work_runs_on_a_pool_thread_of_the_idle_class() {
+        let (name, class) = run(|| {
+            // SAFETY: sched_getscheduler only reads this thread's scheduling class.
+            let class = unsafe { libc::sched_getscheduler(libc::gettid()) };
+            (std::thread::current().name().map(str::to_owned), class)
         })
         .await;
         assert!(name.is_some_and(|n| n.starts_with("cpu-")));
+        assert_eq!(class, libc::SCHED_IDLE);
+        let class = run_async(async {
+            // SAFETY: as above.
+            unsafe { libc::sched_getscheduler(libc::gettid()) }
+        })
+        .await;
+        assert_eq!(class, libc::SCHED_IDLE);
         // SAFETY: as above, for the test's own thread.
-        let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
-        assert_eq!(nice, (ours + NICENESS).min(19));
+        let ours = unsafe { libc::sched_getscheduler(libc::gettid()) };
+        assert_eq!(ours, libc::SCHED_OTHER, "the caller's own class is left alone");
     }
 
     #[tokio::test]

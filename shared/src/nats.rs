@@ -84,6 +84,15 @@ pub async fn connect(
         .with_context(|| format!("connecting to NATS at {} as {service}", redacted(url)))
 }
 
+/// Connects as [`connect`] does, a second time, for claim-checked bodies: the server reads
+/// each connection's input in order, so a body of megabytes stored through the connection
+/// that carries requests would hold up every request sent after it. The connection does
+/// its reading and writing on [`cpu`]'s runtime, as the bodies' digests do.
+pub async fn connect_bulk(common: &Common, service: Service) -> anyhow::Result<Client> {
+    let (common, timeout) = (common.clone(), common.upstream_timeout);
+    cpu::run_async(async move { connect(&common, service, timeout).await }).await
+}
+
 /// Sends `payload` to `subject` and waits for the answer of `target`; a failed request
 /// becomes the error the caller sees (no responders 503, timeout 502).
 async fn request(
@@ -164,16 +173,16 @@ fn store_unavailable(context: &str, err: impl std::fmt::Display) -> ApiError {
 }
 
 /// Forwards an HTTP envelope to `service` and returns the service's answer. A body over
-/// [`CLAIM_CHECK_THRESHOLD`] goes by claim check: stored in [`bodies_bucket`], its key in
-/// `body_key`, the envelope's own body empty.
+/// [`CLAIM_CHECK_THRESHOLD`] goes by claim check: stored in [`bodies_bucket`] through
+/// `bulk` (see [`connect_bulk`]), its key in `body_key`, the envelope's own body empty.
 pub async fn forward(
-    client: &Client, ns: &Namespace, service: Service, req: &HttpRequest,
+    client: &Client, bulk: &Client, ns: &Namespace, service: Service, req: &HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let subject = service.http_subject(ns);
     let payload = if req.body.len() <= CLAIM_CHECK_THRESHOLD {
         request(client, subject, service, req.encode_to_vec().into()).await?
     } else {
-        let key = put_body(client, ns, req.body.clone()).await?;
+        let key = put_body(bulk, ns, req.body.clone()).await?;
         let envelope = HttpRequest {
             body: Bytes::new(),
             body_key: key.clone(),
@@ -183,14 +192,14 @@ pub async fn forward(
         if answer.is_err() {
             // The service may never read it; if it still does, it finds the body gone and
             // answers an error nobody waits for any more.
-            delete_body(client, ns, &key).await;
+            delete_body(bulk, ns, &key).await;
         }
         answer?
     };
     let mut answer = HttpResponse::decode(payload).map_err(|e| bad_reply(service, e))?;
     if !answer.body_key.is_empty() {
         let key = std::mem::take(&mut answer.body_key);
-        let (body, store) = claim_body(client, ns, &key).await?;
+        let (body, store) = claim_body(bulk, ns, &key).await?;
         answer.body = body;
         if let Err(e) = store.delete(&key).await {
             tracing::warn!(error = %e, key, "could not delete a claimed answer body");
@@ -245,16 +254,19 @@ where
 /// Serves one service's HTTP router and RPC methods over NATS.
 pub struct ServiceHost {
     client: Client,
+    bulk: Client,
     ns: Namespace,
     service: Service,
     endpoints: Vec<(String, Handler)>,
 }
 
 impl ServiceHost {
-    /// A host for `service`, with no endpoints yet.
-    pub fn new(client: Client, ns: Namespace, service: Service) -> Self {
+    /// A host for `service`, with no endpoints yet; claim-checked bodies travel on `bulk`
+    /// (see [`connect_bulk`]).
+    pub fn new(client: Client, bulk: Client, ns: Namespace, service: Service) -> Self {
         Self {
             client,
+            bulk,
             ns,
             service,
             endpoints: Vec::new(),
@@ -263,11 +275,11 @@ impl ServiceHost {
 
     /// Serves `router` for requests the gateway forwards (claim-checked bodies included).
     pub fn http(mut self, router: Router) -> Self {
-        let (client, ns) = (self.client.clone(), self.ns.clone());
+        let (bulk, ns) = (self.bulk.clone(), self.ns.clone());
         let handler: Handler = Arc::new(move |payload| {
-            let (router, client, ns) = (router.clone(), client.clone(), ns.clone());
+            let (router, bulk, ns) = (router.clone(), bulk.clone(), ns.clone());
             Box::pin(async move {
-                handle_http(router, &client, &ns, payload)
+                handle_http(router, &bulk, &ns, payload)
                     .await
                     .encode_to_vec()
                     .into()
@@ -382,12 +394,13 @@ impl ServiceHost {
 }
 
 /// Runs one forwarded request through the service's router; a claim-checked body is read
-/// from the bucket first and deleted once the router has answered. An answer too large for
-/// a NATS message goes back by claim check too (the gateway deletes it once read).
+/// from the bucket (through `bulk`) first and deleted once the router has answered. An
+/// answer too large for a NATS message goes back by claim check too (the gateway deletes it
+/// once read).
 async fn handle_http(
-    router: Router, client: &Client, ns: &Namespace, payload: Bytes,
+    router: Router, bulk: &Client, ns: &Namespace, payload: Bytes,
 ) -> HttpResponse {
-    let response = match envelope_to_request(client, ns, payload).await {
+    let response = match envelope_to_request(bulk, ns, payload).await {
         Ok((req, claim)) => {
             let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
             if let Some((store, key)) = claim {
@@ -401,7 +414,7 @@ async fn handle_http(
     };
     let mut answer = response_envelope(response).await;
     if answer.body.len() > CLAIM_CHECK_THRESHOLD {
-        match put_body(client, ns, answer.body.clone()).await {
+        match put_body(bulk, ns, answer.body.clone()).await {
             Ok(key) => (answer.body, answer.body_key) = (Bytes::new(), key),
             Err(e) => {
                 answer = response_envelope(axum::response::IntoResponse::into_response(e)).await

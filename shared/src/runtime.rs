@@ -32,6 +32,8 @@ pub struct Runtime {
     pub common: Common,
     pub db: PgPool,
     pub nats: async_nats::Client,
+    /// The connection claim-checked bodies travel on ([`crate::nats::connect_bulk`]).
+    pub bulk: async_nats::Client,
     pub js: jetstream::Context,
     /// Cancelled when the service stops taking work.
     pub shutdown: CancellationToken,
@@ -50,6 +52,7 @@ impl Runtime {
         telemetry::init(service.name(), common.otlp_endpoint.as_deref());
         let db = db::connect(common, service, migrations).await?;
         let nats = crate::nats::connect(common, service, common.upstream_timeout).await?;
+        let bulk = crate::nats::connect_bulk(common, service).await?;
         let js = jetstream::new(nats.clone());
         streams::ensure_streams(&js, &common.namespace).await?;
         Ok(Self {
@@ -57,6 +60,7 @@ impl Runtime {
             common: common.clone(),
             db,
             nats,
+            bulk,
             js,
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -98,6 +102,7 @@ impl Runtime {
     pub fn host(&self) -> ServiceHost {
         let host = ServiceHost::new(
             self.nats.clone(),
+            self.bulk.clone(),
             self.common.namespace.clone(),
             self.service,
         );

@@ -2,6 +2,8 @@
 //! gateway's table is the manifests. And a body too large for a NATS message still reaches
 //! its route.
 
+use std::sync::atomic::Ordering;
+
 use axum::body::{Body, Bytes};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -146,15 +148,21 @@ async fn digest(body: Bytes) -> String {
 
 /// A 2 MiB body, over NATS's 1 MiB `max_payload`, forwarded as the gateway forwards it,
 /// travels by claim check through the namespace's object store to a route that accepts it,
-/// and is deleted once handled; a body whose object is gone is a 502, not a panic.
+/// and is deleted once handled; the body travels on the bulk connections of both sides,
+/// never on the ones that carry requests; a body whose object is gone is a 502, not a panic.
 #[tokio::test]
 async fn a_body_too_large_for_nats_travels_by_claim_check() {
     let common = postmesh_tests::common(postmesh_tests::fresh_namespace());
     let ns = common.namespace.clone();
-    // Serves as the domain service and forwards as the gateway: the operator's user may do both.
-    let client = postmesh_tests::ops_nats(&common.nats_url)
-        .await
-        .expect("nats");
+    // Serves as the domain service and forwards as the gateway: the operator's user may do
+    // both. Each side has its two connections.
+    let connect = || async {
+        postmesh_tests::ops_nats(&common.nats_url)
+            .await
+            .expect("nats")
+    };
+    let (client, bulk) = (connect().await, connect().await);
+    let (host, host_bulk) = (connect().await, connect().await);
     let upload_route = RouteSpec {
         method: HttpMethod::Post,
         path: "/upload",
@@ -165,7 +173,7 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
         .at(upload_route, digest)
         .into_router(&[upload_route], ());
     let (shutdown, tracker) = (CancellationToken::new(), TaskTracker::new());
-    ServiceHost::new(client.clone(), ns.clone(), Service::Domain)
+    ServiceHost::new(host.clone(), host_bulk.clone(), ns.clone(), Service::Domain)
         .http(router)
         .start(shutdown.clone(), &tracker)
         .await
@@ -186,10 +194,22 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     let body: Vec<u8> = (0..2 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
     assert!(body.len() > CLAIM_CHECK_THRESHOLD);
     let expected = format!("{} {}", body.len(), hex::encode(Sha256::digest(&body)));
-    let reply = nats::forward(&client, &ns, Service::Domain, &upload(body))
+    let reply = nats::forward(&client, &bulk, &ns, Service::Domain, &upload(body))
         .await
         .expect("forwarded");
     assert_eq!((reply.status, text(&reply)), (200, expected));
+    let bytes = |c: &async_nats::Client| {
+        let stats = c.statistics();
+        (
+            stats.out_bytes.load(Ordering::Relaxed),
+            stats.in_bytes.load(Ordering::Relaxed),
+        )
+    };
+    const MIB: u64 = 1 << 20;
+    assert!(bytes(&bulk).0 >= 2 * MIB, "sent on bulk: {:?}", bytes(&bulk));
+    assert!(bytes(&host_bulk).1 >= 2 * MIB, "read on bulk: {:?}", bytes(&host_bulk));
+    assert!(bytes(&client).0 < MIB, "sent with the request: {:?}", bytes(&client));
+    assert!(bytes(&host).1 < MIB, "read with the request: {:?}", bytes(&host));
 
     // The service deleted the body once it had answered.
     let js = async_nats::jetstream::new(client.clone());
@@ -201,7 +221,7 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     assert!(left.is_empty(), "bodies left in the bucket: {left:?}");
 
     // Over the route's own limit, the service answers 413.
-    let reply = nats::forward(&client, &ns, Service::Domain, &upload(vec![7; 5 << 20]))
+    let reply = nats::forward(&client, &bulk, &ns, Service::Domain, &upload(vec![7; 5 << 20]))
         .await
         .expect("forwarded");
     assert_eq!(reply.status, 413, "{}", text(&reply));
@@ -209,6 +229,7 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     // A claim check whose object is gone is an error answer.
     let reply = nats::forward(
         &client,
+        &bulk,
         &ns,
         Service::Domain,
         &HttpRequest {

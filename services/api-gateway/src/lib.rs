@@ -204,6 +204,8 @@ pub type AppState = Arc<Gateway>;
 pub struct Gateway {
     pub ns: Namespace,
     pub nats: async_nats::Client,
+    /// The connection claim-checked bodies travel on.
+    pub bulk: async_nats::Client,
     pub db: PgPool,
     pub redis: ConnectionManager,
     pub outbox: Outbox,
@@ -251,6 +253,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         outbox: rt.outbox(),
         ns,
         nats: rt.nats.clone(),
+        bulk: rt.bulk.clone(),
         db: rt.db.clone(),
         redis,
         keys: keys::KeyStore::new(

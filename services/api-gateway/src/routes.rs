@@ -335,7 +335,7 @@ async fn forward(
         auth: parts.extensions.get::<AuthContext>().cloned(),
         body_key: String::new(),
     };
-    let reply = nats::forward(&state.nats, &state.ns, service, &envelope).await?;
+    let reply = nats::forward(&state.nats, &state.bulk, &state.ns, service, &envelope).await?;
     let status = u16::try_from(reply.status)
         .ok()
         .and_then(|s| StatusCode::from_u16(s).ok())

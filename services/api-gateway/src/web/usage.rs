@@ -29,7 +29,7 @@ async fn billing_get(
         auth: Some(auth.clone()),
         ..Default::default()
     };
-    match nats::forward(&state.nats, &state.ns, Service::Billing, &req).await {
+    match nats::forward(&state.nats, &state.bulk, &state.ns, Service::Billing, &req).await {
         Ok(reply) if reply.status == 200 => serde_json::from_slice(&reply.body).ok(),
         Ok(reply) => {
             tracing::warn!(path, status = reply.status, "usage page: billing refused");
