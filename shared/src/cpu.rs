@@ -172,7 +172,11 @@ mod tests {
         assert_eq!(class, libc::SCHED_IDLE);
         // SAFETY: as above, for the test's own thread.
         let ours = unsafe { libc::sched_getscheduler(libc::gettid()) };
-        assert_eq!(ours, libc::SCHED_OTHER, "the caller's own class is left alone");
+        assert_eq!(
+            ours,
+            libc::SCHED_OTHER,
+            "the caller's own class is left alone"
+        );
     }
 
     #[tokio::test]
