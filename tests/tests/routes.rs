@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use api_gateway::routes::{table, Target};
+use api_gateway::table::{table, Target};
 use postmesh_contracts::routes::sender::SEND_EMAIL;
 use postmesh_contracts::{HttpMethod, Policy, RouteSpec};
 use postmesh_shared::nats::{self, ServiceHost, CLAIM_CHECK_THRESHOLD};
@@ -206,10 +206,26 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
         )
     };
     const MIB: u64 = 1 << 20;
-    assert!(bytes(&bulk).0 >= 2 * MIB, "sent on bulk: {:?}", bytes(&bulk));
-    assert!(bytes(&host_bulk).1 >= 2 * MIB, "read on bulk: {:?}", bytes(&host_bulk));
-    assert!(bytes(&client).0 < MIB, "sent with the request: {:?}", bytes(&client));
-    assert!(bytes(&host).1 < MIB, "read with the request: {:?}", bytes(&host));
+    assert!(
+        bytes(&bulk).0 >= 2 * MIB,
+        "sent on bulk: {:?}",
+        bytes(&bulk)
+    );
+    assert!(
+        bytes(&host_bulk).1 >= 2 * MIB,
+        "read on bulk: {:?}",
+        bytes(&host_bulk)
+    );
+    assert!(
+        bytes(&client).0 < MIB,
+        "sent with the request: {:?}",
+        bytes(&client)
+    );
+    assert!(
+        bytes(&host).1 < MIB,
+        "read with the request: {:?}",
+        bytes(&host)
+    );
 
     // The service deleted the body once it had answered.
     let js = async_nats::jetstream::new(client.clone());
@@ -221,9 +237,15 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     assert!(left.is_empty(), "bodies left in the bucket: {left:?}");
 
     // Over the route's own limit, the service answers 413.
-    let reply = nats::forward(&client, &bulk, &ns, Service::Domain, &upload(vec![7; 5 << 20]))
-        .await
-        .expect("forwarded");
+    let reply = nats::forward(
+        &client,
+        &bulk,
+        &ns,
+        Service::Domain,
+        &upload(vec![7; 5 << 20]),
+    )
+    .await
+    .expect("forwarded");
     assert_eq!(reply.status, 413, "{}", text(&reply));
 
     // A claim check whose object is gone is an error answer.

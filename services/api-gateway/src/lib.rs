@@ -16,6 +16,7 @@ pub mod preauth;
 pub mod ratelimit;
 pub mod routes;
 pub mod sessions;
+pub mod table;
 pub mod web;
 
 use std::net::SocketAddr;

@@ -27,7 +27,7 @@ use postmesh_contracts::routes::{gateway as api, sender, HttpMethod as Method};
 use postmesh_contracts::{Policy, RouteSpec};
 use postmesh_shared::Routes;
 
-use crate::routes::{table, Target};
+use crate::table::{table, Target};
 use crate::AppState;
 
 /// Routes that answer HTML pages besides those of the `Page` policy.

@@ -1,7 +1,7 @@
-//! The route table: each path with its auth policy, its body limit and where it is served —
-//! here in the gateway, or by its owning service over NATS as an HTTP envelope. Paths,
-//! policies and limits come from the owners' route lists, so an endpoint is declared once,
-//! where it is handled.
+//! The gateway's router, built from the route table (`table`): each path with its auth
+//! policy, its body limit, served here in the gateway or forwarded to its owning service
+//! over NATS as an HTTP envelope. Paths, policies and limits come from the owners' route
+//! lists, so an endpoint is declared once, where it is handled.
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -19,40 +19,8 @@ use postmesh_shared::proto::{AuthContext, Header, HttpRequest};
 use postmesh_shared::routes::{method_filter, Bodies, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Routes, Service};
 
+use crate::table::{table, Entry, Target};
 use crate::{accounts, codes, dead_letters, device, login, openapi, sessions, web, AppState};
-
-/// Where a route is served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// A handler in the gateway.
-    Gateway,
-    /// The service's own router, over NATS.
-    Service(Service),
-}
-
-/// One row of the gateway's route table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub spec: RouteSpec,
-    pub target: Target,
-}
-
-/// The whole route table: the gateway's own routes and every service's, from the manifests.
-pub fn table() -> Vec<Entry> {
-    Service::ALL
-        .into_iter()
-        .flat_map(|service| {
-            let target = match service {
-                Service::ApiGateway => Target::Gateway,
-                other => Target::Service(other),
-            };
-            service
-                .routes()
-                .iter()
-                .map(move |&spec| Entry { spec, target })
-        })
-        .collect()
-}
 
 /// The routes the gateway serves itself.
 fn local() -> Routes<AppState> {
