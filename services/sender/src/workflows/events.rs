@@ -17,6 +17,7 @@ use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{ApiError, EmailAddress, Namespace, Success, WorkspaceId};
 
+use super::event::{parse_time, EventView};
 use super::runs::{self, RunView};
 use crate::contacts::{self, Contact};
 use crate::AppState;
@@ -50,17 +51,6 @@ fn text_field(obj: &Map<String, Value>, key: &str) -> Result<String, ApiError> {
         )));
     }
     Ok(raw.to_owned())
-}
-
-/// An RFC 3339 time with its offset; normalized to UTC, and as Unix seconds.
-pub fn parse_time(raw: &str) -> Option<(String, i64)> {
-    let t =
-        time::OffsetDateTime::parse(raw, &time::format_description::well_known::Rfc3339).ok()?;
-    let utc = t.to_offset(time::UtcOffset::UTC);
-    let text = utc
-        .format(&time::format_description::well_known::Rfc3339)
-        .ok()?;
-    Some((text, utc.unix_timestamp()))
 }
 
 impl NewEvent {
@@ -147,21 +137,6 @@ impl NewEvent {
             extra: obj,
         })
     }
-}
-
-/// An event as the API shows it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = WorkflowEvent)]
-pub struct EventView {
-    pub event_id: String,
-    pub event_name: String,
-    pub occurred_at: String,
-    pub received_at: i64,
-    #[schema(value_type = Value)]
-    pub contact: Json<Value>,
-    #[schema(value_type = Object)]
-    pub properties: Json<Map<String, Value>>,
 }
 
 const EVENT_COLUMNS: &str = "event_id, event_name, occurred_at, received_at, contact, properties";

@@ -3,6 +3,7 @@
 //! a delete ends its active runs. Events (`events`) start and end runs (`runs`).
 
 pub mod definition;
+pub mod event;
 pub mod events;
 pub mod runs;
 

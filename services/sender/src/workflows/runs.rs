@@ -18,7 +18,7 @@ use postmesh_shared::proto::Role;
 use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 
 use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
-use super::events::{parse_time, EventView};
+use super::event::{parse_time, EventView};
 use crate::contacts::{self, Contact};
 use crate::AppState;
 
