@@ -14,7 +14,8 @@ use sqlx::PgConnection;
 
 use postmesh_shared::{email, WorkspaceId};
 
-use crate::request::{EmailType, Recipient, Rejected, SendRequest};
+use crate::model::Recipient;
+use crate::request::{EmailType, Rejected, SendRequest};
 
 const DAY: i64 = 24 * 3600;
 

@@ -8,6 +8,7 @@ pub mod campaigns;
 pub mod contacts;
 pub mod events;
 pub mod governance;
+pub mod model;
 pub mod overview;
 pub mod provider;
 pub mod render;

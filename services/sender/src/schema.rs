@@ -74,8 +74,7 @@ pub(crate) fn not_blank_line() -> ObjectBuilder {
     string(format!("^[^{CONTROL}]*[^{CONTROL}{SPACE}][^{CONTROL}]*$"))
 }
 
-/// A key: 1-`max` letters, digits, `_`, `-` or `.` once trimmed (`templates::parse_key`,
-/// `campaigns::parse_key`).
+/// A key: 1-`max` letters, digits, `_`, `-` or `.` once trimmed (`model::parse_key`).
 pub(crate) fn key(max: usize) -> ObjectBuilder {
     string(format!(
         "^[{WHITE_SPACE}]*[A-Za-z0-9_.-]{{1,{max}}}[{WHITE_SPACE}]*$"

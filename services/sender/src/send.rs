@@ -16,8 +16,9 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
 
+use crate::model::Recipient;
 use crate::render::{add_utm, fill};
-use crate::request::{Content, Recipient, Rejected, SendBody, SendRequest, Target};
+use crate::request::{Content, Rejected, SendBody, SendRequest, Target};
 use crate::settle::{self, Action};
 use crate::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
 use crate::{audiences, campaigns, contacts, events, governance, templates, usage, AppState};

@@ -16,7 +16,8 @@ use postmesh_shared::{DeliveryId, JobId, TaskId, WorkspaceId};
 
 use crate::events::{self, Kind, Outlet};
 use crate::governance;
-use crate::request::{Attachment, EmailType, Recipient, Rejected, SendRequest};
+use crate::model::Recipient;
+use crate::request::{Attachment, EmailType, Rejected, SendRequest};
 
 /// The rendered message of a task, the same for each of its recipients.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

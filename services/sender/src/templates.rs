@@ -14,10 +14,9 @@ use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::{schema, AppState, Quotas};
+use crate::{model, schema, AppState, Quotas};
 
 /// Longest template key.
-const MAX_KEY_LEN: usize = 100;
 /// Largest template body (HTML or text), in bytes.
 const MAX_BODY_BYTES: usize = 512 * 1024;
 /// Versions one template key keeps at most.
@@ -64,7 +63,7 @@ impl PartialSchema for NewTemplate {
             ))
             .item(
                 ObjectBuilder::new()
-                    .property("key", schema::key(MAX_KEY_LEN))
+                    .property("key", model::key_schema())
                     .required("key")
                     .property("subject", schema::not_blank_line())
                     .required("subject")
@@ -82,20 +81,9 @@ impl ToSchema for NewTemplate {
     }
 }
 
-/// A template key: 1-100 letters, digits, `_`, `-`, `.`.
+/// A template key ([`model::parse_key`]); a malformed one is a 400.
 fn parse_key(raw: &str) -> Result<String, ApiError> {
-    let key = raw.trim();
-    if key.is_empty()
-        || key.len() > MAX_KEY_LEN
-        || !key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    {
-        return Err(ApiError::BadRequest(format!(
-            "template key must be 1-{MAX_KEY_LEN} letters, digits, _, - or ."
-        )));
-    }
-    Ok(key.to_owned())
+    model::parse_key("template", raw).map_err(ApiError::BadRequest)
 }
 
 pub(crate) async fn create(

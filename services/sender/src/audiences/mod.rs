@@ -20,7 +20,7 @@ use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams}
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::contacts::{name, name_schema};
-use crate::request::Recipient;
+use crate::model::Recipient;
 use crate::{AppState, Quotas};
 
 mod condition;

@@ -274,7 +274,7 @@ pub async fn find_by_id(
 /// Gives each of `recipients` without an `externalId` its stored contact's (a recipient
 /// object's own `externalId` wins), in one query.
 pub async fn fill_external_ids(
-    db: &sqlx::PgPool, workspace: WorkspaceId, recipients: &mut [crate::request::Recipient],
+    db: &sqlx::PgPool, workspace: WorkspaceId, recipients: &mut [crate::model::Recipient],
 ) -> Result<(), sqlx::Error> {
     let missing: Vec<String> = recipients
         .iter()

@@ -11,7 +11,7 @@ use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::audiences::Audience;
-use crate::campaigns::key_or_null;
+use crate::model::key_or_null;
 use crate::schema;
 
 use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};

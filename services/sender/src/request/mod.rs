@@ -12,6 +12,7 @@ use postmesh_shared::proto::JobKind;
 use postmesh_shared::{ApiError, EmailAddress};
 
 use crate::audiences::{Audience, AudienceBody};
+use crate::model::{self, Recipient};
 
 mod body;
 
@@ -72,13 +73,6 @@ impl EmailType {
             Self::Marketing => "marketing",
         }
     }
-}
-
-/// One recipient to deliver to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Recipient {
-    pub email: EmailAddress,
-    pub external_id: Option<String>,
 }
 
 /// A recipient left out of the send, with the reason.
@@ -411,7 +405,7 @@ fn target(body: &mut SendBody) -> Result<(Target, Vec<Recipient>, Vec<Rejected>)
         return Ok((Target::Audience { audience, raw }, Vec::new(), Vec::new()));
     }
     let key = body.campaign_key.take().unwrap_or_default();
-    let key = crate::campaigns::parse_key(&key).map_err(bad)?;
+    let key = model::parse_key("campaign", &key).map_err(bad)?;
     Ok((Target::Campaign(key), Vec::new(), Vec::new()))
 }
 

@@ -1,0 +1,63 @@
+//! The sender's vocabulary shared by its concerns (sending, contacts, audiences, campaigns,
+//! templates), below all of them: a recipient, and the key of a template or a campaign.
+
+use utoipa::openapi::schema::ObjectBuilder;
+
+use postmesh_shared::EmailAddress;
+
+use crate::schema;
+
+/// Longest template or campaign key.
+pub const MAX_KEY_LEN: usize = 100;
+
+/// One recipient to deliver to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recipient {
+    pub email: EmailAddress,
+    pub external_id: Option<String>,
+}
+
+/// A template's or a campaign's key (`what` names which in the error): 1-100 letters,
+/// digits, `_`, `-`, `.` once trimmed.
+pub fn parse_key(what: &str, raw: &str) -> Result<String, String> {
+    let key = raw.trim();
+    if key.is_empty()
+        || key.len() > MAX_KEY_LEN
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(format!(
+            "{what} key must be 1-{MAX_KEY_LEN} letters, digits, _, - or ."
+        ));
+    }
+    Ok(key.to_owned())
+}
+
+/// What [`parse_key`] takes.
+pub fn key_schema() -> ObjectBuilder {
+    schema::key(MAX_KEY_LEN)
+}
+
+/// What [`parse_key`] takes, or null.
+pub fn key_or_null() -> ObjectBuilder {
+    schema::or_null(key_schema())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_trimmed_and_checked() {
+        assert_eq!(
+            parse_key("campaign", " spring-sale.2 "),
+            Ok("spring-sale.2".into())
+        );
+        for bad in ["", "  ", "spring sale", "ü", &"k".repeat(MAX_KEY_LEN + 1)] {
+            let err = parse_key("template", bad).unwrap_err();
+            assert!(err.starts_with("template key must be"), "{bad:?}: {err}");
+        }
+        assert!(parse_key("campaign", &"k".repeat(MAX_KEY_LEN)).is_ok());
+    }
+}
