@@ -36,13 +36,25 @@ async fn sent_since(
         .await
 }
 
+/// Workflow runs started in `workspace` since `since`: the plan's executions.
+pub async fn executions_since(
+    conn: &mut PgConnection, workspace: WorkspaceId, since: i64,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND started_at >= $2",
+    )
+    .bind(workspace)
+    .bind(since)
+    .fetch_one(conn)
+    .await
+}
+
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
     let workspace = WorkspaceId::parse(&req.workspace_id)
         .ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))?;
     let mut conn = state.db.acquire().await?;
     let emails = sent_since(&mut conn, workspace, req.period_start).await?;
-    let executions =
-        crate::workflows::executions_since(&mut conn, workspace, req.period_start).await?;
+    let executions = executions_since(&mut conn, workspace, req.period_start).await?;
     Ok(UsageReply {
         emails,
         executions,

@@ -20,6 +20,7 @@ use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageRep
 use postmesh_shared::{ApiError, Runtime, Success};
 
 use crate::deliver::{now_rfc3339, queue, queue_each};
+use crate::owner::Owner;
 use crate::payload::{self, Event, Shape};
 use crate::AppState;
 
@@ -37,32 +38,6 @@ const PRUNE_BATCH: i64 = 10_000;
 /// up to this many a second once it answers again, and a stalled one's is handed round no
 /// faster.
 const SCHEDULE_PER_TARGET: usize = 100;
-
-/// Whose deliveries a route is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Owner {
-    /// An inbox endpoint's (`/inbox/webhook/endpoints/{id}/...`).
-    Endpoint,
-    /// A workspace webhook's (`/webhooks/{id}/...`).
-    Webhook,
-}
-
-impl Owner {
-    /// Its table, and the attempts' column naming it.
-    fn table(self) -> (&'static str, &'static str) {
-        match self {
-            Self::Endpoint => ("endpoints", "endpoint_id"),
-            Self::Webhook => ("webhooks", "webhook_id"),
-        }
-    }
-
-    fn not_found(self) -> ApiError {
-        ApiError::NotFound(match self {
-            Self::Endpoint => "no such endpoint".into(),
-            Self::Webhook => "no such webhook".into(),
-        })
-    }
-}
 
 /// The owner a route's handlers serve: each handler here is generic over it.
 pub trait Owned: Send + Sync + 'static {

@@ -28,10 +28,9 @@ use postmesh_shared::queue::{RecordRow, Verdict, DB_NOW_MS};
 use postmesh_shared::Namespace;
 
 use crate::deliver::{
-    health, outcome, ready, record, target_of, Answer, AttemptRow, Content, Delivery, Ready, Slots,
-    Written,
+    health, outcome, queue, ready, record, target_of, Answer, AttemptRow, Content, Delivery, Ready,
+    Slots, Written,
 };
-use crate::fanout::queue_jobs;
 use crate::{AppState, DeliveryConfig};
 
 /// How long a first try waits for its answer before its attempt is written without one.
@@ -349,4 +348,22 @@ impl Direct {
 fn first_verdict(schedule: &[Duration], answer: Answer) -> Verdict {
     let backoff = schedule.first().copied().unwrap_or_default();
     Verdict::of(outcome(answer), schedule.is_empty(), backoff)
+}
+
+/// Queues one job per subject (message or event) of its pending `(attempt, subject)`s, the
+/// same again if the source redelivers it.
+pub async fn queue_jobs(
+    js: &jetstream::Context, ns: &Namespace, pending: Vec<(Uuid, Uuid)>,
+) -> Result<(), String> {
+    let mut jobs: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    for (attempt, subject) in pending {
+        jobs.entry(subject).or_default().push(attempt);
+    }
+    let publishes = jobs.iter().map(|(subject, attempts)| async move {
+        queue(js, ns, attempts, &format!("{subject}:fanout")).await
+    });
+    futures::future::try_join_all(publishes)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

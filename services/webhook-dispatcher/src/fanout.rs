@@ -26,9 +26,9 @@ use uuid::Uuid;
 use postmesh_shared::dead_letters::{panic_message, DeadLetters};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
-use postmesh_shared::{telemetry, Namespace, Runtime};
+use postmesh_shared::{telemetry, Runtime};
 
-use crate::deliver::{message, queue, target_of, AttemptRow, Content, UNFINISHED};
+use crate::deliver::{message, target_of, AttemptRow, Content, UNFINISHED};
 use crate::direct::{attempt_id, Direct};
 use crate::payload::INBOUND_RECEIVED;
 
@@ -245,24 +245,6 @@ pub(crate) async fn unfinished(
     .bind(origin)
     .fetch_all(db)
     .await
-}
-
-/// Queues one job per subject (message or event) of its pending `(attempt, subject)`s, the
-/// same again if the source redelivers it.
-pub async fn queue_jobs(
-    js: &jetstream::Context, ns: &Namespace, pending: Vec<(Uuid, Uuid)>,
-) -> Result<(), String> {
-    let mut jobs: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
-    for (attempt, subject) in pending {
-        jobs.entry(subject).or_default().push(attempt);
-    }
-    let publishes = jobs.iter().map(|(subject, attempts)| async move {
-        queue(js, ns, attempts, &format!("{subject}:fanout")).await
-    });
-    futures::future::try_join_all(publishes)
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
 }
 
 impl Source for Inbound {

@@ -11,6 +11,7 @@ pub mod direct;
 pub mod endpoints;
 pub mod events;
 pub mod fanout;
+pub mod owner;
 pub mod payload;
 pub mod quotes;
 pub mod secret;

@@ -316,16 +316,3 @@ pub(crate) async fn remove(
         ended_runs: ended.rows_affected(),
     }))
 }
-
-/// Runs started in `workspace` since `since`: the plan's executions.
-pub async fn executions_since(
-    conn: &mut PgConnection, workspace: WorkspaceId, since: i64,
-) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND started_at >= $2",
-    )
-    .bind(workspace)
-    .bind(since)
-    .fetch_one(conn)
-    .await
-}

@@ -29,8 +29,8 @@ use postmesh_shared::queue::{
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
 
-use crate::attempts::Owner;
 use crate::endpoints::BodyFormat;
+use crate::owner::Owner;
 use crate::payload::{self, Event, Shape};
 use crate::{AppState, DeliveryConfig};
 
