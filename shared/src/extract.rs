@@ -148,10 +148,31 @@ impl<S: Send + Sync, T: FromStr + Send> FromRequestParts<S> for IdPath<T> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
-        raw.parse()
-            .map(Self)
-            .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
+        id_in_path(&raw).map(Self)
     }
+}
+
+/// The path's two parameters (`{id}/…/{attemptId}`) parsed as `A` and `B`, as [`IdPath`]
+/// parses one; a malformed one is a 400 that names it.
+pub struct IdPairPath<A, B>(pub A, pub B);
+
+impl<S: Send + Sync, A: FromStr + Send, B: FromStr + Send> FromRequestParts<S>
+    for IdPairPath<A, B>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((a, b)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
+        Ok(Self(id_in_path(&a)?, id_in_path(&b)?))
+    }
+}
+
+/// One id of the path, or the 400 that names it.
+fn id_in_path<T: FromStr>(raw: &str) -> Result<T, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
 }
 
 /// The caller as established by the gateway, parsed once. Missing or malformed context is
@@ -328,6 +349,43 @@ mod tests {
         for missing in [None, Some("nope")] {
             let err = IdempotencyKey::from_request_parts(&mut req(missing), &()).await;
             assert!(matches!(err, Err(ApiError::BadRequest(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn both_ids_of_a_pair_path_are_parsed() {
+        use axum::body::Body;
+        use tower::ServiceExt;
+        let app = axum::Router::new().route(
+            "/a/{x}/b/{y}",
+            axum::routing::get(|IdPairPath(x, y): IdPairPath<uuid::Uuid, u32>| async move {
+                format!("{x} {y}")
+            }),
+        );
+        let get = |path: &str| {
+            let req = axum::http::Request::get(path).body(Body::empty()).unwrap();
+            let app = app.clone();
+            async move {
+                let res = app.oneshot(req).await.unwrap();
+                let status = res.status();
+                let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+                    .await
+                    .unwrap();
+                (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        let id = uuid::Uuid::nil();
+        assert_eq!(get(&format!("/a/{id}/b/7")).await, (200, format!("{id} 7")));
+        for (path, named) in [
+            ("/a/nope/b/7".to_owned(), "nope"),
+            (format!("/a/{id}/b/x1"), "x1"),
+        ] {
+            let (status, body) = get(&path).await;
+            assert_eq!(status, 400, "{path}: {body}");
+            assert!(
+                body.contains(&format!("\\\"{named}\\\" in the path is not a valid id")),
+                "{body}"
+            );
         }
     }
 }

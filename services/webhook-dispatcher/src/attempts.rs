@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
@@ -15,7 +14,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, IdPath, JsonBody, Page, QueryParams};
+use postmesh_shared::extract::{Caller, IdPairPath, IdPath, JsonBody, Page, QueryParams};
 use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
@@ -177,15 +176,8 @@ fn jetstream(state: &AppState) -> Result<async_nats::jetstream::Context, ApiErro
 /// Sends attempt `attemptId` again now, whatever it came to; 202.
 pub(crate) async fn retry<O: Owned>(
     State(state): State<AppState>, caller: Caller,
-    path: Result<Path<(String, String)>, PathRejection>,
+    IdPairPath(owner, attempt): IdPairPath<Uuid, Uuid>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let Path((owner, attempt)) =
-        path.map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))?;
-    let parse = |raw: &str| {
-        Uuid::parse_str(raw)
-            .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
-    };
-    let (owner, attempt) = (parse(&owner)?, parse(&attempt)?);
     require(&state.db, O::OWNER, &caller, owner).await?;
     let js = jetstream(&state)?;
     let (_, column) = O::OWNER.table();
