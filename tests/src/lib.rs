@@ -402,6 +402,8 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
         delivery: webhook_dispatcher::DeliveryConfig {
             timeout: Duration::from_secs(2),
             retry_schedule: vec![Duration::from_secs(1), Duration::from_secs(2)],
+            // A killed dispatcher's leases run out within a test's patience.
+            ack_wait: Duration::from_secs(3),
             ..Default::default()
         },
         retention_days: 30,

@@ -61,6 +61,9 @@ pub struct DeliveryConfig {
     pub concurrency: usize,
     /// `WEBHOOK_ENDPOINT_CONCURRENCY`: deliveries in flight to one target at once.
     pub endpoint_concurrency: usize,
+    /// `WEBHOOK_ACK_WAIT_SECS`: how long a WEBHOOK job's ack deadline and its attempts'
+    /// leases last (renewed while a POST runs); a dead dispatcher's work is taken after it.
+    pub ack_wait: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -72,6 +75,7 @@ impl Default for DeliveryConfig {
             max_body_bytes: 256 * 1024,
             concurrency: 256,
             endpoint_concurrency: 8,
+            ack_wait: Duration::from_secs(30),
         }
     }
 }
@@ -137,7 +141,12 @@ impl Config {
                 "WEBHOOK_ENDPOINT_CONCURRENCY",
                 defaults.endpoint_concurrency,
             )?,
+            ack_wait: env_secs("WEBHOOK_ACK_WAIT_SECS", defaults.ack_wait)?,
         };
+        anyhow::ensure!(
+            delivery.ack_wait >= Duration::from_secs(1),
+            "WEBHOOK_ACK_WAIT_SECS is at least 1"
+        );
         anyhow::ensure!(
             (1..=MAX_BODY_LIMIT).contains(&delivery.max_body_bytes),
             "WEBHOOK_MAX_BODY_BYTES is 1 to {MAX_BODY_LIMIT}"
@@ -185,6 +194,7 @@ impl Config {
                 "WEBHOOK_ENDPOINT_CONCURRENCY",
                 d.endpoint_concurrency.to_string(),
             ),
+            ("WEBHOOK_ACK_WAIT_SECS", secs(d.ack_wait)),
             ("WEBHOOK_RETENTION_DAYS", self.retention_days.to_string()),
             ("WEBHOOK_REPLAY_MAX", self.replay_max.to_string()),
         ]);
@@ -359,5 +369,30 @@ mod tests {
         assert_eq!(schedule[6], Duration::from_secs(36000));
         assert!(parse_schedule("5,x").is_err());
         assert!(parse_schedule("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_child_process_reads_back_the_same_settings() {
+        let mut config = Config::from_env().unwrap();
+        config.allow_insecure = true;
+        config.nameservers = vec!["127.0.0.1:5353".parse().unwrap()];
+        config.delivery = DeliveryConfig {
+            timeout: Duration::from_millis(2500),
+            retry_schedule: vec![Duration::from_secs(1), Duration::from_secs(2)],
+            disable_after: Duration::from_secs(60),
+            max_body_bytes: 1024,
+            concurrency: 3,
+            endpoint_concurrency: 2,
+            ack_wait: Duration::from_millis(3500),
+        };
+        config.retention_days = 7;
+        config.replay_max = 5;
+        for (name, value) in config.to_env() {
+            std::env::set_var(name, value);
+        }
+        let back = Config::from_env().unwrap();
+        assert_eq!(format!("{back:?}"), format!("{config:?}"));
+        std::env::set_var("WEBHOOK_ACK_WAIT_SECS", "0.5");
+        assert!(Config::from_env().is_err(), "a lease under a second");
     }
 }

@@ -43,8 +43,6 @@ use record::defer;
 pub(crate) use record::{health, outcome, record, Written};
 pub(crate) use slots::Slots;
 
-/// How long JetStream waits for a job's ack; the heartbeat extends it while a POST runs.
-const ACK_WAIT: Duration = Duration::from_secs(30);
 /// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
 /// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
 pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
@@ -190,7 +188,7 @@ pub(crate) async fn spawn(
     };
     let queue = QueueConfig {
         name: "webhook-dispatcher",
-        ack_wait: ACK_WAIT,
+        ack_wait: config.ack_wait,
         max_deliver: i64::try_from(config.retry_schedule.len()).unwrap_or(0) + 1,
         // Only a job whose database work failed waits on this (attempts follow the schedule).
         retry_base: Duration::from_millis(500),
