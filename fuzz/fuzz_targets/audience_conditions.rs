@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sender::audiences::{Audience, AudienceBody};
+use sender::audience::audiences::{Audience, AudienceBody};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = serde_json::from_slice::<AudienceBody>(data) {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sender::contacts::{csv_rows, json_rows, ContactInput};
+use sender::audience::contacts::{csv_rows, json_rows, ContactInput};
 
 fuzz_target!(|data: &[u8]| {
     for rows in [csv_rows(data), json_rows(data)] {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sender::render::add_utm;
+use sender::sending::render::add_utm;
 
 fuzz_target!(|data: &[u8]| {
     let html = String::from_utf8_lossy(data);

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sender::render::fill;
+use sender::sending::render::fill;
 
 fuzz_target!(|data: &[u8]| {
     let (template, vars) = match data.iter().position(|&b| b == 0) {

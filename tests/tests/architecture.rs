@@ -1,5 +1,6 @@
-//! The shape of the code: in every crate, imports between its top-level modules run one
-//! way (no circle), and no source file outside the tests is over 600 lines.
+//! The shape of the code: in every crate, the imports between the modules inside each
+//! module (its top level included) run one way (no circle), and no source file outside the
+//! tests is over 600 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -48,42 +49,96 @@ fn sources(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The first names of the paths `crate::…` in `code`: `crate::a::b` and
-/// `crate::{a, b::c, d as e}` name `a`, `b`, `d`.
-fn crate_imports(code: &str) -> BTreeSet<String> {
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut names = BTreeSet::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        if let Some(list) = rest.strip_prefix('{') {
-            // The items of the list at its own depth.
-            let (mut depth, mut item) = (0usize, String::new());
-            for c in list.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        names.insert(ident(item.trim()));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
+/// A path's segments.
+type ModPath = Vec<String>;
+
+/// The identifier at the start of `s`.
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Reads the use tree at the start of `s` below `prefix` into `out` (`a::b`, `a::{b, c::d}`,
+/// `a::{self, b}`, `a as b`); answers how many bytes it took.
+fn use_tree(s: &str, prefix: &ModPath, out: &mut BTreeSet<ModPath>) -> usize {
+    let mut path = prefix.clone();
+    let mut at = 0;
+    loop {
+        let name = ident(&s[at..]);
+        if name.is_empty() {
+            if s[at..].starts_with('{') {
+                return at + list(&s[at..], &path, out);
             }
-            names.insert(ident(item.trim()));
+            out.insert(path);
+            return at;
+        }
+        at += name.len();
+        if name != "self" {
+            path.push(name.to_owned());
+        }
+        if s[at..].starts_with("::") {
+            at += 2;
         } else {
-            names.insert(ident(rest));
+            out.insert(path);
+            return at;
         }
     }
-    names.retain(|n| !n.is_empty());
-    names
+}
+
+/// Reads the brace list at the start of `s` (`{a, b::c}`) below `prefix`; answers how many
+/// bytes it took.
+fn list(s: &str, prefix: &ModPath, out: &mut BTreeSet<ModPath>) -> usize {
+    let mut at = 1;
+    loop {
+        at += s[at..].len() - s[at..].trim_start_matches([' ', '\n', ',']).len();
+        match s[at..].chars().next() {
+            None => return at,
+            Some('}') => return at + 1,
+            Some(_) => {
+                // The tree, then anything up to the next item (` as name`).
+                at += use_tree(&s[at..], prefix, out);
+                at += s[at..].find([',', '}']).unwrap_or(s.len() - at);
+            }
+        }
+    }
+}
+
+/// The paths into its own crate in `code`, the code of module `here`, made absolute:
+/// `crate::…`, `super::…` and `self::…`, brace lists expanded (`crate::{a, b::{c, d}}` is
+/// `a`, `b::c` and `b::d`).
+fn imports(code: &str, here: &[String]) -> BTreeSet<ModPath> {
+    let mut paths = BTreeSet::new();
+    let bytes = code.as_bytes();
+    let mut at = 0;
+    while at < code.len() {
+        let rest = &code[at..];
+        let boundary =
+            at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[at - 1]));
+        let base: Option<(ModPath, usize)> = if !boundary {
+            None
+        } else if rest.starts_with("crate::") {
+            Some((Vec::new(), "crate::".len()))
+        } else if rest.starts_with("self::") {
+            Some((here.to_vec(), "self::".len()))
+        } else if rest.starts_with("super::") {
+            let (mut base, mut took) = (here.to_vec(), 0);
+            while rest[took..].starts_with("super::") {
+                base.pop();
+                took += "super::".len();
+            }
+            Some((base, took))
+        } else {
+            None
+        };
+        match base {
+            Some((base, took)) => at += took + use_tree(&rest[took..], &base, &mut paths),
+            None => at += rest.chars().next().map_or(1, char::len_utf8),
+        }
+    }
+    paths.retain(|p| !p.is_empty());
+    paths
 }
 
 /// Code of a file without its comments and its test module.
@@ -95,33 +150,70 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// The imports between the top-level modules of the crate at `src`.
-fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in sources(src) {
-        let relative = file.strip_prefix(src).expect("below src");
-        let top = relative
-            .components()
-            .next()
-            .and_then(|c| c.as_os_str().to_str())
-            .expect("a name")
-            .trim_end_matches(".rs")
-            .to_owned();
-        if matches!(top.as_str(), "lib" | "main" | "bin") {
-            continue;
+/// The module path of `file` below its crate's `src`: `a/b.rs` is `a::b`, `a/mod.rs` is
+/// `a`, `lib.rs` is the root; none for a binary's files.
+fn module_of(src: &Path, file: &Path) -> Option<ModPath> {
+    let relative = file.strip_prefix(src).expect("below src");
+    let mut path: ModPath = relative
+        .iter()
+        .map(|c| {
+            c.to_str()
+                .expect("a name")
+                .trim_end_matches(".rs")
+                .to_owned()
+        })
+        .collect();
+    if path.first().is_some_and(|p| p == "bin") {
+        return None;
+    }
+    if matches!(
+        path.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        path.pop();
+    }
+    Some(path)
+}
+
+/// A module's graph: for each module inside it, the others there it imports from.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The graph of every module of the crate at `src` that has modules inside it (`a::b`
+/// reaching `a::c::x` is an edge `b -> c` in the graph of `a`).
+fn module_graphs(src: &Path) -> BTreeMap<ModPath, Graph> {
+    let files: Vec<(ModPath, BTreeSet<ModPath>)> = sources(src)
+        .into_iter()
+        .filter_map(|file| {
+            let here = module_of(src, &file)?;
+            let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
+            let found = imports(&code, &here);
+            Some((here, found))
+        })
+        .collect();
+    let mut graphs: BTreeMap<ModPath, Graph> = BTreeMap::new();
+    for (module, _) in &files {
+        for depth in 0..module.len() {
+            graphs
+                .entry(module[..depth].to_vec())
+                .or_default()
+                .entry(module[depth].clone())
+                .or_default();
         }
-        let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
-        let imports = crate_imports(&code);
-        graph
-            .entry(top.clone())
-            .or_default()
-            .extend(imports.into_iter().filter(|m| *m != top));
     }
-    let modules: BTreeSet<String> = graph.keys().cloned().collect();
-    for deps in graph.values_mut() {
-        deps.retain(|d| modules.contains(d));
+    for (module, found) in &files {
+        for depth in 0..module.len() {
+            let (parent, child) = (&module[..depth], &module[depth]);
+            let graph = graphs.get_mut(parent).expect("made above");
+            let reached: Vec<String> = found
+                .iter()
+                .filter(|p| p.len() > depth && p.starts_with(parent) && p[depth] != *child)
+                .map(|p| p[depth].clone())
+                .filter(|m| graph.contains_key(m))
+                .collect();
+            graph.get_mut(child).expect("made above").extend(reached);
+        }
     }
-    graph
+    graphs
 }
 
 /// A circle of imports in `graph`, if there is one.
@@ -171,18 +263,32 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 }
 
 #[test]
-fn imports_between_a_crates_modules_run_one_way() {
-    // The reader itself: a circle is found, and every form of import counts.
-    let sample: BTreeMap<String, BTreeSet<String>> = [
-        ("a", crate_imports("use crate::b::X;")),
-        ("b", crate_imports("use crate::{c as d, e::{F, G}};")),
-        ("c", crate_imports("fn f() { crate::a::g() }")),
-        ("e", BTreeSet::new()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    assert_eq!(sample["b"], BTreeSet::from(["c".into(), "e".into()]));
+fn imports_between_the_modules_of_each_module_run_one_way() {
+    // The reader itself: every form of import counts, made absolute.
+    let path = |p: &str| -> ModPath { p.split("::").map(str::to_owned).collect() };
+    let here = path("x::y");
+    let found = imports(
+        "use crate::{c as d, e::{F, self, g::H}};\nuse super::z::W; fn f() { self::q::r(); }",
+        &here,
+    );
+    let expected: BTreeSet<ModPath> = ["c", "e::F", "e", "e::g::H", "x::z::W", "x::y::q::r"]
+        .into_iter()
+        .map(path)
+        .collect();
+    assert_eq!(found, expected);
+    // A circle is found.
+    let sample: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("e", "")]
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_owned(),
+                v.split(' ')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            )
+        })
+        .collect();
     assert_eq!(
         circle(&sample),
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
@@ -190,8 +296,15 @@ fn imports_between_a_crates_modules_run_one_way() {
 
     let mut circles = Vec::new();
     for src in crates() {
-        if let Some(found) = circle(&module_graph(&src)) {
-            circles.push(format!("{}: {}", src.display(), found.join(" -> ")));
+        for (module, graph) in module_graphs(&src) {
+            if let Some(found) = circle(&graph) {
+                circles.push(format!(
+                    "{} (in `crate::{}`): {}",
+                    src.display(),
+                    module.join("::"),
+                    found.join(" -> ")
+                ));
+            }
         }
     }
     assert!(

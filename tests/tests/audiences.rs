@@ -9,12 +9,12 @@ use serde_json::{json, Value};
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::{Options, Stack};
-use sender::audiences;
-use sender::campaigns;
-use sender::contacts::Upserted;
-use sender::send::SendAnswer;
-use sender::status::TaskProgress;
-use sender::templates::Template;
+use sender::audience::audiences;
+use sender::audience::contacts::Upserted;
+use sender::sending::campaigns;
+use sender::sending::send::SendAnswer;
+use sender::sending::status::TaskProgress;
+use sender::sending::templates::Template;
 
 /// Upserts the contacts of `rows`.
 async fn contacts(stack: &Stack, key: &str, rows: &[Value]) {

@@ -8,9 +8,9 @@ use serde_json::json;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use postmesh_tests::Stack;
-use sender::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
-use sender::send::SendAnswer;
-use sender::status::TaskProgress;
+use sender::audience::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
+use sender::sending::send::SendAnswer;
+use sender::sending::status::TaskProgress;
 
 #[tokio::test]
 async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
@@ -180,7 +180,7 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
     assert_eq!(c.topics.0.get("news"), Some(&Subscription::Unsubscribed));
 
     // Too many rows: nothing is written.
-    let many: Vec<_> = (0..=sender::contacts::MAX_IMPORT_ROWS)
+    let many: Vec<_> = (0..=sender::audience::contacts::MAX_IMPORT_ROWS)
         .map(|i| json!({"email": format!("bulk{i}@example.com")}))
         .collect();
     let _: ErrorBody = client

@@ -12,10 +12,10 @@ use serde_json::{json, Value};
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use postmesh_tests::Stack;
-use sender::contacts::Upserted;
-use sender::send::SendAnswer;
-use sender::status::TaskProgress;
-use sender::suppressions::{Added, Reason, Removed, SuppressionPage};
+use sender::audience::contacts::Upserted;
+use sender::audience::suppressions::{Added, Reason, Removed, SuppressionPage};
+use sender::sending::send::SendAnswer;
+use sender::sending::status::TaskProgress;
 
 /// A send of `email_type` (and `topic`) to `to`, with `extra` fields.
 fn mail(to: &[&str], email_type: &str, topic: Option<&str>, extra: Value) -> Value {
@@ -55,7 +55,7 @@ fn rejected(answer: &SendAnswer) -> Vec<(String, String)> {
 async fn unsubscribe_from_news(db: &sqlx::PgPool, workspace: uuid::Uuid, addresses: &[&str]) {
     for address in addresses {
         let email = postmesh_shared::EmailAddress::parse(address).unwrap();
-        sender::suppressions::add(
+        sender::audience::suppressions::add(
             db,
             workspace.into(),
             &email,
@@ -99,9 +99,15 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
         let (db, email, topic) = (db.clone(), email.to_owned(), topic.map(str::to_owned));
         async move {
             let email = postmesh_shared::EmailAddress::parse(&email).unwrap();
-            sender::suppressions::add(&db, workspace.into(), &email, reason, topic.as_deref())
-                .await
-                .unwrap();
+            sender::audience::suppressions::add(
+                &db,
+                workspace.into(),
+                &email,
+                reason,
+                topic.as_deref(),
+            )
+            .await
+            .unwrap();
         }
     };
     add("bounced@example.com", Reason::Bounce, None).await;

@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_sns::FakeSns;
 use postmesh_tests::{eventually, Stack, PROVIDER_SECRET};
-use sender::events::Kind;
-use sender::provider::Handled;
-use sender::send::SendAnswer;
-use sender::status::{RecipientStatus, TaskProgress};
-use sender::suppressions::{Reason, SuppressionPage};
+use sender::audience::suppressions::{Reason, SuppressionPage};
+use sender::delivery::provider::Handled;
+use sender::sending::events::Kind;
+use sender::sending::send::SendAnswer;
+use sender::sending::status::{RecipientStatus, TaskProgress};
 
 /// Posts `body` to the provider endpoint with the right secret; status and JSON answer.
 async fn post(stack: &Stack, body: &Value) -> (StatusCode, Value) {

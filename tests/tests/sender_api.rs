@@ -10,7 +10,7 @@ use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{EmailAddress, Success};
 use postmesh_tests::{caller, ServiceDb, TestClient};
-use sender::templates::{Template, TemplateList};
+use sender::sending::templates::{Template, TemplateList};
 
 /// The sender's database and its router, called by two fresh callers of different
 /// workspaces.
@@ -136,7 +136,7 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
         .post("/templates", &template("d"), StatusCode::OK)
         .await;
     // Versions per template: 100.
-    for _ in 2..=sender::templates::MAX_VERSIONS {
+    for _ in 2..=sender::sending::templates::MAX_VERSIONS {
         let _: Value = mine
             .post("/templates", &template("b"), StatusCode::OK)
             .await;

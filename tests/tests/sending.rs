@@ -16,11 +16,11 @@ use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::{eventually, peek, Answer, FakeStripe, Options, SenderMode, Stack};
-use sender::send::{Cancelled, SendAnswer};
-use sender::smtp_auth::SmtpAuth;
-use sender::status::TaskProgress;
-use sender::tasks::TaskStatus;
-use sender::templates::{Deleted, Template, TemplateList};
+use sender::sending::send::{Cancelled, SendAnswer};
+use sender::sending::smtp_auth::SmtpAuth;
+use sender::sending::status::TaskProgress;
+use sender::sending::tasks::TaskStatus;
+use sender::sending::templates::{Deleted, Template, TemplateList};
 
 fn now() -> i64 {
     postmesh_shared::db::now_unix()
@@ -338,7 +338,7 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
             .fetch_one(&db)
             .await
             .expect("the task");
-    assert_eq!(tries, sender::schedule::RELEASE_TRIES);
+    assert_eq!(tries, sender::sending::schedule::RELEASE_TRIES);
     // What the release answered (the details are in the sender's log).
     assert_eq!(error.as_deref(), Some("database error"));
     assert!(stack.messages_to("poisoned@example.com").is_empty());
@@ -592,7 +592,11 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     assert_eq!(after.status, "cancelled");
     for recipient in &after.recipients {
         let kinds: Vec<_> = recipient.events.iter().map(|e| e.kind).collect();
-        assert_eq!(kinds, [sender::events::Kind::Cancelled], "{after:?}");
+        assert_eq!(
+            kinds,
+            [sender::sending::events::Kind::Cancelled],
+            "{after:?}"
+        );
     }
     assert_eq!(after.recipients.len(), 2);
     let late = now() + 31 * 86400;
@@ -702,7 +706,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     assert!(error.contains("MessageRejected"), "{done:?}");
     let failed = &done.recipients[0].events;
     assert_eq!(failed.len(), 1, "{done:?}");
-    assert_eq!(failed[0].kind, sender::events::Kind::Failed);
+    assert_eq!(failed[0].kind, sender::sending::events::Kind::Failed);
     assert!(failed[0].detail.0["reason"]
         .as_str()
         .unwrap_or_default()

@@ -17,11 +17,11 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::DeliveryEvents;
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::{eventually, Stack, UNSUBSCRIBE_SECRET};
-use sender::events::Kind;
-use sender::send::SendAnswer;
-use sender::status::TaskProgress;
-use sender::suppressions::{Reason, SuppressionPage};
-use sender::unsubscribe::Unsubscribe;
+use sender::audience::suppressions::{Reason, SuppressionPage};
+use sender::delivery::unsubscribe::Unsubscribe;
+use sender::sending::events::Kind;
+use sender::sending::send::SendAnswer;
+use sender::sending::status::TaskProgress;
 
 /// Sends `body` with `key`; the answer.
 async fn send(stack: &Stack, key: &str, body: serde_json::Value) -> SendAnswer {

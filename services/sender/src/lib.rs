@@ -3,32 +3,18 @@
 //! scheduler releases scheduled tasks; its workers deliver every job of the SEND work queue
 //! (sends and the gateway's verification codes) through the configured transport.
 
-pub mod audiences;
-pub mod campaigns;
-pub mod contacts;
-pub mod events;
-pub mod governance;
+pub mod audience;
+pub mod delivery;
 pub mod model;
 pub mod overview;
-pub mod provider;
-pub mod render;
-pub mod request;
-pub mod schedule;
-mod schema;
-pub mod send;
-pub mod settle;
-pub mod smtp_auth;
-pub mod status;
-pub mod suppressions;
-pub mod tasks;
-pub mod templates;
-pub mod transport;
-pub mod unsubscribe;
-
-pub use transport::TransportKind;
-pub mod usage;
-pub mod worker;
+pub mod sending;
 pub mod workflows;
+
+pub use delivery::transport::TransportKind;
+pub use delivery::worker::WorkerConfig;
+
+use delivery::{provider, transport, unsubscribe, worker};
+use sending::{events, schedule, settle, usage};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,14 +30,11 @@ use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
-use postmesh_shared::extract::PageQuery;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::routes::Bodies;
 use postmesh_shared::{
     db, ApiError, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service, Success,
 };
-
-pub use worker::WorkerConfig;
 
 /// This service.
 pub const SERVICE: Service = Service::Sender;
@@ -323,97 +306,10 @@ impl AppState {
 
 /// Every route the service serves, with its handler and the JSON bodies it documents.
 fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::SEND_EMAIL, send::send)
-        .takes::<request::SendBody>()
-        .answers::<Success<send::SendAnswer>>()
-        .at(api::SEND_CANCEL, send::cancel)
-        .answers::<Success<send::Cancelled>>()
-        .at(api::EMAIL_STATUS, status::status)
-        .query::<status::Page>()
-        .answers::<Success<status::TaskProgress>>()
-        .at(api::TEMPLATE_CREATE, templates::create)
-        .takes::<templates::NewTemplate>()
-        .answers::<Success<templates::Template>>()
-        .at(api::TEMPLATES, templates::list)
-        .query::<PageQuery>()
-        .answers::<Success<templates::TemplateList>>()
-        .at(api::TEMPLATE, templates::read)
-        .query::<templates::VersionQuery>()
-        .answers::<Success<templates::Template>>()
-        .at(api::TEMPLATE_DELETE, templates::remove)
-        .answers::<Success<templates::Deleted>>()
-        .at(api::SMTP_AUTH, smtp_auth::check)
-        .takes::<smtp_auth::Body>()
-        .answers::<smtp_auth::SmtpAuth>()
-        .at(api::CONTACTS, contacts::list)
-        .query::<contacts::ListQuery>()
-        .answers::<Success<contacts::ContactPage>>()
-        .at(api::CONTACT_UPSERT, contacts::create)
-        .takes::<contacts::ContactInput>()
-        .answers::<Success<contacts::Upserted>>()
-        // A JSON array of contacts or a CSV file: the body is left undescribed.
-        .at(api::CONTACT_IMPORT, contacts::import)
-        .answers::<Success<contacts::Imported>>()
-        .at(api::CONTACT, contacts::read)
-        .answers::<Success<contacts::One>>()
-        .at(api::CONTACT_UPDATE, contacts::change)
-        .takes::<contacts::ContactBody>()
-        .answers::<Success<contacts::One>>()
-        .at(api::CONTACT_DELETE, contacts::remove)
-        .answers::<Success<contacts::Deleted>>()
-        .at(api::SUPPRESSIONS, suppressions::list)
-        .query::<suppressions::ListQuery>()
-        .answers::<Success<suppressions::SuppressionPage>>()
-        .at(api::SUPPRESSION_CREATE, suppressions::create)
-        .takes::<suppressions::NewSuppression>()
-        .answers::<Success<suppressions::Added>>()
-        .at(api::SUPPRESSION_DELETE, suppressions::remove)
-        .query::<suppressions::TopicQuery>()
-        .answers::<Success<suppressions::Removed>>()
-        .at(api::AUDIENCES, audiences::list)
-        .query::<PageQuery>()
-        .answers::<Success<audiences::AudienceList>>()
-        .at(api::AUDIENCE_CREATE, audiences::create)
-        .takes::<audiences::NewAudience>()
-        .answers::<Success<audiences::One>>()
-        .at(api::AUDIENCE, audiences::read)
-        .answers::<Success<audiences::One>>()
-        .at(api::AUDIENCE_DELETE, audiences::remove)
-        .answers::<Success<audiences::Deleted>>()
-        .at(api::CAMPAIGNS, campaigns::list)
-        .query::<PageQuery>()
-        .answers::<Success<campaigns::CampaignList>>()
-        .at(api::CAMPAIGN_CREATE, campaigns::create)
-        .takes::<campaigns::NewCampaign>()
-        .answers::<Success<campaigns::One>>()
-        .at(api::CAMPAIGN, campaigns::read)
-        .answers::<Success<campaigns::One>>()
-        // Both answer HTML pages; the token may also come in a form or the query.
-        .at(api::UNSUBSCRIBE_PAGE, unsubscribe::confirm_page)
-        .at(api::UNSUBSCRIBE, unsubscribe::unsubscribe)
-        .takes_optional::<unsubscribe::TokenQuery>()
-        // SNS posts its envelope as JSON or as text/plain.
-        .at(api::PROVIDER_EVENTS, provider::receive)
-        .answers::<Success<provider::Handled>>()
-        // Any JSON object, checked field by field.
-        .at(api::EVENT_REPORT, workflows::events::report)
-        .answers::<Success<workflows::events::Accepted>>()
-        .at(api::EVENT, workflows::events::show)
-        .answers::<Success<workflows::events::Shown>>()
-        .at(api::WORKFLOWS, workflows::list)
-        .query::<PageQuery>()
-        .answers::<Success<workflows::List>>()
-        .at(api::WORKFLOW_CREATE, workflows::create)
-        .takes::<workflows::definition::Workflow>()
-        .answers::<Success<workflows::One>>()
-        .at(api::WORKFLOW, workflows::read)
-        .answers::<Success<workflows::One>>()
-        .at(api::WORKFLOW_UPDATE, workflows::change)
-        .takes::<workflows::definition::Workflow>()
-        .answers::<Success<workflows::One>>()
-        .at(api::WORKFLOW_DELETE, workflows::remove)
-        .answers::<Success<workflows::Deleted>>()
+    sending::routes()
+        .merge(audience::routes())
+        .merge(delivery::routes())
+        .merge(workflows::routes())
         .at(api::OPERATIONS_OVERVIEW, overview::overview)
         .answers::<Success<overview::Overview>>()
 }

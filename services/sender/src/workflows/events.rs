@@ -19,7 +19,7 @@ use postmesh_shared::{ApiError, EmailAddress, Namespace, Success, WorkspaceId};
 
 use super::event::{parse_time, EventView};
 use super::runs::{self, RunView};
-use crate::contacts::{self, Contact};
+use crate::audience::contacts::{self, Contact};
 use crate::AppState;
 
 /// The largest `properties`, serialized.
@@ -300,7 +300,7 @@ pub(crate) async fn report(
     };
     outbox::enqueue(&mut tx, &message).await?;
     tx.commit().await?;
-    crate::send::publish_soon(&state);
+    crate::sending::send::publish_soon(&state);
     if !started.is_empty() {
         super::runs::wake(&state);
     }

@@ -19,13 +19,37 @@ use utoipa::openapi::{KnownFormat, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
+use postmesh_contracts::routes::sender as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
-use postmesh_shared::{ApiError, Success, WorkspaceId};
+use postmesh_shared::{ApiError, Routes, Success, WorkspaceId};
 
-use crate::templates;
+use crate::sending::templates;
 use crate::{AppState, Quotas};
 use definition::{Workflow, WorkflowBody};
+
+/// The routes of workflows and the events that drive them.
+pub fn routes() -> Routes<AppState> {
+    Routes::new()
+        // Any JSON object, checked field by field.
+        .at(api::EVENT_REPORT, events::report)
+        .answers::<Success<events::Accepted>>()
+        .at(api::EVENT, events::show)
+        .answers::<Success<events::Shown>>()
+        .at(api::WORKFLOWS, list)
+        .query::<PageQuery>()
+        .answers::<Success<List>>()
+        .at(api::WORKFLOW_CREATE, create)
+        .takes::<Workflow>()
+        .answers::<Success<One>>()
+        .at(api::WORKFLOW, read)
+        .answers::<Success<One>>()
+        .at(api::WORKFLOW_UPDATE, change)
+        .takes::<Workflow>()
+        .answers::<Success<One>>()
+        .at(api::WORKFLOW_DELETE, remove)
+        .answers::<Success<Deleted>>()
+}
 
 /// A workflow as the API shows it.
 #[derive(Serialize)]

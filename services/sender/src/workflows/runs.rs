@@ -19,7 +19,7 @@ use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 
 use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
 use super::event::{parse_time, EventView};
-use crate::contacts::{self, Contact};
+use crate::audience::contacts::{self, Contact};
 use crate::AppState;
 
 /// Runs one pass advances at most.
@@ -495,7 +495,7 @@ async fn send(
         email: run.caller_email.clone(),
     };
     let id = task_id(run.id, pc, run.attempts);
-    crate::send::submit(state, &caller, body, id, None).await?;
+    crate::sending::send::submit(state, &caller, body, id, None).await?;
     Ok(())
 }
 

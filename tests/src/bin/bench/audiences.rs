@@ -12,7 +12,7 @@ use serde_json::json;
 
 use postmesh_shared::Success;
 use postmesh_tests::{peek, Stack};
-use sender::send::SendAnswer;
+use sender::sending::send::SendAnswer;
 
 /// Audience sizes timed, each a tag of the first that many contacts.
 const SIZES: [usize; 3] = [10_000, 50_000, 100_000];

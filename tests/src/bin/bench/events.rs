@@ -31,7 +31,7 @@ use postmesh_shared::Success;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::receiver::{Receiver, Reply};
 use postmesh_tests::{peek, Stack};
-use sender::send::SendAnswer;
+use sender::sending::send::SendAnswer;
 use webhook_dispatcher::payload::Envelope;
 use webhook_dispatcher::webhooks::Created;
 

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::audiences::{Condition, Op};
-use crate::contacts::{name, Contact, Subscription};
-use crate::request::EmailType;
+use crate::audience::audiences::{Condition, Op};
+use crate::audience::contacts::{name, Contact, Subscription};
+use crate::sending::request::EmailType;
 
 mod openapi;
 

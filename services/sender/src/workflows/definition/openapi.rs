@@ -6,9 +6,9 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaT
 use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::audiences::Condition;
-use crate::contacts::{name_or_null, name_schema};
-use crate::schema;
+use crate::audience::audiences::Condition;
+use crate::audience::contacts::{name_or_null, name_schema};
+use crate::model::schema;
 
 use super::{Cond, Rule, Step, Workflow, MAX_CONDITIONS, MAX_EXITS, MAX_STEPS, MAX_WAIT_SECS};
 

@@ -15,10 +15,10 @@ use sqlx::PgConnection;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::{email, ApiError, DeliveryId, TaskId, WorkspaceId};
 
-use crate::events::{self, Kind};
-use crate::request::EmailType;
-use crate::settle::{self, Action};
-use crate::{governance, tasks, AppState};
+use crate::sending::events::{self, Kind};
+use crate::sending::request::EmailType;
+use crate::sending::settle::{self, Action};
+use crate::{sending::governance, sending::tasks, AppState};
 
 /// Tasks one pass releases at most.
 const BATCH: i64 = 20;
@@ -55,7 +55,7 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     }
     if released > 0 {
         tracing::info!(tasks = released, "scheduled tasks released");
-        crate::send::publish_soon(state);
+        crate::sending::send::publish_soon(state);
     }
     Ok(due.len() as i64 == BATCH)
 }

@@ -14,7 +14,7 @@ use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::{model, schema, AppState, Quotas};
+use crate::{model, model::schema, AppState, Quotas};
 
 /// Longest template key.
 /// Largest template body (HTML or text), in bytes.

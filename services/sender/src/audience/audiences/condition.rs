@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 use postmesh_shared::EmailAddress;
 
-use crate::contacts::{name, name_schema, MAX_NAME_LEN};
-use crate::schema;
+use crate::audience::contacts::{name, name_schema, MAX_NAME_LEN};
+use crate::model::schema;
 
 /// Conditions in an include or exclude list at most.
 const MAX_CONDITIONS: usize = 50;

@@ -16,10 +16,10 @@ use postmesh_shared::db::{is_unique_violation, now_unix};
 use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::audiences::{self, Audience, AudienceBody};
-use crate::contacts::{name, name_or_null};
+use crate::audience::audiences::{self, Audience, AudienceBody};
+use crate::audience::contacts::{name, name_or_null};
 use crate::model::{key_schema, parse_key, Recipient, MAX_KEY_LEN};
-use crate::request::{email_type_or_null, EmailType, SendBody};
+use crate::sending::request::{email_type_or_null, EmailType, SendBody};
 use crate::AppState;
 
 /// A campaign as answered.

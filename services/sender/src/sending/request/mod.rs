@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use postmesh_shared::proto::JobKind;
 use postmesh_shared::{ApiError, EmailAddress};
 
-use crate::audiences::{Audience, AudienceBody};
+use crate::audience::audiences::{Audience, AudienceBody};
 use crate::model::{self, Recipient};
 
 mod body;

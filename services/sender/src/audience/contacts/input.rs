@@ -14,7 +14,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use postmesh_shared::EmailAddress;
 
-use crate::schema;
+use crate::model::schema;
 
 use super::{Subscription, MAX_ATTRIBUTES, MAX_ATTRIBUTES_BYTES, MAX_NAME_LEN, MAX_TAGS};
 

@@ -1,11 +1,11 @@
 //! The sender's vocabulary shared by its concerns (sending, contacts, audiences, campaigns,
 //! templates), below all of them: a recipient, and the key of a template or a campaign.
 
+pub(crate) mod schema;
+
 use utoipa::openapi::schema::ObjectBuilder;
 
 use postmesh_shared::EmailAddress;
-
-use crate::schema;
 
 /// Longest template or campaign key.
 pub const MAX_KEY_LEN: usize = 100;

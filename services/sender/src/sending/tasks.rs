@@ -14,10 +14,10 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
 use postmesh_shared::{DeliveryId, JobId, TaskId, WorkspaceId};
 
-use crate::events::{self, Kind, Outlet};
-use crate::governance;
 use crate::model::Recipient;
-use crate::request::{Attachment, EmailType, Rejected, SendRequest};
+use crate::sending::events::{self, Kind, Outlet};
+use crate::sending::governance;
+use crate::sending::request::{Attachment, EmailType, Rejected, SendRequest};
 
 /// The rendered message of a task, the same for each of its recipients.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,8 +9,8 @@ use std::borrow::Cow;
 
 use postmesh_shared::proto::CodeEmail;
 
-use crate::render::put_unsubscribe;
-use crate::tasks::LoadedTask;
+use crate::sending::render::put_unsubscribe;
+use crate::sending::tasks::LoadedTask;
 
 /// Marks a test send (`testSend`).
 const TEST_HEADER: &str = "X-Postmesh-Test";
@@ -31,7 +31,7 @@ pub(super) struct Draft<'a> {
     pub unsubscribe: Option<String>,
     pub in_reply_to: Option<&'a str>,
     pub references: &'a [String],
-    pub attachments: &'a [crate::request::Attachment],
+    pub attachments: &'a [crate::sending::request::Attachment],
     pub test: bool,
 }
 

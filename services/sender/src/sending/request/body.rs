@@ -10,9 +10,9 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaT
 use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::audiences::Audience;
+use crate::audience::audiences::Audience;
 use crate::model::key_or_null;
-use crate::schema;
+use crate::model::schema;
 
 use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};
 

@@ -34,8 +34,8 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::outside::read_capped;
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::events::{self, Kind, NewEvent};
-use crate::suppressions::{self, Reason};
+use crate::audience::suppressions::{self, Reason};
+use crate::sending::events::{self, Kind, NewEvent};
 use crate::AppState;
 
 /// `SNS_URL_PATTERN` unless set: SNS's own hosts.
@@ -524,7 +524,7 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
         .await
         .map_err(unavailable)?;
     tx.commit().await.map_err(unavailable)?;
-    crate::send::publish_soon(state);
+    crate::sending::send::publish_soon(state);
     Ok(Handled {
         matched: 1,
         ..Handled::default()

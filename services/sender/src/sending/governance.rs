@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 use postmesh_shared::{email, WorkspaceId};
 
 use crate::model::Recipient;
-use crate::request::{EmailType, Rejected, SendRequest};
+use crate::sending::request::{EmailType, Rejected, SendRequest};
 
 const DAY: i64 = 24 * 3600;
 

@@ -23,8 +23,8 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::text::escape_html;
 use postmesh_shared::{EmailAddress, WorkspaceId};
 
-use crate::events::{self, Kind, NewEvent};
-use crate::suppressions::{self, Reason};
+use crate::audience::suppressions::{self, Reason};
+use crate::sending::events::{self, Kind, NewEvent};
 use crate::AppState;
 
 /// What a token says.
@@ -266,7 +266,7 @@ pub(crate) async fn unsubscribe(
             kind: Kind::Unsubscribed,
             detail: json!({
                 "topic": claims.topic,
-                "reason": crate::provider::unsubscribed_from(
+                "reason": crate::delivery::provider::unsubscribed_from(
                     claims.topic.as_deref(),
                     "by one-click link",
                 ),
@@ -281,7 +281,7 @@ pub(crate) async fn unsubscribe(
         tracing::error!(error = %e, "recording an unsubscribe failed");
         return unavailable();
     }
-    crate::send::publish_soon(&state);
+    crate::sending::send::publish_soon(&state);
     page(
         StatusCode::OK,
         "You are unsubscribed",

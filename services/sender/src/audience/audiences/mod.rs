@@ -19,7 +19,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::contacts::{name, name_schema};
+use crate::audience::contacts::{name, name_schema};
 use crate::model::Recipient;
 use crate::{AppState, Quotas};
 

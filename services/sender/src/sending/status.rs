@@ -11,9 +11,9 @@ use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::events::{EventView, Kind};
-use crate::send::RejectedRecipient;
-use crate::tasks::TaskStatus;
+use crate::sending::events::{EventView, Kind};
+use crate::sending::send::RejectedRecipient;
+use crate::sending::tasks::TaskStatus;
 use crate::AppState;
 
 /// Recipients listed per page by default, and at most.

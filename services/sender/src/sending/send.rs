@@ -17,11 +17,14 @@ use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
 
 use crate::model::Recipient;
-use crate::render::{add_utm, fill};
-use crate::request::{Content, Rejected, SendBody, SendRequest, Target};
-use crate::settle::{self, Action};
-use crate::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
-use crate::{audiences, campaigns, contacts, events, governance, templates, usage, AppState};
+use crate::sending::render::{add_utm, fill};
+use crate::sending::request::{Content, Rejected, SendBody, SendRequest, Target};
+use crate::sending::settle::{self, Action};
+use crate::sending::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
+use crate::{
+    audience::audiences, audience::contacts, sending::campaigns, sending::events,
+    sending::governance, sending::templates, sending::usage, AppState,
+};
 
 /// Recipients in a send answer.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -245,7 +248,7 @@ pub(crate) async fn submit(
     let now = now_unix();
     let mut body = body;
     // A campaign's defaults are read only for a send that targets it alone.
-    crate::request::one_target(&body)?;
+    crate::sending::request::one_target(&body)?;
     if let Some(key) = &body.campaign_key {
         let key = key.clone();
         campaigns::fill_defaults(&state.db, caller.workspace, &key, &mut body).await?;

@@ -1,7 +1,7 @@
 //! A workspace's suppression list: `GET /suppressions` (paged, `?email=`), `POST
 //! /suppressions {email, reason: manual, topic?}` and `DELETE /suppressions/{email}`
 //! (`?topic=`). Unsubscribes, bounces and complaints are written by the unsubscribe page
-//! and provider notifications; what each entry blocks is in [`crate::governance`].
+//! and provider notifications; what each entry blocks is in [`crate::sending::governance`].
 
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody, Page, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::contacts::{name, name_or_null};
+use crate::audience::contacts::{name, name_or_null};
 use crate::AppState;
 
 /// Entries per page by default.

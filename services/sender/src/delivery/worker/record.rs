@@ -9,7 +9,7 @@ use serde_json::json;
 
 use postmesh_shared::db::now_unix;
 
-use crate::events::{self, Kind, NewEvent, Outlet};
+use crate::sending::events::{self, Kind, NewEvent, Outlet};
 use postmesh_shared::queue::{RecordRow, Verdict};
 
 /// A message whose outcome was written.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use postmesh_shared::TaskId;
 
-use crate::tasks::LoadedTask;
+use crate::sending::tasks::LoadedTask;
 
 /// Bytes of tasks kept at most; past it the cache starts over.
 const BUDGET: usize = 64 * 1024 * 1024;

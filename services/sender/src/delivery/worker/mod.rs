@@ -25,11 +25,11 @@ use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
 use postmesh_shared::db::now_unix;
 
-use crate::events::Outlet;
-use crate::request::EmailType;
-use crate::tasks::{self, LoadedTask};
-use crate::transport::{Transport, TransportError};
-use crate::unsubscribe::Unsubscribe;
+use crate::delivery::transport::{Transport, TransportError};
+use crate::delivery::unsubscribe::Unsubscribe;
+use crate::sending::events::Outlet;
+use crate::sending::request::EmailType;
+use crate::sending::tasks::{self, LoadedTask};
 
 /// Retry and concurrency settings of the worker.
 #[derive(Clone, Debug)]
