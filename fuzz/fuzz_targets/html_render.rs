@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use webhook_dispatcher::endpoints::BodyFormat;
-use webhook_dispatcher::quotes::render;
+use webhook_dispatcher::content::quotes::BodyFormat;
+use webhook_dispatcher::content::quotes::render;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&choice, rest)) = data.split_first() else {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use webhook_dispatcher::quotes::{strip_html, strip_text};
+use webhook_dispatcher::content::quotes::{strip_html, strip_text};
 
 fuzz_target!(|data: &[u8]| {
     let input = String::from_utf8_lossy(data);

@@ -21,9 +21,9 @@ use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
 use postmesh_tests::receiver::{Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, ServiceDb, Stack, INBOUND_DOMAIN};
-use webhook_dispatcher::attempts::{AttemptList, AttemptView, Replayed, Tested};
-use webhook_dispatcher::defaults::DefaultPage;
-use webhook_dispatcher::endpoints::{Created, EndpointPage, Subscribed};
+use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
+use webhook_dispatcher::routes::defaults::DefaultPage;
+use webhook_dispatcher::routes::endpoints::{Created, EndpointPage, Subscribed};
 
 /// Creates an endpoint of `inbox` posting to `receiver` (with `extra` fields), which trusts
 /// its secret; the endpoint's id.
@@ -916,27 +916,29 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
     };
     // Two of each target, the earliest first.
     let first = taken(
-        webhook_dispatcher::attempts::due(&store.pool, 2, 500)
+        webhook_dispatcher::routes::attempts::due(&store.pool, 2, 500)
             .await
             .unwrap(),
     );
     assert_eq!(first, HashSet::from([ids[0], ids[1], ids[6], ids[7]]));
     // Taken ones wait their five minutes; A's next two come in the next pass.
     let second = taken(
-        webhook_dispatcher::attempts::due(&store.pool, 2, 500)
+        webhook_dispatcher::routes::attempts::due(&store.pool, 2, 500)
             .await
             .unwrap(),
     );
     assert_eq!(second, HashSet::from([ids[2], ids[3]]));
     // At most `limit` in all.
-    let third = webhook_dispatcher::attempts::due(&store.pool, 2, 1)
+    let third = webhook_dispatcher::routes::attempts::due(&store.pool, 2, 1)
         .await
         .unwrap();
     assert_eq!(taken(third), HashSet::from([ids[4]]));
-    assert!(webhook_dispatcher::attempts::due(&store.pool, 2, 500)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        webhook_dispatcher::routes::attempts::due(&store.pool, 2, 500)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let requeue: i64 = sqlx::query_scalar("SELECT requeue_at FROM attempts WHERE id = $1")
         .bind(ids[0])
         .fetch_one(&store.pool)
@@ -1017,7 +1019,7 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
     let recent_inbound = attempt(recent_message, "failed", recent).await;
 
     // Batches of 1: each table gives one row a pass, and says when a batch came back full.
-    let first = webhook_dispatcher::attempts::prune(db, cutoff, 1)
+    let first = webhook_dispatcher::routes::attempts::prune(db, cutoff, 1)
         .await
         .unwrap();
     assert_eq!(
@@ -1025,11 +1027,11 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
         (1, 1, 1),
         "{first:?}"
     );
-    let mut rest = webhook_dispatcher::attempts::prune(db, cutoff, 100)
+    let mut rest = webhook_dispatcher::routes::attempts::prune(db, cutoff, 100)
         .await
         .unwrap();
     assert_eq!((rest.attempts, rest.events, rest.received), (1, 0, 0));
-    rest = webhook_dispatcher::attempts::prune(db, cutoff, 100)
+    rest = webhook_dispatcher::routes::attempts::prune(db, cutoff, 100)
         .await
         .unwrap();
     assert_eq!(rest, Default::default(), "nothing left to prune");
@@ -1095,7 +1097,7 @@ async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
     for a in &list {
         assert_eq!(
             a.id,
-            webhook_dispatcher::direct::attempt_id(a.message_id, e)
+            webhook_dispatcher::delivery::direct::attempt_id(a.message_id, e)
         );
         let id = format!("msg_{}", a.id.simple());
         assert_eq!(got.iter().filter(|d| d.id == id).count(), 1, "{id}");

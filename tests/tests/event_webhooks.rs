@@ -23,9 +23,9 @@ use postmesh_tests::receiver::{Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
 use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
-use webhook_dispatcher::attempts::{AttemptList, AttemptView, Replayed, Tested};
-use webhook_dispatcher::endpoints::Deleted;
-use webhook_dispatcher::webhooks::{Created, EventTypes, WebhookList, WebhookPage};
+use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
+use webhook_dispatcher::routes::endpoints::Deleted;
+use webhook_dispatcher::routes::webhooks::{Created, EventTypes, WebhookList, WebhookPage};
 
 /// Creates a webhook posting to `receiver` taking `events` (none: all), which trusts its
 /// secret; its id.

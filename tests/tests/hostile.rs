@@ -16,7 +16,7 @@ use postmesh_tests::hostile::{
 use postmesh_tests::mta::{ingest, key_with_inbox};
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN};
-use webhook_dispatcher::endpoints::Created;
+use webhook_dispatcher::routes::endpoints::Created;
 
 /// Whether process `pid` is alive.
 fn alive(pid: u32) -> bool {

@@ -394,7 +394,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     // asked to deliver it again (503), and nothing is kept of it, so the delivery again
     // (same SNS message id) counts once the id is known.
     let mut early = ses_event("Delivery", "not-yet-known", "x@example.com", json!({}));
-    early["mail"]["timestamp"] = json!(webhook_dispatcher::deliver::now_rfc3339());
+    early["mail"]["timestamp"] = json!(webhook_dispatcher::delivery::worker::now_rfc3339());
     let (status, body) = post(&stack, &sns.notification("sns-11", &early, 2)).await;
     assert_eq!(
         (status, body["success"].clone()),

@@ -19,7 +19,7 @@ use postmesh_shared::{AddressId, Success};
 use postmesh_tests::mta::{ingest_body, key_with_inbox, message, mta};
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN};
-use webhook_dispatcher::{endpoints, webhooks};
+use webhook_dispatcher::{routes::endpoints, routes::webhooks};
 
 type Seen = Arc<Mutex<Vec<(String, Bytes)>>>;
 

@@ -10,9 +10,10 @@ use postmesh_shared::proto::Role;
 use postmesh_shared::{AddressId, Service, Success};
 use postmesh_tests::mta::key_with_inbox;
 use postmesh_tests::{caller, peek, ServiceDb, Stack, TestClient};
-use webhook_dispatcher::defaults::DefaultPage;
-use webhook_dispatcher::endpoints::{
-    BodyFormat, Created, Deleted, EndpointList, EndpointPage, Subscribed, MAX_PER_ADDRESS,
+use webhook_dispatcher::content::quotes::BodyFormat;
+use webhook_dispatcher::routes::defaults::DefaultPage;
+use webhook_dispatcher::routes::endpoints::{
+    Created, Deleted, EndpointList, EndpointPage, Subscribed, MAX_PER_ADDRESS,
 };
 
 /// `POST /inbox/webhook/endpoints` with `body`, expecting `status`.

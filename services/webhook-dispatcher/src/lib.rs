@@ -3,20 +3,12 @@
 //! delivery event to them — fanned out from the INBOUND and DELIVERY streams into durable
 //! attempts, each a signed POST on the WEBHOOK stream, retried on a schedule.
 
-pub mod attempts;
-pub mod bounded;
-pub mod defaults;
-pub mod deliver;
-pub mod direct;
-pub mod endpoints;
-pub mod events;
-pub mod fanout;
-pub mod owner;
-pub mod payload;
-pub mod quotes;
+pub mod attempt;
+pub mod content;
+pub mod delivery;
+pub mod routes;
 pub mod secret;
 pub mod target;
-pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,16 +17,17 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
-use postmesh_contracts::routes::webhooks as api;
 use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::routes::Bodies;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
-use postmesh_shared::{Common, Namespace, Routes, Running, Runtime, Service, Success};
+use postmesh_shared::{Common, Namespace, Running, Runtime, Service};
 
-use attempts::{Endpoints, Webhooks};
-use deliver::Sender;
+use delivery::worker::{self as deliver, Sender};
+use delivery::{direct, events, fanout};
+use routes::attempts;
+use routes::routes;
 use target::Reach;
 
 /// This service.
@@ -233,73 +226,6 @@ impl AppState {
             replay_max: DEFAULT_REPLAY_MAX,
         })
     }
-}
-
-/// Every route the service serves, with its handler and the JSON bodies it documents.
-fn routes() -> Routes<AppState> {
-    use attempts::{AttemptList, Replayed, Retried, Since, Tested};
-    use defaults::{DefaultPage, NewDefault, Removed};
-    use endpoints::{Deleted, EndpointList, EndpointPage, NewEndpoint, Subscribed, Subscription};
-    use webhooks::{EventTypes, NewWebhook, WebhookList, WebhookPage};
-
-    Routes::new()
-        .at(api::ENDPOINTS, endpoints::list)
-        .query::<endpoints::ListQuery>()
-        .answers::<Success<EndpointList>>()
-        .at(api::ENDPOINT_CREATE, endpoints::create)
-        .takes::<NewEndpoint>()
-        .answers::<Success<endpoints::Created>>()
-        .at(api::ENDPOINT, endpoints::show)
-        .answers::<Success<EndpointPage>>()
-        .at(api::ENDPOINT_UPDATE, endpoints::update)
-        .takes::<endpoints::Changes>()
-        .answers::<Success<EndpointPage>>()
-        .at(api::ENDPOINT_DELETE, endpoints::remove)
-        .answers::<Success<Deleted>>()
-        .at(api::ADDRESS_SUBSCRIPTION, endpoints::subscribe)
-        .takes::<Subscription>()
-        .answers::<Success<Subscribed>>()
-        .at(api::DEFAULT_SET, defaults::put)
-        .takes::<NewDefault>()
-        .answers::<Success<DefaultPage>>()
-        .at(api::DEFAULT, defaults::show)
-        .answers::<Success<DefaultPage>>()
-        .at(api::DEFAULT_DELETE, defaults::remove)
-        .answers::<Success<Removed>>()
-        .at(api::ATTEMPTS, attempts::list::<Endpoints>)
-        .query::<attempts::ListQuery>()
-        .answers::<Success<AttemptList>>()
-        .at(api::ATTEMPT_RETRY, attempts::retry::<Endpoints>)
-        .answers::<Success<Retried>>()
-        .at(api::REPLAY, attempts::replay::<Endpoints>)
-        .takes::<Since>()
-        .answers::<Success<Replayed>>()
-        .at(api::TEST, attempts::test::<Endpoints>)
-        .answers::<Success<Tested>>()
-        .at(api::WEBHOOKS, webhooks::list)
-        .answers::<Success<WebhookList>>()
-        .at(api::WEBHOOK_CREATE, webhooks::create)
-        .takes::<NewWebhook>()
-        .answers::<Success<webhooks::Created>>()
-        .at(api::EVENT_TYPES, webhooks::types)
-        .answers::<Success<EventTypes>>()
-        .at(api::WEBHOOK, webhooks::show)
-        .answers::<Success<WebhookPage>>()
-        .at(api::WEBHOOK_UPDATE, webhooks::update)
-        .takes::<webhooks::Changes>()
-        .answers::<Success<WebhookPage>>()
-        .at(api::WEBHOOK_DELETE, webhooks::remove)
-        .answers::<Success<Deleted>>()
-        .at(api::WEBHOOK_ATTEMPTS, attempts::list::<Webhooks>)
-        .query::<attempts::ListQuery>()
-        .answers::<Success<AttemptList>>()
-        .at(api::WEBHOOK_ATTEMPT_RETRY, attempts::retry::<Webhooks>)
-        .answers::<Success<Retried>>()
-        .at(api::WEBHOOK_REPLAY, attempts::replay::<Webhooks>)
-        .takes::<Since>()
-        .answers::<Success<Replayed>>()
-        .at(api::WEBHOOK_TEST, attempts::test::<Webhooks>)
-        .answers::<Success<Tested>>()
 }
 
 /// Each route with the JSON bodies it takes and answers, for the API's document.

@@ -32,8 +32,8 @@ use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::receiver::{Receiver, Reply};
 use postmesh_tests::{peek, Stack};
 use sender::sending::send::SendAnswer;
-use webhook_dispatcher::payload::Envelope;
-use webhook_dispatcher::webhooks::Created;
+use webhook_dispatcher::content::payload::Envelope;
+use webhook_dispatcher::routes::webhooks::Created;
 
 /// Receivers, one webhook each.
 const RECEIVERS: usize = 10;
@@ -163,10 +163,10 @@ async fn baseline(
 ) -> anyhow::Result<f64> {
     super::signed_posts(receivers, posts, concurrency, |i| {
         let r = i % RECEIVERS;
-        let data = webhook_dispatcher::events::data(&sample(i / RECEIVERS));
+        let data = webhook_dispatcher::delivery::events::data(&sample(i / RECEIVERS));
         let body = serde_json::to_vec(&Envelope::new(
             TYPES[i / RECEIVERS % 2],
-            webhook_dispatcher::deliver::now_rfc3339(),
+            webhook_dispatcher::delivery::worker::now_rfc3339(),
             &data,
         ))
         .expect("JSON");

@@ -107,9 +107,9 @@ async fn signed_posts(
     let started = Instant::now();
     let sent = futures::stream::iter(0..posts).map(|i| {
         let (url, key, body) = post(i);
-        let id = webhook_dispatcher::payload::webhook_id(Uuid::now_v7());
+        let id = webhook_dispatcher::content::payload::webhook_id(Uuid::now_v7());
         let timestamp = postmesh_shared::db::now_unix();
-        let signature = webhook_dispatcher::payload::sign(&[&key], &id, timestamp, &body);
+        let signature = webhook_dispatcher::content::payload::sign(&[&key], &id, timestamp, &body);
         let req = client
             .post(url)
             .header("content-type", "application/json")

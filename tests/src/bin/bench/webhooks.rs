@@ -19,8 +19,9 @@ use serde_json::json;
 use postmesh_shared::proto::InboundMessageReply;
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{Stack, INBOUND_DOMAIN, INBOUND_SECRET};
-use webhook_dispatcher::endpoints::{BodyFormat, Created};
-use webhook_dispatcher::payload::{Event, Shape};
+use webhook_dispatcher::content::payload::{Event, Shape};
+use webhook_dispatcher::content::quotes::BodyFormat;
+use webhook_dispatcher::routes::endpoints::Created;
 
 /// Receivers every message is fanned out to.
 const RECEIVERS: usize = 10;

@@ -12,8 +12,8 @@ use sha2::Sha256;
 use postmesh_shared::proto::InboundMessageReply;
 use postmesh_shared::text::cut_at;
 
-use crate::endpoints::BodyFormat;
-use crate::quotes;
+use crate::content::quotes;
+use crate::content::quotes::BodyFormat;
 
 /// The event type of a received message.
 pub const INBOUND_RECEIVED: &str = "inbound.received";

@@ -29,9 +29,9 @@ use postmesh_shared::queue::{
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
 
-use crate::endpoints::BodyFormat;
-use crate::owner::Owner;
-use crate::payload::{self, Event, Shape};
+use crate::attempt::owner::Owner;
+use crate::attempt::{target_of, AttemptRow, ATTEMPTS_WITH_TARGETS, UNFINISHED};
+use crate::content::payload::{self, Event, Shape};
 use crate::{AppState, DeliveryConfig};
 
 mod post;
@@ -43,54 +43,9 @@ use record::defer;
 pub(crate) use record::{health, outcome, record, Written};
 pub(crate) use slots::Slots;
 
-/// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
-/// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
-pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
-
 /// How long a stalled target stays so: its attempts meanwhile are deferred at once, and
 /// wait this long in the database before the scheduler queues them again.
 const STALLED_FOR: Duration = Duration::from_secs(5);
-
-/// Where an attempt goes and how, and what it carries, read with it.
-#[derive(sqlx::FromRow)]
-pub(crate) struct AttemptRow {
-    pub id: Uuid,
-    pub workspace_id: Uuid,
-    pub endpoint_id: Option<Uuid>,
-    pub webhook_id: Option<Uuid>,
-    pub message_id: Uuid,
-    /// The delivery event's type and data, for an attempt of one.
-    event_type: Option<String>,
-    event_data: Option<Json<Box<RawValue>>>,
-    url: Option<String>,
-    active: Option<bool>,
-    body_format: Option<BodyFormat>,
-    strip_quotes: Option<bool>,
-    secret_sealed: Option<Vec<u8>>,
-    previous_secret_sealed: Option<Vec<u8>>,
-    previous_secret_until: Option<i64>,
-}
-
-/// Reads attempts `ids` with their targets (an endpoint, a webhook, or the workspace's
-/// default webhook) and, for an event's attempt, the event.
-const ATTEMPTS_WITH_TARGETS: &str = "
-    SELECT a.id, a.workspace_id, a.endpoint_id, a.webhook_id, a.message_id,
-        ev.type AS event_type, ev.data AS event_data,
-        COALESCE(e.url, w.url, d.url) AS url, COALESCE(e.active, w.active, d.active) AS active,
-        COALESCE(e.body_format, d.body_format) AS body_format,
-        COALESCE(e.strip_quotes, d.strip_quotes) AS strip_quotes,
-        COALESCE(e.secret_sealed, w.secret_sealed, d.secret_sealed) AS secret_sealed,
-        COALESCE(e.previous_secret_sealed, w.previous_secret_sealed, d.previous_secret_sealed)
-            AS previous_secret_sealed,
-        COALESCE(e.previous_secret_until, w.previous_secret_until, d.previous_secret_until)
-            AS previous_secret_until
-    FROM attempts a
-    LEFT JOIN endpoints e ON e.id = a.endpoint_id
-    LEFT JOIN webhooks w ON w.id = a.webhook_id
-    LEFT JOIN default_webhooks d ON a.endpoint_id IS NULL AND a.webhook_id IS NULL
-        AND d.workspace_id = a.workspace_id
-    LEFT JOIN events ev ON ev.id = a.message_id
-    WHERE a.id = ANY($1)";
 
 /// A target ready to be posted to.
 pub struct Ready {
@@ -237,13 +192,6 @@ pub(crate) fn ready(
     })
 }
 
-/// Its endpoint or webhook, or for the default webhook its workspace.
-pub(crate) fn target_of(row: &AttemptRow) -> Uuid {
-    row.endpoint_id
-        .or(row.webhook_id)
-        .unwrap_or(row.workspace_id)
-}
-
 /// Endpoint or webhook `id`, ready to post to whether active or not (a test delivery).
 pub async fn ready_target(
     state: &AppState, owner: Owner, id: Uuid,
@@ -386,7 +334,7 @@ impl Stages for Deliveries {
     }
 
     /// Takes a slot of the item's target; when they stay all in use, the attempt waits in
-    /// the database for the scheduler (`crate::attempts::schedule`), holding nothing here.
+    /// the database for the scheduler (`crate::routes::attempts::schedule`), holding nothing here.
     async fn admit(&self, _job: &Vec<Uuid>, shared: &Prepared, index: usize) -> Admission {
         // One that can never be made is failed by its work.
         let Ok(delivery) = &shared.deliveries[index] else {

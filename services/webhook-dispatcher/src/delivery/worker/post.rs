@@ -8,7 +8,7 @@ use reqwest::{StatusCode, Url};
 use postmesh_shared::db::now_unix;
 use postmesh_shared::outside::read_capped;
 
-use crate::payload;
+use crate::content::payload;
 use crate::target::Reach;
 use crate::DeliveryConfig;
 

@@ -1,13 +1,13 @@
 //! The fan-outs: each message of a source stream becomes durable attempts, one per target
 //! that wants it (at most once per target and message, whatever redeliveries): each new
-//! one tried once directly (`crate::direct`), then all written in one statement per batch
+//! one tried once directly (`crate::delivery::direct`), then all written in one statement per batch
 //! with their outcomes, then one WEBHOOK job per message of the attempts left to the
 //! worker, then the ack. A crash before the ack redelivers the message, which tries what
 //! it finds unwritten and queues its unfinished attempts again (JetStream drops the
 //! repeats by id). Two sources: INBOUND (this module: each received message to every
 //! active endpoint of its address — or, when the address has none, to the workspace's
 //! default webhook, spec §4.7 rule 2 — and to the workspace's webhooks taking
-//! `inbound.received`) and DELIVERY (`crate::events`).
+//! `inbound.received`) and DELIVERY (`crate::delivery::events`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -28,9 +28,10 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
 use postmesh_shared::{telemetry, Runtime};
 
-use crate::deliver::{message, target_of, AttemptRow, Content, UNFINISHED};
-use crate::direct::{attempt_id, Direct};
-use crate::payload::INBOUND_RECEIVED;
+use crate::attempt::{target_of, AttemptRow, UNFINISHED};
+use crate::content::payload::INBOUND_RECEIVED;
+use crate::delivery::direct::{attempt_id, Direct};
+use crate::delivery::worker::{message, Content};
 
 /// The pause before a message whose fan-out failed is tried again; doubles with each
 /// failure until `MAX_DELIVER`.
@@ -258,7 +259,7 @@ impl Source for Inbound {
         Received::parse(payload)
     }
 
-    /// Tries each new attempt of the messages once ([`crate::direct`]), then writes the
+    /// Tries each new attempt of the messages once ([`crate::delivery::direct`]), then writes the
     /// messages and the attempts, and queues what is left to the worker, earlier runs'
     /// unfinished attempts of the messages with it.
     async fn fan_out(&self, batch: &[&Received], first: bool) -> Result<(), String> {

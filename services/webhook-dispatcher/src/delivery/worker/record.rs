@@ -10,7 +10,8 @@ use uuid::Uuid;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::queue::{Failure, RecordRow, Verdict};
 
-use super::{Answer, UNFINISHED};
+use super::Answer;
+use crate::attempt::UNFINISHED;
 
 /// What a receiver's answer means for the attempt. The detail of a success, and the start
 /// of a failure's text, carry the status code (`HTTP 500: ...`) for the record.

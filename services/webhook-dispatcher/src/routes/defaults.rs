@@ -8,7 +8,8 @@ use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::{ApiError, Success};
 
-use crate::endpoints::{BodyFormat, ROTATION_OVERLAP_SECS};
+use crate::content::quotes::BodyFormat;
+use crate::routes::endpoints::ROTATION_OVERLAP_SECS;
 use crate::secret::{nullable_secret_schema, SigningSecret};
 use crate::target::url_schema;
 use crate::AppState;

@@ -1,7 +1,7 @@
 //! The DELIVERY fan-out: each delivery event the sender publishes (up to 1,000 to a message)
 //! of a workspace that has webhooks becomes an `email.<kind>` event, stored once (its
 //! deliveries carry it, a replay sends it again), and one attempt per active webhook of its
-//! workspace that takes its type — each tried once directly (`crate::direct`), then written
+//! workspace that takes its type — each tried once directly (`crate::delivery::direct`), then written
 //! with its outcome, [`PER_STATEMENT`] events at a time, then one WEBHOOK job per event of
 //! those left to the worker. Events of workspaces without webhooks cost one lookup per
 //! batch, and no rendering.
@@ -18,9 +18,10 @@ use uuid::Uuid;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
 
-use crate::deliver::{target_of, AttemptRow, Content};
-use crate::direct::{attempt_id, Direct};
-use crate::fanout::{unfinished, Source};
+use crate::attempt::{target_of, AttemptRow};
+use crate::delivery::direct::{attempt_id, Direct};
+use crate::delivery::fanout::{unfinished, Source};
+use crate::delivery::worker::Content;
 
 /// The DELIVERY fan-out: what it needs.
 pub struct Deliveries {

@@ -18,9 +18,9 @@ use postmesh_shared::extract::{Caller, IdPairPath, IdPath, JsonBody, Page, Query
 use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
-use crate::deliver::{now_rfc3339, queue, queue_each};
-use crate::owner::Owner;
-use crate::payload::{self, Event, Shape};
+use crate::attempt::owner::Owner;
+use crate::content::payload::{self, Event, Shape};
+use crate::delivery::worker::{now_rfc3339, queue, queue_each};
 use crate::AppState;
 
 /// How often the scheduler queues the attempts that are due.
@@ -214,7 +214,7 @@ pub(crate) struct Since {
     /// Unix seconds.
     since: i64,
     /// Only these event types (each known); none: every type the target takes.
-    #[schema(schema_with = crate::webhooks::nullable_event_type_list)]
+    #[schema(schema_with = crate::routes::webhooks::nullable_event_type_list)]
     types: Option<Vec<String>>,
 }
 
@@ -249,7 +249,10 @@ pub(crate) async fn replay<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<Since>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let types = body.types.map(crate::webhooks::event_types).transpose()?;
+    let types = body
+        .types
+        .map(crate::routes::webhooks::event_types)
+        .transpose()?;
     require(&state.db, O::OWNER, &caller, id).await?;
     let js = jetstream(&state)?;
     let now = now_unix();
@@ -400,7 +403,7 @@ async fn sample_body(
                 .into_iter()
                 .find(|t| t.starts_with("email."))
                 .unwrap_or_else(|| "email.sent".into());
-            let data = crate::events::data(&sample_event(&kind));
+            let data = crate::delivery::events::data(&sample_event(&kind));
             serde_json::to_vec(&payload::Envelope::new(&kind, now_rfc3339(), &data))
         }
     };
@@ -412,7 +415,7 @@ pub(crate) async fn test<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Tested>, ApiError> {
     require(&state.db, O::OWNER, &caller, id).await?;
-    let target = crate::deliver::ready_target(&state, O::OWNER, id).await?;
+    let target = crate::delivery::worker::ready_target(&state, O::OWNER, id).await?;
     let body = sample_body(&state, O::OWNER, id, target.shape).await?;
     let keys: Vec<&[u8]> = target.keys.iter().map(Vec::as_slice).collect();
     let webhook_id = payload::webhook_id(Uuid::now_v7());

@@ -27,9 +27,9 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::queue::{RecordRow, Verdict, DB_NOW_MS};
 use postmesh_shared::Namespace;
 
-use crate::deliver::{
-    health, outcome, queue, ready, record, target_of, Answer, AttemptRow, Content, Delivery, Ready,
-    Slots, Written,
+use crate::attempt::{target_of, AttemptRow};
+use crate::delivery::worker::{
+    health, outcome, queue, ready, record, Answer, Content, Delivery, Ready, Slots, Written,
 };
 use crate::{AppState, DeliveryConfig};
 

@@ -14,26 +14,13 @@ use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::InboxAddressRequest;
 use postmesh_shared::{nats, AddressId, ApiError, Success};
 
+use crate::content::quotes::BodyFormat;
 use crate::secret::{nullable_secret_schema, SigningSecret};
 use crate::target::{nullable_url_schema, url_schema, Target};
 use crate::AppState;
 
 /// Endpoints an address may have.
 pub const MAX_PER_ADDRESS: i64 = 10;
-
-/// How a delivery carries the message's body.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-#[schema(as = WebhookBodyFormat)]
-pub enum BodyFormat {
-    #[default]
-    Text,
-    Html,
-    Markdown,
-}
 
 /// An endpoint as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]

@@ -14,8 +14,8 @@ use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::{ApiError, Success};
 
-use crate::endpoints::Deleted;
-use crate::payload::INBOUND_RECEIVED;
+use crate::content::payload::INBOUND_RECEIVED;
+use crate::routes::endpoints::Deleted;
 use crate::secret::{nullable_secret_schema, SigningSecret};
 use crate::target::{nullable_url_schema, url_schema};
 use crate::AppState;

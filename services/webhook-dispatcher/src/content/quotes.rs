@@ -13,8 +13,23 @@ use markup5ever_rcdom::{Handle, NodeData, RcDom, SerializableHandle};
 
 use postmesh_shared::text::escape_html;
 
-use crate::bounded;
-use crate::endpoints::BodyFormat;
+use serde::{Deserialize, Serialize};
+
+use crate::content::bounded;
+
+/// How a delivery carries the message's body.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+#[schema(as = WebhookBodyFormat)]
+pub enum BodyFormat {
+    #[default]
+    Text,
+    Html,
+    Markdown,
+}
 
 /// A body rendered for an endpoint.
 #[derive(Debug, PartialEq, Eq)]
