@@ -160,6 +160,18 @@ async fn a_browser_signs_in_approves_a_device_and_creates_a_key() {
         "{page}"
     );
 
+    // The API reference: every operation's bodies link to their schemas.
+    client.goto(&format!("{}/docs", stack.base)).await;
+    client.find("a[href='#sendbody']").await.click().await;
+    assert!(client.url().await.ends_with("/docs#sendbody"));
+    let fields = client
+        .find("#sendbody + p + table, #sendbody + table")
+        .await
+        .text()
+        .await;
+    assert!(fields.contains("subject"), "{fields}");
+    shot(&client, "7-docs").await;
+
     client.close().await;
     let _ = driver.kill().await;
     stack.shutdown().await;

@@ -358,6 +358,34 @@ fn the_body_schemas_the_gateway_includes_are_current() {
     );
 }
 
+#[test]
+fn the_api_reference_in_docs_is_current() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md");
+    let current = api_gateway::reference::markdown();
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(path, &current).unwrap();
+    }
+    let kept = std::fs::read_to_string(path).unwrap();
+    assert!(
+        kept == current,
+        "docs/api.md is not what the OpenAPI document says: run `make openapi`"
+    );
+    // Every operation and every body schema is in it.
+    let doc = api_gateway::openapi::document();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let heading = format!("### `{} {path}`", method.to_uppercase());
+            assert!(kept.contains(&heading), "{heading} is missing");
+        }
+    }
+    for name in doc["components"]["schemas"].as_object().unwrap().keys() {
+        assert!(
+            kept.contains(&format!("\n### {name}\n")),
+            "schema {name} is missing"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page() {
     let doc = api_gateway::openapi::document();
@@ -534,12 +562,29 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
         .unwrap()
         .starts_with("text/html"));
     let page = res.text().await.unwrap();
+    // Every operation, and every body schema with its fields, where the links point.
+    assert!(
+        page.contains("<a href=\"#sendbody\">SendBody</a>"),
+        "a body links its schema"
+    );
     for e in table() {
-        assert!(
-            page.contains(&format!("<code>{}</code>", e.spec.path)),
-            "{}",
-            e.spec.path
-        );
+        let operation = format!("<code>{} {}</code>", e.spec.method.as_str(), e.spec.path);
+        assert!(page.contains(&operation), "{operation}");
+    }
+    for (name, schema) in doc["components"]["schemas"].as_object().unwrap() {
+        let anchor = format!("<h3 id=\"{}\">{name}</h3>", name.to_lowercase());
+        assert!(page.contains(&anchor), "{anchor}");
+        for field in schema["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(f, _)| f)
+        {
+            assert!(
+                page.contains(&format!("<code>{field}</code>")),
+                "{name}.{field}"
+            );
+        }
     }
     stack.shutdown().await;
 }

@@ -14,6 +14,7 @@ pub mod observe;
 pub mod openapi;
 pub mod preauth;
 pub mod ratelimit;
+pub mod reference;
 pub mod routes;
 pub mod sessions;
 pub mod table;

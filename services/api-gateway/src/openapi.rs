@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
-use maud::{html, DOCTYPE};
+use maud::{html, PreEscaped, DOCTYPE};
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathsBuilder,
 };
@@ -319,49 +319,41 @@ fn operations() -> OpenApi {
         .build()
 }
 
-/// The readable reference: each service's routes, with who may call them.
+/// The readable reference: every operation with who may call it, its parameters, bodies
+/// and answers, and every body schema (the reference of `docs/api.md`, as HTML).
 fn page() -> String {
-    let entries = table();
-    let owners: Vec<String> = {
-        let mut owners: Vec<String> = entries.iter().map(|e| owner_name(e.target)).collect();
-        owners.dedup();
-        owners
-    };
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
                 title { "Postmesh API reference" }
+                style { (STYLE) }
             }
             body {
-                h1 { "Postmesh API reference" }
                 p {
                     "The machine-readable document is "
                     a href="/openapi.json" { "/openapi.json" }
-                    " (OpenAPI 3.1). Errors are " code { "{success: false, error}" } "."
+                    " (OpenAPI 3.1)."
                 }
-                @for owner in &owners {
-                    h2 { (owner) }
-                    table {
-                        tr { th { "method" } th { "path" } th { "who may call" } }
-                        @for e in entries.iter().filter(|e| &owner_name(e.target) == owner) {
-                            tr {
-                                td { code { (e.spec.method.as_str()) } }
-                                td { code { (e.spec.path) } }
-                                td { (who(e.spec.policy)) }
-                            }
-                        }
-                    }
-                }
+                (PreEscaped(crate::reference::html(&crate::reference::markdown())))
             }
         }
     }
     .into_string()
 }
 
+/// The reference page's look: readable width; on a narrow screen, tables scroll inside
+/// themselves and long paths wrap.
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;\
+    padding:0 1rem;line-height:1.5;overflow-wrap:break-word}table{border-collapse:collapse;\
+    margin:.5rem 0;display:block;max-width:100%;overflow-x:auto}th,td{border:1px solid #ccc;\
+    padding:.2rem .5rem;text-align:left;vertical-align:top}code{background:#f4f4f4;\
+    padding:0 .2rem}h3{margin-top:2rem}";
+
 /// The service that serves a route.
-fn owner_name(target: Target) -> String {
+pub(crate) fn owner_name(target: Target) -> String {
     match target {
         Target::Gateway => "api-gateway".to_owned(),
         Target::Service(service) => service.name().to_owned(),
@@ -369,7 +361,7 @@ fn owner_name(target: Target) -> String {
 }
 
 /// Who may call a route, in words.
-fn who(policy: Policy) -> &'static str {
+pub(crate) fn who(policy: Policy) -> &'static str {
     match policy {
         Policy::Public => "anyone",
         Policy::Key => "an API key (Authorization: Bearer)",
