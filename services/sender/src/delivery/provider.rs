@@ -23,7 +23,7 @@ use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 use x509_cert::der::referenced::OwnedToRef;
@@ -35,7 +35,7 @@ use postmesh_shared::outside::read_capped;
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audience::suppressions::{self, Reason};
-use crate::sending::events::{self, Kind, NewEvent};
+use crate::sending::events::{self, Detail, Kind, NewEvent};
 use crate::AppState;
 
 /// `SNS_URL_PATTERN` unless set: SNS's own hosts.
@@ -351,10 +351,15 @@ pub fn unsubscribed_from(topic: Option<&str>, how: &str) -> String {
     }
 }
 
+/// The provider's own object about an event, as its detail.
+fn provided(object: &Option<Value>) -> Detail {
+    Detail::Provider(object.clone())
+}
+
 /// What a delivery event and suppression an SES event makes.
 struct Effect {
     kind: Kind,
-    detail: Value,
+    detail: Detail,
     suppress: Option<(Reason, Option<String>)>,
     /// Whom the suppression is for: the addresses the event lists (a cc or bcc copy can
     /// bounce too); empty: the message's recipient.
@@ -362,10 +367,10 @@ struct Effect {
 }
 
 fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
-    let one = |kind, detail: &Option<Value>, suppress, addresses: Vec<String>| {
+    let one = |kind, detail: Detail, suppress, addresses: Vec<String>| {
         vec![Effect {
             kind,
-            detail: detail.clone().unwrap_or(Value::Null),
+            detail,
             suppress,
             addresses,
         }]
@@ -382,15 +387,15 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                     bounce["bounceSubType"].as_str().unwrap_or("unspecified")
                 )
             });
-            let detail = json!({
-                "reason": reason,
-                "bounceType": bounce["bounceType"],
-                "bounceSubType": bounce["bounceSubType"],
-                "recipients": addresses(bounce, "bouncedRecipients"),
-            });
+            let detail = Detail::Bounce {
+                reason,
+                bounce_type: bounce["bounceType"].as_str().map(str::to_owned),
+                bounce_sub_type: bounce["bounceSubType"].as_str().map(str::to_owned),
+                recipients: addresses(bounce, "bouncedRecipients"),
+            };
             one(
                 Kind::Bounced,
-                &Some(detail),
+                detail,
                 permanent.then_some((Reason::Bounce, None)),
                 addresses(bounce, "bouncedRecipients"),
             )
@@ -401,21 +406,26 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 .as_ref()
                 .ok_or("a Complaint without complaint")?;
             let feedback = complaint["complaintFeedbackType"].as_str();
-            let detail = json!({
-                "reason": format!("complaint ({})", feedback.unwrap_or("unspecified")),
-                "feedbackType": complaint["complaintFeedbackType"],
-                "recipients": addresses(complaint, "complainedRecipients"),
-            });
+            let detail = Detail::Complaint {
+                reason: format!("complaint ({})", feedback.unwrap_or("unspecified")),
+                feedback_type: feedback.map(str::to_owned),
+                recipients: addresses(complaint, "complainedRecipients"),
+            };
             one(
                 Kind::Complained,
-                &Some(detail),
+                detail,
                 Some((Reason::Complaint, None)),
                 addresses(complaint, "complainedRecipients"),
             )
         }
-        "Delivery" => one(Kind::Delivered, &event.delivery, None, Vec::new()),
-        "Reject" => one(Kind::Rejected, &event.reject, None, Vec::new()),
-        "DeliveryDelay" => one(Kind::Delayed, &event.delivery_delay, None, Vec::new()),
+        "Delivery" => one(Kind::Delivered, provided(&event.delivery), None, Vec::new()),
+        "Reject" => one(Kind::Rejected, provided(&event.reject), None, Vec::new()),
+        "DeliveryDelay" => one(
+            Kind::Delayed,
+            provided(&event.delivery_delay),
+            None,
+            Vec::new(),
+        ),
         "Subscription" => {
             let sub = event
                 .subscription
@@ -441,11 +451,11 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 .into_iter()
                 .map(|topic| Effect {
                     kind: Kind::Unsubscribed,
-                    detail: json!({
-                        "topic": topic,
-                        "source": "provider",
-                        "reason": unsubscribed_from(topic.as_deref(), "at the provider"),
-                    }),
+                    detail: Detail::Unsubscribed {
+                        reason: unsubscribed_from(topic.as_deref(), "at the provider"),
+                        topic: topic.clone(),
+                        source: Some("provider"),
+                    },
                     suppress: Some((Reason::Unsubscribed, topic)),
                     addresses: Vec::new(),
                 })
@@ -566,6 +576,7 @@ async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_canonical_string_follows_snss_field_order() {

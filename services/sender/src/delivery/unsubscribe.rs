@@ -15,7 +15,6 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use sha2::Sha256;
 use uuid::Uuid;
 
@@ -24,7 +23,7 @@ use postmesh_shared::text::escape_html;
 use postmesh_shared::{EmailAddress, WorkspaceId};
 
 use crate::audience::suppressions::{self, Reason};
-use crate::sending::events::{self, Kind, NewEvent};
+use crate::sending::events::{self, Detail, Kind, NewEvent};
 use crate::AppState;
 
 /// What a token says.
@@ -264,13 +263,14 @@ pub(crate) async fn unsubscribe(
             delivery: task.and(claims.delivery),
             email: email.to_string(),
             kind: Kind::Unsubscribed,
-            detail: json!({
-                "topic": claims.topic,
-                "reason": crate::delivery::provider::unsubscribed_from(
+            detail: Detail::Unsubscribed {
+                reason: crate::delivery::provider::unsubscribed_from(
                     claims.topic.as_deref(),
                     "by one-click link",
                 ),
-            }),
+                topic: claims.topic.clone(),
+                source: None,
+            },
             occurred_at: now_unix(),
             source_key: format!("unsubscribe:{signature}"),
         };

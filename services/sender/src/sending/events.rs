@@ -63,6 +63,43 @@ impl Kind {
     }
 }
 
+/// What a delivery event says beyond its kind: `detail` in `/email-status` and on the
+/// DELIVERY stream (each variant its own JSON object, field names in camelCase).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged, rename_all_fields = "camelCase")]
+pub enum Detail {
+    /// Nothing more: `{}`.
+    Empty {},
+    /// Why it failed or was rejected.
+    Reason { reason: Option<String> },
+    /// The provider's id of the message it took.
+    Sent { provider_message_id: Option<String> },
+    /// A bounce as the provider reported it, and the addresses it names.
+    Bounce {
+        reason: String,
+        bounce_type: Option<String>,
+        bounce_sub_type: Option<String>,
+        recipients: Vec<String>,
+    },
+    /// A complaint as the provider reported it, and the addresses it names.
+    Complaint {
+        reason: String,
+        feedback_type: Option<String>,
+        recipients: Vec<String>,
+    },
+    /// An unsubscribe from a topic, or from all mail (`topic: null`); `source` is
+    /// `provider` when the provider reported it.
+    Unsubscribed {
+        topic: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        source: Option<&'static str>,
+        reason: String,
+    },
+    /// The provider's own account of the event (SES's `delivery`, `reject` or
+    /// `deliveryDelay` object), or `null`.
+    Provider(Option<Value>),
+}
+
 /// An event to record.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
@@ -71,7 +108,7 @@ pub struct NewEvent {
     pub delivery: Option<Uuid>,
     pub email: String,
     pub kind: Kind,
-    pub detail: Value,
+    pub detail: Detail,
     pub occurred_at: i64,
     /// What makes it one event however often it is reported (`sent:<delivery>`,
     /// `sns:<MessageId>`, ...).
@@ -199,7 +236,7 @@ fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> Deliver
         email: event.email.clone(),
         kind: event.kind.as_str().into(),
         occurred_at: event.occurred_at,
-        detail: event.detail.to_string(),
+        detail: serde_json::to_string(&event.detail).unwrap_or_default(),
         sequence,
         from_address: labels.from_email.unwrap_or_default(),
         from_name: labels.from_name.unwrap_or_default(),
@@ -290,7 +327,7 @@ pub async fn announce(
         delivery: None,
         email: String::new(),
         kind,
-        detail: Value::Object(Default::default()),
+        detail: Detail::Empty {},
         occurred_at: now_unix(),
         source_key: String::new(),
     };
@@ -335,6 +372,64 @@ pub struct EventView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_detail_has_the_json_shape_consumers_read() {
+        let shape = |d: Detail| serde_json::to_value(d).unwrap();
+        assert_eq!(shape(Detail::Empty {}), serde_json::json!({}));
+        assert_eq!(
+            shape(Detail::Reason { reason: None }),
+            serde_json::json!({"reason": null})
+        );
+        assert_eq!(
+            shape(Detail::Sent {
+                provider_message_id: Some("ses-1".into())
+            }),
+            serde_json::json!({"providerMessageId": "ses-1"})
+        );
+        assert_eq!(
+            shape(Detail::Bounce {
+                reason: "550 no such user".into(),
+                bounce_type: Some("Permanent".into()),
+                bounce_sub_type: None,
+                recipients: vec!["a@example.com".into()],
+            }),
+            serde_json::json!({"reason": "550 no such user", "bounceType": "Permanent",
+                "bounceSubType": null, "recipients": ["a@example.com"]})
+        );
+        assert_eq!(
+            shape(Detail::Complaint {
+                reason: "complaint (abuse)".into(),
+                feedback_type: Some("abuse".into()),
+                recipients: Vec::new(),
+            }),
+            serde_json::json!({"reason": "complaint (abuse)", "feedbackType": "abuse",
+                "recipients": []})
+        );
+        assert_eq!(
+            shape(Detail::Unsubscribed {
+                topic: None,
+                source: None,
+                reason: "r".into()
+            }),
+            serde_json::json!({"topic": null, "reason": "r"})
+        );
+        assert_eq!(
+            shape(Detail::Unsubscribed {
+                topic: Some("news".into()),
+                source: Some("provider"),
+                reason: "r".into()
+            }),
+            serde_json::json!({"topic": "news", "source": "provider", "reason": "r"})
+        );
+        assert_eq!(
+            shape(Detail::Provider(Some(
+                serde_json::json!({"smtpResponse": "250"})
+            ))),
+            serde_json::json!({"smtpResponse": "250"})
+        );
+        assert_eq!(shape(Detail::Provider(None)), Value::Null);
+    }
 
     #[test]
     fn messages_hold_a_thousand_events_or_256_kib_at_most() {

@@ -8,7 +8,6 @@
 //! is released in a transaction of its own; one whose release fails [`RELEASE_TRIES`] times
 //! is set aside as `failed` (its error kept) and refunded, never retried forever.
 
-use serde_json::json;
 use sqlx::types::Json;
 use sqlx::PgConnection;
 
@@ -196,7 +195,9 @@ async fn leave_off_suppressed(
             delivery: Some(delivery.as_uuid()),
             email: address,
             kind: Kind::Rejected,
-            detail: json!({ "reason": reason }),
+            detail: events::Detail::Reason {
+                reason: Some(reason),
+            },
             occurred_at: now,
             source_key: format!("rejected:{delivery}"),
         })

@@ -554,7 +554,7 @@ pub(crate) async fn cancel(
                 delivery: Some(delivery),
                 email,
                 kind: events::Kind::Cancelled,
-                detail: serde_json::json!({}),
+                detail: events::Detail::Empty {},
                 occurred_at: now,
                 source_key: format!("cancelled:{delivery}"),
             })

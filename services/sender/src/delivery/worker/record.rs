@@ -5,11 +5,9 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use serde_json::json;
-
 use postmesh_shared::db::now_unix;
 
-use crate::sending::events::{self, Kind, NewEvent, Outlet};
+use crate::sending::events::{self, Detail, Kind, NewEvent, Outlet};
 use postmesh_shared::queue::{RecordRow, Verdict};
 
 /// A message whose outcome was written.
@@ -90,9 +88,16 @@ pub(super) async fn record_batch(
             let (kind, detail) = match w.status.as_str() {
                 "sent" => (
                     Kind::Sent,
-                    json!({ "providerMessageId": w.provider_message_id }),
+                    Detail::Sent {
+                        provider_message_id: w.provider_message_id.clone(),
+                    },
                 ),
-                "failed" => (Kind::Failed, json!({ "reason": w.last_error })),
+                "failed" => (
+                    Kind::Failed,
+                    Detail::Reason {
+                        reason: w.last_error.clone(),
+                    },
+                ),
                 _ => return None,
             };
             Some(NewEvent {
