@@ -21,24 +21,38 @@ pub trait Keyed {
     fn key(&self) -> Option<Uuid>;
 }
 
-type Reply<O> = oneshot::Sender<Result<O, String>>;
+type Reply<O, E> = oneshot::Sender<Result<O, E>>;
 
-/// Batches rows of type `I` into statements answering `O` per row.
-pub struct Batcher<I, O> {
-    tx: mpsc::UnboundedSender<(I, Reply<O>)>,
+/// The batching task is gone (the service is stopping).
+#[derive(Debug, thiserror::Error)]
+#[error("the batcher has stopped")]
+pub struct Stopped;
+
+impl From<Stopped> for String {
+    fn from(e: Stopped) -> Self {
+        e.to_string()
+    }
 }
 
-impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
+/// Batches rows of type `I` into statements answering `O` per row, or an error `E` for
+/// all of them.
+pub struct Batcher<I, O, E = String> {
+    tx: mpsc::UnboundedSender<(I, Reply<O, E>)>,
+}
+
+impl<I: Keyed + Send + 'static, O: Send + 'static, E: Clone + From<Stopped> + Send + 'static>
+    Batcher<I, O, E>
+{
     /// Starts the batching task on `tracker`; `run` writes a batch (distinct items) and
     /// answers one output per row, in order. The task ends when the batcher is dropped.
     pub fn spawn<F, Fut>(tracker: &TaskTracker, run: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Vec<O>, String>> + Send,
+        Fut: Future<Output = Result<Vec<O>, E>> + Send,
     {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O>)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O, E>)>();
         tracker.spawn(async move {
-            let mut waiting: Vec<(I, Reply<O>)> = Vec::new();
+            let mut waiting: Vec<(I, Reply<O, E>)> = Vec::new();
             loop {
                 if waiting.is_empty() {
                     match rx.recv().await {
@@ -58,7 +72,7 @@ impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
                     .drain(..)
                     .partition(|(item, _)| item.key().is_none_or(|key| seen.insert(key)));
                 waiting = later;
-                let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                let (items, replies): (Vec<I>, Vec<Reply<O, E>>) = batch.into_iter().unzip();
                 match run(items).await {
                     Ok(outputs) => {
                         for (reply, out) in replies.into_iter().zip(outputs) {
@@ -77,13 +91,9 @@ impl<I: Keyed + Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 
     /// Writes `item` with whatever else is waiting; its own result.
-    pub async fn call(&self, item: I) -> Result<O, String> {
+    pub async fn call(&self, item: I) -> Result<O, E> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send((item, reply))
-            .map_err(|_| "the batcher has stopped".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "the batcher has stopped".to_owned())?
+        self.tx.send((item, reply)).map_err(|_| Stopped)?;
+        answer.await.map_err(|_| Stopped)?
     }
 }

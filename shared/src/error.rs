@@ -163,23 +163,27 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Whether `e` means the database could not be reached or went away (pool timeout, I/O,
+/// a server shutting down or not yet accepting connections: SQLSTATE classes 08 and 57P)
+/// rather than that it refused the statement.
+pub fn database_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
-    /// 503 when the database could not be reached or went away (pool timeout, I/O, a
-    /// server shutting down or not yet accepting connections: SQLSTATE classes 08 and 57P),
-    /// else 500.
+    /// 503 when the database could not be reached or went away, else 500.
     fn from(e: sqlx::Error) -> Self {
-        let connection = match &e {
-            sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => true,
-            sqlx::Error::Database(d) => d
-                .code()
-                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
-            _ => false,
-        };
-        if connection {
+        if database_unreachable(&e) {
             Self::unavailable("database unavailable", e)
         } else {
             Self::internal("database error", e)

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::{publish, Stream};
 use postmesh_shared::queue::{
-    self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, Verdict,
+    self, ClaimRow, Failure, QueueConfig, RecordRow, StageError, Stages, Standing, Timers, Verdict,
 };
 use postmesh_shared::{Runtime, Service};
 use postmesh_tests::{common, eventually, fresh_namespace, remove_namespace, Stack};
@@ -38,15 +38,15 @@ impl Stages for Book {
     type Shared = ();
     type ClaimData = ();
 
-    fn decode(&self, payload: &[u8]) -> Result<String, String> {
-        String::from_utf8(payload.to_vec()).map_err(|e| e.to_string())
+    fn decode(&self, payload: &[u8]) -> Result<String, StageError> {
+        String::from_utf8(payload.to_vec()).map_err(|e| StageError::Undecodable(e.to_string()))
     }
 
     fn items(&self, job: &String) -> Vec<Uuid> {
         vec![item_of(job)]
     }
 
-    async fn prepare(&self, _job: &String) -> Result<(), String> {
+    async fn prepare(&self, _job: &String) -> Result<(), StageError> {
         Ok(())
     }
 
@@ -54,7 +54,7 @@ impl Stages for Book {
 
     async fn claim(
         &self, rows: Vec<ClaimRow<()>>, _lease_ms: i64,
-    ) -> Result<Vec<Option<i32>>, String> {
+    ) -> Result<Vec<Option<i32>>, StageError> {
         let mut items = self.items.lock().unwrap();
         Ok(rows
             .iter()
@@ -68,7 +68,7 @@ impl Stages for Book {
             .collect())
     }
 
-    async fn standing(&self, _item: Uuid) -> Result<Standing, String> {
+    async fn standing(&self, _item: Uuid) -> Result<Standing, StageError> {
         Ok(Standing::Finished)
     }
 
@@ -78,7 +78,7 @@ impl Stages for Book {
         Ok(String::new())
     }
 
-    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
+    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, StageError> {
         let mut items = self.items.lock().unwrap();
         for row in &rows {
             let finished = !matches!(row.verdict, Verdict::Retry(..));
@@ -87,7 +87,7 @@ impl Stages for Book {
         Ok(vec![true; rows.len()])
     }
 
-    async fn renew(&self, _items: &[Uuid], _lease: Uuid, _lease_ms: i64) -> Result<(), String> {
+    async fn renew(&self, _items: &[Uuid], _lease: Uuid, _lease_ms: i64) -> Result<(), StageError> {
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ pub(super) async fn with_heartbeat<T, R, F>(
 ) -> T
 where
     R: Fn() -> F,
-    F: Future<Output = Result<(), String>>,
+    F: Future<Output = Result<(), super::StageError>>,
 {
     tokio::pin!(work);
     let period = (ack_wait / 2).max(Duration::from_millis(100));

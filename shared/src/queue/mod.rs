@@ -33,7 +33,8 @@ use crate::telemetry;
 
 pub use lease::{lease_ms, DB_NOW_MS};
 pub use stages::{
-    retry_delay, Admission, ClaimRow, Failure, Outcome, RecordRow, Stages, Standing, Verdict,
+    retry_delay, Admission, ClaimRow, Failure, Outcome, RecordRow, StageError, Stages, Standing,
+    Verdict,
 };
 
 /// Settings of a queue worker.
@@ -83,8 +84,8 @@ struct Worker<S: Stages> {
     config: QueueConfig,
     /// Cancelled when the worker stops: a job waiting on a lease hands itself back.
     shutdown: CancellationToken,
-    claims: Batcher<ClaimRow<S::ClaimData>, Option<i32>>,
-    records: Batcher<RecordRow, bool>,
+    claims: Batcher<ClaimRow<S::ClaimData>, Option<i32>, StageError>,
+    records: Batcher<RecordRow, bool, StageError>,
     /// Items claimed and not yet finished, at most `claim_ahead`; each item gives its own
     /// back when it finishes, so a slow item holds one, not its whole job's.
     claimed: Arc<Semaphore>,
@@ -171,6 +172,15 @@ pub async fn spawn<S: Stages>(
     Ok(())
 }
 
+/// The job's retry after a stage step failed; a statement the database refused is a
+/// defect and logged as an error.
+fn retry_after(e: &StageError) -> Outcome {
+    if matches!(e, StageError::Refused(_)) {
+        tracing::error!(error = %e, "a queue statement was refused");
+    }
+    Outcome::Retry(e.to_string(), None)
+}
+
 impl<S: Stages> Worker<S> {
     /// Handles one message of the stream, start to ack.
     async fn handle(self: Arc<Self>, msg: jetstream::Message) {
@@ -183,11 +193,8 @@ impl<S: Stages> Worker<S> {
         async {
             let job = match self.stages.decode(&msg.payload) {
                 Ok(job) => Arc::new(job),
-                Err(reason) => {
-                    let fate = self
-                        .letters
-                        .dead(&msg, &format!("undecodable: {reason}"), 1)
-                        .await;
+                Err(e) => {
+                    let fate = self.letters.dead(&msg, &e.to_string(), 1).await;
                     DeadLetters::settle(&msg, fate).await;
                     return;
                 }
@@ -286,11 +293,9 @@ impl<S: Stages> Worker<S> {
         };
         let shared = match self.stages.prepare(&job).await {
             Ok(shared) => Arc::new(shared),
-            Err(reason) => {
-                return indices
-                    .iter()
-                    .map(|&i| (i, Outcome::Retry(reason.clone(), None)))
-                    .collect();
+            Err(e) => {
+                let outcome = retry_after(&e);
+                return indices.iter().map(|&i| (i, outcome.clone())).collect();
             }
         };
         let mut running = tokio::task::JoinSet::new();
@@ -350,9 +355,9 @@ impl<S: Stages> Worker<S> {
                 Ok(Standing::Held(left)) => {
                     return Outcome::Leased(left.max(Duration::from_millis(100)))
                 }
-                Err(e) => return Outcome::Retry(format!("database: {e}"), None),
+                Err(e) => return retry_after(&e),
             },
-            Err(e) => return Outcome::Retry(format!("database: {e}"), None),
+            Err(e) => return retry_after(&e),
         };
         let result = {
             let _slot = self
@@ -407,7 +412,7 @@ impl<S: Stages> Worker<S> {
             lease,
             verdict,
         };
-        let mut recorded = Err(String::new());
+        let mut recorded = Err(StageError::Unavailable(String::new()));
         for pause in RECORD_RETRIES {
             tokio::time::sleep(Duration::from_millis(pause)).await;
             recorded = self.records.call(row.clone()).await;
@@ -482,6 +487,24 @@ impl<S: Stages> Worker<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_bad_statement_refused() {
+        let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        for e in [sqlx::Error::Io(lost), sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            let e = StageError::from(e);
+            assert!(matches!(e, StageError::Unavailable(_)), "{e}");
+            assert!(matches!(retry_after(&e), Outcome::Retry(_, None)));
+        }
+        for e in [
+            sqlx::Error::ColumnNotFound("wrong".into()),
+            sqlx::Error::RowNotFound,
+        ] {
+            let e = StageError::from(e);
+            assert!(matches!(e, StageError::Refused(_)), "{e}");
+            assert!(matches!(retry_after(&e), Outcome::Retry(_, None)));
+        }
+    }
 
     #[test]
     fn retries_back_off_doubling_up_to_a_cap() {

@@ -24,6 +24,38 @@ pub enum Failure {
     Later(String, Duration),
 }
 
+/// Why a stage's step outside the work failed (decode, prepare, claim, standing, record,
+/// renew).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StageError {
+    /// The message can never make a job: it goes aside as a dead letter at once.
+    #[error("undecodable: {0}")]
+    Undecodable(String),
+    /// The database or a service was out of reach (connection lost, pool exhausted, timed
+    /// out): the job is tried again.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The database refused the statement (a bad query, a broken constraint): a defect,
+    /// logged as an error; the job is tried again.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+impl From<sqlx::Error> for StageError {
+    fn from(e: sqlx::Error) -> Self {
+        match crate::error::database_unreachable(&e) {
+            true => Self::Unavailable(e.to_string()),
+            false => Self::Refused(e.to_string()),
+        }
+    }
+}
+
+impl From<crate::batch::Stopped> for StageError {
+    fn from(e: crate::batch::Stopped) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
 /// Whether an item of a job is worked by this run of it.
 pub enum Admission {
     /// Now: claim it and do the work.
@@ -104,14 +136,15 @@ pub trait Stages: Send + Sync + 'static {
     type ClaimData: Send + 'static;
 
     /// Parses a message; the error says why the job can never run (it is dropped).
-    fn decode(&self, payload: &[u8]) -> Result<Self::Job, String>;
+    fn decode(&self, payload: &[u8]) -> Result<Self::Job, StageError>;
 
     /// The ids of the job's items, each claimed, worked and recorded on its own.
     fn items(&self, job: &Self::Job) -> Vec<Uuid>;
 
     /// Reads what the job's items share; an error retries the job.
-    fn prepare(&self, job: &Self::Job)
-        -> impl Future<Output = Result<Self::Shared, String>> + Send;
+    fn prepare(
+        &self, job: &Self::Job,
+    ) -> impl Future<Output = Result<Self::Shared, StageError>> + Send;
 
     /// Whether the item at `index` is worked now (before its claim; by default, yes): a
     /// stage that limits work per destination hands a busy one elsewhere.
@@ -129,10 +162,10 @@ pub trait Stages: Send + Sync + 'static {
     /// claim's lease is live; answers each taken claim's attempt number.
     fn claim(
         &self, rows: Vec<ClaimRow<Self::ClaimData>>, lease_ms: i64,
-    ) -> impl Future<Output = Result<Vec<Option<i32>>, String>> + Send;
+    ) -> impl Future<Output = Result<Vec<Option<i32>>, StageError>> + Send;
 
     /// Where an item stands that a claim did not take.
-    fn standing(&self, item: Uuid) -> impl Future<Output = Result<Standing, String>> + Send;
+    fn standing(&self, item: Uuid) -> impl Future<Output = Result<Standing, StageError>> + Send;
 
     /// The item's work; `Ok` carries a detail to record.
     fn work(
@@ -144,12 +177,12 @@ pub trait Stages: Send + Sync + 'static {
     /// still holds the item.
     fn record(
         &self, rows: Vec<RecordRow>,
-    ) -> impl Future<Output = Result<Vec<bool>, String>> + Send;
+    ) -> impl Future<Output = Result<Vec<bool>, StageError>> + Send;
 
     /// Extends the leases `lease` holds on `items` to `lease_ms` from now.
     fn renew(
         &self, items: &[Uuid], lease: Uuid, lease_ms: i64,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), StageError>> + Send;
 
     /// The pause after failed attempt number `attempt` of an item; `None`: the queue's
     /// doubling backoff from `retry_base`.
@@ -159,7 +192,7 @@ pub trait Stages: Send + Sync + 'static {
 }
 
 /// How handling an item, or a whole job, ended; decides how the job is acknowledged.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Done now, or before (a redelivery of a finished item).
     Done,

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, CodeEmail, JobKind, SendJob};
 use postmesh_shared::queue::{
-    self, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers,
+    self, ClaimRow, Failure, QueueConfig, RecordRow, StageError, Stages, Standing, Timers,
 };
 use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
@@ -164,15 +164,15 @@ impl Stages for Delivery {
     type Shared = Letter;
     type ClaimData = lease::Claim;
 
-    fn decode(&self, payload: &[u8]) -> Result<Job, String> {
-        decode(payload)
+    fn decode(&self, payload: &[u8]) -> Result<Job, StageError> {
+        decode(payload).map_err(StageError::Undecodable)
     }
 
     fn items(&self, job: &Job) -> Vec<Uuid> {
         job.messages().iter().map(|(id, _)| id.as_uuid()).collect()
     }
 
-    async fn prepare(&self, job: &Job) -> Result<Letter, String> {
+    async fn prepare(&self, job: &Job) -> Result<Letter, StageError> {
         let task_id = match &job.body {
             Body::Code { email, .. } => {
                 return Ok(Letter {
@@ -185,8 +185,7 @@ impl Stages for Delivery {
         let task = match self.tasks.get(task_id) {
             Some(task) => Some(task),
             None => tasks::load(&self.db, task_id)
-                .await
-                .map_err(|e| format!("database: {e}"))?
+                .await?
                 .map(|t| self.tasks.insert(task_id, t)),
         };
         Ok(Letter {
@@ -210,16 +209,12 @@ impl Stages for Delivery {
 
     async fn claim(
         &self, rows: Vec<ClaimRow<lease::Claim>>, lease_ms: i64,
-    ) -> Result<Vec<Option<i32>>, String> {
-        lease::claim_batch(&self.db, lease_ms, rows)
-            .await
-            .map_err(|e| e.to_string())
+    ) -> Result<Vec<Option<i32>>, StageError> {
+        Ok(lease::claim_batch(&self.db, lease_ms, rows).await?)
     }
 
-    async fn standing(&self, item: Uuid) -> Result<Standing, String> {
-        lease::standing(&self.db, item)
-            .await
-            .map_err(|e| e.to_string())
+    async fn standing(&self, item: Uuid) -> Result<Standing, StageError> {
+        Ok(lease::standing(&self.db, item).await?)
     }
 
     async fn work(&self, job: &Job, letter: &Letter, index: usize) -> Result<String, Failure> {
@@ -245,16 +240,12 @@ impl Stages for Delivery {
             })
     }
 
-    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
-        record::record_batch(&self.db, &self.outlet, rows)
-            .await
-            .map_err(|e| e.to_string())
+    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, StageError> {
+        Ok(record::record_batch(&self.db, &self.outlet, rows).await?)
     }
 
-    async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), String> {
-        lease::renew(&self.db, items, lease, lease_ms)
-            .await
-            .map_err(|e| e.to_string())
+    async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), StageError> {
+        Ok(lease::renew(&self.db, items, lease, lease_ms).await?)
     }
 }
 

@@ -24,7 +24,8 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{InboundMessageReply, InboundMessageRequest, WebhookJob};
 use postmesh_shared::queue::{
-    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, Stages, Standing, Timers, DB_NOW_MS,
+    self, Admission, ClaimRow, Failure, QueueConfig, RecordRow, StageError, Stages, Standing,
+    Timers, DB_NOW_MS,
 };
 use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
@@ -248,12 +249,11 @@ pub fn now_rfc3339() -> String {
 
 impl Deliveries {
     /// Reads the job's attempts and targets, and asks for each message once.
-    async fn prepare_all(&self, ids: &[Uuid]) -> Result<Prepared, String> {
+    async fn prepare_all(&self, ids: &[Uuid]) -> Result<Prepared, StageError> {
         let rows: Vec<AttemptRow> = sqlx::query_as(ATTEMPTS_WITH_TARGETS)
             .bind(ids)
             .fetch_all(&self.state.db)
-            .await
-            .map_err(|e| format!("database: {e}"))?;
+            .await?;
         let mut rows: HashMap<Uuid, AttemptRow> = rows.into_iter().map(|r| (r.id, r)).collect();
         let mut messages: HashMap<Uuid, Option<Arc<InboundMessageReply>>> = HashMap::new();
         let mut deliveries = Vec::with_capacity(ids.len());
@@ -289,7 +289,8 @@ impl Deliveries {
                         row.message_id,
                         self.max_body_bytes,
                     )
-                    .await?
+                    .await
+                    .map_err(StageError::Unavailable)?
                     .map(Arc::new);
                     messages.insert(row.message_id, asked.clone());
                     asked
@@ -317,11 +318,16 @@ impl Stages for Deliveries {
     type Shared = Prepared;
     type ClaimData = ();
 
-    fn decode(&self, payload: &[u8]) -> Result<Vec<Uuid>, String> {
-        let job = WebhookJob::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+    fn decode(&self, payload: &[u8]) -> Result<Vec<Uuid>, StageError> {
+        let job =
+            WebhookJob::decode(payload).map_err(|e| StageError::Undecodable(e.to_string()))?;
         job.attempt_ids
             .iter()
-            .map(|id| Uuid::parse_str(id).map_err(|_| format!("attempt id {id:?} is not a uuid")))
+            .map(|id| {
+                Uuid::parse_str(id).map_err(|_| {
+                    StageError::Undecodable(format!("attempt id {id:?} is not a uuid"))
+                })
+            })
             .collect()
     }
 
@@ -329,7 +335,7 @@ impl Stages for Deliveries {
         job.clone()
     }
 
-    async fn prepare(&self, job: &Vec<Uuid>) -> Result<Prepared, String> {
+    async fn prepare(&self, job: &Vec<Uuid>) -> Result<Prepared, StageError> {
         self.prepare_all(job).await
     }
 
@@ -355,7 +361,7 @@ impl Stages for Deliveries {
 
     async fn claim(
         &self, rows: Vec<ClaimRow<()>>, lease_ms: i64,
-    ) -> Result<Vec<Option<i32>>, String> {
+    ) -> Result<Vec<Option<i32>>, StageError> {
         let ids: Vec<Uuid> = rows.iter().map(|r| r.item).collect();
         let leases: Vec<Uuid> = rows.iter().map(|r| r.lease).collect();
         let taken: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
@@ -370,20 +376,18 @@ impl Stages for Deliveries {
         .bind(lease_ms)
         .bind(now_unix())
         .fetch_all(&self.state.db)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         let taken: HashMap<Uuid, i32> = taken.into_iter().collect();
         Ok(ids.iter().map(|id| taken.get(id).copied()).collect())
     }
 
-    async fn standing(&self, item: Uuid) -> Result<Standing, String> {
+    async fn standing(&self, item: Uuid) -> Result<Standing, StageError> {
         let row: Option<(String, i64)> = sqlx::query_as(&format!(
             "SELECT status, leased_until_ms - {DB_NOW_MS} FROM attempts WHERE id = $1"
         ))
         .bind(item)
         .fetch_optional(&self.state.db)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         Ok(match row {
             Some((status, left_ms)) if status == "pending" => {
                 Standing::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
@@ -406,13 +410,11 @@ impl Stages for Deliveries {
         outcome(delivery.post(&self.state.sender, body).await)
     }
 
-    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, String> {
-        record(&self.state.db, rows, self.disable_after)
-            .await
-            .map_err(|e| e.to_string())
+    async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, StageError> {
+        Ok(record(&self.state.db, rows, self.disable_after).await?)
     }
 
-    async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), String> {
+    async fn renew(&self, items: &[Uuid], lease: Uuid, lease_ms: i64) -> Result<(), StageError> {
         sqlx::query(&format!(
             "UPDATE attempts SET leased_until_ms = {DB_NOW_MS} + $3
              WHERE id = ANY($1) AND lease_owner = $2 AND {UNFINISHED}"
@@ -421,9 +423,8 @@ impl Stages for Deliveries {
         .bind(lease)
         .bind(lease_ms)
         .execute(&self.state.db)
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
+        .await?;
+        Ok(())
     }
 
     fn retry_delay(&self, attempt: i64) -> Option<Duration> {
