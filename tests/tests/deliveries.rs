@@ -21,6 +21,7 @@ use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
 use postmesh_tests::receiver::{Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, ServiceDb, Stack, INBOUND_DOMAIN};
+use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
 use webhook_dispatcher::routes::defaults::DefaultPage;
 use webhook_dispatcher::routes::endpoints::{Created, EndpointPage, Subscribed};
@@ -69,7 +70,7 @@ async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<De
 
 /// Waits until the endpoint's attempts all have `status`, `count` of them.
 async fn settled(
-    stack: &Stack, key: &str, endpoint: uuid::Uuid, count: usize, status: &str,
+    stack: &Stack, key: &str, endpoint: uuid::Uuid, count: usize, status: Status,
 ) -> Vec<AttemptView> {
     eventually(Duration::from_secs(20), || async move {
         let list = attempts(stack, key, endpoint).await;
@@ -178,12 +179,24 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     assert_ne!(fell[0].body["data"]["messageId"], data["messageId"]);
     assert_eq!(fell[1].body["data"]["address"], to[2]);
 
-    let done = settled(&stack, &key, e1, 1, "succeeded").await;
+    let done = settled(&stack, &key, e1, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (1, Some(200))
     );
     assert_eq!(format!("msg_{}", done[0].id.simple()), d1[0].id);
+    // The list filters by status, a word of three.
+    let path = format!("/inbox/webhook/endpoints/{e1}/attempts?status=");
+    let client = stack.client(&key);
+    let only: Success<AttemptList> = client
+        .get(&format!("{path}succeeded"), StatusCode::OK)
+        .await;
+    assert_eq!(only.body.attempts.len(), 1);
+    let none: Success<AttemptList> = client.get(&format!("{path}failed"), StatusCode::OK).await;
+    assert!(none.body.attempts.is_empty());
+    let _: Value = client
+        .get(&format!("{path}done"), StatusCode::BAD_REQUEST)
+        .await;
 
     // The test route signs a sample at once and answers what the receiver said.
     let tested: Success<Tested> = stack
@@ -374,7 +387,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     // The test stack's schedule: 1 s, then 2 s.
     assert!(got[1].arrived - got[0].arrived >= Duration::from_millis(900));
     assert!(got[2].arrived - got[1].arrived >= Duration::from_millis(1900));
-    let done = settled(&stack, &key, e, 1, "succeeded").await;
+    let done = settled(&stack, &key, e, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (3, Some(200))
@@ -408,7 +421,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     assert!(got[4].arrived - got[3].arrived >= Duration::from_millis(3900));
     assert_eq!(got[4].id, got[3].id);
     assert!(asked.elapsed() >= Duration::from_secs(4));
-    settled(&stack, &key, e, 2, "succeeded").await;
+    settled(&stack, &key, e, 2, Status::Succeeded).await;
     stack.shutdown().await;
 }
 
@@ -427,7 +440,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         &[&inbox_address("dead")],
     )
     .await;
-    let failed = settled(&stack, &key, e, 1, "failed").await;
+    let failed = settled(&stack, &key, e, 1, Status::Failed).await;
     assert_eq!(
         (failed[0].attempt_count, failed[0].last_status_code),
         (3, Some(503)),
@@ -436,7 +449,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     assert!(failed[0].last_error.as_deref().unwrap().contains("503"));
     assert_eq!(receiver.count(), 3);
     // 410: failed at once, the endpoint disabled.
-    let dropped = settled(&stack, &key, g, 1, "failed").await;
+    let dropped = settled(&stack, &key, g, 1, Status::Failed).await;
     assert_eq!(dropped[0].attempt_count, 1);
     let page: Success<EndpointPage> = stack
         .client(&key)
@@ -456,7 +469,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         .await;
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].id, got[0].id);
-    settled(&stack, &key, e, 1, "succeeded").await;
+    settled(&stack, &key, e, 1, Status::Succeeded).await;
     // Replayed: every message since then, as a new delivery.
     let replayed: Success<Replayed> = stack
         .client(&key)
@@ -473,7 +486,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         got[4].body["data"]["messageId"],
         got[0].body["data"]["messageId"]
     );
-    settled(&stack, &key, e, 2, "succeeded").await;
+    settled(&stack, &key, e, 2, Status::Succeeded).await;
     // Another workspace's endpoint is 404; a malformed attempt id 400.
     let (other, _) = key_with_inbox(&stack, "other").await;
     let missing: ErrorBody = stack
@@ -582,12 +595,12 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed() {
     let moved = eventually(Duration::from_secs(10), || async {
         let list = attempts(&stack, &key, e).await;
         match list.iter().find(|a| a.last_status_code == Some(302)) {
-            Some(a) => Ok(a.status.clone()),
+            Some(a) => Ok(a.status),
             None => Err(format!("{list:?}")),
         }
     })
     .await;
-    assert_ne!(moved, "succeeded");
+    assert_ne!(moved, Status::Succeeded);
     quiet().await;
     assert_eq!(elsewhere.count(), 0, "the redirect was not followed");
     assert!(elsewhere.refused().is_empty());
@@ -635,7 +648,7 @@ async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
         }
     })
     .await;
-    assert!(list.iter().all(|a| a.status != "succeeded"));
+    assert!(list.iter().all(|a| a.status != Status::Succeeded));
     stack.shutdown().await;
 }
 
@@ -699,7 +712,7 @@ async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one
     })
     .await;
     assert!(
-        list.iter().all(|a| a.status == "pending"
+        list.iter().all(|a| a.status == Status::Pending
             && a.last_status_code == Some(500)
             && a.next_attempt_at.is_some_and(|at| at >= now + 45)),
         "{list:?}"
@@ -713,7 +726,7 @@ async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one
         }
     })
     .await;
-    assert!(list.iter().all(|a| a.status == "pending"), "{list:?}");
+    assert!(list.iter().all(|a| a.status == Status::Pending), "{list:?}");
     stack.shutdown().await;
 }
 
@@ -798,7 +811,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
         let done: HashSet<_> = attempts(&stack, &key, e)
             .await
             .into_iter()
-            .filter(|a| a.status == "succeeded")
+            .filter(|a| a.status == Status::Succeeded)
             .map(|a| a.id)
             .collect();
         if done.is_empty() {
@@ -831,7 +844,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
     stack.restart_dispatcher(config).await;
     let all = eventually(Duration::from_secs(60), || async {
         let list = attempts(&stack, &key, e).await;
-        if list.len() == count && list.iter().all(|a| a.status == "succeeded") {
+        if list.len() == count && list.iter().all(|a| a.status == Status::Succeeded) {
             Ok(list)
         } else {
             Err(format!("{} attempts", list.len()))
@@ -1075,7 +1088,7 @@ async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
         let raw = message(None, &format!("Once {i}"), "", "o");
         ingest(&stack, &raw, &[&inbox_address("once")]).await;
     }
-    let list = settled(&stack, &key, e, count, "succeeded").await;
+    let list = settled(&stack, &key, e, count, Status::Succeeded).await;
     // Each attempt's row is the one its fan-out's transaction wrote beside the received
     // message (same xmin), never updated since: no claim, no separate outcome write.
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
@@ -1133,7 +1146,7 @@ async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_i
     let list = eventually(Duration::from_secs(60), || async {
         let list = attempts(&stack, &key, e).await;
         match list.as_slice() {
-            [a] if a.status == "succeeded" => Ok(a.id),
+            [a] if a.status == Status::Succeeded => Ok(a.id),
             _ => Err(format!("{list:?}")),
         }
     })
@@ -1179,7 +1192,7 @@ async fn a_fan_out_whose_write_keeps_failing_posts_once_and_leaves_the_rest_to_t
         .await
         .unwrap();
     // The next run writes the attempt pending, and the worker delivers it.
-    let list = settled(&stack, &key, e, 1, "succeeded").await;
+    let list = settled(&stack, &key, e, 1, Status::Succeeded).await;
     let got = receiver.deliveries();
     assert_eq!(got.len(), 2);
     let id = format!("msg_{}", list[0].id.simple());
@@ -1206,7 +1219,7 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
     eventually(Duration::from_secs(10), || async {
         let list = attempts(&stack, &key, e).await;
         match list.as_slice() {
-            [a] if a.status == "pending" && a.attempt_count == 1 => Ok(()),
+            [a] if a.status == Status::Pending && a.attempt_count == 1 => Ok(()),
             _ => Err(format!("{list:?}")),
         }
     })
@@ -1217,7 +1230,7 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
     // Its lease (the 2 s timeout and 2 s more) over, the scheduler queues it: well before
     // INBOUND would hand the message out again (30 s), or a lost job's five minutes.
     let started = Instant::now();
-    let list = settled(&stack, &key, e, 1, "succeeded").await;
+    let list = settled(&stack, &key, e, 1, Status::Succeeded).await;
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(list[0].attempt_count, 2);
     let got = receiver.deliveries();

@@ -23,6 +23,7 @@ use postmesh_tests::receiver::{Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
 use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
+use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
 use webhook_dispatcher::routes::endpoints::Deleted;
 use webhook_dispatcher::routes::webhooks::{Created, EventTypes, WebhookList, WebhookPage};
@@ -69,7 +70,7 @@ async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<De
 
 /// Waits until the webhook's attempts are `count`, all with `status`.
 async fn settled(
-    stack: &Stack, key: &str, webhook: Uuid, count: usize, status: &str,
+    stack: &Stack, key: &str, webhook: Uuid, count: usize, status: Status,
 ) -> Vec<AttemptView> {
     eventually(Duration::from_secs(30), || async move {
         let list = attempts(stack, key, webhook).await;
@@ -529,14 +530,14 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     )
     .await;
     provider_id(&stack, &key, first).await;
-    let done = settled(&stack, &key, w, 1, "succeeded").await;
+    let done = settled(&stack, &key, w, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (3, Some(200))
     );
     assert_eq!(done[0].event_type, "email.sent");
     // A 410: failed at once, and the webhook disabled.
-    let dropped = settled(&stack, &key, g, 1, "failed").await;
+    let dropped = settled(&stack, &key, g, 1, Status::Failed).await;
     assert_eq!(dropped[0].attempt_count, 1);
     let page: Success<WebhookPage> = stack
         .client(&key)
@@ -569,7 +570,10 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     provider_id(&stack, &key, second).await;
     let failed: Vec<AttemptView> = eventually(Duration::from_secs(30), || async {
         let list = attempts(&stack, &key, w).await;
-        let failed: Vec<AttemptView> = list.into_iter().filter(|a| a.status == "failed").collect();
+        let failed: Vec<AttemptView> = list
+            .into_iter()
+            .filter(|a| a.status == Status::Failed)
+            .collect();
         if failed.len() == 2 {
             Ok(failed)
         } else {
@@ -616,7 +620,7 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     let none_waiting = || async {
         eventually(Duration::from_secs(10), || async {
             let list = attempts(&stack, &key, w).await;
-            match list.iter().any(|a| a.status == "pending") {
+            match list.iter().any(|a| a.status == Status::Pending) {
                 false => Ok(list),
                 true => Err(format!("{list:?}")),
             }
@@ -781,7 +785,7 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
         let done: HashSet<Uuid> = attempts(&stack, &key, w)
             .await
             .into_iter()
-            .filter(|a| a.status == "succeeded")
+            .filter(|a| a.status == Status::Succeeded)
             .map(|a| a.id)
             .collect();
         if done.is_empty() {
@@ -833,7 +837,7 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     }
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
-    let all = settled(&stack, &key, w, count, "succeeded").await;
+    let all = settled(&stack, &key, w, count, Status::Succeeded).await;
     quiet().await;
     let got = receiver.deliveries();
     let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();

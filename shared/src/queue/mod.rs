@@ -491,7 +491,11 @@ mod tests {
     #[test]
     fn a_lost_connection_is_unavailable_and_a_bad_statement_refused() {
         let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        for e in [sqlx::Error::Io(lost), sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+        for e in [
+            sqlx::Error::Io(lost),
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+        ] {
             let e = StageError::from(e);
             assert!(matches!(e, StageError::Unavailable(_)), "{e}");
             assert!(matches!(retry_after(&e), Outcome::Retry(_, None)));

@@ -3,11 +3,28 @@
 
 pub mod owner;
 
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::content::quotes::BodyFormat;
+
+/// Where an attempt stands.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[schema(as = WebhookAttemptStatus)]
+pub enum Status {
+    /// Waiting for its first try, a retry, or its target's turn.
+    Pending,
+    /// The target answered 2xx.
+    Succeeded,
+    /// Every try failed, or it could never be made.
+    Failed,
+}
 
 /// An attempt still `pending`, written so that a lookup by id never turns into a scan of the
 /// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.

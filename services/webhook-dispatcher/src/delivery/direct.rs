@@ -27,7 +27,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::queue::{RecordRow, Verdict, DB_NOW_MS};
 use postmesh_shared::Namespace;
 
-use crate::attempt::{target_of, AttemptRow};
+use crate::attempt::{target_of, AttemptRow, Status};
 use crate::delivery::worker::{
     health, outcome, queue, ready, record, Answer, Content, Delivery, Ready, Slots, Written,
 };
@@ -223,7 +223,7 @@ impl Direct {
                 How::Answered(verdict) => Written::of(verdict, now),
                 // Due now, as the worker shows an attempt it holds or is about to take.
                 How::Waiting(_) | How::Queued => Written {
-                    status: "pending",
+                    status: Status::Pending,
                     code: None,
                     error: None,
                     next_at: Some(now),

@@ -19,6 +19,7 @@ use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageRep
 use postmesh_shared::{ApiError, Runtime, Success};
 
 use crate::attempt::owner::Owner;
+use crate::attempt::Status;
 use crate::content::payload::{self, Event, Shape};
 use crate::delivery::worker::{now_rfc3339, queue, queue_each};
 use crate::AppState;
@@ -65,7 +66,7 @@ pub struct AttemptView {
     /// What it delivers: `inbound.received` or an `email.*` type.
     #[serde(rename = "type")]
     pub event_type: String,
-    pub status: String,
+    pub status: Status,
     pub attempt_count: i32,
     pub last_status_code: Option<i32>,
     pub last_error: Option<String>,
@@ -110,7 +111,7 @@ pub struct Tested {
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
-    status: Option<String>,
+    status: Option<Status>,
     limit: Option<i64>,
     offset: Option<i64>,
 }
@@ -142,18 +143,11 @@ pub(crate) async fn list<O: Owned>(
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Success<AttemptList>, ApiError> {
     let Page { limit, offset } = Page::of(q.limit, q.offset, 50)?;
-    if let Some(status) = &q.status {
-        if !matches!(status.as_str(), "pending" | "succeeded" | "failed") {
-            return Err(ApiError::BadRequest(
-                "status is pending, succeeded or failed".into(),
-            ));
-        }
-    }
     require(&state.db, O::OWNER, &caller, id).await?;
     let (_, column) = O::OWNER.table();
     let attempts = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM attempts a LEFT JOIN events ev ON ev.id = a.message_id
-         WHERE a.{column} = $1 AND ($2::text IS NULL OR a.status = $2)
+         WHERE a.{column} = $1 AND ($2::text IS NULL OR a.status = $2::text)
          ORDER BY a.created_at DESC, a.id DESC LIMIT $3 OFFSET $4"
     ))
     .bind(id)

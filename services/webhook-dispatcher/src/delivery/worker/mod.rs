@@ -31,7 +31,7 @@ use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
 
 use crate::attempt::owner::Owner;
-use crate::attempt::{target_of, AttemptRow, ATTEMPTS_WITH_TARGETS, UNFINISHED};
+use crate::attempt::{target_of, AttemptRow, Status, ATTEMPTS_WITH_TARGETS, UNFINISHED};
 use crate::content::payload::{self, Event, Shape};
 use crate::{AppState, DeliveryConfig};
 
@@ -382,14 +382,14 @@ impl Stages for Deliveries {
     }
 
     async fn standing(&self, item: Uuid) -> Result<Standing, StageError> {
-        let row: Option<(String, i64)> = sqlx::query_as(&format!(
+        let row: Option<(Status, i64)> = sqlx::query_as(&format!(
             "SELECT status, leased_until_ms - {DB_NOW_MS} FROM attempts WHERE id = $1"
         ))
         .bind(item)
         .fetch_optional(&self.state.db)
         .await?;
         Ok(match row {
-            Some((status, left_ms)) if status == "pending" => {
+            Some((Status::Pending, left_ms)) => {
                 Standing::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
             }
             _ => Standing::Finished,

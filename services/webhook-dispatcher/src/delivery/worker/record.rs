@@ -11,7 +11,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::queue::{Failure, RecordRow, Verdict};
 
 use super::Answer;
-use crate::attempt::UNFINISHED;
+use crate::attempt::{Status, UNFINISHED};
 
 /// What a receiver's answer means for the attempt. The detail of a success, and the start
 /// of a failure's text, carry the status code (`HTTP 500: ...`) for the record.
@@ -34,7 +34,7 @@ fn status_code(text: &str) -> Option<i32> {
 
 /// What an outcome writes to its attempt's row.
 pub(crate) struct Written {
-    pub status: &'static str,
+    pub status: Status,
     pub code: Option<i32>,
     /// The failure, for anything but a success.
     pub error: Option<String>,
@@ -46,10 +46,10 @@ impl Written {
     /// The columns of `verdict`, reached at `now`.
     pub(crate) fn of(verdict: &Verdict, now: i64) -> Self {
         let (status, text, next_at) = match verdict {
-            Verdict::Done(detail) => ("succeeded", detail, None),
-            Verdict::Failed(e) => ("failed", e, None),
+            Verdict::Done(detail) => (Status::Succeeded, detail, None),
+            Verdict::Failed(e) => (Status::Failed, e, None),
             Verdict::Retry(e, after) => (
-                "pending",
+                Status::Pending,
                 e,
                 Some(now + i64::try_from(after.as_secs()).unwrap_or(i64::MAX / 2)),
             ),
@@ -57,7 +57,7 @@ impl Written {
         Self {
             status,
             code: status_code(text),
-            error: (status != "succeeded").then(|| text.clone()),
+            error: (status != Status::Succeeded).then(|| text.clone()),
             next_at,
         }
     }
