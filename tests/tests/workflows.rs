@@ -7,7 +7,11 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use futures::StreamExt as _;
+use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::WorkflowEvent;
 use postmesh_tests::{eventually, SenderMode, Stack, TestClient};
+use prost::Message as _;
 
 fn event(id: &str, name: &str, email: &str, properties: Value) -> Value {
     json!({
@@ -135,6 +139,25 @@ async fn events_are_checked_and_stored_once_per_id() {
         "{contacts}"
     );
 
+    // Each stored event is published once on EVENTS, in protobuf.
+    let published = eventually(Duration::from_secs(10), || async {
+        let events = published_events(&stack).await;
+        match events.iter().filter(|e| e.event_id == "e-1").count() {
+            1 => Ok(events),
+            n => Err(n),
+        }
+    })
+    .await;
+    let e1 = published.iter().find(|e| e.event_id == "e-1").unwrap();
+    assert_eq!(e1.event_name, "signed_up");
+    assert_eq!(e1.occurred_at, "2026-11-25T09:00:00Z");
+    assert_eq!(
+        e1.contact_id,
+        contacts["contacts"][0]["id"].as_str().unwrap()
+    );
+    let properties: Value = serde_json::from_str(&e1.properties).unwrap();
+    assert_eq!(properties, json!({ "plan": "pro" }));
+
     // An event about a contact never seen, named by its external id alone, is never dropped:
     // it makes that contact, without an email; a later event gives it one, and the external
     // id still names that one contact.
@@ -157,6 +180,34 @@ async fn events_are_checked_and_stored_once_per_id() {
     assert_eq!(found[0]["id"], made[0]["id"], "one contact throughout");
     assert_eq!(found[0]["email"], crm_email.as_str(), "{found:?}");
     stack.shutdown().await;
+}
+
+/// Every workflow event on the stack's EVENTS stream.
+async fn published_events(stack: &Stack) -> Vec<WorkflowEvent> {
+    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_stream(Stream::Events.name(stack.ns()))
+        .await
+        .unwrap();
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(100)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    while let Some(Ok(msg)) = batch.next().await {
+        all.push(WorkflowEvent::decode(msg.payload.clone()).expect("a WorkflowEvent"));
+    }
+    all
 }
 
 /// The contacts of the caller's workspace with external id `external`.

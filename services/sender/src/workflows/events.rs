@@ -5,6 +5,7 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use prost::Message as _;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use sqlx::types::Json;
@@ -15,6 +16,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
+use postmesh_shared::proto::WorkflowEvent;
 use postmesh_shared::{ApiError, EmailAddress, Namespace, Success, WorkspaceId};
 
 use super::event::{parse_time, EventView};
@@ -206,6 +208,13 @@ fn subject(ns: &Namespace, event_name: &str) -> String {
     )
 }
 
+/// Whom an event names, as stored with it (its `contact` column).
+#[derive(Serialize)]
+struct Named<'a> {
+    external_contact_id: Option<&'a str>,
+    email: Option<&'a str>,
+}
+
 /// The answer of `POST /events`.
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = WorkflowEventAccepted)]
@@ -242,10 +251,10 @@ pub(crate) async fn report(
     let contact = contact_of(&mut conn, caller.workspace, &ev).await?;
     drop(conn);
     let mut tx = state.db.begin().await?;
-    let named = serde_json::json!({
-        "external_contact_id": ev.external_contact_id,
-        "email": ev.email.as_ref().map(|e| e.as_str()),
-    });
+    let named = Named {
+        external_contact_id: ev.external_contact_id.as_deref(),
+        email: ev.email.as_ref().map(|e| e.as_str()),
+    };
     let inserted: Option<EventView> = sqlx::query_as(&format!(
         "INSERT INTO workflow_events (workspace_id, event_id, event_name, occurred_at,
                                       occurred_unix, received_at, contact_id, contact,
@@ -283,20 +292,19 @@ pub(crate) async fn report(
     )
     .await?;
     let started = runs::start_for(&mut tx, &caller, &event, &contact, &ev.properties).await?;
-    let payload = serde_json::json!({
-        "workspaceId": caller.workspace,
-        "eventId": event.event_id,
-        "eventName": event.event_name,
-        "occurredAt": event.occurred_at,
-        "contactId": contact.id,
-        "properties": ev.properties,
-    });
+    let published = WorkflowEvent {
+        workspace_id: caller.workspace.to_string(),
+        event_id: event.event_id.clone(),
+        event_name: event.event_name.clone(),
+        occurred_at: event.occurred_at.clone(),
+        contact_id: contact.id.to_string(),
+        properties: serde_json::to_string(&ev.properties)
+            .map_err(|e| ApiError::internal("event properties", e))?,
+    };
     let message = outbox::OutboxMessage {
         id: Uuid::now_v7(),
         subject: subject(&state.ns, &event.event_name),
-        payload: serde_json::to_vec(&payload)
-            .map_err(|e| ApiError::internal("event payload", e))?
-            .into(),
+        payload: published.encode_to_vec().into(),
     };
     outbox::enqueue(&mut tx, &message).await?;
     tx.commit().await?;
