@@ -1,6 +1,7 @@
 //! The shape of the code: in every crate, the imports between the modules inside each
 //! module (its top level included) run one way (no circle), and no source file outside the
-//! tests is over 600 lines.
+//! tests is over 600 lines, and no code outside the tests builds JSON with `json!` but the
+//! OpenAPI builder.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -339,5 +340,31 @@ fn no_source_file_outside_the_tests_is_over_600_lines() {
         long.is_empty(),
         "over {MAX_LINES} lines:\n{}",
         long.join("\n")
+    );
+}
+
+#[test]
+fn json_values_are_built_by_hand_only_in_the_openapi_builder() {
+    let root = root();
+    let allowed = root.join("services/api-gateway/src/openapi.rs");
+    let mut found = Vec::new();
+    for src in crates() {
+        if src.starts_with(root.join("tests")) {
+            continue;
+        }
+        for file in sources(&src) {
+            if file == allowed || file.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
+            if code.contains("json!") {
+                found.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "json! outside tests and the OpenAPI builder (use a typed struct):\n{}",
+        found.join("\n")
     );
 }

@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use axum::http::header;
-use axum::response::{Html, IntoResponse};
-use maud::{html, PreEscaped, DOCTYPE};
+use axum::response::IntoResponse;
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathsBuilder,
 };
@@ -45,38 +44,18 @@ const PAGES: [RouteSpec; 7] = [
 /// not found or a 400).
 const UUID_PARAMETERS: [&str; 3] = ["id", "task_id", "attemptId"];
 
-/// The gateway's routes that serve the document.
+/// The gateway's route that serves the document.
 pub fn routes() -> Routes<AppState> {
-    Routes::new()
-        .at(api::OPENAPI, openapi_json)
-        .at(api::DOCS, docs)
+    Routes::new().at(api::OPENAPI, openapi_json)
 }
 
-/// `GET /openapi.json`.
+/// `GET /openapi.json`, rendered once.
 async fn openapi_json() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        rendered().json.as_str(),
-    )
-}
-
-/// `GET /docs`.
-async fn docs() -> Html<&'static str> {
-    Html(rendered().page.as_str())
-}
-
-/// The document and its page, rendered once.
-struct Rendered {
-    json: String,
-    page: String,
-}
-
-fn rendered() -> &'static Rendered {
-    static RENDERED: OnceLock<Rendered> = OnceLock::new();
-    RENDERED.get_or_init(|| Rendered {
-        json: serde_json::to_string_pretty(&document()).expect("the document serializes"),
-        page: page(),
-    })
+    static RENDERED: OnceLock<String> = OnceLock::new();
+    let json = RENDERED.get_or_init(|| {
+        serde_json::to_string_pretty(&document()).expect("the document serializes")
+    });
+    ([(header::CONTENT_TYPE, "application/json")], json.as_str())
 }
 
 /// The body schemas of every service's routes, written from the services' types by the
@@ -318,39 +297,6 @@ fn operations() -> OpenApi {
         .components(Some(components.build()))
         .build()
 }
-
-/// The readable reference: every operation with who may call it, its parameters, bodies
-/// and answers, and every body schema (the reference of `docs/api.md`, as HTML).
-fn page() -> String {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Postmesh API reference" }
-                style { (STYLE) }
-            }
-            body {
-                p {
-                    "The machine-readable document is "
-                    a href="/openapi.json" { "/openapi.json" }
-                    " (OpenAPI 3.1)."
-                }
-                (PreEscaped(crate::reference::html(&crate::reference::markdown())))
-            }
-        }
-    }
-    .into_string()
-}
-
-/// The reference page's look: readable width; on a narrow screen, tables scroll inside
-/// themselves and long paths wrap.
-const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;\
-    padding:0 1rem;line-height:1.5;overflow-wrap:break-word}table{border-collapse:collapse;\
-    margin:.5rem 0;display:block;max-width:100%;overflow-x:auto}th,td{border:1px solid #ccc;\
-    padding:.2rem .5rem;text-align:left;vertical-align:top}code{background:#f4f4f4;\
-    padding:0 .2rem}h3{margin-top:2rem}";
 
 /// The service that serves a route.
 pub(crate) fn owner_name(target: Target) -> String {

@@ -4,12 +4,63 @@
 //! file; a test fails when it is not current.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
-use pulldown_cmark::{html, CowStr, Event, Options, Parser, Tag, TagEnd};
+use axum::response::Html;
+use maud::{html, PreEscaped, DOCTYPE};
+use pulldown_cmark::{CowStr, Event, Options, Parser, Tag, TagEnd};
 use serde_json::Value;
+
+use postmesh_contracts::routes::gateway as api;
+use postmesh_shared::Routes;
 
 use crate::openapi::{document, owner_name, who};
 use crate::table::table;
+use crate::AppState;
+
+/// The gateway's route that serves the reference as a page.
+pub fn routes() -> Routes<AppState> {
+    Routes::new().at(api::DOCS, docs)
+}
+
+/// `GET /docs`, rendered once.
+async fn docs() -> Html<&'static str> {
+    static PAGE: OnceLock<String> = OnceLock::new();
+    Html(PAGE.get_or_init(page).as_str())
+}
+
+/// The readable reference: every operation with who may call it, its parameters, bodies
+/// and answers, and every body schema (the reference of `docs/api.md`, as HTML).
+fn page() -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "Postmesh API reference" }
+                style { (STYLE) }
+            }
+            body {
+                p {
+                    "The machine-readable document is "
+                    a href="/openapi.json" { "/openapi.json" }
+                    " (OpenAPI 3.1)."
+                }
+                (PreEscaped(to_html(&markdown())))
+            }
+        }
+    }
+    .into_string()
+}
+
+/// The reference page's look: readable width; on a narrow screen, tables scroll inside
+/// themselves and long paths wrap.
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;\
+    padding:0 1rem;line-height:1.5;overflow-wrap:break-word}table{border-collapse:collapse;\
+    margin:.5rem 0;display:block;max-width:100%;overflow-x:auto}th,td{border:1px solid #ccc;\
+    padding:.2rem .5rem;text-align:left;vertical-align:top}code{background:#f4f4f4;\
+    padding:0 .2rem}h3{margin-top:2rem}";
 
 /// Where the reference is kept, from the repository's root.
 pub const PATH: &str = "docs/api.md";
@@ -61,7 +112,7 @@ pub fn markdown() -> String {
 
 /// The reference as HTML (the body of `GET /docs`): its headings carry the ids its links
 /// point at, as a Markdown viewer makes them.
-pub fn html(markdown: &str) -> String {
+pub fn to_html(markdown: &str) -> String {
     let mut events: Vec<Event> = Parser::new_ext(markdown, Options::ENABLE_TABLES).collect();
     let mut at = 0;
     while at < events.len() {
@@ -82,7 +133,7 @@ pub fn html(markdown: &str) -> String {
         at += 1;
     }
     let mut out = String::with_capacity(markdown.len() * 2);
-    html::push_html(&mut out, events.into_iter());
+    pulldown_cmark::html::push_html(&mut out, events.into_iter());
     out
 }
 

@@ -20,7 +20,9 @@ use postmesh_shared::routes::{method_filter, Bodies, NO_SUCH_ENDPOINT};
 use postmesh_shared::{nats, ApiError, Routes, Service};
 
 use crate::table::{table, Entry, Target};
-use crate::{accounts, codes, dead_letters, device, login, openapi, sessions, web, AppState};
+use crate::{
+    accounts, codes, dead_letters, device, login, openapi, reference, sessions, web, AppState,
+};
 
 /// The routes the gateway serves itself.
 fn local() -> Routes<AppState> {
@@ -31,6 +33,7 @@ fn local() -> Routes<AppState> {
         .merge(web::routes())
         .merge(dead_letters::routes())
         .merge(openapi::routes())
+        .merge(reference::routes())
 }
 
 /// Each of the gateway's own routes with the JSON bodies it takes and answers, for the

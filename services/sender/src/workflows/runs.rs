@@ -6,7 +6,7 @@
 //! stored) is retried under a fresh id and charge key.
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::PgConnection;
@@ -20,6 +20,7 @@ use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
 use super::event::{parse_time, EventView};
 use crate::audience::contacts::{self, Contact};
+use crate::sending::request::{SendBody, To, ToItem};
 use crate::AppState;
 
 /// Runs one pass advances at most.
@@ -394,13 +395,17 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                     lease.end(state, "failed", Some(&why)).await?;
                     return Ok(());
                 };
-                let body = json!({
-                    "to": [{ "email": to, "externalId": contact.external_id }],
-                    "templateKey": template_key,
-                    "emailType": email_type.as_str(),
-                    "topic": topic,
-                    "variables": props,
-                });
+                let body = SendBody {
+                    to: Some(To::Many(vec![ToItem::Recipient {
+                        email: to.clone(),
+                        external_id: contact.external_id.clone(),
+                    }])),
+                    template_key: Some(template_key.clone()),
+                    email_type: Some(email_type.as_str().to_owned()),
+                    topic: topic.clone(),
+                    variables: Some(props.clone()),
+                    ..SendBody::default()
+                };
                 match send(state, run, lease, pc, body).await {
                     Ok(()) => Next::Go(pc + 1),
                     // Passing: retried under a fresh try (failed_try).
@@ -463,7 +468,7 @@ fn task_id(run: Uuid, pc: usize, tries: i32) -> TaskId {
 /// run ended meanwhile (an exit event, a deleted workflow) sends nothing; one whose end
 /// commits while its send is in flight still sends that one.
 async fn send(
-    state: &AppState, run: &Due, lease: &Lease, pc: usize, body: Value,
+    state: &AppState, run: &Due, lease: &Lease, pc: usize, body: SendBody,
 ) -> Result<(), ApiError> {
     let tries: Vec<Uuid> = (0..=run.attempts)
         .map(|t| task_id(run.id, pc, t).as_uuid())
@@ -486,7 +491,6 @@ async fn send(
     if live.is_none() {
         return Ok(());
     }
-    let body = serde_json::from_value(body).map_err(|e| ApiError::internal("send step", e))?;
     let caller = Caller {
         account: run.account_id,
         workspace: run.workspace_id,
@@ -502,6 +506,7 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_step_keeps_its_task_id() {

@@ -10,8 +10,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use prost::Message as _;
+use serde::Serialize;
 use serde_json::value::to_raw_value;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
 
@@ -113,37 +114,70 @@ impl Event {
     }
 }
 
-/// The payload's `data` of event `e`: its send's labels, never the message's body; a
-/// `reason` (and a bounce's `bounceType`) when the event says why.
-pub fn data(e: &DeliveryEvent) -> Value {
+/// The sender of a delivery event's message, as its webhook shows it.
+#[derive(Debug, Serialize)]
+pub struct FromAddress<'e> {
+    pub address: &'e str,
+    pub name: Option<&'e str>,
+}
+
+/// A delivery event's `data` as its webhook carries it: the send's labels, never the
+/// message's body; a `reason` (and a bounce's `bounceType`) when the event says why.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventData<'e> {
+    pub task_id: Option<&'e str>,
+    pub delivery_id: Option<&'e str>,
+    pub email: &'e str,
+    pub from: Option<FromAddress<'e>>,
+    pub subject: Option<&'e str>,
+    pub email_type: Option<&'e str>,
+    pub topic: Option<String>,
+    pub campaign_key: Option<&'e str>,
+    pub message_id: Option<&'e str>,
+    pub provider_message_id: Option<String>,
+    pub sequence: i64,
+    pub occurred_at: i64,
+    pub source_app: Option<&'e str>,
+    pub business_goal: Option<&'e str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bounce_type: Option<String>,
+}
+
+/// The payload's `data` of event `e`.
+pub fn data(e: &DeliveryEvent) -> EventData<'_> {
     let detail: Value = serde_json::from_str(&e.detail).unwrap_or(Value::Null);
-    let text = |key: &str| detail[key].as_str().filter(|s| !s.is_empty());
-    let from = given(&e.from_address)
-        .map(|address| json!({ "address": address, "name": given(&e.from_name) }));
-    let mut data = json!({
-        "taskId": given(&e.task_id),
-        "deliveryId": given(&e.delivery_id),
-        "email": e.email,
-        "from": from,
-        "subject": given(&e.subject),
-        "emailType": given(&e.email_type),
-        "topic": given(&e.topic).or_else(|| text("topic")),
-        "campaignKey": given(&e.campaign_key),
-        "messageId": given(&e.message_id),
-        "providerMessageId": given(&e.provider_message_id).or_else(|| text("providerMessageId")),
-        "sequence": e.sequence,
-        "occurredAt": e.occurred_at,
-        "sourceApp": given(&e.source_app),
-        "businessGoal": given(&e.business_goal),
-    });
-    let object: &mut Map<String, Value> = data.as_object_mut().expect("an object");
-    if let Some(reason) = text("reason").or_else(|| text("delayType")) {
-        object.insert("reason".into(), reason.into());
+    let text = |key: &str| {
+        detail[key]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    EventData {
+        task_id: given(&e.task_id),
+        delivery_id: given(&e.delivery_id),
+        email: &e.email,
+        from: given(&e.from_address).map(|address| FromAddress {
+            address,
+            name: given(&e.from_name),
+        }),
+        subject: given(&e.subject),
+        email_type: given(&e.email_type),
+        topic: given(&e.topic).map(str::to_owned).or_else(|| text("topic")),
+        campaign_key: given(&e.campaign_key),
+        message_id: given(&e.message_id),
+        provider_message_id: given(&e.provider_message_id)
+            .map(str::to_owned)
+            .or_else(|| text("providerMessageId")),
+        sequence: e.sequence,
+        occurred_at: e.occurred_at,
+        source_app: given(&e.source_app),
+        business_goal: given(&e.business_goal),
+        reason: text("reason").or_else(|| text("delayType")),
+        bounce_type: text("bounceType"),
     }
-    if let Some(bounce_type) = text("bounceType") {
-        object.insert("bounceType".into(), bounce_type.into());
-    }
-    data
 }
 
 /// Events written by one statement at most.
@@ -283,6 +317,7 @@ const NEW_TARGETS: &str = "
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn data_carries_labels_and_reasons_but_no_body() {
@@ -297,17 +332,18 @@ mod tests {
             subject: "Hi".into(),
             ..Default::default()
         };
-        let d = data(&e);
+        let d = serde_json::to_value(data(&e)).unwrap();
         assert_eq!(d["reason"], "550 no such user");
         assert_eq!(d["bounceType"], "Permanent");
         assert_eq!(d["sequence"], 7);
         assert_eq!(d["from"]["address"], "me@x.example");
         assert_eq!(d["taskId"], Value::Null);
         assert!(d.get("body").is_none() && d.get("html").is_none());
-        let plain = data(&DeliveryEvent {
+        let plain = serde_json::to_value(data(&DeliveryEvent {
             detail: "{}".into(),
             ..e
-        });
+        }))
+        .unwrap();
         assert!(plain.get("reason").is_none() && plain.get("bounceType").is_none());
         let bad = DeliveryEvent {
             event_id: Uuid::nil().to_string(),
@@ -359,14 +395,14 @@ mod tests {
         };
         let parsed = Event::parse_all(&batch.encode_to_vec()).unwrap();
         assert_eq!(parsed.len(), 2);
-        let first = data(&parsed[0].raw);
+        let first = serde_json::to_value(data(&parsed[0].raw)).unwrap();
         assert_eq!(parsed[0].kind, "email.queued");
         assert_eq!(
             (&first["subject"], &first["sequence"], &first["email"]),
             (&json!("Hi"), &json!(9), &json!("a@b.example"))
         );
         assert_eq!(first["messageId"], format!("<{delivery}@mail.example>"));
-        let second = data(&parsed[1].raw);
+        let second = serde_json::to_value(data(&parsed[1].raw)).unwrap();
         assert_eq!(second["messageId"], "<own@x.example>");
         assert_eq!(second["subject"], "Own");
     }

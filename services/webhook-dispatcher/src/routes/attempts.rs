@@ -397,7 +397,8 @@ async fn sample_body(
                 .into_iter()
                 .find(|t| t.starts_with("email."))
                 .unwrap_or_else(|| "email.sent".into());
-            let data = crate::delivery::events::data(&sample_event(&kind));
+            let sample = sample_event(&kind);
+            let data = crate::delivery::events::data(&sample);
             serde_json::to_vec(&payload::Envelope::new(&kind, now_rfc3339(), &data))
         }
     };

@@ -163,7 +163,8 @@ async fn baseline(
 ) -> anyhow::Result<f64> {
     super::signed_posts(receivers, posts, concurrency, |i| {
         let r = i % RECEIVERS;
-        let data = webhook_dispatcher::delivery::events::data(&sample(i / RECEIVERS));
+        let event = sample(i / RECEIVERS);
+        let data = webhook_dispatcher::delivery::events::data(&event);
         let body = serde_json::to_vec(&Envelope::new(
             TYPES[i / RECEIVERS % 2],
             webhook_dispatcher::delivery::worker::now_rfc3339(),

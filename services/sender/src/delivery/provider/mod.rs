@@ -351,11 +351,6 @@ pub fn unsubscribed_from(topic: Option<&str>, how: &str) -> String {
     }
 }
 
-/// The provider's own object about an event, as its detail.
-fn provided(object: &Option<Value>) -> Detail {
-    Detail::Provider(object.clone())
-}
-
 /// What a delivery event and suppression an SES event makes.
 struct Effect {
     kind: Kind,
@@ -418,14 +413,23 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 addresses(complaint, "complainedRecipients"),
             )
         }
-        "Delivery" => one(Kind::Delivered, provided(&event.delivery), None, Vec::new()),
-        "Reject" => one(Kind::Rejected, provided(&event.reject), None, Vec::new()),
-        "DeliveryDelay" => one(
-            Kind::Delayed,
-            provided(&event.delivery_delay),
+        // The provider's own object about the event is its detail.
+        "Delivery" => one(
+            Kind::Delivered,
+            Detail::Provider(event.delivery.clone()),
             None,
-            Vec::new(),
+            vec![],
         ),
+        "Reject" => one(
+            Kind::Rejected,
+            Detail::Provider(event.reject.clone()),
+            None,
+            vec![],
+        ),
+        "DeliveryDelay" => {
+            let detail = Detail::Provider(event.delivery_delay.clone());
+            one(Kind::Delayed, detail, None, vec![])
+        }
         "Subscription" => {
             let sub = event
                 .subscription
@@ -574,28 +578,4 @@ async fn apply(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_canonical_string_follows_snss_field_order() {
-        let env: Envelope = serde_json::from_value(json!({
-            "Type": "Notification", "MessageId": "m1", "TopicArn": "arn:t", "Message": "hi",
-            "Timestamp": "2026-01-01T00:00:00.000Z", "SignatureVersion": "2", "Signature": "x",
-            "SigningCertURL": "https://sns.eu-west-1.amazonaws.com/c.pem"
-        }))
-        .unwrap();
-        assert_eq!(
-            env.canonical().unwrap(),
-            "Message\nhi\nMessageId\nm1\nTimestamp\n2026-01-01T00:00:00.000Z\nTopicArn\narn:t\nType\nNotification\n"
-        );
-        let pattern = Regex::new(DEFAULT_URL_PATTERN).unwrap();
-        assert!(
-            pattern.is_match("https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-1.pem")
-        );
-        assert!(pattern.is_match("https://sns.cn-north-1.amazonaws.com.cn/x.pem"));
-        assert!(!pattern.is_match("https://sns.eu-west-1.amazonaws.com.evil.example/x.pem"));
-        assert!(!pattern.is_match("http://sns.eu-west-1.amazonaws.com/x.pem"));
-    }
-}
+mod tests;
