@@ -4,6 +4,7 @@
 //! fresh namespace ([`Stack`]). The sender can instead run as its own OS process, so a test
 //! can kill it. [`TestClient`] is the one typed client for both.
 
+pub mod attempts;
 pub mod client;
 pub mod fake_cloudflare;
 pub mod fake_dns;

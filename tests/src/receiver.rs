@@ -221,3 +221,16 @@ async fn receive(State(fake): State<Receiver>, headers: HeaderMap, body: Bytes) 
         }
     }
 }
+
+/// Waits until `receiver` has `count` deliveries; they.
+pub async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<Delivery> {
+    crate::eventually(within, || async move {
+        let got = receiver.deliveries();
+        if got.len() >= count {
+            Ok(got)
+        } else {
+            Err((got.len(), receiver.refused()))
+        }
+    })
+    .await
+}

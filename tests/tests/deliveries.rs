@@ -17,9 +17,10 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::{self, Stream};
 use postmesh_shared::proto::WebhookJob;
 use postmesh_shared::{AddressId, Success};
+use postmesh_tests::attempts::Of;
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::mta::{fixture, ingest, key_with_inbox, message};
-use postmesh_tests::receiver::{Delivery, Receiver, Reply};
+use postmesh_tests::receiver::{received, Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, ServiceDb, Stack, INBOUND_DOMAIN};
 use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
@@ -43,44 +44,16 @@ async fn endpoint(
     created.body.endpoint.id
 }
 
-/// The endpoint's attempts, newest first.
-async fn attempts(stack: &Stack, key: &str, endpoint: uuid::Uuid) -> Vec<AttemptView> {
-    let list: Success<AttemptList> = stack
-        .client(key)
-        .get(
-            &format!("/inbox/webhook/endpoints/{endpoint}/attempts"),
-            StatusCode::OK,
-        )
-        .await;
-    list.body.attempts
+/// The endpoint's attempts (the newest 100), newest first.
+async fn attempts(stack: &Stack, key: &str, id: uuid::Uuid) -> Vec<AttemptView> {
+    postmesh_tests::attempts::list(stack, key, Of::Endpoint(id)).await
 }
 
-/// Waits until `receiver` has `count` deliveries; they.
-async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<Delivery> {
-    eventually(within, || async move {
-        let got = receiver.deliveries();
-        if got.len() >= count {
-            Ok(got)
-        } else {
-            Err((got.len(), receiver.refused()))
-        }
-    })
-    .await
-}
-
-/// Waits until the endpoint's attempts all have `status`, `count` of them.
+/// Waits until the endpoint's attempts are `count`, all with `status`.
 async fn settled(
-    stack: &Stack, key: &str, endpoint: uuid::Uuid, count: usize, status: Status,
+    stack: &Stack, key: &str, id: uuid::Uuid, count: usize, status: Status,
 ) -> Vec<AttemptView> {
-    eventually(Duration::from_secs(20), || async move {
-        let list = attempts(stack, key, endpoint).await;
-        if list.len() == count && list.iter().all(|a| a.status == status) {
-            Ok(list)
-        } else {
-            Err(format!("{list:?}"))
-        }
-    })
-    .await
+    postmesh_tests::attempts::settled(stack, key, Of::Endpoint(id), count, status).await
 }
 
 fn inbox_address(local: &str) -> String {

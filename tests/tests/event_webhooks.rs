@@ -17,14 +17,15 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::{self, Stream};
 use postmesh_shared::proto::{DeliveryEvents, WebhookJob};
 use postmesh_shared::{Success, TaskId};
+use postmesh_tests::attempts::Of;
 use postmesh_tests::fake_sns::FakeSns;
 use postmesh_tests::mta::{ingest, message};
-use postmesh_tests::receiver::{Delivery, Receiver, Reply};
+use postmesh_tests::receiver::{received, Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
 use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
 use webhook_dispatcher::attempt::Status;
-use webhook_dispatcher::routes::attempts::{AttemptList, AttemptView, Replayed, Tested};
+use webhook_dispatcher::routes::attempts::{AttemptView, Replayed, Tested};
 use webhook_dispatcher::routes::endpoints::Deleted;
 use webhook_dispatcher::routes::webhooks::{Created, EventTypes, WebhookList, WebhookPage};
 
@@ -44,43 +45,15 @@ async fn webhook(stack: &Stack, key: &str, receiver: &Receiver, events: &[&str])
 }
 
 /// The webhook's attempts (the newest 100), newest first.
-async fn attempts(stack: &Stack, key: &str, webhook: Uuid) -> Vec<AttemptView> {
-    let list: Success<AttemptList> = stack
-        .client(key)
-        .get(
-            &format!("/webhooks/{webhook}/attempts?limit=100"),
-            StatusCode::OK,
-        )
-        .await;
-    list.body.attempts
-}
-
-/// Waits until `receiver` has `count` deliveries; they.
-async fn received(receiver: &Receiver, count: usize, within: Duration) -> Vec<Delivery> {
-    eventually(within, || async move {
-        let got = receiver.deliveries();
-        if got.len() >= count {
-            Ok(got)
-        } else {
-            Err((got.len(), receiver.refused()))
-        }
-    })
-    .await
+async fn attempts(stack: &Stack, key: &str, id: Uuid) -> Vec<AttemptView> {
+    postmesh_tests::attempts::list(stack, key, Of::Webhook(id)).await
 }
 
 /// Waits until the webhook's attempts are `count`, all with `status`.
 async fn settled(
-    stack: &Stack, key: &str, webhook: Uuid, count: usize, status: Status,
+    stack: &Stack, key: &str, id: Uuid, count: usize, status: Status,
 ) -> Vec<AttemptView> {
-    eventually(Duration::from_secs(30), || async move {
-        let list = attempts(stack, key, webhook).await;
-        if list.len() == count && list.iter().all(|a| a.status == status) {
-            Ok(list)
-        } else {
-            Err(format!("{list:?}"))
-        }
-    })
-    .await
+    postmesh_tests::attempts::settled(stack, key, Of::Webhook(id), count, status).await
 }
 
 /// A quiet moment in which nothing more should arrive.
