@@ -815,7 +815,8 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
     }
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
-    let all = eventually(Duration::from_secs(60), || async {
+    // Within the dispatcher's ack wait (3 s in tests) and the time to deliver the rest.
+    let all = eventually(Duration::from_secs(20), || async {
         let list = attempts(&stack, &key, e).await;
         if list.len() == count && list.iter().all(|a| a.status == Status::Succeeded) {
             Ok(list)

@@ -55,7 +55,8 @@ pub struct DeliveryConfig {
     /// `WEBHOOK_ENDPOINT_CONCURRENCY`: deliveries in flight to one target at once.
     pub endpoint_concurrency: usize,
     /// `WEBHOOK_ACK_WAIT_SECS`: how long a WEBHOOK job's ack deadline and its attempts'
-    /// leases last (renewed while a POST runs); a dead dispatcher's work is taken after it.
+    /// leases last (renewed while a POST runs), and an INBOUND or DELIVERY batch's ack
+    /// deadline (renewed while its fan-out runs); a dead dispatcher's work is taken after it.
     pub ack_wait: Duration,
 }
 
@@ -269,8 +270,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let inbound = fanout::Inbound {
         direct: direct.clone(),
     };
-    fanout::spawn(&rt, inbound).await?;
-    fanout::spawn(&rt, events::Deliveries { direct }).await?;
+    let ack_wait = config.delivery.ack_wait;
+    fanout::spawn(&rt, inbound, ack_wait).await?;
+    fanout::spawn(&rt, events::Deliveries { direct }, ack_wait).await?;
     deliver::spawn(&rt, state.clone(), &config.delivery, slots).await?;
     attempts::schedule(&rt);
     attempts::prune_periodically(&rt, config.retention_days);

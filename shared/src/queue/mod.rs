@@ -101,21 +101,19 @@ pub async fn spawn<S: Stages>(
     rt: &Runtime, stream: Stream, config: QueueConfig, stages: S,
 ) -> anyhow::Result<()> {
     let js_stream = stream.ensure(&rt.js, &rt.common.namespace).await?;
+    // Created, or updated to these settings (a changed ack wait takes effect on restart).
     let consumer = js_stream
-        .get_or_create_consumer(
-            config.name,
-            pull::Config {
-                durable_name: Some(config.name.into()),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: config.ack_wait,
-                // Unlimited: attempts are counted in the database (docs/decisions.md).
-                max_deliver: -1,
-                // Jobs handed out and not yet acknowledged. Each is in a handler at once,
-                // kept alive by its heartbeats while it waits for its turn.
-                max_ack_pending: 2 * config.concurrency as i64,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(config.name.into()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            // Unlimited: attempts are counted in the database (docs/decisions.md).
+            max_deliver: -1,
+            // Jobs handed out and not yet acknowledged. Each is in a handler at once,
+            // kept alive by its heartbeats while it waits for its turn.
+            max_ack_pending: 2 * config.concurrency as i64,
+            ..Default::default()
+        })
         .await
         .map_err(|e| anyhow::anyhow!("creating the {} consumer: {e}", config.name))?;
     let mut messages = consumer

@@ -38,9 +38,6 @@ use crate::delivery::worker::{message, Content};
 const RETRY: Duration = Duration::from_secs(1);
 /// Batches in flight at once.
 const BATCHES: usize = 4;
-/// How often a batch still being fanned out tells JetStream it is in progress (well within
-/// the consumer's 30 s ack wait).
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// The INBOUND fan-out: what it needs.
 pub struct Inbound {
@@ -92,22 +89,21 @@ pub trait Source: Send + Sync + 'static {
 }
 
 /// Consumes `source`'s stream until the runtime shuts down, in batches of up to its `BATCH`
-/// messages, [`BATCHES`] at once; fan-outs in progress finish first.
-pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
+/// messages, [`BATCHES`] at once; fan-outs in progress finish first. A batch unacknowledged
+/// for `ack_wait` (its dispatcher died) is handed out again.
+pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> anyhow::Result<()> {
     let ns = &rt.common.namespace;
     Stream::Webhook.ensure(&rt.js, ns).await?;
     let stream = S::STREAM.ensure(&rt.js, ns).await?;
+    // Created, or updated to these settings (a changed ack wait takes effect on restart).
     let consumer = stream
-        .get_or_create_consumer(
-            S::CONSUMER,
-            pull::Config {
-                durable_name: Some(S::CONSUMER.into()),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: (2 * S::BATCH * BATCHES) as i64,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(S::CONSUMER.into()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait,
+            max_ack_pending: (2 * S::BATCH * BATCHES) as i64,
+            ..Default::default()
+        })
         .await
         .map_err(|e| anyhow::anyhow!("creating the {} consumer: {e}", S::CONSUMER))?;
     let mut messages = consumer
@@ -153,19 +149,19 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S) -> anyhow::Result<()> {
                     handle(&*source, &letters, &batch).await;
                 }
                 .instrument(span);
-                kept_in_progress(&batch, work).await;
+                kept_in_progress(&batch, ack_wait / 3, work).await;
             });
         }
     });
     Ok(())
 }
 
-/// Runs `work`, telling JetStream every [`PROGRESS_EVERY`] meanwhile that `batch` is in
-/// progress.
-async fn kept_in_progress(batch: &[jetstream::Message], work: impl Future<Output = ()>) {
+/// Runs `work`, telling JetStream every `every` meanwhile that `batch` is in progress.
+async fn kept_in_progress(
+    batch: &[jetstream::Message], every: Duration, work: impl Future<Output = ()>,
+) {
     tokio::pin!(work);
-    let mut progress =
-        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
         tokio::select! {
             () = &mut work => return,
