@@ -990,6 +990,25 @@ impl Stack {
             .balance
     }
 
+    /// The balance of `key`, or what the gateway answered instead (a 503 while billing
+    /// comes back): for probes that wait on a service being restarted.
+    pub async fn try_balance(&self, key: &str) -> Result<i64, String> {
+        let answer = self
+            .client(key)
+            .send(reqwest::Method::GET, "/balance", None)
+            .await;
+        if answer.status != StatusCode::OK {
+            return Err(format!(
+                "{}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            ));
+        }
+        let body: postmesh_shared::Success<billing::balance::Balance> =
+            serde_json::from_slice(&answer.body).map_err(|e| e.to_string())?;
+        Ok(body.body.balance)
+    }
+
     /// Delivered messages addressed to `to` (compared without regard to case), oldest
     /// first.
     pub fn messages_to(&self, to: &str) -> Vec<String> {
