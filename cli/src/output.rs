@@ -85,8 +85,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// `n credit(s)`.
-pub fn credits(n: &serde_json::Number) -> String {
-    if n.as_f64() == Some(1.0) {
+pub fn credits(n: i64) -> String {
+    if n == 1 {
         "1 credit".to_owned()
     } else {
         format!("{n} credits")

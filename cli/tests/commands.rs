@@ -105,7 +105,7 @@ fn login_stores_the_key_that_later_commands_present() {
         (
             "200 OK",
             r#"{"success":true,"email":"ann@example.com","accountId":"a1",
-                "key":{"id":"k1","name":"CLI","prefix":"0123abcd","primary":false,"createdAt":1}}"#
+                "key":{"id":"0190a000-0000-7000-8000-0000000000a1","name":"CLI","prefix":"0123abcd","primary":false,"createdAt":1}}"#
                 .into(),
         ),
     ]);

@@ -3,6 +3,7 @@
 //! manifest. Services, the gateway and the CLI share it; it pulls in no web framework,
 //! database driver or telemetry.
 
+pub mod answers;
 pub mod ids;
 mod names;
 pub mod namespace;

@@ -368,3 +368,36 @@ fn json_values_are_built_by_hand_only_in_the_openapi_builder() {
         found.join("\n")
     );
 }
+
+#[test]
+fn the_cli_reads_answers_only_through_the_contracts_types() {
+    // What the CLI may still deserialize itself: its own credentials file, and the error
+    // body every route shares, read before it knows which answer it got.
+    let own = ["Credentials", "ErrorBody"];
+    let mut found = Vec::new();
+    for file in sources(&root().join("cli/src")) {
+        let code = code_of(&std::fs::read_to_string(&file).expect("readable"));
+        for (at, _) in code.match_indices("Deserialize") {
+            let rest = &code[at..];
+            let Some(decl) = ["struct ", "enum "]
+                .iter()
+                .filter_map(|k| rest.find(k).map(|i| i + k.len()))
+                .min()
+            else {
+                continue;
+            };
+            let name = ident(rest[decl..].trim_start());
+            let derived = code[..at]
+                .rfind("#[derive(")
+                .is_some_and(|d| !code[d..at].contains(')'));
+            if derived && !own.contains(&name) {
+                found.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the CLI declares answers of its own (use postmesh_contracts::answers):\n{}",
+        found.join("\n")
+    );
+}

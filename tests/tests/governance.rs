@@ -15,7 +15,7 @@ use postmesh_tests::Stack;
 use sender::audience::contacts::Upserted;
 use sender::audience::suppressions::{Added, Reason, Removed, SuppressionPage};
 use sender::sending::send::SendAnswer;
-use sender::sending::status::TaskProgress;
+use sender::sending::status::{Progress, TaskProgress};
 
 /// A send of `email_type` (and `topic`) to `to`, with `extra` fields.
 fn mail(to: &[&str], email_type: &str, topic: Option<&str>, extra: Value) -> Value {
@@ -74,7 +74,7 @@ async fn sent_task(stack: &Stack, key: &str, task: impl std::fmt::Display) -> Ta
         let p: Success<TaskProgress> = client
             .get(&format!("/email-status/{task}"), StatusCode::OK)
             .await;
-        if p.body.status == "sent" {
+        if p.body.status == Progress::Sent {
             Ok(p.body)
         } else {
             Err(p.body.status)

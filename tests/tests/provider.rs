@@ -212,8 +212,8 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     );
     let r = recipient(&stack, &key, task, |r| r.events.len() >= 2).await;
     assert_eq!(kinds(&r), [Kind::Sent, Kind::Bounced]);
-    assert_eq!(r.events[1].detail.0["bounceType"], "Permanent");
-    assert_eq!(r.events[1].detail.0["reason"], "550 5.1.1");
+    assert_eq!(r.events[1].detail["bounceType"], "Permanent");
+    assert_eq!(r.events[1].detail["reason"], "550 5.1.1");
 
     // A transient bounce: an event, no suppression. A delivery (notification form).
     let (task, r) = delivered(&stack, &key, "busy@example.com", "transactional").await;

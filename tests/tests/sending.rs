@@ -18,7 +18,7 @@ use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::{eventually, peek, Answer, FakeStripe, Options, SenderMode, Stack};
 use sender::sending::send::{Cancelled, SendAnswer};
 use sender::sending::smtp_auth::SmtpAuth;
-use sender::sending::status::TaskProgress;
+use sender::sending::status::{Progress, TaskProgress};
 use sender::sending::tasks::TaskStatus;
 use sender::sending::templates::{Deleted, Template, TemplateList};
 
@@ -131,7 +131,7 @@ async fn every_field_reaches_the_delivered_message() {
     assert!(v.recipients.rejected.is_empty());
     let task = v.task_id.expect("a task id");
     let status = wait_finished(&stack, &key, task).await;
-    assert_eq!(status.status, "sent", "{status:?}");
+    assert_eq!(status.status, Progress::Sent, "{status:?}");
     assert_eq!((status.total, status.sent), (1, 1));
     let recipient = &status.recipients[0];
     assert_eq!(recipient.email, "Ann@example.com");
@@ -329,8 +329,8 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
     .expect("the trigger");
 
     let done = wait_finished(&stack, &key, fine).await;
-    assert_eq!(done.status, "sent");
-    let failed = wait_status(&stack, &key, poisoned, |p| p.status == "failed").await;
+    assert_eq!(done.status, Progress::Sent);
+    let failed = wait_status(&stack, &key, poisoned, |p| p.status == Progress::Failed).await;
     assert_eq!(failed.sent, 0);
     let (tries, error): (i32, Option<String>) =
         sqlx::query_as("SELECT release_failures, last_error FROM tasks WHERE id = $1")
@@ -563,10 +563,10 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     );
     let task = v.task_id.expect("a task id");
     let early = status(&stack, &key, task, "").await;
-    assert_eq!(early.status, "scheduled");
+    assert_eq!(early.status, Progress::Scheduled);
     assert!(stack.messages_to("later@example.com").is_empty());
     let done = wait_finished(&stack, &key, task).await;
-    assert_eq!(done.status, "sent");
+    assert_eq!(done.status, Progress::Sent);
     assert!(now() >= at, "not released early");
 
     let v = accepted(&stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
@@ -589,7 +589,7 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
         .delete(&path, StatusCode::NOT_FOUND)
         .await;
     let after = status(&stack, &key, cancelled, "").await;
-    assert_eq!(after.status, "cancelled");
+    assert_eq!(after.status, Progress::Cancelled);
     for recipient in &after.recipients {
         let kinds: Vec<_> = recipient.events.iter().map(|e| e.kind).collect();
         assert_eq!(
@@ -650,7 +650,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         .await;
     let task = v.task_id.expect("a task id");
     let done = wait_finished(&stack, &key, task).await;
-    assert_eq!(done.status, "sent", "{done:?}");
+    assert_eq!(done.status, Progress::Sent, "{done:?}");
     let sent = ses.sent();
     assert_eq!(sent.len(), 2);
     for r in &done.recipients {
@@ -684,7 +684,7 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
     .await;
     let task = v.task_id.expect("a task id");
     let done = wait_finished(&stack, &key, task).await;
-    assert_eq!(done.status, "sent", "{done:?}");
+    assert_eq!(done.status, Progress::Sent, "{done:?}");
     let attempts = peek::sender::delivery_attempts(&stack.sender_db().await, task.as_uuid()).await;
     let mut expected = vec![1; 59];
     expected.push(2);
@@ -701,13 +701,13 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         "Email address is on the suppression list",
     );
     let done = send_one_and_wait(&stack, &key, "s3@example.com").await;
-    assert_eq!(done.status, "failed", "{done:?}");
+    assert_eq!(done.status, Progress::Failed, "{done:?}");
     let error = done.recipients[0].error.as_deref().unwrap_or_default();
     assert!(error.contains("MessageRejected"), "{done:?}");
     let failed = &done.recipients[0].events;
     assert_eq!(failed.len(), 1, "{done:?}");
     assert_eq!(failed[0].kind, sender::sending::events::Kind::Failed);
-    assert!(failed[0].detail.0["reason"]
+    assert!(failed[0].detail["reason"]
         .as_str()
         .unwrap_or_default()
         .contains("MessageRejected"));
@@ -812,7 +812,7 @@ async fn a_sender_killed_mid_batch_delivers_every_recipient_exactly_once() {
     .await;
     stack.deliver_by_smtp(&fast.url()).await;
     let done = wait_finished(&stack, &key, task).await;
-    assert_eq!(done.status, "sent", "{done:?}");
+    assert_eq!(done.status, Progress::Sent, "{done:?}");
     tokio::time::sleep(Duration::from_secs(3)).await; // room for a duplicate to show up
     let mut delivered: Vec<String> = slow
         .received()
@@ -845,7 +845,10 @@ async fn attachments_up_to_ten_mib_are_delivered_and_more_is_refused() {
     assert!(error.contains("10 MiB"), "{error}");
     let v = accepted(&stack, &key, body(b64(limit))).await;
     let task = v.task_id.expect("a task id");
-    assert_eq!(wait_finished(&stack, &key, task).await.status, "sent");
+    assert_eq!(
+        wait_finished(&stack, &key, task).await.status,
+        Progress::Sent
+    );
     let mail = stack.messages_to("big@example.com");
     assert_eq!(mail.len(), 1);
     let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();

@@ -1,8 +1,6 @@
 //! `balance` and `logs`: the credit balance and the consumption log (spec §4.3).
 
-use serde::Deserialize;
-use serde_json::Number;
-
+use postmesh_contracts::answers::billing::{Balance, LogEntry, LogPage};
 use postmesh_contracts::routes::billing;
 
 use super::Context;
@@ -12,33 +10,6 @@ use crate::output::{self, or_dash};
 
 /// Characters of a subject shown in the table at most.
 const SUBJECT_WIDTH: usize = 40;
-
-/// The answer of `GET /balance`.
-#[derive(Debug, Deserialize)]
-struct Balance {
-    balance: Number,
-}
-
-/// The answer of `GET /logs`.
-#[derive(Debug, Deserialize)]
-struct LogPage {
-    logs: Vec<LogEntry>,
-}
-
-/// One consumption log entry (spec §2); fields beyond these are ignored.
-#[derive(Debug, Deserialize)]
-struct LogEntry {
-    log_id: String,
-    timestamp: String,
-    amount_deducted: f64,
-    caller_email: String,
-    target_email: Option<String>,
-    from_email: Option<String>,
-    subject: Option<String>,
-    send_mode: Option<String>,
-    recipient_count: Option<f64>,
-    task_id: Option<String>,
-}
 
 /// The CSV columns: the spec's fields, in its order.
 const CSV_HEADER: [&str; 10] = [
@@ -57,7 +28,7 @@ const CSV_HEADER: [&str; 10] = [
 /// `postmesh balance`.
 pub async fn balance(ctx: &Context) -> anyhow::Result<()> {
     ctx.show(&Call::to(billing::BALANCE), |b: Balance| {
-        Ok(format!("Balance: {}", output::credits(&b.balance)))
+        Ok(format!("Balance: {}", output::credits(b.balance)))
     })
     .await
 }

@@ -1,9 +1,10 @@
 //! `domains list|add|verify`: sender domains (spec §4.5) — list them, submit one, and check
 //! its ownership TXT record.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use uuid::Uuid;
 
+use postmesh_contracts::answers::domain::{DomainList, DomainView, Reviewed, Submitted};
 use postmesh_contracts::routes::domain;
 
 use super::Context;
@@ -11,41 +12,10 @@ use crate::api::Call;
 use crate::cli::DomainsCommand;
 use crate::output;
 
-/// A domain record as the API shows it.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DomainView {
-    /// None for a platform domain.
-    id: Option<Uuid>,
-    domain: String,
-    ownership_status: String,
-    inbound_status: String,
-    outbound_status: String,
-}
-
-/// The answer of `GET /sender-domains`.
-#[derive(Debug, Deserialize)]
-struct DomainList {
-    domains: Vec<DomainView>,
-}
-
 /// The `POST /sender-domains` body.
 #[derive(Debug, Serialize)]
 struct Submission {
     domain: String,
-}
-
-/// The answer of `POST /sender-domains`.
-#[derive(Debug, Deserialize)]
-struct Submitted {
-    message: String,
-    domain: DomainView,
-}
-
-/// The answer of `POST /sender-domains/{id}/verify-ownership`.
-#[derive(Debug, Deserialize)]
-struct Reviewed {
-    message: String,
 }
 
 /// `postmesh domains ...`.
@@ -92,9 +62,9 @@ fn table(domains: &[DomainView]) -> String {
             vec![
                 id_cell(d.id),
                 d.domain.clone(),
-                d.ownership_status.clone(),
-                d.inbound_status.clone(),
-                d.outbound_status.clone(),
+                d.ownership_status.as_str().to_owned(),
+                d.inbound_status.as_str().to_owned(),
+                d.outbound_status.as_str().to_owned(),
             ]
         })
         .collect();

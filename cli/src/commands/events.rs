@@ -1,12 +1,13 @@
 //! `events send`: reports one workflow event (`POST /events`, spec §4.6). The event id is the
 //! idempotency key: one is made when none is given, and printed so a retry can reuse it.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use postmesh_contracts::answers::sender::Accepted;
 use postmesh_contracts::routes::sender::EVENT_REPORT as EVENTS;
 
 use super::Context;
@@ -34,13 +35,6 @@ struct Contact {
     email: Option<String>,
 }
 
-/// The answer of `POST /events` (200 for a duplicate, 201 for a new event).
-#[derive(Debug, Deserialize)]
-struct Recorded {
-    #[serde(default)]
-    duplicate: bool,
-}
-
 impl EventBody {
     /// The body for `args`, happening at `now`; a new uuid as the event id when none is given.
     fn new(args: EventArgs, now: OffsetDateTime) -> anyhow::Result<Self> {
@@ -62,7 +56,7 @@ pub async fn send(ctx: &Context, args: EventArgs) -> anyhow::Result<()> {
     let body = EventBody::new(args, OffsetDateTime::now_utc())?;
     let call = Call::to(EVENTS).json(&body)?;
     let id = body.event_id;
-    ctx.show(&call, |recorded: Recorded| {
+    ctx.show(&call, |recorded: Accepted| {
         Ok(if recorded.duplicate {
             format!("Event {id} was already recorded")
         } else {

@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context as _};
 use rand::RngCore;
 use reqwest::StatusCode;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::time::Instant;
 
+use postmesh_contracts::answers::gateway::{Initiated, PollAnswer, PollStatus};
 use postmesh_contracts::routes::gateway;
 
 use crate::api::{ApiError, Call, Client, Reply};
@@ -37,27 +38,6 @@ struct DeviceBody<'a> {
     /// This machine's name, for init only: the new key is named `CLI: <deviceName>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     device_name: Option<String>,
-}
-
-/// The answer of `POST /cli/auth/init`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Initiated {
-    /// Seconds the request lives.
-    expires_in: f64,
-    /// Seconds to wait between polls.
-    interval: f64,
-    user_code: String,
-    verification_url: String,
-}
-
-/// The fields of a poll's answer the CLI reads (spec §7: only `success` is always there).
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PollAnswer {
-    status: Option<String>,
-    api_key: Option<String>,
-    email: Option<String>,
 }
 
 /// What `--json` prints after a login: never the key itself.
@@ -96,17 +76,17 @@ fn expired() -> anyhow::Error {
 
 /// Reads a poll's answer.
 fn read_poll(reply: Reply) -> anyhow::Result<Poll> {
-    let answer: PollAnswer = serde_json::from_str(&reply.raw).unwrap_or_default();
+    let answer: Option<PollAnswer> = serde_json::from_str(&reply.raw).ok();
     match reply.status {
         StatusCode::ACCEPTED => Ok(Poll::Pending),
         StatusCode::TOO_MANY_REQUESTS => Ok(Poll::SlowDown),
-        StatusCode::GONE if answer.status.as_deref() == Some("denied") => {
+        StatusCode::GONE if answer.as_ref().map(|a| a.status) == Some(PollStatus::Denied) => {
             bail!("the login request was denied in the web app; run postmesh login again")
         }
         StatusCode::GONE => Err(expired()),
         status if status.is_server_error() => Ok(Poll::Unavailable(reply.error().to_string())),
-        status if status.is_success() => match (answer.api_key, answer.email) {
-            (Some(api_key), Some(email)) if !api_key.is_empty() => {
+        status if status.is_success() => match answer.map(|a| (a.api_key, a.email)) {
+            Some((Some(api_key), Some(email))) if !api_key.is_empty() => {
                 Ok(Poll::Approved(Credentials {
                     api_key,
                     email,
@@ -147,12 +127,8 @@ async fn host_name() -> Option<String> {
 }
 
 /// `seconds` as a duration within `min..=max`.
-fn seconds(seconds: f64, min: Duration, max: Duration) -> Duration {
-    if seconds.is_finite() {
-        Duration::from_secs_f64(seconds.clamp(min.as_secs_f64(), max.as_secs_f64()))
-    } else {
-        min
-    }
+fn seconds(seconds: u64, min: Duration, max: Duration) -> Duration {
+    Duration::from_secs(seconds).clamp(min, max)
 }
 
 /// Opens `url` in the browser, if this system has an opener; a failure is ignored (the
@@ -335,13 +311,13 @@ mod tests {
     #[test]
     fn intervals_stay_in_bounds() {
         assert_eq!(
-            seconds(5.0, MIN_INTERVAL, MAX_INTERVAL),
+            seconds(5, MIN_INTERVAL, MAX_INTERVAL),
             Duration::from_secs(5)
         );
-        assert_eq!(seconds(0.0, MIN_INTERVAL, MAX_INTERVAL), MIN_INTERVAL);
-        assert_eq!(seconds(1e9, MIN_INTERVAL, MAX_INTERVAL), MAX_INTERVAL);
+        assert_eq!(seconds(0, MIN_INTERVAL, MAX_INTERVAL), MIN_INTERVAL);
+        assert_eq!(seconds(u64::MAX, MIN_INTERVAL, MAX_INTERVAL), MAX_INTERVAL);
         assert_eq!(
-            seconds(600.0, Duration::ZERO, MAX_EXPIRY),
+            seconds(600, Duration::ZERO, MAX_EXPIRY),
             Duration::from_secs(600)
         );
     }

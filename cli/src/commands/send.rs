@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use serde::{Deserialize, Serialize};
-use serde_json::Number;
+use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use postmesh_contracts::answers::sender::{RejectedRecipient, SendAnswer, TaskProgress};
 use postmesh_contracts::routes::sender;
 
 use super::Context;
@@ -52,66 +52,6 @@ impl From<SendArgs> for SendBody {
     }
 }
 
-/// The answer to a send.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SendAnswer {
-    /// None for a dry run, which stores nothing.
-    task_id: Option<String>,
-    status: String,
-    scheduled_at: Option<i64>,
-    recipients: RecipientCounts,
-    cost: Number,
-    dry_run: bool,
-}
-
-/// Recipients in a send answer.
-#[derive(Debug, Deserialize)]
-struct RecipientCounts {
-    accepted: u64,
-    #[serde(default)]
-    rejected: Vec<Rejected>,
-}
-
-/// A recipient left out, with the reason.
-#[derive(Debug, Deserialize)]
-struct Rejected {
-    email: String,
-    reason: String,
-}
-
-/// The answer of `GET /email-status/{taskId}`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TaskProgress {
-    task_id: String,
-    /// `scheduled`, `cancelled`, `queued`, `sending`, `sent`, `failed` or `partially_failed`.
-    status: String,
-    total: u64,
-    queued: u64,
-    sent: u64,
-    failed: u64,
-    scheduled_at: Option<i64>,
-    #[serde(default)]
-    recipients: Vec<RecipientStatus>,
-    #[serde(default)]
-    rejected: Vec<Rejected>,
-}
-
-/// One recipient's state.
-#[derive(Debug, Deserialize)]
-struct RecipientStatus {
-    email: String,
-    status: String,
-    error: Option<String>,
-}
-
-/// Whether a task in `status` will change no more (all its recipients sent or failed, or
-/// cancelled); an unknown status counts as finished, so `--wait` cannot hang on it.
-fn is_finished(status: &str) -> bool {
-    !matches!(status, "scheduled" | "queued" | "sending")
-}
-
 /// `n recipient(s)`.
 fn recipients(n: u64) -> String {
     format!("{n} recipient{}", if n == 1 { "" } else { "s" })
@@ -125,7 +65,7 @@ fn when(unix: i64) -> String {
         .unwrap_or_else(|| unix.to_string())
 }
 
-fn rejected_lines(rejected: &[Rejected]) -> String {
+fn rejected_lines(rejected: &[RejectedRecipient]) -> String {
     rejected
         .iter()
         .map(|r| format!("\nleft out {}: {}", r.email, r.reason))
@@ -134,16 +74,16 @@ fn rejected_lines(rejected: &[Rejected]) -> String {
 
 /// A send's answer for a person.
 fn describe_send(answer: &SendAnswer) -> String {
-    let count = recipients(answer.recipients.accepted);
+    let count = recipients(answer.recipients.accepted as u64);
     let mut text = match (&answer.task_id, answer.dry_run) {
         (Some(task), false) => format!(
             "Task {task}: {}, {count}, cost {}",
-            answer.status,
-            output::credits(&answer.cost)
+            answer.status.as_str(),
+            output::credits(answer.cost)
         ),
         _ => format!(
             "Dry run: {count}, would cost {}; nothing was sent",
-            output::credits(&answer.cost)
+            output::credits(answer.cost)
         ),
     };
     if let Some(at) = answer.scheduled_at {
@@ -157,11 +97,11 @@ fn describe_status(task: &TaskProgress) -> String {
     let mut text = format!(
         "Task {}: {} ({} sent, {} failed, {} queued of {})",
         task.task_id,
-        task.status,
+        task.status.as_str(),
         task.sent,
         task.failed,
         task.queued,
-        recipients(task.total)
+        recipients(task.total.max(0) as u64)
     );
     if let Some(at) = task.scheduled_at {
         text.push_str(&format!("; scheduled for {}", when(at)));
@@ -173,7 +113,7 @@ fn describe_status(task: &TaskProgress) -> String {
             .map(|r| {
                 vec![
                     r.email.clone(),
-                    r.status.clone(),
+                    r.status.as_str().to_owned(),
                     or_dash(r.error.as_deref()),
                 ]
             })
@@ -218,10 +158,10 @@ async fn wait(
     loop {
         let answer: Answer<TaskProgress> = ctx.client.call(call).await?;
         let task = &answer.body;
-        bar.set_length(task.total);
-        bar.set_position(task.sent + task.failed);
-        bar.set_message(task.status.clone());
-        if is_finished(&task.status) {
+        bar.set_length(task.total.max(0) as u64);
+        bar.set_position((task.sent + task.failed).max(0) as u64);
+        bar.set_message(task.status.as_str());
+        if task.status.is_finished() {
             return Ok(answer);
         }
         tokio::time::sleep(WAIT_POLL).await;
@@ -251,28 +191,18 @@ mod tests {
     }
 
     #[test]
-    fn only_queued_sending_and_scheduled_tasks_are_waited_for() {
-        for status in ["queued", "sending", "scheduled"] {
-            assert!(!is_finished(status), "{status}");
-        }
-        for status in ["sent", "failed", "partially_failed", "cancelled"] {
-            assert!(is_finished(status), "{status}");
-        }
-    }
-
-    #[test]
     fn answers_read_as_sentences() {
         let sent: SendAnswer = serde_json::from_str(
-            r#"{"success":true,"taskId":"t-1","status":"queued","cost":2,"dryRun":false,"testSend":false,
+            r#"{"success":true,"taskId":"0190a000-0000-7000-8000-000000000001","status":"queued","cost":2,"dryRun":false,"testSend":false,
                 "recipients":{"accepted":2,"rejected":[{"email":"c@x.com","reason":"suppressed:bounce"}]}}"#,
         )
         .unwrap();
         assert_eq!(
             describe_send(&sent),
-            "Task t-1: queued, 2 recipients, cost 2 credits\nleft out c@x.com: suppressed:bounce"
+            "Task 0190a000-0000-7000-8000-000000000001: queued, 2 recipients, cost 2 credits\nleft out c@x.com: suppressed:bounce"
         );
         let dry: SendAnswer = serde_json::from_str(
-            r#"{"taskId":null,"status":"queued","cost":1,"dryRun":true,"recipients":{"accepted":1,"rejected":[]}}"#,
+            r#"{"taskId":null,"status":"queued","cost":1,"dryRun":true,"testSend":false,"recipients":{"accepted":1,"rejected":[]}}"#,
         )
         .unwrap();
         assert_eq!(
@@ -280,7 +210,7 @@ mod tests {
             "Dry run: 1 recipient, would cost 1 credit; nothing was sent"
         );
         let task: TaskProgress = serde_json::from_str(
-            r#"{"success":true,"taskId":"t-1","status":"partially_failed","total":2,"queued":0,"sent":1,"failed":1,
+            r#"{"success":true,"taskId":"0190a000-0000-7000-8000-000000000001","status":"partially_failed","total":2,"queued":0,"sent":1,"failed":1,
                 "recipients":[{"email":"a@x.com","status":"sent","events":[]},
                               {"email":"b@x.com","status":"failed","error":"550 no such user","events":[]}],
                 "rejected":[]}"#,
@@ -288,7 +218,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             describe_status(&task),
-            "Task t-1: partially_failed (1 sent, 1 failed, 0 queued of 2 recipients)\n\n\
+            "Task 0190a000-0000-7000-8000-000000000001: partially_failed (1 sent, 1 failed, 0 queued of 2 recipients)\n\n\
              EMAIL    STATUS  ERROR\n\
              a@x.com  sent    -\n\
              b@x.com  failed  550 no such user"

@@ -19,11 +19,13 @@ use crate::keys;
 use crate::sessions::Session;
 use crate::AppState;
 
+pub use postmesh_contracts::answers::gateway::{Account, KeyInfo};
+
 /// The routes of keys and accounts.
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ACCOUNT, account)
-        .answers::<Success<AccountAnswer>>()
+        .answers::<Success<Account>>()
         .at(api::API_KEYS, list)
         .query::<PageQuery>()
         .answers::<Success<KeyList>>()
@@ -36,23 +38,6 @@ pub fn routes() -> Routes<AppState> {
 
 /// Longest key name, in characters.
 const NAME_MAX: usize = 100;
-
-/// A key as its owner sees it (never its text).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = ApiKey)]
-#[serde(rename_all = "camelCase")]
-pub struct KeyInfo {
-    /// The key's id (`DELETE /api-keys/{id}`).
-    pub id: Uuid,
-    /// What its owner called it.
-    pub name: String,
-    /// The key's visible start: `pm_<prefix>_…`.
-    pub prefix: String,
-    /// Whether this is the account's primary key, whose balance every key draws on.
-    pub primary: bool,
-    /// When it was made (Unix seconds).
-    pub created_at: i64,
-}
 
 /// The account of `email` (compared without case) and its stored address, signing it up
 /// with its primary key on first sight.
@@ -196,19 +181,10 @@ pub fn parse_name(raw: &str) -> Result<String, ApiError> {
     Ok(name.to_owned())
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
-#[schema(as = Account)]
-#[serde(rename_all = "camelCase")]
-struct AccountAnswer {
-    email: String,
-    account_id: String,
-    key: KeyInfo,
-}
-
 /// `GET /account`: who the calling key belongs to.
 async fn account(
     State(state): State<AppState>, Extension(auth): Extension<AuthContext>,
-) -> Result<Success<AccountAnswer>, ApiError> {
+) -> Result<Success<Account>, ApiError> {
     let id = Uuid::parse_str(&auth.key_id).map_err(|e| ApiError::internal("key id", e))?;
     let account = Uuid::parse_str(&auth.account_id).map_err(|e| ApiError::internal("id", e))?;
     let key = keys_of(&state, account)
@@ -216,7 +192,7 @@ async fn account(
         .into_iter()
         .find(|k| k.id == id)
         .ok_or_else(|| ApiError::Unauthorized("invalid API key".into()))?;
-    Ok(Success::new(AccountAnswer {
+    Ok(Success::new(Account {
         email: auth.email,
         account_id: auth.account_id,
         key,

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use postmesh_contracts::answers::gateway::{Initiated, PollAnswer, PollStatus};
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::JsonBody;
@@ -249,17 +250,6 @@ struct InitBody {
     device_name: Option<String>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
-#[schema(as = CliAuthInitiated)]
-#[serde(rename_all = "camelCase")]
-struct Initiated {
-    device_token: String,
-    expires_in: u64,
-    interval: u64,
-    user_code: String,
-    verification_url: String,
-}
-
 /// `POST /cli/auth/init {deviceToken}`: 409 when the token was used before.
 async fn init(
     State(state): State<AppState>, parts: Parts, JsonBody(body): JsonBody<InitBody>,
@@ -367,27 +357,13 @@ redis.call('HSET', KEYS[1], 'state', 'approved')
 return 1
 ";
 
-/// A poll's answer (spec §7: `{success, status, apiKey, email, error}`).
-#[derive(Serialize, Default, utoipa::ToSchema)]
-#[schema(as = CliPollAnswer)]
-#[serde(rename_all = "camelCase")]
-struct PollAnswer {
-    success: bool,
-    status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    api_key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    email: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-fn poll_answer(code: StatusCode, status: &'static str, error: Option<&str>) -> Response {
+fn poll_answer(code: StatusCode, status: PollStatus, error: Option<&str>) -> Response {
     let body = PollAnswer {
         success: code.is_success(),
         status,
+        api_key: None,
+        email: None,
         error: error.map(str::to_owned),
-        ..Default::default()
     };
     (code, Json(body)).into_response()
 }
@@ -414,7 +390,7 @@ async fn poll(
         state.failed_auths.failed(ip);
         return poll_answer(
             StatusCode::BAD_REQUEST,
-            "invalid",
+            PollStatus::Invalid,
             Some("deviceToken must be 32-128 hex characters"),
         );
     };
@@ -425,7 +401,7 @@ async fn poll(
             }
             res
         }
-        Err(e) => poll_answer(e.status(), "error", Some(&e.to_string())),
+        Err(e) => poll_answer(e.status(), PollStatus::Error, Some(&e.to_string())),
     }
 }
 
@@ -443,17 +419,17 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
         .map_err(redis_err)?;
     let gone_msg = "device authorization missing or expired";
     match found.first().map(String::as_str) {
-        Some("pending") => Ok(poll_answer(StatusCode::ACCEPTED, "pending", None)),
+        Some("pending") => Ok(poll_answer(StatusCode::ACCEPTED, PollStatus::Pending, None)),
         Some("slow_down") => Ok(poll_answer(
             StatusCode::TOO_MANY_REQUESTS,
-            "slow_down",
+            PollStatus::SlowDown,
             Some(&format!(
                 "polling faster than the interval; wait {interval} seconds longer between polls"
             )),
         )),
         Some("denied") => Ok(poll_answer(
             StatusCode::GONE,
-            "denied",
+            PollStatus::Denied,
             Some("the request was denied"),
         )),
         Some("approved") => {
@@ -472,7 +448,7 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
                     }
                     let body = PollAnswer {
                         success: true,
-                        status: "approved",
+                        status: PollStatus::Approved,
                         api_key: Some(api_key),
                         email: Some(email),
                         error: None,
@@ -493,7 +469,11 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
                 }
             }
         }
-        _ => Ok(poll_answer(StatusCode::GONE, "expired", Some(gone_msg))),
+        _ => Ok(poll_answer(
+            StatusCode::GONE,
+            PollStatus::Expired,
+            Some(gone_msg),
+        )),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
-use serde::{Deserialize, Serialize};
+
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -16,11 +16,7 @@ use postmesh_shared::{ApiError, ApiKeyId, Success};
 
 use crate::AppState;
 
-/// The answer of `GET /balance`.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Balance {
-    pub balance: i64,
-}
+pub use postmesh_contracts::answers::billing::Balance;
 
 pub(crate) async fn get_balance(
     State(state): State<AppState>, caller: Caller,

@@ -2,7 +2,6 @@
 //! idempotency key, and the balance moves in the same statement, conditionally, so
 //! concurrent charges never overdraw and a retried charge never charges twice.
 
-use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -13,22 +12,7 @@ use postmesh_shared::proto::{
 };
 use postmesh_shared::{ApiError, ApiKeyId, TaskId};
 
-/// What a ledger entry did to the balance.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum EntryKind {
-    /// Credits taken (negative delta).
-    Charge,
-    /// A charge given back.
-    Refund,
-    /// Credits added.
-    Grant,
-    /// A key refunded before its charge happened: the charge can never take credits.
-    Void,
-}
+pub use postmesh_contracts::answers::billing::EntryKind;
 
 /// The idempotency key of a ledger entry (unique per API key): 1-200 chars.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgPool;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -15,6 +15,7 @@ use postmesh_shared::{ApiError, ApiKeyId, Success};
 
 use crate::ledger::EntryKind;
 use crate::AppState;
+pub use postmesh_contracts::answers::billing::{LogEntry, LogPage};
 
 /// Page size when none is asked for.
 const DEFAULT_LIMIT: i64 = 50;
@@ -25,22 +26,6 @@ pub const DOWNLOAD_MAX_ROWS: i64 = 4000;
 /// Bytes of CSV after which a download stops adding rows (the csv writer may buffer 8 KiB
 /// more); well under the NATS payload limit.
 pub const DOWNLOAD_MAX_BYTES: usize = 896 * 1024;
-
-/// One consumption log entry, with the spec's field names.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct LogEntry {
-    pub log_id: String,
-    pub timestamp: String,
-    pub amount_deducted: f64,
-    pub caller_email: String,
-    pub target_email: Option<String>,
-    pub from_email: Option<String>,
-    pub subject: Option<String>,
-    pub send_mode: Option<String>,
-    pub recipient_count: Option<f64>,
-    pub task_id: Option<String>,
-    pub kind: EntryKind,
-}
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -100,14 +85,6 @@ async fn page(
 pub(crate) struct PageQuery {
     limit: Option<i64>,
     offset: Option<i64>,
-}
-
-/// The answer of `GET /logs`: one page, newest first.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct LogPage {
-    pub logs: Vec<LogEntry>,
-    pub limit: i64,
-    pub offset: i64,
 }
 
 pub(crate) async fn list(

@@ -15,45 +15,9 @@ use postmesh_shared::{nats, ApiError, Success, WorkspaceId};
 use crate::name::DomainName;
 use crate::AppState;
 
-/// Who owns a domain, as the ownership review found.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[schema(as = SenderDomainOwnership)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum Ownership {
-    Pending,
-    Verified,
-    Rejected,
-}
-
-/// Whether mail for the domain reaches our MX.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[schema(as = SenderDomainInboundStatus)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum InboundStatus {
-    NotStarted,
-    Pending,
-    Verified,
-}
-
-/// Whether the provider may send as the domain.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[schema(as = SenderDomainOutboundStatus)]
-#[sqlx(type_name = "text", rename_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum OutboundStatus {
-    NotStarted,
-    Pending,
-    Verified,
-    Failed,
-}
+pub use postmesh_contracts::answers::domain::{
+    DomainList, DomainView, InboundStatus, OutboundStatus, Ownership, Submitted, Verification,
+};
 
 /// A stored sender domain.
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -120,75 +84,10 @@ impl Domain {
     }
 }
 
-/// The ownership record to publish.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SenderDomainVerification)]
-pub struct Verification {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub name: String,
-    pub value: String,
-}
-
-/// A domain record as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SenderDomain)]
-#[serde(rename_all = "camelCase")]
-pub struct DomainView {
-    /// None for a platform domain.
-    pub id: Option<Uuid>,
-    pub domain: String,
-    /// A platform domain: sendable by every workspace, not deletable.
-    pub platform: bool,
-    pub ownership_status: Ownership,
-    pub inbound_status: InboundStatus,
-    pub outbound_status: OutboundStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub verification: Option<Verification>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub verified_at: Option<i64>,
-}
-
-impl DomainView {
-    /// A platform domain's entry.
-    fn platform(name: &DomainName) -> Self {
-        Self {
-            id: None,
-            domain: name.to_string(),
-            platform: true,
-            ownership_status: Ownership::Verified,
-            inbound_status: InboundStatus::Verified,
-            outbound_status: OutboundStatus::Verified,
-            verification: None,
-            created_at: None,
-            verified_at: None,
-        }
-    }
-}
-
-/// `GET /sender-domains` answer.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SenderDomainList)]
-#[serde(rename_all = "camelCase")]
-pub struct DomainList {
-    pub inbound_mx_host: String,
-    pub domains: Vec<DomainView>,
-}
-
 /// One domain in an answer.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = SenderDomainPage)]
 pub struct DomainPage {
-    pub domain: DomainView,
-}
-
-/// `POST /sender-domains` answer.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SenderDomainSubmitted)]
-pub struct Submitted {
-    pub message: String,
     pub domain: DomainView,
 }
 
@@ -222,7 +121,7 @@ pub(crate) async fn list(
         .settings
         .platform_domains
         .iter()
-        .map(DomainView::platform)
+        .map(platform_view)
         .chain(rows.iter().map(Domain::view))
         .collect();
     Ok(Success::new(DomainList {
@@ -428,5 +327,20 @@ impl FromRequestParts<AppState> for VerifiedDomain {
         let OwnedDomain(domain) = OwnedDomain::from_request_parts(parts, state).await?;
         domain.require_verified()?;
         Ok(Self(domain))
+    }
+}
+
+/// A platform domain's entry.
+fn platform_view(name: &DomainName) -> DomainView {
+    DomainView {
+        id: None,
+        domain: name.to_string(),
+        platform: true,
+        ownership_status: Ownership::Verified,
+        inbound_status: InboundStatus::Verified,
+        outbound_status: OutboundStatus::Verified,
+        verification: None,
+        created_at: None,
+        verified_at: None,
     }
 }

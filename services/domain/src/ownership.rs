@@ -15,17 +15,10 @@ use crate::dns::{Dns, LookupError};
 use crate::domains::{Domain, DomainView, OwnedDomain, Ownership, COLUMNS};
 use crate::AppState;
 
+pub use postmesh_contracts::answers::domain::Reviewed;
+
 /// Pending domains one sweep pass checks at most.
 pub const SWEEP_BATCH: i64 = 50;
-
-/// The answer of a review step.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SenderDomainReview)]
-pub struct Reviewed {
-    pub verified: bool,
-    pub message: String,
-    pub domain: DomainView,
-}
 
 /// Pending domains awaiting review (admin).
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]

@@ -7,7 +7,7 @@
 //! `/email-status`.
 
 use prost::Message as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::PgConnection;
@@ -19,49 +19,7 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{DeliveryEvent, DeliveryEvents};
 use postmesh_shared::Namespace;
 
-/// What happened.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[schema(as = EmailStatusEventKind)]
-pub enum Kind {
-    /// Accepted for delivery (at the send, or when its schedule released it).
-    Queued,
-    /// Accepted to be sent at its `scheduledAt`.
-    Scheduled,
-    Sent,
-    Delivered,
-    Bounced,
-    Complained,
-    Rejected,
-    Delayed,
-    Unsubscribed,
-    /// Our side gave up on the message for good.
-    Failed,
-    /// Its scheduled send was cancelled.
-    Cancelled,
-}
-
-impl Kind {
-    /// The name stored and published.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Scheduled => "scheduled",
-            Self::Sent => "sent",
-            Self::Delivered => "delivered",
-            Self::Bounced => "bounced",
-            Self::Complained => "complained",
-            Self::Rejected => "rejected",
-            Self::Delayed => "delayed",
-            Self::Unsubscribed => "unsubscribed",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
+pub use postmesh_contracts::answers::sender::EventKind as Kind;
 
 /// What a delivery event says beyond its kind: `detail` in `/email-status` and on the
 /// DELIVERY stream (each variant its own JSON object, field names in camelCase).
@@ -356,17 +314,6 @@ struct LabelsWithSequence {
 pub fn subject(ns: &Namespace, kind: Kind) -> String {
     let base = Stream::Delivery.subject(ns);
     format!("{}.{}", base.trim_end_matches(".>"), kind.as_str())
-}
-
-/// One event as `/email-status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = EmailStatusEvent)]
-pub struct EventView {
-    pub kind: Kind,
-    pub occurred_at: i64,
-    #[schema(value_type = Value)]
-    pub detail: Json<Value>,
 }
 
 #[cfg(test)]

@@ -26,21 +26,7 @@ use crate::{
     sending::governance, sending::templates, sending::usage, AppState,
 };
 
-/// Recipients in a send answer.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SendRecipientCounts)]
-pub struct RecipientCounts {
-    pub accepted: usize,
-    pub rejected: Vec<RejectedRecipient>,
-}
-
-/// A recipient left out, with the reason.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[schema(as = SendRejectedRecipient)]
-pub struct RejectedRecipient {
-    pub email: String,
-    pub reason: String,
-}
+pub use postmesh_contracts::answers::sender::{RecipientCounts, RejectedRecipient, SendAnswer};
 
 impl From<Rejected> for RejectedRecipient {
     fn from(r: Rejected) -> Self {
@@ -49,31 +35,6 @@ impl From<Rejected> for RejectedRecipient {
             reason: r.reason,
         }
     }
-}
-
-/// The answer to a send.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = SendOutcome)]
-pub struct SendAnswer {
-    /// The task; none for a dry run, which stores nothing.
-    pub task_id: Option<TaskId>,
-    /// `queued` or `scheduled` (for a dry run: what the send would be).
-    pub status: TaskStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scheduled_at: Option<i64>,
-    pub recipients: RecipientCounts,
-    /// Credits charged (for a dry run: that would be charged).
-    pub cost: i64,
-    pub dry_run: bool,
-    pub test_send: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub template_key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub template_version: Option<i32>,
-    /// The campaign the send went to (made by it, with `campaignName` and an audience).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub campaign_key: Option<String>,
 }
 
 /// The message every recipient of the send gets, and the template version it came from.

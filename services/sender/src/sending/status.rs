@@ -2,7 +2,7 @@
 //! and failed, and each recipient's state, paged with `limit`/`offset`.
 
 use axum::extract::State;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use postmesh_shared::extract::{Caller, IdPath, QueryParams};
 use postmesh_shared::{ApiError, Success, TaskId};
@@ -11,10 +11,14 @@ use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::sending::events::{EventView, Kind};
+use crate::sending::events::Kind;
 use crate::sending::send::RejectedRecipient;
 use crate::sending::tasks::TaskStatus;
 use crate::AppState;
+
+pub use postmesh_contracts::answers::sender::{
+    DeliveryEvent, Progress, RecipientState, RecipientStatus, TaskProgress,
+};
 
 /// Recipients listed per page by default, and at most.
 const DEFAULT_LIMIT: i64 = 100;
@@ -27,60 +31,41 @@ pub struct Page {
     pub offset: Option<i64>,
 }
 
-/// One recipient's state.
-#[derive(Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = EmailStatusRecipient)]
-pub struct RecipientStatus {
-    pub email: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub external_id: Option<String>,
-    /// `queued`, `sent` or `failed`.
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub provider_message_id: Option<String>,
-    /// What happened to it since (`sent`, `delivered`, `bounced`, ...), oldest first.
-    #[sqlx(skip)]
-    #[serde(default)]
-    pub events: Vec<EventView>,
-    #[serde(skip)]
-    pub delivery_id: Uuid,
+/// One recipient's row, with the delivery whose events it shows.
+#[derive(sqlx::FromRow)]
+struct RecipientRow {
+    email: String,
+    external_id: Option<String>,
+    status: RecipientState,
+    error: Option<String>,
+    provider_message_id: Option<String>,
+    delivery_id: Uuid,
 }
 
-/// The answer.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = EmailStatus)]
-pub struct TaskProgress {
-    pub task_id: TaskId,
-    /// `scheduled`, `cancelled`, `queued` (nothing finished yet), `sending`, `sent` (all
-    /// delivered), `failed` (none delivered) or `partially_failed`.
-    pub status: String,
-    pub total: i64,
-    pub queued: i64,
-    pub sent: i64,
-    pub failed: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub scheduled_at: Option<i64>,
-    pub recipients: Vec<RecipientStatus>,
-    /// Recipients the send left out, with why (`suppressed:bounce`, `frequency_cap`, ...);
-    /// paged with the same `limit` and `offset`.
-    pub rejected: Vec<RejectedRecipient>,
+impl From<RecipientRow> for RecipientStatus {
+    fn from(r: RecipientRow) -> Self {
+        Self {
+            email: r.email,
+            external_id: r.external_id,
+            status: r.status,
+            error: r.error,
+            provider_message_id: r.provider_message_id,
+            events: Vec::new(),
+        }
+    }
 }
 
 /// The overall status from the task's state and its recipients' counts.
-fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> &'static str {
+fn overall(task: TaskStatus, queued: i64, sent: i64, failed: i64) -> Progress {
     match task {
-        TaskStatus::Scheduled => "scheduled",
-        TaskStatus::Cancelled => "cancelled",
-        TaskStatus::Failed => "failed",
-        TaskStatus::Queued if queued > 0 && sent + failed == 0 => "queued",
-        TaskStatus::Queued if queued > 0 => "sending",
-        TaskStatus::Queued if failed == 0 => "sent",
-        TaskStatus::Queued if sent == 0 => "failed",
-        TaskStatus::Queued => "partially_failed",
+        TaskStatus::Scheduled => Progress::Scheduled,
+        TaskStatus::Cancelled => Progress::Cancelled,
+        TaskStatus::Failed => Progress::Failed,
+        TaskStatus::Queued if queued > 0 && sent + failed == 0 => Progress::Queued,
+        TaskStatus::Queued if queued > 0 => Progress::Sending,
+        TaskStatus::Queued if failed == 0 => Progress::Sent,
+        TaskStatus::Queued if sent == 0 => Progress::Failed,
+        TaskStatus::Queued => Progress::PartiallyFailed,
     }
 }
 
@@ -112,7 +97,7 @@ pub(crate) async fn status(
     .bind(task_id)
     .fetch_one(&state.db)
     .await?;
-    let mut recipients = sqlx::query_as::<_, RecipientStatus>(
+    let rows = sqlx::query_as::<_, RecipientRow>(
         "SELECT r.email, r.external_id,
                 CASE WHEN d.status IN ('sent', 'failed') THEN d.status ELSE 'queued' END AS status,
                 CASE WHEN d.status <> 'sent' THEN d.last_error END AS error,
@@ -125,8 +110,10 @@ pub(crate) async fn status(
     .bind(offset)
     .fetch_all(&state.db)
     .await?;
-    let ids: Vec<Uuid> = recipients.iter().map(|r| r.delivery_id).collect();
-    let events: Vec<(Uuid, EventView)> = sqlx::query_as::<_, (Uuid, Kind, i64, Json<Value>)>(
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.delivery_id).collect();
+    let mut recipients: Vec<RecipientStatus> =
+        rows.into_iter().map(RecipientStatus::from).collect();
+    let events: Vec<(Uuid, DeliveryEvent)> = sqlx::query_as::<_, (Uuid, Kind, i64, Json<Value>)>(
         "SELECT delivery_id, kind, occurred_at, detail FROM delivery_events
          WHERE delivery_id = ANY($1) ORDER BY occurred_at, id",
     )
@@ -137,10 +124,10 @@ pub(crate) async fn status(
     .map(|(id, kind, occurred_at, detail)| {
         (
             id,
-            EventView {
+            DeliveryEvent {
                 kind,
                 occurred_at,
-                detail,
+                detail: detail.0,
             },
         )
     })
@@ -168,7 +155,7 @@ pub(crate) async fn status(
     let queued = total - sent - failed;
     Ok(Success::new(TaskProgress {
         task_id,
-        status: overall(task_status, queued, sent, failed).into(),
+        status: overall(task_status, queued, sent, failed),
         total,
         queued,
         sent,
@@ -185,12 +172,15 @@ mod tests {
 
     #[test]
     fn the_overall_status_follows_the_counts() {
-        assert_eq!(overall(TaskStatus::Scheduled, 3, 0, 0), "scheduled");
-        assert_eq!(overall(TaskStatus::Cancelled, 3, 0, 0), "cancelled");
-        assert_eq!(overall(TaskStatus::Queued, 3, 0, 0), "queued");
-        assert_eq!(overall(TaskStatus::Queued, 2, 1, 0), "sending");
-        assert_eq!(overall(TaskStatus::Queued, 0, 3, 0), "sent");
-        assert_eq!(overall(TaskStatus::Queued, 0, 0, 3), "failed");
-        assert_eq!(overall(TaskStatus::Queued, 0, 2, 1), "partially_failed");
+        assert_eq!(overall(TaskStatus::Scheduled, 3, 0, 0), Progress::Scheduled);
+        assert_eq!(overall(TaskStatus::Cancelled, 3, 0, 0), Progress::Cancelled);
+        assert_eq!(overall(TaskStatus::Queued, 3, 0, 0), Progress::Queued);
+        assert_eq!(overall(TaskStatus::Queued, 2, 1, 0), Progress::Sending);
+        assert_eq!(overall(TaskStatus::Queued, 0, 3, 0), Progress::Sent);
+        assert_eq!(overall(TaskStatus::Queued, 0, 0, 3), Progress::Failed);
+        assert_eq!(
+            overall(TaskStatus::Queued, 0, 2, 1),
+            Progress::PartiallyFailed
+        );
     }
 }

@@ -19,6 +19,8 @@ use crate::sending::events::{self, Kind, Outlet};
 use crate::sending::governance;
 use crate::sending::request::{Attachment, EmailType, Rejected, SendRequest};
 
+pub use postmesh_contracts::answers::sender::TaskStatus;
+
 /// The rendered message of a task, the same for each of its recipients.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskMessage {
@@ -35,36 +37,6 @@ pub struct TaskMessage {
     pub references: Vec<String>,
     /// A test send (`testSend`): marked as such in the message.
     pub test: bool,
-}
-
-/// Where a task stands.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-#[schema(as = SendTaskStatus)]
-pub enum TaskStatus {
-    /// Held until `scheduled_at`.
-    Scheduled,
-    /// Its jobs are queued (or delivered).
-    Queued,
-    /// Cancelled before release, and refunded.
-    Cancelled,
-    /// Its release failed every try; refunded.
-    Failed,
-}
-
-impl TaskStatus {
-    /// The status as stored and answered.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Scheduled => "scheduled",
-            Self::Queued => "queued",
-            Self::Cancelled => "cancelled",
-            Self::Failed => "failed",
-        }
-    }
 }
 
 /// A task to store.

@@ -24,6 +24,8 @@ use super::runs::{self, RunView};
 use crate::audience::contacts::{self, Contact};
 use crate::AppState;
 
+pub use postmesh_contracts::answers::sender::Accepted;
+
 /// The largest `properties`, serialized.
 pub const MAX_PROPERTIES_BYTES: usize = 64 * 1024;
 /// Longest event id and name, in characters.
@@ -213,16 +215,6 @@ fn subject(ns: &Namespace, event_name: &str) -> String {
 struct Named<'a> {
     external_contact_id: Option<&'a str>,
     email: Option<&'a str>,
-}
-
-/// The answer of `POST /events`.
-#[derive(Serialize, utoipa::ToSchema)]
-#[schema(as = WorkflowEventAccepted)]
-pub struct Accepted {
-    duplicate: bool,
-    event: EventView,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    runs: Option<Vec<RunView>>,
 }
 
 /// `POST /events`: 201 for a new event with the runs it started, 200 `duplicate: true`

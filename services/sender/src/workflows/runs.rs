@@ -5,7 +5,6 @@
 //! after a crash finds its task and never sends twice, and a try that failed (no task
 //! stored) is retried under a fresh id and charge key.
 
-use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
@@ -23,6 +22,8 @@ use crate::audience::contacts::{self, Contact};
 use crate::sending::request::{SendBody, To, ToItem};
 use crate::AppState;
 
+pub use postmesh_contracts::answers::sender::{RunStatus, RunView};
+
 /// Runs one pass advances at most.
 const BATCH: i64 = 50;
 /// Seconds a pass holds a run it works on: a replica that dies holding one delays it this
@@ -34,21 +35,6 @@ const MAX_ATTEMPTS: i32 = 8;
 /// Passes that took a run up and ended without a word (the process working it stopped)
 /// before the run fails: one whose handling brings its process down is not taken up forever.
 pub const MAX_CLAIMS: i32 = 5;
-
-/// A run as the API shows it.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = WorkflowRun)]
-pub struct RunView {
-    pub id: Uuid,
-    pub workflow_id: Uuid,
-    pub status: String,
-    /// The step it is at (an index into the compiled steps).
-    pub step: i32,
-    pub started_at: i64,
-    pub ended_at: Option<i64>,
-    pub exit_reason: Option<String>,
-}
 
 const VIEW: &str = "id, workflow_id, status, pc AS step, started_at, ended_at, exit_reason";
 
@@ -103,7 +89,13 @@ pub async fn exit_for(
             rule.event_name == event_name && all_hold(&rule.conditions, contact, properties)
         });
         if exits {
-            end(tx, run, "exited", Some(&format!("exit event {event_name}"))).await?;
+            end(
+                tx,
+                run,
+                RunStatus::Exited,
+                Some(&format!("exit event {event_name}")),
+            )
+            .await?;
         }
     }
     Ok(())
@@ -111,7 +103,7 @@ pub async fn exit_for(
 
 /// Marks run `id` ended with `status` and `reason`.
 async fn end(
-    conn: &mut PgConnection, id: Uuid, status: &str, reason: Option<&str>,
+    conn: &mut PgConnection, id: Uuid, status: RunStatus, reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE workflow_runs SET status = $2, exit_reason = $3, ended_at = $4, next_at = NULL,
@@ -248,7 +240,7 @@ pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
                 run.pc,
                 claims - 1
             );
-            lease.end(state, "failed", Some(&reason)).await?;
+            lease.end(state, RunStatus::Failed, Some(&reason)).await?;
             continue;
         }
         if let Err(e) = advance(state, run, &lease).await {
@@ -269,7 +261,7 @@ async fn failed_try(
     if run.attempts + 1 >= MAX_ATTEMPTS {
         tracing::warn!(run = %run.id, error = %e, "workflow run failed");
         let reason = format!("step {}: {e}", run.pc);
-        return lease.end(state, "failed", Some(&reason)).await;
+        return lease.end(state, RunStatus::Failed, Some(&reason)).await;
     }
     tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
     let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
@@ -315,7 +307,7 @@ impl Lease {
 
     /// Ends the run with `status` and `reason`, if this pass still holds it.
     async fn end(
-        &self, state: &AppState, status: &str, reason: Option<&str>,
+        &self, state: &AppState, status: RunStatus, reason: Option<&str>,
     ) -> Result<(), ApiError> {
         sqlx::query(
             "UPDATE workflow_runs SET status = $3, exit_reason = $4, ended_at = $5,
@@ -359,14 +351,14 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
     drop(conn);
     let Some(contact) = contact else {
         return lease
-            .end(state, "failed", Some("the contact was deleted"))
+            .end(state, RunStatus::Failed, Some("the contact was deleted"))
             .await;
     };
     let mut pc = usize::try_from(run.pc).unwrap_or(usize::MAX);
     loop {
         let Some(step) = def.steps.get(pc) else {
             if lease.moved(state, pc, None).await? {
-                lease.end(state, "completed", None).await?;
+                lease.end(state, RunStatus::Completed, None).await?;
             }
             return Ok(());
         };
@@ -392,7 +384,7 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
             } => {
                 let Some(to) = &contact.email else {
                     let why = format!("step {pc}: the contact has no email address to send to");
-                    lease.end(state, "failed", Some(&why)).await?;
+                    lease.end(state, RunStatus::Failed, Some(&why)).await?;
                     return Ok(());
                 };
                 let body = SendBody {
@@ -416,7 +408,7 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                     ) => return Err(e),
                     Err(e) => {
                         lease
-                            .end(state, "failed", Some(&format!("step {pc}: {e}")))
+                            .end(state, RunStatus::Failed, Some(&format!("step {pc}: {e}")))
                             .await?;
                         Next::Stop
                     }

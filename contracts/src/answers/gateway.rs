@@ -1,0 +1,80 @@
+//! Answers of the gateway's own routes: the account, its keys and the CLI's device login.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A key as its owner sees it (never its text).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = ApiKey))]
+#[serde(rename_all = "camelCase")]
+pub struct KeyInfo {
+    /// The key's id (`DELETE /api-keys/{id}`).
+    pub id: Uuid,
+    /// What its owner called it.
+    pub name: String,
+    /// The key's visible start: `pm_<prefix>_…`.
+    pub prefix: String,
+    /// Whether this is the account's primary key, whose balance every key draws on.
+    pub primary: bool,
+    /// When it was made (Unix seconds).
+    pub created_at: i64,
+}
+
+/// The answer of `GET /account`: whom the calling key belongs to.
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Account {
+    pub email: String,
+    pub account_id: String,
+    pub key: KeyInfo,
+}
+
+/// The answer of `POST /cli/auth/init`.
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = CliAuthInitiated))]
+#[serde(rename_all = "camelCase")]
+pub struct Initiated {
+    pub device_token: String,
+    /// Seconds the request lives.
+    pub expires_in: u64,
+    /// Seconds to wait between polls.
+    pub interval: u64,
+    pub user_code: String,
+    pub verification_url: String,
+}
+
+status! {
+    /// Where a device login stands, as a poll answers it.
+    CliPollStatus PollStatus {
+        /// Not yet approved or denied (202).
+        Pending => "pending",
+        /// Polled faster than the interval (429).
+        SlowDown => "slow_down",
+        /// Denied in the web app (410).
+        Denied => "denied",
+        /// Approved: the answer carries the new key, this once (200).
+        Approved => "approved",
+        /// Gone or never started (410).
+        Expired => "expired",
+        /// The device token is malformed (400).
+        Invalid => "invalid",
+        /// The gateway could not answer (5xx).
+        Error => "error",
+    }
+}
+
+/// A poll's answer (spec §7: `{success, status, apiKey, email, error}`).
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = CliPollAnswer))]
+#[serde(rename_all = "camelCase")]
+pub struct PollAnswer {
+    pub success: bool,
+    pub status: PollStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
