@@ -25,15 +25,9 @@ pub use postmesh_contracts::answers::gateway::{Account, KeyInfo};
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ACCOUNT, account)
-        .answers::<Success<Account>>()
         .at(api::API_KEYS, list)
-        .query::<PageQuery>()
-        .answers::<Success<KeyList>>()
         .at(api::API_KEY_CREATE, create)
-        .takes::<CreateBody>()
-        .answers::<Success<Created>>()
         .at(api::API_KEY_REVOKE, revoke)
-        .answers::<Success<Message>>()
 }
 
 /// Longest key name, in characters.

@@ -25,10 +25,7 @@ const DEFAULT_LIMIT: i64 = 50;
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::DEAD_LETTERS, list)
-        .query::<PageQuery>()
-        .answers::<Success<DeadLetterList>>()
         .at(api::DEAD_LETTER_REQUEUE, requeue)
-        .answers::<Success<Requeued>>()
 }
 
 /// Each consuming service's dead letters.

@@ -27,14 +27,9 @@ use crate::{accounts, login, AppState};
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::CLI_AUTH_INIT, init)
-        .takes::<InitBody>()
-        .answers::<Success<Initiated>>()
         .at(api::CLI_AUTH_POLL, poll)
-        .takes::<TokenBody>()
         .answers::<PollAnswer>()
         .at(api::CLI_AUTH_APPROVE, approve)
-        .takes::<TokenBody>()
-        .answers::<Success<Approved>>()
 }
 
 /// Seconds a device request lives.

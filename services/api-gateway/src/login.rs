@@ -23,10 +23,8 @@ use crate::{accounts, AppState};
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::LOGIN_CODE, login_code)
-        .takes::<CodeBody>()
         .answers::<Success<Message>>()
         .at(api::VERIFY_CODE_LOGIN, verify_code_login)
-        .takes::<VerifyBody>()
         .answers::<Success<Message>>()
         .at(api::LOGOUT, logout)
         .answers::<Success<Message>>()

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathsBuilder,
 };
@@ -50,12 +50,12 @@ pub fn routes() -> Routes<AppState> {
 }
 
 /// `GET /openapi.json`, rendered once.
-async fn openapi_json() -> impl IntoResponse {
+async fn openapi_json() -> Response {
     static RENDERED: OnceLock<String> = OnceLock::new();
     let json = RENDERED.get_or_init(|| {
         serde_json::to_string_pretty(&document()).expect("the document serializes")
     });
-    ([(header::CONTENT_TYPE, "application/json")], json.as_str())
+    ([(header::CONTENT_TYPE, "application/json")], json.as_str()).into_response()
 }
 
 /// The body schemas of every service's routes, written from the services' types by the

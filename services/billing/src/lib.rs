@@ -27,7 +27,7 @@ use postmesh_contracts::routes::billing as api;
 use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_secs, secs};
 use postmesh_shared::routes::Bodies;
-use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service, Success};
+use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
 
 use crate::catalog::{CatalogFile, FreeLimits};
 use crate::entitlements::UsageCounter;
@@ -164,36 +164,20 @@ impl AppState {
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::BALANCE, balance::get_balance)
-        .answers::<Success<balance::Balance>>()
         .at(api::DEDUCT, deduct::deduct)
         .takes_optional::<deduct::DeductBody>()
-        .answers::<Success<deduct::Deducted>>()
         .at(api::LOGS, logs::list)
-        .query::<logs::PageQuery>()
-        .answers::<Success<logs::LogPage>>()
         .at(api::LOGS_DOWNLOAD, logs::download)
         .at(api::CATALOG, catalog::catalog)
-        .answers::<Success<catalog::CatalogPage>>()
         .at(api::CHECKOUT, purchases::create)
-        .takes::<purchases::CheckoutBody>()
-        .answers::<Success<checkout::Opened>>()
         .at(api::PURCHASES, purchases::list)
-        .answers::<Success<purchases::PurchaseList>>()
         .at(api::PURCHASE, purchases::show)
-        .answers::<Success<purchases::PurchaseView>>()
         .at(api::PURCHASE_RECONCILE, purchases::reconcile)
-        .answers::<Success<purchases::PurchaseView>>()
         .at(api::SUBSCRIPTION_CHECKOUT, subscriptions::create_checkout)
-        .takes::<subscriptions::CheckoutBody>()
-        .answers::<Success<checkout::Opened>>()
         .at(api::SUBSCRIPTION_RECONCILE, subscriptions::reconcile)
-        .answers::<Success<subscriptions::CheckoutView>>()
         .at(api::SUBSCRIPTION_PORTAL, subscriptions::portal)
-        .answers::<Success<subscriptions::PortalLink>>()
         .at(api::ENTITLEMENTS, entitlements::show)
-        .answers::<Success<entitlements::EntitlementsPage>>()
         .at(api::STRIPE_WEBHOOK, webhooks::receive)
-        .answers::<Success<webhooks::Received>>()
 }
 
 /// Each route with the JSON bodies it takes and answers, for the API's document.

@@ -10,6 +10,7 @@ use uuid::Uuid;
 use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::EntitlementsRequest;
+use postmesh_shared::routes::Documented;
 use postmesh_shared::{nats, ApiError, Success, WorkspaceId};
 
 use crate::name::DomainName;
@@ -307,6 +308,8 @@ async fn owned(db: &PgPool, caller: &Caller, id: Uuid) -> Result<Domain, ApiErro
 /// or another workspace's.
 pub struct OwnedDomain(pub Domain);
 
+impl Documented for OwnedDomain {}
+
 impl FromRequestParts<AppState> for OwnedDomain {
     type Rejection = ApiError;
 
@@ -319,6 +322,8 @@ impl FromRequestParts<AppState> for OwnedDomain {
 
 /// An [`OwnedDomain`] whose ownership is verified, as every setup call needs; 409 otherwise.
 pub struct VerifiedDomain(pub Domain);
+
+impl Documented for VerifiedDomain {}
 
 impl FromRequestParts<AppState> for VerifiedDomain {
     type Rejection = ApiError;

@@ -25,7 +25,7 @@ use postmesh_contracts::RouteSpec;
 use postmesh_ses::{SesClient, SesConfig};
 use postmesh_shared::config::{env_or, env_secs};
 use postmesh_shared::routes::Bodies;
-use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service, Success};
+use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::cloudflare::Cloudflare;
 use crate::dns::Dns;
@@ -180,35 +180,19 @@ impl AppState {
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::DOMAINS, domains::list)
-        .query::<domains::ListQuery>()
-        .answers::<Success<domains::DomainList>>()
         .at(api::DOMAIN_SUBMIT, domains::submit)
-        .takes::<domains::Submission>()
-        .answers::<Success<domains::Submitted>>()
         .at(api::DOMAIN, domains::show)
-        .answers::<Success<domains::DomainPage>>()
         .at(api::DOMAIN_DELETE, domains::remove)
-        .answers::<Success<domains::Deleted>>()
         .at(api::DOMAIN_VERIFY_OWNERSHIP, ownership::verify)
-        .answers::<Success<ownership::Reviewed>>()
         .at(api::ADMIN_DOMAINS, ownership::pending)
-        .answers::<Success<ownership::PendingList>>()
         .at(api::ADMIN_DOMAIN_APPROVE, ownership::approve)
-        .answers::<Success<ownership::Reviewed>>()
         .at(api::ADMIN_DOMAIN_REJECT, ownership::reject)
-        .answers::<Success<ownership::Reviewed>>()
         .at(api::DOMAIN_VERIFY_INBOUND, inbound::verify)
-        .answers::<Success<inbound::InboundCheck>>()
         .at(api::DOMAIN_SETUP_OUTBOUND, outbound::setup)
-        .answers::<Success<outbound::OutboundSetup>>()
         .at(api::DOMAIN_VERIFY_OUTBOUND, outbound::verify)
-        .answers::<Success<outbound::OutboundSetup>>()
         .at(api::DOMAIN_APPLY_DNS, apply_dns::apply)
         .takes_optional::<apply_dns::ApplyRequest>()
-        .answers::<Success<apply_dns::Applied>>()
         .at(api::DNS_PROVIDER, apply_dns::save_token)
-        .takes::<apply_dns::SaveToken>()
-        .answers::<Success<apply_dns::Saved>>()
 }
 
 /// Each route with the JSON bodies it takes and answers, for the API's document.

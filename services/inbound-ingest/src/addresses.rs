@@ -6,7 +6,6 @@ use std::fmt;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
@@ -124,7 +123,7 @@ pub(crate) struct NewAddress {
 
 pub(crate) async fn create(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewAddress>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Success<Created>), ApiError> {
     let address = InboxAddress::parse(&body.address).map_err(ApiError::BadRequest)?;
     let (client, ns) = match &state.nats {
         Some(client) => (client, &state.ns),

@@ -20,7 +20,7 @@ use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::routes::Bodies;
-use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service, Success};
+use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::addresses::Domain;
 use crate::budget::ByteBudget;
@@ -108,27 +108,14 @@ impl AppState {
 fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ADDRESSES, addresses::list)
-        .answers::<Success<addresses::AddressList>>()
         .at(api::ADDRESS_CREATE, addresses::create)
-        .takes::<addresses::NewAddress>()
-        .answers::<Success<addresses::Created>>()
         .at(api::ADDRESS_DELETE, addresses::remove)
-        .query::<addresses::DeleteQuery>()
-        .answers::<Success<addresses::Deleted>>()
         .at(api::VALIDATE, ingest::validate)
-        .takes::<ingest::ValidateBody>()
-        .answers::<Success<ingest::Validated>>()
         .at(api::INGEST, ingest::ingest)
         .takes::<ingest::IngestBody<'static>>()
-        .answers::<Success<ingest::Ingested>>()
         .at(api::THREADS, threads::list)
-        .query::<threads::ListQuery>()
-        .answers::<Success<threads::ThreadList>>()
         .at(api::THREAD, threads::show)
-        .query::<postmesh_shared::extract::PageQuery>()
-        .answers::<Success<threads::ThreadPage>>()
         .at(api::THREAD_READ, threads::read)
-        .answers::<Success<threads::Read>>()
         .at(api::MESSAGE_RAW, threads::raw)
 }
 

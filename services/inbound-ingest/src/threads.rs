@@ -4,7 +4,7 @@
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -273,7 +273,7 @@ pub(crate) async fn raw_of(db: &PgPool, id: InboundMessageId) -> Result<Vec<u8>,
 
 pub(crate) async fn raw(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<InboundMessageId>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let raw: Vec<u8> = sqlx::query_scalar(
         "SELECT r.raw FROM message_raw r
          JOIN messages m ON m.id = r.message_id
@@ -285,5 +285,5 @@ pub(crate) async fn raw(
     .fetch_optional(&state.db)
     .await?
     .ok_or_else(|| ApiError::NotFound("no such message".into()))?;
-    Ok(([(header::CONTENT_TYPE, "message/rfc822")], raw))
+    Ok(([(header::CONTENT_TYPE, "message/rfc822")], raw).into_response())
 }

@@ -41,11 +41,7 @@ pub struct CodeConfig {
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::SEND_CODE, send_code)
-        .takes::<SendCodeBody>()
-        .answers::<Success<Message>>()
         .at(api::VERIFY_CODE, verify_code)
-        .takes::<VerifyCodeBody>()
-        .answers::<Success<Message>>()
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

@@ -8,7 +8,7 @@ pub mod unsubscribe;
 pub mod worker;
 
 use postmesh_contracts::routes::sender as api;
-use postmesh_shared::{Routes, Success};
+use postmesh_shared::Routes;
 
 use crate::AppState;
 
@@ -22,5 +22,4 @@ pub fn routes() -> Routes<AppState> {
         .takes_optional::<unsubscribe::TokenQuery>()
         // SNS posts its envelope as JSON or as text/plain.
         .at(api::PROVIDER_EVENTS, provider::receive)
-        .answers::<Success<provider::Handled>>()
 }

@@ -18,8 +18,7 @@ pub mod templates;
 pub mod usage;
 
 use postmesh_contracts::routes::sender as api;
-use postmesh_shared::extract::PageQuery;
-use postmesh_shared::{Routes, Success};
+use postmesh_shared::Routes;
 
 use crate::AppState;
 
@@ -27,33 +26,16 @@ use crate::AppState;
 pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::SEND_EMAIL, send::send)
-        .takes::<request::SendBody>()
-        .answers::<Success<send::SendAnswer>>()
         .at(api::SEND_CANCEL, send::cancel)
-        .answers::<Success<send::Cancelled>>()
         .at(api::EMAIL_STATUS, status::status)
-        .query::<status::Page>()
-        .answers::<Success<status::TaskProgress>>()
         .at(api::TEMPLATE_CREATE, templates::create)
-        .takes::<templates::NewTemplate>()
-        .answers::<Success<templates::Template>>()
         .at(api::TEMPLATES, templates::list)
-        .query::<PageQuery>()
-        .answers::<Success<templates::TemplateList>>()
         .at(api::TEMPLATE, templates::read)
-        .query::<templates::VersionQuery>()
-        .answers::<Success<templates::Template>>()
         .at(api::TEMPLATE_DELETE, templates::remove)
-        .answers::<Success<templates::Deleted>>()
         .at(api::SMTP_AUTH, smtp_auth::check)
         .takes::<smtp_auth::Body>()
         .answers::<smtp_auth::SmtpAuth>()
         .at(api::CAMPAIGNS, campaigns::list)
-        .query::<PageQuery>()
-        .answers::<Success<campaigns::CampaignList>>()
         .at(api::CAMPAIGN_CREATE, campaigns::create)
-        .takes::<campaigns::NewCampaign>()
-        .answers::<Success<campaigns::One>>()
         .at(api::CAMPAIGN, campaigns::read)
-        .answers::<Success<campaigns::One>>()
 }

@@ -33,22 +33,14 @@ pub fn routes() -> Routes<AppState> {
     Routes::new()
         // Any JSON object, checked field by field.
         .at(api::EVENT_REPORT, events::report)
-        .answers::<Success<events::Accepted>>()
         .at(api::EVENT, events::show)
-        .answers::<Success<events::Shown>>()
         .at(api::WORKFLOWS, list)
-        .query::<PageQuery>()
-        .answers::<Success<List>>()
         .at(api::WORKFLOW_CREATE, create)
         .takes::<Workflow>()
-        .answers::<Success<One>>()
         .at(api::WORKFLOW, read)
-        .answers::<Success<One>>()
         .at(api::WORKFLOW_UPDATE, change)
         .takes::<Workflow>()
-        .answers::<Success<One>>()
         .at(api::WORKFLOW_DELETE, remove)
-        .answers::<Success<Deleted>>()
 }
 
 /// A workflow as the API shows it.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -171,7 +170,7 @@ fn jetstream(state: &AppState) -> Result<async_nats::jetstream::Context, ApiErro
 pub(crate) async fn retry<O: Owned>(
     State(state): State<AppState>, caller: Caller,
     IdPairPath(owner, attempt): IdPairPath<Uuid, Uuid>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Success<Retried>), ApiError> {
     require(&state.db, O::OWNER, &caller, owner).await?;
     let js = jetstream(&state)?;
     let (_, column) = O::OWNER.table();
@@ -242,7 +241,7 @@ const WEBHOOK_REPLAY: &str = "
 pub(crate) async fn replay<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(body): JsonBody<Since>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Success<Replayed>), ApiError> {
     let types = body
         .types
         .map(crate::routes::webhooks::event_types)

@@ -4,7 +4,6 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -90,7 +89,7 @@ fn yes() -> bool {
 
 pub(crate) async fn create(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewEndpoint>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Success<Created>), ApiError> {
     let secret = match &body.signing_secret {
         Some(raw) => SigningSecret::parse(raw).map_err(ApiError::BadRequest)?,
         None => SigningSecret::generate(),

@@ -4,7 +4,6 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
@@ -194,7 +193,7 @@ pub(crate) async fn types() -> Success<EventTypes> {
 
 pub(crate) async fn create(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<NewWebhook>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Success<Created>), ApiError> {
     let secret = match &body.signing_secret {
         Some(raw) => SigningSecret::parse(raw).map_err(ApiError::BadRequest)?,
         None => SigningSecret::generate(),

@@ -14,6 +14,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 
+mod documented;
+
+pub use documented::{Documented, DocumentedHandler};
+
 /// One declared route, the handler that serves it and the JSON bodies it documents.
 pub struct Route<S> {
     pub spec: RouteSpec,
@@ -89,21 +93,24 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         Self::default()
     }
 
-    /// Serves `spec` (its method on its path) with `handler`.
-    pub fn at<H, T>(mut self, spec: RouteSpec, handler: H) -> Self
+    /// Serves `spec` (its method on its path) with `handler`, documented from the handler's
+    /// signature: the `JsonBody` it takes, the `QueryParams` it reads, the `Success` it
+    /// answers.
+    pub fn at<H, T, D>(mut self, spec: RouteSpec, handler: H) -> Self
     where
-        H: Handler<T, S>,
+        H: Handler<T, S> + DocumentedHandler<D>,
         T: 'static,
     {
         self.0.push(Route {
             spec,
             handler: on(method_filter(spec.method), handler),
-            bodies: Bodies::default(),
+            bodies: H::bodies(),
         });
         self
     }
 
-    /// Documents the JSON body the route added last takes.
+    /// Documents the JSON body the route added last takes, where its handler reads the body
+    /// itself (in place of what its signature says).
     pub fn takes<T: ToSchema>(mut self) -> Self {
         self.last().request = Some(BodySchema::of::<T>());
         self
@@ -117,13 +124,15 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         self
     }
 
-    /// Documents the query parameters the route added last reads.
+    /// Documents the query parameters the route added last reads, where its handler parses
+    /// the query itself.
     pub fn query<T: IntoParams>(mut self) -> Self {
         self.last().query = T::into_params(|| Some(ParameterIn::Query));
         self
     }
 
-    /// Documents the JSON body the route added last answers on success.
+    /// Documents the JSON body the route added last answers on success, where its handler
+    /// builds the answer itself.
     pub fn answers<T: ToSchema>(mut self) -> Self {
         self.last().answer = Some(BodySchema::of::<T>());
         self
