@@ -1,0 +1,79 @@
+//! Mail a test stack wrote to its file outbox.
+
+use std::time::{Duration, Instant};
+
+use super::Stack;
+use crate::wait::eventually;
+
+impl Stack {
+    /// Delivered messages addressed to `to` (compared without regard to case), oldest
+    /// first.
+    pub fn messages_to(&self, to: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(self.outbox())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "eml") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let to = to.to_lowercase();
+                let addressed = |l: &str| l.starts_with("To:") && l.to_lowercase().contains(&to);
+                if text.lines().any(addressed) {
+                    let written = entry.metadata().and_then(|m| m.modified()).ok();
+                    found.push((written, text));
+                }
+            }
+        }
+        found.sort_by_key(|(written, _)| *written);
+        found.into_iter().map(|(_, text)| text).collect()
+    }
+
+    /// Waits until `count` messages to `to` were delivered; returns them. Fails the test
+    /// when fewer arrive within `timeout`.
+    pub async fn wait_for_messages(
+        &self, to: &str, count: usize, timeout: Duration,
+    ) -> Vec<String> {
+        eventually(timeout, || async move {
+            let found = self.messages_to(to);
+            if found.len() >= count {
+                Ok(found)
+            } else {
+                Err(format!("{} of {count} emails to {to}", found.len()))
+            }
+        })
+        .await
+    }
+
+    /// Fails the test if any message to `to` is delivered within `quiet`.
+    pub async fn assert_no_messages(&self, to: &str, quiet: Duration) {
+        let deadline = Instant::now() + quiet;
+        while Instant::now() < deadline {
+            let found = self.messages_to(to);
+            assert!(found.is_empty(), "delivered to {to}: {found:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The code in the latest of `count` delivered code emails to `to`.
+    pub async fn code_sent_to(&self, to: &str, count: usize) -> String {
+        let messages = self
+            .wait_for_messages(to, count, Duration::from_secs(15))
+            .await;
+        let codes: Vec<String> = messages.iter().filter_map(|m| extract_code(m)).collect();
+        assert_eq!(
+            codes.len(),
+            messages.len(),
+            "every code email carries a code"
+        );
+        codes.last().cloned().expect("a code")
+    }
+}
+
+/// The 6-digit code in a delivered code email (verification or login).
+pub fn extract_code(eml: &str) -> Option<String> {
+    let at = eml.find(" code is ")? + " code is ".len();
+    let code: String = eml[at..].chars().take(6).collect();
+    (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
+}
