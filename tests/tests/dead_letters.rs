@@ -180,11 +180,7 @@ async fn a_job_that_panics_goes_aside_after_its_tries_while_the_others_flow() {
 async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
     let stack = Stack::start().await;
     let ns = stack.ns().clone();
-    let js = async_nats::jetstream::new(
-        postmesh_tests::ops_nats(&stack.common.nats_url)
-            .await
-            .expect("NATS"),
-    );
+    let js = stack.jetstream().await;
     for stream in [Stream::Inbound, Stream::Send] {
         publish(
             &js,

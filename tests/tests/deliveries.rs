@@ -637,12 +637,9 @@ async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one
     config.delivery.retry_schedule = vec![Duration::from_secs(60), Duration::from_secs(60)];
     stack.kill_dispatcher().await;
     // The consumer is durable: made again with this worker's limits.
-    let js = async_nats::jetstream::new(
-        postmesh_tests::ops_nats(&stack.common.nats_url)
-            .await
-            .unwrap(),
-    );
-    let webhooks = js
+    let webhooks = stack
+        .jetstream()
+        .await
         .get_stream(Stream::Webhook.name(stack.ns()))
         .await
         .unwrap();
@@ -798,10 +795,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
     let arrived_before_kill = receiver.count();
     assert!(before.len() < count, "the kill came mid-delivery");
     // Every job comes again, as it would had the kill beaten each ack (a redelivery).
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = stack.jetstream().await;
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
     for id in peek::dispatcher::attempt_ids(&db).await {
         let job = WebhookJob {

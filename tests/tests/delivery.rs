@@ -90,10 +90,7 @@ async fn lease_to_another_worker(db: &sqlx::PgPool, job: &SendJob, ms: i64) {
 }
 
 async fn publish(stack: &Stack, job: &SendJob) {
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = stack.jetstream().await;
     postmesh_shared::jetstream::publish(
         &js,
         Stream::Send.subject(stack.ns()),
@@ -132,17 +129,15 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     publish(&stack, &b).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The stack's worker has both jobs in hand, waiting on their leases.
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = stack
+        .jetstream()
+        .await
+        .get_stream(stack.ns().stream("SEND"))
+        .await
+        .unwrap()
+        .get_consumer("sender")
         .await
         .unwrap();
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-        async_nats::jetstream::new(client)
-            .get_stream(stack.ns().stream("SEND"))
-            .await
-            .unwrap()
-            .get_consumer("sender")
-            .await
-            .unwrap();
     assert_eq!(consumer.info().await.unwrap().num_ack_pending, 2);
     assert!(
         stack.messages_to(to_a).is_empty(),

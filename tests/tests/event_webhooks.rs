@@ -7,7 +7,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use prost::Message as _;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -707,31 +706,9 @@ async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
 
 /// Every message of the namespace's DELIVERY stream: its subject and events.
 async fn published_events(stack: &Stack) -> Vec<(String, DeliveryEvents)> {
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let stream = js
-        .get_stream(Stream::Delivery.name(stack.ns()))
-        .await
-        .unwrap();
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-        .await
-        .unwrap();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1000)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .unwrap();
-    let mut all = Vec::new();
-    while let Some(Ok(msg)) = batch.next().await {
-        let events = DeliveryEvents::decode(msg.payload.clone()).unwrap();
-        all.push((msg.subject.to_string(), events));
-    }
-    all
+    let messages = stack.stream_messages(Stream::Delivery).await;
+    let events = |(subject, payload)| (subject, DeliveryEvents::decode(payload).unwrap());
+    messages.into_iter().map(events).collect()
 }
 
 #[tokio::test]
@@ -771,10 +748,7 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     stack.kill_dispatcher().await; // SIGKILL
     assert!(before.len() < count, "the kill came mid-delivery");
     // As if the kill had beaten every ack: each event and each job comes again.
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = stack.jetstream().await;
     let stack_ref = &stack;
     let events = eventually(Duration::from_secs(20), || async move {
         let messages = published_events(stack_ref).await;

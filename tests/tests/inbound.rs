@@ -637,11 +637,9 @@ async fn a_message_is_stored_once_per_inbox_whatever_the_retries() {
 /// Reads the namespace's INBOUND stream with a consumer of its own, until `count` messages
 /// came and a further second brings no more; fails on fewer.
 async fn announced(stack: &Stack, count: usize) -> Vec<InboundReceived> {
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
+    let stream = stack
+        .jetstream()
         .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let stream = js
         .get_stream(Stream::Inbound.name(stack.ns()))
         .await
         .unwrap();

@@ -310,11 +310,7 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
     assert_eq!(json["success"], false, "{json}");
     let error = json["error"].as_str().unwrap_or_default();
     assert!(error.contains("column 2097153"), "{error}");
-    let js = async_nats::jetstream::new(
-        postmesh_tests::ops_nats(&stack.common.nats_url)
-            .await
-            .expect("nats"),
-    );
+    let js = stack.jetstream().await;
     let store = js
         .get_object_store(nats::bodies_bucket(stack.ns()))
         .await

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use mail_parser::MessageParser;
 use prost::Message as _;
 use reqwest::StatusCode;
@@ -193,50 +192,28 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded() {
     assert_eq!(next.recipients.rejected[0].reason, "unsubscribed:news");
 
     // The DELIVERY stream has her sent event and exactly one unsubscribed event.
-    let js = async_nats::jetstream::new(
-        postmesh_tests::ops_nats(&stack.common.nats_url)
-            .await
-            .unwrap(),
-    );
-    let stream = js
-        .get_stream(Stream::Delivery.name(stack.ns()))
-        .await
-        .unwrap();
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-        .await
-        .unwrap();
-    let seen = eventually(Duration::from_secs(10), || {
-        let consumer = consumer.clone();
-        async move {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(100)
-                .expires(Duration::from_millis(500))
-                .messages()
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut seen = Vec::new();
-            while let Some(Ok(msg)) = batch.next().await {
-                let kind = msg.subject.rsplit('.').next().unwrap().to_owned();
-                let batch = DeliveryEvents::decode(msg.payload.clone()).unwrap();
-                let common = batch.common.unwrap_or_default();
-                for event in batch.events {
-                    let of = if event.kind.is_empty() {
-                        &common.kind
-                    } else {
-                        &event.kind
-                    };
-                    assert_eq!(&kind, of);
-                    seen.push((kind.clone(), event.email));
-                }
+    let seen = eventually(Duration::from_secs(10), || async {
+        let messages = stack.stream_messages(Stream::Delivery).await;
+        let mut seen = Vec::new();
+        for (subject, payload) in messages {
+            let kind = subject.rsplit('.').next().unwrap().to_owned();
+            let batch = DeliveryEvents::decode(payload).unwrap();
+            let common = batch.common.unwrap_or_default();
+            for event in batch.events {
+                let of = if event.kind.is_empty() {
+                    &common.kind
+                } else {
+                    &event.kind
+                };
+                assert_eq!(&kind, of);
+                seen.push((kind.clone(), event.email));
             }
-            seen.sort();
-            if seen.iter().any(|(k, _)| k == "unsubscribed") && seen.len() >= 5 {
-                Ok(seen)
-            } else {
-                Err(format!("{seen:?}"))
-            }
+        }
+        seen.sort();
+        if seen.iter().any(|(k, _)| k == "unsubscribed") && seen.len() >= 5 {
+            Ok(seen)
+        } else {
+            Err(format!("{seen:?}"))
         }
     })
     .await;

@@ -7,7 +7,6 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use futures::StreamExt as _;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::WorkflowEvent;
 use postmesh_tests::{eventually, SenderMode, Stack, TestClient};
@@ -184,30 +183,9 @@ async fn events_are_checked_and_stored_once_per_id() {
 
 /// Every workflow event on the stack's EVENTS stream.
 async fn published_events(stack: &Stack) -> Vec<WorkflowEvent> {
-    let client = postmesh_tests::ops_nats(&stack.common.nats_url)
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let stream = js
-        .get_stream(Stream::Events.name(stack.ns()))
-        .await
-        .unwrap();
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-        .await
-        .unwrap();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(100)
-        .expires(Duration::from_millis(500))
-        .messages()
-        .await
-        .unwrap();
-    let mut all = Vec::new();
-    while let Some(Ok(msg)) = batch.next().await {
-        all.push(WorkflowEvent::decode(msg.payload.clone()).expect("a WorkflowEvent"));
-    }
-    all
+    let messages = stack.stream_messages(Stream::Events).await;
+    let event = |(_, payload)| WorkflowEvent::decode(payload).expect("a WorkflowEvent");
+    messages.into_iter().map(event).collect()
 }
 
 /// The contacts of the caller's workspace with external id `external`.

@@ -3,6 +3,7 @@
 mod accounts;
 mod mail;
 mod processes;
+mod streams;
 
 pub use mail::extract_code;
 pub use processes::{free_port, spawn_service, spawn_service_to, workspace_binary};

@@ -1,0 +1,49 @@
+//! The stack's JetStream streams as the operator sees them: for a test that checks what a
+//! service published, or resets a consumer.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use postmesh_shared::jetstream::Stream;
+
+use super::Stack;
+
+/// The most messages [`Stack::stream_messages`] reads.
+const MAX_MESSAGES: usize = 1000;
+
+impl Stack {
+    /// JetStream as the operator's NATS user (every subject).
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let client = crate::ops_nats(&self.common.nats_url)
+            .await
+            .expect("the operator's NATS connection");
+        async_nats::jetstream::new(client)
+    }
+
+    /// Every message now in the namespace's `stream` (at most 1,000), oldest first, read by a
+    /// consumer of its own: each one's subject and payload.
+    pub async fn stream_messages(&self, stream: Stream) -> Vec<(String, bytes::Bytes)> {
+        let consumer = self
+            .jetstream()
+            .await
+            .get_stream(stream.name(self.ns()))
+            .await
+            .expect("the stream")
+            .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
+            .await
+            .expect("a consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(MAX_MESSAGES)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .expect("a fetch");
+        let mut all = Vec::new();
+        while let Some(Ok(msg)) = batch.next().await {
+            all.push((msg.subject.to_string(), msg.payload.clone()));
+        }
+        all
+    }
+}
