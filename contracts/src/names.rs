@@ -35,6 +35,41 @@ impl JobKind {
     }
 }
 
+/// A role stored as its name (`text`): encoded with [`Role::name`], decoded with
+/// [`Role::parse`], so an unknown name is an error rather than a caller without a role.
+#[cfg(feature = "sqlx")]
+mod stored {
+    use sqlx::encode::IsNull;
+    use sqlx::error::BoxDynError;
+    use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+    use sqlx::{Decode, Encode, Postgres, Type};
+
+    use crate::proto::Role;
+
+    impl Type<Postgres> for Role {
+        fn type_info() -> PgTypeInfo {
+            <&str as Type<Postgres>>::type_info()
+        }
+
+        fn compatible(ty: &PgTypeInfo) -> bool {
+            <&str as Type<Postgres>>::compatible(ty)
+        }
+    }
+
+    impl Encode<'_, Postgres> for Role {
+        fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+            <&str as Encode<Postgres>>::encode(self.name(), buf)
+        }
+    }
+
+    impl<'r> Decode<'r, Postgres> for Role {
+        fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
+            let name = <&str as Decode<Postgres>>::decode(value)?;
+            Role::parse(name).ok_or_else(|| format!("no role named {name:?}").into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,7 +69,7 @@ struct StoredKey {
     account_id: Uuid,
     workspace_id: Uuid,
     hash: Vec<u8>,
-    role: String,
+    role: Role,
     email: String,
     billing_key_id: Uuid,
 }
@@ -193,7 +193,7 @@ impl KeyStore {
                 workspace_id: k.workspace_id.to_string(),
                 api_key_id: k.billing_key_id.to_string(),
                 key_id: k.id.to_string(),
-                role: Role::parse(&k.role)? as i32,
+                role: k.role.into(),
                 email: k.email,
             };
             Some((hash, auth))
@@ -265,7 +265,7 @@ pub async fn insert_key(
     .bind(account)
     .bind(&key.prefix)
     .bind(key.hash.as_slice())
-    .bind(role.name())
+    .bind(role)
     .bind(now_unix())
     .bind(name)
     .bind(billing_key)
