@@ -1,6 +1,6 @@
 //! `balance` and `logs`: the credit balance and the consumption log (spec §4.3).
 
-use postmesh_contracts::answers::billing::{Balance, LogEntry, LogPage};
+use postmesh_contracts::answers::billing::{Balance, LogEntry, LogPage, LOG_FIELDS};
 use postmesh_contracts::routes::billing;
 
 use super::Context;
@@ -11,19 +11,8 @@ use crate::output::{self, or_dash};
 /// Characters of a subject shown in the table at most.
 const SUBJECT_WIDTH: usize = 40;
 
-/// The CSV columns: the spec's fields, in its order.
-const CSV_HEADER: [&str; 10] = [
-    "log_id",
-    "timestamp",
-    "amount_deducted",
-    "caller_email",
-    "target_email",
-    "from_email",
-    "subject",
-    "send_mode",
-    "recipient_count",
-    "task_id",
-];
+/// The CSV columns: the spec's fields, in its order (the download's, without `kind`).
+const CSV_HEADER: &[&str] = LOG_FIELDS.split_last().expect("fields").1;
 
 /// `postmesh balance`.
 pub async fn balance(ctx: &Context) -> anyhow::Result<()> {

@@ -23,6 +23,21 @@ status! {
     }
 }
 
+/// A log entry's fields in order: the CSV download's columns (the spec's ten, then `kind`).
+pub const LOG_FIELDS: [&str; 11] = [
+    "log_id",
+    "timestamp",
+    "amount_deducted",
+    "caller_email",
+    "target_email",
+    "from_email",
+    "subject",
+    "send_mode",
+    "recipient_count",
+    "task_id",
+    "kind",
+];
+
 /// One consumption log entry, with the spec's field names.
 #[derive(Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
@@ -47,4 +62,37 @@ pub struct LogPage {
     pub logs: Vec<LogEntry>,
     pub limit: i64,
     pub offset: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_fields_are_the_entrys_fields() {
+        let entry = LogEntry {
+            log_id: "l".into(),
+            timestamp: "t".into(),
+            amount_deducted: 1.0,
+            caller_email: "a@x.com".into(),
+            target_email: None,
+            from_email: None,
+            subject: None,
+            send_mode: None,
+            recipient_count: None,
+            task_id: None,
+            kind: EntryKind::Charge,
+        };
+        let value = serde_json::to_value(entry).unwrap();
+        let mut named: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut listed = LOG_FIELDS.to_vec();
+        named.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(named, listed);
+    }
 }

@@ -15,7 +15,7 @@ use postmesh_shared::{ApiError, ApiKeyId, Success};
 
 use crate::ledger::EntryKind;
 use crate::AppState;
-pub use postmesh_contracts::answers::billing::{LogEntry, LogPage};
+pub use postmesh_contracts::answers::billing::{LogEntry, LogPage, LOG_FIELDS};
 
 /// Page size when none is asked for.
 const DEFAULT_LIMIT: i64 = 50;
@@ -123,20 +123,8 @@ pub(crate) async fn download(
     }
     if logs.is_empty() {
         // serde writes the header with the first row; an empty log still gets one.
-        out.write_record([
-            "log_id",
-            "timestamp",
-            "amount_deducted",
-            "caller_email",
-            "target_email",
-            "from_email",
-            "subject",
-            "send_mode",
-            "recipient_count",
-            "task_id",
-            "kind",
-        ])
-        .map_err(|e| ApiError::internal("csv encoding failed", e))?;
+        out.write_record(LOG_FIELDS)
+            .map_err(|e| ApiError::internal("csv encoding failed", e))?;
     }
     let body = out
         .into_inner()

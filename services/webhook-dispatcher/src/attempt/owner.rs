@@ -1,6 +1,11 @@
 //! Whose deliveries a route is about: an inbox endpoint's or a workspace webhook's. Below
 //! the delivery stages (`deliver`) and the attempts' routes (`attempts`), which both use it.
 
+use sqlx::postgres::PgRow;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::extract::Caller;
 use postmesh_shared::ApiError;
 
 /// Whose deliveries a route is about.
@@ -27,5 +32,23 @@ impl Owner {
             Self::Endpoint => "no such endpoint".into(),
             Self::Webhook => "no such webhook".into(),
         })
+    }
+
+    /// The caller's endpoint or webhook `id` as `columns` of its row, or the 404.
+    pub(crate) async fn find<T>(
+        self, db: &PgPool, columns: &str, caller: &Caller, id: Uuid,
+    ) -> Result<T, ApiError>
+    where
+        T: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin,
+    {
+        let (table, _) = self.table();
+        sqlx::query_as(&format!(
+            "SELECT {columns} FROM {table} WHERE id = $1 AND workspace_id = $2"
+        ))
+        .bind(id)
+        .bind(caller.workspace)
+        .fetch_optional(db)
+        .await?
+        .ok_or_else(|| self.not_found())
     }
 }

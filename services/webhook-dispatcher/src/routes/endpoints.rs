@@ -5,7 +5,6 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::{self, now_unix, Turns};
@@ -13,6 +12,7 @@ use postmesh_shared::extract::{Caller, IdPath, JsonBody, QueryParams};
 use postmesh_shared::proto::InboxAddressRequest;
 use postmesh_shared::{nats, AddressId, ApiError, Success};
 
+use crate::attempt::owner::Owner;
 use crate::content::quotes::BodyFormat;
 use crate::secret::{nullable_secret_schema, SigningSecret};
 use crate::target::{nullable_url_schema, url_schema, Target};
@@ -215,22 +215,12 @@ pub(crate) async fn list(
     Ok(Success::new(EndpointList { endpoints }))
 }
 
-/// The caller's endpoint `id`, or 404.
-async fn owned(db: &PgPool, caller: &Caller, id: Uuid) -> Result<EndpointView, ApiError> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM endpoints WHERE id = $1 AND workspace_id = $2"
-    ))
-    .bind(id)
-    .bind(caller.workspace)
-    .fetch_optional(db)
-    .await?
-    .ok_or_else(|| ApiError::NotFound("no such endpoint".into()))
-}
-
 pub(crate) async fn show(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<EndpointPage>, ApiError> {
-    let endpoint = owned(&state.db, &caller, id).await?;
+    let endpoint = Owner::Endpoint
+        .find(&state.db, COLUMNS, &caller, id)
+        .await?;
     Ok(Success::new(EndpointPage { endpoint }))
 }
 
@@ -250,7 +240,9 @@ pub(crate) async fn update(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
     JsonBody(changes): JsonBody<Changes>,
 ) -> Result<Success<EndpointPage>, ApiError> {
-    let current = owned(&state.db, &caller, id).await?;
+    let current: EndpointView = Owner::Endpoint
+        .find(&state.db, COLUMNS, &caller, id)
+        .await?;
     let endpoint = apply(&state, &caller, current, &changes).await?;
     Ok(Success::new(EndpointPage { endpoint }))
 }

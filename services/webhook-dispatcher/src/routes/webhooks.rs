@@ -5,7 +5,6 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
 use uuid::Uuid;
 
@@ -13,6 +12,7 @@ use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::{ApiError, Success};
 
+use crate::attempt::owner::Owner;
 use crate::content::payload::INBOUND_RECEIVED;
 use crate::routes::endpoints::Deleted;
 use crate::secret::{nullable_secret_schema, SigningSecret};
@@ -259,22 +259,10 @@ pub(crate) async fn list(
     Ok(Success::new(WebhookList { webhooks }))
 }
 
-/// The caller's webhook `id`, or 404.
-pub(crate) async fn owned(db: &PgPool, caller: &Caller, id: Uuid) -> Result<WebhookView, ApiError> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM webhooks WHERE id = $1 AND workspace_id = $2"
-    ))
-    .bind(id)
-    .bind(caller.workspace)
-    .fetch_optional(db)
-    .await?
-    .ok_or_else(|| ApiError::NotFound("no such webhook".into()))
-}
-
 pub(crate) async fn show(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<WebhookPage>, ApiError> {
-    let webhook = owned(&state.db, &caller, id).await?;
+    let webhook = Owner::Webhook.find(&state.db, COLUMNS, &caller, id).await?;
     Ok(Success::new(WebhookPage { webhook }))
 }
 
@@ -297,7 +285,7 @@ pub(crate) async fn update(
     JsonBody(changes): JsonBody<Changes>,
 ) -> Result<Success<WebhookPage>, ApiError> {
     let events = changes.events.map(event_types).transpose()?;
-    let current = owned(&state.db, &caller, id).await?;
+    let current: WebhookView = Owner::Webhook.find(&state.db, COLUMNS, &caller, id).await?;
     let url = match &changes.url {
         Some(raw) => state
             .reach
