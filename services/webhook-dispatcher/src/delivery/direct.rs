@@ -291,18 +291,16 @@ impl Direct {
         Ok(made.into_iter().collect())
     }
 
-    /// After the transaction that wrote `tried` committed (`made`: the ids it wrote, and the
-    /// lease of those waiting): queues the attempts left to the worker, `pending` (earlier
-    /// runs' unfinished attempts, with their subjects) with them, and lets each attempt still
-    /// waiting record its answer when it comes. Had the transaction failed (`None`), the
-    /// source's message comes again and tries anew; the answers still to come are dropped.
+    /// After the transaction that wrote `tried` under `lease` committed (`written`: the ids
+    /// it wrote): queues the attempts left to the worker, `pending` (earlier runs' unfinished
+    /// attempts, with their subjects) with them, and lets each attempt still waiting record
+    /// its answer when it comes. Had the transaction failed, its error comes back: the
+    /// source's message comes again and tries anew, and the answers still to come are dropped.
     pub(crate) async fn finish(
-        &self, tried: Vec<Tried>, made: Option<(HashSet<Uuid>, Uuid)>,
+        &self, tried: Vec<Tried>, written: Result<HashSet<Uuid>, sqlx::Error>, lease: Uuid,
         mut pending: Vec<(Uuid, Uuid)>,
     ) -> Result<(), String> {
-        let Some((made, lease)) = made else {
-            return Ok(());
-        };
+        let made = written.map_err(|e| e.to_string())?;
         for t in tried.into_iter().filter(|t| made.contains(&t.id)) {
             match t.how {
                 How::Queued => pending.push((t.id, t.subject)),

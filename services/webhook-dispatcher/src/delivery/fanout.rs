@@ -308,13 +308,7 @@ impl Source for Inbound {
             Ok::<_, sqlx::Error>(made)
         }
         .await;
-        match written {
-            Ok(made) => direct.finish(tried, Some((made, lease)), pending).await,
-            Err(e) => {
-                direct.finish(tried, None, Vec::new()).await?;
-                Err(e.to_string())
-            }
-        }
+        direct.finish(tried, written, lease, pending).await
     }
 }
 
