@@ -182,11 +182,7 @@ pub(crate) async fn create(
     let workflow = checked(&state, caller.workspace, &body).await?;
     let id = Uuid::now_v7();
     let now = now_unix();
-    let exits: Vec<String> = workflow
-        .exits
-        .iter()
-        .map(|e| e.event_name.clone())
-        .collect();
+    let exits = workflow.exit_names();
     let mut tx = state.db.begin().await?;
     let quota = state.quotas.workflows;
     Quotas::hold(
@@ -262,11 +258,7 @@ pub(crate) async fn change(
     JsonBody(body): JsonBody<WorkflowBody>,
 ) -> Result<Success<One>, ApiError> {
     let workflow = checked(&state, caller.workspace, &body).await?;
-    let exits: Vec<String> = workflow
-        .exits
-        .iter()
-        .map(|e| e.event_name.clone())
-        .collect();
+    let exits = workflow.exit_names();
     let mut tx = state.db.begin().await?;
     let version: Option<i32> = sqlx::query_scalar(
         "UPDATE workflows SET version = version + 1, name = $3, trigger_event = $4,

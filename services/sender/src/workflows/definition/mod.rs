@@ -319,6 +319,11 @@ fn compile(raw: &[Value], depth: usize, out: &mut Vec<Step>) -> Result<(), Strin
 }
 
 impl Workflow {
+    /// The event names of its exit rules.
+    pub fn exit_names(&self) -> Vec<String> {
+        self.exits.iter().map(|e| e.event_name.clone()).collect()
+    }
+
     /// Checks and compiles `body`.
     pub fn parse(body: &WorkflowBody) -> Result<Self, String> {
         if body.exit.len() > MAX_EXITS {
