@@ -23,6 +23,38 @@ status! {
     }
 }
 
+status! {
+    /// A plan subscription's status as the payment processor reports it.
+    SubscriptionStatus SubscriptionStatus {
+        /// Created, first payment not yet made.
+        Incomplete => "incomplete",
+        /// The first payment never came: over.
+        IncompleteExpired => "incomplete_expired",
+        /// In its trial.
+        Trialing => "trialing",
+        /// Paid up.
+        Active => "active",
+        /// A renewal payment failed; retries are under way.
+        PastDue => "past_due",
+        /// Cancelled: over.
+        Canceled => "canceled",
+        /// Retries ran out unpaid.
+        Unpaid => "unpaid",
+        /// A trial ended without a payment method.
+        Paused => "paused",
+    }
+}
+
+impl SubscriptionStatus {
+    /// Statuses of a subscription that is over: the workspace has no plan.
+    pub const ENDED: [Self; 2] = [Self::Canceled, Self::IncompleteExpired];
+
+    /// Whether the plan's limits apply (an unpaid or paused plan falls back to the free ones).
+    pub fn limits_apply(self) -> bool {
+        matches!(self, Self::Active | Self::Trialing | Self::PastDue)
+    }
+}
+
 /// A log entry's fields in order: the CSV download's columns (the spec's ten, then `kind`).
 pub const LOG_FIELDS: [&str; 11] = [
     "log_id",
@@ -94,5 +126,14 @@ mod tests {
         named.sort_unstable();
         listed.sort_unstable();
         assert_eq!(named, listed);
+    }
+
+    #[test]
+    fn a_subscription_status_reads_as_stripe_spells_it() {
+        let read: SubscriptionStatus = serde_json::from_str("\"past_due\"").unwrap();
+        assert_eq!(read, SubscriptionStatus::PastDue);
+        assert_eq!(read.as_str(), "past_due");
+        assert!(serde_json::from_str::<SubscriptionStatus>("\"pastdue\"").is_err());
+        assert!(read.limits_apply() && !SubscriptionStatus::Unpaid.limits_apply());
     }
 }

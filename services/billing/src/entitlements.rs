@@ -9,6 +9,7 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use postmesh_contracts::answers::billing::SubscriptionStatus;
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::{EntitlementsReply, EntitlementsRequest, UsageReply, UsageRequest};
 use postmesh_shared::{nats, ApiError, Namespace, Service, Success, WorkspaceId};
@@ -124,7 +125,7 @@ pub async fn rpc(state: AppState, req: EntitlementsRequest) -> Result<Entitlemen
     let (plan_id, plan_status, in_force) = match &limits.plan {
         Some(p) => (
             p.plan_id.clone().unwrap_or_default(),
-            p.status.clone(),
+            p.status.as_str().to_owned(),
             p.in_force(),
         ),
         None => (String::new(), String::new(), false),
@@ -146,7 +147,7 @@ pub async fn rpc(state: AppState, req: EntitlementsRequest) -> Result<Entitlemen
 pub struct PlanState {
     pub id: String,
     pub name: String,
-    pub status: String,
+    pub status: SubscriptionStatus,
     pub period_start: i64,
     pub period_end: i64,
     pub cancel_at_period_end: bool,
@@ -222,7 +223,7 @@ pub(crate) async fn show(
                 .clone()
                 .or_else(|| p.plan_id.clone())
                 .unwrap_or_default(),
-            status: p.status.clone(),
+            status: p.status,
             period_start: p.period_start,
             period_end: p.period_end,
             cancel_at_period_end: p.cancel_at_period_end,

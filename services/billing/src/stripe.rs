@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::Sha256;
 
+use postmesh_contracts::answers::billing::SubscriptionStatus;
 use postmesh_shared::{outside, ApiError};
 
 /// How far a webhook's signed timestamp may be from our clock (Stripe's default tolerance).
@@ -197,7 +198,7 @@ pub struct SubscriptionItem {
 pub struct Subscription {
     pub id: String,
     pub customer: String,
-    pub status: String,
+    pub status: SubscriptionStatus,
     pub cancel_at_period_end: bool,
     pub current_period_start: Option<i64>,
     pub current_period_end: Option<i64>,

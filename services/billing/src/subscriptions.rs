@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use postmesh_contracts::answers::billing::SubscriptionStatus;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody};
 use postmesh_shared::{ApiError, IdempotencyKey, Success, WorkspaceId};
@@ -18,11 +19,10 @@ use crate::stripe::{
 };
 use crate::{AppState, Payments};
 
-/// Stripe statuses of a subscription that is over: the workspace has no plan.
-const ENDED: &str = "('canceled', 'incomplete_expired')";
-
-/// Stripe statuses whose plan limits apply.
-pub const LIMITS_APPLY: [&str; 3] = ["active", "trialing", "past_due"];
+/// The statuses of a subscription that is over, bound as a text array.
+fn ended() -> [&'static str; 2] {
+    SubscriptionStatus::ENDED.map(SubscriptionStatus::as_str)
+}
 
 /// Where a subscription checkout stands.
 #[derive(
@@ -68,7 +68,7 @@ pub(crate) struct CheckoutBody {
 pub struct CurrentPlan {
     pub plan_id: Option<String>,
     pub name: Option<String>,
-    pub status: String,
+    pub status: SubscriptionStatus,
     pub period_start: i64,
     pub period_end: i64,
     pub cancel_at_period_end: bool,
@@ -80,7 +80,7 @@ pub struct CurrentPlan {
 impl CurrentPlan {
     /// Whether the plan's limits apply (an unpaid or paused plan falls back to the free ones).
     pub fn in_force(&self) -> bool {
-        LIMITS_APPLY.contains(&self.status.as_str()) && self.plan_id.is_some()
+        self.status.limits_apply() && self.plan_id.is_some()
     }
 }
 
@@ -88,14 +88,15 @@ impl CurrentPlan {
 pub async fn current(
     db: impl sqlx::PgExecutor<'_>, workspace: WorkspaceId,
 ) -> Result<Option<CurrentPlan>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    sqlx::query_as(
         "SELECT s.plan_id, p.name, s.status, s.period_start, s.period_end, s.cancel_at_period_end,
                 p.mailboxes, p.custom_domains, p.monthly_emails
          FROM subscriptions s LEFT JOIN plans p ON p.id = s.plan_id
-         WHERE s.workspace_id = $1 AND s.status NOT IN {ENDED}
-         ORDER BY s.created_at DESC LIMIT 1"
-    ))
+         WHERE s.workspace_id = $1 AND s.status <> ALL($2)
+         ORDER BY s.created_at DESC LIMIT 1",
+    )
     .bind(workspace)
+    .bind(&ended()[..])
     .fetch_optional(db)
     .await
 }
@@ -333,23 +334,24 @@ pub async fn record(
     }
     let (start, end) = sub.period();
     let now = now_unix();
-    sqlx::query(&format!(
+    sqlx::query(
         "INSERT INTO subscriptions (id, workspace_id, customer_id, plan_id, status, period_start,
                                     period_end, cancel_at_period_end, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
          ON CONFLICT (id) DO UPDATE SET customer_id = $3, plan_id = COALESCE($4, subscriptions.plan_id),
              status = $5, period_start = $6, period_end = $7, cancel_at_period_end = $8, updated_at = $9
-         WHERE subscriptions.status NOT IN {ENDED}"
-    ))
+         WHERE subscriptions.status <> ALL($10)",
+    )
     .bind(&sub.id)
     .bind(workspace)
     .bind(&sub.customer)
     .bind(plan)
-    .bind(&sub.status)
+    .bind(sub.status)
     .bind(start)
     .bind(end)
     .bind(sub.cancel_at_period_end)
     .bind(now)
+    .bind(&ended()[..])
     .execute(&mut *tx)
     .await?;
     Ok(())
