@@ -25,11 +25,11 @@ pub fn render() -> String {
     let mut schemas: BTreeMap<String, Value> = BTreeMap::new();
     let routes = [
         api_gateway::routes::bodies(),
-        billing::bodies(),
-        domain::bodies(),
-        inbound_ingest::bodies(),
-        sender::bodies(),
-        webhook_dispatcher::bodies(),
+        billing::routes().bodies(),
+        domain::routes().bodies(),
+        inbound_ingest::routes().bodies(),
+        sender::routes().bodies(),
+        webhook_dispatcher::routes::routes().bodies(),
     ];
     for (spec, bodies) in routes.into_iter().flatten() {
         let mut operation = Map::new();

@@ -291,8 +291,3 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let http = rt.listen(config.http_addr, app(state)).await?;
     rt.running(Some(http)).await
 }
-
-/// Runs the gateway until Ctrl-C or SIGTERM, then drains in-flight requests.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
-}

@@ -10,7 +10,12 @@ postmesh_shared::fast_allocator!();
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        None => api_gateway::run(api_gateway::Config::from_env()?).await,
+        None => {
+            api_gateway::start(api_gateway::Config::from_env()?)
+                .await?
+                .until_signal()
+                .await
+        }
         Some("create-key") => {
             let command = api_gateway::create_key::CreateKey::parse(&args[1..])?;
             let common = postmesh_shared::Common::from_env(api_gateway::SERVICE)?;

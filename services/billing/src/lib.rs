@@ -24,9 +24,7 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::billing as api;
-use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_secs, secs};
-use postmesh_shared::routes::Bodies;
 use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
 
 use crate::catalog::{CatalogFile, FreeLimits};
@@ -161,7 +159,7 @@ impl AppState {
 }
 
 /// Every route the service serves, with its handler.
-fn routes() -> Routes<AppState> {
+pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::BALANCE, balance::get_balance)
         .at(api::DEDUCT, deduct::deduct)
@@ -178,11 +176,6 @@ fn routes() -> Routes<AppState> {
         .at(api::SUBSCRIPTION_PORTAL, subscriptions::portal)
         .at(api::ENTITLEMENTS, entitlements::show)
         .at(api::STRIPE_WEBHOOK, webhooks::receive)
-}
-
-/// Each route with the JSON bodies it takes and answers, for the API's document.
-pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
-    routes().bodies()
 }
 
 /// Billing's HTTP router.
@@ -240,9 +233,4 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         }
     });
     rt.running(None).await
-}
-
-/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
 }

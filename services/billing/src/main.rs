@@ -3,5 +3,8 @@ postmesh_shared::fast_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    billing::run(billing::Config::from_env()?).await
+    billing::start(billing::Config::from_env()?)
+        .await?
+        .until_signal()
+        .await
 }

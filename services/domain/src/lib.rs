@@ -21,10 +21,8 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::domain as api;
-use postmesh_contracts::RouteSpec;
 use postmesh_ses::{SesClient, SesConfig};
 use postmesh_shared::config::{env_or, env_secs};
-use postmesh_shared::routes::Bodies;
 use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::cloudflare::Cloudflare;
@@ -177,7 +175,7 @@ impl AppState {
 }
 
 /// Every route the service serves, with its handler.
-fn routes() -> Routes<AppState> {
+pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::DOMAINS, domains::list)
         .at(api::DOMAIN_SUBMIT, domains::submit)
@@ -193,11 +191,6 @@ fn routes() -> Routes<AppState> {
         .at(api::DOMAIN_APPLY_DNS, apply_dns::apply)
         .takes_optional::<apply_dns::ApplyRequest>()
         .at(api::DNS_PROVIDER, apply_dns::save_token)
-}
-
-/// Each route with the JSON bodies it takes and answers, for the API's document.
-pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
-    routes().bodies()
 }
 
 /// The domain service's HTTP router.
@@ -238,9 +231,4 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         async move { ownership::sweep(&db, &dns, recheck).await }
     });
     rt.running(None).await
-}
-
-/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
 }

@@ -3,5 +3,8 @@ postmesh_shared::fast_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    domain::run(domain::Config::from_env()?).await
+    domain::start(domain::Config::from_env()?)
+        .await?
+        .until_signal()
+        .await
 }

@@ -16,10 +16,8 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::inbound as api;
-use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse};
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::routes::Bodies;
 use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::addresses::Domain;
@@ -105,7 +103,7 @@ impl AppState {
 }
 
 /// Every route the service serves, with its handler.
-fn routes() -> Routes<AppState> {
+pub fn routes() -> Routes<AppState> {
     Routes::new()
         .at(api::ADDRESSES, addresses::list)
         .at(api::ADDRESS_CREATE, addresses::create)
@@ -117,11 +115,6 @@ fn routes() -> Routes<AppState> {
         .at(api::THREAD, threads::show)
         .at(api::THREAD_READ, threads::read)
         .at(api::MESSAGE_RAW, threads::raw)
-}
-
-/// Each route with the JSON bodies it takes and answers, for the API's document.
-pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
-    routes().bodies()
 }
 
 /// The inbound service's HTTP router.
@@ -149,9 +142,4 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         async move { addresses::purge_expired(&db, days).await }
     });
     rt.running(None).await
-}
-
-/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
 }

@@ -3,5 +3,8 @@
 //! in place (mremap) and mimalloc by copying (peak RSS 5.2× a 10 MiB message against 2.9×).
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    inbound_ingest::run(inbound_ingest::Config::from_env()?).await
+    inbound_ingest::start(inbound_ingest::Config::from_env()?)
+        .await?
+        .until_signal()
+        .await
 }

@@ -25,13 +25,11 @@ use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
 use postmesh_contracts::routes::sender as api;
-use postmesh_contracts::RouteSpec;
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::routes::Bodies;
 use postmesh_shared::{
     db, ApiError, Common, EmailAddress, Namespace, Routes, Running, Runtime, Service,
 };
@@ -305,17 +303,12 @@ impl AppState {
 }
 
 /// Every route the service serves, with its handler and the JSON bodies it documents.
-fn routes() -> Routes<AppState> {
+pub fn routes() -> Routes<AppState> {
     sending::routes()
         .merge(audience::routes())
         .merge(delivery::routes())
         .merge(workflows::routes())
         .at(api::OPERATIONS_OVERVIEW, overview::overview)
-}
-
-/// Each route with the JSON bodies it takes and answers, for the API's document.
-pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
-    routes().bodies()
 }
 
 /// The sender's HTTP router.
@@ -389,11 +382,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     worker::spawn(&rt, transport, config.worker.clone(), outlet, unsubscribe).await?;
     tracing::info!(transport = %config.transport, "sender delivering");
     rt.running(None).await
-}
-
-/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
 }
 
 #[cfg(test)]

@@ -3,5 +3,8 @@ postmesh_shared::fast_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    sender::run(sender::Config::from_env()?).await
+    sender::start(sender::Config::from_env()?)
+        .await?
+        .until_signal()
+        .await
 }

@@ -17,10 +17,8 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
-use postmesh_contracts::RouteSpec;
 use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
-use postmesh_shared::routes::Bodies;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 use postmesh_shared::{Common, Namespace, Running, Runtime, Service};
 
@@ -229,11 +227,6 @@ impl AppState {
     }
 }
 
-/// Each route with the JSON bodies it takes and answers, for the API's document.
-pub fn bodies() -> Vec<(RouteSpec, Bodies)> {
-    routes().bodies()
-}
-
 /// The dispatcher's HTTP router.
 pub fn router(state: AppState) -> Router {
     routes().into_router(SERVICE.routes(), state)
@@ -278,11 +271,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     attempts::prune_periodically(&rt, config.retention_days);
     rt.serve(rt.host().http(router(state))).await?;
     rt.running(None).await
-}
-
-/// Runs the service until Ctrl-C or SIGTERM, then drains in-flight work.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    start(config).await?.until_signal().await
 }
 
 #[cfg(test)]

@@ -3,5 +3,8 @@ postmesh_shared::fast_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    webhook_dispatcher::run(webhook_dispatcher::Config::from_env()?).await
+    webhook_dispatcher::start(webhook_dispatcher::Config::from_env()?)
+        .await?
+        .until_signal()
+        .await
 }

@@ -51,4 +51,29 @@ impl Owner {
         .await?
         .ok_or_else(|| self.not_found())
     }
+
+    /// Deletes the caller's endpoint or webhook `id` with its attempts (which carry no
+    /// foreign key: see migration 0005), or the 404.
+    pub(crate) async fn remove(
+        self, db: &PgPool, caller: &Caller, id: Uuid,
+    ) -> Result<(), ApiError> {
+        let (table, column) = self.table();
+        let mut tx = db.begin().await?;
+        let done = sqlx::query(&format!(
+            "DELETE FROM {table} WHERE id = $1 AND workspace_id = $2"
+        ))
+        .bind(id)
+        .bind(caller.workspace)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(self.not_found());
+        }
+        sqlx::query(&format!("DELETE FROM attempts WHERE {column} = $1"))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
 }

@@ -375,20 +375,6 @@ pub(crate) async fn subscribe(
 pub(crate) async fn remove(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Deleted>, ApiError> {
-    let mut tx = state.db.begin().await?;
-    let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND workspace_id = $2")
-        .bind(id)
-        .bind(caller.workspace)
-        .execute(&mut *tx)
-        .await?;
-    if done.rows_affected() == 0 {
-        return Err(ApiError::NotFound("no such endpoint".into()));
-    }
-    // Its deliveries go with it (attempts carry no foreign key: see migration 0005).
-    sqlx::query("DELETE FROM attempts WHERE endpoint_id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    Owner::Endpoint.remove(&state.db, &caller, id).await?;
     Ok(Success::new(Deleted { deleted: true }))
 }

@@ -320,20 +320,7 @@ pub(crate) async fn update(
 pub(crate) async fn remove(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
 ) -> Result<Success<Deleted>, ApiError> {
-    let mut tx = state.db.begin().await?;
-    let done = sqlx::query("DELETE FROM webhooks WHERE id = $1 AND workspace_id = $2")
-        .bind(id)
-        .bind(caller.workspace)
-        .execute(&mut *tx)
-        .await?;
-    if done.rows_affected() == 0 {
-        return Err(ApiError::NotFound("no such webhook".into()));
-    }
-    sqlx::query("DELETE FROM attempts WHERE webhook_id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    Owner::Webhook.remove(&state.db, &caller, id).await?;
     Ok(Success::new(Deleted { deleted: true }))
 }
 
