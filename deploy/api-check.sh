@@ -5,15 +5,15 @@
 # allow (status code, content type, schema, headers). The mail provider's secret goes with
 # every call, so its route is fuzzed too; the MTA's does not: an ingest without the MTA's
 # authentication results is a 503 by design (the MTA retries), which the 5xx check refuses. schemathesis is installed with pip
-# into var/api-venv when missing.
+# into the tools cache outside the checkout when missing (deploy/pytool.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./deploy/deps.sh
 # shellcheck source=deploy/pytool.sh
 . deploy/pytool.sh
-pytool var/api-venv schemathesis "${SCHEMATHESIS_VERSION:-4.32.5}"
-st=var/api-venv/bin/schemathesis
+pytool schemathesis "${SCHEMATHESIS_VERSION:-4.32.5}"
+st="$PYTOOL_BIN/schemathesis"
 cargo build -q --workspace --bins
 bin="${CARGO_TARGET_DIR:-target}/debug"
 mkdir -p var/outbox

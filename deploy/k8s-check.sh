@@ -15,13 +15,12 @@
 #     scrape annotations, an autoscaler (HPA or ScaledObject), a PDB and a Service; every
 #     variable name is one of docs/configuration.md's settings table; the dev overlay's NATS
 #     configuration is deploy/nats.conf.
-# kubernetes-validate is installed with pip into var/k8s-venv when missing. Needs kubectl
+# kubernetes-validate is installed with pip into the tools cache outside the checkout when
+# missing (deploy/pytool.sh). Needs kubectl
 # (with its built-in kustomize) and python3.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-VAR="$PWD/var"
-VENV="$VAR/k8s-venv"
 KUBERNETES_VALIDATE_VERSION=${KUBERNETES_VALIDATE_VERSION:-1.37.0}
 # The oldest Kubernetes the manifests are for; the validator's newest is added.
 K8S_MIN_VERSION=${K8S_MIN_VERSION:-1.30.0}
@@ -38,11 +37,12 @@ ensure_kubectl() {
 # shellcheck source=deploy/pytool.sh
 . deploy/pytool.sh
 ensure_validator() {
-  pytool "$VENV" kubernetes-validate "$KUBERNETES_VALIDATE_VERSION"
+  pytool kubernetes-validate "$KUBERNETES_VALIDATE_VERSION"
 }
 
 ensure_kubectl
 ensure_validator
+VENV="$(dirname "$PYTOOL_BIN")"
 
 # The dev overlay's NATS runs with the users and permissions of deploy/nats.conf: a copy,
 # since kustomize reads only files below the overlay.

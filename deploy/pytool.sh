@@ -1,8 +1,12 @@
-# Sourced by the check scripts: `pytool <venv dir> <package> <version>` makes sure the
-# venv holds that version of a PyPI tool (creating the venv, and installing python3-venv
-# with apt when root and it is missing). Its commands are then in `<venv dir>/bin`.
+# Sourced by the check scripts: `pytool <package> <version>` makes sure a venv in the tools
+# cache outside the checkout (POSTMESH_TOOLS, as deploy/fuzz.sh's cargo-fuzz) holds that
+# version of a PyPI tool (creating the venv, and installing python3-venv with apt when root
+# and it is missing), so a clean clone does not reinstall it. It sets PYTOOL_BIN to the
+# venv's `bin` directory, where the tool's commands are.
 pytool() {
-  local venv="$1" package="$2" version="$3"
+  local package="$1" version="$2"
+  local venv="${POSTMESH_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/postmesh-tools}/venv-$package"
+  PYTOOL_BIN="$venv/bin"
   if [ -x "$venv/bin/pip" ] &&
     [ "$("$venv/bin/pip" show "$package" 2>/dev/null | sed -n 's/^Version: //p')" = "$version" ]; then
     return 0
