@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make fuzz`: every cargo-fuzz target of fuzz/ (one per parser of outside input) for
-# FUZZ_SECS seconds each (default 60; CI runs a smoke of 10 with FUZZ_SEED=1, so it is the
-# same run each time), or only FUZZ_TARGETS. Each
+# FUZZ_SECS seconds each (default 60; FUZZ_SEED fixes libFuzzer's seed, so a run can be
+# repeated), or only FUZZ_TARGETS. Each
 # starts from its seeds (fuzz/seeds/<target>) and the corpus earlier runs grew
 # (var/fuzz/corpus/<target>); a crash is kept in var/fuzz/artifacts/<target> and fails the
 # run. cargo-fuzz is installed into a cache outside the checkout when missing; it runs on the

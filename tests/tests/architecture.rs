@@ -1,7 +1,7 @@
 //! The shape of the code: in every crate, the imports between the modules inside each
 //! module (its top level included) run one way (no circle), and no source file outside the
 //! tests is over 600 lines, and no code outside the tests builds JSON with `json!` but the
-//! OpenAPI builder.
+//! OpenAPI builder; the image build copies every crate of the workspace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,19 +17,31 @@ fn root() -> PathBuf {
         .to_owned()
 }
 
+/// The workspace's members as `Cargo.toml` lists them (`members = ["a", "b/c", ...]`).
+fn members() -> Vec<String> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with("members = ["))
+        .expect("a members line");
+    let list = line["members = [".len()..].trim_end_matches(']');
+    let members: Vec<String> = list
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .collect();
+    assert!(members.len() > 5 && members.iter().all(|m| !m.is_empty()));
+    members
+}
+
 /// Every crate's `src/`.
 fn crates() -> Vec<PathBuf> {
-    let root = root();
-    let mut dirs = vec![
-        root.join("shared/src"),
-        root.join("contracts/src"),
-        root.join("cli/src"),
-        root.join("tests/src"),
-    ];
-    for service in std::fs::read_dir(root.join("services")).expect("services/") {
-        dirs.push(service.expect("a service").path().join("src"));
+    let dirs: Vec<PathBuf> = members()
+        .iter()
+        .map(|m| root().join(m).join("src"))
+        .collect();
+    for dir in &dirs {
+        assert!(dir.is_dir(), "{} is missing", dir.display());
     }
-    dirs.retain(|d| d.is_dir());
     dirs
 }
 
@@ -261,6 +273,25 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+#[test]
+fn the_image_build_copies_every_workspace_member() {
+    let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).expect("Dockerfile");
+    let copied: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for member in members() {
+        assert!(
+            copied
+                .iter()
+                .any(|c| member == *c || member.starts_with(&format!("{c}/"))),
+            "deploy/Dockerfile copies no {member}"
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,122 @@
+//! What each fuzz target does with its input, one function a target: the cargo-fuzz targets
+//! of `fuzz/` call them, and the test suite replays every target's seeds through them, so
+//! the targets compile and their seeds pass on every `make test`.
+
+use std::net::IpAddr;
+
+use inbound_ingest::mime::{base_subject, Parsed};
+use sender::audience::audiences::{Audience, AudienceBody};
+use sender::audience::contacts::{csv_rows, json_rows, ContactInput};
+use sender::sending::render::{add_utm, fill};
+use webhook_dispatcher::content::quotes::{render, strip_html, strip_text, BodyFormat};
+use webhook_dispatcher::target::{admit, is_public};
+
+/// What a target does with one input; it panics on a finding.
+pub type Body = fn(&[u8]);
+
+/// Every target by the name `cargo fuzz list` gives it (its file in `fuzz/fuzz_targets/`).
+pub const TARGETS: [(&str, Body); 8] = [
+    ("audience_conditions", audience_conditions),
+    ("contact_import", contact_import),
+    ("html_render", html_render),
+    ("link_rewrite", link_rewrite),
+    ("mime_ingest", mime_ingest),
+    ("quotes", quotes),
+    ("templates", templates),
+    ("webhook_url", webhook_url),
+];
+
+/// An audience's include and exclude conditions, as a request gives them.
+pub fn audience_conditions(data: &[u8]) {
+    if let Ok(body) = serde_json::from_slice::<AudienceBody>(data) {
+        let _ = Audience::parse(&body, false);
+        let _ = Audience::parse(&body, true);
+    }
+}
+
+/// A contact import, as CSV and as a JSON array: rows read up to the cap, each validated.
+pub fn contact_import(data: &[u8]) {
+    for rows in [csv_rows(data), json_rows(data)].into_iter().flatten() {
+        assert!(rows.len() <= 10_000, "more rows than the cap");
+        for row in rows.into_iter().flatten() {
+            let _ = ContactInput::parse(row);
+        }
+    }
+}
+
+/// Received HTML rendered for an inbox webhook: as text, HTML or markdown, quotes stripped
+/// or not (the first byte chooses), through the dispatcher's bounded rewrite.
+pub fn html_render(data: &[u8]) {
+    let Some((&choice, rest)) = data.split_first() else {
+        return;
+    };
+    let format = match choice % 3 {
+        0 => BodyFormat::Text,
+        1 => BodyFormat::Html,
+        _ => BodyFormat::Markdown,
+    };
+    let strip = choice & 4 != 0;
+    let input = String::from_utf8_lossy(rest);
+    let _ = render(None, Some(&input), format, strip);
+    let _ = render(Some(&input), None, format, strip);
+}
+
+/// UTM link rewriting of a message's HTML: one pass, and idempotent.
+pub fn link_rewrite(data: &[u8]) {
+    let html = String::from_utf8_lossy(data);
+    let params = vec![
+        ("utm_source".to_owned(), "postmesh".to_owned()),
+        ("utm_campaign".to_owned(), "fuzz & more".to_owned()),
+    ];
+    let once = add_utm(&html, &params);
+    let twice = add_utm(&once, &params);
+    assert_eq!(once, twice, "rewriting twice changed the document");
+}
+
+/// A received message as the MTA posts it: read by mail-parser within the ingest's bounds.
+pub fn mime_ingest(raw: &[u8]) {
+    let parsed = Parsed::of(raw);
+    assert!(parsed.attachments.len() <= 100, "attachments are capped");
+    assert!(parsed.references.len() <= 100, "references are capped");
+    let _ = base_subject(&String::from_utf8_lossy(raw));
+}
+
+/// Quote stripping of received text and HTML: never panics, never longer than its input.
+pub fn quotes(data: &[u8]) {
+    let input = String::from_utf8_lossy(data);
+    let (text, _) = strip_text(&input);
+    assert!(text.len() <= input.len(), "stripped text grew");
+    let _ = strip_html(&input);
+}
+
+/// Template filling: the template, then (after a NUL byte) its variables as JSON.
+pub fn templates(data: &[u8]) {
+    let (template, vars) = match data.iter().position(|&b| b == 0) {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &b"{}"[..]),
+    };
+    let template = String::from_utf8_lossy(template);
+    let vars = serde_json::from_slice(vars).unwrap_or_default();
+    let _ = fill(&template, &vars, true);
+    let _ = fill(&template, &vars, false);
+}
+
+/// A webhook URL a customer registers: parsed and checked before any lookup; an address it
+/// admits is public.
+pub fn webhook_url(data: &[u8]) {
+    let raw = String::from_utf8_lossy(data);
+    if let Ok(url) = admit(&raw, false) {
+        assert_eq!(url.scheme(), "https");
+        let host = url.host_str().unwrap_or_default();
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            assert!(is_public(ip), "admitted {ip}");
+        }
+    }
+    if let Ok(v6) = <[u8; 16]>::try_from(data) {
+        let _ = is_public(IpAddr::from(v6));
+    }
+}
