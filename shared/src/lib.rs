@@ -41,6 +41,23 @@ macro_rules! fast_allocator {
     };
 }
 
+/// A service binary: the fast allocator and a `main` that starts `$krate` with its settings
+/// from the environment and runs it until Ctrl-C or SIGTERM, then drains in-flight work.
+#[macro_export]
+macro_rules! service_main {
+    ($krate:ident) => {
+        $crate::fast_allocator!();
+
+        #[tokio::main]
+        async fn main() -> anyhow::Result<()> {
+            $krate::start($krate::Config::from_env()?)
+                .await?
+                .until_signal()
+                .await
+        }
+    };
+}
+
 // The contracts, where services meet them through the kit.
 pub use postmesh_contracts::{ids, proto, rpc, service};
 pub use postmesh_contracts::{

@@ -87,7 +87,7 @@ pub async fn mint(
     .bind(account)
     .fetch_one(&mut *tx)
     .await?;
-    let quota = state.api_keys_per_account;
+    let quota = state.config.api_keys_per_account;
     if held >= quota {
         return Err(ApiError::Forbidden(format!(
             "the account holds {held} API keys, its quota (API_KEYS_PER_ACCOUNT = {quota}); revoke one first"

@@ -316,11 +316,11 @@ async fn init(
     Ok(Success::new(Initiated {
         device_token: body.device_token,
         expires_in: EXPIRES_IN,
-        interval: state.device_poll_interval_secs,
+        interval: state.config.device_poll_interval_secs,
         user_code: display_user_code(&user_code),
         verification_url: format!(
             "{}/app/device?request={rid}",
-            state.public_base_url.trim_end_matches('/')
+            state.config.public_base_url.trim_end_matches('/')
         ),
     }))
 }
@@ -404,7 +404,7 @@ async fn poll(
 async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
     let record = key(state, "req", hash);
     let mut redis = state.redis.clone();
-    let interval = state.device_poll_interval_secs;
+    let interval = state.config.device_poll_interval_secs;
     let least_ms = (interval * 1000).saturating_sub(POLL_SLACK_MS);
     let found: Vec<String> = redis::Script::new(POLL_SCRIPT)
         .key(&record)

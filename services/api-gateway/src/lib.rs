@@ -216,30 +216,16 @@ pub struct Gateway {
     pub rate: ratelimit::RateLimit,
     /// Per-account bytes of large request bodies.
     pub body_rate: ratelimit::BodyRate,
-    pub codes: CodeConfig,
-    pub body_limit: usize,
-    pub inbound_secret: Option<String>,
-    pub provider_secret: Option<String>,
-    /// `PROVIDER_SECRET_IN_QUERY`.
-    pub provider_secret_in_query: bool,
-    /// `PUBLIC_BASE_URL`.
-    pub public_base_url: String,
-    /// `LOGIN_IP_HOURLY_LIMIT`.
-    pub login_ip_hourly_limit: u32,
-    /// `DEVICE_POLL_INTERVAL_SECS`.
-    pub device_poll_interval_secs: u64,
-    /// `API_KEYS_PER_ACCOUNT`.
-    pub api_keys_per_account: i64,
+    /// The settings it started with.
+    pub config: Config,
     /// Failed authentications per client address (`AUTH_FAILURES_PER_IP_PER_MINUTE`).
     pub failed_auths: preauth::FailedAuths,
-    /// `GATEWAY_TRUST_FORWARDED_FOR`.
-    pub trust_forwarded_for: bool,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
 /// body limit; a route with its own limit overrides it with a route layer.
 pub fn app(state: AppState) -> axum::Router {
-    let limit = state.body_limit;
+    let limit = state.config.body_limit;
     routes::router(state)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(observe::observe))
@@ -265,29 +251,22 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ),
         rate: ratelimit::RateLimit::new(config.rate),
         body_rate: ratelimit::BodyRate::new(config.body_rate),
-        codes: config.codes.clone(),
-        body_limit: config.body_limit,
-        inbound_secret: config.inbound_secret.clone(),
-        provider_secret: config.provider_secret.clone(),
-        provider_secret_in_query: config.provider_secret_in_query,
-        public_base_url: config.public_base_url.clone(),
-        login_ip_hourly_limit: config.login_ip_hourly_limit,
-        device_poll_interval_secs: config.device_poll_interval_secs,
-        api_keys_per_account: config.api_keys_per_account,
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
-        trust_forwarded_for: config.trust_forwarded_for,
+        config,
     });
-    if state.inbound_secret.is_none() {
+    if state.config.inbound_secret.is_none() {
         tracing::warn!("INBOUND_SECRET is not set: /inbound-email/* answer 503");
     }
-    if state.provider_secret.is_none() {
+    if state.config.provider_secret.is_none() {
         tracing::warn!("PROVIDER_SECRET is not set: /provider-events/esp answers 503");
     }
-    if state.provider_secret_in_query {
+    if state.config.provider_secret_in_query {
         tracing::warn!(
             "PROVIDER_SECRET_IN_QUERY=1: /provider-events/esp takes ?token=, which access logs keep"
         );
     }
-    let http = rt.listen(config.http_addr, app(state)).await?;
+    let http = rt
+        .listen(state.config.http_addr, app(state.clone()))
+        .await?;
     rt.running(Some(http)).await
 }

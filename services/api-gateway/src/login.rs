@@ -61,7 +61,7 @@ pub async fn limit_ip(state: &AppState, kind: &str, ip: Option<IpAddr>) -> Resul
         .query_async(&mut redis)
         .await
         .map_err(|e| ApiError::redis("login limit unavailable", e))?;
-    if count > u64::from(state.login_ip_hourly_limit) {
+    if count > u64::from(state.config.login_ip_hourly_limit) {
         return Err(ApiError::TooManyRequests {
             message: "too many login attempts from this network address this hour".into(),
             retry_after: ttl.max(1) as u64,

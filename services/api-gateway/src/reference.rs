@@ -16,6 +16,7 @@ use postmesh_shared::Routes;
 
 use crate::openapi::{document, owner_name, who};
 use crate::table::table;
+use crate::web::head;
 use crate::AppState;
 
 /// The gateway's route that serves the reference as a page.
@@ -35,12 +36,7 @@ fn page() -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Postmesh API reference" }
-                style { (STYLE) }
-            }
+            (head("Postmesh API reference", STYLE))
             body {
                 p {
                     "The machine-readable document is "

@@ -175,7 +175,7 @@ fn same_secret(given: &[u8], expected: &str) -> bool {
 async fn require_inbound_secret(
     State(state): State<AppState>, req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(expected) = &state.inbound_secret else {
+    let Some(expected) = &state.config.inbound_secret else {
         return Err(ApiError::Unavailable(
             "inbound mail is not configured (INBOUND_SECRET)".into(),
         ));
@@ -202,7 +202,7 @@ pub const PROVIDER_SECRET_HEADER: &str = "x-service-provider-secret";
 async fn require_provider_secret(
     State(state): State<AppState>, req: Request, next: Next,
 ) -> Result<Response<Body>, ApiError> {
-    let Some(expected) = &state.provider_secret else {
+    let Some(expected) = &state.config.provider_secret else {
         return Err(ApiError::Unavailable(
             "provider notifications are not configured (PROVIDER_SECRET)".into(),
         ));
@@ -214,7 +214,7 @@ async fn require_provider_secret(
             .find(|(k, _)| k == "token")
             .map(|(_, v)| v)
     });
-    if from_query.is_some() && !state.provider_secret_in_query {
+    if from_query.is_some() && !state.config.provider_secret_in_query {
         return Err(ApiError::Unauthorized(format!(
             "the provider secret goes in {PROVIDER_SECRET_HEADER}, not the query"
         )));
@@ -263,7 +263,7 @@ async fn spend_body(
 async fn forward(
     State(state): State<AppState>, service: Service, body_limit: Option<usize>, req: Request,
 ) -> Result<Response<Body>, ApiError> {
-    let limit = body_limit.unwrap_or(state.body_limit);
+    let limit = body_limit.unwrap_or(state.config.body_limit);
     let (parts, body) = req.into_parts();
     // A declared length that cannot fit is refused before a byte of the body is read.
     let declared = parts

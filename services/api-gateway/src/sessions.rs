@@ -33,7 +33,7 @@ pub const SESSION_MAX_SECS: i64 = 30 * 24 * 3600;
 
 /// The session cookie's name for this deployment.
 pub fn session_cookie(state: &AppState) -> &'static str {
-    if state.public_base_url.starts_with("https://") {
+    if state.config.public_base_url.starts_with("https://") {
         HOST_SESSION_COOKIE
     } else {
         SESSION_COOKIE
@@ -145,7 +145,7 @@ pub async fn end(state: &AppState, session: &Session) -> Result<HeaderValue, Api
 pub fn set_cookie(
     state: &AppState, name: &str, value: &str, max_age: u64, same_site: &str,
 ) -> HeaderValue {
-    let secure = if state.public_base_url.starts_with("http://") {
+    let secure = if state.config.public_base_url.starts_with("http://") {
         ""
     } else {
         "; Secure"
@@ -218,7 +218,7 @@ pub fn urlencode(text: &str) -> String {
 /// The caller's IP: the connection's peer, or with `GATEWAY_TRUST_FORWARDED_FOR` the last
 /// `X-Forwarded-For` entry (the one our own proxy appended).
 pub fn client_ip(state: &AppState, req: &http::request::Parts) -> Option<IpAddr> {
-    if state.trust_forwarded_for {
+    if state.config.trust_forwarded_for {
         let forwarded = req
             .headers
             .get_all("x-forwarded-for")

@@ -56,7 +56,7 @@ pub(super) async fn queue(
     let message = OutboxMessage {
         id: id.as_uuid(),
         subject: Stream::Send.subject(&state.ns),
-        payload: job(&state.codes, workspace, to, code, id, purpose)
+        payload: job(&state.config.codes, workspace, to, code, id, purpose)
             .encode_to_vec()
             .into(),
     };

@@ -142,7 +142,7 @@ impl<'a> CodeStore<'a> {
         let key = |kind: &str| state.ns.redis_key(&format!("code:{kind}:{tag}"));
         Self {
             redis: state.redis.clone(),
-            config: &state.codes,
+            config: &state.config.codes,
             account_id,
             email,
             code: key("hash"),

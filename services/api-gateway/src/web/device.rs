@@ -91,15 +91,12 @@ pub async fn page(
 }
 
 /// The form of `POST /app/device`: a typed code to look up (no `request`), or a decision.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[serde(default)]
 pub struct DecideForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     request: String,
-    #[serde(default)]
     user_code: String,
-    #[serde(default)]
     decision: String,
 }
 

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use postmesh_shared::ApiError;
 
-use super::{csrf_refusal, layout, when, Csrf};
+use super::{csrf_refusal, layout, when, Csrf, CsrfForm};
 use crate::accounts::{self, KeyInfo};
 use crate::sessions::Session;
 use crate::AppState;
@@ -87,11 +87,10 @@ pub async fn page(
     render(&state, &headers, &session, StatusCode::OK, Notice::None).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[serde(default)]
 pub struct CreateForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     name: String,
 }
 
@@ -113,12 +112,6 @@ pub async fn create(
     let (text, key) = accounts::mint(&state, session.account, &name).await?;
     let notice = Notice::Created(&key.name, &text);
     render(&state, &headers, &session, StatusCode::CREATED, notice).await
-}
-
-#[derive(Deserialize)]
-pub struct CsrfForm {
-    #[serde(default)]
-    csrf: String,
 }
 
 /// `POST /app/keys/{id}/revoke`.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use postmesh_shared::{ApiError, EmailAddress};
 
-use super::{csrf_refusal, layout, Csrf};
+use super::{csrf_refusal, layout, Csrf, CsrfForm};
 use crate::sessions::{self, see_other, Session};
 use crate::{login, AppState};
 
@@ -78,13 +78,11 @@ pub async fn page(
     csrf.page(&state, StatusCode::OK, layout("Sign in", None, &csrf, body))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[serde(default)]
 pub struct SendForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     next: String,
-    #[serde(default)]
     email: String,
 }
 
@@ -132,15 +130,12 @@ pub async fn send(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[serde(default)]
 pub struct VerifyForm {
-    #[serde(default)]
     csrf: String,
-    #[serde(default)]
     next: String,
-    #[serde(default)]
     email: String,
-    #[serde(default)]
     code: String,
 }
 
@@ -183,12 +178,6 @@ pub async fn verify(
             )
         }
     }
-}
-
-#[derive(Deserialize)]
-pub struct CsrfForm {
-    #[serde(default)]
-    csrf: String,
 }
 
 /// `POST /app/logout`.

@@ -97,7 +97,7 @@ impl Csrf {
 /// The CSRF token bound to the request's session cookie, if it carries one.
 fn session_token(state: &AppState, headers: &HeaderMap) -> Option<String> {
     let session = cookie(headers, sessions::session_cookie(state))?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(state.codes.secret.as_bytes()).ok()?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(state.config.codes.secret.as_bytes()).ok()?;
     mac.update(b"csrf:");
     mac.update(session.as_bytes());
     Some(hex::encode(mac.finalize().into_bytes()))
@@ -140,17 +140,31 @@ table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;pad
 .scroll{overflow-x:auto}
 ";
 
+/// A form that carries only its CSRF token (a button: revoke, sign out).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+pub struct CsrfForm {
+    csrf: String,
+}
+
+/// A page's `head`: its title and its style sheet.
+pub fn head(title: &str, style: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) }
+            style { (maud::PreEscaped(style)) }
+        }
+    }
+}
+
 /// A whole page: `title`, the navigation when signed in, then `body`.
 pub fn layout(title: &str, session: Option<&Session>, csrf: &Csrf, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · Postmesh" }
-                style { (maud::PreEscaped(STYLE)) }
-            }
+            (head(&format!("{title} · Postmesh"), STYLE))
             body {
                 @if let Some(session) = session {
                     nav {
