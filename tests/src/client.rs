@@ -218,3 +218,12 @@ impl Answer {
             .expect("a text header")
     }
 }
+
+/// The seconds an answer's `Retry-After` header asks for.
+pub fn retry_after(headers: &HeaderMap) -> u64 {
+    headers["retry-after"]
+        .to_str()
+        .expect("Retry-After is text")
+        .parse()
+        .expect("Retry-After is seconds")
+}

@@ -25,7 +25,7 @@ mod wait;
 pub mod web;
 pub mod webdriver;
 
-pub use client::{Answer, TestClient};
+pub use client::{retry_after, Answer, TestClient};
 pub use databases::{caller, remove_namespace, ServiceDb};
 pub use fake::Fake;
 pub use fake_stripe::FakeStripe;

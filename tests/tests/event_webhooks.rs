@@ -22,7 +22,6 @@ use postmesh_tests::mta::{ingest, message};
 use postmesh_tests::receiver::{received, Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
 use sender::sending::send::SendAnswer;
-use sender::sending::status::TaskProgress;
 use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptView, Replayed, Tested};
 use webhook_dispatcher::routes::endpoints::Deleted;
@@ -78,15 +77,8 @@ async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
 
 /// The provider's message id of the task's first recipient, once it was sent.
 async fn provider_id(stack: &Stack, key: &str, task: TaskId) -> String {
-    eventually(Duration::from_secs(20), || async move {
-        let progress: Success<TaskProgress> = stack
-            .client(key)
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        let r = progress.body.recipients.into_iter().next().unwrap();
-        r.provider_message_id.ok_or("not sent yet")
-    })
-    .await
+    let sent = stack.first_recipient(key, task, |r| r.provider_message_id.is_some());
+    sent.await.provider_message_id.expect("sent")
 }
 
 /// Posts an SES event about `ses_id` for `to` through the fake SNS; it must be matched.

@@ -4,19 +4,17 @@
 //! both signature versions, a duplicate, an unknown message, the provider secret, bad
 //! payloads; and a complaint stopping the next marketing send.
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_sns::FakeSns;
-use postmesh_tests::{eventually, Stack, PROVIDER_SECRET};
+use postmesh_tests::{Stack, PROVIDER_SECRET};
 use sender::audience::suppressions::{Reason, SuppressionPage};
 use sender::delivery::provider::Handled;
 use sender::sending::events::Kind;
 use sender::sending::send::SendAnswer;
-use sender::sending::status::{RecipientStatus, TaskProgress};
+use sender::sending::status::RecipientStatus;
 
 /// Posts `body` to the provider endpoint with the right secret; status and JSON answer.
 async fn post(stack: &Stack, body: &Value) -> (StatusCode, Value) {
@@ -58,31 +56,10 @@ async fn delivered(
         )
         .await;
     let task = answer.body.task_id.unwrap();
-    let recipient = recipient(stack, key, task, |r| r.provider_message_id.is_some()).await;
+    let recipient = stack
+        .first_recipient(key, task, |r| r.provider_message_id.is_some())
+        .await;
     (task, recipient)
-}
-
-/// The task's first recipient once `done` holds for it.
-async fn recipient(
-    stack: &Stack, key: &str, task: TaskId, done: impl Fn(&RecipientStatus) -> bool,
-) -> RecipientStatus {
-    let done = &done;
-    eventually(Duration::from_secs(20), || async move {
-        let progress: Success<TaskProgress> = stack
-            .client(key)
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        let r = progress.body.recipients.into_iter().next().unwrap();
-        if done(&r) {
-            Ok(r)
-        } else {
-            Err(format!(
-                "{:?}",
-                r.events.iter().map(|e| e.kind).collect::<Vec<_>>()
-            ))
-        }
-    })
-    .await
 }
 
 fn kinds(r: &RecipientStatus) -> Vec<Kind> {
@@ -210,7 +187,9 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         (body["matched"].clone(), body["duplicates"].clone()),
         (json!(1), json!(1))
     );
-    let r = recipient(&stack, &key, task, |r| r.events.len() >= 2).await;
+    let r = stack
+        .first_recipient(&key, task, |r| r.events.len() >= 2)
+        .await;
     assert_eq!(kinds(&r), [Kind::Sent, Kind::Bounced]);
     assert_eq!(r.events[1].detail["bounceType"], "Permanent");
     assert_eq!(r.events[1].detail["reason"], "550 5.1.1");
@@ -253,7 +232,9 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         post(&stack, &sns.notification("sns-8", &reject, 2)).await.0,
         StatusCode::OK
     );
-    let r = recipient(&stack, &key, task, |r| r.events.len() >= 5).await;
+    let r = stack
+        .first_recipient(&key, task, |r| r.events.len() >= 5)
+        .await;
     assert_eq!(
         kinds(&r),
         [
@@ -275,10 +256,11 @@ async fn ses_events_become_delivery_events_and_suppressions() {
             StatusCode::OK,
         )
         .await;
-    let r = recipient(&stack, &key, copied.body.task_id.unwrap(), |r| {
-        r.provider_message_id.is_some()
-    })
-    .await;
+    let r = stack
+        .first_recipient(&key, copied.body.task_id.unwrap(), |r| {
+            r.provider_message_id.is_some()
+        })
+        .await;
     let copy_bounce = ses_event(
         "Bounce",
         r.provider_message_id.as_deref().unwrap(),
@@ -368,18 +350,11 @@ async fn ses_events_become_delivery_events_and_suppressions() {
             .0,
         StatusCode::OK
     );
-    let r = recipient(&stack, &key, task, |r| r.events.len() >= 2).await;
-    assert_eq!(kinds(&r), [Kind::Sent, Kind::Unsubscribed]);
-    let page: Success<SuppressionPage> = stack
-        .client(&key)
-        .get("/suppressions?email=reader@example.com", StatusCode::OK)
+    let r = stack
+        .first_recipient(&key, task, |r| r.events.len() >= 2)
         .await;
-    let entries: Vec<_> = page
-        .body
-        .suppressions
-        .iter()
-        .map(|s| (s.reason, s.topic.clone()))
-        .collect();
+    assert_eq!(kinds(&r), [Kind::Sent, Kind::Unsubscribed]);
+    let entries = stack.suppressions(&key, "reader@example.com").await;
     assert_eq!(entries, [(Reason::Unsubscribed, Some("news".to_owned()))]);
 
     // An unknown message, and an event we do not act on.

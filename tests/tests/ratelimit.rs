@@ -8,7 +8,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use postmesh_tests::{Options, Stack};
+use postmesh_tests::{retry_after, Options, Stack};
 
 #[tokio::test]
 async fn each_key_has_a_request_rate_shared_by_all_gateways() {
@@ -39,11 +39,7 @@ async fn each_key_has_a_request_rate_shared_by_all_gateways() {
     for base in [&stack.base, &other] {
         let r = get(base.clone(), key.clone()).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        let wait: u64 = r.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let wait = retry_after(r.headers());
         assert_eq!(wait, 1);
         let body: serde_json::Value = r.json().await.unwrap();
         assert_eq!(body["success"], json!(false));
@@ -180,11 +176,7 @@ async fn an_accounts_large_bodies_spend_a_byte_budget() {
     // 900 KiB spent: 300 more do not fit, and wait for the ~3 s it takes to earn them.
     let refused = send(&key, 300).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    let wait: u64 = refused.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let wait = retry_after(refused.headers());
     assert!((2..=4).contains(&wait), "Retry-After {wait}");
     let body: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(body["success"], json!(false));

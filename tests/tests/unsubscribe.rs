@@ -169,16 +169,7 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded() {
         .await
         .unwrap();
     assert_eq!(as_json.status(), StatusCode::OK);
-    let listed: Success<SuppressionPage> = stack
-        .client(&key)
-        .get("/suppressions?email=ann@example.com", StatusCode::OK)
-        .await;
-    let entries: Vec<_> = listed
-        .body
-        .suppressions
-        .iter()
-        .map(|s| (s.reason, s.topic.clone()))
-        .collect();
+    let entries = stack.suppressions(&key, "ann@example.com").await;
     assert_eq!(entries, [(Reason::Unsubscribed, Some("news".to_owned()))]);
 
     // The next marketing mail of the topic does not go to her.

@@ -12,6 +12,8 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, SchemaType, Type};
 
+use postmesh_shared::ApiError;
+
 /// How long a lookup of a webhook's host may take.
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -71,13 +73,22 @@ impl Reach {
         })
     }
 
-    /// Parses and checks `raw`, resolving its host; the reason when it may not be used.
-    pub async fn check(&self, raw: &str) -> Result<Target, String> {
-        let url = admit(raw, self.allow_insecure)?;
+    /// Parses and checks `raw`, resolving its host; a 400 with the reason when it may not
+    /// be used.
+    pub async fn check(&self, raw: &str) -> Result<Target, ApiError> {
+        let url = admit(raw, self.allow_insecure).map_err(ApiError::BadRequest)?;
         if let Some(host) = url.domain() {
-            self.addresses(host).await?;
+            self.addresses(host).await.map_err(ApiError::BadRequest)?;
         }
         Ok(Target { url })
+    }
+
+    /// A change's URL checked as [`Reach::check`] does, or `current` when it has none.
+    pub async fn changed(&self, raw: Option<&str>, current: String) -> Result<String, ApiError> {
+        match raw {
+            Some(raw) => Ok(self.check(raw).await?.url.to_string()),
+            None => Ok(current),
+        }
     }
 
     /// Refuses a URL whose host is a literal address that is not public (a host name is

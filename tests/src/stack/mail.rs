@@ -2,6 +2,11 @@
 
 use std::time::{Duration, Instant};
 
+use postmesh_contracts::answers::sender::{RecipientStatus, TaskProgress};
+use postmesh_shared::{Success, TaskId};
+use reqwest::StatusCode;
+use sender::audience::suppressions::{Reason, SuppressionPage};
+
 use super::Stack;
 use crate::wait::eventually;
 
@@ -76,4 +81,43 @@ pub fn extract_code(eml: &str) -> Option<String> {
     let at = eml.find(" code is ")? + " code is ".len();
     let code: String = eml[at..].chars().take(6).collect();
     (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
+}
+
+impl Stack {
+    /// The task's first recipient as `GET /email-status/{task}` shows it, once `done` holds
+    /// for it.
+    pub async fn first_recipient(
+        &self, key: &str, task: TaskId, done: impl Fn(&RecipientStatus) -> bool,
+    ) -> RecipientStatus {
+        let done = &done;
+        eventually(Duration::from_secs(20), || async move {
+            let progress: Success<TaskProgress> = self
+                .client(key)
+                .get(&format!("/email-status/{task}"), StatusCode::OK)
+                .await;
+            let r = progress.body.recipients.into_iter().next().unwrap();
+            if done(&r) {
+                Ok(r)
+            } else {
+                Err(format!(
+                    "{:?}",
+                    r.events.iter().map(|e| e.kind).collect::<Vec<_>>()
+                ))
+            }
+        })
+        .await
+    }
+
+    /// The suppressions of `email` as `GET /suppressions` lists them: reason and topic.
+    pub async fn suppressions(&self, key: &str, email: &str) -> Vec<(Reason, Option<String>)> {
+        let page: Success<SuppressionPage> = self
+            .client(key)
+            .get(&format!("/suppressions?email={email}"), StatusCode::OK)
+            .await;
+        page.body
+            .suppressions
+            .iter()
+            .map(|s| (s.reason, s.topic.clone()))
+            .collect()
+    }
 }

@@ -75,11 +75,7 @@ pub(crate) async fn put(
         Some(raw) => Some(SigningSecret::parse(raw).map_err(ApiError::BadRequest)?),
         None => None,
     };
-    let target = state
-        .reach
-        .check(&body.url)
-        .await
-        .map_err(ApiError::BadRequest)?;
+    let target = state.reach.check(&body.url).await?;
     let owner = caller.workspace.as_uuid();
     let now = now_unix();
     let mut tx = state.db.begin().await?;

@@ -94,11 +94,7 @@ pub(crate) async fn create(
         Some(raw) => SigningSecret::parse(raw).map_err(ApiError::BadRequest)?,
         None => SigningSecret::generate(),
     };
-    let target = state
-        .reach
-        .check(&body.url)
-        .await
-        .map_err(ApiError::BadRequest)?;
+    let target = state.reach.check(&body.url).await?;
     require_address(&state, &caller, body.address_id).await?;
     let settings = Settings {
         active: body.active,
@@ -251,16 +247,10 @@ pub(crate) async fn update(
 async fn apply(
     state: &AppState, caller: &Caller, current: EndpointView, changes: &Changes,
 ) -> Result<EndpointView, ApiError> {
-    let url = match &changes.url {
-        Some(raw) => state
-            .reach
-            .check(raw)
-            .await
-            .map_err(ApiError::BadRequest)?
-            .url
-            .to_string(),
-        None => current.url,
-    };
+    let url = state
+        .reach
+        .changed(changes.url.as_deref(), current.url)
+        .await?;
     let updated = sqlx::query_as(&format!(
         "UPDATE endpoints SET url = $3, active = $4, body_format = $5, strip_quotes = $6,
              failing_since = CASE WHEN $4 AND NOT active THEN NULL ELSE failing_since END
@@ -332,7 +322,7 @@ pub(crate) async fn subscribe(
         let raw = body.changes.url.as_deref().ok_or_else(|| {
             ApiError::BadRequest("url is required to create the address's first endpoint".into())
         })?;
-        let target = state.reach.check(raw).await.map_err(ApiError::BadRequest)?;
+        let target = state.reach.check(raw).await?;
         let settings = Settings {
             active: body.changes.active.unwrap_or(true),
             body_format: body.changes.body_format.unwrap_or_default(),

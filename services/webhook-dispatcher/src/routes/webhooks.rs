@@ -199,11 +199,7 @@ pub(crate) async fn create(
         None => SigningSecret::generate(),
     };
     let events = event_types(body.events)?;
-    let target = state
-        .reach
-        .check(&body.url)
-        .await
-        .map_err(ApiError::BadRequest)?;
+    let target = state.reach.check(&body.url).await?;
     let id = Uuid::now_v7();
     let mut tx = state.db.begin().await?;
     // A workspace's webhooks are added one at a time, so the limit holds under races.
@@ -286,16 +282,10 @@ pub(crate) async fn update(
 ) -> Result<Success<WebhookPage>, ApiError> {
     let events = changes.events.map(event_types).transpose()?;
     let current: WebhookView = Owner::Webhook.find(&state.db, COLUMNS, &caller, id).await?;
-    let url = match &changes.url {
-        Some(raw) => state
-            .reach
-            .check(raw)
-            .await
-            .map_err(ApiError::BadRequest)?
-            .url
-            .to_string(),
-        None => current.url,
-    };
+    let url = state
+        .reach
+        .changed(changes.url.as_deref(), current.url)
+        .await?;
     let updated = sqlx::query_as(&format!(
         "UPDATE webhooks SET url = $3, events = $4, active = $5,
              failing_since = CASE WHEN $5 AND NOT active THEN NULL ELSE failing_since END
