@@ -5,7 +5,7 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{Common, Namespace, Service};
 
-use crate::settings::{admin_url, common, fresh_namespace};
+use crate::settings::{admin_url, common_of, fresh_namespace};
 use crate::wait::on_a_fresh_runtime;
 
 /// One service's database in a fresh namespace, migrated, and nothing else running: for
@@ -18,7 +18,7 @@ pub struct ServiceDb {
 impl ServiceDb {
     /// Creates `service`'s database in a fresh namespace and runs `migrations`.
     pub async fn create(service: Service, migrations: &[&sqlx::migrate::Migrator]) -> Self {
-        let common = common(fresh_namespace());
+        let common = common_of(fresh_namespace(), &[service]);
         let pool = postmesh_shared::db::connect(&common, service, migrations)
             .await
             .expect("service database");
@@ -39,9 +39,11 @@ impl Drop for ServiceDb {
 /// Drops the roles and databases of every service in `ns`.
 pub(crate) async fn drop_databases(ns: &Namespace) {
     let admin = admin_url();
-    for service in Service::ALL {
-        let _ = postmesh_shared::db::drop_database(&admin, &service.database(ns)).await;
-    }
+    let each = Service::ALL.map(|service| {
+        let (admin, name) = (admin.clone(), service.database(ns));
+        async move { postmesh_shared::db::drop_database(&admin, &name).await }
+    });
+    futures::future::join_all(each).await;
 }
 
 /// The context the gateway attaches for a fresh account with `role` (its workspace is its

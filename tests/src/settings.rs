@@ -191,11 +191,18 @@ pub fn admin_url() -> String {
 /// Shared settings of a test stack in namespace `ns`, whose services' roles and databases
 /// this makes (dropped again by [`remove_namespace`]).
 pub fn common(ns: Namespace) -> Common {
+    common_of(ns, &Service::ALL)
+}
+
+/// [`common`] with the roles and databases of `services` alone made.
+pub fn common_of(ns: Namespace, services: &[Service]) -> Common {
     let made = ns.clone();
+    let services = services.to_vec();
     on_a_fresh_runtime(move || async move {
         let admin = admin_url();
-        let each = Service::ALL
-            .map(|service| postmesh_shared::db::bootstrap(&admin, &made, service, None));
+        let each = services
+            .iter()
+            .map(|&service| postmesh_shared::db::bootstrap(&admin, &made, service, None));
         for made in futures::future::join_all(each).await {
             made.expect("bootstrap of a test namespace's databases");
         }
