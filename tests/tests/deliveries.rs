@@ -574,7 +574,8 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed() {
     })
     .await;
     assert_ne!(moved, Status::Succeeded);
-    quiet().await;
+    // A try that followed would have ended on the other host's answer, not the 302, and
+    // reached it before its outcome was written: no wait needed.
     assert_eq!(elsewhere.count(), 0, "the redirect was not followed");
     assert!(elsewhere.refused().is_empty());
     stack.shutdown().await;
