@@ -1,4 +1,5 @@
-//! Mail a test stack wrote to its file outbox.
+//! Mail a test stack wrote to its file outbox, and what the API says of a send's recipients
+//! and suppressions.
 
 use std::time::{Duration, Instant};
 
@@ -74,16 +75,7 @@ impl Stack {
         );
         codes.last().cloned().expect("a code")
     }
-}
 
-/// The 6-digit code in a delivered code email (verification or login).
-pub fn extract_code(eml: &str) -> Option<String> {
-    let at = eml.find(" code is ")? + " code is ".len();
-    let code: String = eml[at..].chars().take(6).collect();
-    (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
-}
-
-impl Stack {
     /// The task's first recipient as `GET /email-status/{task}` shows it, once `done` holds
     /// for it.
     pub async fn first_recipient(
@@ -120,4 +112,11 @@ impl Stack {
             .map(|s| (s.reason, s.topic.clone()))
             .collect()
     }
+}
+
+/// The 6-digit code in a delivered code email (verification or login).
+pub fn extract_code(eml: &str) -> Option<String> {
+    let at = eml.find(" code is ")? + " code is ".len();
+    let code: String = eml[at..].chars().take(6).collect();
+    (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
 }
