@@ -12,6 +12,7 @@ use tower::ServiceExt;
 use postmesh_shared::proto::AuthContext;
 
 /// Where requests go.
+#[derive(Clone)]
 enum Target {
     /// The gateway, with an optional bearer key.
     Http {
@@ -27,6 +28,7 @@ enum Target {
 }
 
 /// A typed client of one API surface.
+#[derive(Clone)]
 pub struct TestClient {
     target: Target,
     /// Extra headers sent with every request.

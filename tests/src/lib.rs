@@ -19,6 +19,7 @@ pub mod mta;
 pub mod openapi_bodies;
 pub mod peek;
 pub mod receiver;
+mod routers;
 mod settings;
 mod stack;
 mod wait;
@@ -29,6 +30,7 @@ pub use client::{retry_after, Answer, TestClient};
 pub use databases::{caller, remove_namespace, ServiceDb};
 pub use fake::Fake;
 pub use fake_stripe::FakeStripe;
+pub use routers::{sender_router, BillingRouter};
 pub use settings::{
     admin_url, billing_config, common, dispatcher_config, domain_config, fresh_namespace,
     gateway_config, http_client, inbound_config, nats_url, ops_nats, DomainOptions, Options,

@@ -1,7 +1,9 @@
 //! Billing's router and queries with only Postgres behind them: no NATS, no gateway. The
-//! router is called as the gateway forwards requests, with the caller's `AuthContext`.
+//! router is called as the gateway forwards requests, with the caller's `AuthContext`:
+//! balance, deducts (idempotent, never overdrawn), logs paged and as CSV.
 
-use reqwest::StatusCode;
+use futures::future::join_all;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use billing::balance::Balance;
@@ -9,42 +11,14 @@ use billing::deduct::Deducted;
 use billing::ledger::{self, EntryKind};
 use billing::logs::LogPage;
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::proto::{AuthContext, ChargeRequest, GrantRequest};
+use postmesh_shared::proto::ChargeRequest;
 use postmesh_shared::{ApiKeyId, Success};
-use postmesh_tests::{ServiceDb, TestClient};
-
-/// Billing's database with a key holding `credits`; its router called by that key.
-async fn billing_with_key(credits: i64) -> (ServiceDb, ApiKeyId, TestClient) {
-    let store = ServiceDb::create(billing::SERVICE, &[&billing::MIGRATOR]).await;
-    let key = ApiKeyId::new();
-    let account = uuid::Uuid::now_v7().to_string();
-    ledger::grant(
-        &mut store.pool.acquire().await.unwrap(),
-        &GrantRequest {
-            api_key_id: key.to_string(),
-            account_id: account.clone(),
-            email: "owner@example.com".into(),
-            credits,
-            idempotency_key: format!("grant:{key}"),
-        },
-    )
-    .await
-    .unwrap();
-    let auth = AuthContext {
-        account_id: account.clone(),
-        workspace_id: account,
-        api_key_id: key.to_string(),
-        key_id: key.to_string(),
-        role: postmesh_shared::proto::Role::Member.into(),
-        email: "owner@example.com".into(),
-    };
-    let router = billing::router(billing::AppState::new(store.pool.clone()));
-    (store, key, TestClient::router(router, Some(auth)))
-}
+use postmesh_tests::{BillingRouter, TestClient};
 
 #[tokio::test]
 async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
-    let (_store, _key, client) = billing_with_key(3).await;
+    let billing = BillingRouter::new().await;
+    let (_, client) = billing.key(3).await;
     let b: Success<Balance> = client.get("/balance", StatusCode::OK).await;
     assert!(b.success);
     assert_eq!(b.body.balance, 3);
@@ -70,9 +44,7 @@ async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
 
 #[tokio::test]
 async fn a_request_without_its_caller_is_a_500() {
-    let (store, _key, _) = billing_with_key(1).await;
-    let router = billing::router(billing::AppState::new(store.pool.clone()));
-    let anonymous = TestClient::router(router, None);
+    let anonymous = BillingRouter::new().await.anonymous();
     let e: ErrorBody = anonymous
         .get("/balance", StatusCode::INTERNAL_SERVER_ERROR)
         .await;
@@ -81,7 +53,9 @@ async fn a_request_without_its_caller_is_a_500() {
 
 #[tokio::test]
 async fn concurrent_charges_of_one_key_never_overdraw() {
-    let (store, key, _) = billing_with_key(5).await;
+    let billing = BillingRouter::new().await;
+    let (key, _) = billing.key(5).await;
+    let store = &billing.store;
     let charges = (0..20).map(|i| {
         let db = store.pool.clone();
         async move {
@@ -107,24 +81,13 @@ async fn concurrent_charges_of_one_key_never_overdraw() {
 
 #[tokio::test]
 async fn balance_reads_waiting_together_share_one_query_and_each_gets_its_own_key() {
-    let (store, first, _) = billing_with_key(1).await;
+    let billing = BillingRouter::new().await;
+    let first = billing.key(1).await.0;
     let mut keys = vec![(first, 1)];
     for credits in 2..=6 {
-        let key = ApiKeyId::new();
-        ledger::grant(
-            &mut store.pool.acquire().await.unwrap(),
-            &GrantRequest {
-                api_key_id: key.to_string(),
-                account_id: uuid::Uuid::now_v7().to_string(),
-                email: "owner@example.com".into(),
-                credits,
-                idempotency_key: format!("grant:{key}"),
-            },
-        )
-        .await
-        .unwrap();
-        keys.push((key, credits));
+        keys.push((billing.key(credits).await.0, credits));
     }
+    let store = &billing.store;
     keys.push((ApiKeyId::new(), 0)); // never granted
     let reads = billing::balance::BalanceReads::new(store.pool.clone());
     let mut watch = store.pool.acquire().await.unwrap();
@@ -177,4 +140,125 @@ async fn blocked(watch: &mut sqlx::PgConnection) -> i64 {
     .fetch_one(watch)
     .await
     .unwrap()
+}
+
+/// The balance `client`'s key holds.
+async fn balance(client: &TestClient) -> i64 {
+    let b: Success<Balance> = client.get("/balance", StatusCode::OK).await;
+    b.body.balance
+}
+
+#[tokio::test]
+async fn deduct_takes_one_credit_and_402s_at_zero() {
+    let billing = BillingRouter::new().await;
+    let (_, client) = billing.key(2).await;
+    assert_eq!(balance(&client).await, 2);
+    let body = json!({ "targetEmail": "a@example.com" });
+    let d: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
+    assert!(d.success);
+    assert_eq!(d.body.balance, 1);
+    // The body is optional.
+    let d: Success<Deducted> = client
+        .call(Method::POST, "/deduct", None, StatusCode::OK)
+        .await;
+    assert_eq!(d.body.balance, 0);
+    let e: ErrorBody = client
+        .post("/deduct", &json!({}), StatusCode::PAYMENT_REQUIRED)
+        .await;
+    assert!(!e.success);
+    assert_eq!(balance(&client).await, 0);
+    let bad = json!({ "targetEmail": "not-an-email" });
+    let _: ErrorBody = client.post("/deduct", &bad, StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_deducts_once() {
+    let billing = BillingRouter::new().await;
+    let (_, client) = billing.key(10).await;
+    let body = json!({ "idempotencyKey": "order-7f3a-0001", "targetEmail": "a@example.com" });
+    for _ in 0..2 {
+        let d: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
+        assert_eq!(d.body.balance, 9);
+    }
+    // Concurrent retries of one key still charge once.
+    let retry = json!({ "idempotencyKey": "order-7f3a-0002" });
+    let retries = join_all((0..10).map(|_| client.request(Method::POST, "/deduct", &retry))).await;
+    assert!(
+        retries.iter().all(|a| a.status == StatusCode::OK),
+        "{retries:?}"
+    );
+    assert_eq!(balance(&client).await, 8);
+    let empty = json!({ "idempotencyKey": "" });
+    let _: ErrorBody = client
+        .post("/deduct", &empty, StatusCode::BAD_REQUEST)
+        .await;
+    // Keys are per API key: another key's same idempotency key is its own charge.
+    let (_, other) = billing.key(1).await;
+    let d: Success<Deducted> = other.post("/deduct", &body, StatusCode::OK).await;
+    assert_eq!(d.body.balance, 0);
+    assert_eq!(balance(&client).await, 8);
+}
+
+#[tokio::test]
+async fn concurrent_deducts_never_overdraw() {
+    let billing = BillingRouter::new().await;
+    let (_, client) = billing.key(20).await;
+    let empty = json!({});
+    let results = join_all((0..60).map(|_| client.request(Method::POST, "/deduct", &empty))).await;
+    let count = |status| results.iter().filter(|a| a.status == status).count();
+    let (ok, broke) = (count(StatusCode::OK), count(StatusCode::PAYMENT_REQUIRED));
+    assert_eq!((ok, broke), (20, 40), "{results:?}");
+    assert_eq!(balance(&client).await, 0);
+    let logs: Success<LogPage> = client.get("/logs?limit=100", StatusCode::OK).await;
+    assert_eq!(logs.body.logs.len(), 20);
+}
+
+#[tokio::test]
+async fn logs_page_and_download_as_csv() {
+    let billing = BillingRouter::new().await;
+    let (_, client) = billing.key(130).await;
+    for i in 0..120 {
+        let body = json!({ "targetEmail": format!("r{i}@example.com") });
+        let _: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
+    }
+    let answer = client.send(Method::GET, "/logs", None).await;
+    let page: Success<LogPage> = answer.expect(StatusCode::OK, "GET /logs");
+    assert_eq!((page.body.limit, page.body.offset), (50, 0));
+    assert_eq!(page.body.logs.len(), 50);
+    // Newest first, with the spec's fields.
+    let newest = &page.body.logs[0];
+    assert_eq!(newest.target_email.as_deref(), Some("r119@example.com"));
+    assert_eq!(newest.amount_deducted, 1.0);
+    assert!(newest.caller_email.ends_with("@example.com"));
+    assert!(!newest.log_id.is_empty() && !newest.timestamp.is_empty());
+    // Fields without a value are still there, as null (the wire format, not the type).
+    let raw: serde_json::Value = answer.json();
+    let newest = &raw["logs"][0];
+    for field in [
+        "from_email",
+        "subject",
+        "send_mode",
+        "recipient_count",
+        "task_id",
+    ] {
+        assert!(newest.get(field).is_some(), "{field} missing");
+    }
+    let rest: Success<LogPage> = client
+        .get("/logs?limit=500&offset=100", StatusCode::OK)
+        .await;
+    assert_eq!(rest.body.limit, 100);
+    let rest = rest.body.logs;
+    assert_eq!(rest.len(), 20);
+    assert_eq!(rest[19].target_email.as_deref(), Some("r0@example.com"));
+    for bad in ["/logs?limit=0", "/logs?offset=-1", "/logs?limit=abc"] {
+        let _: ErrorBody = client.get(bad, StatusCode::BAD_REQUEST).await;
+    }
+    let res = client.send(Method::GET, "/logs/download", None).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert!(res.header("content-type").starts_with("text/csv"));
+    let mut reader = csv::Reader::from_reader(res.body.as_slice());
+    let headers = reader.headers().unwrap().clone();
+    assert!(headers.iter().any(|h| h == "target_email"), "{headers:?}");
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 120);
 }

@@ -1,24 +1,22 @@
-//! Contacts through the gateway: upsert by email or externalId, the listing's filters,
+//! Contacts on the sender's router: upsert by email or externalId, the listing's filters,
 //! changes and removal, another workspace's contacts invisible, and imports as JSON and CSV
-//! keeping the good rows and naming the bad ones.
+//! keeping the good rows and naming the bad ones; through the whole stack, a send taking a
+//! contact's external id.
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
-use postmesh_tests::Stack;
+use postmesh_tests::{sender_router, Stack};
 use sender::audience::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
 use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
+use sender::Quotas;
 
 #[tokio::test]
 async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
-    let stack = Stack::start().await;
-    let (mine, theirs) = (
-        stack.client(&stack.key(0).await),
-        stack.client(&stack.key(0).await),
-    );
+    let (_store, mine, theirs) = sender_router(Quotas::default()).await;
     let made: Success<Upserted> = mine
         .post(
             "/contacts",
@@ -119,14 +117,11 @@ async fn contacts_are_upserted_by_external_id_or_email_and_filtered() {
     assert!(gone.body.deleted);
     let _: ErrorBody = mine.get(&path, StatusCode::NOT_FOUND).await;
     let _: ErrorBody = mine.delete(&path, StatusCode::NOT_FOUND).await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
-    let stack = Stack::start().await;
-    let key = stack.key(0).await;
-    let client = stack.client(&key);
+    let (_store, client, _) = sender_router(Quotas::default()).await;
     let _: Success<Upserted> = client
         .post(
             "/contacts",
@@ -150,8 +145,8 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
                csv1@example.com,c-1,x;y,subscribed,pro\n\
                csv2@example.com,,,maybe,\n\
                new@example.com,,,unsubscribed,free\n";
-    let imported: Success<Imported> = stack
-        .client(&key)
+    let imported: Success<Imported> = client
+        .clone()
         .with_header("content-type", "text/csv")
         .call(
             Method::POST,
@@ -190,8 +185,8 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
         .get("/contacts?email=bulk0@example.com", StatusCode::OK)
         .await;
     assert!(bulk.body.contacts.is_empty());
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
+        .clone()
         .with_header("content-type", "text/plain")
         .call(
             Method::POST,
@@ -200,7 +195,6 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
             StatusCode::BAD_REQUEST,
         )
         .await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -245,9 +239,7 @@ async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one() 
 
 #[tokio::test]
 async fn stored_json_reads_back_whatever_its_numbers_and_text_holding_nul_is_refused() {
-    let stack = Stack::start().await;
-    let key = stack.key(0).await;
-    let client = stack.client(&key);
+    let (_store, client, _) = sender_router(Quotas::default()).await;
     // Postgres writes jsonb numbers out in full (309 digits for the largest float): they
     // must read back as the numbers that went in, not fail every later read.
     let numbers = json!({"max": f64::MAX, "min": -f64::MAX, "tiny": -2.225073858507203e-309,
@@ -292,8 +284,8 @@ async fn stored_json_reads_back_whatever_its_numbers_and_text_holding_nul_is_ref
             br#"[{"email": "nul@example.com", "tags": ["a\u0000"]}]"#.to_vec(),
         ),
     ] {
-        let refused: ErrorBody = stack
-            .client(&key)
+        let refused: ErrorBody = client
+            .clone()
             .with_header("content-type", kind)
             .call(
                 Method::POST,

@@ -6,40 +6,13 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::jetstream::outbox::Outbox;
-use postmesh_shared::proto::Role;
-use postmesh_shared::{EmailAddress, Success};
-use postmesh_tests::{caller, ServiceDb, TestClient};
+use postmesh_shared::Success;
+use postmesh_tests::{sender_router, TestClient};
 use sender::sending::templates::{Template, TemplateList};
-
-/// The sender's database and its router, called by two fresh callers of different
-/// workspaces.
-async fn sender_router() -> (ServiceDb, TestClient, TestClient) {
-    sender_router_with(sender::Quotas::default()).await
-}
-
-/// [`sender_router`] with its own quotas.
-async fn sender_router_with(quotas: sender::Quotas) -> (ServiceDb, TestClient, TestClient) {
-    let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
-    let nats = postmesh_tests::ops_nats(&store.common.nats_url)
-        .await
-        .expect("NATS");
-    let state = sender::AppState::new(
-        store.pool.clone(),
-        nats.clone(),
-        store.common.namespace.clone(),
-        tokio_util::task::TaskTracker::new(),
-        Outbox::new(store.pool.clone(), async_nats::jetstream::new(nats)),
-        EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
-    );
-    let router = sender::router(sender::AppState { quotas, ..state });
-    let client = |role| TestClient::router(router.clone(), Some(caller(role)));
-    (store, client(Role::Member), client(Role::Member))
-}
 
 #[tokio::test]
 async fn templates_are_versioned_per_workspace() {
-    let (_store, mine, theirs) = sender_router().await;
+    let (_store, mine, theirs) = sender_router(sender::Quotas::default()).await;
     let body = json!({"key": "welcome", "subject": "Hi {{name}}", "text": "v1"});
     let v1: Success<Template> = mine.post("/templates", &body, StatusCode::OK).await;
     assert_eq!((v1.body.key.as_str(), v1.body.version), ("welcome", 1));
@@ -66,7 +39,7 @@ async fn templates_are_versioned_per_workspace() {
 
 #[tokio::test]
 async fn task_and_workflow_ids_are_checked_at_the_edge() {
-    let (_store, mine, _) = sender_router().await;
+    let (_store, mine, _) = sender_router(sender::Quotas::default()).await;
     let e: ErrorBody = mine
         .get("/email-status/nope", StatusCode::BAD_REQUEST)
         .await;
@@ -113,7 +86,7 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
         audiences: 2,
         workflows: 1,
     };
-    let (_store, mine, theirs) = sender_router_with(quotas).await;
+    let (_store, mine, theirs) = sender_router(quotas).await;
     let template = |key: &str| json!({"key": key, "subject": "s", "text": "t"});
     for key in ["a", "b", "c"] {
         let _: Value = mine
@@ -218,7 +191,7 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
 
 #[tokio::test]
 async fn to_with_a_campaign_key_is_400_before_the_campaign_is_looked_up() {
-    let (_store, mine, _) = sender_router().await;
+    let (_store, mine, _) = sender_router(sender::Quotas::default()).await;
     for extra in [
         json!({"to": "a@example.com"}),
         json!({"audience": {"include": []}}),

@@ -183,11 +183,13 @@ pub fn router(state: AppState) -> Router {
     routes().into_router(SERVICE.routes(), state)
 }
 
-/// Starts billing: its routes and RPCs on NATS, and the hold sweep.
-pub async fn start(config: Config) -> anyhow::Result<Running> {
+/// Billing's state as `config` says, over `db`: the catalog stored, Stripe when its key is
+/// set, usage asked of the owning services through `usage` when given.
+pub async fn state(
+    config: &Config, db: PgPool, usage: Option<UsageCounter>,
+) -> anyhow::Result<AppState> {
     let catalog = CatalogFile::read(&config.catalog_file)?;
-    let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
-    catalog.store(&rt.db).await?;
+    catalog.store(&db).await?;
     let payments = match &config.stripe.secret_key {
         Some(key) => Some(Arc::new(Payments {
             stripe: Box::new(StripeClient::new(
@@ -205,18 +207,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if payments.is_some() && config.stripe.webhook_secret.is_none() {
         tracing::warn!("STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks answer 503; only reconcile settles purchases");
     }
-    let state = AppState {
-        balances: balance::BalanceReads::new(rt.db.clone()),
-        db: rt.db.clone(),
+    Ok(AppState {
+        balances: balance::BalanceReads::new(db.clone()),
+        db,
         payments,
         webhook_secret: config.stripe.webhook_secret.as_deref().map(Arc::from),
         free: catalog.free,
-        usage: Some(UsageCounter {
-            nats: rt.nats.clone(),
-            ns: config.common.namespace.clone(),
-            timeout: config.usage_timeout,
-        }),
+        usage,
+    })
+}
+
+/// Starts billing: its routes and RPCs on NATS, and the hold sweep.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let rt = Runtime::boot(SERVICE, &config.common, &[&MIGRATOR]).await?;
+    let usage = UsageCounter {
+        nats: rt.nats.clone(),
+        ns: config.common.namespace.clone(),
+        timeout: config.usage_timeout,
     };
+    let state = state(&config, rt.db.clone(), Some(usage)).await?;
     rt.serve(rpc::register(
         rt.host().http(router(state.clone())),
         state.clone(),

@@ -1,0 +1,79 @@
+//! A service's router on its own database, called as the gateway forwards requests: no
+//! gateway, no other service.
+
+use postmesh_shared::jetstream::outbox::Outbox;
+use postmesh_shared::proto::{AuthContext, GrantRequest, Role};
+use postmesh_shared::{ApiKeyId, EmailAddress};
+
+use crate::{billing_config, caller, Options, ServiceDb, TestClient};
+
+/// The sender's database and its router with `quotas`, called by two fresh members of
+/// different workspaces.
+pub async fn sender_router(quotas: sender::Quotas) -> (ServiceDb, TestClient, TestClient) {
+    let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
+    let nats = crate::ops_nats(&store.common.nats_url).await.expect("NATS");
+    let state = sender::AppState::new(
+        store.pool.clone(),
+        nats.clone(),
+        store.common.namespace.clone(),
+        tokio_util::task::TaskTracker::new(),
+        Outbox::new(store.pool.clone(), async_nats::jetstream::new(nats)),
+        EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
+    );
+    let router = sender::router(sender::AppState { quotas, ..state });
+    let client = |role| TestClient::router(router.clone(), Some(caller(role)));
+    (store, client(Role::Member), client(Role::Member))
+}
+
+/// Billing's database and its router.
+pub struct BillingRouter {
+    pub store: ServiceDb,
+    router: axum::Router,
+}
+
+impl BillingRouter {
+    /// Billing's database in a fresh namespace and its router, payments off.
+    pub async fn new() -> Self {
+        Self::with_stripe(Options::default().stripe).await
+    }
+
+    /// Billing's database and its router, talking to Stripe as `stripe` says; the
+    /// catalog stored as at a start.
+    pub async fn with_stripe(stripe: billing::StripeConfig) -> Self {
+        let store = ServiceDb::create(billing::SERVICE, &[&billing::MIGRATOR]).await;
+        let config = billing_config(&store.common, stripe);
+        let state = billing::state(&config, store.pool.clone(), None)
+            .await
+            .expect("billing's state");
+        let router = billing::router(state);
+        Self { store, router }
+    }
+
+    /// A new key of a new account granted `credits`, and a client calling as that key.
+    pub async fn key(&self, credits: i64) -> (ApiKeyId, TestClient) {
+        let key = ApiKeyId::new();
+        let auth = AuthContext {
+            api_key_id: key.to_string(),
+            key_id: key.to_string(),
+            ..caller(Role::Member)
+        };
+        billing::ledger::grant(
+            &mut self.store.pool.acquire().await.expect("a connection"),
+            &GrantRequest {
+                api_key_id: key.to_string(),
+                account_id: auth.account_id.clone(),
+                email: auth.email.clone(),
+                credits,
+                idempotency_key: format!("grant:{key}"),
+            },
+        )
+        .await
+        .expect("credits granted");
+        (key, TestClient::router(self.router.clone(), Some(auth)))
+    }
+
+    /// The router called by nobody (no caller attached).
+    pub fn anonymous(&self) -> TestClient {
+        TestClient::router(self.router.clone(), None)
+    }
+}
