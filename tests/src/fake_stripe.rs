@@ -330,20 +330,41 @@ impl FakeStripe {
 
     /// Posts `event` to `url` signed as Stripe does (`secret`, timestamp `at`); the status.
     pub async fn deliver_signed(url: &str, event: &Value, secret: &str, at: i64) -> StatusCode {
+        let client = crate::TestClient::http(url, None);
+        Self::deliver_signed_to(&client, "", event, secret, at).await
+    }
+
+    /// Posts `event` to `path` of `client`, as Stripe does, signed with `secret` at `at`.
+    async fn deliver_signed_to(
+        client: &crate::TestClient, path: &str, event: &Value, secret: &str, at: i64,
+    ) -> StatusCode {
         let body = serde_json::to_vec(event).expect("event JSON");
-        let res = crate::http_client()
-            .post(url)
-            .header("content-type", "application/json; charset=utf-8")
-            .header(
+        client
+            .clone()
+            .with_header("content-type", "application/json; charset=utf-8")
+            .with_header(
                 "user-agent",
                 "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
             )
-            .header("stripe-signature", billing::stripe::sign(secret, at, &body))
-            .body(body)
-            .send()
+            .with_header(
+                "stripe-signature",
+                &billing::stripe::sign(secret, at, &body),
+            )
+            .send(reqwest::Method::POST, path, Some(body))
             .await
-            .expect("webhook endpoint answers");
-        StatusCode::from_u16(res.status().as_u16()).expect("status")
+            .status
+    }
+
+    /// Posts `event` to billing's webhook route of `client`, signed with the test secret now.
+    pub async fn deliver_to(client: &crate::TestClient, event: &Value) -> StatusCode {
+        Self::deliver_signed_to(
+            client,
+            "/billing/webhooks/stripe",
+            event,
+            WEBHOOK_SECRET,
+            now(),
+        )
+        .await
     }
 
     /// Posts `event` to the gateway at `base`, signed with the test secret now.

@@ -1,5 +1,7 @@
-//! Top-ups and plans through the real gateway → NATS → billing path, with a fake Stripe
-//! speaking Stripe's wire protocol and signed webhooks delivered to the public endpoint.
+//! Top-ups and plans with a fake Stripe speaking Stripe's wire protocol: checkouts' input,
+//! idempotency and ownership on billing's router; payments, webhooks, outages and plans
+//! through the real gateway → NATS → billing path, signed webhooks delivered to the public
+//! endpoint.
 
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::Success;
 use postmesh_tests::fake_stripe::{self, FakeStripe};
-use postmesh_tests::{eventually, Options, Stack, TestClient};
+use postmesh_tests::{eventually, BillingRouter, Options, Stack, TestClient};
 
 /// A stack whose billing talks to a fresh fake Stripe.
 async fn stack_with_stripe() -> (Stack, FakeStripe) {
@@ -29,43 +31,46 @@ async fn stack_with_stripe() -> (Stack, FakeStripe) {
     (stack, stripe)
 }
 
+/// Billing's router alone, talking to a fresh fake Stripe.
+async fn billing_with_stripe() -> (BillingRouter, FakeStripe) {
+    let stripe = FakeStripe::start().await;
+    (BillingRouter::with_stripe(stripe.config()).await, stripe)
+}
+
 /// A unique, valid idempotency key.
 fn idem() -> String {
     format!("test_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn with_key(stack: &Stack, key: &str, idem: &str) -> TestClient {
-    stack.client(key).with_header("idempotency-key", idem)
+/// `client`, sending `idem` as its `Idempotency-Key`.
+fn keyed(client: &TestClient, idem: &str) -> TestClient {
+    client.clone().with_header("idempotency-key", idem)
 }
 
 /// `POST /billing/checkout` expecting 200.
-async fn top_up(stack: &Stack, key: &str, body: Value) -> Opened {
-    let opened: Success<Opened> = with_key(stack, key, &idem())
+async fn top_up(client: &TestClient, body: Value) -> Opened {
+    let opened: Success<Opened> = keyed(client, &idem())
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
     opened.body
 }
 
-async fn purchase(stack: &Stack, key: &str, id: uuid::Uuid) -> billing::purchases::Purchase {
-    let view: Success<PurchaseView> = stack
-        .client(key)
+async fn purchase(client: &TestClient, id: uuid::Uuid) -> billing::purchases::Purchase {
+    let view: Success<PurchaseView> = client
         .get(&format!("/billing/purchases/{id}"), StatusCode::OK)
         .await;
     view.body.purchase
 }
 
-async fn entitlements(stack: &Stack, key: &str) -> EntitlementsPage {
-    let page: Success<EntitlementsPage> = stack
-        .client(key)
-        .get("/billing/entitlements", StatusCode::OK)
-        .await;
+async fn entitlements(client: &TestClient) -> EntitlementsPage {
+    let page: Success<EntitlementsPage> = client.get("/billing/entitlements", StatusCode::OK).await;
     page.body
 }
 
 #[tokio::test]
 async fn the_catalog_is_public_and_says_whether_payments_are_on() {
-    let off = Stack::start().await;
-    let anyone = TestClient::http(&off.base, None);
+    let off = BillingRouter::new().await;
+    let anyone = off.anonymous();
     let page: Success<CatalogPage> = anyone.get("/billing/catalog", StatusCode::OK).await;
     assert!(!page.body.enabled);
     let ids: Vec<&str> = page.body.packs.iter().map(|p| p.id.as_str()).collect();
@@ -75,8 +80,8 @@ async fn the_catalog_is_public_and_says_whether_payments_are_on() {
     );
     assert_eq!(page.body.packs[3].kind, PackKind::Usage);
     // Without Stripe, whatever needs it is 503 in the standard body.
-    let key = off.key(0).await;
-    let e: ErrorBody = with_key(&off, &key, &idem())
+    let (_, client) = off.key(0).await;
+    let e: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/checkout",
             &json!({"pack_id": "credits-1k"}),
@@ -84,7 +89,7 @@ async fn the_catalog_is_public_and_says_whether_payments_are_on() {
         )
         .await;
     assert!(!e.success);
-    let _: ErrorBody = with_key(&off, &key, &idem())
+    let _: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "starter"}),
@@ -93,27 +98,22 @@ async fn the_catalog_is_public_and_says_whether_payments_are_on() {
         .await;
     let event = json!({"id": "evt_1", "type": "invoice.paid", "data": {"object": {}}});
     assert_eq!(
-        FakeStripe::deliver(&off.base, &event).await,
+        FakeStripe::deliver_to(&anyone, &event).await,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    off.shutdown().await;
 
-    let (on, _stripe) = stack_with_stripe().await;
-    let page: Success<CatalogPage> = TestClient::http(&on.base, None)
-        .get("/billing/catalog", StatusCode::OK)
-        .await;
+    let (on, _stripe) = billing_with_stripe().await;
+    let page: Success<CatalogPage> = on.anonymous().get("/billing/catalog", StatusCode::OK).await;
     assert!(page.body.enabled);
     assert_eq!(page.body.packs.len(), 4);
-    on.shutdown().await;
 }
 
 #[tokio::test]
 async fn checkouts_open_stripe_sessions_for_packs_and_custom_amounts() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
-    let key_id = stack.key_id(&key).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (key_id, client) = billing.key(0).await;
     let idem_key = idem();
-    let opened: Success<Opened> = with_key(&stack, &key, &idem_key)
+    let opened: Success<Opened> = keyed(&client, &idem_key)
         .post(
             "/billing/checkout",
             &json!({"pack_id": "credits-1k"}),
@@ -142,7 +142,7 @@ async fn checkouts_open_stripe_sessions_for_packs_and_custom_amounts() {
         created[0].idempotency_key.as_deref(),
         Some(format!("{key_id}:{idem_key}").as_str())
     );
-    let p = purchase(&stack, &key, opened.body.id).await;
+    let p = purchase(&client, opened.body.id).await;
     assert_eq!(
         (
             p.pack_name.as_str(),
@@ -162,35 +162,31 @@ async fn checkouts_open_stripe_sessions_for_packs_and_custom_amounts() {
         )
     );
 
-    let custom = top_up(&stack, &key, json!({"amount": 2500})).await;
+    let custom = top_up(&client, json!({"amount": 2500})).await;
     let session = stripe.session(&stripe.session_by_url(&custom.url));
     assert_eq!(session["amount_total"], 2500);
-    let p = purchase(&stack, &key, custom.id).await;
+    let p = purchase(&client, custom.id).await;
     assert_eq!((p.credits, p.amount, p.kind), (0, 2500, PackKind::Usage));
 
-    let list: Success<PurchaseList> = stack
-        .client(&key)
-        .get("/billing/purchases", StatusCode::OK)
-        .await;
+    let list: Success<PurchaseList> = client.get("/billing/purchases", StatusCode::OK).await;
     let ids: Vec<_> = list.body.purchases.iter().map(|p| p.id).collect();
     assert_eq!(ids, [custom.id, opened.body.id], "newest first");
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_idempotency_key_stands_for_one_request() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
     let idem_key = idem();
     let body = json!({"pack_id": "credits-10k"});
-    let first: Success<Opened> = with_key(&stack, &key, &idem_key)
+    let first: Success<Opened> = keyed(&client, &idem_key)
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
-    let again: Success<Opened> = with_key(&stack, &key, &idem_key)
+    let again: Success<Opened> = keyed(&client, &idem_key)
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
     assert_eq!(first.body, again.body);
-    let other: ErrorBody = with_key(&stack, &key, &idem_key)
+    let other: ErrorBody = keyed(&client, &idem_key)
         .post(
             "/billing/checkout",
             &json!({"amount": 5000}),
@@ -199,16 +195,16 @@ async fn an_idempotency_key_stands_for_one_request() {
         .await;
     assert!(!other.success);
     // Another API key may use the same idempotency key for its own purchase.
-    let other_key = stack.key(0).await;
-    let theirs: Success<Opened> = with_key(&stack, &other_key, &idem_key)
+    let (_, other) = billing.key(0).await;
+    let theirs: Success<Opened> = keyed(&other, &idem_key)
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
     assert_ne!(theirs.body.id, first.body.id);
 
     // 20 identical requests at once: one purchase; each answer is it or a 409.
-    let racer = stack.key(0).await;
+    let (_, racer) = billing.key(0).await;
     let shared = idem();
-    let clients: Vec<_> = (0..20).map(|_| with_key(&stack, &racer, &shared)).collect();
+    let clients: Vec<_> = (0..20).map(|_| keyed(&racer, &shared)).collect();
     let answers = join_all(clients.iter().map(|c| {
         c.send(
             Method::POST,
@@ -227,10 +223,7 @@ async fn an_idempotency_key_stands_for_one_request() {
     }
     assert!(!ids.is_empty());
     assert!(ids.iter().all(|id| *id == ids[0]));
-    let list: Success<PurchaseList> = stack
-        .client(&racer)
-        .get("/billing/purchases", StatusCode::OK)
-        .await;
+    let list: Success<PurchaseList> = racer.get("/billing/purchases", StatusCode::OK).await;
     assert_eq!(list.body.purchases.len(), 1);
     assert_eq!(list.body.purchases[0].id, ids[0]);
     let sessions = stripe
@@ -243,22 +236,20 @@ async fn an_idempotency_key_stands_for_one_request() {
         })
         .count();
     assert_eq!(sessions, 1, "one Stripe session for the raced key");
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn bad_checkout_input_is_a_400_and_opens_nothing() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
     let good = json!({"pack_id": "credits-1k"});
     // Missing, short, long and badly formed idempotency keys.
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .post("/billing/checkout", &good, StatusCode::BAD_REQUEST)
         .await;
     let long = "k".repeat(101);
     for bad in ["short-key-15chr", long.as_str(), "has spaces in it ok?"] {
-        let e: ErrorBody = with_key(&stack, &key, bad)
+        let e: ErrorBody = keyed(&client, bad)
             .post("/billing/checkout", &good, StatusCode::BAD_REQUEST)
             .await;
         assert!(e.error.contains("idempotency-key"), "{bad}: {}", e.error);
@@ -276,29 +267,26 @@ async fn bad_checkout_input_is_a_400_and_opens_nothing() {
         json!({"amount": "5000"}),
         json!({"amount": 500.5}),
     ] {
-        let e: ErrorBody = with_key(&stack, &key, &idem())
+        let e: ErrorBody = keyed(&client, &idem())
             .post("/billing/checkout", &body, StatusCode::BAD_REQUEST)
             .await;
         assert!(!e.success, "{body}");
     }
     // The bounds themselves are fine.
     for amount in [500, 100_000] {
-        top_up(&stack, &key, json!({ "amount": amount })).await;
+        top_up(&client, json!({ "amount": amount })).await;
     }
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .get("/billing/purchases/not-a-uuid", StatusCode::BAD_REQUEST)
         .await;
     let unknown = uuid::Uuid::now_v7();
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .get(
             &format!("/billing/purchases/{unknown}"),
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .post(
             &format!("/billing/purchases/{unknown}/reconcile"),
             &json!({}),
@@ -311,14 +299,13 @@ async fn bad_checkout_input_is_a_400_and_opens_nothing() {
         .filter(|r| r.path == "/v1/checkout/sessions")
         .count();
     assert_eq!(sessions, 2, "only the two good requests reached Stripe");
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
     let (stack, stripe) = stack_with_stripe().await;
     let key = stack.key(5).await;
-    let opened = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let opened = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
     let session = stripe.session_by_url(&opened.url);
     let completed = stripe.complete(&session, true);
 
@@ -338,7 +325,7 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
         FakeStripe::deliver_signed(&url, &completed, fake_stripe::WEBHOOK_SECRET, now - 600).await;
     assert_eq!(stale, StatusCode::BAD_REQUEST);
     assert_eq!(
-        purchase(&stack, &key, opened.id).await.status,
+        purchase(&stack.client(&key), opened.id).await.status,
         PurchaseStatus::Pending
     );
     assert_eq!(stack.balance(&key).await, 5);
@@ -370,12 +357,12 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
         .post(&reconcile_path, &json!({}), StatusCode::OK)
         .await;
     assert_eq!(stack.balance(&key).await, 1005);
-    let p = purchase(&stack, &key, opened.id).await;
+    let p = purchase(&stack.client(&key), opened.id).await;
     assert_eq!(p.status, PurchaseStatus::Paid);
     assert!(p.paid_at.is_some_and(|t| t >= p.created_at));
 
     // A usage top-up lands on the usage balance in nano-USD.
-    let usage = top_up(&stack, &key, json!({"amount": 2500})).await;
+    let usage = top_up(&stack.client(&key), json!({"amount": 2500})).await;
     let event = stripe.complete(&stripe.session_by_url(&usage.url), true);
     assert_eq!(
         FakeStripe::deliver(&stack.base, &event).await,
@@ -385,7 +372,7 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
         FakeStripe::deliver(&stack.base, &event).await,
         StatusCode::OK
     );
-    let model = entitlements(&stack, &key).await.entitlements.model;
+    let model = entitlements(&stack.client(&key)).await.entitlements.model;
     assert_eq!(model.balance_nano, 2500 * 10_000_000);
     assert_eq!(
         stack.balance(&key).await,
@@ -399,19 +386,19 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
 async fn expired_and_failed_sessions_end_their_purchases_for_good() {
     let (stack, stripe) = stack_with_stripe().await;
     let key = stack.key(0).await;
-    let expiring = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let expiring = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
     let expired = stripe.expire(&stripe.session_by_url(&expiring.url));
     assert_eq!(
         FakeStripe::deliver(&stack.base, &expired).await,
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack, &key, expiring.id).await.status,
+        purchase(&stack.client(&key), expiring.id).await.status,
         PurchaseStatus::Expired
     );
 
     // An async payment: completed but unpaid stays pending, then fails.
-    let failing = top_up(&stack, &key, json!({"pack_id": "credits-10k"})).await;
+    let failing = top_up(&stack.client(&key), json!({"pack_id": "credits-10k"})).await;
     let session = stripe.session_by_url(&failing.url);
     let completed = stripe.complete(&session, false);
     let failed = stripe.settle_async(&session, false);
@@ -424,11 +411,11 @@ async fn expired_and_failed_sessions_end_their_purchases_for_good() {
         FakeStripe::deliver(&stack.base, &completed).await,
         StatusCode::OK
     );
-    let p = purchase(&stack, &key, failing.id).await;
+    let p = purchase(&stack.client(&key), failing.id).await;
     assert_eq!((p.status, p.paid_at), (PurchaseStatus::Failed, None));
 
     // An async payment that succeeds is paid.
-    let slow = top_up(&stack, &key, json!({"pack_id": "credits-1k"})).await;
+    let slow = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
     let session = stripe.session_by_url(&slow.url);
     let completed = stripe.complete(&session, false);
     assert_eq!(
@@ -436,7 +423,7 @@ async fn expired_and_failed_sessions_end_their_purchases_for_good() {
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack, &key, slow.id).await.status,
+        purchase(&stack.client(&key), slow.id).await.status,
         PurchaseStatus::Pending
     );
     let succeeded = stripe.settle_async(&session, true);
@@ -445,7 +432,7 @@ async fn expired_and_failed_sessions_end_their_purchases_for_good() {
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack, &key, slow.id).await.status,
+        purchase(&stack.client(&key), slow.id).await.status,
         PurchaseStatus::Paid
     );
     assert_eq!(stack.balance(&key).await, 1000);
@@ -460,7 +447,7 @@ async fn a_stripe_outage_loses_no_purchase() {
     stripe.set_down(true);
     let idem_key = idem();
     let body = json!({"pack_id": "credits-1k"});
-    let _: ErrorBody = with_key(&stack, &key, &idem_key)
+    let _: ErrorBody = keyed(&stack.client(&key), &idem_key)
         .post("/billing/checkout", &body, StatusCode::SERVICE_UNAVAILABLE)
         .await;
     let list: Success<PurchaseList> = stack
@@ -470,7 +457,7 @@ async fn a_stripe_outage_loses_no_purchase() {
     assert_eq!(list.body.purchases.len(), 1);
     assert_eq!(list.body.purchases[0].status, PurchaseStatus::Pending);
     stripe.set_down(false);
-    let opened: Success<Opened> = with_key(&stack, &key, &idem_key)
+    let opened: Success<Opened> = keyed(&stack.client(&key), &idem_key)
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
     assert_eq!(opened.body.id, list.body.purchases[0].id);
@@ -486,7 +473,7 @@ async fn a_stripe_outage_loses_no_purchase() {
         .await;
     assert!(!e.success);
     assert_eq!(
-        purchase(&stack, &key, opened.body.id).await.status,
+        purchase(&stack.client(&key), opened.body.id).await.status,
         PurchaseStatus::Pending
     );
     stripe.set_down(false);
@@ -509,12 +496,12 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     let (stale, fresh, plan) = (idem(), idem(), idem());
     let pack = json!({"pack_id": "credits-1k"});
     for k in [&stale, &fresh] {
-        let _: ErrorBody = with_key(&stack, &key, k)
+        let _: ErrorBody = keyed(&stack.client(&key), k)
             .post("/billing/checkout", &pack, StatusCode::SERVICE_UNAVAILABLE)
             .await;
     }
     let starter = json!({"plan_id": "starter"});
-    let _: ErrorBody = with_key(&stack, &key, &plan)
+    let _: ErrorBody = keyed(&stack.client(&key), &plan)
         .post(
             "/billing/subscription/checkout",
             &starter,
@@ -543,7 +530,7 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     age(vec![fresh_id], 86_000).await.unwrap();
     let (stack_ref, key_ref) = (&stack, &key);
     eventually(Duration::from_secs(10), || async move {
-        match purchase(stack_ref, key_ref, stale_id).await.status {
+        match purchase(&stack_ref.client(key_ref), stale_id).await.status {
             PurchaseStatus::Expired => Ok(()),
             other => Err(other),
         }
@@ -561,27 +548,27 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     // Sweeps every 500 ms in tests: a few more have passed the younger one by.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        purchase(&stack, &key, fresh_id).await.status,
+        purchase(&stack.client(&key), fresh_id).await.status,
         PurchaseStatus::Pending
     );
     // An expired checkout's key is spent; the fresh one still opens its checkout.
-    let e: ErrorBody = with_key(&stack, &key, &stale)
+    let e: ErrorBody = keyed(&stack.client(&key), &stale)
         .post("/billing/checkout", &pack, StatusCode::CONFLICT)
         .await;
     assert!(e.error.contains("expired"), "{}", e.error);
-    let _: ErrorBody = with_key(&stack, &key, &plan)
+    let _: ErrorBody = keyed(&stack.client(&key), &plan)
         .post(
             "/billing/subscription/checkout",
             &starter,
             StatusCode::CONFLICT,
         )
         .await;
-    let opened: Success<Opened> = with_key(&stack, &key, &fresh)
+    let opened: Success<Opened> = keyed(&stack.client(&key), &fresh)
         .post("/billing/checkout", &pack, StatusCode::OK)
         .await;
     assert_eq!(opened.body.id, fresh_id);
     assert_eq!(
-        purchase(&stack, &key, stale_id).await.status,
+        purchase(&stack.client(&key), stale_id).await.status,
         PurchaseStatus::Expired
     );
     stack.shutdown().await;
@@ -589,10 +576,9 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
 
 #[tokio::test]
 async fn one_key_never_sees_anothers_purchases() {
-    let (stack, _stripe) = stack_with_stripe().await;
-    let (alice, bob) = (stack.key(0).await, stack.key(0).await);
-    let opened = top_up(&stack, &alice, json!({"pack_id": "credits-1k"})).await;
-    let bobs = stack.client(&bob);
+    let (billing, _stripe) = billing_with_stripe().await;
+    let ((_, alice), (_, bobs)) = (billing.key(0).await, billing.key(0).await);
+    let opened = top_up(&alice, json!({"pack_id": "credits-1k"})).await;
     let _: ErrorBody = bobs
         .get(
             &format!("/billing/purchases/{}", opened.id),
@@ -608,14 +594,13 @@ async fn one_key_never_sees_anothers_purchases() {
         .await;
     let list: Success<PurchaseList> = bobs.get("/billing/purchases", StatusCode::OK).await;
     assert!(list.body.purchases.is_empty());
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     let (stack, stripe) = stack_with_stripe().await;
     let key = stack.key(3).await;
-    let before = entitlements(&stack, &key).await;
+    let before = entitlements(&stack.client(&key)).await;
     assert_eq!(before.entitlements.plan, None);
     assert_eq!(before.entitlements.emails, None);
     assert_eq!(
@@ -639,14 +624,14 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = with_key(&stack, &key, &idem())
+    let _: ErrorBody = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "gold"}),
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = with_key(&stack, &key, &idem())
+    let _: ErrorBody = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "p".repeat(41)}),
@@ -656,7 +641,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
 
     // A plan checkout left open is expired at Stripe when a newer one opens: only the
     // newest can be paid (two paid would be two subscriptions).
-    let abandoned: Success<Opened> = with_key(&stack, &key, &idem())
+    let abandoned: Success<Opened> = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -664,7 +649,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         )
         .await;
     let abandoned = stripe.session_by_url(&abandoned.body.url);
-    let opened: Success<Opened> = with_key(&stack, &key, &idem())
+    let opened: Success<Opened> = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "starter"}),
@@ -718,7 +703,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         workspace.as_str()
     );
 
-    let now = entitlements(&stack, &key).await.entitlements;
+    let now = entitlements(&stack.client(&key)).await.entitlements;
     let plan = now.plan.expect("a plan");
     assert_eq!(
         (plan.id.as_str(), plan.name.as_str(), plan.status.as_str()),
@@ -748,7 +733,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     );
 
     // A second plan for the workspace is a conflict.
-    let _: ErrorBody = with_key(&stack, &key, &idem())
+    let _: ErrorBody = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -776,7 +761,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         FakeStripe::deliver(&stack.base, &renewed).await,
         StatusCode::OK
     );
-    let later = entitlements(&stack, &key)
+    let later = entitlements(&stack.client(&key))
         .await
         .entitlements
         .plan
@@ -796,7 +781,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         FakeStripe::deliver(&stack.base, &late).await,
         StatusCode::OK
     );
-    let after = entitlements(&stack, &key).await.entitlements;
+    let after = entitlements(&stack.client(&key)).await.entitlements;
     assert_eq!(after.plan, None);
     assert_eq!(after.emails, None);
     assert_eq!((after.mailboxes.limit, after.custom_domains.limit), (1, 0));
@@ -805,7 +790,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         .client(&key)
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
         .await;
-    let again: Success<Opened> = with_key(&stack, &key, &idem())
+    let again: Success<Opened> = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -815,7 +800,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     // Paid at Stripe before its event arrived: a newer checkout is a conflict, not a second
     // subscription.
     stripe.complete(&stripe.session_by_url(&again.body.url), true);
-    let _: ErrorBody = with_key(&stack, &key, &idem())
+    let _: ErrorBody = keyed(&stack.client(&key), &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "starter"}),
@@ -830,7 +815,7 @@ async fn usage_counts_come_from_the_owning_services() {
     let (stack, _stripe) = stack_with_stripe().await;
     let key = stack.key(0).await;
     // Nothing owned yet: every count is 0, and entitlements answer.
-    let none = entitlements(&stack, &key).await.entitlements;
+    let none = entitlements(&stack.client(&key)).await.entitlements;
     assert_eq!(
         (
             none.mailboxes.used,
@@ -849,7 +834,7 @@ async fn usage_counts_come_from_the_owning_services() {
             StatusCode::CREATED,
         )
         .await;
-    let counted = entitlements(&stack, &key).await.entitlements;
+    let counted = entitlements(&stack.client(&key)).await.entitlements;
     assert_eq!(counted.mailboxes.used, 1);
     assert_eq!(
         counted.custom_domains.used, 0,
@@ -865,7 +850,7 @@ async fn plan_checkouts_opened_at_once_leave_one_session_open() {
     // Each session takes a while at Stripe, so the two requests overlap there.
     stripe.set_session_latency(Duration::from_millis(500));
     let open = |plan: &'static str| {
-        let client = with_key(&stack, &key, &idem());
+        let client = keyed(&stack.client(&key), &idem());
         async move {
             let opened: Success<Opened> = client
                 .post(
