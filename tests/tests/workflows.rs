@@ -1,6 +1,6 @@
-//! Workflow events and workflows over the real stack: event validation and idempotency,
-//! runs that wait and send, exits, branches, reentry, a sender killed during a wait, and
-//! executions in the entitlements.
+//! Workflow events and workflows: event validation and idempotency on the sender's router;
+//! over the real stack, events published on EVENTS, runs that wait and send, exits,
+//! branches, reentry, a sender killed during a wait, and executions in the entitlements.
 
 use std::time::Duration;
 
@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::WorkflowEvent;
-use postmesh_tests::{eventually, SenderMode, Stack, TestClient};
+use postmesh_tests::{eventually, sender_router, SenderMode, Stack, TestClient};
 use prost::Message as _;
+use sender::Quotas;
 
 fn event(id: &str, name: &str, email: &str, properties: Value) -> Value {
     json!({
@@ -52,9 +53,7 @@ async fn runs_when(client: &TestClient, id: &str, done: impl Fn(&[Value]) -> boo
 
 #[tokio::test]
 async fn events_are_checked_and_stored_once_per_id() {
-    let stack = Stack::start().await;
-    let key = stack.key(10).await;
-    let client = stack.client(&key);
+    let (store, client, other) = sender_router(Quotas::default()).await;
     let email = fresh("ev");
 
     // Each field is checked.
@@ -114,10 +113,10 @@ async fn events_are_checked_and_stored_once_per_id() {
     let again: Value = client.post("/events", &good, StatusCode::OK).await;
     assert_eq!(again["duplicate"], true);
     assert_eq!(again["event"], first["event"]);
-    let db = stack.sender_db().await;
+    let db = &store.pool;
     let extra: Value =
         sqlx::query_scalar("SELECT extra FROM workflow_events WHERE event_id = 'e-1'")
-            .fetch_one(&db)
+            .fetch_one(db)
             .await
             .expect("stored event");
     assert_eq!(extra, json!({ "source": "mobile" }));
@@ -127,7 +126,6 @@ async fn events_are_checked_and_stored_once_per_id() {
     assert_eq!(shown["event"]["contact"]["email"], email.as_str());
     assert_eq!(shown["event"]["properties"], json!({ "plan": "pro" }));
     let _: Value = client.get("/events/nope", StatusCode::NOT_FOUND).await;
-    let other = stack.client(&stack.key(0).await);
     let _: Value = other.get("/events/e-1", StatusCode::NOT_FOUND).await;
     let contacts: Value = client
         .get(&format!("/contacts?email={email}"), StatusCode::OK)
@@ -137,25 +135,6 @@ async fn events_are_checked_and_stored_once_per_id() {
         Some(1),
         "{contacts}"
     );
-
-    // Each stored event is published once on EVENTS, in protobuf.
-    let published = eventually(Duration::from_secs(10), || async {
-        let events = published_events(&stack).await;
-        match events.iter().filter(|e| e.event_id == "e-1").count() {
-            1 => Ok(events),
-            n => Err(n),
-        }
-    })
-    .await;
-    let e1 = published.iter().find(|e| e.event_id == "e-1").unwrap();
-    assert_eq!(e1.event_name, "signed_up");
-    assert_eq!(e1.occurred_at, "2026-11-25T09:00:00Z");
-    assert_eq!(
-        e1.contact_id,
-        contacts["contacts"][0]["id"].as_str().unwrap()
-    );
-    let properties: Value = serde_json::from_str(&e1.properties).unwrap();
-    assert_eq!(properties, json!({ "plan": "pro" }));
 
     // An event about a contact never seen, named by its external id alone, is never dropped:
     // it makes that contact, without an email; a later event gives it one, and the external
@@ -178,7 +157,6 @@ async fn events_are_checked_and_stored_once_per_id() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0]["id"], made[0]["id"], "one contact throughout");
     assert_eq!(found[0]["email"], crm_email.as_str(), "{found:?}");
-    stack.shutdown().await;
 }
 
 /// Every workflow event on the stack's EVENTS stream.
@@ -202,9 +180,7 @@ async fn contacts_named(client: &postmesh_tests::TestClient, external: &str) -> 
 
 #[tokio::test]
 async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
-    let stack = Stack::start().await;
-    let key = stack.key(10).await;
-    let client = stack.client(&key);
+    let (store, client, _) = sender_router(Quotas::default()).await;
     template(&client, "hello", "Hello").await;
     workflow(
         &client,
@@ -227,16 +203,14 @@ async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
     assert_eq!((created, duplicates), (1, 19), "{answers:?}");
     let shown: Value = client.get("/events/dup-1", StatusCode::OK).await;
     assert_eq!(shown["runs"].as_array().map(Vec::len), Some(1), "{shown}");
-    let db = stack.sender_db().await;
     let (events, runs): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM workflow_events WHERE event_id = 'dup-1'),
                 (SELECT count(*) FROM workflow_runs WHERE event_id = 'dup-1')",
     )
-    .fetch_one(&db)
+    .fetch_one(&store.pool)
     .await
     .expect("counts");
     assert_eq!((events, runs), (1, 1));
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -268,6 +242,27 @@ async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["workflowId"], id.as_str());
     assert_eq!(runs[0]["status"], "active");
+    // The stored event is published once on EVENTS, in protobuf.
+    let published = eventually(Duration::from_secs(10), || async {
+        let events = published_events(&stack).await;
+        match events.iter().filter(|e| e.event_id == "s-ann").count() {
+            1 => Ok(events),
+            n => Err(n),
+        }
+    })
+    .await;
+    let e = published.iter().find(|e| e.event_id == "s-ann").unwrap();
+    assert_eq!(e.event_name, "signed_up");
+    assert_eq!(e.occurred_at, "2026-11-25T09:00:00Z");
+    let contacts: Value = client
+        .get(&format!("/contacts?email={ann}"), StatusCode::OK)
+        .await;
+    assert_eq!(
+        e.contact_id,
+        contacts["contacts"][0]["id"].as_str().unwrap()
+    );
+    let properties: Value = serde_json::from_str(&e.properties).unwrap();
+    assert_eq!(properties, json!({ "plan": "pro" }));
     let _: Value = client
         .post(
             "/events",
