@@ -41,9 +41,14 @@ pub fn ingest_body(raw: &[u8], to: &[&str]) -> Value {
     })
 }
 
-/// Ingests `raw` to `to`, expecting 200; the counts.
+/// Ingests `raw` to `to` through the gateway, expecting 200; the counts.
 pub async fn ingest(stack: &Stack, raw: &[u8], to: &[&str]) -> Ingested {
-    let answer: Success<Ingested> = mta(stack)
+    ingest_to(&mta(stack), raw, to).await
+}
+
+/// Ingests `raw` to `to` as `mta`, expecting 200; the counts.
+pub async fn ingest_to(mta: &TestClient, raw: &[u8], to: &[&str]) -> Ingested {
+    let answer: Success<Ingested> = mta
         .post(
             "/inbound-email/ingest",
             &ingest_body(raw, to),

@@ -1,9 +1,10 @@
 //! A service's router on its own database, called as the gateway forwards requests: no
 //! gateway, no other service.
 
+use inbound_ingest::budget::ByteBudget;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::proto::{AuthContext, GrantRequest, Role};
-use postmesh_shared::{ApiKeyId, EmailAddress};
+use postmesh_shared::{AddressId, ApiKeyId, EmailAddress};
 
 use crate::{billing_config, caller, Options, ServiceDb, TestClient};
 
@@ -75,5 +76,41 @@ impl BillingRouter {
     /// The router called by nobody (no caller attached).
     pub fn anonymous(&self) -> TestClient {
         TestClient::router(self.router.clone(), None)
+    }
+}
+
+/// Inbound-ingest's database and its router: no NATS, so nothing is published at once and
+/// creating an address through the API answers 503 (tests write address rows instead).
+pub struct InboundRouter {
+    pub store: ServiceDb,
+    router: axum::Router,
+}
+
+impl InboundRouter {
+    /// Inbound-ingest's database in a fresh namespace and its router with `budget`.
+    pub async fn new(budget: ByteBudget) -> Self {
+        let store = ServiceDb::create(inbound_ingest::SERVICE, &inbound_ingest::MIGRATIONS).await;
+        let state = inbound_ingest::AppState {
+            budget,
+            ..inbound_ingest::AppState::new(store.pool.clone(), store.common.namespace.clone())
+        };
+        let router = inbound_ingest::router(state);
+        Self { store, router }
+    }
+
+    /// The upstream MTA, as the gateway forwards it once the inbound secret matched.
+    pub fn mta(&self) -> TestClient {
+        TestClient::router(self.router.clone(), None)
+    }
+
+    /// The inbox `address` of a fresh workspace: its id and a member's client.
+    pub async fn inbox(&self, address: &str) -> (AddressId, TestClient) {
+        let auth = caller(Role::Member);
+        let workspace = auth.workspace_id.parse().expect("a workspace id");
+        let id = crate::peek::inbound::insert_address(&self.store.pool, workspace, address).await;
+        (
+            id.into(),
+            TestClient::router(self.router.clone(), Some(auth)),
+        )
     }
 }

@@ -1,5 +1,6 @@
-//! Inbound mail through the gateway: inbox addresses and their rules, the MTA's validate and
-//! ingest with its secret, sizes, authentication and duplicates, threads, raw downloads,
+//! Inbound mail. On inbound-ingest's router: parsing and storing, threads and their pages,
+//! raw downloads, byte budgets. Through the gateway: inbox addresses and their rules, the
+//! MTA's validate and ingest with its secret, sizes, authentication and duplicates,
 //! deletion, and every stored copy announced once on the INBOUND stream.
 
 use std::collections::HashSet;
@@ -20,8 +21,10 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
 use postmesh_shared::Success;
-use postmesh_tests::mta::{authentication, fixture, ingest, ingest_body, message, mta};
-use postmesh_tests::{peek, Options, ServiceDb, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
+use postmesh_tests::mta::{authentication, fixture, ingest, ingest_body, ingest_to, message, mta};
+use postmesh_tests::{
+    peek, InboundRouter, Options, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET,
+};
 
 /// Creates `address` for `key`, expecting 201.
 async fn create_address(stack: &Stack, key: &str, address: &str) -> AddressView {
@@ -36,10 +39,9 @@ async fn create_address(stack: &Stack, key: &str, address: &str) -> AddressView 
     created.body.address
 }
 
-/// The threads of `key`'s workspace (`query` as given).
-async fn threads(stack: &Stack, key: &str, query: &str) -> ThreadList {
-    let list: Success<ThreadList> = stack
-        .client(key)
+/// The threads of `client`'s workspace (`query` as given).
+async fn threads(client: &TestClient, query: &str) -> ThreadList {
+    let list: Success<ThreadList> = client
         .get(&format!("/inbox/threads{query}"), StatusCode::OK)
         .await;
     list.body
@@ -188,7 +190,7 @@ async fn validate_accepts_inboxes_and_their_sub_addresses_behind_the_secret() {
             assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{path}");
         }
     }
-    assert!(threads(&stack, &key, "").await.threads.is_empty());
+    assert!(threads(&stack.client(&key), "").await.threads.is_empty());
     stack.shutdown().await;
 
     // Without INBOUND_SECRET the gateway answers 503 on both routes.
@@ -208,14 +210,14 @@ async fn validate_accepts_inboxes_and_their_sub_addresses_behind_the_secret() {
 
 #[tokio::test]
 async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_byte() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
-    let inbox = create_address(&stack, &key, &format!("support@{INBOUND_DOMAIN}")).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
+    let (inbox, client) = inbound.inbox(&format!("support@{INBOUND_DOMAIN}")).await;
+    let mta = inbound.mta();
     let raw = fixture("attachments.eml");
     let to = format!("support+tickets@{INBOUND_DOMAIN}");
-    let counts = ingest(&stack, &raw, &[&to, "stranger@elsewhere.example"]).await;
+    let counts = ingest_to(&mta, &raw, &[&to, "stranger@elsewhere.example"]).await;
     assert_eq!((counts.stored, counts.duplicates), (1, 0));
-    let list = threads(&stack, &key, "").await;
+    let list = threads(&client, "").await;
     assert_eq!(list.threads.len(), 1);
     let thread = &list.threads[0];
     assert_eq!(
@@ -225,11 +227,10 @@ async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_b
             thread.message_count,
             thread.unread
         ),
-        (inbox.id, "Invoice and screenshot", 1, true)
+        (inbox, "Invoice and screenshot", 1, true)
     );
     assert_eq!(list.unread_threads, 1);
-    let page: Success<ThreadPage> = stack
-        .client(&key)
+    let page: Success<ThreadPage> = client
         .get(&format!("/inbox/threads/{}", thread.id), StatusCode::OK)
         .await;
     let m = &page.body.messages[0];
@@ -269,15 +270,14 @@ async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_b
     );
     assert_eq!(m.authentication, authentication());
     // The raw download is the message as it came.
-    let download = stack
-        .client(&key)
+    let download = client
         .send(Method::GET, &format!("/inbox/messages/{}/raw", m.id), None)
         .await;
     assert_eq!(download.status, StatusCode::OK);
     assert_eq!(download.headers["content-type"], "message/rfc822");
     assert_eq!(download.body, raw);
     // Another workspace sees none of it.
-    let other = stack.key(1).await;
+    let (_, other) = inbound.inbox(&format!("other@{INBOUND_DOMAIN}")).await;
     for path in [
         format!("/inbox/threads/{}", thread.id),
         format!("/inbox/threads/{}/read", thread.id),
@@ -288,39 +288,36 @@ async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_b
         } else {
             Method::GET
         };
-        let answer = stack.client(&other).send(method, &path, None).await;
+        let answer = other.send(method, &path, None).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path}");
     }
-    assert!(threads(&stack, &other, "").await.threads.is_empty());
-    stack.shutdown().await;
+    assert!(threads(&other, "").await.threads.is_empty());
 }
 
 #[tokio::test]
 async fn a_legacy_charset_and_an_unreadable_message_are_kept() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
-    create_address(&stack, &key, &format!("support@{INBOUND_DOMAIN}")).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
+    let (_, client) = inbound.inbox(&format!("support@{INBOUND_DOMAIN}")).await;
+    let mta = inbound.mta();
     let latin1 = fixture("latin1.eml");
     assert!(
         std::str::from_utf8(&latin1).is_err(),
         "the fixture is not UTF-8"
     );
-    ingest(&stack, &latin1, &[&format!("support@{INBOUND_DOMAIN}")]).await;
+    ingest_to(&mta, &latin1, &[&format!("support@{INBOUND_DOMAIN}")]).await;
     // Bytes that are no MIME message at all: stored raw, never a 500 for the MTA to retry.
     let garbage: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
-    let counts = ingest(&stack, &garbage, &[&format!("support@{INBOUND_DOMAIN}")]).await;
+    let counts = ingest_to(&mta, &garbage, &[&format!("support@{INBOUND_DOMAIN}")]).await;
     assert_eq!(counts.stored, 1);
-    let list = threads(&stack, &key, "").await;
+    let list = threads(&client, "").await;
     assert_eq!(list.threads.len(), 2);
     let mut bodies = Vec::new();
     for thread in &list.threads {
-        let page: Success<ThreadPage> = stack
-            .client(&key)
+        let page: Success<ThreadPage> = client
             .get(&format!("/inbox/threads/{}", thread.id), StatusCode::OK)
             .await;
         let m = page.body.messages.into_iter().next().unwrap();
-        let raw = stack
-            .client(&key)
+        let raw = client
             .send(Method::GET, &format!("/inbox/messages/{}/raw", m.id), None)
             .await
             .body;
@@ -345,22 +342,20 @@ async fn a_legacy_charset_and_an_unreadable_message_are_kept() {
         .find(|(m, _)| m.content.message_id.is_none())
         .unwrap();
     assert_eq!(raw, &garbage);
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_message_holding_nul_is_stored_with_u_fffd_in_its_text_and_kept_raw() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
     let to = format!("support@{INBOUND_DOMAIN}");
-    create_address(&stack, &key, &to).await;
+    let (_, client) = inbound.inbox(&to).await;
+    let mta = inbound.mta();
     // Text columns hold no NUL: the message is stored, its text with U+FFFD, its raw bytes
     // as they came.
     let raw = message(Some("nul@customer.example"), "Hi\0there", "", "one\0two");
-    assert_eq!(ingest(&stack, &raw, &[&to]).await.stored, 1);
-    let list = threads(&stack, &key, "").await;
-    let page: Success<ThreadPage> = stack
-        .client(&key)
+    assert_eq!(ingest_to(&mta, &raw, &[&to]).await.stored, 1);
+    let list = threads(&client, "").await;
+    let page: Success<ThreadPage> = client
         .get(
             &format!("/inbox/threads/{}", list.threads[0].id),
             StatusCode::OK,
@@ -372,8 +367,7 @@ async fn a_message_holding_nul_is_stored_with_u_fffd_in_its_text_and_kept_raw() 
         m.content.text.as_deref().map(str::trim),
         Some("one\u{FFFD}two")
     );
-    let stored = stack
-        .client(&key)
+    let stored = client
         .send(Method::GET, &format!("/inbox/messages/{}/raw", m.id), None)
         .await
         .body;
@@ -381,12 +375,11 @@ async fn a_message_holding_nul_is_stored_with_u_fffd_in_its_text_and_kept_raw() 
     // A NUL in the envelope (text, jsonb) is the MTA's error: 400, nothing stored.
     let mut body = ingest_body(&message(None, "s", "", "b"), &[&to]);
     body["from"] = json!("ann\u{0}@customer.example");
-    let refused: ErrorBody = mta(&stack)
+    let refused: ErrorBody = mta
         .post("/inbound-email/ingest", &body, StatusCode::BAD_REQUEST)
         .await;
     assert!(refused.error.contains("NUL"), "{}", refused.error);
-    assert_eq!(threads(&stack, &key, "").await.threads.len(), 1);
-    stack.shutdown().await;
+    assert_eq!(threads(&client, "").await.threads.len(), 1);
 }
 
 #[tokio::test]
@@ -482,7 +475,7 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
         .await;
     assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
     assert!(
-        threads(&stack, &key, "").await.threads.is_empty(),
+        threads(&stack.client(&key), "").await.threads.is_empty(),
         "nothing stored"
     );
     stack.shutdown().await;
@@ -502,7 +495,7 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
     };
     let big = sized(10 * 1024 * 1024 - 100 * 1024, "big@x");
     assert_eq!(ingest(&stack, &big, &[&to]).await.stored, 1);
-    let list = threads(&stack, &key, "").await;
+    let list = threads(&stack.client(&key), "").await;
     let page: Success<ThreadPage> = stack
         .client(&key)
         .get(
@@ -543,7 +536,7 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
         )
         .await;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(threads(&stack, &key, "").await.threads.len(), 2);
+    assert_eq!(threads(&stack.client(&key), "").await.threads.len(), 2);
     stack.shutdown().await;
 }
 
@@ -618,8 +611,8 @@ async fn a_message_is_stored_once_per_inbox_whatever_the_retries() {
     assert_eq!((both.stored, both.duplicates), (2, 0));
     let retried = ingest(&stack, &shared, &to).await;
     assert_eq!((retried.stored, retried.duplicates), (0, 2));
-    assert_eq!(threads(&stack, &ann, "").await.threads.len(), 4);
-    assert_eq!(threads(&stack, &bob, "").await.threads.len(), 1);
+    assert_eq!(threads(&stack.client(&ann), "").await.threads.len(), 4);
+    assert_eq!(threads(&stack.client(&bob), "").await.threads.len(), 1);
 
     // Every stored copy is announced on INBOUND exactly once: 5 copies in all.
     let copies = announced(&stack, 5).await;
@@ -670,17 +663,17 @@ async fn announced(stack: &Stack, count: usize) -> Vec<InboundReceived> {
 
 #[tokio::test]
 async fn replies_join_their_thread_and_reading_clears_unread() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
     let to = format!("support@{INBOUND_DOMAIN}");
-    create_address(&stack, &key, &to).await;
+    let (_, client) = inbound.inbox(&to).await;
+    let mta = inbound.mta();
     let first = message(
         Some("t1@customer.example"),
         "Order 42 is late",
         "",
         "where is it?",
     );
-    ingest(&stack, &first, &[&to]).await;
+    ingest_to(&mta, &first, &[&to]).await;
     // By In-Reply-To, whatever the subject says.
     let by_header = message(
         Some("t2@customer.example"),
@@ -688,7 +681,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         "In-Reply-To: <t1@customer.example>\r\nReferences: <t1@customer.example>\r\n",
         "any news?",
     );
-    ingest(&stack, &by_header, &[&to]).await;
+    ingest_to(&mta, &by_header, &[&to]).await;
     // By subject, without threading headers.
     let by_subject = message(
         Some("t3@customer.example"),
@@ -696,11 +689,11 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         "",
         "hello?",
     );
-    ingest(&stack, &by_subject, &[&to]).await;
+    ingest_to(&mta, &by_subject, &[&to]).await;
     // A new subject is a new thread.
     let other = message(Some("t4@customer.example"), "Invoice question", "", "hi");
-    ingest(&stack, &other, &[&to]).await;
-    let list = threads(&stack, &key, "").await;
+    ingest_to(&mta, &other, &[&to]).await;
+    let list = threads(&client, "").await;
     let counts: Vec<(String, i32)> = list
         .threads
         .iter()
@@ -715,8 +708,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         "newest first"
     );
     let order = list.threads[1].clone();
-    let page: Success<ThreadPage> = stack
-        .client(&key)
+    let page: Success<ThreadPage> = client
         .get(&format!("/inbox/threads/{}", order.id), StatusCode::OK)
         .await;
     let ids: Vec<_> = page
@@ -739,8 +731,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
     );
     // Unread until read; a new message makes it unread again.
     assert_eq!(list.unread_threads, 2);
-    let read: Success<Read> = stack
-        .client(&key)
+    let read: Success<Read> = client
         .post(
             &format!("/inbox/threads/{}/read", order.id),
             &json!({}),
@@ -748,7 +739,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         )
         .await;
     assert!(!read.body.thread.unread);
-    let unread = threads(&stack, &key, "?unread=1").await;
+    let unread = threads(&client, "?unread=1").await;
     assert_eq!(
         unread.threads.iter().map(|t| t.id).collect::<Vec<_>>(),
         [list.threads[0].id]
@@ -760,17 +751,15 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
         "In-Reply-To: <t3@customer.example>\r\n",
         "still waiting",
     );
-    ingest(&stack, &later, &[&to]).await;
-    let unread = threads(&stack, &key, "?unread=1&limit=1").await;
+    ingest_to(&mta, &later, &[&to]).await;
+    let unread = threads(&client, "?unread=1&limit=1").await;
     assert_eq!(unread.threads.len(), 1);
     assert_eq!(unread.threads[0].id, order.id, "back on top, unread");
     assert_eq!(unread.unread_threads, 2);
-    let bad: ErrorBody = stack
-        .client(&key)
+    let bad: ErrorBody = client
         .get("/inbox/threads?limit=0", StatusCode::BAD_REQUEST)
         .await;
     assert!(!bad.success);
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -780,7 +769,7 @@ async fn a_deleted_address_takes_no_mail_and_its_messages_go() {
     let to = format!("support@{INBOUND_DOMAIN}");
     let inbox = create_address(&stack, &key, &to).await;
     ingest(&stack, &message(Some("d1@x.io"), "kept", "", "a"), &[&to]).await;
-    let list = threads(&stack, &key, "").await;
+    let list = threads(&stack.client(&key), "").await;
     let thread = list.threads[0].id;
     let deleted: Success<Deleted> = stack
         .client(&key)
@@ -803,7 +792,7 @@ async fn a_deleted_address_takes_no_mail_and_its_messages_go() {
         )
         .await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
-    let gone = threads(&stack, &key, "").await;
+    let gone = threads(&stack.client(&key), "").await;
     assert!(gone.threads.is_empty() && gone.unread_threads == 0);
     let hidden = stack
         .client(&key)
@@ -840,11 +829,11 @@ async fn a_deleted_address_takes_no_mail_and_its_messages_go() {
 #[tokio::test]
 async fn a_stored_copy_is_in_the_outbox_when_its_transaction_commits() {
     // The router alone, with no publisher: what a crash right after the commit leaves.
-    let db = ServiceDb::create(inbound_ingest::SERVICE, &inbound_ingest::MIGRATIONS).await;
-    let state = inbound_ingest::AppState::new(db.pool.clone(), db.common.namespace.clone());
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
+    let db = &inbound.store;
     let to = format!("support@{INBOUND_DOMAIN}");
-    peek::inbound::insert_address(&db.pool, uuid::Uuid::now_v7(), &to).await;
-    let mta = TestClient::router(inbound_ingest::router(state), None);
+    inbound.inbox(&to).await;
+    let mta = inbound.mta();
     let raw = message(Some("outbox@x.io"), "kept", "", "a");
     for expected in [(1, 0), (0, 1)] {
         let answer: Success<Ingested> = mta
@@ -863,10 +852,10 @@ async fn a_stored_copy_is_in_the_outbox_when_its_transaction_commits() {
 
 #[tokio::test]
 async fn a_thread_is_read_a_page_of_messages_at_a_time() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
     let to = format!("support@{INBOUND_DOMAIN}");
-    create_address(&stack, &key, &to).await;
+    let (_, client) = inbound.inbox(&to).await;
+    let mta = inbound.mta();
     for i in 0..3 {
         let replying = if i == 0 {
             String::new()
@@ -879,13 +868,12 @@ async fn a_thread_is_read_a_page_of_messages_at_a_time() {
             &replying,
             &format!("m{i}"),
         );
-        ingest(&stack, &raw, &[&to]).await;
+        ingest_to(&mta, &raw, &[&to]).await;
     }
-    let list = threads(&stack, &key, "").await;
+    let list = threads(&client, "").await;
     assert_eq!(list.threads.len(), 1);
     let path = format!("/inbox/threads/{}", list.threads[0].id);
-    let page: Success<ThreadPage> = stack
-        .client(&key)
+    let page: Success<ThreadPage> = client
         .get(&format!("{path}?limit=1&offset=1"), StatusCode::OK)
         .await;
     let ids: Vec<_> = page
@@ -899,41 +887,33 @@ async fn a_thread_is_read_a_page_of_messages_at_a_time() {
         (page.body.total, page.body.limit, page.body.offset),
         (3, 1, 1)
     );
-    let whole: Success<ThreadPage> = stack.client(&key).get(&path, StatusCode::OK).await;
+    let whole: Success<ThreadPage> = client.get(&path, StatusCode::OK).await;
     assert_eq!((whole.body.messages.len(), whole.body.limit), (3, 100));
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .get(&format!("{path}?limit=501"), StatusCode::BAD_REQUEST)
         .await;
     // The thread list pages the same way: up to 500.
-    let _: Value = stack
-        .client(&key)
-        .get("/inbox/threads?limit=500", StatusCode::OK)
-        .await;
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: Value = client.get("/inbox/threads?limit=500", StatusCode::OK).await;
+    let _: ErrorBody = client
         .get("/inbox/threads?limit=501", StatusCode::BAD_REQUEST)
         .await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_workspaces_inbound_mail_spends_a_byte_budget_then_waits() {
     // A budget that refills one byte a second: what is spent stays spent for the test.
-    let db = ServiceDb::create(inbound_ingest::SERVICE, &inbound_ingest::MIGRATIONS).await;
-    let state = inbound_ingest::AppState {
-        budget: ByteBudget {
-            bytes_per_sec: 1,
-            burst_bytes: 1000,
-        },
-        ..inbound_ingest::AppState::new(db.pool.clone(), db.common.namespace.clone())
-    };
+    let inbound = InboundRouter::new(ByteBudget {
+        bytes_per_sec: 1,
+        burst_bytes: 1000,
+    })
+    .await;
+    let db = &inbound.store;
     let [a, b, c] = ["budget-a", "budget-b", "budget-c"].map(|l| format!("{l}@{INBOUND_DOMAIN}"));
     for to in [&a, &b, &c] {
         // Each inbox in a workspace of its own.
-        peek::inbound::insert_address(&db.pool, uuid::Uuid::now_v7(), to).await;
+        inbound.inbox(to).await;
     }
-    let mta = TestClient::router(inbound_ingest::router(state), None);
+    let mta = inbound.mta();
     let mut n = 0;
     let mut send = |to: &[&str], size: usize| {
         n += 1;
