@@ -60,11 +60,6 @@ fn inbox_address(local: &str) -> String {
     format!("{local}@{INBOUND_DOMAIN}")
 }
 
-/// A quiet moment in which nothing more should arrive.
-async fn quiet() {
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-}
-
 #[tokio::test]
 async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest() {
     let stack = Stack::start().await;
@@ -111,7 +106,7 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     );
     let mut fell = received(&fallback, 2, Duration::from_secs(10)).await;
     fell.sort_by_key(|d| d.body["data"]["address"].as_str().map(str::to_owned));
-    quiet().await;
+    stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     assert_eq!((r1.count(), r2.count(), off.count()), (1, 1, 0));
     assert_eq!(
         fallback.count(),
@@ -524,7 +519,7 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
         &[&inbox_address("failing")],
     )
     .await;
-    quiet().await;
+    stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     assert_eq!(attempts(&stack, &key, e).await.len(), 1);
     stack.shutdown().await;
 }
@@ -820,7 +815,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
         }
     })
     .await;
-    quiet().await;
+    stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     let got = receiver.deliveries();
     let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
     let expected: HashSet<String> = all
@@ -1073,7 +1068,7 @@ async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
     assert_eq!(untouched, count as i64);
     // Its id, so its webhook-id, comes from the message and the endpoint alone; and it was
     // sent once.
-    quiet().await;
+    stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     let got = receiver.deliveries();
     assert_eq!(got.len(), count);
     for a in &list {

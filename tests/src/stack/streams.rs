@@ -21,6 +21,36 @@ impl Stack {
         async_nats::jetstream::new(client)
     }
 
+    /// Waits until every durable consumer of each of `streams` has handed out every message
+    /// and had each acknowledged: what those messages make (a webhook's POST, a delivery) is
+    /// done, so nothing more comes of what was published before — the proof that a
+    /// duplicate did not come, without a quiet window.
+    pub async fn handled(&self, streams: &[Stream]) {
+        let js = self.jetstream().await;
+        crate::eventually(Duration::from_secs(30), || async {
+            for stream in streams {
+                let stream = js
+                    .get_stream(stream.name(self.ns()))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut consumers = stream.consumers();
+                while let Some(info) = consumers.next().await {
+                    let info = info.map_err(|e| e.to_string())?;
+                    if info.config.durable_name.is_some()
+                        && (info.num_pending > 0 || info.num_ack_pending > 0)
+                    {
+                        return Err(format!(
+                            "{}: {} not handed out, {} not acknowledged",
+                            info.name, info.num_pending, info.num_ack_pending
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Every message now in the namespace's `stream` (at most 1,000), oldest first, read by a
     /// consumer of its own: each one's subject and payload.
     pub async fn stream_messages(&self, stream: Stream) -> Vec<(String, bytes::Bytes)> {
