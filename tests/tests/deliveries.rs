@@ -1145,7 +1145,14 @@ async fn a_fan_out_whose_write_keeps_failing_posts_once_and_leaves_the_rest_to_t
     ingest(&stack, &raw, &[&inbox_address("refused")]).await;
     received(&receiver, 1, Duration::from_secs(10)).await;
     // INBOUND hands it out again every 2 s meanwhile: none of those runs posts.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    let first = stack.handed_out(Stream::Inbound).await;
+    eventually(Duration::from_secs(20), || async {
+        match stack.handed_out(Stream::Inbound).await {
+            n if n >= first + 3 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
     assert_eq!(
         receiver.count(),
         1,

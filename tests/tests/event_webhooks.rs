@@ -218,7 +218,9 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
         (&sent["subject"], &sent["deliveryId"], &sent["messageId"])
     );
     assert_eq!(queued["from"], sent["from"]);
-    stack.handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook]).await;
+    stack
+        .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
+        .await;
     assert_eq!(picky.count(), 2, "{:?}", types(&picky.deliveries()));
     assert_eq!(all.count(), 4, "{:?}", types(&all.deliveries()));
     assert!(picky.refused().is_empty() && all.refused().is_empty());
@@ -459,7 +461,9 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
         "unsubscribed from topic news at the provider"
     );
     assert_eq!(unsubscribed["topic"], "news");
-    stack.handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook]).await;
+    stack
+        .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
+        .await;
     assert_eq!(receiver.count(), 3, "{:?}", types(&receiver.deliveries()));
     stack.shutdown().await;
 }
@@ -656,7 +660,9 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     let before = receiver.count();
     assert_eq!(replay(json!(["email.queued"])).await, 2);
     received(&receiver, before + 2, Duration::from_secs(10)).await;
-    stack.handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook]).await;
+    stack
+        .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
+        .await;
     assert_eq!(receiver.count(), before + 2);
     stack.shutdown().await;
 }
@@ -772,7 +778,9 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     let all = settled(&stack, &key, w, count, Status::Succeeded).await;
-    stack.handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook]).await;
+    stack
+        .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
+        .await;
     let got = receiver.deliveries();
     let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
     let expected: HashSet<String> = all

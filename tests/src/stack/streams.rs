@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream::consumer;
 use futures::StreamExt;
 
 use postmesh_shared::jetstream::Stream;
@@ -21,24 +22,34 @@ impl Stack {
         async_nats::jetstream::new(client)
     }
 
+    /// The durable consumers of the namespace's `stream` as the server sees them now.
+    async fn consumers(&self, stream: Stream) -> Result<Vec<consumer::Info>, String> {
+        let stream = self
+            .jetstream()
+            .await
+            .get_stream(stream.name(self.ns()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut all = Vec::new();
+        let mut consumers = stream.consumers();
+        while let Some(info) = consumers.next().await {
+            let info = info.map_err(|e| e.to_string())?;
+            if info.config.durable_name.is_some() {
+                all.push(info);
+            }
+        }
+        Ok(all)
+    }
+
     /// Waits until every durable consumer of each of `streams` has handed out every message
     /// and had each acknowledged: what those messages make (a webhook's POST, a delivery) is
     /// done, so nothing more comes of what was published before — the proof that a
     /// duplicate did not come, without a quiet window.
     pub async fn handled(&self, streams: &[Stream]) {
-        let js = self.jetstream().await;
         crate::eventually(Duration::from_secs(30), || async {
             for stream in streams {
-                let stream = js
-                    .get_stream(stream.name(self.ns()))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut consumers = stream.consumers();
-                while let Some(info) = consumers.next().await {
-                    let info = info.map_err(|e| e.to_string())?;
-                    if info.config.durable_name.is_some()
-                        && (info.num_pending > 0 || info.num_ack_pending > 0)
-                    {
+                for info in self.consumers(*stream).await? {
+                    if info.num_pending > 0 || info.num_ack_pending > 0 {
                         return Err(format!(
                             "{}: {} not handed out, {} not acknowledged",
                             info.name, info.num_pending, info.num_ack_pending
@@ -46,9 +57,22 @@ impl Stack {
                     }
                 }
             }
-            Ok(())
+            Ok::<_, String>(())
         })
         .await
+    }
+
+    /// How many times the durable consumers of `stream` have handed a message out, first
+    /// deliveries and redeliveries together.
+    pub async fn handed_out(&self, stream: Stream) -> u64 {
+        let consumers = self
+            .consumers(stream)
+            .await
+            .expect("the stream's consumers");
+        consumers
+            .iter()
+            .map(|c| c.delivered.consumer_sequence)
+            .sum()
     }
 
     /// Every message now in the namespace's `stream` (at most 1,000), oldest first, read by a
