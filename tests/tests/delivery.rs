@@ -67,8 +67,8 @@ async fn a_relay_slower_than_the_ack_deadline_gets_the_message_once() {
         }
     })
     .await;
-    // Give a would-be redelivery time to reach the relay too.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // A redelivery would have reached the relay by the time SEND's consumer has none left.
+    stack.handled(&[Stream::Send]).await;
     let got = relay.received();
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].to, vec![format!("<{to}>")]);
@@ -127,9 +127,8 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     lease_to_another_worker(&db, &b, 10_000).await;
     publish(&stack, &a).await;
     publish(&stack, &b).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     // The stack's worker has both jobs in hand, waiting on their leases.
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer = stack
+    let consumer: async_nats::jetstream::consumer::PullConsumer = stack
         .jetstream()
         .await
         .get_stream(stack.ns().stream("SEND"))
@@ -138,7 +137,13 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
         .get_consumer("sender")
         .await
         .unwrap();
-    assert_eq!(consumer.info().await.unwrap().num_ack_pending, 2);
+    eventually(Duration::from_secs(10), || async {
+        match consumer.get_info().await.unwrap().num_ack_pending {
+            2 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
     assert!(
         stack.messages_to(to_a).is_empty(),
         "sent under a live lease"
@@ -164,7 +169,7 @@ async fn a_job_leased_to_another_worker_is_not_sent_twice() {
     .await;
     assert_eq!(owner, None, "the lease is released");
     // B was finished by its holder: never sent again.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack.handled(&[Stream::Send]).await;
     assert!(stack.messages_to(to_b).is_empty());
     assert_eq!(stack.messages_to(to_a).len(), 1);
     stack.shutdown().await;
@@ -197,7 +202,7 @@ async fn refused_deliveries_are_retried_then_parked_as_failed() {
         assert_eq!((status.as_str(), tried), ("failed", attempts), "{to}");
         assert!(error.is_some_and(|e| e.contains(&code.to_string())), "{to}");
         // No attempt beyond the last.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        stack.handled(&[Stream::Send]).await;
         assert_eq!(relay.refused(), attempts as usize, "{to}");
     }
     stack.shutdown().await;
