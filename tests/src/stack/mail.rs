@@ -1,7 +1,7 @@
 //! Mail a test stack wrote to its file outbox, and what the API says of a send's recipients
 //! and suppressions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use postmesh_contracts::answers::sender::{RecipientStatus, TaskProgress};
 use postmesh_shared::{Success, TaskId};
@@ -50,16 +50,6 @@ impl Stack {
             }
         })
         .await
-    }
-
-    /// Fails the test if any message to `to` is delivered within `quiet`.
-    pub async fn assert_no_messages(&self, to: &str, quiet: Duration) {
-        let deadline = Instant::now() + quiet;
-        while Instant::now() < deadline {
-            let found = self.messages_to(to);
-            assert!(found.is_empty(), "delivered to {to}: {found:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
     /// The code in the latest of `count` delivered code emails to `to`.

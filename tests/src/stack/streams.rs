@@ -62,6 +62,39 @@ impl Stack {
         .await
     }
 
+    /// Waits until the gateway's and the sender's outboxes have published everything and
+    /// SEND's consumer has acknowledged every job: every email asked for so far has been
+    /// delivered or given up, so none of them can still arrive.
+    pub async fn sends_done(&self) {
+        for service in [api_gateway::SERVICE, sender::SERVICE] {
+            let db = self.service_db(service).await;
+            crate::eventually(Duration::from_secs(30), || async {
+                match crate::peek::kit::unpublished(&db).await {
+                    0 => Ok(()),
+                    n => Err(format!("{n} unpublished in {}", service.name())),
+                }
+            })
+            .await;
+        }
+        self.handled(&[Stream::Send]).await;
+    }
+
+    /// How many messages the namespace's `stream` holds now.
+    pub async fn waiting(&self, stream: Stream) -> u64 {
+        let mut stream = self
+            .jetstream()
+            .await
+            .get_stream(stream.name(self.ns()))
+            .await
+            .expect("the stream");
+        stream
+            .info()
+            .await
+            .expect("the stream's state")
+            .state
+            .messages
+    }
+
     /// How many times the durable consumers of `stream` have handed a message out, first
     /// deliveries and redeliveries together.
     pub async fn handed_out(&self, stream: Stream) -> u64 {
