@@ -211,6 +211,17 @@ pub mod sender {
         .expect("deliveries")
     }
 
+    /// Settlements with billing not yet done, whatever their action: while there are
+    /// none, no balance changes on the sender's account.
+    pub async fn unsettled(db: &PgPool) -> i64 {
+        scalar(
+            db,
+            "SELECT count(*) FROM settlements WHERE done_at IS NULL",
+            None,
+        )
+        .await
+    }
+
     /// Refunds owed to billing and not yet settled.
     pub async fn owed_refunds(db: &PgPool) -> i64 {
         scalar(

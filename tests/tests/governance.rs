@@ -513,8 +513,7 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(stack.balance(&key).await, 9);
+    assert_eq!(stack.settled_balance(&key).await, 9);
     stack.shutdown().await;
 }
 
@@ -657,7 +656,6 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(stack.balance(&key).await, 6);
+    assert_eq!(stack.settled_balance(&key).await, 6);
     stack.shutdown().await;
 }

@@ -290,8 +290,7 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
             "{body} → {error:?}, wanted {needle:?}"
         );
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(stack.balance(&key).await, 2, "nothing was charged");
+    assert_eq!(stack.settled_balance(&key).await, 2, "nothing was charged");
     assert_eq!(peek::sender::stored_rows(&db).await, (0, 0, 0));
     stack.shutdown().await;
 }
@@ -772,9 +771,8 @@ async fn the_plans_monthly_emails_bound_sends_and_usage_counts_them() {
     // A dry run checks the quota too.
     let dry = json!({"to": "dry@example.com", "subject": "s", "text": "t", "dryRun": true});
     refused(&stack, &key, dry, StatusCode::PAYMENT_REQUIRED).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        stack.balance(&key).await,
+        stack.settled_balance(&key).await,
         balance,
         "a refused send is refunded"
     );
@@ -972,8 +970,8 @@ async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once()
     stack
         .wait_for_messages("race@example.com", 1, Duration::from_secs(15))
         .await;
-    // A second copy would have been written by now.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A second copy would have been delivered by the time SEND has none left.
+    stack.sends_done().await;
     assert_eq!(stack.messages_to("once@example.com").len(), 1);
     assert_eq!(stack.messages_to("race@example.com").len(), 1);
     assert_eq!(stack.balance(&key).await, 8, "one credit per keyed send");

@@ -1,5 +1,7 @@
 //! Accounts, keys, codes and balances of a test stack, through its API.
 
+use std::time::Duration;
+
 use reqwest::{Method, StatusCode};
 
 use api_gateway::create_key::CreateKey;
@@ -107,6 +109,20 @@ impl Stack {
             .await
             .body
             .balance
+    }
+
+    /// The key's balance once the sender owes billing nothing, so that no settlement can
+    /// still change it.
+    pub async fn settled_balance(&self, key: &str) -> i64 {
+        let db = self.sender_db().await;
+        crate::eventually(Duration::from_secs(30), || async {
+            match peek::sender::unsettled(&db).await {
+                0 => Ok(()),
+                n => Err(format!("{n} settlements not done")),
+            }
+        })
+        .await;
+        self.balance(key).await
     }
 
     /// The balance of `key`, or what the gateway answered instead (a 503 while billing
