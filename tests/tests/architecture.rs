@@ -1,7 +1,8 @@
 //! The shape of the code: in every crate, the imports between the modules inside each
 //! module (its top level included) run one way (no circle), and no source file outside the
 //! tests is over 600 lines, and no code outside the tests builds JSON with `json!` but the
-//! OpenAPI builder; the image build copies every crate of the workspace.
+//! OpenAPI builder; the image build copies every crate of the workspace; the tests start no
+//! more whole stacks than their ceiling.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -430,5 +431,89 @@ fn the_cli_reads_answers_only_through_the_contracts_types() {
         found.is_empty(),
         "the CLI declares answers of its own (use postmesh_contracts::answers):\n{}",
         found.join("\n")
+    );
+}
+
+/// Most full-stack starts the tests may make (issue 39's goal is 60): a new test of one
+/// service goes on its router (`tests/src/routers.rs`), not on a whole stack.
+const MAX_FULL_STACK_STARTS: usize = 128;
+
+/// The functions at the top level of `text`: each one's name, whether it is a
+/// `#[tokio::test]`, and its text up to the next function.
+fn functions(text: &str) -> Vec<(&str, bool, &str)> {
+    let starts: Vec<usize> = text
+        .match_indices('\n')
+        .map(|(at, _)| at + 1)
+        .filter(|&at| {
+            let line = &text[at..];
+            ["fn ", "async fn ", "pub fn ", "pub async fn "]
+                .iter()
+                .any(|k| line.starts_with(k))
+        })
+        .collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(i, &at)| {
+            let end = starts.get(i + 1).copied().unwrap_or(text.len());
+            let line = &text[at..];
+            let name = ident(&line[line.find("fn ").expect("a function") + 3..]);
+            let test = text[..at]
+                .trim_end()
+                .rsplit('\n')
+                .next()
+                .is_some_and(|attr| attr.starts_with("#[tokio::test"));
+            (name, test, &text[at..end])
+        })
+        .collect()
+}
+
+/// How often `body` calls the function `name`.
+fn calls(body: &str, name: &str) -> usize {
+    body.match_indices(&format!("{name}("))
+        .filter(|(at, _)| {
+            !body[..*at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+        .count()
+}
+
+#[test]
+fn full_stack_starts_stay_within_their_ceiling() {
+    let mut total = 0;
+    let mut by_file = BTreeMap::new();
+    for file in sources(&root().join("tests/tests")) {
+        let text = code_of(&std::fs::read_to_string(&file).expect("readable"));
+        let fns = functions(&text);
+        // A helper of the file that starts a stack counts at each call.
+        let helpers: Vec<&str> = fns
+            .iter()
+            .filter(|(_, test, body)| !test && body.contains("Stack::start"))
+            .map(|(name, ..)| *name)
+            .collect();
+        let starts: usize = fns
+            .iter()
+            .filter(|(_, test, _)| *test)
+            .map(|(_, _, body)| {
+                calls(body, "Stack::start")
+                    + calls(body, "Stack::start_with")
+                    + calls(body, "Stack::start_opts")
+                    + helpers.iter().map(|h| calls(body, h)).sum::<usize>()
+            })
+            .sum();
+        if starts > 0 {
+            by_file.insert(
+                file.file_name().unwrap().to_string_lossy().into_owned(),
+                starts,
+            );
+        }
+        total += starts;
+    }
+    eprintln!("{total} full-stack starts: {by_file:?}");
+    assert!(
+        total <= MAX_FULL_STACK_STARTS,
+        "{total} full-stack starts, more than {MAX_FULL_STACK_STARTS}: {by_file:?}"
     );
 }
