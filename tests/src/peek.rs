@@ -44,6 +44,11 @@ pub mod billing {
         .await
     }
 
+    /// Held charges whose hold is still running: what the hold sweep may yet give back.
+    pub async fn running_holds(db: &PgPool) -> i64 {
+        scalar(db, "SELECT count(*) FROM ledger WHERE hold_until > 0", None).await
+    }
+
     /// Ledger entries of `kind` (`charge`, `refund`, `void`, ...) for a key.
     pub async fn ledger_rows(db: &PgPool, key_id: Uuid, kind: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM ledger WHERE api_key_id = $1 AND kind = $2")

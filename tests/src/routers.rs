@@ -1,10 +1,16 @@
 //! A service's router on its own database, called as the gateway forwards requests: no
 //! gateway, no other service.
 
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
 use inbound_ingest::budget::ByteBudget;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::proto::{AuthContext, GrantRequest, Role};
-use postmesh_shared::{AddressId, ApiKeyId, EmailAddress};
+use postmesh_shared::{
+    nats, AddressId, ApiError, ApiKeyId, EmailAddress, Rpc, Running, Service, Success,
+};
 
 use crate::{billing_config, caller, Options, ServiceDb, TestClient};
 
@@ -77,6 +83,49 @@ impl BillingRouter {
     pub fn anonymous(&self) -> TestClient {
         TestClient::router(self.router.clone(), None)
     }
+}
+
+/// Billing running alone in a fresh namespace (its RPCs on NATS, its hold sweep), its
+/// router beside it on the same database: no gateway, no other service.
+pub struct BillingAlone {
+    pub billing: BillingRouter,
+    running: Option<Running>,
+}
+
+impl BillingAlone {
+    /// Starts billing in a fresh namespace, payments off.
+    pub async fn start() -> Self {
+        let billing = BillingRouter::new().await;
+        let config = billing_config(&billing.store.common, Options::default().stripe);
+        let running = billing::start(config).await.expect("billing starts");
+        Self {
+            billing,
+            running: Some(running),
+        }
+    }
+
+    /// Calls billing's RPC `req` as another service does.
+    pub async fn rpc<R: Rpc>(&self, req: &R) -> Result<R::Reply, ApiError> {
+        let common = &self.billing.store.common;
+        let client = nats::connect(common, Service::ApiGateway, Duration::from_secs(5))
+            .await
+            .expect("NATS");
+        nats::call(&client, &common.namespace, req).await
+    }
+
+    /// Stops billing and removes the namespace's streams and databases.
+    pub async fn shutdown(mut self) {
+        if let Some(running) = self.running.take() {
+            running.stop().await;
+        }
+        crate::remove_namespace(&self.billing.store.common).await;
+    }
+}
+
+/// The balance of the key `client` calls billing's router with.
+pub async fn balance_of(client: &TestClient) -> i64 {
+    let b: Success<billing::balance::Balance> = client.get("/balance", StatusCode::OK).await;
+    b.body.balance
 }
 
 /// Inbound-ingest's database and its router: no NATS, so nothing is published at once and

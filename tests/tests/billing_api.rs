@@ -13,7 +13,7 @@ use billing::logs::LogPage;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::ChargeRequest;
 use postmesh_shared::{ApiKeyId, Success};
-use postmesh_tests::{BillingRouter, TestClient};
+use postmesh_tests::{balance_of, BillingRouter};
 
 #[tokio::test]
 async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
@@ -142,17 +142,11 @@ async fn blocked(watch: &mut sqlx::PgConnection) -> i64 {
     .unwrap()
 }
 
-/// The balance `client`'s key holds.
-async fn balance(client: &TestClient) -> i64 {
-    let b: Success<Balance> = client.get("/balance", StatusCode::OK).await;
-    b.body.balance
-}
-
 #[tokio::test]
 async fn deduct_takes_one_credit_and_402s_at_zero() {
     let billing = BillingRouter::new().await;
     let (_, client) = billing.key(2).await;
-    assert_eq!(balance(&client).await, 2);
+    assert_eq!(balance_of(&client).await, 2);
     let body = json!({ "targetEmail": "a@example.com" });
     let d: Success<Deducted> = client.post("/deduct", &body, StatusCode::OK).await;
     assert!(d.success);
@@ -166,7 +160,7 @@ async fn deduct_takes_one_credit_and_402s_at_zero() {
         .post("/deduct", &json!({}), StatusCode::PAYMENT_REQUIRED)
         .await;
     assert!(!e.success);
-    assert_eq!(balance(&client).await, 0);
+    assert_eq!(balance_of(&client).await, 0);
     let bad = json!({ "targetEmail": "not-an-email" });
     let _: ErrorBody = client.post("/deduct", &bad, StatusCode::BAD_REQUEST).await;
 }
@@ -187,7 +181,7 @@ async fn an_idempotency_key_deducts_once() {
         retries.iter().all(|a| a.status == StatusCode::OK),
         "{retries:?}"
     );
-    assert_eq!(balance(&client).await, 8);
+    assert_eq!(balance_of(&client).await, 8);
     let empty = json!({ "idempotencyKey": "" });
     let _: ErrorBody = client
         .post("/deduct", &empty, StatusCode::BAD_REQUEST)
@@ -196,7 +190,7 @@ async fn an_idempotency_key_deducts_once() {
     let (_, other) = billing.key(1).await;
     let d: Success<Deducted> = other.post("/deduct", &body, StatusCode::OK).await;
     assert_eq!(d.body.balance, 0);
-    assert_eq!(balance(&client).await, 8);
+    assert_eq!(balance_of(&client).await, 8);
 }
 
 #[tokio::test]
@@ -208,7 +202,7 @@ async fn concurrent_deducts_never_overdraw() {
     let count = |status| results.iter().filter(|a| a.status == status).count();
     let (ok, broke) = (count(StatusCode::OK), count(StatusCode::PAYMENT_REQUIRED));
     assert_eq!((ok, broke), (20, 40), "{results:?}");
-    assert_eq!(balance(&client).await, 0);
+    assert_eq!(balance_of(&client).await, 0);
     let logs: Success<LogPage> = client.get("/logs?limit=100", StatusCode::OK).await;
     assert_eq!(logs.body.logs.len(), 20);
 }
