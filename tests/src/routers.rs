@@ -95,8 +95,13 @@ pub struct BillingAlone {
 impl BillingAlone {
     /// Starts billing in a fresh namespace, payments off.
     pub async fn start() -> Self {
-        let billing = BillingRouter::new().await;
-        let config = billing_config(&billing.store.common, Options::default().stripe);
+        Self::with_stripe(Options::default().stripe).await
+    }
+
+    /// Starts billing in a fresh namespace, talking to Stripe as `stripe` says.
+    pub async fn with_stripe(stripe: billing::StripeConfig) -> Self {
+        let billing = BillingRouter::with_stripe(stripe.clone()).await;
+        let config = billing_config(&billing.store.common, stripe);
         let running = billing::start(config).await.expect("billing starts");
         Self {
             billing,

@@ -1,7 +1,8 @@
-//! Top-ups and plans with a fake Stripe speaking Stripe's wire protocol: checkouts' input,
-//! idempotency and ownership on billing's router; payments, webhooks, outages and plans
-//! through the real gateway → NATS → billing path, signed webhooks delivered to the public
-//! endpoint.
+//! Top-ups and plans with a fake Stripe speaking Stripe's wire protocol. On billing's
+//! router (or billing running alone, for its sweeps and RPCs): checkouts' input,
+//! idempotency and ownership, expired and failed sessions, outages, a plan from checkout to
+//! deletion. Through the real gateway → NATS → billing path: a paid top-up's signed webhooks
+//! on the public endpoint, and usage counted by the owning services.
 
 use std::time::Duration;
 
@@ -18,7 +19,9 @@ use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::Success;
 use postmesh_tests::fake_stripe::{self, FakeStripe};
-use postmesh_tests::{eventually, BillingRouter, Options, Stack, TestClient};
+use postmesh_tests::{
+    balance_of, eventually, BillingAlone, BillingRouter, Options, Stack, TestClient,
+};
 
 /// A stack whose billing talks to a fresh fake Stripe.
 async fn stack_with_stripe() -> (Stack, FakeStripe) {
@@ -384,80 +387,77 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
 
 #[tokio::test]
 async fn expired_and_failed_sessions_end_their_purchases_for_good() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
-    let expiring = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
+    let anyone = billing.anonymous();
+    let expiring = top_up(&client, json!({"pack_id": "credits-1k"})).await;
     let expired = stripe.expire(&stripe.session_by_url(&expiring.url));
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &expired).await,
+        FakeStripe::deliver_to(&anyone, &expired).await,
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack.client(&key), expiring.id).await.status,
+        purchase(&client, expiring.id).await.status,
         PurchaseStatus::Expired
     );
 
     // An async payment: completed but unpaid stays pending, then fails.
-    let failing = top_up(&stack.client(&key), json!({"pack_id": "credits-10k"})).await;
+    let failing = top_up(&client, json!({"pack_id": "credits-10k"})).await;
     let session = stripe.session_by_url(&failing.url);
     let completed = stripe.complete(&session, false);
     let failed = stripe.settle_async(&session, false);
     // Delivered out of order: the failure first, then the completion.
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &failed).await,
+        FakeStripe::deliver_to(&anyone, &failed).await,
         StatusCode::OK
     );
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &completed).await,
+        FakeStripe::deliver_to(&anyone, &completed).await,
         StatusCode::OK
     );
-    let p = purchase(&stack.client(&key), failing.id).await;
+    let p = purchase(&client, failing.id).await;
     assert_eq!((p.status, p.paid_at), (PurchaseStatus::Failed, None));
 
     // An async payment that succeeds is paid.
-    let slow = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
+    let slow = top_up(&client, json!({"pack_id": "credits-1k"})).await;
     let session = stripe.session_by_url(&slow.url);
     let completed = stripe.complete(&session, false);
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &completed).await,
+        FakeStripe::deliver_to(&anyone, &completed).await,
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack.client(&key), slow.id).await.status,
+        purchase(&client, slow.id).await.status,
         PurchaseStatus::Pending
     );
     let succeeded = stripe.settle_async(&session, true);
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &succeeded).await,
+        FakeStripe::deliver_to(&anyone, &succeeded).await,
         StatusCode::OK
     );
     assert_eq!(
-        purchase(&stack.client(&key), slow.id).await.status,
+        purchase(&client, slow.id).await.status,
         PurchaseStatus::Paid
     );
-    assert_eq!(stack.balance(&key).await, 1000);
-    stack.shutdown().await;
+    assert_eq!(balance_of(&client).await, 1000);
 }
 
 #[tokio::test]
 async fn a_stripe_outage_loses_no_purchase() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
     // Stripe down while opening: 503, and the same key later opens the same purchase.
     stripe.set_down(true);
     let idem_key = idem();
     let body = json!({"pack_id": "credits-1k"});
-    let _: ErrorBody = keyed(&stack.client(&key), &idem_key)
+    let _: ErrorBody = keyed(&client, &idem_key)
         .post("/billing/checkout", &body, StatusCode::SERVICE_UNAVAILABLE)
         .await;
-    let list: Success<PurchaseList> = stack
-        .client(&key)
-        .get("/billing/purchases", StatusCode::OK)
-        .await;
+    let list: Success<PurchaseList> = client.get("/billing/purchases", StatusCode::OK).await;
     assert_eq!(list.body.purchases.len(), 1);
     assert_eq!(list.body.purchases[0].status, PurchaseStatus::Pending);
     stripe.set_down(false);
-    let opened: Success<Opened> = keyed(&stack.client(&key), &idem_key)
+    let opened: Success<Opened> = keyed(&client, &idem_key)
         .post("/billing/checkout", &body, StatusCode::OK)
         .await;
     assert_eq!(opened.body.id, list.body.purchases[0].id);
@@ -467,41 +467,38 @@ async fn a_stripe_outage_loses_no_purchase() {
     stripe.complete(&session, true);
     stripe.set_down(true);
     let path = format!("/billing/purchases/{}/reconcile", opened.body.id);
-    let e: ErrorBody = stack
-        .client(&key)
+    let e: ErrorBody = client
         .post(&path, &json!({}), StatusCode::SERVICE_UNAVAILABLE)
         .await;
     assert!(!e.success);
     assert_eq!(
-        purchase(&stack.client(&key), opened.body.id).await.status,
+        purchase(&client, opened.body.id).await.status,
         PurchaseStatus::Pending
     );
     stripe.set_down(false);
-    let view: Success<PurchaseView> = stack
-        .client(&key)
-        .post(&path, &json!({}), StatusCode::OK)
-        .await;
+    let view: Success<PurchaseView> = client.post(&path, &json!({}), StatusCode::OK).await;
     assert_eq!(view.body.purchase.status, PurchaseStatus::Paid);
-    assert_eq!(stack.balance(&key).await, 1000);
-    stack.shutdown().await;
+    assert_eq!(balance_of(&client).await, 1000);
 }
 
 #[tokio::test]
 async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
-    let db = stack.service_db(billing::SERVICE).await;
+    let stripe = FakeStripe::start().await;
+    let alone = BillingAlone::with_stripe(stripe.config()).await;
+    let billing = &alone.billing;
+    let (_, client) = billing.key(0).await;
+    let db = billing.store.pool.clone();
     // Stripe down: three checkouts stored, none opened.
     stripe.set_down(true);
     let (stale, fresh, plan) = (idem(), idem(), idem());
     let pack = json!({"pack_id": "credits-1k"});
     for k in [&stale, &fresh] {
-        let _: ErrorBody = keyed(&stack.client(&key), k)
+        let _: ErrorBody = keyed(&client, k)
             .post("/billing/checkout", &pack, StatusCode::SERVICE_UNAVAILABLE)
             .await;
     }
     let starter = json!({"plan_id": "starter"});
-    let _: ErrorBody = keyed(&stack.client(&key), &plan)
+    let _: ErrorBody = keyed(&client, &plan)
         .post(
             "/billing/subscription/checkout",
             &starter,
@@ -528,16 +525,15 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     };
     age(vec![stale_id, plan_id], 86_401).await.unwrap();
     age(vec![fresh_id], 86_000).await.unwrap();
-    let (stack_ref, key_ref) = (&stack, &key);
+    let client_ref = &client;
     eventually(Duration::from_secs(10), || async move {
-        match purchase(&stack_ref.client(key_ref), stale_id).await.status {
+        match purchase(client_ref, stale_id).await.status {
             PurchaseStatus::Expired => Ok(()),
             other => Err(other),
         }
     })
     .await;
-    let view: Success<CheckoutView> = stack
-        .client(&key)
+    let view: Success<CheckoutView> = client
         .post(
             &format!("/billing/subscription/checkouts/{plan_id}/reconcile"),
             &json!({}),
@@ -548,30 +544,30 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     // Sweeps every 500 ms in tests: a few more have passed the younger one by.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        purchase(&stack.client(&key), fresh_id).await.status,
+        purchase(&client, fresh_id).await.status,
         PurchaseStatus::Pending
     );
     // An expired checkout's key is spent; the fresh one still opens its checkout.
-    let e: ErrorBody = keyed(&stack.client(&key), &stale)
+    let e: ErrorBody = keyed(&client, &stale)
         .post("/billing/checkout", &pack, StatusCode::CONFLICT)
         .await;
     assert!(e.error.contains("expired"), "{}", e.error);
-    let _: ErrorBody = keyed(&stack.client(&key), &plan)
+    let _: ErrorBody = keyed(&client, &plan)
         .post(
             "/billing/subscription/checkout",
             &starter,
             StatusCode::CONFLICT,
         )
         .await;
-    let opened: Success<Opened> = keyed(&stack.client(&key), &fresh)
+    let opened: Success<Opened> = keyed(&client, &fresh)
         .post("/billing/checkout", &pack, StatusCode::OK)
         .await;
     assert_eq!(opened.body.id, fresh_id);
     assert_eq!(
-        purchase(&stack.client(&key), stale_id).await.status,
+        purchase(&client, stale_id).await.status,
         PurchaseStatus::Expired
     );
-    stack.shutdown().await;
+    alone.shutdown().await;
 }
 
 #[tokio::test]
@@ -598,9 +594,12 @@ async fn one_key_never_sees_anothers_purchases() {
 
 #[tokio::test]
 async fn a_plan_follows_stripe_from_checkout_to_deletion() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(3).await;
-    let before = entitlements(&stack.client(&key)).await;
+    let stripe = FakeStripe::start().await;
+    let alone = BillingAlone::with_stripe(stripe.config()).await;
+    let billing = &alone.billing;
+    let (_, client) = billing.key(3).await;
+    let anyone = billing.anonymous();
+    let before = entitlements(&client).await;
     assert_eq!(before.entitlements.plan, None);
     assert_eq!(before.entitlements.emails, None);
     assert_eq!(
@@ -616,22 +615,21 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     assert_eq!(plans, ["starter", "pro"]);
 
     // No subscription yet: no portal. Unknown and malformed plans.
-    let _: ErrorBody = stack
-        .client(&key)
+    let _: ErrorBody = client
         .post(
             "/billing/subscription/portal",
             &json!({}),
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = keyed(&stack.client(&key), &idem())
+    let _: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "gold"}),
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = keyed(&stack.client(&key), &idem())
+    let _: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "p".repeat(41)}),
@@ -641,7 +639,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
 
     // A plan checkout left open is expired at Stripe when a newer one opens: only the
     // newest can be paid (two paid would be two subscriptions).
-    let abandoned: Success<Opened> = keyed(&stack.client(&key), &idem())
+    let abandoned: Success<Opened> = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -649,7 +647,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         )
         .await;
     let abandoned = stripe.session_by_url(&abandoned.body.url);
-    let opened: Success<Opened> = keyed(&stack.client(&key), &idem())
+    let opened: Success<Opened> = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "starter"}),
@@ -682,11 +680,10 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
 
     let completed = stripe.complete(&session_id, true);
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &completed).await,
+        FakeStripe::deliver_to(&anyone, &completed).await,
         StatusCode::OK
     );
-    let reconciled: Success<CheckoutView> = stack
-        .client(&key)
+    let reconciled: Success<CheckoutView> = client
         .post(
             &format!("/billing/subscription/checkouts/{checkout_id}/reconcile"),
             &json!({}),
@@ -703,7 +700,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         workspace.as_str()
     );
 
-    let now = entitlements(&stack.client(&key)).await.entitlements;
+    let now = entitlements(&client).await.entitlements;
     let plan = now.plan.expect("a plan");
     assert_eq!(
         (plan.id.as_str(), plan.name.as_str(), plan.status.as_str()),
@@ -715,7 +712,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     assert_eq!((now.mailboxes.limit, now.custom_domains.limit), (3, 1));
     assert_eq!(now.model.period_start, plan.period_start);
     // Other services get the same limits over the entitlements RPC.
-    let rpc = stack
+    let rpc = alone
         .rpc(&EntitlementsRequest {
             workspace_id: workspace.clone(),
         })
@@ -733,7 +730,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     );
 
     // A second plan for the workspace is a conflict.
-    let _: ErrorBody = keyed(&stack.client(&key), &idem())
+    let _: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -741,8 +738,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         )
         .await;
 
-    let portal: Success<PortalLink> = stack
-        .client(&key)
+    let portal: Success<PortalLink> = client
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
         .await;
     assert!(portal
@@ -754,14 +750,14 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     let renewed = stripe.renew(&sub_id);
     let cancelling = stripe.cancel_at_period_end(&sub_id);
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &cancelling).await,
+        FakeStripe::deliver_to(&anyone, &cancelling).await,
         StatusCode::OK
     );
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &renewed).await,
+        FakeStripe::deliver_to(&anyone, &renewed).await,
         StatusCode::OK
     );
-    let later = entitlements(&stack.client(&key))
+    let later = entitlements(&client)
         .await
         .entitlements
         .plan
@@ -772,25 +768,21 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     // Deleted: no plan, free limits again; a late update does not bring it back.
     let deleted = stripe.delete_subscription(&sub_id);
     assert_eq!(
-        FakeStripe::deliver(&stack.base, &deleted).await,
+        FakeStripe::deliver_to(&anyone, &deleted).await,
         StatusCode::OK
     );
     let mut late = cancelling.clone();
     late["id"] = json!("evt_late_update_after_deletion");
-    assert_eq!(
-        FakeStripe::deliver(&stack.base, &late).await,
-        StatusCode::OK
-    );
-    let after = entitlements(&stack.client(&key)).await.entitlements;
+    assert_eq!(FakeStripe::deliver_to(&anyone, &late).await, StatusCode::OK);
+    let after = entitlements(&client).await.entitlements;
     assert_eq!(after.plan, None);
     assert_eq!(after.emails, None);
     assert_eq!((after.mailboxes.limit, after.custom_domains.limit), (1, 0));
     // The customer can still reach the portal (invoices), and may subscribe again.
-    let _: Success<PortalLink> = stack
-        .client(&key)
+    let _: Success<PortalLink> = client
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
         .await;
-    let again: Success<Opened> = keyed(&stack.client(&key), &idem())
+    let again: Success<Opened> = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "pro"}),
@@ -800,14 +792,14 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     // Paid at Stripe before its event arrived: a newer checkout is a conflict, not a second
     // subscription.
     stripe.complete(&stripe.session_by_url(&again.body.url), true);
-    let _: ErrorBody = keyed(&stack.client(&key), &idem())
+    let _: ErrorBody = keyed(&client, &idem())
         .post(
             "/billing/subscription/checkout",
             &json!({"plan_id": "starter"}),
             StatusCode::CONFLICT,
         )
         .await;
-    stack.shutdown().await;
+    alone.shutdown().await;
 }
 
 #[tokio::test]
@@ -845,12 +837,12 @@ async fn usage_counts_come_from_the_owning_services() {
 
 #[tokio::test]
 async fn plan_checkouts_opened_at_once_leave_one_session_open() {
-    let (stack, stripe) = stack_with_stripe().await;
-    let key = stack.key(0).await;
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
     // Each session takes a while at Stripe, so the two requests overlap there.
     stripe.set_session_latency(Duration::from_millis(500));
     let open = |plan: &'static str| {
-        let client = keyed(&stack.client(&key), &idem());
+        let client = keyed(&client, &idem());
         async move {
             let opened: Success<Opened> = client
                 .post(
@@ -872,5 +864,4 @@ async fn plan_checkouts_opened_at_once_leave_one_session_open() {
         .collect();
     statuses.sort();
     assert_eq!(statuses, ["expired", "open"]);
-    stack.shutdown().await;
 }
