@@ -384,10 +384,10 @@ async fn a_message_holding_nul_is_stored_with_u_fffd_in_its_text_and_kept_raw() 
 
 #[tokio::test]
 async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
-    let stack = Stack::start().await;
-    let key = stack.key(1).await;
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
     let to = format!("support@{INBOUND_DOMAIN}");
-    create_address(&stack, &key, &to).await;
+    let (_, client) = inbound.inbox(&to).await;
+    let mta = inbound.mta();
     let raw = message(Some("bad@x"), "hello", "", "hello");
     let good = ingest_body(&raw, &[&to]);
     let with = |field: &str, value: Value| {
@@ -454,7 +454,7 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
         ),
     ];
     for (what, body, status) in cases {
-        let answer = mta(&stack)
+        let answer = mta
             .request(Method::POST, "/inbound-email/ingest", &body)
             .await;
         assert_eq!(
@@ -466,7 +466,7 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
         let error: ErrorBody = serde_json::from_slice(&answer.body).expect(what);
         assert!(!error.success && !error.error.is_empty(), "{what}");
     }
-    let not_json = mta(&stack)
+    let not_json = mta
         .send(
             Method::POST,
             "/inbound-email/ingest",
@@ -475,10 +475,9 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
         .await;
     assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
     assert!(
-        threads(&stack.client(&key), "").await.threads.is_empty(),
+        threads(&client, "").await.threads.is_empty(),
         "nothing stored"
     );
-    stack.shutdown().await;
 }
 
 #[tokio::test]
