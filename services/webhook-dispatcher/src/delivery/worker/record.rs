@@ -124,34 +124,38 @@ pub(crate) async fn record(
 /// written only when that changes it. A success clears `failing_since`; a failure sets it,
 /// and disables the target when it is older than `disable_after`; a 410 disables it at once.
 pub(crate) fn health(now: u8, disable_after: u8) -> String {
+    let seen = |name: &str, table: &str, matching: &str| {
+        format!(
+            "{name} AS (
+             UPDATE {table} t
+             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(t.failing_since, ${now}) END,
+                 active = t.active AND (h.ok OR NOT (h.gone
+                     OR ${now} - COALESCE(t.failing_since, ${now}) >= ${disable_after}))
+             FROM health h WHERE {matching} AND (NOT h.ok OR t.failing_since IS NOT NULL)
+         )"
+        )
+    };
     format!(
         ", health AS (
              SELECT endpoint_id, webhook_id, workspace_id, bool_or(status = 'succeeded') AS ok,
                  bool_or(COALESCE(code, 0) = 410) AS gone
              FROM done GROUP BY endpoint_id, webhook_id, workspace_id
-         ), webhooks_seen AS (
-             UPDATE webhooks w
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(w.failing_since, ${now}) END,
-                 active = w.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(w.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.webhook_id IS NOT NULL AND w.id = h.webhook_id
-               AND (NOT h.ok OR w.failing_since IS NOT NULL)
-         ), endpoints_seen AS (
-             UPDATE endpoints e
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(e.failing_since, ${now}) END,
-                 active = e.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(e.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.endpoint_id IS NOT NULL AND e.id = h.endpoint_id
-               AND (NOT h.ok OR e.failing_since IS NOT NULL)
-         ), defaults_seen AS (
-             UPDATE default_webhooks d
-             SET failing_since = CASE WHEN h.ok THEN NULL ELSE COALESCE(d.failing_since, ${now}) END,
-                 active = d.active AND (h.ok OR NOT (h.gone
-                     OR ${now} - COALESCE(d.failing_since, ${now}) >= ${disable_after}))
-             FROM health h WHERE h.endpoint_id IS NULL AND h.webhook_id IS NULL
-               AND d.workspace_id = h.workspace_id
-               AND (NOT h.ok OR d.failing_since IS NOT NULL)
-         )"
+         ), {}, {}, {}",
+        seen(
+            "webhooks_seen",
+            "webhooks",
+            "h.webhook_id IS NOT NULL AND t.id = h.webhook_id"
+        ),
+        seen(
+            "endpoints_seen",
+            "endpoints",
+            "h.endpoint_id IS NOT NULL AND t.id = h.endpoint_id"
+        ),
+        seen(
+            "defaults_seen",
+            "default_webhooks",
+            "h.endpoint_id IS NULL AND h.webhook_id IS NULL AND t.workspace_id = h.workspace_id"
+        ),
     )
 }
 
