@@ -225,6 +225,10 @@ pub async fn refund(db: &PgPool, req: &RefundRequest) -> Result<RefundReply, Led
 /// The idempotency key of the part refund of the charge keyed `charge`.
 const PART_PREFIX: &str = "refund-part:";
 
+/// What a refund's ledger row copies from its charge's, for the consumption log.
+const COPIED: &str =
+    "caller_email, target_email, from_email, subject, send_mode, recipient_count, task_id";
+
 /// Locks the charge with key `idem` for the caller's transaction, so its refunds, whole and
 /// part, are written one after the other; its id and cost.
 async fn lock_charge(
@@ -262,11 +266,8 @@ async fn refund_part(
     }
     let balance: Option<i64> = sqlx::query_scalar(&format!(
         "WITH ins AS (
-             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
-                                 target_email, from_email, subject, send_mode, recipient_count, task_id)
-             SELECT $3, api_key_id, '{PART_PREFIX}' || idempotency_key, 'refund', $4, $5,
-                    caller_email, target_email, from_email, subject, send_mode, recipient_count,
-                    task_id
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, {COPIED})
+             SELECT $3, api_key_id, '{PART_PREFIX}' || idempotency_key, 'refund', $4, $5, {COPIED}
              FROM ledger c
              WHERE c.id = $2 AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id)
              ON CONFLICT DO NOTHING
@@ -306,15 +307,13 @@ async fn refund_charge(
     }
     Ok(sqlx::query_scalar(&format!(
         "WITH ins AS (
-             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, caller_email,
-                                 target_email, from_email, subject, send_mode, recipient_count, task_id,
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, {COPIED},
                                  refund_of)
              SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund',
                     -delta - COALESCE((SELECT p.delta FROM ledger p
                                        WHERE p.api_key_id = c.api_key_id
                                          AND p.idempotency_key = '{PART_PREFIX}' || c.idempotency_key), 0),
-                    $4, caller_email, target_email, from_email, subject, send_mode,
-                    recipient_count, task_id, id
+                    $4, {COPIED}, id
              FROM ledger c WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
              ON CONFLICT DO NOTHING
              RETURNING delta)
