@@ -229,6 +229,23 @@ const PART_PREFIX: &str = "refund-part:";
 const COPIED: &str =
     "caller_email, target_email, from_email, subject, send_mode, recipient_count, task_id";
 
+/// The statement that writes the refund row `select` makes (columns `id, api_key_id,
+/// idempotency_key, kind, delta, created_at`, [`COPIED`], then `extra`) unless it exists,
+/// and credits its delta to key `$1` at time `$at`: the new balance, none when nothing was
+/// written.
+fn refund_statement(extra: &str, select: &str, at: u8) -> String {
+    format!(
+        "WITH ins AS (
+             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, {COPIED}{extra})
+             {select}
+             ON CONFLICT DO NOTHING
+             RETURNING delta)
+         UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = ${at}
+         WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
+         RETURNING balance"
+    )
+}
+
 /// Locks the charge with key `idem` for the caller's transaction, so its refunds, whole and
 /// part, are written one after the other; its id and cost.
 async fn lock_charge(
@@ -264,17 +281,14 @@ async fn refund_part(
             "credits ({credits}) exceed the charge ({cost})"
         )));
     }
-    let balance: Option<i64> = sqlx::query_scalar(&format!(
-        "WITH ins AS (
-             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, {COPIED})
-             SELECT $3, api_key_id, '{PART_PREFIX}' || idempotency_key, 'refund', $4, $5, {COPIED}
+    let balance: Option<i64> = sqlx::query_scalar(&refund_statement(
+        "",
+        &format!(
+            "SELECT $3, api_key_id, '{PART_PREFIX}' || idempotency_key, 'refund', $4, $5, {COPIED}
              FROM ledger c
-             WHERE c.id = $2 AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id)
-             ON CONFLICT DO NOTHING
-             RETURNING delta)
-         UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = $5
-         WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
-         RETURNING balance"
+             WHERE c.id = $2 AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.refund_of = c.id)"
+        ),
+        5,
     ))
     .bind(key_id)
     .bind(charge)
@@ -305,21 +319,17 @@ async fn refund_charge(
     if lock_charge(&mut *tx, key_id, idem).await?.is_none() {
         return Ok(None);
     }
-    Ok(sqlx::query_scalar(&format!(
-        "WITH ins AS (
-             INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at, {COPIED},
-                                 refund_of)
-             SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund',
+    Ok(sqlx::query_scalar(&refund_statement(
+        ", refund_of",
+        &format!(
+            "SELECT $3, api_key_id, 'refund:' || idempotency_key, 'refund',
                     -delta - COALESCE((SELECT p.delta FROM ledger p
                                        WHERE p.api_key_id = c.api_key_id
                                          AND p.idempotency_key = '{PART_PREFIX}' || c.idempotency_key), 0),
                     $4, {COPIED}, id
-             FROM ledger c WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'
-             ON CONFLICT DO NOTHING
-             RETURNING delta)
-         UPDATE balances SET balance = balance + (SELECT delta FROM ins), updated_at = $4
-         WHERE api_key_id = $1 AND EXISTS (SELECT 1 FROM ins)
-         RETURNING balance"
+             FROM ledger c WHERE api_key_id = $1 AND idempotency_key = $2 AND kind = 'charge'"
+        ),
+        4,
     ))
     .bind(key_id)
     .bind(idem.as_str())
