@@ -15,18 +15,21 @@ LOG_PREFIX=deps
 . deploy/local.sh
 
 apt_updated=0
+apt_install() { # package...
+  if [ "$apt_updated" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
 ensure_package() { # command package
   if command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; then return 0; fi
   if [ "$(id -u)" != 0 ]; then
     log "$1 is missing; install the Debian package $2 (or run as root)"
     exit 1
   fi
-  if [ "$apt_updated" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    apt_updated=1
-  fi
   log "installing $2"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2
+  apt_install "$2"
 }
 
 start_postgres() {
@@ -88,12 +91,8 @@ install_browser() {
     log "chromium/chromium-driver missing and not root: the browser test will be skipped"
     return 0
   fi
-  if [ "$apt_updated" = 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    apt_updated=1
-  fi
   log "installing chromium and chromium-driver (browser test)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver fonts-dejavu-core >&2 \
+  apt_install chromium chromium-driver fonts-dejavu-core \
     || log "could not install chromium: the browser test will be skipped"
 }
 
