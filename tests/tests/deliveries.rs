@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use prost::Message as _;
 
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::jetstream::{self, Stream};
-use postmesh_shared::proto::WebhookJob;
+use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{AddressId, Success};
 use postmesh_tests::attempts::Of;
 use postmesh_tests::fake_dns::FakeDns;
@@ -773,64 +771,19 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
         let raw = message(None, &format!("Crash {i}"), "", "c");
         ingest(&stack, &raw, &[&inbox_address("crash")]).await;
     }
-    let before: HashSet<uuid::Uuid> = eventually(Duration::from_secs(15), || async {
-        let done: HashSet<_> = attempts(&stack, &key, e)
-            .await
-            .into_iter()
-            .filter(|a| a.status == Status::Succeeded)
-            .map(|a| a.id)
-            .collect();
-        if done.is_empty() {
-            Err(receiver.count())
-        } else {
-            Ok(done)
-        }
-    })
-    .await;
+    let before = postmesh_tests::attempts::some_succeeded(&stack, &key, Of::Endpoint(e)).await;
     stack.kill_dispatcher().await; // SIGKILL
     let arrived_before_kill = receiver.count();
     assert!(before.len() < count, "the kill came mid-delivery");
     // Every job comes again, as it would had the kill beaten each ack (a redelivery).
-    let js = stack.jetstream().await;
-    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
-    for id in peek::dispatcher::attempt_ids(&db).await {
-        let job = WebhookJob {
-            attempt_ids: vec![id.to_string()],
-        };
-        let subject = Stream::Webhook.subject(stack.ns());
-        let msg_id = format!("{id}:again");
-        jetstream::publish(&js, subject, &msg_id, job.encode_to_vec().into())
-            .await
-            .expect("published");
-    }
+    postmesh_tests::attempts::publish_every_job_again(&stack).await;
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     // Within the dispatcher's ack wait (3 s in tests) and the time to deliver the rest.
-    let all = eventually(Duration::from_secs(20), || async {
-        let list = attempts(&stack, &key, e).await;
-        if list.len() == count && list.iter().all(|a| a.status == Status::Succeeded) {
-            Ok(list)
-        } else {
-            Err(format!("{} attempts", list.len()))
-        }
-    })
-    .await;
+    let all = settled(&stack, &key, e, count, Status::Succeeded).await;
     stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     let got = receiver.deliveries();
-    let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
-    let expected: HashSet<String> = all
-        .iter()
-        .map(|a| format!("msg_{}", a.id.simple()))
-        .collect();
-    assert_eq!(ids, expected, "every message delivered");
-    for done in &before {
-        let id = format!("msg_{}", done.simple());
-        let times = got.iter().filter(|d| d.id == id).count();
-        assert_eq!(
-            times, 1,
-            "{id} got a 2xx before the kill and was not sent again"
-        );
-    }
+    postmesh_tests::attempts::delivered_once(&got, &all, &before);
     assert!(
         got.len() > arrived_before_kill,
         "the restarted dispatcher finished the rest"

@@ -14,13 +14,13 @@ use uuid::Uuid;
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::{self, Stream};
-use postmesh_shared::proto::{DeliveryEvents, WebhookJob};
+use postmesh_shared::proto::DeliveryEvents;
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::attempts::Of;
 use postmesh_tests::fake_sns::FakeSns;
 use postmesh_tests::mta::{ingest, message};
 use postmesh_tests::receiver::{received, Delivery, Receiver, Reply};
-use postmesh_tests::{eventually, peek, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
+use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
 use sender::sending::send::SendAnswer;
 use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptView, Replayed, Tested};
@@ -724,20 +724,7 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
     .await;
     receiver.answer(Reply::Slow(Duration::from_millis(400), 200));
     stack.spawn_dispatcher(config.clone()).await;
-    let before: HashSet<Uuid> = eventually(Duration::from_secs(20), || async {
-        let done: HashSet<Uuid> = attempts(&stack, &key, w)
-            .await
-            .into_iter()
-            .filter(|a| a.status == Status::Succeeded)
-            .map(|a| a.id)
-            .collect();
-        if done.is_empty() {
-            Err(receiver.count())
-        } else {
-            Ok(done)
-        }
-    })
-    .await;
+    let before = postmesh_tests::attempts::some_succeeded(&stack, &key, Of::Webhook(w)).await;
     stack.kill_dispatcher().await; // SIGKILL
     assert!(before.len() < count, "the kill came mid-delivery");
     // As if the kill had beaten every ack: each event and each job comes again.
@@ -760,21 +747,7 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
             .await
             .expect("published");
     }
-    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
-    for id in peek::dispatcher::attempt_ids(&db).await {
-        let job = WebhookJob {
-            attempt_ids: vec![id.to_string()],
-        };
-        let msg_id = format!("{id}:again");
-        jetstream::publish(
-            &js,
-            Stream::Webhook.subject(stack.ns()),
-            &msg_id,
-            job.encode_to_vec().into(),
-        )
-        .await
-        .expect("published");
-    }
+    postmesh_tests::attempts::publish_every_job_again(&stack).await;
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     let all = settled(&stack, &key, w, count, Status::Succeeded).await;
@@ -782,24 +755,11 @@ async fn a_dispatcher_killed_mid_fan_out_delivers_every_event_once() {
         .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
         .await;
     let got = receiver.deliveries();
-    let ids: HashSet<String> = got.iter().map(|d| d.id.clone()).collect();
-    let expected: HashSet<String> = all
-        .iter()
-        .map(|a| format!("msg_{}", a.id.simple()))
-        .collect();
-    assert_eq!(ids, expected, "every event delivered");
+    postmesh_tests::attempts::delivered_once(&got, &all, &before);
     let recipients: HashSet<&str> = got
         .iter()
         .map(|d| d.body["data"]["email"].as_str().unwrap())
         .collect();
     assert_eq!(recipients.len(), count, "one event per recipient");
-    for done in &before {
-        let id = format!("msg_{}", done.simple());
-        let times = got.iter().filter(|d| d.id == id).count();
-        assert_eq!(
-            times, 1,
-            "{id} got a 2xx before the kill and was not sent again"
-        );
-    }
     stack.shutdown().await;
 }
