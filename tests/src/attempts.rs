@@ -57,11 +57,9 @@ pub async fn some_succeeded(stack: &Stack, key: &str, of: Of) -> HashSet<Uuid> {
             .filter(|a| a.status == Status::Succeeded)
             .map(|a| a.id)
             .collect();
-        if done.is_empty() {
-            Err("none succeeded yet")
-        } else {
-            Ok(done)
-        }
+        (!done.is_empty())
+            .then_some(done)
+            .ok_or("none succeeded yet")
     })
     .await
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{AddressId, Success};
