@@ -103,21 +103,28 @@ impl Page {
     /// The page a list's own `limit` and `offset` parameters ask for (a list with filters
     /// of its own keeps them beside these), `default` items without a limit.
     pub fn of(limit: Option<i64>, offset: Option<i64>, default: i64) -> Result<Self, ApiError> {
-        PageQuery { limit, offset }.page(default)
+        Self::within(limit, offset, default, MAX_PAGE)
+    }
+
+    /// [`Page::of`] for a list that allows up to `max` items a page.
+    pub fn within(
+        limit: Option<i64>, offset: Option<i64>, default: i64, max: i64,
+    ) -> Result<Self, ApiError> {
+        let limit = limit.unwrap_or(default);
+        let offset = offset.unwrap_or(0);
+        if !(1..=max).contains(&limit) || offset < 0 {
+            return Err(ApiError::BadRequest(format!(
+                "limit must be 1-{max} and offset 0 or more"
+            )));
+        }
+        Ok(Self { limit, offset })
     }
 }
 
 impl PageQuery {
     /// The page asked for, `default` items when no limit is given; 400 out of bounds.
     pub fn page(&self, default: i64) -> Result<Page, ApiError> {
-        let limit = self.limit.unwrap_or(default);
-        let offset = self.offset.unwrap_or(0);
-        if !(1..=MAX_PAGE).contains(&limit) || offset < 0 {
-            return Err(ApiError::BadRequest(format!(
-                "limit must be 1-{MAX_PAGE} and offset 0 or more"
-            )));
-        }
-        Ok(Page { limit, offset })
+        Page::of(self.limit, self.offset, default)
     }
 }
 

@@ -584,3 +584,30 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
     }
     stack.shutdown().await;
 }
+
+#[test]
+fn every_paged_list_documents_the_bounds_it_enforces() {
+    let doc = api_gateway::openapi::document();
+    let mut unbounded = Vec::new();
+    let mut pages = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            for param in operation["parameters"].as_array().into_iter().flatten() {
+                let least = match param["name"].as_str() {
+                    Some("limit") => 1,
+                    Some("offset") => 0,
+                    _ => continue,
+                };
+                pages += 1;
+                if param["schema"]["minimum"] != least {
+                    unbounded.push(format!("{method} {path} {}", param["name"]));
+                }
+            }
+        }
+    }
+    assert!(pages > 20, "only {pages} paging parameters found");
+    assert!(
+        unbounded.is_empty(),
+        "paging parameters documented without the minimum the list enforces: {unbounded:?}"
+    );
+}

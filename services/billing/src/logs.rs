@@ -83,7 +83,11 @@ async fn page(
 
 #[derive(Deserialize, utoipa::IntoParams)]
 pub(crate) struct PageQuery {
+    /// Entries on the page (default 50; more than 100 is taken as 100).
+    #[param(minimum = 1)]
     limit: Option<i64>,
+    /// Entries skipped before the page, newest first.
+    #[param(minimum = 0)]
     offset: Option<i64>,
 }
 

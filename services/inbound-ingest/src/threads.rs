@@ -155,7 +155,11 @@ pub(crate) struct ListQuery {
     #[param(value_type = Option<String>, format = Uuid)]
     address_id: Option<AddressId>,
     unread: Option<String>,
+    /// Items on the page (1-500).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
+    /// Items skipped before the page.
+    #[param(minimum = 0)]
     offset: Option<i64>,
 }
 

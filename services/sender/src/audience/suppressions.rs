@@ -67,7 +67,11 @@ pub async fn add(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct ListQuery {
     pub email: Option<String>,
+    /// Items on the page (1-500).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
+    /// Items skipped before the page.
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
 }
 

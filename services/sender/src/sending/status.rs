@@ -27,7 +27,11 @@ const MAX_LIMIT: i64 = 1000;
 /// `?limit=&offset=`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct Page {
+    /// Recipients on the page (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+    /// Recipients skipped before the page.
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
 }
 
@@ -73,13 +77,8 @@ pub(crate) async fn status(
     State(state): State<AppState>, caller: Caller, IdPath(task_id): IdPath<TaskId>,
     QueryParams(page): QueryParams<Page>,
 ) -> Result<Success<TaskProgress>, ApiError> {
-    let limit = page.limit.unwrap_or(DEFAULT_LIMIT);
-    let offset = page.offset.unwrap_or(0);
-    if !(1..=MAX_LIMIT).contains(&limit) || offset < 0 {
-        return Err(ApiError::BadRequest(format!(
-            "limit must be 1-{MAX_LIMIT} and offset 0 or more"
-        )));
-    }
+    let postmesh_shared::extract::Page { limit, offset } =
+        postmesh_shared::extract::Page::within(page.limit, page.offset, DEFAULT_LIMIT, MAX_LIMIT)?;
     let task: Option<(TaskStatus, Option<i64>, i32)> = sqlx::query_as(
         "SELECT status, scheduled_at, recipient_count FROM tasks WHERE id = $1 AND api_key_id = $2",
     )

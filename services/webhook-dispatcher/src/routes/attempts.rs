@@ -111,7 +111,11 @@ pub struct Tested {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
     status: Option<Status>,
+    /// Items on the page (1-500).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
+    /// Items skipped before the page.
+    #[param(minimum = 0)]
     offset: Option<i64>,
 }
 

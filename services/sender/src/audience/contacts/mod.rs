@@ -327,7 +327,11 @@ pub(crate) async fn create(
 pub struct ListQuery {
     pub tag: Option<String>,
     pub email: Option<String>,
+    /// Items on the page (1-500).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
+    /// Items skipped before the page.
+    #[param(minimum = 0)]
     pub offset: Option<i64>,
 }
 
