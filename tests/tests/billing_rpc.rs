@@ -5,30 +5,48 @@ use reqwest::StatusCode;
 
 use billing::ledger::EntryKind;
 use billing::logs::LogPage;
-use postmesh_shared::Success;
+use postmesh_shared::proto::{
+    ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, RefundReply, RefundRequest,
+};
+use postmesh_shared::{ApiError, ApiKeyId, Success};
 use postmesh_tests::{balance_of, eventually, peek, BillingAlone};
+
+/// A charge of `cost` to `key` under `idem`, held `hold_secs` (0: not held).
+fn charge(key: ApiKeyId, idem: &str, cost: i64, hold_secs: i64) -> ChargeRequest {
+    ChargeRequest {
+        api_key_id: key.to_string(),
+        caller_email: "t@example.com".into(),
+        cost,
+        idempotency_key: idem.into(),
+        hold_secs,
+        ..Default::default()
+    }
+}
+
+/// A refund of `credits` (0: the whole charge) of `key`'s charge `idem`.
+fn refund(key: ApiKeyId, idem: &str, credits: i64) -> RefundRequest {
+    RefundRequest {
+        api_key_id: key.to_string(),
+        charge_idempotency_key: idem.into(),
+        reason: "test".into(),
+        credits,
+    }
+}
+
+/// Confirms `key`'s held charge `idem`.
+fn confirm(key: ApiKeyId, idem: &str) -> ConfirmRequest {
+    ConfirmRequest {
+        api_key_id: key.to_string(),
+        charge_idempotency_key: idem.into(),
+    }
+}
 
 #[tokio::test]
 async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
-    use postmesh_shared::proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
-    use postmesh_shared::ApiError;
-
     let alone = BillingAlone::start().await;
     let (key, client) = alone.billing.key(5).await;
-    let key_id = key.to_string();
-    let charge = |idem: &str| ChargeRequest {
-        api_key_id: key_id.clone(),
-        caller_email: "t@example.com".into(),
-        cost: 2,
-        idempotency_key: idem.into(),
-        ..Default::default()
-    };
-    let refund = |idem: &str| RefundRequest {
-        api_key_id: key_id.clone(),
-        charge_idempotency_key: idem.into(),
-        reason: "test".into(),
-        credits: 0,
-    };
+    let charge = |idem: &str| charge(key, idem, 2, 0);
+    let refund = |idem: &str| refund(key, idem, 0);
     let c: ChargeReply = alone.rpc(&charge("a")).await.unwrap();
     assert_eq!(c.balance, 3);
     for expected in [true, false] {
@@ -52,28 +70,10 @@ async fn refunds_happen_once_and_void_a_charge_that_comes_late() {
 
 #[tokio::test]
 async fn a_part_refund_gives_back_that_much_once_and_a_whole_refund_only_the_rest() {
-    use postmesh_shared::proto::{
-        ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, RefundReply, RefundRequest,
-    };
-    use postmesh_shared::ApiError;
-
     let alone = BillingAlone::start().await;
     let (key, client) = alone.billing.key(20).await;
-    let key_id = key.to_string();
-    let charge = |idem: &str, hold_secs: i64| ChargeRequest {
-        api_key_id: key_id.clone(),
-        caller_email: "t@example.com".into(),
-        cost: 4,
-        idempotency_key: idem.into(),
-        hold_secs,
-        ..Default::default()
-    };
-    let refund = |idem: &str, credits: i64| RefundRequest {
-        api_key_id: key_id.clone(),
-        charge_idempotency_key: idem.into(),
-        reason: "test".into(),
-        credits,
-    };
+    let charge = |idem: &str, hold_secs: i64| charge(key, idem, 4, hold_secs);
+    let refund = |idem: &str, credits: i64| refund(key, idem, credits);
     let refunded = |idem: &'static str, credits: i64| {
         let (alone, req) = (&alone, refund(idem, credits));
         async move {
@@ -104,11 +104,7 @@ async fn a_part_refund_gives_back_that_much_once_and_a_whole_refund_only_the_res
     // A held charge stays confirmable after a part refund.
     let _: ChargeReply = alone.rpc(&charge("held", 3600)).await.unwrap();
     assert_eq!(refunded("held", 3).await, (true, 11));
-    let confirm = ConfirmRequest {
-        api_key_id: key_id.clone(),
-        charge_idempotency_key: "held".into(),
-    };
-    let c: ConfirmReply = alone.rpc(&confirm).await.unwrap();
+    let c: ConfirmReply = alone.rpc(&confirm(key, "held")).await.unwrap();
     assert!(c.confirmed);
     // A hold that runs out after a part refund gives back only the rest.
     let _: ChargeReply = alone.rpc(&charge("lapsed", 2)).await.unwrap();
@@ -136,23 +132,10 @@ async fn a_part_refund_gives_back_that_much_once_and_a_whole_refund_only_the_res
 
 #[tokio::test]
 async fn a_held_charge_is_refunded_unless_confirmed() {
-    use postmesh_shared::proto::{ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest};
-
     let alone = BillingAlone::start().await;
     let (key, client) = alone.billing.key(5).await;
-    let key_id = key.to_string();
-    let held = |idem: &str| ChargeRequest {
-        api_key_id: key_id.clone(),
-        caller_email: "t@example.com".into(),
-        cost: 2,
-        idempotency_key: idem.into(),
-        hold_secs: 3,
-        ..Default::default()
-    };
-    let confirm = |idem: &str| ConfirmRequest {
-        api_key_id: key_id.clone(),
-        charge_idempotency_key: idem.into(),
-    };
+    let held = |idem: &str| charge(key, idem, 2, 3);
+    let confirm = |idem: &str| confirm(key, idem);
     // "lost" stands for a caller that died before its work was queued; "kept" was confirmed.
     for idem in ["lost", "kept"] {
         let _: ChargeReply = alone.rpc(&held(idem)).await.unwrap();
