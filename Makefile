@@ -35,9 +35,10 @@ soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redi
 	$(CARGO) build -q --workspace --bins # the services run as child processes
 	$(CARGO) run -q -p postmesh-tests --bin soak
 
-openapi: ## rewrite the request and answer schemas the gateway's /openapi.json includes, from the services' types, and docs/api.md from the document
+openapi: ## rewrite the request and answer schemas the gateway's /openapi.json includes, from the services' types, docs/api.md from the document, and the table of docs/configuration.md from the settings
 	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_body_schemas_the_gateway_includes_are_current
 	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_api_reference_in_docs_is_current
+	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_configuration_table_in_docs_is_written_from_the_settings
 
 fuzz: ## every parser of outside input under cargo-fuzz, FUZZ_SECS (60) each; FUZZ_TARGETS picks some (deploy/fuzz.sh)
 	./deploy/fuzz.sh

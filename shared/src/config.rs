@@ -9,6 +9,154 @@ use anyhow::{bail, Context};
 
 use postmesh_contracts::{Namespace, Service};
 
+/// An environment variable Postmesh reads: its name, its default as the variable's own
+/// text, and what it sets — one row of `docs/configuration.md`, which is written from these.
+#[derive(Debug)]
+pub struct Setting {
+    /// The variable's name.
+    pub name: &'static str,
+    /// The value taken when the variable is unset or empty (empty: none).
+    pub default: &'static str,
+    /// The default as the table shows it, where the text alone would not say it.
+    pub shown: Option<&'static str>,
+    /// Who reads it and what it sets (`gateway: …`), the table's last column.
+    pub about: &'static str,
+}
+
+impl Setting {
+    /// The variable's value, or the default when unset or empty.
+    pub fn string(&self) -> String {
+        env_or(self.name, self.default)
+    }
+
+    /// The variable's value, or the default; none when both are empty.
+    pub fn opt(&self) -> Option<String> {
+        Some(self.string()).filter(|v| !v.is_empty())
+    }
+
+    /// Whether the variable (or the default) is `1`.
+    pub fn flag(&self) -> bool {
+        self.string() == "1"
+    }
+
+    /// The variable (or the default) parsed as `T`.
+    pub fn parse<T: FromStr>(&self) -> anyhow::Result<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let raw = self.string();
+        raw.parse()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("invalid {}={raw:?}", self.name))
+    }
+
+    /// The variable parsed as `T`, or `default` when unset or empty: for a default
+    /// computed at start (the service's own admin port, the region's endpoint).
+    pub fn parse_or<T: FromStr>(&self, default: T) -> anyhow::Result<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        env_parse(self.name, default)
+    }
+
+    /// The variable (or the default) as seconds, fractions allowed (`0.2`).
+    pub fn secs(&self) -> anyhow::Result<Duration> {
+        let raw = self.string();
+        parse_secs(&raw).with_context(|| format!("invalid {}={raw:?}", self.name))
+    }
+
+    /// The default parsed as `T`, for a `Default` that must agree with the table (the
+    /// settings test parses every default, so this cannot fail on a released build).
+    pub fn default_of<T: FromStr>(&self) -> T
+    where
+        T::Err: std::fmt::Debug,
+    {
+        self.default.parse().expect("a setting's default parses")
+    }
+
+    /// The default as seconds, for a `Default` that must agree with the table.
+    pub fn default_secs(&self) -> Duration {
+        parse_secs(self.default).expect("a setting's default parses as seconds")
+    }
+}
+
+/// Declares settings (`NAME = "default", "who: what";`, with `shown "…"` after the default
+/// where the table should say more) as constants, and `SETTINGS` listing them in order.
+#[macro_export]
+macro_rules! settings {
+    ($($name:ident = $default:literal $(shown $shown:literal)?, $about:literal;)+) => {
+        $(
+            #[doc = $about]
+            pub const $name: $crate::config::Setting = $crate::config::Setting {
+                name: stringify!($name),
+                default: $default,
+                shown: $crate::settings!(@shown $($shown)?),
+                about: $about,
+            };
+        )+
+        /// Every setting declared here, in the order of the configuration table.
+        pub const SETTINGS: &[&$crate::config::Setting] = &[$(&$name),+];
+    };
+    (@shown) => { None };
+    (@shown $shown:literal) => { Some($shown) };
+}
+
+/// The rows of the configuration table for `settings`: consecutive settings with the same
+/// `about` share a row, their names listed together and their defaults too (once when all
+/// are the same).
+pub fn table(settings: &[&Setting]) -> String {
+    let mut out = String::from("| variable | default | used by |\n|---|---|---|\n");
+    let mut rest = settings;
+    while let Some(first) = rest.first() {
+        let n = rest.iter().take_while(|s| s.about == first.about).count();
+        let (row, after) = rest.split_at(n);
+        let names: Vec<String> = row.iter().map(|s| format!("`{}`", s.name)).collect();
+        let mut defaults: Vec<String> = row.iter().map(|s| shown(s)).collect();
+        if defaults.iter().all(|d| *d == defaults[0]) {
+            defaults.truncate(1);
+        }
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            names.join(", "),
+            defaults.join(", "),
+            first.about
+        ));
+        rest = after;
+    }
+    out
+}
+
+/// A setting's default as the table shows it.
+fn shown(setting: &Setting) -> String {
+    match (setting.shown, setting.default) {
+        (Some(shown), _) => shown.to_owned(),
+        (None, "") => "unset".to_owned(),
+        (None, default) => format!("`{default}`"),
+    }
+}
+
+settings! {
+    POSTMESH_NAMESPACE = "pm", "all: prefixes NATS subjects, streams, Redis keys, database names";
+    POSTMESH_ENV = "development", "all: `production` makes secrets mandatory";
+    DATABASE_URL = "postgres://127.0.0.1:5432", "all: the server (host, port, options); each service signs in as its own role `{ns}_{service}` to its own database of that name";
+    DATABASE_PASSWORD = "" shown "none (a developer's server trusts local connections)", "all: the service's own role's password";
+    NATS_URL = "nats://127.0.0.1:4223", "all: Postmesh's own NATS (`deploy/nats.conf`); each service signs in as the user named after it";
+    NATS_PASSWORD = "" shown "`dev-<service>` (required in production)", "all: the service's own NATS user's password";
+    REDIS_URL = "redis://127.0.0.1:6379", "gateway";
+    ADMIN_ADDR = "" shown "`127.0.0.1:9090/9091/9092/9093/9094/9095`", "all: where `/healthz`, `/readyz` and `/metrics` are served";
+    DB_MAX_CONNECTIONS = "10", "all: the most connections of a service's database pool";
+    DB_ACQUIRE_TIMEOUT_SECS = "5", "all: longest wait for a pooled database connection";
+    UPSTREAM_TIMEOUT_SECS = "10", "all: NATS request/RPC timeout (the gateway answers 502 after it)";
+    SHUTDOWN_DRAIN_SECS = "30", "all: longest wait for work in progress on SIGTERM";
+    OUTBOX_POLL_SECS = "1", "services with an outbox (gateway, sender, inbound-ingest): how often the relay publishes what is left";
+    MAX_DELIVER = "5", "sender, webhook-dispatcher: failures (panics, errors) of a stream message before it is kept aside as a dead letter; one that cannot be decoded goes aside at once";
+    OTEL_EXPORTER_OTLP_ENDPOINT = "", "all: OTLP/HTTP trace export when set";
+    RUST_LOG = "info", "all: JSON log filter";
+    PUBLIC_BASE_URL = "http://127.0.0.1:8080", "gateway: the base of device verification links; cookies are `Secure` unless it is `http://`; billing: where Checkout and the portal send the buyer back (`/billing/checkout/success`, `/billing/subscription/success`, `/billing`, served by the web app); sender: the base of one-click unsubscribe links";
+    DNS_NAMESERVERS = "" shown "the system's resolvers", "domain, webhook-dispatcher: comma list of `ip:port` name servers for TXT and MX checks and webhook hosts";
+    SECRETS_KEY = "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21" shown "dev value (required in production)", "domain, webhook-dispatcher: 64 hex digits; seals saved DNS provider tokens and webhook signing secrets (ChaCha20-Poly1305)";
+}
+
 /// Settings every service reads.
 #[derive(Clone, Debug)]
 pub struct Common {
@@ -46,29 +194,27 @@ pub struct Common {
 impl Common {
     /// Reads the shared settings; the admin port defaults to the service's own.
     pub fn from_env(service: Service) -> anyhow::Result<Self> {
-        let admin_port = service.admin_port();
-        let production = env_or("POSTMESH_ENV", "development") == "production";
-        let nats_password = env_opt("NATS_PASSWORD");
+        let production = POSTMESH_ENV.string() == "production";
+        let nats_password = NATS_PASSWORD.opt();
         if production && nats_password.is_none() {
             bail!("NATS_PASSWORD must be set in production");
         }
         Ok(Self {
-            namespace: Namespace::parse(&env_or("POSTMESH_NAMESPACE", "pm"))?,
-            nats_url: env_or("NATS_URL", "nats://127.0.0.1:4223"),
+            namespace: Namespace::parse(&POSTMESH_NAMESPACE.string())?,
+            nats_url: NATS_URL.string(),
             nats_password,
-            redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
-            database_url: env_or("DATABASE_URL", "postgres://127.0.0.1:5432"),
-            database_password: env_opt("DATABASE_PASSWORD"),
-            db_max_connections: env_parse("DB_MAX_CONNECTIONS", 10)?,
-            db_acquire_timeout: env_secs("DB_ACQUIRE_TIMEOUT_SECS", Duration::from_secs(5))?,
-            upstream_timeout: env_secs("UPSTREAM_TIMEOUT_SECS", Duration::from_secs(10))?,
-            drain_timeout: env_secs("SHUTDOWN_DRAIN_SECS", Duration::from_secs(30))?,
-            outbox_poll: env_secs("OUTBOX_POLL_SECS", Duration::from_secs(1))?,
-            max_deliver: env_parse("MAX_DELIVER", 5)?,
-            admin_addr: env_parse("ADMIN_ADDR", SocketAddr::from(([127, 0, 0, 1], admin_port)))?,
-            otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .ok()
-                .filter(|s| !s.is_empty()),
+            redis_url: REDIS_URL.string(),
+            database_url: DATABASE_URL.string(),
+            database_password: DATABASE_PASSWORD.opt(),
+            db_max_connections: DB_MAX_CONNECTIONS.parse()?,
+            db_acquire_timeout: DB_ACQUIRE_TIMEOUT_SECS.secs()?,
+            upstream_timeout: UPSTREAM_TIMEOUT_SECS.secs()?,
+            drain_timeout: SHUTDOWN_DRAIN_SECS.secs()?,
+            outbox_poll: OUTBOX_POLL_SECS.secs()?,
+            max_deliver: MAX_DELIVER.parse()?,
+            admin_addr: ADMIN_ADDR
+                .parse_or(SocketAddr::from(([127, 0, 0, 1], service.admin_port())))?,
+            otlp_endpoint: OTEL_EXPORTER_OTLP_ENDPOINT.opt(),
             production,
         })
     }
@@ -77,19 +223,19 @@ impl Common {
     /// process started with it runs with the same configuration).
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = vec![
-            ("POSTMESH_NAMESPACE", self.namespace.as_str().to_owned()),
-            ("NATS_URL", self.nats_url.clone()),
-            ("REDIS_URL", self.redis_url.clone()),
-            ("DATABASE_URL", self.database_url.clone()),
-            ("DB_MAX_CONNECTIONS", self.db_max_connections.to_string()),
-            ("DB_ACQUIRE_TIMEOUT_SECS", secs(self.db_acquire_timeout)),
-            ("UPSTREAM_TIMEOUT_SECS", secs(self.upstream_timeout)),
-            ("SHUTDOWN_DRAIN_SECS", secs(self.drain_timeout)),
-            ("OUTBOX_POLL_SECS", secs(self.outbox_poll)),
-            ("MAX_DELIVER", self.max_deliver.to_string()),
-            ("ADMIN_ADDR", self.admin_addr.to_string()),
+            (POSTMESH_NAMESPACE.name, self.namespace.as_str().to_owned()),
+            (NATS_URL.name, self.nats_url.clone()),
+            (REDIS_URL.name, self.redis_url.clone()),
+            (DATABASE_URL.name, self.database_url.clone()),
+            (DB_MAX_CONNECTIONS.name, self.db_max_connections.to_string()),
+            (DB_ACQUIRE_TIMEOUT_SECS.name, secs(self.db_acquire_timeout)),
+            (UPSTREAM_TIMEOUT_SECS.name, secs(self.upstream_timeout)),
+            (SHUTDOWN_DRAIN_SECS.name, secs(self.drain_timeout)),
+            (OUTBOX_POLL_SECS.name, secs(self.outbox_poll)),
+            (MAX_DELIVER.name, self.max_deliver.to_string()),
+            (ADMIN_ADDR.name, self.admin_addr.to_string()),
             (
-                "POSTMESH_ENV",
+                POSTMESH_ENV.name,
                 if self.production {
                     "production"
                 } else {
@@ -99,23 +245,23 @@ impl Common {
             ),
         ];
         if let Some(endpoint) = &self.otlp_endpoint {
-            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()));
+            env.push((OTEL_EXPORTER_OTLP_ENDPOINT.name, endpoint.clone()));
         }
         if let Some(password) = &self.nats_password {
-            env.push(("NATS_PASSWORD", password.clone()));
+            env.push((NATS_PASSWORD.name, password.clone()));
         }
         if let Some(password) = &self.database_password {
-            env.push(("DATABASE_PASSWORD", password.clone()));
+            env.push((DATABASE_PASSWORD.name, password.clone()));
         }
         env
     }
 
-    /// A secret setting: required in production, `dev_default` otherwise.
-    pub fn secret(&self, name: &str, dev_default: &str) -> anyhow::Result<String> {
-        match std::env::var(name) {
-            Ok(v) if !v.is_empty() => Ok(v),
-            _ if self.production => bail!("{name} must be set in production"),
-            _ => Ok(dev_default.to_owned()),
+    /// A secret setting: required in production, its development default otherwise.
+    pub fn secret(&self, setting: &Setting) -> anyhow::Result<String> {
+        match env_opt(setting.name) {
+            Some(v) => Ok(v),
+            None if self.production => bail!("{} must be set in production", setting.name),
+            None => Ok(setting.default.to_owned()),
         }
     }
 }
@@ -241,8 +387,24 @@ mod tests {
         names
     }
 
+    /// The names of the settings `settings!` declares in `text` (`    NAME = "default", …`).
+    fn declared(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter_map(|line| line.trim_start().split_once(" = "))
+            .filter(|(name, rest)| {
+                (rest.starts_with('"') || rest.starts_with("r\""))
+                    && !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            })
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| !name.starts_with("TEST_"))
+            .collect()
+    }
+
     #[test]
-    fn the_configuration_table_lists_every_setting_the_code_reads_and_no_other() {
+    fn every_setting_is_declared_read_and_in_the_configuration_table() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut files = Vec::new();
         for dir in ["services", "shared/src", "cli/src", "clients"] {
@@ -252,23 +414,27 @@ mod tests {
             .iter()
             .map(|f| std::fs::read_to_string(f).unwrap())
             .collect();
-        let calls = [
-            "env_or(\"",
-            "env_parse(\"",
-            "env_secs(\"",
-            "env_opt(\"",
-            "env::var(\"",
-            "env::var_os(\"",
-            // The CLI's: clap's env attribute and its key variable.
-            "env = \"",
-            "_ENV: &str = \"",
-        ];
-        // The CLI finds its credentials file through the user's own variables.
-        let personal = ["HOME", "XDG_CONFIG_HOME"];
-        let read: BTreeSet<String> = names_after(&code, &calls)
-            .into_iter()
-            .filter(|n| !personal.contains(&n.as_str()))
-            .collect();
+        // Variables read by name rather than through a declared setting: the CLI's (clap's
+        // env attribute and its key variable) and the user's own, where the CLI finds its
+        // credentials file. Any other read by name would miss the table's generator.
+        let by_name = names_after(
+            &code,
+            &[
+                "env_or(\"",
+                "env_parse(\"",
+                "env_secs(\"",
+                "env_opt(\"",
+                "env::var(\"",
+                "env::var_os(\"",
+            ],
+        );
+        let personal: BTreeSet<String> = ["HOME", "XDG_CONFIG_HOME"].map(String::from).into();
+        assert_eq!(
+            by_name, personal,
+            "read by name instead of through a setting declared with settings!"
+        );
+        let cli = names_after(&code, &["env = \"", "_ENV: &str = \""]);
+        let declared = declared(&code);
         let table = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
         let listed: BTreeSet<String> = table
             .lines()
@@ -282,37 +448,62 @@ mod tests {
             })
             .map(str::to_owned)
             .collect();
-        let missing: Vec<_> = read.difference(&listed).collect();
-        assert!(
-            missing.is_empty(),
-            "read by the code, not in docs/configuration.md: {missing:?}"
+        let read: BTreeSet<String> = declared.union(&cli).cloned().collect();
+        assert_eq!(
+            read, listed,
+            "docs/configuration.md lists other settings than the code declares"
         );
-        // Each listed name is read somewhere: by name, as a service's secret, or by the
-        // log filter.
-        let services = [
-            "API_GATEWAY",
-            "BILLING",
-            "SENDER",
-            "DOMAIN",
-            "INBOUND_INGEST",
-            "WEBHOOK_DISPATCHER",
-        ];
-        let stale: Vec<_> = listed
+        // Each declared setting is read: `NAME.secs()` and the like (its `.name` alone is no
+        // read) or `&NAME`; the
+        // per-service NATS passwords are Secret keys Kubernetes maps to `NATS_PASSWORD`.
+        let unread: Vec<_> = declared
             .iter()
-            .filter(|name| !code.contains(&format!("\"{name}\"")) && name.as_str() != "RUST_LOG")
+            .filter(|name| !name.ends_with("_NATS_PASSWORD"))
             .filter(|name| {
-                !services.iter().any(|s| {
-                    name.strip_prefix(s).is_some_and(|rest| {
-                        rest == "_DATABASE_PASSWORD" || rest == "_NATS_PASSWORD"
-                    })
-                })
+                let read = code.match_indices(name.as_str()).any(|(at, _)| {
+                    let whole =
+                        !code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+                    let after = code[at + name.len()..].trim_start();
+                    whole && after.starts_with('.') && !after.starts_with(".name")
+                });
+                !read && !code.contains(&format!("&{name}"))
             })
             .collect();
-        assert!(
-            stale.is_empty(),
-            "in docs/configuration.md, read by nothing: {stale:?}"
+        assert!(unread.is_empty(), "declared, read by nothing: {unread:?}");
+    }
+
+    #[test]
+    fn settings_of_one_meaning_share_a_row() {
+        let two = table(&[&DB_MAX_CONNECTIONS, &MAX_DELIVER]);
+        assert_eq!(two.lines().count(), 4, "two meanings, two rows: {two}");
+        assert_eq!(
+            table(&[&TEST_ONE, &TEST_OTHER]).lines().nth(2),
+            Some("| `TEST_ONE`, `TEST_OTHER` | `1`, two | test: one meaning |")
+        );
+        // Only neighbours share a row.
+        assert_eq!(table(example::SETTINGS).lines().count(), 2 + 3);
+        let same = table(&[&TEST_NONE, &TEST_ONE, &TEST_OTHER, &TEST_AGAIN]);
+        assert_eq!(
+            same.lines().nth(3),
+            Some("| `TEST_ONE`, `TEST_OTHER`, `TEST_AGAIN` | `1`, two, two | test: one meaning |")
+        );
+        assert_eq!(
+            table(&[&TEST_NONE, &TEST_NONE]).lines().nth(2),
+            Some("| `TEST_NONE`, `TEST_NONE` | unset | test: none |"),
+            "one default shown once when all are the same"
         );
     }
+
+    /// Settings for the table's test (`TEST_` names are not looked for in the table).
+    mod example {
+        settings! {
+            TEST_ONE = "1", "test: one meaning";
+            TEST_OTHER = "2" shown "two", "test: one meaning";
+            TEST_NONE = "", "test: none";
+            TEST_AGAIN = "3" shown "two", "test: one meaning";
+        }
+    }
+    use example::{TEST_AGAIN, TEST_NONE, TEST_ONE, TEST_OTHER};
 
     #[test]
     fn connection_urls_lose_their_secrets() {

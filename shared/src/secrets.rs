@@ -9,8 +9,7 @@ use chacha20poly1305::{ChaCha20Poly1305, KeyInit};
 const NONCE_LEN: usize = 12;
 
 /// `SECRETS_KEY` outside production when none is set. Never use it for real secrets.
-pub const DEV_SECRETS_KEY: &str =
-    "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21";
+pub const DEV_SECRETS_KEY: &str = crate::config::SECRETS_KEY.default;
 
 /// Seals and opens secrets with one key.
 #[derive(Clone)]

@@ -22,6 +22,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+use crate::config::RUST_LOG;
+
 static TRACER: OnceLock<SdkTracerProvider> = OnceLock::new();
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -48,7 +50,8 @@ pub fn init(service: &str, otlp_endpoint: Option<&str>) {
         }
         // Without an exporter spans still get ids, so trace context propagates.
         let provider = builder.build();
-        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        let filter = EnvFilter::try_new(RUST_LOG.string())
+            .unwrap_or_else(|_| EnvFilter::new(RUST_LOG.default));
         let _ = subscriber(filter, provider.tracer(service.to_owned())).try_init();
         provider
     });

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use inbound_ingest::budget::ByteBudget;
-use postmesh_shared::config::env_or;
+use postmesh_shared::config::{self, env_or};
 use postmesh_shared::{Common, Namespace, Service};
 
 use crate::wait::on_a_fresh_runtime;
@@ -113,7 +113,7 @@ impl Default for Options {
             domain: DomainOptions::default(),
             catalog: None,
             send_concurrency: 8,
-            audience_max: sender::DEFAULT_AUDIENCE_MAX,
+            audience_max: sender::settings::AUDIENCE_MAX_RECIPIENTS.default_of(),
             inbound_secret: Some(INBOUND_SECRET.into()),
             inbound_budget: ByteBudget::default(),
         }
@@ -164,7 +164,7 @@ pub fn fresh_namespace() -> Namespace {
 
 /// The tests' NATS server (`NATS_URL`, default Postmesh's own on port 4223).
 pub fn nats_url() -> String {
-    env_or("NATS_URL", "nats://127.0.0.1:4223")
+    config::NATS_URL.string()
 }
 
 /// The operator's NATS user of `deploy/nats.conf` (`NATS_OPS_PASSWORD`, default its
@@ -182,10 +182,7 @@ pub async fn ops_nats(url: &str) -> Result<async_nats::Client, async_nats::Conne
 /// The PostgreSQL administrator's connection of the tests (`DATABASE_ADMIN_URL`): it makes
 /// and drops each namespace's roles and databases, as `api-gateway bootstrap` does.
 pub fn admin_url() -> String {
-    env_or(
-        "DATABASE_ADMIN_URL",
-        api_gateway::bootstrap::DEFAULT_ADMIN_URL,
-    )
+    api_gateway::settings::DATABASE_ADMIN_URL.string()
 }
 
 /// Shared settings of a test stack in namespace `ns`, whose services' roles and databases
@@ -212,8 +209,8 @@ pub fn common_of(ns: Namespace, services: &[Service]) -> Common {
         namespace: ns,
         nats_url: nats_url(),
         nats_password: None,
-        redis_url: env_or("REDIS_URL", "redis://127.0.0.1:6379"),
-        database_url: env_or("DATABASE_URL", "postgres://127.0.0.1:5432"),
+        redis_url: config::REDIS_URL.string(),
+        database_url: config::DATABASE_URL.string(),
         database_password: None,
         db_max_connections: 10,
         db_acquire_timeout: Duration::from_secs(5),
@@ -294,7 +291,7 @@ pub fn dispatcher_config(common: &Common) -> webhook_dispatcher::Config {
             ..Default::default()
         },
         retention_days: 30,
-        replay_max: webhook_dispatcher::DEFAULT_REPLAY_MAX,
+        replay_max: webhook_dispatcher::settings::WEBHOOK_REPLAY_MAX.default_of(),
     }
 }
 

@@ -354,6 +354,43 @@ fn the_body_schemas_the_gateway_includes_are_current() {
     );
 }
 
+/// Every setting the services read, in the order of the configuration table.
+fn settings() -> Vec<&'static postmesh_shared::config::Setting> {
+    [
+        postmesh_shared::config::SETTINGS,
+        postmesh_ses::settings::SETTINGS,
+        api_gateway::settings::SETTINGS,
+        billing::settings::SETTINGS,
+        domain::settings::SETTINGS,
+        inbound_ingest::settings::SETTINGS,
+        webhook_dispatcher::settings::SETTINGS,
+        sender::settings::SETTINGS,
+    ]
+    .concat()
+}
+
+#[test]
+fn the_configuration_table_in_docs_is_written_from_the_settings() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+    let kept = std::fs::read_to_string(path).unwrap();
+    let start = kept
+        .find("| variable | default | used by |")
+        .expect("docs/configuration.md has the table");
+    let end = kept[start..]
+        .find("\n\n")
+        .map_or(kept.len(), |at| start + at + 1);
+    let current = postmesh_shared::config::table(&settings());
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        let written = format!("{}{current}{}", &kept[..start], &kept[end..]);
+        std::fs::write(path, written).unwrap();
+        return;
+    }
+    assert!(
+        kept[start..end] == current,
+        "docs/configuration.md's table is not what the settings say: run `make openapi`"
+    );
+}
+
 #[test]
 fn the_api_reference_in_docs_is_current() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md");

@@ -11,8 +11,19 @@ use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use postmesh_shared::config::env_or;
 use postmesh_shared::{outside, ApiError};
+
+/// SES settings (their rows of `docs/configuration.md`).
+pub mod settings {
+    use postmesh_shared::settings;
+
+    settings! {
+        AWS_REGION = "us-east-1", "domain, sender: SES region (also in the MAIL FROM MX record)";
+        SES_ENDPOINT = "" shown "`https://email.<AWS_REGION>.amazonaws.com`", "domain, sender: SES v2 API address (tests point it at a fake)";
+        AWS_ACCESS_KEY_ID = "", "domain, sender: SES credentials (SigV4); unset makes setup-outbound and verify-outbound answer 503, and the sender refuses to start with `SEND_TRANSPORT=ses`";
+        AWS_SECRET_ACCESS_KEY = "", "domain, sender: SES credentials (SigV4); unset makes setup-outbound and verify-outbound answer 503, and the sender refuses to start with `SEND_TRANSPORT=ses`";
+    }
+}
 
 /// SES settings shared by every service that talks to it.
 #[derive(Clone, Debug)]
@@ -28,14 +39,13 @@ pub struct SesConfig {
 impl SesConfig {
     /// Reads the settings from the environment.
     pub fn from_env() -> Self {
-        let region = env_or("AWS_REGION", "us-east-1");
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        use settings::*;
+        let region = AWS_REGION.string();
         Self {
-            endpoint: env_or(
-                "SES_ENDPOINT",
-                &format!("https://email.{region}.amazonaws.com"),
-            ),
-            credentials: var("AWS_ACCESS_KEY_ID").zip(var("AWS_SECRET_ACCESS_KEY")),
+            endpoint: SES_ENDPOINT
+                .opt()
+                .unwrap_or_else(|| format!("https://email.{region}.amazonaws.com")),
+            credentials: AWS_ACCESS_KEY_ID.opt().zip(AWS_SECRET_ACCESS_KEY.opt()),
             region,
         }
     }

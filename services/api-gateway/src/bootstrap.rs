@@ -6,30 +6,33 @@
 
 use anyhow::bail;
 
-use postmesh_shared::config::{env_opt, env_or};
+use postmesh_shared::config::{Setting, POSTMESH_ENV, POSTMESH_NAMESPACE};
 use postmesh_shared::{Namespace, Service};
 
-/// The administrator's connection when `DATABASE_ADMIN_URL` is unset: a developer's server.
-pub const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432";
+use crate::settings::*;
 
 /// The setting that holds `service`'s database password.
-pub fn password_setting(service: Service) -> String {
-    format!(
-        "{}_DATABASE_PASSWORD",
-        service.name().replace('-', "_").to_ascii_uppercase()
-    )
+pub fn password_setting(service: Service) -> &'static Setting {
+    match service {
+        Service::ApiGateway => &API_GATEWAY_DATABASE_PASSWORD,
+        Service::Billing => &BILLING_DATABASE_PASSWORD,
+        Service::Sender => &SENDER_DATABASE_PASSWORD,
+        Service::Domain => &DOMAIN_DATABASE_PASSWORD,
+        Service::InboundIngest => &INBOUND_INGEST_DATABASE_PASSWORD,
+        Service::WebhookDispatcher => &WEBHOOK_DISPATCHER_DATABASE_PASSWORD,
+    }
 }
 
 /// Makes the role and the database of every service in `POSTMESH_NAMESPACE`.
 pub async fn run() -> anyhow::Result<()> {
-    let ns = Namespace::parse(&env_or("POSTMESH_NAMESPACE", "pm"))?;
-    let admin_url = env_or("DATABASE_ADMIN_URL", DEFAULT_ADMIN_URL);
-    let production = env_or("POSTMESH_ENV", "development") == "production";
+    let ns = Namespace::parse(&POSTMESH_NAMESPACE.string())?;
+    let admin_url = DATABASE_ADMIN_URL.string();
+    let production = POSTMESH_ENV.string() == "production";
     for service in Service::ALL {
         let setting = password_setting(service);
-        let password = env_opt(&setting);
+        let password = setting.opt();
         if production && password.is_none() {
-            bail!("{setting} must be set in production");
+            bail!("{} must be set in production", setting.name);
         }
         postmesh_shared::db::bootstrap(&admin_url, &ns, service, password.as_deref()).await?;
         eprintln!("bootstrap: role and database {}", service.database(&ns));

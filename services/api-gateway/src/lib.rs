@@ -17,6 +17,7 @@ pub mod ratelimit;
 pub mod reference;
 pub mod routes;
 pub mod sessions;
+pub mod settings;
 pub mod table;
 pub mod web;
 
@@ -30,12 +31,13 @@ use sqlx::PgPool;
 
 use postmesh_shared::clients::billing::BillingClient;
 
-use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
 pub use codes::CodeConfig;
 pub use ratelimit::{BodyRateConfig, RateConfig};
+use settings::*;
 
 /// This service.
 pub const SERVICE: Service = Service::ApiGateway;
@@ -96,44 +98,34 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let common = Common::from_env(SERVICE)?;
         let codes = CodeConfig {
-            secret: common.secret("CODE_SECRET", "dev-code-secret")?,
+            secret: common.secret(&CODE_SECRET)?,
             ttl_secs: 300,
             max_attempts: 5,
-            cooldown_secs: env_parse("CODE_COOLDOWN_SECS", 60)?,
-            hourly_cap: env_parse("CODE_HOURLY_CAP", 10)?,
-            from_email: env_or("CODE_FROM_EMAIL", "no-reply@postmesh.localhost"),
+            cooldown_secs: CODE_COOLDOWN_SECS.parse()?,
+            hourly_cap: CODE_HOURLY_CAP.parse()?,
+            from_email: CODE_FROM_EMAIL.string(),
         };
         Ok(Self {
-            http_addr: env_parse("GATEWAY_ADDR", SocketAddr::from(([127, 0, 0, 1], 8080)))?,
-            body_limit: env_parse("GATEWAY_BODY_LIMIT", 256 * 1024)?,
-            key_cache_ttl: env_secs("KEY_CACHE_TTL_SECS", Duration::from_secs(30))?,
+            http_addr: GATEWAY_ADDR.parse()?,
+            body_limit: GATEWAY_BODY_LIMIT.parse()?,
+            key_cache_ttl: KEY_CACHE_TTL_SECS.secs()?,
             rate: RateConfig {
-                per_sec: env_parse("KEY_RATE_PER_SEC", 100)?,
-                burst: env_parse("KEY_RATE_BURST", 300)?,
+                per_sec: KEY_RATE_PER_SEC.parse()?,
+                burst: KEY_RATE_BURST.parse()?,
             },
             body_rate: BodyRateConfig {
-                bytes_per_sec: env_parse(
-                    "ACCOUNT_BODY_BYTES_PER_SEC",
-                    BodyRateConfig::default().bytes_per_sec,
-                )?,
-                burst_bytes: env_parse(
-                    "ACCOUNT_BODY_BURST_BYTES",
-                    BodyRateConfig::default().burst_bytes,
-                )?,
+                bytes_per_sec: ACCOUNT_BODY_BYTES_PER_SEC.parse()?,
+                burst_bytes: ACCOUNT_BODY_BURST_BYTES.parse()?,
             },
-            inbound_secret: std::env::var("INBOUND_SECRET")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            provider_secret: std::env::var("PROVIDER_SECRET")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            provider_secret_in_query: env_or("PROVIDER_SECRET_IN_QUERY", "0") == "1",
-            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
-            login_ip_hourly_limit: env_parse("LOGIN_IP_HOURLY_LIMIT", 30)?,
-            device_poll_interval_secs: env_parse("DEVICE_POLL_INTERVAL_SECS", 5)?,
-            api_keys_per_account: env_parse("API_KEYS_PER_ACCOUNT", 50)?,
-            auth_failures_per_ip_per_minute: env_parse("AUTH_FAILURES_PER_IP_PER_MINUTE", 60)?,
-            trust_forwarded_for: env_or("GATEWAY_TRUST_FORWARDED_FOR", "0") == "1",
+            inbound_secret: INBOUND_SECRET.opt(),
+            provider_secret: PROVIDER_SECRET.opt(),
+            provider_secret_in_query: PROVIDER_SECRET_IN_QUERY.flag(),
+            public_base_url: PUBLIC_BASE_URL.string(),
+            login_ip_hourly_limit: LOGIN_IP_HOURLY_LIMIT.parse()?,
+            device_poll_interval_secs: DEVICE_POLL_INTERVAL_SECS.parse()?,
+            api_keys_per_account: API_KEYS_PER_ACCOUNT.parse()?,
+            auth_failures_per_ip_per_minute: AUTH_FAILURES_PER_IP_PER_MINUTE.parse()?,
+            trust_forwarded_for: GATEWAY_TRUST_FORWARDED_FOR.flag(),
             common,
             codes,
         })
@@ -143,54 +135,57 @@ impl Config {
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = self.common.to_env();
         env.extend([
-            ("GATEWAY_ADDR", self.http_addr.to_string()),
-            ("GATEWAY_BODY_LIMIT", self.body_limit.to_string()),
-            ("KEY_CACHE_TTL_SECS", secs(self.key_cache_ttl)),
-            ("KEY_RATE_PER_SEC", self.rate.per_sec.to_string()),
-            ("KEY_RATE_BURST", self.rate.burst.to_string()),
+            (GATEWAY_ADDR.name, self.http_addr.to_string()),
+            (GATEWAY_BODY_LIMIT.name, self.body_limit.to_string()),
+            (KEY_CACHE_TTL_SECS.name, secs(self.key_cache_ttl)),
+            (KEY_RATE_PER_SEC.name, self.rate.per_sec.to_string()),
+            (KEY_RATE_BURST.name, self.rate.burst.to_string()),
             (
-                "ACCOUNT_BODY_BYTES_PER_SEC",
+                ACCOUNT_BODY_BYTES_PER_SEC.name,
                 self.body_rate.bytes_per_sec.to_string(),
             ),
             (
-                "ACCOUNT_BODY_BURST_BYTES",
+                ACCOUNT_BODY_BURST_BYTES.name,
                 self.body_rate.burst_bytes.to_string(),
             ),
-            ("CODE_SECRET", self.codes.secret.clone()),
-            ("CODE_COOLDOWN_SECS", self.codes.cooldown_secs.to_string()),
-            ("CODE_HOURLY_CAP", self.codes.hourly_cap.to_string()),
-            ("CODE_FROM_EMAIL", self.codes.from_email.clone()),
+            (CODE_SECRET.name, self.codes.secret.clone()),
             (
-                "INBOUND_SECRET",
+                CODE_COOLDOWN_SECS.name,
+                self.codes.cooldown_secs.to_string(),
+            ),
+            (CODE_HOURLY_CAP.name, self.codes.hourly_cap.to_string()),
+            (CODE_FROM_EMAIL.name, self.codes.from_email.clone()),
+            (
+                INBOUND_SECRET.name,
                 self.inbound_secret.clone().unwrap_or_default(),
             ),
             (
-                "PROVIDER_SECRET",
+                PROVIDER_SECRET.name,
                 self.provider_secret.clone().unwrap_or_default(),
             ),
             (
-                "PROVIDER_SECRET_IN_QUERY",
+                PROVIDER_SECRET_IN_QUERY.name,
                 u8::from(self.provider_secret_in_query).to_string(),
             ),
-            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
+            (PUBLIC_BASE_URL.name, self.public_base_url.clone()),
             (
-                "LOGIN_IP_HOURLY_LIMIT",
+                LOGIN_IP_HOURLY_LIMIT.name,
                 self.login_ip_hourly_limit.to_string(),
             ),
             (
-                "DEVICE_POLL_INTERVAL_SECS",
+                DEVICE_POLL_INTERVAL_SECS.name,
                 self.device_poll_interval_secs.to_string(),
             ),
             (
-                "API_KEYS_PER_ACCOUNT",
+                API_KEYS_PER_ACCOUNT.name,
                 self.api_keys_per_account.to_string(),
             ),
             (
-                "AUTH_FAILURES_PER_IP_PER_MINUTE",
+                AUTH_FAILURES_PER_IP_PER_MINUTE.name,
                 self.auth_failures_per_ip_per_minute.to_string(),
             ),
             (
-                "GATEWAY_TRUST_FORWARDED_FOR",
+                GATEWAY_TRUST_FORWARDED_FOR.name,
                 u8::from(self.trust_forwarded_for).to_string(),
             ),
         ]);

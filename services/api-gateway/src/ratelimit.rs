@@ -12,6 +12,8 @@ use redis::aio::ConnectionManager;
 
 use postmesh_shared::{ApiError, Namespace};
 
+use crate::settings::{ACCOUNT_BODY_BURST_BYTES, ACCOUNT_BODY_BYTES_PER_SEC};
+
 /// Requests a key may make: `per_sec` on average, up to `burst` at once. `per_sec == 0`
 /// turns the limit off.
 #[derive(Clone, Copy, Debug)]
@@ -33,8 +35,8 @@ impl Default for BodyRateConfig {
     /// 4 MiB a second, 64 MiB at once: four times the largest body any route takes.
     fn default() -> Self {
         Self {
-            bytes_per_sec: 4 * 1024 * 1024,
-            burst_bytes: 64 * 1024 * 1024,
+            bytes_per_sec: ACCOUNT_BODY_BYTES_PER_SEC.default_of(),
+            burst_bytes: ACCOUNT_BODY_BURST_BYTES.default_of(),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod logs;
 pub mod purchases;
 pub mod rpc;
+pub mod settings;
 pub mod stripe;
 pub mod subscriptions;
 pub mod webhooks;
@@ -24,11 +25,12 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::billing as api;
-use postmesh_shared::config::{env_or, env_secs, secs};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL};
 use postmesh_shared::{ApiError, Common, Routes, Running, Runtime, Service};
 
 use crate::catalog::{CatalogFile, FreeLimits};
 use crate::entitlements::UsageCounter;
+use crate::settings::*;
 use crate::stripe::{PaymentProvider, StripeClient};
 
 /// This service.
@@ -67,18 +69,17 @@ pub struct StripeConfig {
 impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
-        let secret = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Ok(Self {
             common: Common::from_env(SERVICE)?,
-            hold_sweep: env_secs("BILLING_HOLD_SWEEP_SECS", Duration::from_secs(5))?,
-            catalog_file: env_or("BILLING_CATALOG_FILE", "deploy/catalog.json").into(),
+            hold_sweep: BILLING_HOLD_SWEEP_SECS.secs()?,
+            catalog_file: BILLING_CATALOG_FILE.string().into(),
             stripe: StripeConfig {
-                api_base: env_or("STRIPE_API_BASE", "https://api.stripe.com"),
-                secret_key: secret("STRIPE_SECRET_KEY"),
-                webhook_secret: secret("STRIPE_WEBHOOK_SECRET"),
+                api_base: STRIPE_API_BASE.string(),
+                secret_key: STRIPE_SECRET_KEY.opt(),
+                webhook_secret: STRIPE_WEBHOOK_SECRET.opt(),
             },
-            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
-            usage_timeout: env_secs("BILLING_USAGE_TIMEOUT_SECS", Duration::from_millis(500))?,
+            public_base_url: PUBLIC_BASE_URL.string(),
+            usage_timeout: BILLING_USAGE_TIMEOUT_SECS.secs()?,
         })
     }
 
@@ -86,22 +87,22 @@ impl Config {
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = self.common.to_env();
         env.extend([
-            ("BILLING_HOLD_SWEEP_SECS", secs(self.hold_sweep)),
+            (BILLING_HOLD_SWEEP_SECS.name, secs(self.hold_sweep)),
             (
-                "BILLING_CATALOG_FILE",
+                BILLING_CATALOG_FILE.name,
                 self.catalog_file.display().to_string(),
             ),
-            ("STRIPE_API_BASE", self.stripe.api_base.clone()),
+            (STRIPE_API_BASE.name, self.stripe.api_base.clone()),
             (
-                "STRIPE_SECRET_KEY",
+                STRIPE_SECRET_KEY.name,
                 self.stripe.secret_key.clone().unwrap_or_default(),
             ),
             (
-                "STRIPE_WEBHOOK_SECRET",
+                STRIPE_WEBHOOK_SECRET.name,
                 self.stripe.webhook_secret.clone().unwrap_or_default(),
             ),
-            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
-            ("BILLING_USAGE_TIMEOUT_SECS", secs(self.usage_timeout)),
+            (PUBLIC_BASE_URL.name, self.public_base_url.clone()),
+            (BILLING_USAGE_TIMEOUT_SECS.name, secs(self.usage_timeout)),
         ]);
         env
     }

@@ -12,6 +12,7 @@ pub mod outbound;
 pub mod ownership;
 pub mod records;
 pub mod rpc;
+pub mod settings;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,13 +22,15 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::domain as api;
+use postmesh_ses::settings::{AWS_REGION, SES_ENDPOINT};
 use postmesh_ses::{SesClient, SesConfig};
-use postmesh_shared::config::{env_or, env_secs};
+use postmesh_shared::config::{DNS_NAMESERVERS, SECRETS_KEY};
 use postmesh_shared::{ApiError, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::cloudflare::Cloudflare;
 use crate::dns::Dns;
 use crate::name::DomainName;
+use crate::settings::*;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 
 /// This service.
@@ -64,19 +67,13 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         let common = Common::from_env(SERVICE)?;
         Ok(Self {
-            recheck: env_secs("DOMAIN_RECHECK_SECS", Duration::from_secs(300))?,
-            platform_domains: parse_platform_domains(&env_or(
-                "PLATFORM_DOMAINS",
-                "postmesh.localhost",
-            ))?,
-            inbound_mx_host: env_or("INBOUND_MX_HOST", "mx.postmesh.localhost"),
-            nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
+            recheck: DOMAIN_RECHECK_SECS.secs()?,
+            platform_domains: parse_platform_domains(&PLATFORM_DOMAINS.string())?,
+            inbound_mx_host: INBOUND_MX_HOST.string(),
+            nameservers: postmesh_shared::dns::parse_nameservers(&DNS_NAMESERVERS.string())?,
             ses: SesConfig::from_env(),
-            cloudflare_api_base: env_or(
-                "CLOUDFLARE_API_BASE",
-                "https://api.cloudflare.com/client/v4",
-            ),
-            secrets_key: common.secret("SECRETS_KEY", DEV_SECRETS_KEY)?,
+            cloudflare_api_base: CLOUDFLARE_API_BASE.string(),
+            secrets_key: common.secret(&SECRETS_KEY)?,
             common,
         })
     }
@@ -87,9 +84,9 @@ impl Config {
         let join = |names: Vec<String>| names.join(",");
         let mut env = self.common.to_env();
         env.extend([
-            ("DOMAIN_RECHECK_SECS", self.recheck.as_secs().to_string()),
+            (DOMAIN_RECHECK_SECS.name, self.recheck.as_secs().to_string()),
             (
-                "PLATFORM_DOMAINS",
+                PLATFORM_DOMAINS.name,
                 join(
                     self.platform_domains
                         .iter()
@@ -97,15 +94,15 @@ impl Config {
                         .collect(),
                 ),
             ),
-            ("INBOUND_MX_HOST", self.inbound_mx_host.clone()),
+            (INBOUND_MX_HOST.name, self.inbound_mx_host.clone()),
             (
-                "DNS_NAMESERVERS",
+                DNS_NAMESERVERS.name,
                 join(self.nameservers.iter().map(SocketAddr::to_string).collect()),
             ),
-            ("SES_ENDPOINT", self.ses.endpoint.clone()),
-            ("AWS_REGION", self.ses.region.clone()),
-            ("CLOUDFLARE_API_BASE", self.cloudflare_api_base.clone()),
-            ("SECRETS_KEY", self.secrets_key.clone()),
+            (SES_ENDPOINT.name, self.ses.endpoint.clone()),
+            (AWS_REGION.name, self.ses.region.clone()),
+            (CLOUDFLARE_API_BASE.name, self.cloudflare_api_base.clone()),
+            (SECRETS_KEY.name, self.secrets_key.clone()),
         ]);
         env
     }

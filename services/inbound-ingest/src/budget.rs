@@ -7,8 +7,9 @@
 
 use sqlx::PgPool;
 
-use postmesh_shared::config::env_parse;
 use postmesh_shared::{ApiError, WorkspaceId};
+
+use crate::settings::{INBOUND_WORKSPACE_BURST_BYTES, INBOUND_WORKSPACE_BYTES_PER_SEC};
 
 /// The budget's settings; `bytes_per_sec == 0` turns it off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,8 +24,8 @@ impl Default for ByteBudget {
     /// 2 MiB a second (over 170 GB a day), 32 MiB at once (three of the largest messages).
     fn default() -> Self {
         Self {
-            bytes_per_sec: 2 * 1024 * 1024,
-            burst_bytes: 32 * 1024 * 1024,
+            bytes_per_sec: INBOUND_WORKSPACE_BYTES_PER_SEC.default_of(),
+            burst_bytes: INBOUND_WORKSPACE_BURST_BYTES.default_of(),
         }
     }
 }
@@ -32,10 +33,9 @@ impl Default for ByteBudget {
 impl ByteBudget {
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
-        let default = Self::default();
         Ok(Self {
-            bytes_per_sec: env_parse("INBOUND_WORKSPACE_BYTES_PER_SEC", default.bytes_per_sec)?,
-            burst_bytes: env_parse("INBOUND_WORKSPACE_BURST_BYTES", default.burst_bytes)?,
+            bytes_per_sec: INBOUND_WORKSPACE_BYTES_PER_SEC.parse()?,
+            burst_bytes: INBOUND_WORKSPACE_BURST_BYTES.parse()?,
         })
     }
 
@@ -43,11 +43,11 @@ impl ByteBudget {
     pub fn to_env(self) -> [(&'static str, String); 2] {
         [
             (
-                "INBOUND_WORKSPACE_BYTES_PER_SEC",
+                INBOUND_WORKSPACE_BYTES_PER_SEC.name,
                 self.bytes_per_sec.to_string(),
             ),
             (
-                "INBOUND_WORKSPACE_BURST_BYTES",
+                INBOUND_WORKSPACE_BURST_BYTES.name,
                 self.burst_bytes.to_string(),
             ),
         ]

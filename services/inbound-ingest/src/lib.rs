@@ -8,6 +8,7 @@ pub mod budget;
 pub mod ingest;
 pub mod mime;
 pub mod rpc;
+pub mod settings;
 pub mod threads;
 
 use std::time::Duration;
@@ -16,12 +17,12 @@ use axum::Router;
 use sqlx::PgPool;
 
 use postmesh_contracts::routes::inbound as api;
-use postmesh_shared::config::{env_or, env_parse};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Routes, Running, Runtime, Service};
 
 use crate::addresses::Domain;
 use crate::budget::ByteBudget;
+use crate::settings::{INBOUND_DOMAIN, INBOUND_RETENTION_DAYS};
 
 /// This service.
 pub const SERVICE: Service = Service::InboundIngest;
@@ -52,12 +53,12 @@ pub struct Config {
 impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
-        let raw = env_or("INBOUND_DOMAIN", "inbound.postmesh.localhost");
+        let raw = INBOUND_DOMAIN.string();
         Ok(Self {
             common: Common::from_env(SERVICE)?,
             inbound_domain: Domain::parse(&raw)
                 .ok_or_else(|| anyhow::anyhow!("INBOUND_DOMAIN {raw:?} is not a domain name"))?,
-            retention_days: env_parse("INBOUND_RETENTION_DAYS", 30)?,
+            retention_days: INBOUND_RETENTION_DAYS.parse()?,
             budget: ByteBudget::from_env()?,
         })
     }
@@ -65,8 +66,8 @@ impl Config {
     /// The settings as environment variables (to run the service as a child process).
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = self.common.to_env();
-        env.push(("INBOUND_DOMAIN", self.inbound_domain.to_string()));
-        env.push(("INBOUND_RETENTION_DAYS", self.retention_days.to_string()));
+        env.push((INBOUND_DOMAIN.name, self.inbound_domain.to_string()));
+        env.push((INBOUND_RETENTION_DAYS.name, self.retention_days.to_string()));
         env.extend(self.budget.to_env());
         env
     }

@@ -8,6 +8,7 @@ pub mod delivery;
 pub mod model;
 pub mod overview;
 pub mod sending;
+pub mod settings;
 pub mod workflows;
 
 pub use delivery::transport::TransportKind;
@@ -15,6 +16,7 @@ pub use delivery::worker::WorkerConfig;
 
 use delivery::{provider, transport, unsubscribe, worker};
 use sending::{events, schedule, settle, usage};
+use settings::*;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,9 +27,10 @@ use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
 use postmesh_contracts::routes::sender as api;
+use postmesh_ses::settings::{AWS_ACCESS_KEY_ID, AWS_REGION, AWS_SECRET_ACCESS_KEY, SES_ENDPOINT};
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
-use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{
@@ -46,12 +49,6 @@ pub const MIGRATIONS: [&sqlx::migrate::Migrator; 3] =
 
 /// Database connections beyond one per job in progress.
 const SPARE_CONNECTIONS: u32 = 4;
-
-/// `AUDIENCE_MAX_RECIPIENTS` unless set.
-pub const DEFAULT_AUDIENCE_MAX: usize = 100_000;
-
-/// The domain of the Message-IDs the sender makes unless `MESSAGE_ID_DOMAIN` says another.
-pub const DEFAULT_MESSAGE_ID_DOMAIN: &str = "postmesh.localhost";
 
 /// How often owed billing settlements are retried.
 const SETTLE_POLL: Duration = Duration::from_secs(2);
@@ -108,9 +105,9 @@ pub struct Quotas {
 impl Default for Quotas {
     fn default() -> Self {
         Self {
-            templates: 1_000,
-            audiences: 200,
-            workflows: 200,
+            templates: TEMPLATES_PER_WORKSPACE.default_of(),
+            audiences: AUDIENCES_PER_WORKSPACE.default_of(),
+            workflows: WORKFLOWS_PER_WORKSPACE.default_of(),
         }
     }
 }
@@ -161,36 +158,35 @@ impl Config {
     pub fn from_env() -> anyhow::Result<Self> {
         Ok(Self {
             common: Common::from_env(SERVICE)?,
-            transport: env_parse("SEND_TRANSPORT", TransportKind::File)?,
-            outbox_dir: env_or("OUTBOX_DIR", "var/outbox").into(),
-            smtp_url: env_or("SMTP_URL", "smtp://127.0.0.1:25"),
+            transport: SEND_TRANSPORT.parse()?,
+            outbox_dir: OUTBOX_DIR.string().into(),
+            smtp_url: SMTP_URL.string(),
             ses: SesConfig::from_env(),
-            message_id_domain: env_or("MESSAGE_ID_DOMAIN", DEFAULT_MESSAGE_ID_DOMAIN),
-            default_from: env_or("SEND_DEFAULT_FROM", "no-reply@postmesh.localhost"),
-            schedule_poll: env_secs("SEND_SCHEDULE_POLL_SECS", Duration::from_secs(1))?,
-            audience_max: env_parse("AUDIENCE_MAX_RECIPIENTS", DEFAULT_AUDIENCE_MAX)?,
-            unsubscribe_secret: std::env::var("UNSUBSCRIBE_SECRET")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            unsubscribe_token_days: env_parse("UNSUBSCRIBE_TOKEN_DAYS", 60)?,
-            public_base_url: env_or("PUBLIC_BASE_URL", "http://127.0.0.1:8080"),
-            sns_url_pattern: env_or("SNS_URL_PATTERN", provider::DEFAULT_URL_PATTERN),
-            sns_topic_arns: env_or("SNS_TOPIC_ARNS", "")
+            message_id_domain: MESSAGE_ID_DOMAIN.string(),
+            default_from: SEND_DEFAULT_FROM.string(),
+            schedule_poll: SEND_SCHEDULE_POLL_SECS.secs()?,
+            audience_max: AUDIENCE_MAX_RECIPIENTS.parse()?,
+            unsubscribe_secret: UNSUBSCRIBE_SECRET.opt(),
+            unsubscribe_token_days: UNSUBSCRIBE_TOKEN_DAYS.parse()?,
+            public_base_url: PUBLIC_BASE_URL.string(),
+            sns_url_pattern: SNS_URL_PATTERN.string(),
+            sns_topic_arns: SNS_TOPIC_ARNS
+                .string()
                 .split(',')
                 .map(str::trim)
                 .filter(|t| !t.is_empty())
                 .map(str::to_owned)
                 .collect(),
             quotas: Quotas {
-                templates: env_parse("TEMPLATES_PER_WORKSPACE", Quotas::default().templates)?,
-                audiences: env_parse("AUDIENCES_PER_WORKSPACE", Quotas::default().audiences)?,
-                workflows: env_parse("WORKFLOWS_PER_WORKSPACE", Quotas::default().workflows)?,
+                templates: TEMPLATES_PER_WORKSPACE.parse()?,
+                audiences: AUDIENCES_PER_WORKSPACE.parse()?,
+                workflows: WORKFLOWS_PER_WORKSPACE.parse()?,
             },
             worker: WorkerConfig {
-                ack_wait: env_secs("SEND_ACK_WAIT_SECS", Duration::from_secs(30))?,
-                max_deliver: env_parse("SEND_MAX_DELIVER", 8)?,
-                retry_base: env_secs("SEND_RETRY_BASE_SECS", Duration::from_secs(5))?,
-                concurrency: env_parse("SEND_CONCURRENCY", 16)?,
+                ack_wait: SEND_ACK_WAIT_SECS.secs()?,
+                max_deliver: SEND_MAX_DELIVER.parse()?,
+                retry_base: SEND_RETRY_BASE_SECS.secs()?,
+                concurrency: SEND_CONCURRENCY.parse()?,
             },
         })
     }
@@ -199,36 +195,45 @@ impl Config {
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         let mut env = self.common.to_env();
         env.extend([
-            ("SEND_TRANSPORT", self.transport.to_string()),
-            ("OUTBOX_DIR", self.outbox_dir.display().to_string()),
-            ("SMTP_URL", self.smtp_url.clone()),
-            ("SES_ENDPOINT", self.ses.endpoint.clone()),
-            ("AWS_REGION", self.ses.region.clone()),
-            ("MESSAGE_ID_DOMAIN", self.message_id_domain.clone()),
-            ("SEND_DEFAULT_FROM", self.default_from.clone()),
-            ("SEND_SCHEDULE_POLL_SECS", secs(self.schedule_poll)),
-            ("AUDIENCE_MAX_RECIPIENTS", self.audience_max.to_string()),
+            (SEND_TRANSPORT.name, self.transport.to_string()),
+            (OUTBOX_DIR.name, self.outbox_dir.display().to_string()),
+            (SMTP_URL.name, self.smtp_url.clone()),
+            (SES_ENDPOINT.name, self.ses.endpoint.clone()),
+            (AWS_REGION.name, self.ses.region.clone()),
+            (MESSAGE_ID_DOMAIN.name, self.message_id_domain.clone()),
+            (SEND_DEFAULT_FROM.name, self.default_from.clone()),
+            (SEND_SCHEDULE_POLL_SECS.name, secs(self.schedule_poll)),
+            (AUDIENCE_MAX_RECIPIENTS.name, self.audience_max.to_string()),
             (
-                "UNSUBSCRIBE_TOKEN_DAYS",
+                UNSUBSCRIBE_TOKEN_DAYS.name,
                 self.unsubscribe_token_days.to_string(),
             ),
-            ("PUBLIC_BASE_URL", self.public_base_url.clone()),
-            ("SNS_URL_PATTERN", self.sns_url_pattern.clone()),
-            ("SNS_TOPIC_ARNS", self.sns_topic_arns.join(",")),
-            ("TEMPLATES_PER_WORKSPACE", self.quotas.templates.to_string()),
-            ("AUDIENCES_PER_WORKSPACE", self.quotas.audiences.to_string()),
-            ("WORKFLOWS_PER_WORKSPACE", self.quotas.workflows.to_string()),
-            ("SEND_ACK_WAIT_SECS", secs(self.worker.ack_wait)),
-            ("SEND_MAX_DELIVER", self.worker.max_deliver.to_string()),
-            ("SEND_RETRY_BASE_SECS", secs(self.worker.retry_base)),
-            ("SEND_CONCURRENCY", self.worker.concurrency.to_string()),
+            (PUBLIC_BASE_URL.name, self.public_base_url.clone()),
+            (SNS_URL_PATTERN.name, self.sns_url_pattern.clone()),
+            (SNS_TOPIC_ARNS.name, self.sns_topic_arns.join(",")),
+            (
+                TEMPLATES_PER_WORKSPACE.name,
+                self.quotas.templates.to_string(),
+            ),
+            (
+                AUDIENCES_PER_WORKSPACE.name,
+                self.quotas.audiences.to_string(),
+            ),
+            (
+                WORKFLOWS_PER_WORKSPACE.name,
+                self.quotas.workflows.to_string(),
+            ),
+            (SEND_ACK_WAIT_SECS.name, secs(self.worker.ack_wait)),
+            (SEND_MAX_DELIVER.name, self.worker.max_deliver.to_string()),
+            (SEND_RETRY_BASE_SECS.name, secs(self.worker.retry_base)),
+            (SEND_CONCURRENCY.name, self.worker.concurrency.to_string()),
         ]);
         if let Some(secret) = &self.unsubscribe_secret {
-            env.push(("UNSUBSCRIBE_SECRET", secret.clone()));
+            env.push((UNSUBSCRIBE_SECRET.name, secret.clone()));
         }
         if let Some((id, secret)) = &self.ses.credentials {
-            env.push(("AWS_ACCESS_KEY_ID", id.clone()));
-            env.push(("AWS_SECRET_ACCESS_KEY", secret.clone()));
+            env.push((AWS_ACCESS_KEY_ID.name, id.clone()));
+            env.push((AWS_SECRET_ACCESS_KEY.name, secret.clone()));
         }
         env
     }
@@ -285,7 +290,7 @@ impl AppState {
             billing: BillingClient::new(nats.clone(), ns.clone(), tracker.clone()),
             events: events::Outlet {
                 ns: ns.clone(),
-                message_id_domain: DEFAULT_MESSAGE_ID_DOMAIN.into(),
+                message_id_domain: MESSAGE_ID_DOMAIN.default.into(),
             },
             outbox,
             db,
@@ -293,7 +298,7 @@ impl AppState {
             ns,
             tracker,
             default_from: Arc::new(default_from),
-            audience_max: DEFAULT_AUDIENCE_MAX,
+            audience_max: AUDIENCE_MAX_RECIPIENTS.default_of(),
             unsubscribe: None,
             sns: None,
             quotas: Quotas::default(),

@@ -8,6 +8,7 @@ pub mod content;
 pub mod delivery;
 pub mod routes;
 pub mod secret;
+pub mod settings;
 pub mod target;
 
 use std::net::SocketAddr;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use axum::Router;
 use sqlx::PgPool;
 
-use postmesh_shared::config::{env_or, env_parse, env_secs, secs};
+use postmesh_shared::config::{secs, DNS_NAMESERVERS, SECRETS_KEY};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
 use postmesh_shared::{Common, Namespace, Running, Runtime, Service};
@@ -26,6 +27,7 @@ use delivery::worker::{self as deliver, Sender};
 use delivery::{direct, events, fanout};
 use routes::attempts;
 use routes::routes;
+use settings::*;
 use target::Reach;
 
 /// This service.
@@ -61,19 +63,17 @@ pub struct DeliveryConfig {
 impl Default for DeliveryConfig {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_secs(15),
-            retry_schedule: parse_schedule(DEFAULT_SCHEDULE).expect("the default parses"),
-            disable_after: Duration::from_secs(5 * 24 * 3600),
-            max_body_bytes: 256 * 1024,
-            concurrency: 256,
-            endpoint_concurrency: 8,
-            ack_wait: Duration::from_secs(30),
+            timeout: WEBHOOK_TIMEOUT_SECS.default_secs(),
+            retry_schedule: parse_schedule(WEBHOOK_RETRY_SCHEDULE.default)
+                .expect("the default parses"),
+            disable_after: WEBHOOK_DISABLE_AFTER_SECS.default_secs(),
+            max_body_bytes: WEBHOOK_MAX_BODY_BYTES.default_of(),
+            concurrency: WEBHOOK_CONCURRENCY.default_of(),
+            endpoint_concurrency: WEBHOOK_ENDPOINT_CONCURRENCY.default_of(),
+            ack_wait: WEBHOOK_ACK_WAIT_SECS.default_secs(),
         }
     }
 }
-
-/// The default `WEBHOOK_RETRY_SCHEDULE` (seconds).
-const DEFAULT_SCHEDULE: &str = "5,300,1800,7200,18000,36000,36000";
 
 /// The largest `WEBHOOK_MAX_BODY_BYTES`: the message's bodies must fit one NATS reply.
 const MAX_BODY_LIMIT: usize = 384 * 1024;
@@ -90,9 +90,6 @@ fn parse_schedule(raw: &str) -> anyhow::Result<Vec<Duration>> {
         })
         .collect()
 }
-
-/// `WEBHOOK_REPLAY_MAX` unless set.
-pub const DEFAULT_REPLAY_MAX: usize = 10_000;
 
 /// Dispatcher settings.
 #[derive(Clone, Debug)]
@@ -117,23 +114,19 @@ impl Config {
     /// Reads the settings from the environment.
     pub fn from_env() -> anyhow::Result<Self> {
         let common = Common::from_env(SERVICE)?;
-        let allow_insecure = env_or("WEBHOOK_ALLOW_INSECURE", "0") == "1";
+        let allow_insecure = WEBHOOK_ALLOW_INSECURE.flag();
         anyhow::ensure!(
             !(allow_insecure && common.production),
             "WEBHOOK_ALLOW_INSECURE=1 is refused in production"
         );
-        let defaults = DeliveryConfig::default();
         let delivery = DeliveryConfig {
-            timeout: env_secs("WEBHOOK_TIMEOUT_SECS", defaults.timeout)?,
-            retry_schedule: parse_schedule(&env_or("WEBHOOK_RETRY_SCHEDULE", DEFAULT_SCHEDULE))?,
-            disable_after: env_secs("WEBHOOK_DISABLE_AFTER_SECS", defaults.disable_after)?,
-            max_body_bytes: env_parse("WEBHOOK_MAX_BODY_BYTES", defaults.max_body_bytes)?,
-            concurrency: env_parse("WEBHOOK_CONCURRENCY", defaults.concurrency)?,
-            endpoint_concurrency: env_parse(
-                "WEBHOOK_ENDPOINT_CONCURRENCY",
-                defaults.endpoint_concurrency,
-            )?,
-            ack_wait: env_secs("WEBHOOK_ACK_WAIT_SECS", defaults.ack_wait)?,
+            timeout: WEBHOOK_TIMEOUT_SECS.secs()?,
+            retry_schedule: parse_schedule(&WEBHOOK_RETRY_SCHEDULE.string())?,
+            disable_after: WEBHOOK_DISABLE_AFTER_SECS.secs()?,
+            max_body_bytes: WEBHOOK_MAX_BODY_BYTES.parse()?,
+            concurrency: WEBHOOK_CONCURRENCY.parse()?,
+            endpoint_concurrency: WEBHOOK_ENDPOINT_CONCURRENCY.parse()?,
+            ack_wait: WEBHOOK_ACK_WAIT_SECS.secs()?,
         };
         anyhow::ensure!(
             delivery.ack_wait >= Duration::from_secs(1),
@@ -144,12 +137,12 @@ impl Config {
             "WEBHOOK_MAX_BODY_BYTES is 1 to {MAX_BODY_LIMIT}"
         );
         Ok(Self {
-            secrets_key: common.secret("SECRETS_KEY", DEV_SECRETS_KEY)?,
+            secrets_key: common.secret(&SECRETS_KEY)?,
             allow_insecure,
-            nameservers: postmesh_shared::dns::parse_nameservers(&env_or("DNS_NAMESERVERS", ""))?,
+            nameservers: postmesh_shared::dns::parse_nameservers(&DNS_NAMESERVERS.string())?,
             delivery,
-            retention_days: env_parse("WEBHOOK_RETENTION_DAYS", 30)?,
-            replay_max: env_parse("WEBHOOK_REPLAY_MAX", DEFAULT_REPLAY_MAX)?,
+            retention_days: WEBHOOK_RETENTION_DAYS.parse()?,
+            replay_max: WEBHOOK_REPLAY_MAX.parse()?,
             common,
         })
     }
@@ -171,24 +164,24 @@ impl Config {
             .join(",");
         let mut env = self.common.to_env();
         env.extend([
-            ("SECRETS_KEY", self.secrets_key.clone()),
+            (SECRETS_KEY.name, self.secrets_key.clone()),
             (
-                "WEBHOOK_ALLOW_INSECURE",
+                WEBHOOK_ALLOW_INSECURE.name,
                 u8::from(self.allow_insecure).to_string(),
             ),
-            ("DNS_NAMESERVERS", nameservers),
-            ("WEBHOOK_TIMEOUT_SECS", secs(d.timeout)),
-            ("WEBHOOK_RETRY_SCHEDULE", list(&d.retry_schedule)),
-            ("WEBHOOK_DISABLE_AFTER_SECS", secs(d.disable_after)),
-            ("WEBHOOK_MAX_BODY_BYTES", d.max_body_bytes.to_string()),
-            ("WEBHOOK_CONCURRENCY", d.concurrency.to_string()),
+            (DNS_NAMESERVERS.name, nameservers),
+            (WEBHOOK_TIMEOUT_SECS.name, secs(d.timeout)),
+            (WEBHOOK_RETRY_SCHEDULE.name, list(&d.retry_schedule)),
+            (WEBHOOK_DISABLE_AFTER_SECS.name, secs(d.disable_after)),
+            (WEBHOOK_MAX_BODY_BYTES.name, d.max_body_bytes.to_string()),
+            (WEBHOOK_CONCURRENCY.name, d.concurrency.to_string()),
             (
-                "WEBHOOK_ENDPOINT_CONCURRENCY",
+                WEBHOOK_ENDPOINT_CONCURRENCY.name,
                 d.endpoint_concurrency.to_string(),
             ),
-            ("WEBHOOK_ACK_WAIT_SECS", secs(d.ack_wait)),
-            ("WEBHOOK_RETENTION_DAYS", self.retention_days.to_string()),
-            ("WEBHOOK_REPLAY_MAX", self.replay_max.to_string()),
+            (WEBHOOK_ACK_WAIT_SECS.name, secs(d.ack_wait)),
+            (WEBHOOK_RETENTION_DAYS.name, self.retention_days.to_string()),
+            (WEBHOOK_REPLAY_MAX.name, self.replay_max.to_string()),
         ]);
         env
     }
@@ -222,7 +215,7 @@ impl AppState {
             secrets: SecretBox::from_hex(DEV_SECRETS_KEY)?,
             reach,
             nats: None,
-            replay_max: DEFAULT_REPLAY_MAX,
+            replay_max: WEBHOOK_REPLAY_MAX.default_of(),
         })
     }
 }
@@ -279,7 +272,7 @@ mod tests {
 
     #[test]
     fn the_retry_schedule_is_a_list_of_seconds() {
-        let schedule = parse_schedule(DEFAULT_SCHEDULE).unwrap();
+        let schedule = parse_schedule(WEBHOOK_RETRY_SCHEDULE.default).unwrap();
         assert_eq!(schedule.len(), 7);
         assert_eq!(schedule[0], Duration::from_secs(5));
         assert_eq!(schedule[6], Duration::from_secs(36000));
@@ -308,7 +301,7 @@ mod tests {
         }
         let back = Config::from_env().unwrap();
         assert_eq!(format!("{back:?}"), format!("{config:?}"));
-        std::env::set_var("WEBHOOK_ACK_WAIT_SECS", "0.5");
+        std::env::set_var(WEBHOOK_ACK_WAIT_SECS.name, "0.5");
         assert!(Config::from_env().is_err(), "a lease under a second");
     }
 }

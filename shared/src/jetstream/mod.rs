@@ -181,8 +181,13 @@ mod tests {
     /// moment after a NATS restart) is 503, so the caller retries.
     #[tokio::test]
     async fn a_publish_no_stream_stores_is_503() {
-        let url = crate::config::env_or("NATS_URL", "nats://127.0.0.1:4222");
-        let js = jetstream::new(async_nats::connect(url).await.expect("NATS"));
+        // Postmesh's NATS as its operator, who may publish anywhere (`deploy/nats.conf`).
+        let nats =
+            async_nats::ConnectOptions::with_user_and_password("ops".into(), "dev-ops".into())
+                .connect(crate::config::NATS_URL.string())
+                .await
+                .expect("NATS");
+        let js = jetstream::new(nats);
         let subject = format!("nostream{}.send.deliver", uuid::Uuid::now_v7().simple());
         let e = publish(&js, subject, "m1", Bytes::from_static(b"x"))
             .await

@@ -38,8 +38,6 @@ use crate::audience::suppressions::{self, Reason};
 use crate::sending::events::{self, Detail, Kind, NewEvent};
 use crate::AppState;
 
-/// `SNS_URL_PATTERN` unless set: SNS's own hosts.
-pub const DEFAULT_URL_PATTERN: &str = r"^https://sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/";
 /// How long after SES accepted a message a notification of it that matches none of ours is
 /// answered 503, so SNS delivers it again once the worker has recorded the SES id.
 const UNKNOWN_RETRY_WINDOW: Duration = Duration::from_secs(15 * 60);

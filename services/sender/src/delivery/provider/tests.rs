@@ -15,7 +15,7 @@ fn the_canonical_string_follows_snss_field_order() {
         env.canonical().unwrap(),
         "Message\nhi\nMessageId\nm1\nTimestamp\n2026-01-01T00:00:00.000Z\nTopicArn\narn:t\nType\nNotification\n"
     );
-    let pattern = Regex::new(DEFAULT_URL_PATTERN).unwrap();
+    let pattern = Regex::new(crate::settings::SNS_URL_PATTERN.default).unwrap();
     assert!(pattern.is_match("https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-1.pem"));
     assert!(pattern.is_match("https://sns.cn-north-1.amazonaws.com.cn/x.pem"));
     assert!(!pattern.is_match("https://sns.eu-west-1.amazonaws.com.evil.example/x.pem"));

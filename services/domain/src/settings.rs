@@ -1,0 +1,10 @@
+//! The domain service's settings (its rows of `docs/configuration.md`).
+
+use postmesh_shared::settings;
+
+settings! {
+    DOMAIN_RECHECK_SECS = "300", "domain: how often pending domains' ownership TXT is re-checked";
+    PLATFORM_DOMAINS = "postmesh.localhost", "domain: comma list of domains every workspace may send from; they and their subdomains cannot be submitted";
+    INBOUND_MX_HOST = "mx.postmesh.localhost", "domain: the MX host a domain must point at to receive through Postmesh";
+    CLOUDFLARE_API_BASE = "https://api.cloudflare.com/client/v4", "domain: Cloudflare API address for apply-dns";
+}
