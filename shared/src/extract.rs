@@ -249,6 +249,9 @@ impl IdempotencyKey {
     /// The header that carries the key.
     pub const HEADER: &'static str = "idempotency-key";
 
+    /// What a key must match, as a regular expression (what [`IdempotencyKey::parse`] checks).
+    pub const PATTERN: &'static str = "^[A-Za-z0-9_-]{16,100}$";
+
     /// Parses a key; anything outside the rule is a 400.
     pub fn parse(raw: &str) -> Result<Self, ApiError> {
         let ok = (16..=100).contains(&raw.len())

@@ -50,9 +50,10 @@ pub fn render() -> String {
                 }
             }
         }
-        if !bodies.query.is_empty() {
-            let query = serde_json::to_value(&bodies.query).expect("parameters serialize");
-            operation.insert("query".into(), query);
+        if !bodies.parameters.is_empty() {
+            let parameters =
+                serde_json::to_value(&bodies.parameters).expect("parameters serialize");
+            operation.insert("parameters".into(), parameters);
         }
         if bodies.request_optional {
             operation.insert("requestOptional".into(), json!(true));

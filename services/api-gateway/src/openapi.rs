@@ -2,7 +2,7 @@
 //! (`GET /docs`), built once from the gateway's route table: every route of every service,
 //! with its path parameters, who may call it (the policy as a security scheme) and the
 //! spec's error body (HTML pages for the web app's and unsubscribe routes), and the JSON
-//! bodies and query parameters each route takes and answers, as the services' own types
+//! bodies and query and header parameters each route takes and answers, as the services' own types
 //! describe them.
 
 use std::collections::BTreeMap;
@@ -78,11 +78,11 @@ struct OperationBodies {
     request_optional: bool,
     answer: Option<String>,
     #[serde(default)]
-    query: Vec<serde_json::Value>,
+    parameters: Vec<serde_json::Value>,
 }
 
 /// Adds [`BODIES`] to `doc`: each operation's request body, successful answer and query
-/// parameters, and the schemas they refer to.
+/// and header parameters, and the schemas they refer to.
 fn add_bodies(doc: &mut serde_json::Value) {
     let file: BodiesFile = serde_json::from_str(BODIES).expect("openapi_bodies.json parses");
     let json = |name: &str| serde_json::json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}});
@@ -98,13 +98,13 @@ fn add_bodies(doc: &mut serde_json::Value) {
             if let Some(name) = &bodies.answer {
                 operation["responses"]["2XX"]["content"] = json(name);
             }
-            if !bodies.query.is_empty() {
+            if !bodies.parameters.is_empty() {
                 let parameters = &mut operation["parameters"];
                 if parameters.is_null() {
                     *parameters = serde_json::json!([]);
                 }
                 let list = parameters.as_array_mut().expect("parameters are a list");
-                list.extend(bodies.query.iter().cloned());
+                list.extend(bodies.parameters.iter().cloned());
             }
         }
     }
@@ -263,19 +263,6 @@ fn operations() -> OpenApi {
                     .parameter_in(ParameterIn::Path)
                     .required(Required::True)
                     .schema(Some(schema)),
-            );
-        }
-        if spec == sender::SEND_EMAIL {
-            // Optional: makes a retried send answer the first one's task.
-            let key = ObjectBuilder::new()
-                .schema_type(Type::String)
-                .pattern(Some("^[A-Za-z0-9_-]{16,100}$"));
-            operation = operation.parameter(
-                ParameterBuilder::new()
-                    .name("idempotency-key")
-                    .parameter_in(ParameterIn::Header)
-                    .required(Required::False)
-                    .schema(Some(key)),
             );
         }
         paths = paths.path(

@@ -11,7 +11,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, Redirect, Response};
 use axum::{Extension, Form};
-use utoipa::openapi::path::ParameterIn;
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+use utoipa::openapi::{ObjectBuilder, Required, Type};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{Bodies, BodySchema};
@@ -35,7 +36,8 @@ impl<T: ToSchema> Documented for JsonBody<T> {
 
 impl<T: IntoParams> Documented for QueryParams<T> {
     fn document(bodies: &mut Bodies) {
-        bodies.query = T::into_params(|| Some(ParameterIn::Query));
+        let query = T::into_params(|| Some(ParameterIn::Query));
+        bodies.parameters.extend(query);
     }
 }
 
@@ -57,9 +59,34 @@ impl<T: Documented> Documented for (StatusCode, T) {
     }
 }
 
+/// An optional part: the parameters it adds are not required.
 impl<T: Documented> Documented for Option<T> {
     fn document(bodies: &mut Bodies) {
+        let before = bodies.parameters.len();
         T::document(bodies);
+        for parameter in &mut bodies.parameters[before..] {
+            parameter.required = Required::False;
+        }
+    }
+}
+
+/// The `idempotency-key` header, required (`Option<IdempotencyKey>`: optional).
+impl Documented for IdempotencyKey {
+    fn document(bodies: &mut Bodies) {
+        let key = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(IdempotencyKey::PATTERN));
+        bodies.parameters.push(
+            ParameterBuilder::new()
+                .name(IdempotencyKey::HEADER)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(
+                    "Makes a retry answer what the first request did instead of doing it again",
+                ))
+                .schema(Some(key))
+                .build(),
+        );
     }
 }
 
@@ -71,7 +98,6 @@ macro_rules! undocumented {
 
 undocumented!(
     Caller,
-    IdempotencyKey,
     RawQuery,
     Parts,
     HeaderMap,
@@ -181,8 +207,36 @@ mod tests {
         let (_, bodies) = &routes[0];
         assert_eq!(named(&bodies.request), Some("Order"));
         assert_eq!(named(&bodies.answer), Some("PlacedAnswer"));
-        let query: Vec<&str> = bodies.query.iter().map(|p| p.name.as_str()).collect();
+        let query: Vec<&str> = bodies.parameters.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(query, ["dry_run"]);
+    }
+
+    async fn buy(_: IdempotencyKey) -> StatusCode {
+        StatusCode::OK
+    }
+
+    async fn send(_: Option<IdempotencyKey>) -> StatusCode {
+        StatusCode::OK
+    }
+
+    #[test]
+    fn an_idempotency_key_is_a_header_required_unless_optional() {
+        for (routes, required) in [
+            (Routes::<()>::new().at(PLACE, buy).bodies(), true),
+            (Routes::<()>::new().at(PLACE, send).bodies(), false),
+        ] {
+            let parameters = serde_json::to_value(&routes[0].1.parameters).unwrap();
+            assert_eq!(
+                parameters,
+                serde_json::json!([{
+                    "name": "idempotency-key",
+                    "in": "header",
+                    "required": required,
+                    "description": "Makes a retry answer what the first request did instead of doing it again",
+                    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,100}$"},
+                }])
+            );
+        }
     }
 
     #[test]

@@ -52,8 +52,8 @@ pub struct Bodies {
     pub request_optional: bool,
     /// The successful answer's body.
     pub answer: Option<BodySchema>,
-    /// The query parameters it reads.
-    pub query: Vec<Parameter>,
+    /// The query and header parameters it reads.
+    pub parameters: Vec<Parameter>,
 }
 
 impl<S: Clone + Send + Sync + 'static> Route<S> {
@@ -127,7 +127,8 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
     /// Documents the query parameters the route added last reads, where its handler parses
     /// the query itself.
     pub fn query<T: IntoParams>(mut self) -> Self {
-        self.last().query = T::into_params(|| Some(ParameterIn::Query));
+        let query = T::into_params(|| Some(ParameterIn::Query));
+        self.last().parameters.extend(query);
         self
     }
 
