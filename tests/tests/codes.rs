@@ -87,9 +87,20 @@ async fn all_keys_of_one_recipient_share_a_cluster_slot() {
     stack.shutdown().await;
 }
 
+/// Rules of one code at a time, each on its own key and recipients, on one stack.
 #[tokio::test]
-async fn wrong_and_malformed_codes_are_400() {
+async fn code_rules() {
     let stack = Stack::start().await;
+    tokio::join!(
+        wrong_and_malformed_codes_are_400(&stack),
+        five_wrong_attempts_void_the_code(&stack),
+        codes_cost_credits_and_402_at_zero(&stack),
+        recipients_are_matched_without_regard_to_case(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn wrong_and_malformed_codes_are_400(stack: &Stack) {
     let key = stack.key(20).await;
     let to = "carol@example.com";
     stack.send_code(&key, to).await;
@@ -136,12 +147,9 @@ async fn wrong_and_malformed_codes_are_400() {
     // A code for another address is not found.
     let s = stack.verify(&key, "dave@example.com", &code).await.status;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn five_wrong_attempts_void_the_code() {
-    let stack = Stack::start().await;
+async fn five_wrong_attempts_void_the_code(stack: &Stack) {
     let key = stack.key(20).await;
     let to = "eve@example.com";
     stack.send_code(&key, to).await;
@@ -159,12 +167,9 @@ async fn five_wrong_attempts_void_the_code() {
         .verify(&key, to, &code)
         .await
         .expect(StatusCode::NOT_FOUND, "verify");
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn codes_cost_credits_and_402_at_zero() {
-    let stack = Stack::start().await;
+async fn codes_cost_credits_and_402_at_zero(stack: &Stack) {
     let key = stack.key(1).await;
     let s = stack.send_code(&key, "frank@example.com").await.status;
     assert_eq!(s, StatusCode::OK);
@@ -185,7 +190,6 @@ async fn codes_cost_credits_and_402_at_zero() {
     let s = stack.send_code(&key, "grace@example.com").await.status;
     assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(stack.logs(&key).await.len(), 1);
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -262,9 +266,7 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
     stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn recipients_are_matched_without_regard_to_case() {
-    let stack = Stack::start().await;
+async fn recipients_are_matched_without_regard_to_case(stack: &Stack) {
     let key = stack.key(10).await;
     let s = stack.send_code(&key, "Olivia@Example.com").await.status;
     assert_eq!(s, StatusCode::OK);
@@ -274,7 +276,6 @@ async fn recipients_are_matched_without_regard_to_case() {
     // ...and the code.
     let code = stack.code_sent_to("Olivia@Example.com", 1).await;
     stack.verify_ok(&key, "olivia@example.com", &code).await;
-    stack.shutdown().await;
 }
 
 /// Lifts the resend cooldown of every recipient in the stack (as if a minute passed).

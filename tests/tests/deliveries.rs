@@ -200,10 +200,20 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     stack.shutdown().await;
 }
 
+/// Inbox webhooks of one key and inbox each, side by side on one stack.
 #[tokio::test]
-async fn a_rotated_secret_signs_beside_the_new_one() {
+async fn inbox_webhooks_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "rotate").await;
+    tokio::join!(
+        a_rotated_secret_signs_beside_the_new_one(&stack),
+        bodies_come_in_each_format_with_quotes_stripped_on_request(&stack),
+        a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn a_rotated_secret_signs_beside_the_new_one(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "rotate").await;
     let receiver = Receiver::start().await;
     let put = |rotate: bool| {
         let (stack, key, url) = (&stack, &key, receiver.url("/legacy"));
@@ -225,7 +235,7 @@ async fn a_rotated_secret_signs_beside_the_new_one() {
     receiver.trust(&old);
     receiver.trust(&new);
     ingest(
-        &stack,
+        stack,
         &message(None, "Rotated", "", "x"),
         &[&inbox_address("rotate")],
     )
@@ -237,7 +247,6 @@ async fn a_rotated_secret_signs_beside_the_new_one() {
         [0, 1],
         "signed by the old and the new secret"
     );
-    stack.shutdown().await;
 }
 
 /// The delivery of the message whose Message-ID is `email_id`.
@@ -248,10 +257,8 @@ fn of<'a>(got: &'a [Delivery], email_id: &str) -> &'a Value {
         .body["data"]
 }
 
-#[tokio::test]
-async fn bodies_come_in_each_format_with_quotes_stripped_on_request() {
-    let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "support").await;
+async fn bodies_come_in_each_format_with_quotes_stripped_on_request(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "support").await;
     let shapes = [
         ("text", true),
         ("text", false),
@@ -263,11 +270,11 @@ async fn bodies_come_in_each_format_with_quotes_stripped_on_request() {
     for (format, strip) in shapes {
         let receiver = Receiver::start().await;
         let extra = json!({ "bodyFormat": format, "stripQuotes": strip });
-        endpoint(&stack, &key, inbox, &receiver, extra).await;
+        endpoint(stack, &key, inbox, &receiver, extra).await;
         receivers.push(receiver);
     }
     for name in ["gmail_reply.eml", "outlook_reply.eml", "apple_reply.eml"] {
-        ingest(&stack, &fixture(name), &[&inbox_address("support")]).await;
+        ingest(stack, &fixture(name), &[&inbox_address("support")]).await;
     }
     let mut got = Vec::new();
     for receiver in &receivers {
@@ -331,7 +338,6 @@ async fn bodies_come_in_each_format_with_quotes_stripped_on_request() {
         body(3, gmail)
     );
     assert!(body(3, apple).contains("*great*") || body(3, apple).contains("_great_"));
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -1166,23 +1172,21 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
     stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped() {
-    let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "endless").await;
+async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "endless").await;
     let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
     receiver.answer(Reply::Endless(500));
     let started = Instant::now();
     ingest(
-        &stack,
+        stack,
         &message(None, "Endless", "", "e"),
         &[&inbox_address("endless")],
     )
     .await;
     // Recorded long before the 15 s answer timeout: the body was not read to its end.
     let tried = eventually(Duration::from_secs(10), || async {
-        match attempts(&stack, &key, e).await.pop() {
+        match attempts(stack, &key, e).await.pop() {
             Some(a) if a.last_status_code == Some(500) => Ok(a),
             other => Err(other.map(|a| a.status)),
         }
@@ -1202,5 +1206,4 @@ async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped
         .client(&key)
         .get(&format!("{path}?limit=501"), StatusCode::BAD_REQUEST)
         .await;
-    stack.shutdown().await;
 }

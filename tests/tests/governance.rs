@@ -89,9 +89,22 @@ fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Suppressions, caps and exclusions of one key each, to recipients of their own, side by side on one stack.
 #[tokio::test]
-async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing() {
+async fn governance_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing(&stack),
+        caps_and_topic_exclusions_hold_even_for_concurrent_sends(&stack),
+        the_suppression_list_is_listed_added_to_and_removed_from(&stack),
+        a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing(
+    stack: &Stack,
+) {
     let key = stack.key(100).await;
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
@@ -151,7 +164,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
 
     // Transactional mail ignores unsubscribes, never bounces, complaints or manual blocks.
     let answer = send(
-        &stack,
+        stack,
         &key,
         &mail(&everyone, "transactional", Some("news"), json!({})),
     )
@@ -160,12 +173,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     assert_eq!((answer.recipients.accepted, answer.cost), (4, 4));
     // Marketing of the topic: the topic's and the topicless unsubscribes too.
     for kind in ["marketing", "lifecycle"] {
-        let answer = send(
-            &stack,
-            &key,
-            &mail(&everyone, kind, Some("news"), json!({})),
-        )
-        .await;
+        let answer = send(stack, &key, &mail(&everyone, kind, Some("news"), json!({}))).await;
         let mut want = hard.to_vec();
         want.extend([
             ("contact-off@example.com", "unsubscribed:news"),
@@ -178,7 +186,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     }
     // Marketing of another topic: the news unsubscribes do not apply.
     let answer = send(
-        &stack,
+        stack,
         &key,
         &mail(&everyone, "marketing", Some("tips"), json!({})),
     )
@@ -190,7 +198,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     assert_eq!(answer.cost, 3);
     // A dry run answers the same and charges nothing.
     let dry = send(
-        &stack,
+        stack,
         &key,
         &mail(
             &everyone,
@@ -222,7 +230,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
 
     // Every recipient filtered out: stored for its status, nothing charged.
     let none = send(
-        &stack,
+        stack,
         &key,
         &mail(&["bounced@example.com"], "transactional", None, json!({})),
     )
@@ -238,7 +246,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
         "bcc": ["unsub-news@example.com", "bcc-fine@example.com"],
     });
     let copied = send(
-        &stack,
+        stack,
         &key,
         &mail(&["copied@example.com"], "marketing", Some("news"), copies),
     )
@@ -275,7 +283,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
         )
         .await;
     let greek = send(
-        &stack,
+        stack,
         &key,
         &mail(&["ΟΔΟΣ@example.com"], "transactional", None, json!({})),
     )
@@ -284,12 +292,9 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
         rejected(&greek),
         pairs(&[("ΟΔΟΣ@example.com", "suppressed:manual")])
     );
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
-    let stack = Stack::start().await;
+async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends(stack: &Stack) {
     let key = stack.key(100).await;
     let capped = |to: &[&str]| {
         mail(
@@ -299,17 +304,17 @@ async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
             json!({"frequencyCapDays": 7, "frequencyCapMax": 2}),
         )
     };
-    let first = send(&stack, &key, &capped(&["ann@example.com"])).await;
+    let first = send(stack, &key, &capped(&["ann@example.com"])).await;
     assert_eq!(first.recipients.accepted, 1);
     // A lifecycle send does not count against the marketing cap.
     send(
-        &stack,
+        stack,
         &key,
         &mail(&["ann@example.com"], "lifecycle", None, json!({})),
     )
     .await;
     let second = send(
-        &stack,
+        stack,
         &key,
         &capped(&["ann@example.com", "bob@example.com"]),
     )
@@ -319,7 +324,7 @@ async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
         "two sends in 7 days: at the cap"
     );
     let third = send(
-        &stack,
+        stack,
         &key,
         &capped(&["ann@example.com", "bob@example.com"]),
     )
@@ -332,14 +337,14 @@ async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
 
     // Topic exclusion: no mail of the topic within the days.
     let news = |extra: Value| mail(&["cat@example.com"], "marketing", Some("news"), extra);
-    send(&stack, &key, &news(json!({}))).await;
-    let again = send(&stack, &key, &news(json!({"topicExclusionDays": 3}))).await;
+    send(stack, &key, &news(json!({}))).await;
+    let again = send(stack, &key, &news(json!({"topicExclusionDays": 3}))).await;
     assert_eq!(
         rejected(&again),
         pairs(&[("cat@example.com", "topic_exclusion")])
     );
     let other = send(
-        &stack,
+        stack,
         &key,
         &mail(
             &["cat@example.com"],
@@ -358,7 +363,7 @@ async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
         None,
         json!({"frequencyCapDays": 1, "frequencyCapMax": 1}),
     );
-    let sends = (0..10).map(|_| send(&stack, &key, &once));
+    let sends = (0..10).map(|_| send(stack, &key, &once));
     let answers = futures::future::join_all(sends).await;
     let passed = answers
         .iter()
@@ -384,12 +389,9 @@ async fn caps_and_topic_exclusions_hold_even_for_concurrent_sends() {
         )
         .await;
     assert!(bad.error.contains("frequencyCapMax"), "{}", bad.error);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn the_suppression_list_is_listed_added_to_and_removed_from() {
-    let stack = Stack::start().await;
+async fn the_suppression_list_is_listed_added_to_and_removed_from(stack: &Stack) {
     let (key, other) = (stack.key(0).await, stack.key(0).await);
     let client = stack.client(&key);
     for body in [
@@ -442,12 +444,9 @@ async fn the_suppression_list_is_listed_added_to_and_removed_from() {
         .await;
     let page: Success<SuppressionPage> = client.get("/suppressions", StatusCode::OK).await;
     assert_eq!(page.body.suppressions.len(), 1);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
-    let stack = Stack::start().await;
+async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(stack: &Stack) {
     let key = stack.key(10).await;
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
@@ -455,22 +454,17 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
     let later = json!({ "scheduledAt": at });
     let both = ["stay@example.com", "leave@example.com"];
     let first = send(
-        &stack,
+        stack,
         &key,
         &mail(&both, "marketing", Some("news"), later.clone()),
     )
     .await;
     let alone = ["gone@example.com"];
-    let second = send(
-        &stack,
-        &key,
-        &mail(&alone, "marketing", Some("news"), later),
-    )
-    .await;
+    let second = send(stack, &key, &mail(&alone, "marketing", Some("news"), later)).await;
     assert_eq!(stack.balance(&key).await, 7);
     // Both unsubscribe after the sends were accepted, before their release.
     unsubscribe_from_news(&db, workspace, &["Leave@example.com", "gone@example.com"]).await;
-    let first = sent_task(&stack, &key, first.task_id.unwrap()).await;
+    let first = sent_task(stack, &key, first.task_id.unwrap()).await;
     assert!(postmesh_shared::db::now_unix() >= at, "released early");
     let sent: Vec<&str> = first.recipients.iter().map(|r| r.email.as_str()).collect();
     assert_eq!(
@@ -483,7 +477,7 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
         .map(|r| (r.email.as_str(), r.reason.as_str()))
         .collect();
     assert_eq!(left_off, [("leave@example.com", "unsubscribed:news")]);
-    let second = sent_task(&stack, &key, second.task_id.unwrap()).await;
+    let second = sent_task(stack, &key, second.task_id.unwrap()).await;
     assert_eq!((second.total, second.rejected.len()), (0, 1));
     assert_eq!(stack.messages_to("stay@example.com").len(), 1);
     assert!(stack.messages_to("leave@example.com").is_empty());
@@ -514,7 +508,6 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release() {
     })
     .await;
     assert_eq!(stack.settled_balance(&key).await, 9);
-    stack.shutdown().await;
 }
 
 #[tokio::test]

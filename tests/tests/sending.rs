@@ -416,17 +416,30 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered() {
     stack.shutdown().await;
 }
 
+/// Sends of one key each, to recipients of their own, side by side on one stack.
 #[tokio::test]
-async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
+async fn sends_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        test_sends_go_to_the_account_alone_at_the_price_of_one(&stack),
+        variables_fill_placeholders_and_a_missing_one_is_named(&stack),
+        templates_are_versioned_and_a_send_pins_its_version(&stack),
+        scheduled_sends_are_released_on_time_or_cancelled_and_refunded(&stack),
+        smtp_auth_accepts_the_keys_own_address_only(&stack),
+        an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn test_sends_go_to_the_account_alone_at_the_price_of_one(stack: &Stack) {
     let key = stack.key(5).await;
     let own = stack.account_email(&key).await;
-    let v = accepted(&stack, &key, json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
+    let v = accepted(stack, &key, json!({"to": ["ann.launch@example.com", "bo.launch@example.com"], "subject": "Launch", "text": "t", "testSend": true, "cc": "boss@example.com"}),
         )
         .await;
     assert_eq!((v.cost, v.test_send), (1, true));
     let task = v.task_id.expect("a task id");
-    wait_finished(&stack, &key, task).await;
+    wait_finished(stack, &key, task).await;
     let mail = stack
         .wait_for_messages(&own, 1, Duration::from_secs(10))
         .await;
@@ -444,17 +457,14 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one() {
     assert!(stack.messages_to("ann.launch@example.com").is_empty());
     assert!(stack.messages_to("bo.launch@example.com").is_empty());
     assert_eq!(stack.balance(&key).await, 4);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn variables_fill_placeholders_and_a_missing_one_is_named() {
-    let stack = Stack::start().await;
+async fn variables_fill_placeholders_and_a_missing_one_is_named(stack: &Stack) {
     let key = stack.key(5).await;
-    let error = refused(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
+    let error = refused(stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi"}}),
         StatusCode::BAD_REQUEST).await;
     assert!(error.contains("\"amount\""), "{error}");
-    accepted(&stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
+    accepted(stack, &key, json!({"to": "v@example.com", "subject": "Hi {{first}}", "text": "{{first}} owes {{amount}}", "variables": {"first": "Vi", "amount": 12.5}}),
         )
         .await;
     let mail = stack
@@ -464,12 +474,9 @@ async fn variables_fill_placeholders_and_a_missing_one_is_named() {
     assert_eq!(mime.subject(), Some("Hi Vi"));
     assert_eq!(mime.body_text(0).unwrap().trim(), "Vi owes 12.5");
     assert_eq!(stack.balance(&key).await, 4);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn templates_are_versioned_and_a_send_pins_its_version() {
-    let stack = Stack::start().await;
+async fn templates_are_versioned_and_a_send_pins_its_version(stack: &Stack) {
     let key = stack.key(5).await;
     let client = stack.client(&key);
     let body = json!({"key": "welcome", "subject": "Welcome v1", "text": "one {{name}}"});
@@ -495,13 +502,13 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
         .await;
 
     let latest = accepted(
-        &stack,
+        stack,
         &key,
         json!({"to": "t1@example.com", "templateKey": "welcome", "variables": {"name": "Tam"}}),
     )
     .await;
     assert_eq!(latest.template_version, Some(2));
-    let pinned = accepted(&stack, &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}})).await;
+    let pinned = accepted(stack, &key, json!({"to": "t2@example.com", "templateKey": "welcome", "templateVersion": 1, "variables": {"name": "Tia"}})).await;
     assert_eq!(pinned.template_version, Some(1));
     let parse = |eml: &str| {
         let m = MessageParser::default().parse(eml.as_bytes()).unwrap();
@@ -532,7 +539,7 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
         .get("/templates/welcome", StatusCode::NOT_FOUND)
         .await;
     refused(
-        &stack,
+        stack,
         &key,
         json!({"to": "t3@example.com", "templateKey": "welcome", "variables": {"name": "x"}}),
         StatusCode::BAD_REQUEST,
@@ -543,16 +550,13 @@ async fn templates_are_versioned_and_a_send_pins_its_version() {
     let list: Success<TemplateList> = stack.client(&other).get("/templates", StatusCode::OK).await;
     assert!(list.body.templates.is_empty());
     assert_eq!(stack.balance(&key).await, 3);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
-    let stack = Stack::start().await;
+async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded(stack: &Stack) {
     let key = stack.key(10).await;
     let at = now() + 2;
     let v = accepted(
-        &stack,
+        stack,
         &key,
         json!({"to": "later@example.com", "subject": "s", "text": "t", "scheduledAt": at}),
     )
@@ -562,14 +566,14 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
         (TaskStatus::Scheduled, Some(at))
     );
     let task = v.task_id.expect("a task id");
-    let early = status(&stack, &key, task, "").await;
+    let early = status(stack, &key, task, "").await;
     assert_eq!(early.status, Progress::Scheduled);
     assert!(stack.messages_to("later@example.com").is_empty());
-    let done = wait_finished(&stack, &key, task).await;
+    let done = wait_finished(stack, &key, task).await;
     assert_eq!(done.status, Progress::Sent);
     assert!(now() >= at, "not released early");
 
-    let v = accepted(&stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
+    let v = accepted(stack, &key, json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600}),
         )
         .await;
     let cancelled = v.task_id.expect("a task id");
@@ -588,7 +592,7 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
         .client(&other)
         .delete(&path, StatusCode::NOT_FOUND)
         .await;
-    let after = status(&stack, &key, cancelled, "").await;
+    let after = status(stack, &key, cancelled, "").await;
     assert_eq!(after.status, Progress::Cancelled);
     for recipient in &after.recipients {
         let kinds: Vec<_> = recipient.events.iter().map(|e| e.kind).collect();
@@ -601,14 +605,11 @@ async fn scheduled_sends_are_released_on_time_or_cancelled_and_refunded() {
     assert_eq!(after.recipients.len(), 2);
     let late = now() + 31 * 86400;
     let late = json!({"to": "x@example.com", "subject": "s", "text": "t", "scheduledAt": late});
-    refused(&stack, &key, late, StatusCode::BAD_REQUEST).await;
+    refused(stack, &key, late, StatusCode::BAD_REQUEST).await;
     assert_eq!(stack.balance(&key).await, 9);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn smtp_auth_accepts_the_keys_own_address_only() {
-    let stack = Stack::start().await;
+async fn smtp_auth_accepts_the_keys_own_address_only(stack: &Stack) {
     let key = stack.key(0).await;
     let own = stack.account_email(&key).await;
     let client = stack.client(&key);
@@ -633,7 +634,6 @@ async fn smtp_auth_accepts_the_keys_own_address_only() {
     let _: SmtpAuth = client
         .post("/smtp-auth", &json!({}), StatusCode::BAD_REQUEST)
         .await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -917,35 +917,33 @@ async fn send_keyed(stack: &Stack, key: &str, idem: &str, body: &Value) -> Answe
         .await
 }
 
-#[tokio::test]
-async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once() {
-    let stack = Stack::start().await;
+async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once(stack: &Stack) {
     let key = stack.key(10).await;
     let body = json!({"to": "once@example.com", "subject": "s", "text": "t", "variables": {"a": 1, "b": 2}});
-    let first: Success<SendAnswer> = send_keyed(&stack, &key, "order-2026-11-26-0001", &body)
+    let first: Success<SendAnswer> = send_keyed(stack, &key, "order-2026-11-26-0001", &body)
         .await
         .expect(StatusCode::OK, "keyed send");
     let task = first.body.task_id.expect("a task");
     // The same body again, its object keys in another order: the same answer, no charge.
     let again = json!({"text": "t", "variables": {"b": 2, "a": 1}, "subject": "s", "to": "once@example.com"});
-    let second: Success<SendAnswer> = send_keyed(&stack, &key, "order-2026-11-26-0001", &again)
+    let second: Success<SendAnswer> = send_keyed(stack, &key, "order-2026-11-26-0001", &again)
         .await
         .expect(StatusCode::OK, "repeat");
     assert_eq!(second.body.task_id, Some(task));
     assert_eq!(second.body.cost, 1);
     // Another body under the key is refused; a malformed key is a 400.
     let other = json!({"to": "other@example.com", "subject": "s", "text": "t"});
-    let e: ErrorBody = send_keyed(&stack, &key, "order-2026-11-26-0001", &other)
+    let e: ErrorBody = send_keyed(stack, &key, "order-2026-11-26-0001", &other)
         .await
         .expect(StatusCode::CONFLICT, "reused key");
     assert!(e.error.contains("Idempotency-Key"), "{}", e.error);
-    send_keyed(&stack, &key, "short", &other)
+    send_keyed(stack, &key, "short", &other)
         .await
         .expect::<ErrorBody>(StatusCode::BAD_REQUEST, "bad key");
     // Five at once under a new key: one task, one charge, one email.
     let racing = json!({"to": "race@example.com", "subject": "s", "text": "t"});
     let answers = futures::future::join_all(
-        (0..5).map(|_| send_keyed(&stack, &key, "order-2026-11-26-0002", &racing)),
+        (0..5).map(|_| send_keyed(stack, &key, "order-2026-11-26-0002", &racing)),
     )
     .await;
     let tasks: std::collections::HashSet<_> = answers
@@ -960,7 +958,7 @@ async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once()
     // Another workspace's key of the same name is its own.
     let other_key = stack.key(1).await;
     let theirs: Success<SendAnswer> =
-        send_keyed(&stack, &other_key, "order-2026-11-26-0001", &other)
+        send_keyed(stack, &other_key, "order-2026-11-26-0001", &other)
             .await
             .expect(StatusCode::OK, "other workspace");
     assert_ne!(theirs.body.task_id, Some(task));
@@ -975,5 +973,4 @@ async fn an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once()
     assert_eq!(stack.messages_to("once@example.com").len(), 1);
     assert_eq!(stack.messages_to("race@example.com").len(), 1);
     assert_eq!(stack.balance(&key).await, 8, "one credit per keyed send");
-    stack.shutdown().await;
 }

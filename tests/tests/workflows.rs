@@ -213,9 +213,20 @@ async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
     assert_eq!((events, runs), (1, 1));
 }
 
+/// Workflows of one key each, with contacts of their own, side by side on one stack.
 #[tokio::test]
-async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
+async fn workflows_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run(&stack),
+        branches_go_each_way_and_reentry_is_honoured(&stack),
+        workflows_are_listed_changed_for_new_runs_only_and_deleted(&stack),
+        conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run(stack: &Stack) {
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "welcome", "Welcome on the {{plan}} plan").await;
@@ -244,7 +255,7 @@ async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
     assert_eq!(runs[0]["status"], "active");
     // The stored event is published once on EVENTS, in protobuf.
     let published = eventually(Duration::from_secs(10), || async {
-        let events = published_events(&stack).await;
+        let events = published_events(stack).await;
         match events.iter().filter(|e| e.event_id == "s-ann").count() {
             1 => Ok(events),
             n => Err(n),
@@ -302,7 +313,6 @@ async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run() {
         ent["entitlements"]["model"]["executions"]["used"], 2,
         "{ent}"
     );
-    stack.shutdown().await;
 }
 
 /// A run taken up more than `MAX_CLAIMS` times without a pass ending (as when its handling
@@ -363,9 +373,7 @@ async fn a_run_taken_up_too_often_without_an_end_fails() {
     stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn branches_go_each_way_and_reentry_is_honoured() {
-    let stack = Stack::start().await;
+async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "big", "Thanks for the big order").await;
@@ -441,7 +449,6 @@ async fn branches_go_each_way_and_reentry_is_honoured() {
             "{id}: {made}"
         );
     }
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -499,9 +506,7 @@ async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
     stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn workflows_are_listed_changed_for_new_runs_only_and_deleted() {
-    let stack = Stack::start().await;
+async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stack) {
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "one", "One").await;
@@ -588,12 +593,9 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted() {
         )
         .await;
     assert_eq!(after["runs"], json!([]));
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property() {
-    let stack = Stack::start().await;
+async fn conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property(stack: &Stack) {
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "vip", "Your order ships").await;
@@ -658,5 +660,4 @@ async fn conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property()
     );
     assert!(mail[0].contains("Subject: Your order ships"));
     runs_when(&client, "o-v", |r| r[0]["status"] == "completed").await;
-    stack.shutdown().await;
 }
