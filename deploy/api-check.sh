@@ -2,7 +2,8 @@
 # The API against its own document: starts every service (namespace `apicheck`, the gateway
 # on 127.0.0.1:18080, admin ports 19090-19095) and runs schemathesis over every operation of
 # /openapi.json with an API key. Fails on any 5xx and on any answer the document does not
-# allow (status code, content type, schema, headers). The mail provider's secret goes with
+# allow (status code, content type, schema, headers). Stripe's API is the tests' fake
+# (`fake_stripe`). The mail provider's secret goes with
 # every call, so its route is fuzzed too; the MTA's does not: an ingest without the MTA's
 # authentication results is a 503 by design (the MTA retries), which the 5xx check refuses. schemathesis is installed with pip
 # into the tools cache outside the checkout when missing (deploy/pytool.sh).
@@ -23,12 +24,20 @@ export INBOUND_SECRET=apicheck-inbound PROVIDER_SECRET=apicheck-provider
 export UNSUBSCRIBE_SECRET=apicheck-unsubscribe WEBHOOK_ALLOW_INSECURE=1
 # Configured, so its route checks signatures (unset, it is 503 by design).
 export STRIPE_WEBHOOK_SECRET=whsec_apicheck
-
-"$bin/api-gateway" bootstrap
-
 pids=()
 stop() { [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null || true; wait || true; }
 trap stop EXIT
+# Stripe's API is the tests' strict fake (unset, top-ups and plans are 503 by design).
+rm -f var/fake-stripe.url
+"$bin/fake_stripe" > var/fake-stripe.url &
+pids+=($!)
+for _ in $(seq 1 100); do [ -s var/fake-stripe.url ] && break; sleep 0.1; done
+STRIPE_API_BASE="$(head -1 var/fake-stripe.url)"
+[ -n "$STRIPE_API_BASE" ] || { echo "api-check: the fake Stripe did not start" >&2; exit 1; }
+export STRIPE_API_BASE STRIPE_SECRET_KEY=sk_test_postmesh_fake
+
+"$bin/api-gateway" bootstrap
+
 port=19090
 for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; do
   ADMIN_ADDR="127.0.0.1:$port" "$bin/$svc" &
