@@ -80,25 +80,32 @@ impl Setting {
     }
 }
 
-/// Declares settings (`NAME = "default", "who: what";`, with `shown "…"` after the default
-/// where the table should say more) as constants, and `SETTINGS` listing them in order.
+/// Declares settings as constants, and `SETTINGS` listing them in order: `NAME = "default",
+/// "who: what";`, with `shown "…"` after the default where the table should say more. Settings
+/// of one row share the text: `A = "1" | B = "2", "…";`, and with one default too:
+/// `A / B = "", "…";`.
 #[macro_export]
 macro_rules! settings {
-    ($($name:ident = $default:literal $(shown $shown:literal)?, $about:literal;)+) => {
+    ($($($($name:ident)/+ = $default:literal $(shown $shown:literal)?)|+, $about:literal;)+) => {
+        $($(
+            $crate::settings!(@entry [$($name)/+] $default [$($shown)?] $about);
+        )+)+
+        /// Every setting declared here, in the order of the configuration table.
+        pub const SETTINGS: &[&$crate::config::Setting] = &[$($($(&$name,)+)+)+];
+    };
+    (@entry [$($name:ident)/+] $default:literal $shown:tt $about:literal) => {
         $(
             #[doc = $about]
             pub const $name: $crate::config::Setting = $crate::config::Setting {
                 name: stringify!($name),
                 default: $default,
-                shown: $crate::settings!(@shown $($shown)?),
+                shown: $crate::settings!(@shown $shown),
                 about: $about,
             };
         )+
-        /// Every setting declared here, in the order of the configuration table.
-        pub const SETTINGS: &[&$crate::config::Setting] = &[$(&$name),+];
     };
-    (@shown) => { None };
-    (@shown $shown:literal) => { Some($shown) };
+    (@shown []) => { None };
+    (@shown [$shown:literal]) => { Some($shown) };
 }
 
 /// The rows of the configuration table for `settings`: consecutive settings with the same
@@ -389,17 +396,22 @@ mod tests {
 
     /// The names of the settings `settings!` declares in `text` (`    NAME = "default", …`).
     fn declared(text: &str) -> BTreeSet<String> {
-        text.lines()
-            .filter_map(|line| line.trim_start().split_once(" = "))
-            .filter(|(name, rest)| {
-                (rest.starts_with('"') || rest.starts_with("r\""))
-                    && !name.is_empty()
-                    && name
-                        .chars()
-                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-            })
-            .map(|(name, _)| name.to_owned())
-            .filter(|name| !name.starts_with("TEST_"))
+        let setting = |name: &str| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        };
+        // `A = "1" | B = "2", …` and `A / B = "", …`, whose names may go on over lines.
+        text.replace(" /\n", " / ")
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .flat_map(|line| line.split(" | "))
+            .filter_map(|part| part.trim_start().split_once(" = "))
+            .filter(|(_, rest)| rest.starts_with('"') || rest.starts_with("r\""))
+            .flat_map(|(names, _)| names.split(" / ").map(str::trim))
+            .filter(|name| setting(name) && !name.starts_with("TEST_"))
+            .map(str::to_owned)
             .collect()
     }
 
@@ -480,8 +492,26 @@ mod tests {
             table(&[&TEST_ONE, &TEST_OTHER]).lines().nth(2),
             Some("| `TEST_ONE`, `TEST_OTHER` | `1`, two | test: one meaning |")
         );
-        // Only neighbours share a row.
-        assert_eq!(table(example::SETTINGS).lines().count(), 2 + 3);
+        // Only neighbours share a row; a group declares each of its names, in order.
+        let names: Vec<&str> = example::SETTINGS.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "TEST_ONE",
+                "TEST_OTHER",
+                "TEST_NONE",
+                "TEST_AGAIN",
+                "TEST_LEFT",
+                "TEST_RIGHT"
+            ]
+        );
+        let rows = table(example::SETTINGS);
+        assert_eq!(rows.lines().count(), 2 + 4);
+        assert_eq!(
+            rows.lines().last(),
+            Some("| `TEST_LEFT`, `TEST_RIGHT` | four | test: one default |")
+        );
+        assert_eq!((TEST_OTHER.default, TEST_RIGHT.default), ("2", "4"));
         let same = table(&[&TEST_NONE, &TEST_ONE, &TEST_OTHER, &TEST_AGAIN]);
         assert_eq!(
             same.lines().nth(3),
@@ -497,13 +527,13 @@ mod tests {
     /// Settings for the table's test (`TEST_` names are not looked for in the table).
     mod example {
         settings! {
-            TEST_ONE = "1", "test: one meaning";
-            TEST_OTHER = "2" shown "two", "test: one meaning";
+            TEST_ONE = "1" | TEST_OTHER = "2" shown "two", "test: one meaning";
             TEST_NONE = "", "test: none";
             TEST_AGAIN = "3" shown "two", "test: one meaning";
+            TEST_LEFT / TEST_RIGHT = "4" shown "four", "test: one default";
         }
     }
-    use example::{TEST_AGAIN, TEST_NONE, TEST_ONE, TEST_OTHER};
+    use example::{TEST_AGAIN, TEST_NONE, TEST_ONE, TEST_OTHER, TEST_RIGHT};
 
     #[test]
     fn connection_urls_lose_their_secrets() {

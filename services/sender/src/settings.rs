@@ -8,17 +8,14 @@ settings! {
     SEND_TRANSPORT = "file", "sender: `file`, `smtp` or `ses` (SES v2 `SendEmail`, raw MIME)";
     OUTBOX_DIR = "var/outbox", "sender: where `file` writes `.eml` files";
     SMTP_URL = "smtp://127.0.0.1:25", "sender: lettre relay URL, e.g. `smtps://user:pass@host:465`";
-    SEND_ACK_WAIT_SECS = "30", "sender: redelivery and retry schedule; messages in the transport's hands at once";
-    SEND_MAX_DELIVER = "8", "sender: redelivery and retry schedule; messages in the transport's hands at once";
-    SEND_RETRY_BASE_SECS = "5", "sender: redelivery and retry schedule; messages in the transport's hands at once";
-    SEND_CONCURRENCY = "16", "sender: redelivery and retry schedule; messages in the transport's hands at once";
+    SEND_ACK_WAIT_SECS = "30" | SEND_MAX_DELIVER = "8" | SEND_RETRY_BASE_SECS = "5" | SEND_CONCURRENCY = "16",
+        "sender: redelivery and retry schedule; messages in the transport's hands at once";
     MESSAGE_ID_DOMAIN = "postmesh.localhost", "sender: domain of the Message-IDs it makes (`<delivery id@domain>`)";
     SEND_DEFAULT_FROM = "no-reply@postmesh.localhost", "sender: from-address of a `/send-email` without `fromEmail`";
     SEND_SCHEDULE_POLL_SECS = "1", "sender: how often the scheduler releases due scheduled sends and the workflow timer pass takes due runs";
     UNSUBSCRIBE_SECRET = "" shown "unset (`make run`: `dev-unsubscribe-secret`)", "sender: signs one-click unsubscribe tokens (HMAC-SHA256); unset, marketing and lifecycle mail has no `List-Unsubscribe` and `/unsubscribe` answers 503";
     UNSUBSCRIBE_TOKEN_DAYS = "60", "sender: how long an unsubscribe link works";
     AUDIENCE_MAX_RECIPIENTS = "100000", "sender: contacts an audience or campaign send may reach at most (more is a 400)";
-    TEMPLATES_PER_WORKSPACE = "1000", "sender: what one workspace may hold (a template keeps at most 100 versions); one more is a 403 that names the setting";
-    AUDIENCES_PER_WORKSPACE = "200", "sender: what one workspace may hold (a template keeps at most 100 versions); one more is a 403 that names the setting";
-    WORKFLOWS_PER_WORKSPACE = "200", "sender: what one workspace may hold (a template keeps at most 100 versions); one more is a 403 that names the setting";
+    TEMPLATES_PER_WORKSPACE = "1000" | AUDIENCES_PER_WORKSPACE = "200" | WORKFLOWS_PER_WORKSPACE = "200",
+        "sender: what one workspace may hold (a template keeps at most 100 versions); one more is a 403 that names the setting";
 }
