@@ -57,6 +57,39 @@ fn inbox_address(local: &str) -> String {
     format!("{local}@{INBOUND_DOMAIN}")
 }
 
+/// For the crash tests: a stack whose dispatcher is a child process (and its settings, for a
+/// restart), a fresh key, and an endpoint of its inbox `local` to a receiver answering
+/// `reply`.
+async fn child_dispatcher_and_endpoint(
+    local: &str, reply: Reply,
+) -> (
+    Stack,
+    webhook_dispatcher::Config,
+    String,
+    uuid::Uuid,
+    Receiver,
+) {
+    let mut stack = Stack::start().await;
+    let config = stack.dispatcher_config();
+    stack.spawn_dispatcher(config.clone()).await;
+    let (key, inbox) = key_with_inbox(&stack, local).await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    receiver.answer(reply);
+    (stack, config, key, e, receiver)
+}
+
+/// The receiver got two deliveries, both under attempt `id`'s webhook-id.
+fn delivered_twice_as(receiver: &Receiver, id: uuid::Uuid) {
+    let got = receiver.deliveries();
+    assert_eq!(got.len(), 2, "tried again, once");
+    let id = format!("msg_{}", id.simple());
+    assert!(
+        got.iter().all(|d| d.id == id),
+        "the same webhook-id both times"
+    );
+}
+
 #[tokio::test]
 async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest() {
     let stack = Stack::start().await;
@@ -763,14 +796,9 @@ async fn a_host_whose_dns_turns_private_is_refused_at_delivery() {
 
 #[tokio::test]
 async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
-    let mut stack = Stack::start().await;
-    let config = stack.dispatcher_config();
-    stack.spawn_dispatcher(config.clone()).await;
-    let (key, inbox) = key_with_inbox(&stack, "crash").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
     // Each answer takes 1.5 s: the dispatcher is killed with deliveries in flight.
-    receiver.answer(Reply::Slow(Duration::from_millis(1500), 200));
+    let (mut stack, config, key, e, receiver) =
+        child_dispatcher_and_endpoint("crash", Reply::Slow(Duration::from_millis(1500), 200)).await;
     let count = 20;
     for i in 0..count {
         let raw = message(None, &format!("Crash {i}"), "", "c");
@@ -1042,19 +1070,14 @@ async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
 
 #[tokio::test]
 async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_its_webhook_id() {
-    let mut stack = Stack::start().await;
-    let config = stack.dispatcher_config();
-    stack.spawn_dispatcher(config.clone()).await;
-    let (key, inbox) = key_with_inbox(&stack, "cut").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
     // The answer takes 0.9 s: the dispatcher is killed after the POST arrived and before
     // its attempt was written.
-    receiver.answer(Reply::Slow(Duration::from_millis(900), 200));
+    let (mut stack, config, key, e, receiver) =
+        child_dispatcher_and_endpoint("cut", Reply::Slow(Duration::from_millis(900), 200)).await;
     let raw = message(None, "Cut off", "", "c");
     ingest(&stack, &raw, &[&inbox_address("cut")]).await;
     received(&receiver, 1, Duration::from_secs(10)).await;
-    stack.kill_dispatcher().await; // SIGKILL
+    stack.kill_dispatcher().await;
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
     let written: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE endpoint_id = $1")
         .bind(e)
@@ -1065,7 +1088,7 @@ async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_i
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     // INBOUND hands the unacknowledged message out again once its ack wait (30 s) is over.
-    let list = eventually(Duration::from_secs(60), || async {
+    let id = eventually(Duration::from_secs(60), || async {
         let list = attempts(&stack, &key, e).await;
         match list.as_slice() {
             [a] if a.status == Status::Succeeded => Ok(a.id),
@@ -1073,13 +1096,7 @@ async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_i
         }
     })
     .await;
-    let got = receiver.deliveries();
-    assert_eq!(got.len(), 2, "tried again, once");
-    let id = format!("msg_{}", list.simple());
-    assert!(
-        got.iter().all(|d| d.id == id),
-        "the same webhook-id both times"
-    );
+    delivered_twice_as(&receiver, id);
     stack.shutdown().await;
 }
 
@@ -1122,27 +1139,17 @@ async fn a_fan_out_whose_write_keeps_failing_posts_once_and_leaves_the_rest_to_t
         .unwrap();
     // The next run writes the attempt pending, and the worker delivers it.
     let list = settled(&stack, &key, e, 1, Status::Succeeded).await;
-    let got = receiver.deliveries();
-    assert_eq!(got.len(), 2);
-    let id = format!("msg_{}", list[0].id.simple());
-    assert!(
-        got.iter().all(|d| d.id == id),
-        "the same webhook-id both times"
-    );
+    delivered_twice_as(&receiver, list[0].id);
     stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_over() {
-    let mut stack = Stack::start().await;
-    let config = stack.dispatcher_config();
-    stack.spawn_dispatcher(config.clone()).await;
-    let (key, inbox) = key_with_inbox(&stack, "waiting").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
     // The answer takes 1.8 s: a second in, the attempt is written leased, waiting for it;
     // the dispatcher is killed before it comes.
-    receiver.answer(Reply::Slow(Duration::from_millis(1800), 200));
+    let (mut stack, config, key, e, receiver) =
+        child_dispatcher_and_endpoint("waiting", Reply::Slow(Duration::from_millis(1800), 200))
+            .await;
     let raw = message(None, "Waiting", "", "w");
     ingest(&stack, &raw, &[&inbox_address("waiting")]).await;
     eventually(Duration::from_secs(10), || async {
@@ -1153,7 +1160,7 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
         }
     })
     .await;
-    stack.kill_dispatcher().await; // SIGKILL
+    stack.kill_dispatcher().await;
     receiver.answer(Reply::Status(200));
     stack.restart_dispatcher(config).await;
     // Its lease (the 2 s timeout and 2 s more) over, the scheduler queues it: well before
@@ -1162,13 +1169,7 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
     let list = settled(&stack, &key, e, 1, Status::Succeeded).await;
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(list[0].attempt_count, 2);
-    let got = receiver.deliveries();
-    assert_eq!(got.len(), 2);
-    let id = format!("msg_{}", list[0].id.simple());
-    assert!(
-        got.iter().all(|d| d.id == id),
-        "the same webhook-id both times"
-    );
+    delivered_twice_as(&receiver, list[0].id);
     stack.shutdown().await;
 }
 

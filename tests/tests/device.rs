@@ -43,6 +43,16 @@ async fn poll(client: &TestClient, token: &str) -> (StatusCode, Value) {
     (answer.status, body)
 }
 
+/// `POST /cli/auth/approve` of `token` from the web app's signed-in `user`.
+async fn approve(user: &mut WebUser, token: &str) -> Answer {
+    user.json(
+        Method::POST,
+        "/cli/auth/approve",
+        &json!({ "deviceToken": token }),
+    )
+    .await
+}
+
 /// Waits out the poll interval so the next poll is on time.
 async fn wait_interval() {
     tokio::time::sleep(Duration::from_secs(DEVICE_POLL_INTERVAL_SECS)).await;
@@ -70,14 +80,8 @@ async fn device_authorization_follows_the_state_table() {
         let (status, body) = poll(&cli, &bad).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(body["success"], false);
-        let approve = user
-            .json(
-                Method::POST,
-                "/cli/auth/approve",
-                &json!({ "deviceToken": bad }),
-            )
-            .await;
-        assert_eq!(approve.status, StatusCode::BAD_REQUEST, "{bad}");
+        let refused = approve(&mut user, &bad).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}");
     }
 
     // (none) → pending.
@@ -130,23 +134,12 @@ async fn device_authorization_follows_the_state_table() {
         )
         .await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
-    let approved: Value = user
-        .json(
-            Method::POST,
-            "/cli/auth/approve",
-            &json!({ "deviceToken": t }),
-        )
+    let approved: Value = approve(&mut user, &t)
         .await
         .expect(StatusCode::OK, "approve");
     assert_eq!(approved, json!({ "success": true, "email": email }));
     // A second approve of a handled request: 409.
-    let twice = user
-        .json(
-            Method::POST,
-            "/cli/auth/approve",
-            &json!({ "deviceToken": t }),
-        )
-        .await;
+    let twice = approve(&mut user, &t).await;
     assert_eq!(twice.status, StatusCode::CONFLICT);
 
     // approved --poll--> consumed: the key, once, even to two polls at once.
@@ -186,13 +179,7 @@ async fn device_authorization_follows_the_state_table() {
     let (status, body) = poll(&cli, &t).await;
     assert_eq!(status, StatusCode::GONE, "{body}");
     assert_eq!(body["success"], false);
-    let after = user
-        .json(
-            Method::POST,
-            "/cli/auth/approve",
-            &json!({ "deviceToken": t }),
-        )
-        .await;
+    let after = approve(&mut user, &t).await;
     assert_eq!(after.status, StatusCode::GONE);
     assert_eq!(
         init(&cli, &t).await.status,
@@ -213,13 +200,7 @@ async fn device_authorization_follows_the_state_table() {
     }
     let (status, _) = poll(&cli, &late).await;
     assert_eq!(status, StatusCode::GONE);
-    let expired = user
-        .json(
-            Method::POST,
-            "/cli/auth/approve",
-            &json!({ "deviceToken": late }),
-        )
-        .await;
+    let expired = approve(&mut user, &late).await;
     assert_eq!(expired.status, StatusCode::GONE);
     // Never started: 410 as well.
     let (status, _) = poll(&cli, &token()).await;
@@ -233,13 +214,7 @@ async fn device_authorization_follows_the_state_table() {
         .execute(&db)
         .await
         .expect("drop primary");
-    let no_key = user
-        .json(
-            Method::POST,
-            "/cli/auth/approve",
-            &json!({ "deviceToken": keyless }),
-        )
-        .await;
+    let no_key = approve(&mut user, &keyless).await;
     assert_eq!(no_key.status, StatusCode::INTERNAL_SERVER_ERROR);
     stack.shutdown().await;
 }

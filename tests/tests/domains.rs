@@ -77,15 +77,17 @@ impl World {
 
     /// Submits `name`; the answer's domain record.
     async fn submit(&self, key: &str, name: &str) -> DomainView {
-        let answer: Success<Submitted> = self
-            .client(key)
-            .post(
-                "/sender-domains",
-                &json!({ "domain": name }),
-                StatusCode::OK,
-            )
-            .await;
+        let answer: Success<Submitted> = self.post_domain(key, name, StatusCode::OK).await;
         answer.body.domain
+    }
+
+    /// `POST /sender-domains` of `name` as `key`, answered `expected`.
+    async fn post_domain<T: DeserializeOwned>(
+        &self, key: &str, name: &str, expected: StatusCode,
+    ) -> T {
+        self.client(key)
+            .post("/sender-domains", &json!({ "domain": name }), expected)
+            .await
     }
 
     /// Submits `name` and has its TXT record verified; the domain's id.
@@ -163,12 +165,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
     // No plan: 402, whatever the name.
     let free = world.stack.key(0).await;
     let _: ErrorBody = world
-        .client(&free)
-        .post(
-            "/sender-domains",
-            &json!({"domain": unique("free")}),
-            StatusCode::PAYMENT_REQUIRED,
-        )
+        .post_domain(&free, &unique("free"), StatusCode::PAYMENT_REQUIRED)
         .await;
 
     let starter = world.subscribed("starter").await;
@@ -197,12 +194,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
     let submitted: Success<Submitted> = world
-        .client(&starter)
-        .post(
-            "/sender-domains",
-            &json!({"domain": name.to_uppercase()}),
-            StatusCode::OK,
-        )
+        .post_domain(&starter, &name.to_uppercase(), StatusCode::OK)
         .await;
     let domain = &submitted.body.domain;
     assert!(domain.domain.starts_with("xn--"), "{domain:?}");
@@ -217,12 +209,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
 
     // Starter allows one custom domain: the second is 403, and billing counts the one.
     let _: ErrorBody = world
-        .client(&starter)
-        .post(
-            "/sender-domains",
-            &json!({"domain": unique("second")}),
-            StatusCode::FORBIDDEN,
-        )
+        .post_domain(&starter, &unique("second"), StatusCode::FORBIDDEN)
         .await;
     let ent: Success<EntitlementsPage> = world
         .client(&starter)
@@ -234,12 +221,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
     let pro = world.subscribed("pro").await;
     for key in [&pro, &starter] {
         let err: ErrorBody = world
-            .client(key)
-            .post(
-                "/sender-domains",
-                &json!({"domain": domain.domain}),
-                StatusCode::CONFLICT,
-            )
+            .post_domain(key, &domain.domain, StatusCode::CONFLICT)
             .await;
         assert!(!err.success);
     }
@@ -253,20 +235,10 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         .await
         .unwrap();
     let _: ErrorBody = world
-        .client(&starter)
-        .post(
-            "/sender-domains",
-            &json!({"domain": domain.domain}),
-            StatusCode::CONFLICT,
-        )
+        .post_domain(&starter, &domain.domain, StatusCode::CONFLICT)
         .await;
     let taken: Success<Submitted> = world
-        .client(&pro)
-        .post(
-            "/sender-domains",
-            &json!({"domain": domain.domain}),
-            StatusCode::OK,
-        )
+        .post_domain(&pro, &domain.domain, StatusCode::OK)
         .await;
     assert_eq!(taken.body.domain.ownership_status, Ownership::Pending);
     let old = domain.id.expect("a custom domain's id");
@@ -284,12 +256,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
     .await
     .unwrap();
     let _: ErrorBody = world
-        .client(&starter)
-        .post(
-            "/sender-domains",
-            &json!({"domain": domain.domain}),
-            StatusCode::CONFLICT,
-        )
+        .post_domain(&starter, &domain.domain, StatusCode::CONFLICT)
         .await;
 
     // Two workspaces submitting one new name at the same moment: one wins.
