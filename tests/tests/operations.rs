@@ -12,9 +12,18 @@ async fn metrics_of(stack: &Stack, addr: std::net::SocketAddr) -> String {
     res.await.unwrap().text().await.unwrap()
 }
 
+/// What every service serves, and request ids, on one stack.
 #[tokio::test]
-async fn every_service_serves_health_readiness_and_metrics() {
+async fn health_and_request_ids_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        every_service_serves_health_readiness_and_metrics(&stack),
+        request_ids_are_echoed_or_generated(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn every_service_serves_health_readiness_and_metrics(stack: &Stack) {
     let key = stack.key(1).await;
     assert_eq!(stack.balance(&key).await, 1);
     let admins = stack.admin_addrs();
@@ -33,17 +42,14 @@ async fn every_service_serves_health_readiness_and_metrics() {
                 .unwrap();
             assert_eq!(res.status(), StatusCode::OK, "{addr}{path}");
         }
-        let metrics = metrics_of(&stack, addr).await;
+        let metrics = metrics_of(stack, addr).await;
         // In one process the services share a registry; what each counts on its own is
         // checked with one process per service below.
         assert!(metrics.contains("# TYPE postmesh_"), "{metrics}");
     }
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn request_ids_are_echoed_or_generated() {
-    let stack = Stack::start().await;
+async fn request_ids_are_echoed_or_generated(stack: &Stack) {
     let key = stack.key(1).await;
     let res = stack
         .http
@@ -63,7 +69,6 @@ async fn request_ids_are_echoed_or_generated() {
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     let generated = res.headers()["x-request-id"].to_str().unwrap();
     assert!(uuid::Uuid::parse_str(generated).is_ok(), "{generated}");
-    stack.shutdown().await;
 }
 
 /// Each service in its own process, as in production: every admin endpoint shows the

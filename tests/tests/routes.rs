@@ -274,17 +274,26 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     postmesh_tests::remove_namespace(&common).await;
 }
 
+/// The gateway's own limits and documents, on one stack.
+#[tokio::test]
+async fn gateway_documents_and_limits_side_by_side() {
+    let stack = Stack::start().await;
+    tokio::join!(
+        a_route_with_its_own_limit_takes_large_bodies_through_the_gateway(&stack),
+        the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page(&stack),
+    );
+    stack.shutdown().await;
+}
+
 /// Through the real gateway: a route with its own body limit (`/send-email`) takes a body far
 /// over `GATEWAY_BODY_LIMIT` (64 KiB in tests) and over the claim-check threshold, which
 /// reaches the service whole; over the route's limit the gateway answers 413 in the standard
 /// body; a route without its own limit still stops at `GATEWAY_BODY_LIMIT`.
-#[tokio::test]
-async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
+async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway(stack: &Stack) {
     let limit = SEND_EMAIL
         .body_limit
         .expect("/send-email declares its own body limit");
     assert!(limit > 2 * CLAIM_CHECK_THRESHOLD);
-    let stack = Stack::start().await;
     let key = stack.key(10).await;
     let post = |path: &str, body: Vec<u8>| {
         let req = stack
@@ -335,7 +344,6 @@ async fn a_route_with_its_own_limit_takes_large_bodies_through_the_gateway() {
     let (status, json) = post("/balance", Vec::new()).await;
     assert_eq!(status, 405, "{json}");
     assert_eq!(json["success"], false, "{json}");
-    stack.shutdown().await;
 }
 
 /// The gateway includes the body schemas as a checked-in file: it must be what the
@@ -419,8 +427,9 @@ fn the_api_reference_in_docs_is_current() {
     }
 }
 
-#[tokio::test]
-async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page() {
+async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page(
+    stack: &Stack,
+) {
     let doc = api_gateway::openapi::document();
     assert_eq!(doc["openapi"], "3.1.0");
     let mut documented = std::collections::HashSet::new();
@@ -553,8 +562,8 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
     let id = &doc["paths"]["/contacts/{id}"]["get"]["parameters"][0];
     assert_eq!(id["schema"]["format"], "uuid", "{id}");
     // Every reference resolves.
-    let mut stack = vec![&doc];
-    while let Some(value) = stack.pop() {
+    let mut pending = vec![&doc];
+    while let Some(value) = pending.pop() {
         match value {
             serde_json::Value::Object(map) => {
                 if let Some(target) = map.get("$ref").and_then(|r| r.as_str()) {
@@ -564,15 +573,14 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
                         "{target} is not in the document"
                     );
                 }
-                stack.extend(map.values());
+                pending.extend(map.values());
             }
-            serde_json::Value::Array(items) => stack.extend(items),
+            serde_json::Value::Array(items) => pending.extend(items),
             _ => {}
         }
     }
 
     // Served as it is built, and the reference page lists every path.
-    let stack = Stack::start().await;
     let res = stack
         .http
         .get(format!("{}/openapi.json", stack.base))
@@ -619,7 +627,6 @@ async fn the_openapi_document_covers_exactly_the_gateway_table_and_is_served_wit
             );
         }
     }
-    stack.shutdown().await;
 }
 
 #[test]

@@ -56,9 +56,21 @@ async fn call(
     (status, res.text().await.unwrap_or_default())
 }
 
+/// The sweeps below, each with keys of its own, on one stack.
 #[tokio::test]
-async fn no_key_or_a_wrong_key_gets_nothing_anywhere() {
+async fn attacks_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        no_key_or_a_wrong_key_gets_nothing_anywhere(&stack),
+        another_workspace_s_key_never_reaches_this_workspace_s_data(&stack),
+        deep_json_is_a_400(&stack),
+        malformed_wrong_and_oversized_bodies_are_refused_never_a_500(&stack),
+        cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn no_key_or_a_wrong_key_gets_nothing_anywhere(stack: &Stack) {
     let mut checked = 0;
     for route in all_routes() {
         let path = fill(route.path, &uuid::Uuid::now_v7().to_string());
@@ -70,7 +82,7 @@ async fn no_key_or_a_wrong_key_gets_nothing_anywhere() {
             Policy::Page => StatusCode::SEE_OTHER,
         };
         for auth in [None, Some("pm_live_0000000000000000000000000000")] {
-            let (status, body) = call(&stack, &route, &path, auth, None).await;
+            let (status, body) = call(stack, &route, &path, auth, None).await;
             let what = format!("{} {path} with {auth:?}", route.method.as_str());
             assert_eq!(status, expected, "{what}: {body}");
             if expected == StatusCode::UNAUTHORIZED {
@@ -81,12 +93,9 @@ async fn no_key_or_a_wrong_key_gets_nothing_anywhere() {
         }
     }
     assert!(checked > 150, "{checked} calls");
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn another_workspace_s_key_never_reaches_this_workspace_s_data() {
-    let stack = Stack::start().await;
+async fn another_workspace_s_key_never_reaches_this_workspace_s_data(stack: &Stack) {
     let owner = stack.key(100).await;
     let intruder = stack.key(100).await;
     // Something of the owner's behind each kind of id.
@@ -131,7 +140,7 @@ async fn another_workspace_s_key_never_reaches_this_workspace_s_data() {
             &uuid::Uuid::now_v7().to_string()
         };
         let path = fill(route.path, id);
-        let (status, body) = call(&stack, &route, &path, Some(&intruder), None).await;
+        let (status, body) = call(stack, &route, &path, Some(&intruder), None).await;
         let what = format!("{} {path}: {status} {body}", route.method.as_str());
         assert!(
             matches!(
@@ -151,7 +160,6 @@ async fn another_workspace_s_key_never_reaches_this_workspace_s_data() {
     let _: Value = client
         .get(&format!("/webhooks/{webhook_id}"), StatusCode::OK)
         .await;
-    stack.shutdown().await;
 }
 
 /// JSON nested 1,000 deep, as an object inside each field.
@@ -160,9 +168,7 @@ fn deep_json() -> Vec<u8> {
     format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth)).into_bytes()
 }
 
-#[tokio::test]
-async fn deep_json_is_a_400() {
-    let stack = Stack::start().await;
+async fn deep_json_is_a_400(stack: &Stack) {
     let key = stack.key(100).await;
     let routes = [
         (HttpMethod::Post, "/send-email"),
@@ -178,19 +184,16 @@ async fn deep_json_is_a_400() {
             .into_iter()
             .find(|r| r.method == m && r.path == path)
             .expect("a declared route");
-        let (status, text) = call(&stack, &route, path, Some(&key), Some(deep_json())).await;
+        let (status, text) = call(stack, &route, path, Some(&key), Some(deep_json())).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {text}");
         let answer: Value = serde_json::from_str(&text).expect("a JSON error");
         assert_eq!(answer["success"], false, "{path}: {text}");
     }
     // Every service still answers.
     let _: Value = stack.client(&key).get("/balance", StatusCode::OK).await;
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500() {
-    let stack = Stack::start().await;
+async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500(stack: &Stack) {
     let key = stack.key(100).await;
     let mut refused = 0;
     for route in all_routes() {
@@ -201,7 +204,7 @@ async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500() {
         }
         let path = fill(route.path, &uuid::Uuid::now_v7().to_string());
         for body in [&b"{not json"[..], b"[1, 2", b"\"a string\"", b"{\"to\": 5}"] {
-            let (status, text) = call(&stack, &route, &path, Some(&key), Some(body.to_vec())).await;
+            let (status, text) = call(stack, &route, &path, Some(&key), Some(body.to_vec())).await;
             let what = format!(
                 "{} {path} with {:?}: {status} {text}",
                 route.method.as_str(),
@@ -225,7 +228,7 @@ async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500() {
         let mut big = b"{\"pad\":\"".to_vec();
         big.resize(limit + 1 - 2, b'x');
         big.extend_from_slice(b"\"}");
-        let (status, text) = call(&stack, &route, &path, Some(&key), Some(big)).await;
+        let (status, text) = call(stack, &route, &path, Some(&key), Some(big)).await;
         let what = format!(
             "{} {path} over its limit: {status} {text}",
             route.method.as_str()
@@ -244,12 +247,9 @@ async fn malformed_wrong_and_oversized_bodies_are_refused_never_a_500() {
             .post("/send-email", &body, StatusCode::BAD_REQUEST)
             .await;
     }
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused() {
-    let stack = Stack::start().await;
+async fn cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused(stack: &Stack) {
     let key = stack.key(100).await;
     let base = json!({"to": "a@example.com", "subject": "s", "text": "t"});
     let fields = [
@@ -289,5 +289,4 @@ async fn cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused() {
         }
     }
     assert_eq!(stack.balance(&key).await, 100, "nothing was charged");
-    stack.shutdown().await;
 }

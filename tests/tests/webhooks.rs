@@ -26,14 +26,24 @@ async fn create<T: serde::de::DeserializeOwned>(
         .await
 }
 
+/// The resource scenarios below, each with keys of its own, on one stack.
 #[tokio::test]
-async fn endpoints_follow_their_rules_and_show_the_secret_once() {
+async fn webhook_resources_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
-    let (ann, inbox) = key_with_inbox(&stack, "ann").await;
-    let (bob, bob_inbox) = key_with_inbox(&stack, "bob").await;
+    tokio::join!(
+        endpoints_follow_their_rules_and_show_the_secret_once(&stack),
+        the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest(&stack),
+        the_workspace_default_webhook_is_set_shown_rotated_and_removed(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn endpoints_follow_their_rules_and_show_the_secret_once(stack: &Stack) {
+    let (ann, inbox) = key_with_inbox(stack, "ann").await;
+    let (bob, bob_inbox) = key_with_inbox(stack, "bob").await;
     // Defaults, and a generated secret shown once.
     let first: Success<Created> = create(
-        &stack,
+        stack,
         &ann,
         json!({ "addressId": inbox, "url": "http://127.0.0.1:9/hook-0" }),
         StatusCode::CREATED,
@@ -82,7 +92,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
         base64::engine::general_purpose::STANDARD.encode([9u8; 24])
     );
     let second: Success<Created> = create(
-        &stack,
+        stack,
         &ann,
         json!({ "addressId": inbox, "url": "http://127.0.0.1:9/hook-1", "signingSecret": given,
                 "active": false, "bodyFormat": "markdown", "stripQuotes": true }),
@@ -97,7 +107,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
         &format!("whsec_{}", "A".repeat(120)),
     ] {
         let bad: ErrorBody = create(
-            &stack,
+            stack,
             &ann,
             json!({ "addressId": inbox, "url": "http://127.0.0.1:9/x", "signingSecret": secret }),
             StatusCode::BAD_REQUEST,
@@ -111,7 +121,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
     }
     // A URL once per address (another address may use it), at most 10 per address.
     let dup: ErrorBody = create(
-        &stack,
+        stack,
         &ann,
         json!({ "addressId": inbox, "url": "http://127.0.0.1:9/hook-0" }),
         StatusCode::CONFLICT,
@@ -119,7 +129,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
     .await;
     assert!(!dup.success);
     let _: Success<Created> = create(
-        &stack,
+        stack,
         &bob,
         json!({ "addressId": bob_inbox, "url": "http://127.0.0.1:9/hook-0" }),
         StatusCode::CREATED,
@@ -127,7 +137,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
     .await;
     for i in 2..MAX_PER_ADDRESS {
         let _: Success<Created> = create(
-            &stack,
+            stack,
             &ann,
             json!({ "addressId": inbox, "url": format!("http://127.0.0.1:9/hook-{i}") }),
             StatusCode::CREATED,
@@ -135,7 +145,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
         .await;
     }
     let eleventh: ErrorBody = create(
-        &stack,
+        stack,
         &ann,
         json!({ "addressId": inbox, "url": "http://127.0.0.1:9/hook-11" }),
         StatusCode::CONFLICT,
@@ -145,7 +155,7 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
     // Another workspace's address, or none, is 404; so are its endpoints.
     for address in [bob_inbox, AddressId::new()] {
         let other: ErrorBody = create(
-            &stack,
+            stack,
             &ann,
             json!({ "addressId": address, "url": "http://127.0.0.1:9/other" }),
             StatusCode::NOT_FOUND,
@@ -219,7 +229,6 @@ async fn endpoints_follow_their_rules_and_show_the_secret_once() {
         )
         .await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -279,17 +288,14 @@ async fn subscribe<T: serde::de::DeserializeOwned>(
         .await
 }
 
-#[tokio::test]
-async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
-    let stack = Stack::start().await;
-    let (ann, inbox) = key_with_inbox(&stack, "legacy").await;
-    let (bob, bob_inbox) = key_with_inbox(&stack, "legacy-bob").await;
+async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest(stack: &Stack) {
+    let (ann, inbox) = key_with_inbox(stack, "legacy").await;
+    let (bob, bob_inbox) = key_with_inbox(stack, "legacy-bob").await;
     // Nothing to update yet: creating needs a url.
-    let no_url: ErrorBody =
-        subscribe(&stack, &ann, inbox, json!({}), StatusCode::BAD_REQUEST).await;
+    let no_url: ErrorBody = subscribe(stack, &ann, inbox, json!({}), StatusCode::BAD_REQUEST).await;
     assert!(no_url.error.contains("url"), "{}", no_url.error);
     let created: Success<Subscribed> = subscribe(
-        &stack,
+        stack,
         &ann,
         inbox,
         json!({ "url": "http://127.0.0.1:9/legacy", "bodyFormat": "html" }),
@@ -304,14 +310,14 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     let secret = created.body.signing_secret.expect("shown on creation");
     // A second endpoint through the new API; the PUT keeps updating the oldest.
     let _: Success<Created> = create(
-        &stack,
+        stack,
         &ann,
         json!({ "addressId": inbox, "url": "http://127.0.0.1:9/newer" }),
         StatusCode::CREATED,
     )
     .await;
     let updated: Success<Subscribed> = subscribe(
-        &stack,
+        stack,
         &ann,
         inbox,
         json!({ "active": false, "stripQuotes": true }),
@@ -332,7 +338,7 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     // rotateSecret: a new secret, shown; the old one kept to sign beside it for 24 hours.
     let sealed_before = peek::dispatcher::sealed_secret(&db, first.id).await;
     let rotated: Success<Subscribed> = subscribe(
-        &stack,
+        stack,
         &ann,
         inbox,
         json!({ "rotateSecret": true }),
@@ -347,7 +353,7 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     assert!((86_390..=86_400).contains(&left), "{left}");
     // Another workspace's address is 404.
     let other: ErrorBody = subscribe(
-        &stack,
+        stack,
         &bob,
         inbox,
         json!({ "url": "http://127.0.0.1:9/x" }),
@@ -356,7 +362,7 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     .await;
     assert!(!other.success);
     let bobs: ErrorBody = subscribe(
-        &stack,
+        stack,
         &ann,
         bob_inbox,
         json!({ "url": "http://127.0.0.1:9/x" }),
@@ -364,12 +370,9 @@ async fn the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest() {
     )
     .await;
     assert!(!bobs.success);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn the_workspace_default_webhook_is_set_shown_rotated_and_removed() {
-    let stack = Stack::start().await;
+async fn the_workspace_default_webhook_is_set_shown_rotated_and_removed(stack: &Stack) {
     let (ann, bob) = (stack.key(0).await, stack.key(0).await);
     let none: ErrorBody = stack
         .client(&ann)
@@ -456,5 +459,4 @@ async fn the_workspace_default_webhook_is_set_shown_rotated_and_removed() {
         .send(reqwest::Method::DELETE, "/inbox/webhook/default", None)
         .await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND);
-    stack.shutdown().await;
 }
