@@ -159,9 +159,21 @@ fn names(domains: &[DomainView]) -> Vec<String> {
     domains.iter().map(|d| d.domain.clone()).collect()
 }
 
+/// The domain scenarios below, each with keys and names of their own, on one world (fake SES, whose outages would reach the others, keeps its own).
 #[tokio::test]
-async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
+async fn domains_of_one_key_each_side_by_side() {
     let world = World::start().await;
+    tokio::join!(
+        submission_needs_a_plan_a_free_slot_and_a_free_name(&world),
+        ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin(&world),
+        inbound_is_ready_only_when_the_best_mx_is_ours(&world),
+        apply_dns_creates_exactly_the_missing_records_and_never_overwrites(&world),
+        a_workspace_never_sees_or_changes_anothers_domain(&world),
+    );
+    world.stack.shutdown().await;
+}
+
+async fn submission_needs_a_plan_a_free_slot_and_a_free_name(world: &World) {
     // No plan: 402, whatever the name.
     let free = world.stack.key(0).await;
     let _: ErrorBody = world
@@ -280,12 +292,9 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name() {
         statuses.sort();
         assert_eq!(statuses, [StatusCode::OK, StatusCode::CONFLICT]);
     }
-    world.stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
-    let world = World::start().await;
+async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin(world: &World) {
     let key = world.subscribed("pro").await;
     let name = unique("own");
     let domain = world.submit(&key, &name).await;
@@ -303,10 +312,10 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
         assert!(err.error.contains("not verified"), "{action}: {err:?}");
     }
     assert_eq!(
-        names(&list(&world, &key, false).await.domains),
+        names(&list(world, &key, false).await.domains),
         ["postmesh.localhost"]
     );
-    let all = list(&world, &key, true).await;
+    let all = list(world, &key, true).await;
     assert_eq!(names(&all.domains), ["postmesh.localhost", name.as_str()]);
     assert_eq!(all.inbound_mx_host, "mx.postmesh.localhost");
 
@@ -335,7 +344,7 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
     assert_eq!(checked.body.domain.ownership_status, Ownership::Verified);
     assert!(checked.body.domain.verified_at.unwrap() > 0);
     assert_eq!(
-        names(&list(&world, &key, false).await.domains),
+        names(&list(world, &key, false).await.domains),
         ["postmesh.localhost", name.as_str()]
     );
 
@@ -412,12 +421,9 @@ async fn ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin() {
             StatusCode::NOT_FOUND,
         )
         .await;
-    world.stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
-    let world = World::start().await;
+async fn inbound_is_ready_only_when_the_best_mx_is_ours(world: &World) {
     let key = world.subscribed("pro").await;
     let name = unique("in");
     let id = world.verified(&key, &name).await;
@@ -508,7 +514,6 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours() {
         .await
         .unwrap();
     assert!(!gone.found, "no longer routed to us");
-    world.stack.shutdown().await;
 }
 
 fn kinds(records: &[DnsRecord]) -> Vec<&str> {
@@ -695,9 +700,7 @@ async fn without_ses_credentials_outbound_is_unavailable() {
     world.stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
-    let world = World::start().await;
+async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(world: &World) {
     let key = world.subscribed("pro").await;
     let name = unique("cf");
     let id = world.verified(&key, &name).await;
@@ -862,18 +865,15 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites() {
             StatusCode::SERVICE_UNAVAILABLE,
         )
         .await;
-    world.stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_workspace_never_sees_or_changes_anothers_domain() {
-    let world = World::start().await;
+async fn a_workspace_never_sees_or_changes_anothers_domain(world: &World) {
     let owner = world.subscribed("pro").await;
     let other = world.subscribed("pro").await;
     let name = unique("mine");
     let id = world.verified(&owner, &name).await;
 
-    assert!(!names(&list(&world, &other, true).await.domains).contains(&name));
+    assert!(!names(&list(world, &other, true).await.domains).contains(&name));
     let path = format!("/sender-domains/{id}");
     let _: ErrorBody = world.client(&other).get(&path, StatusCode::NOT_FOUND).await;
     let _: ErrorBody = world
@@ -953,7 +953,6 @@ async fn a_workspace_never_sees_or_changes_anothers_domain() {
         .await
         .unwrap();
     assert!(!invalid.sendable);
-    world.stack.shutdown().await;
 }
 
 #[tokio::test]
