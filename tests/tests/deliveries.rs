@@ -241,6 +241,8 @@ async fn inbox_webhooks_of_one_key_each_side_by_side() {
         a_rotated_secret_signs_beside_the_new_one(&stack),
         bodies_come_in_each_format_with_quotes_stripped_on_request(&stack),
         a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(&stack),
+        a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(&stack),
+        a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables(&stack),
     );
     stack.shutdown().await;
 }
@@ -373,15 +375,13 @@ async fn bodies_come_in_each_format_with_quotes_stripped_on_request(stack: &Stac
     assert!(body(3, apple).contains("*great*") || body(3, apple).contains("_great_"));
 }
 
-#[tokio::test]
-async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured() {
-    let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "flaky").await;
+async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "flaky").await;
     let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
     receiver.script([Reply::Status(500), Reply::Status(500)]);
     ingest(
-        &stack,
+        stack,
         &message(None, "One", "", "1"),
         &[&inbox_address("flaky")],
     )
@@ -391,7 +391,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     // The test stack's schedule: 1 s, then 2 s.
     assert!(got[1].arrived - got[0].arrived >= Duration::from_millis(900));
     assert!(got[2].arrived - got[1].arrived >= Duration::from_millis(1900));
-    let done = settled(&stack, &key, e, 1, Status::Succeeded).await;
+    let done = settled(stack, &key, e, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (3, Some(200))
@@ -401,7 +401,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     receiver.script([Reply::RetryAfter(429, 4)]);
     let asked = Instant::now();
     ingest(
-        &stack,
+        stack,
         &message(None, "Two", "", "2"),
         &[&inbox_address("flaky")],
     )
@@ -409,7 +409,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].answered, 429);
     let waiting = eventually(Duration::from_secs(3), || async {
-        let list = attempts(&stack, &key, e).await;
+        let list = attempts(stack, &key, e).await;
         match list.iter().find(|a| a.last_status_code == Some(429)) {
             Some(a) => Ok(a.next_attempt_at),
             None => Err(format!("{list:?}")),
@@ -425,26 +425,25 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     assert!(got[4].arrived - got[3].arrived >= Duration::from_millis(3900));
     assert_eq!(got[4].id, got[3].id);
     assert!(asked.elapsed() >= Duration::from_secs(4));
-    settled(&stack, &key, e, 2, Status::Succeeded).await;
-    stack.shutdown().await;
+    settled(stack, &key, e, 2, Status::Succeeded).await;
 }
 
-#[tokio::test]
-async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables() {
-    let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "dead").await;
+async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables(
+    stack: &Stack,
+) {
+    let (key, inbox) = key_with_inbox(stack, "dead").await;
     let (receiver, gone) = (Receiver::start().await, Receiver::start().await);
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
-    let g = endpoint(&stack, &key, inbox, &gone, json!({})).await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    let g = endpoint(stack, &key, inbox, &gone, json!({})).await;
     receiver.answer(Reply::Status(503));
     gone.answer(Reply::Status(410));
     ingest(
-        &stack,
+        stack,
         &message(None, "Dead", "", "d"),
         &[&inbox_address("dead")],
     )
     .await;
-    let failed = settled(&stack, &key, e, 1, Status::Failed).await;
+    let failed = settled(stack, &key, e, 1, Status::Failed).await;
     assert_eq!(
         (failed[0].attempt_count, failed[0].last_status_code),
         (3, Some(503)),
@@ -453,7 +452,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     assert!(failed[0].last_error.as_deref().unwrap().contains("503"));
     assert_eq!(receiver.count(), 3);
     // 410: failed at once, the endpoint disabled.
-    let dropped = settled(&stack, &key, g, 1, Status::Failed).await;
+    let dropped = settled(stack, &key, g, 1, Status::Failed).await;
     assert_eq!(dropped[0].attempt_count, 1);
     let page: Success<EndpointPage> = stack
         .client(&key)
@@ -473,7 +472,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         .await;
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].id, got[0].id);
-    settled(&stack, &key, e, 1, Status::Succeeded).await;
+    settled(stack, &key, e, 1, Status::Succeeded).await;
     // Replayed: every message since then, as a new delivery.
     let replayed: Success<Replayed> = stack
         .client(&key)
@@ -490,9 +489,9 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         got[4].body["data"]["messageId"],
         got[0].body["data"]["messageId"]
     );
-    settled(&stack, &key, e, 2, Status::Succeeded).await;
+    settled(stack, &key, e, 2, Status::Succeeded).await;
     // Another workspace's endpoint is 404; a malformed attempt id 400.
-    let (other, _) = key_with_inbox(&stack, "other").await;
+    let (other, _) = key_with_inbox(stack, "other").await;
     let missing: ErrorBody = stack
         .client(&other)
         .post(
@@ -510,7 +509,6 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
             StatusCode::BAD_REQUEST,
         )
         .await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]

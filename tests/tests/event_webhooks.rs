@@ -98,15 +98,27 @@ async fn notify(stack: &Stack, sns: &FakeSns, sns_id: &str, kind: &str, ses_id: 
     assert_eq!(body["matched"], 1, "{body}");
 }
 
+/// The scenarios below, each with a key, receivers and SNS ids of its own, on one stack.
 #[tokio::test]
-async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything() {
+async fn event_webhooks_of_one_key_each_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything(&stack),
+        webhooks_follow_their_rules(&stack),
+        bounces_complaints_and_unsubscribes_carry_their_reason(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything(
+    stack: &Stack,
+) {
     let key = stack.key(100).await;
     let (picky, all) = (Receiver::start().await, Receiver::start().await);
-    webhook(&stack, &key, &picky, &["email.sent", "email.delivered"]).await;
-    webhook(&stack, &key, &all, &[]).await;
+    webhook(stack, &key, &picky, &["email.sent", "email.delivered"]).await;
+    webhook(stack, &key, &all, &[]).await;
     let task = send(
-        &stack,
+        stack,
         &key,
         json!({"to": "x@example.com", "subject": "Hello there", "text": "Body text",
                "fromEmail": "team@postmesh.localhost", "fromName": "Team",
@@ -114,10 +126,10 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
                "topic": "onboarding", "sourceApp": "signup", "businessGoal": "activation"}),
     )
     .await;
-    let ses_id = provider_id(&stack, &key, task).await;
+    let ses_id = provider_id(stack, &key, task).await;
     let sns = FakeSns::start().await;
     notify(
-        &stack,
+        stack,
         &sns,
         "sns-d1",
         "Delivery",
@@ -176,7 +188,7 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
             StatusCode::CREATED,
         )
         .await;
-    ingest(&stack, &message(None, "Inbound one", "", "hi"), &[&inbox]).await;
+    ingest(stack, &message(None, "Inbound one", "", "hi"), &[&inbox]).await;
     let got = received(&all, 4, Duration::from_secs(15)).await;
     let mut seen = types(&got);
     seen.sort();
@@ -224,12 +236,9 @@ async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_e
     assert_eq!(picky.count(), 2, "{:?}", types(&picky.deliveries()));
     assert_eq!(all.count(), 4, "{:?}", types(&all.deliveries()));
     assert!(picky.refused().is_empty() && all.refused().is_empty());
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn webhooks_follow_their_rules() {
-    let stack = Stack::start().await;
+async fn webhooks_follow_their_rules(stack: &Stack) {
     let key = stack.key(0).await;
     let client = stack.client(&key);
     let listed: Success<EventTypes> = client.get("/webhooks/event-types", StatusCode::OK).await;
@@ -395,22 +404,19 @@ async fn webhooks_follow_their_rules() {
     let _: ErrorBody = client
         .get(&format!("/webhooks/{id}"), StatusCode::NOT_FOUND)
         .await;
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
-    let stack = Stack::start().await;
+async fn bounces_complaints_and_unsubscribes_carry_their_reason(stack: &Stack) {
     let key = stack.key(100).await;
     let receiver = Receiver::start().await;
     let types_wanted = ["email.bounced", "email.complained", "email.unsubscribed"];
-    webhook(&stack, &key, &receiver, &types_wanted).await;
+    webhook(stack, &key, &receiver, &types_wanted).await;
     let sns = FakeSns::start().await;
     let mail = |to: &str| json!({"to": to, "subject": "Hi", "text": "Hello", "emailType": "marketing", "topic": "news"});
-    let bounced = send(&stack, &key, mail("gone@example.com")).await;
-    let id = provider_id(&stack, &key, bounced).await;
+    let bounced = send(stack, &key, mail("gone@example.com")).await;
+    let id = provider_id(stack, &key, bounced).await;
     notify(
-        &stack,
+        stack,
         &sns,
         "sns-b",
         "Bounce",
@@ -420,10 +426,10 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
                                       "diagnosticCode": "smtp; 550 5.1.1 user unknown"}]}),
     )
     .await;
-    let complained = send(&stack, &key, mail("angry@example.com")).await;
-    let id = provider_id(&stack, &key, complained).await;
+    let complained = send(stack, &key, mail("angry@example.com")).await;
+    let id = provider_id(stack, &key, complained).await;
     notify(
-        &stack,
+        stack,
         &sns,
         "sns-c",
         "Complaint",
@@ -432,10 +438,10 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
                "complainedRecipients": [{"emailAddress": "angry@example.com"}]}),
     )
     .await;
-    let left = send(&stack, &key, mail("done@example.com")).await;
-    let id = provider_id(&stack, &key, left).await;
+    let left = send(stack, &key, mail("done@example.com")).await;
+    let id = provider_id(stack, &key, left).await;
     notify(
-        &stack,
+        stack,
         &sns,
         "sns-u",
         "Subscription",
@@ -465,7 +471,6 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason() {
         .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
         .await;
     assert_eq!(receiver.count(), 3, "{:?}", types(&receiver.deliveries()));
-    stack.shutdown().await;
 }
 
 #[tokio::test]
