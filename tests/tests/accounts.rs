@@ -310,13 +310,24 @@ async fn login_codes_are_limited_per_ip() {
     stack.shutdown().await;
 }
 
+/// Keys, and failed authentications counted by gateways of their own, side by side on one stack.
 #[tokio::test]
-async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
+async fn keys_and_gateways_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(&stack),
+        an_account_holds_at_most_its_quota_of_keys_listed_in_pages(&stack),
+        an_address_failing_to_authenticate_is_refused_before_any_key_lookup(&stack),
+        polls_of_unknown_device_tokens_count_as_failed_authentications(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(stack: &Stack) {
     // The account's first key, with 50 credits: its primary key.
     let primary = stack.key(50).await;
     let email = stack.account_email(&primary).await;
-    let mut user = WebUser::login(&stack, &email, 0).await;
+    let mut user = WebUser::login(stack, &email, 0).await;
 
     let bad = user
         .json(Method::POST, "/api-keys", &json!({ "name": "  " }))
@@ -358,7 +369,7 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
 
     // Revocation: this gateway refuses at once; a second one within KEY_CACHE_TTL_SECS.
     let (other, other_base) =
-        second_gateway(&stack, |c| c.key_cache_ttl = Duration::from_secs(1)).await;
+        second_gateway(stack, |c| c.key_cache_ttl = Duration::from_secs(1)).await;
     let via_other = TestClient::http(&other_base, Some(&second));
     let _: Value = via_other.get("/balance", StatusCode::OK).await;
     let _: Value = user
@@ -414,15 +425,12 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways() {
         .get("/balance", StatusCode::OK)
         .await;
     other.stop().await;
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages() {
-    let stack = Stack::start().await;
+async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages(stack: &Stack) {
     let primary = stack.key(0).await;
     let email = stack.account_email(&primary).await;
-    let mut user = WebUser::login(&stack, &email, 0).await;
+    let mut user = WebUser::login(stack, &email, 0).await;
     // The primary and 49 more fill API_KEYS_PER_ACCOUNT (50 in the test stack).
     for i in 1..50 {
         let made = user
@@ -461,14 +469,11 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages() {
         .json(Method::GET, "/api-keys?limit=501", &json!({}))
         .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup() {
-    let stack = Stack::start().await;
+async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(stack: &Stack) {
     let key = stack.key(1).await;
-    let (gateway, base) = second_gateway(&stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+    let (gateway, base) = second_gateway(stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
     // Within one minute: the count starts afresh with each.
     let second = postmesh_shared::db::now_unix() % 60;
     if second > 50 {
@@ -498,15 +503,12 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup() {
     // Other gateways (and addresses) count their own.
     assert_eq!(stack.balance(&key).await, 1);
     gateway.stop().await;
-    stack.shutdown().await;
 }
 
 /// Polling `/cli/auth/poll` with device tokens no one started is guessing, as made-up keys
 /// are: each counts against the address, and past the limit even a real poll waits.
-#[tokio::test]
-async fn polls_of_unknown_device_tokens_count_as_failed_authentications() {
-    let stack = Stack::start().await;
-    let (gateway, base) = second_gateway(&stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+async fn polls_of_unknown_device_tokens_count_as_failed_authentications(stack: &Stack) {
+    let (gateway, base) = second_gateway(stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
     let second = postmesh_shared::db::now_unix() % 60;
     if second > 50 {
         tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
@@ -547,7 +549,6 @@ async fn polls_of_unknown_device_tokens_count_as_failed_authentications() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert!(body.contains("failed authentications"), "{body}");
     gateway.stop().await;
-    stack.shutdown().await;
 }
 
 #[tokio::test]

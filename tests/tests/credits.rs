@@ -8,9 +8,20 @@ use serde_json::json;
 use postmesh_shared::error::ErrorBody;
 use postmesh_tests::{peek, Stack};
 
+/// Bad keys, error bodies, a large log and a flood of made-up keys, each with keys of its own, on one stack.
 #[tokio::test]
-async fn requests_without_or_with_a_bad_key_are_401() {
+async fn keys_logs_and_errors_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        requests_without_or_with_a_bad_key_are_401(&stack),
+        unknown_routes_and_oversized_bodies_get_json_errors(&stack),
+        a_large_log_downloads_within_the_message_size_limit(&stack),
+        a_flood_of_made_up_keys_does_not_evict_real_ones(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn requests_without_or_with_a_bad_key_are_401(stack: &Stack) {
     let key = stack.key(5).await;
     for path in ["/balance", "/logs/download"] {
         let e: ErrorBody = stack.anonymous().get(path, StatusCode::UNAUTHORIZED).await;
@@ -37,12 +48,9 @@ async fn requests_without_or_with_a_bad_key_are_401() {
     // The real key still works after the failures (and from the cache).
     assert_eq!(stack.balance(&key).await, 5);
     assert_eq!(stack.balance(&key).await, 5);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn unknown_routes_and_oversized_bodies_get_json_errors() {
-    let stack = Stack::start().await;
+async fn unknown_routes_and_oversized_bodies_get_json_errors(stack: &Stack) {
     let key = stack.key(1).await;
     let client = stack.client(&key);
     let nope = client.send(Method::GET, "/nope", None).await;
@@ -74,12 +82,9 @@ async fn unknown_routes_and_oversized_bodies_get_json_errors() {
         .await;
     // Nothing was charged by the rejected requests.
     assert_eq!(stack.balance(&key).await, 1);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_large_log_downloads_within_the_message_size_limit() {
-    let stack = Stack::start().await;
+async fn a_large_log_downloads_within_the_message_size_limit(stack: &Stack) {
     let key = stack.key(1).await;
     let key_id = stack.key_id(&key).await;
     // 4000 entries with long addresses: well over 1 MiB of CSV if all were sent.
@@ -101,14 +106,11 @@ async fn a_large_log_downloads_within_the_message_size_limit() {
         .map(Result::unwrap)
         .collect();
     assert!(rows.len() > 2000, "{} rows", rows.len());
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
+async fn a_flood_of_made_up_keys_does_not_evict_real_ones(stack: &Stack) {
     use api_gateway::keys::{generate, KeyStore};
 
-    let stack = Stack::start().await;
     let key = stack.key(1).await;
     let key_id = stack.key_id(&key).await;
     let db = stack.service_db(api_gateway::SERVICE).await;
@@ -127,5 +129,4 @@ async fn a_flood_of_made_up_keys_does_not_evict_real_ones() {
     // A fresh store reads the revocation.
     let fresh = KeyStore::new(db, std::time::Duration::from_secs(60), 8);
     assert!(fresh.authenticate(&key).await.is_err());
-    stack.shutdown().await;
 }

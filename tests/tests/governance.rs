@@ -98,6 +98,8 @@ async fn governance_of_one_key_each_side_by_side() {
         caps_and_topic_exclusions_hold_even_for_concurrent_sends(&stack),
         the_suppression_list_is_listed_added_to_and_removed_from(&stack),
         a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(&stack),
+        a_part_refund_comes_from_the_charge_that_stands(&stack),
+        a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them(&stack),
     );
     stack.shutdown().await;
 }
@@ -510,11 +512,9 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(stack: 
     assert_eq!(stack.settled_balance(&key).await, 9);
 }
 
-#[tokio::test]
-async fn a_part_refund_comes_from_the_charge_that_stands() {
+async fn a_part_refund_comes_from_the_charge_that_stands(stack: &Stack) {
     use postmesh_shared::proto::{ChargeReply, ChargeRequest, RefundReply, RefundRequest};
 
-    let stack = Stack::start().await;
     let key = stack.key(10).await;
     let key_id = stack.key_id(&key).await.to_string();
     let db = stack.service_db(sender::SERVICE).await;
@@ -522,7 +522,7 @@ async fn a_part_refund_comes_from_the_charge_that_stands() {
     let at = postmesh_shared::db::now_unix() + 3;
     let both = ["stays@example.com", "leaves@example.com"];
     let later = json!({ "scheduledAt": at });
-    let answer = send(&stack, &key, &mail(&both, "marketing", Some("news"), later)).await;
+    let answer = send(stack, &key, &mail(&both, "marketing", Some("news"), later)).await;
     let task = answer.task_id.unwrap();
     // As if billing had been out past the hold: the sweep gave the send's charge back, and
     // the sender's confirm charged it again under `{task}:late`.
@@ -580,12 +580,11 @@ async fn a_part_refund_comes_from_the_charge_that_stands() {
     })
     .await;
     assert_eq!(stack.balance(&key).await, 9);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them() {
-    let stack = Stack::start().await;
+async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them(
+    stack: &Stack,
+) {
     let key = stack.key(10).await;
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
@@ -596,7 +595,7 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
         "bcc": ["bcc-leaves@example.com"],
     });
     let to = ["one@example.com", "two@example.com"];
-    let answer = send(&stack, &key, &mail(&to, "marketing", Some("news"), extra)).await;
+    let answer = send(stack, &key, &mail(&to, "marketing", Some("news"), extra)).await;
     // Each recipient's message and its three copies.
     assert_eq!(answer.cost, 8);
     assert_eq!(stack.balance(&key).await, 2);
@@ -607,7 +606,7 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     )
     .await;
     let task = answer.task_id.unwrap();
-    let progress = sent_task(&stack, &key, task).await;
+    let progress = sent_task(stack, &key, task).await;
     assert_eq!((progress.total, progress.sent), (2, 2));
     let mut left_off: Vec<(&str, &str)> = progress
         .rejected
@@ -650,5 +649,4 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     })
     .await;
     assert_eq!(stack.settled_balance(&key).await, 6);
-    stack.shutdown().await;
 }
