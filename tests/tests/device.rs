@@ -227,11 +227,20 @@ fn request_id(started: &Value) -> String {
     url.split("request=").nth(1).expect("request id").to_owned()
 }
 
+/// The approval page and the key pages, each with a user of its own, on one stack.
 #[tokio::test]
-async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms() {
+async fn web_pages_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(&stack),
+        key_pages_create_and_revoke_with_csrf(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(stack: &Stack) {
     let cli = stack.anonymous();
-    let mut user = WebUser::login(&stack, &fresh_email(), 0).await;
+    let mut user = WebUser::login(stack, &fresh_email(), 0).await;
 
     // Signed out, the page sends the browser to the login page and back.
     let mut stranger = WebUser::new(&stack.base, "nobody@example.com");
@@ -392,13 +401,10 @@ async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(
     assert!(body["apiKey"]
         .as_str()
         .is_some_and(|k| k.starts_with("pm_")));
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn key_pages_create_and_revoke_with_csrf() {
-    let stack = Stack::start().await;
-    let mut user = WebUser::login(&stack, &fresh_email(), 0).await;
+async fn key_pages_create_and_revoke_with_csrf(stack: &Stack) {
+    let mut user = WebUser::login(stack, &fresh_email(), 0).await;
     let page = user.page("/app/keys").await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(!user.csrf.is_empty(), "the page set the CSRF cookie");
@@ -456,5 +462,4 @@ async fn key_pages_create_and_revoke_with_csrf() {
     let usage = user.page("/app/usage").await;
     assert_eq!(usage.status, StatusCode::OK);
     assert!(text(&usage).contains("id=\"balance\""), "{}", text(&usage));
-    stack.shutdown().await;
 }

@@ -81,11 +81,20 @@ fn ses_event(kind: &str, ses_id: &str, to: &str, part: Value) -> Value {
     event
 }
 
+/// SNS subscriptions and SES events, each with a fake SNS of its own, on one stack.
 #[tokio::test]
-async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
+async fn provider_notifications_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken(&stack),
+        ses_events_become_delivery_events_and_suppressions(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken(stack: &Stack) {
     let sns = FakeSns::start().await;
-    let (status, body) = post(&stack, &sns.confirmation("tok-1")).await;
+    let (status, body) = post(stack, &sns.confirmation("tok-1")).await;
     assert_eq!(
         (status, body["confirmed"].clone()),
         (StatusCode::OK, json!(true))
@@ -93,7 +102,7 @@ async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
     assert_eq!(sns.confirmed(), ["tok-1"]);
 
     sns.set_failing(true);
-    let (status, _) = post(&stack, &sns.confirmation("tok-2")).await;
+    let (status, _) = post(stack, &sns.confirmation("tok-2")).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     sns.set_failing(false);
 
@@ -102,7 +111,7 @@ async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
     let mut env = elsewhere.confirmation("tok-3");
     env["SigningCertURL"] = json!(elsewhere.cert_url().replace("127.0.0.1", "localhost"));
     elsewhere.sign(&mut env);
-    let (status, body) = post(&stack, &env).await;
+    let (status, body) = post(stack, &env).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(
         elsewhere.requests().is_empty(),
@@ -113,47 +122,45 @@ async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken() {
     let mut env = sns.confirmation("tok-4");
     env["SubscribeURL"] = json!("https://attacker.example/confirm");
     sns.sign(&mut env);
-    let (status, _) = post(&stack, &env).await;
+    let (status, _) = post(stack, &env).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(!sns.confirmed().contains(&"tok-4".to_owned()));
 
     // A bad signature: a Message changed after signing, a signature of another key.
     let mut env = sns.notification("m-1", &json!({"notificationType": "Delivery"}), 2);
     env["Message"] = json!("{\"notificationType\": \"Bounce\"}");
-    let (status, body) = post(&stack, &env).await;
+    let (status, body) = post(stack, &env).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body["error"].as_str().unwrap().contains("signature"));
     let mut env = sns.notification("m-2", &json!({"notificationType": "Delivery"}), 2);
     env["Signature"] = json!(base64_of(&[7u8; 256]));
-    assert_eq!(post(&stack, &env).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(post(stack, &env).await.0, StatusCode::BAD_REQUEST);
     // Another topic.
     let mut env = sns.notification("m-3", &json!({"notificationType": "Delivery"}), 2);
     env["TopicArn"] = json!("arn:aws:sns:eu-west-1:123456789012:other");
     sns.sign(&mut env);
-    assert_eq!(post(&stack, &env).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(post(stack, &env).await.0, StatusCode::BAD_REQUEST);
 
     // The provider secret: wrong → 401, in the query → 401 (access logs keep queries; only
     // PROVIDER_SECRET_IN_QUERY=1 takes it), in the header → taken; bad payloads → 400.
     let good = sns.confirmation("tok-5").to_string();
-    let (status, _) = post_as(&stack, good.clone(), "text/plain", Some("wrong"), "").await;
+    let (status, _) = post_as(stack, good.clone(), "text/plain", Some("wrong"), "").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _) = post_as(&stack, good.clone(), "text/plain", None, "").await;
+    let (status, _) = post_as(stack, good.clone(), "text/plain", None, "").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let query = format!("?token={PROVIDER_SECRET}");
-    let (status, body) = post_as(&stack, good.clone(), "application/json", None, &query).await;
+    let (status, body) = post_as(stack, good.clone(), "application/json", None, &query).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     let secret = Some(PROVIDER_SECRET);
-    let (status, body) = post_as(&stack, good, "application/json", secret, "").await;
+    let (status, body) = post_as(stack, good, "application/json", secret, "").await;
     assert_eq!(
         (status, body["confirmed"].clone()),
         (StatusCode::OK, json!(true))
     );
     for bad in ["not json", "{\"Type\": \"Notification\"}", "[]"] {
-        let (status, _) =
-            post_as(&stack, bad.into(), "text/plain", Some(PROVIDER_SECRET), "").await;
+        let (status, _) = post_as(stack, bad.into(), "text/plain", Some(PROVIDER_SECRET), "").await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
     }
-    stack.shutdown().await;
 }
 
 fn base64_of(bytes: &[u8]) -> String {
@@ -161,14 +168,12 @@ fn base64_of(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-#[tokio::test]
-async fn ses_events_become_delivery_events_and_suppressions() {
-    let stack = Stack::start().await;
+async fn ses_events_become_delivery_events_and_suppressions(stack: &Stack) {
     let sns = FakeSns::start().await;
     let key = stack.key(100).await;
 
     // A permanent bounce (event-publishing form, SignatureVersion 1).
-    let (task, r) = delivered(&stack, &key, "gone@example.com", "transactional").await;
+    let (task, r) = delivered(stack, &key, "gone@example.com", "transactional").await;
     let ses_id = r.provider_message_id.clone().unwrap();
     let bounce = ses_event(
         "Bounce",
@@ -177,12 +182,12 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         json!({"bounceType": "Permanent", "bounceSubType": "General",
                "bouncedRecipients": [{"emailAddress": "gone@example.com", "diagnosticCode": "550 5.1.1"}]}),
     );
-    let (status, body) = post(&stack, &sns.notification("sns-1", &bounce, 1)).await;
+    let (status, body) = post(stack, &sns.notification("sns-1", &bounce, 1)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let handled: Handled = serde_json::from_value(body).unwrap();
     assert_eq!((handled.matched, handled.duplicates), (1, 0));
     // Again: a duplicate, nothing new.
-    let (_, body) = post(&stack, &sns.notification("sns-1", &bounce, 1)).await;
+    let (_, body) = post(stack, &sns.notification("sns-1", &bounce, 1)).await;
     assert_eq!(
         (body["matched"].clone(), body["duplicates"].clone()),
         (json!(1), json!(1))
@@ -195,7 +200,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     assert_eq!(r.events[1].detail["reason"], "550 5.1.1");
 
     // A transient bounce: an event, no suppression. A delivery (notification form).
-    let (task, r) = delivered(&stack, &key, "busy@example.com", "transactional").await;
+    let (task, r) = delivered(stack, &key, "busy@example.com", "transactional").await;
     let ses_id = r.provider_message_id.clone().unwrap();
     let soft = ses_event(
         "Bounce",
@@ -204,13 +209,13 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         json!({"bounceType": "Transient", "bouncedRecipients": [{"emailAddress": "busy@example.com"}]}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-2", &soft, 2)).await.0,
+        post(stack, &sns.notification("sns-2", &soft, 2)).await.0,
         StatusCode::OK
     );
     let delivery = json!({"notificationType": "Delivery",
         "mail": {"messageId": ses_id, "destination": ["busy@example.com"]},
         "delivery": {"recipients": ["busy@example.com"], "smtpResponse": "250 ok"}});
-    let (_, body) = post(&stack, &sns.notification("sns-3", &delivery, 2)).await;
+    let (_, body) = post(stack, &sns.notification("sns-3", &delivery, 2)).await;
     assert_eq!(body["matched"], 1, "{body}");
     let delay = ses_event(
         "DeliveryDelay",
@@ -219,7 +224,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         json!({"delayType": "MailboxFull", "delayedRecipients": [{"emailAddress": "busy@example.com"}]}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-7", &delay, 2)).await.0,
+        post(stack, &sns.notification("sns-7", &delay, 2)).await.0,
         StatusCode::OK
     );
     let reject = ses_event(
@@ -229,7 +234,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         json!({"reason": "Bad content"}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-8", &reject, 2)).await.0,
+        post(stack, &sns.notification("sns-8", &reject, 2)).await.0,
         StatusCode::OK
     );
     let r = stack
@@ -269,7 +274,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
                "bouncedRecipients": [{"emailAddress": "copy@example.com"}]}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-10", &copy_bounce, 2))
+        post(stack, &sns.notification("sns-10", &copy_bounce, 2))
             .await
             .0,
         StatusCode::OK
@@ -289,7 +294,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     );
 
     // A complaint stops the next marketing send to that address.
-    let (_, r) = delivered(&stack, &key, "angry@example.com", "marketing").await;
+    let (_, r) = delivered(stack, &key, "angry@example.com", "marketing").await;
     let complaint = ses_event(
         "Complaint",
         r.provider_message_id.as_deref().unwrap(),
@@ -297,7 +302,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         json!({"complainedRecipients": [{"emailAddress": "angry@example.com"}], "complaintFeedbackType": "abuse"}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-4", &complaint, 2))
+        post(stack, &sns.notification("sns-4", &complaint, 2))
             .await
             .0,
         StatusCode::OK
@@ -335,7 +340,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     assert_eq!(reasons, [Reason::Bounce, Reason::Bounce, Reason::Complaint]);
 
     // A Subscription event (SES list management): the opted-out topic is unsubscribed.
-    let (task, r) = delivered(&stack, &key, "reader@example.com", "marketing").await;
+    let (task, r) = delivered(stack, &key, "reader@example.com", "marketing").await;
     let subscription = ses_event(
         "Subscription",
         r.provider_message_id.as_deref().unwrap(),
@@ -345,7 +350,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
                                            {"topicName": "tips", "subscriptionStatus": "OptIn"}]}}),
     );
     assert_eq!(
-        post(&stack, &sns.notification("sns-9", &subscription, 2))
+        post(stack, &sns.notification("sns-9", &subscription, 2))
             .await
             .0,
         StatusCode::OK
@@ -359,7 +364,7 @@ async fn ses_events_become_delivery_events_and_suppressions() {
 
     // An unknown message, and an event we do not act on.
     let unknown = ses_event("Delivery", "no-such-id", "x@example.com", json!({}));
-    let (status, body) = post(&stack, &sns.notification("sns-5", &unknown, 2)).await;
+    let (status, body) = post(stack, &sns.notification("sns-5", &unknown, 2)).await;
     assert_eq!(
         (status, body["ignored"].clone()),
         (StatusCode::OK, json!(true))
@@ -370,13 +375,13 @@ async fn ses_events_become_delivery_events_and_suppressions() {
     // (same SNS message id) counts once the id is known.
     let mut early = ses_event("Delivery", "not-yet-known", "x@example.com", json!({}));
     early["mail"]["timestamp"] = json!(webhook_dispatcher::delivery::worker::now_rfc3339());
-    let (status, body) = post(&stack, &sns.notification("sns-11", &early, 2)).await;
+    let (status, body) = post(stack, &sns.notification("sns-11", &early, 2)).await;
     assert_eq!(
         (status, body["success"].clone()),
         (StatusCode::SERVICE_UNAVAILABLE, json!(false))
     );
     early["mail"]["messageId"] = json!(r.provider_message_id.as_deref().unwrap());
-    let (status, body) = post(&stack, &sns.notification("sns-11", &early, 2)).await;
+    let (status, body) = post(stack, &sns.notification("sns-11", &early, 2)).await;
     assert_eq!(
         (status, body["matched"].clone(), body["duplicates"].clone()),
         (StatusCode::OK, json!(1), json!(0))
@@ -387,10 +392,9 @@ async fn ses_events_become_delivery_events_and_suppressions() {
         "angry@example.com",
         json!({}),
     );
-    let (_, body) = post(&stack, &sns.notification("sns-6", &opened, 2)).await;
+    let (_, body) = post(stack, &sns.notification("sns-6", &opened, 2)).await;
     assert_eq!(
         (body["matched"].clone(), body["ignored"].clone()),
         (json!(1), json!(true))
     );
-    stack.shutdown().await;
 }

@@ -344,7 +344,11 @@ async fn a_run_taken_up_too_often_without_an_end_fails() {
             )
             .await;
     }
-    // Both asleep in their wait; then as if taken up and lost that often, and due now.
+    // Both asleep in their wait (the pass that started them wrote step 1, which would
+    // otherwise overwrite what follows); then as if taken up and lost that often, and due now.
+    for id in ["j-ann", "j-bo"] {
+        runs_when(&client, id, |r| r.len() == 1 && r[0]["step"] == 1).await;
+    }
     let db = stack.sender_db().await;
     for (id, claims) in [("j-ann", sender::workflows::runs::MAX_CLAIMS), ("j-bo", 4)] {
         let changed =
