@@ -371,4 +371,13 @@ pub mod dispatcher {
             .await
             .expect("attempts")
     }
+
+    /// The ids of the delivery attempts of `workspace`.
+    pub async fn attempt_ids_of(db: &PgPool, workspace: Uuid) -> Vec<Uuid> {
+        sqlx::query_scalar("SELECT id FROM attempts WHERE workspace_id = $1 ORDER BY id")
+            .bind(workspace)
+            .fetch_all(db)
+            .await
+            .expect("attempts")
+    }
 }

@@ -90,10 +90,8 @@ fn delivered_twice_as(receiver: &Receiver, id: uuid::Uuid) {
     );
 }
 
-#[tokio::test]
-async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest() {
-    let stack = Stack::start().await;
-    let (key, sales) = key_with_inbox(&stack, "sales").await;
+async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest(stack: &Stack) {
+    let (key, sales) = key_with_inbox(stack, "sales").await;
     // A second address of the workspace, past the free tier's one mailbox.
     let inbound_db = stack.service_db(inbound_ingest::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
@@ -106,12 +104,12 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
         Receiver::start().await,
         Receiver::start().await,
     );
-    let e1 = endpoint(&stack, &key, sales, &r1, json!({})).await;
-    endpoint(&stack, &key, sales, &r2, json!({})).await;
-    endpoint(&stack, &key, sales, &off, json!({ "active": false })).await;
+    let e1 = endpoint(stack, &key, sales, &r1, json!({})).await;
+    endpoint(stack, &key, sales, &r2, json!({})).await;
+    endpoint(stack, &key, sales, &off, json!({ "active": false })).await;
     // An address whose only endpoint is inactive has no active endpoint: the default's.
     let quiet_box = AddressId::from(quiet_box);
-    endpoint(&stack, &key, quiet_box, &off, json!({ "active": false })).await;
+    endpoint(stack, &key, quiet_box, &off, json!({ "active": false })).await;
     let default: Success<DefaultPage> = stack
         .client(&key)
         .put(
@@ -128,7 +126,7 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
         inbox_address("info"),
         inbox_address("quiet"),
     ];
-    ingest(&stack, &raw, &[&to[0], &to[1], &to[2]]).await;
+    ingest(stack, &raw, &[&to[0], &to[1], &to[2]]).await;
 
     let (d1, d2) = (
         received(&r1, 1, Duration::from_secs(10)).await,
@@ -177,7 +175,7 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     assert_ne!(fell[0].body["data"]["messageId"], data["messageId"]);
     assert_eq!(fell[1].body["data"]["address"], to[2]);
 
-    let done = settled(&stack, &key, e1, 1, Status::Succeeded).await;
+    let done = settled(stack, &key, e1, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (1, Some(200))
@@ -217,20 +215,19 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
 
     // A deleted endpoint's deliveries go with it; the others' stay.
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
-    assert!(peek::dispatcher::attempt_ids(&db)
+    assert!(peek::dispatcher::attempt_ids_of(&db, workspace)
         .await
         .contains(&done[0].id));
     let _: serde_json::Value = stack
         .client(&key)
         .delete(&format!("/inbox/webhook/endpoints/{e1}"), StatusCode::OK)
         .await;
-    let left = peek::dispatcher::attempt_ids(&db).await;
+    let left = peek::dispatcher::attempt_ids_of(&db, workspace).await;
     assert!(
         !left.contains(&done[0].id),
         "the deleted endpoint's attempt"
     );
     assert_eq!(left.len(), 3, "the other endpoint's and the default's");
-    stack.shutdown().await;
 }
 
 /// Inbox webhooks of one key and inbox each, side by side on one stack.
@@ -243,6 +240,8 @@ async fn inbox_webhooks_of_one_key_each_side_by_side() {
         a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(&stack),
         a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(&stack),
         a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables(&stack),
+        each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest(&stack),
+        a_delivery_answered_at_once_is_written_once_with_its_outcome(&stack),
     );
     stack.shutdown().await;
 }
@@ -1025,18 +1024,16 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
     );
 }
 
-#[tokio::test]
-async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
-    let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "once").await;
+async fn a_delivery_answered_at_once_is_written_once_with_its_outcome(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "once").await;
     let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
     let count = 3;
     for i in 0..count {
         let raw = message(None, &format!("Once {i}"), "", "o");
-        ingest(&stack, &raw, &[&inbox_address("once")]).await;
+        ingest(stack, &raw, &[&inbox_address("once")]).await;
     }
-    let list = settled(&stack, &key, e, count, Status::Succeeded).await;
+    let list = settled(stack, &key, e, count, Status::Succeeded).await;
     // Each attempt's row is the one its fan-out's transaction wrote beside the received
     // message (same xmin), never updated since: no claim, no separate outcome write.
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
@@ -1063,7 +1060,6 @@ async fn a_delivery_answered_at_once_is_written_once_with_its_outcome() {
         let id = format!("msg_{}", a.id.simple());
         assert_eq!(got.iter().filter(|d| d.id == id).count(), 1, "{id}");
     }
-    stack.shutdown().await;
 }
 
 #[tokio::test]
