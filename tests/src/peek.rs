@@ -34,12 +34,12 @@ pub mod kit {
 pub mod billing {
     use super::*;
 
-    /// Charges held and neither confirmed nor released.
-    pub async fn open_holds(db: &PgPool) -> i64 {
+    /// Charges of key `key_id` held and neither confirmed nor released.
+    pub async fn open_holds(db: &PgPool, key_id: Uuid) -> i64 {
         scalar(
             db,
-            "SELECT count(*) FROM ledger WHERE hold_until IS NOT NULL",
-            None,
+            "SELECT count(*) FROM ledger WHERE api_key_id = $1 AND hold_until IS NOT NULL",
+            Some(key_id),
         )
         .await
     }
