@@ -7,29 +7,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::Running;
 use postmesh_tests::web::{set_cookie_header, WebUser};
-use postmesh_tests::{eventually, gateway_config, retry_after, Stack, TestClient};
+use postmesh_tests::{eventually, retry_after, Stack, TestClient};
 
 fn fresh_email() -> String {
     format!("user-{}@example.com", uuid::Uuid::new_v4().simple())
-}
-
-/// A second gateway on the stack's namespace with its own settings.
-async fn second_gateway(
-    stack: &Stack, tune: impl FnOnce(&mut api_gateway::Config),
-) -> (Running, String) {
-    let mut config = gateway_config(
-        &stack.common,
-        api_gateway::RateConfig {
-            per_sec: 1000,
-            burst: 1000,
-        },
-    );
-    tune(&mut config);
-    let running = api_gateway::start(config).await.expect("second gateway");
-    let base = format!("http://{}", running.http_addr.expect("listens"));
-    (running, base)
 }
 
 async fn set_ttl(stack: &Stack, pattern: &str, secs: i64) -> Vec<String> {
@@ -284,7 +266,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
 #[tokio::test]
 async fn login_codes_are_limited_per_ip() {
     let stack = Stack::start().await;
-    let (gateway, base) = second_gateway(&stack, |c| c.login_ip_hourly_limit = 2).await;
+    let (gateway, base) = stack.another_gateway(|c| c.login_ip_hourly_limit = 2).await;
     let client = TestClient::http(&base, None);
     for _ in 0..2 {
         let ok = client
@@ -368,8 +350,9 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(sta
     assert_eq!(me["key"]["name"], "ci runner");
 
     // Revocation: this gateway refuses at once; a second one within KEY_CACHE_TTL_SECS.
-    let (other, other_base) =
-        second_gateway(stack, |c| c.key_cache_ttl = Duration::from_secs(1)).await;
+    let (other, other_base) = stack
+        .another_gateway(|c| c.key_cache_ttl = Duration::from_secs(1))
+        .await;
     let via_other = TestClient::http(&other_base, Some(&second));
     let _: Value = via_other.get("/balance", StatusCode::OK).await;
     let _: Value = user
@@ -473,7 +456,9 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages(stack: &Stac
 
 async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(stack: &Stack) {
     let key = stack.key(1).await;
-    let (gateway, base) = second_gateway(stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+    let (gateway, base) = stack
+        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
+        .await;
     // Within one minute: the count starts afresh with each.
     let second = postmesh_shared::db::now_unix() % 60;
     if second > 50 {
@@ -508,7 +493,9 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(sta
 /// Polling `/cli/auth/poll` with device tokens no one started is guessing, as made-up keys
 /// are: each counts against the address, and past the limit even a real poll waits.
 async fn polls_of_unknown_device_tokens_count_as_failed_authentications(stack: &Stack) {
-    let (gateway, base) = second_gateway(stack, |c| c.auth_failures_per_ip_per_minute = 5).await;
+    let (gateway, base) = stack
+        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
+        .await;
     let second = postmesh_shared::db::now_unix() % 60;
     if second > 50 {
         tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;

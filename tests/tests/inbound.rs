@@ -22,9 +22,7 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
 use postmesh_shared::Success;
 use postmesh_tests::mta::{authentication, fixture, ingest, ingest_body, ingest_to, message, mta};
-use postmesh_tests::{
-    peek, InboundRouter, Options, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET,
-};
+use postmesh_tests::{peek, InboundRouter, Stack, TestClient, INBOUND_DOMAIN, INBOUND_SECRET};
 
 /// Creates `address` for `key`, expecting 201.
 async fn create_address(stack: &Stack, key: &str, address: &str) -> AddressView {
@@ -191,21 +189,20 @@ async fn validate_accepts_inboxes_and_their_sub_addresses_behind_the_secret() {
         }
     }
     assert!(threads(&stack.client(&key), "").await.threads.is_empty());
-    stack.shutdown().await;
 
-    // Without INBOUND_SECRET the gateway answers 503 on both routes.
-    let unset = Stack::start_opts(Options {
-        inbound_secret: None,
-        ..Options::default()
-    })
-    .await;
+    // Without INBOUND_SECRET a gateway answers 503 on both routes.
+    let (unset, base) = stack.another_gateway(|c| c.inbound_secret = None).await;
     for path in ["/inbound-email/validate", "/inbound-email/ingest"] {
-        let answer = mta(&unset).request(Method::POST, path, &body).await;
+        let answer = TestClient::http(&base, None)
+            .with_header("x-service-inbound-secret", INBOUND_SECRET)
+            .request(Method::POST, path, &body)
+            .await;
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
         let error: ErrorBody = serde_json::from_slice(&answer.body).unwrap();
         assert!(error.error.contains("INBOUND_SECRET"), "{}", error.error);
     }
-    unset.shutdown().await;
+    unset.stop().await;
+    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -480,12 +477,21 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
     );
 }
 
+/// What size of message the ingest route takes, by body and by declared length, on one stack.
 #[tokio::test]
-async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
+async fn sizes_side_by_side() {
     let stack = Stack::start().await;
+    tokio::join!(
+        messages_up_to_10_mib_are_taken_and_larger_ones_refused(&stack),
+        a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused(stack: &Stack) {
     let key = stack.key(1).await;
     let to = format!("support@{INBOUND_DOMAIN}");
-    create_address(&stack, &key, &to).await;
+    create_address(stack, &key, &to).await;
     // 9.9 MiB: stored, and downloadable whole through the gateway.
     let sized = |total: usize, id: &str| {
         let mut raw = message(Some(id), id, "", "");
@@ -493,7 +499,7 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
         raw
     };
     let big = sized(10 * 1024 * 1024 - 100 * 1024, "big@x");
-    assert_eq!(ingest(&stack, &big, &[&to]).await.stored, 1);
+    assert_eq!(ingest(stack, &big, &[&to]).await.stored, 1);
     let list = threads(&stack.client(&key), "").await;
     let page: Success<ThreadPage> = stack
         .client(&key)
@@ -525,9 +531,9 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
     );
     // Exactly 10 MiB is taken; one byte more is 413.
     let at_limit = sized(10 * 1024 * 1024, "limit@x");
-    assert_eq!(ingest(&stack, &at_limit, &[&to]).await.stored, 1);
+    assert_eq!(ingest(stack, &at_limit, &[&to]).await.stored, 1);
     let over = sized(10 * 1024 * 1024 + 1, "over@x");
-    let answer = mta(&stack)
+    let answer = mta(stack)
         .request(
             Method::POST,
             "/inbound-email/ingest",
@@ -536,14 +542,11 @@ async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused() {
         .await;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(threads(&stack.client(&key), "").await.threads.len(), 2);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent() {
+async fn a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent(stack: &Stack) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let stack = Stack::start().await;
     let host = stack.base.trim_start_matches("http://").to_owned();
     let mut conn = tokio::net::TcpStream::connect(&host).await.unwrap();
     let head = format!(
@@ -561,7 +564,6 @@ async fn a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent() 
         .unwrap();
     let text = String::from_utf8_lossy(&answer[..n]);
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
-    stack.shutdown().await;
 }
 
 #[tokio::test]

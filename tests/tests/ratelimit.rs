@@ -12,14 +12,9 @@ use postmesh_tests::{retry_after, Options, Stack};
 
 #[tokio::test]
 async fn each_key_has_a_request_rate_shared_by_all_gateways() {
-    let opts = Options::with_rate(1, 4);
-    let rate = opts.rate;
-    let stack = Stack::start_opts(opts).await;
+    let stack = Stack::start_opts(Options::with_rate(1, 4)).await;
     // A second gateway replica on the same namespace counts against the same allowance.
-    let replica = api_gateway::start(postmesh_tests::gateway_config(&stack.common, rate))
-        .await
-        .unwrap();
-    let other = format!("http://{}", replica.http_addr.unwrap());
+    let (replica, other) = stack.another_gateway(|_| {}).await;
     let (key, calm) = (stack.key(10).await, stack.key(10).await);
     let started = Instant::now();
     let get = |base: String, key: String| {
@@ -148,16 +143,15 @@ async fn an_accounts_keys_share_one_rate() {
 async fn an_accounts_large_bodies_spend_a_byte_budget() {
     let stack = Stack::start().await;
     // A gateway whose accounts may send 64 KiB of large bodies a second, 1 MiB at once.
-    let config = api_gateway::Config {
-        body_rate: api_gateway::BodyRateConfig {
-            bytes_per_sec: 64 * 1024,
-            burst_bytes: 1024 * 1024,
-        },
-        ..postmesh_tests::gateway_config(&stack.common, Options::default().rate)
-    };
-    let gateway = api_gateway::start(config).await.unwrap();
-    let addr = gateway.http_addr.unwrap();
-    let base = format!("http://{addr}");
+    let (gateway, base) = stack
+        .another_gateway(|c| {
+            c.body_rate = api_gateway::BodyRateConfig {
+                bytes_per_sec: 64 * 1024,
+                burst_bytes: 1024 * 1024,
+            }
+        })
+        .await;
+    let addr = base.trim_start_matches("http://").to_owned();
     let (key, other) = (stack.key(10).await, stack.key(10).await);
     // A dry-run send of about `kib` KiB.
     let send = |key: &str, kib: usize| {
@@ -205,7 +199,7 @@ async fn an_accounts_large_bodies_spend_a_byte_budget() {
         request.extend(b"\r\n");
     }
     request.extend(b"0\r\n\r\n");
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
     tcp.write_all(&request).await.unwrap();
     let mut answer = Vec::new();
     tcp.read_to_end(&mut answer).await.unwrap();

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use postmesh_shared::Service;
+use postmesh_shared::{Running, Service};
 
 use super::Stack;
-use crate::settings::{dispatcher_config, inbound_config, SenderMode};
+use crate::settings::{dispatcher_config, gateway_config, inbound_config, SenderMode};
 use crate::wait::eventually;
 
 impl Stack {
@@ -124,6 +124,18 @@ impl Stack {
             }
         })
         .await
+    }
+
+    /// Another gateway replica on this stack's namespace, with the test settings as `tune`
+    /// leaves them, and its base URL; stop it with `Running::stop`.
+    pub async fn another_gateway(
+        &self, tune: impl FnOnce(&mut api_gateway::Config),
+    ) -> (Running, String) {
+        let mut config = gateway_config(&self.common, self.gateway_config.rate);
+        tune(&mut config);
+        let running = api_gateway::start(config).await.expect("another gateway");
+        let base = format!("http://{}", running.http_addr.expect("it listens"));
+        (running, base)
     }
 
     /// The webhook dispatcher's settings in this stack.
