@@ -23,17 +23,6 @@ use postmesh_tests::{
     balance_of, eventually, BillingAlone, BillingRouter, Options, Stack, TestClient,
 };
 
-/// A stack whose billing talks to a fresh fake Stripe.
-async fn stack_with_stripe() -> (Stack, FakeStripe) {
-    let stripe = FakeStripe::start().await;
-    let stack = Stack::start_opts(Options {
-        stripe: stripe.config(),
-        ..Options::default()
-    })
-    .await;
-    (stack, stripe)
-}
-
 /// Billing's router alone, talking to a fresh fake Stripe.
 async fn billing_with_stripe() -> (BillingRouter, FakeStripe) {
     let stripe = FakeStripe::start().await;
@@ -304,9 +293,26 @@ async fn bad_checkout_input_is_a_400_and_opens_nothing() {
     assert_eq!(sessions, 2, "only the two good requests reached Stripe");
 }
 
+/// A paid top-up and the usage counts, each with a key of its own, on one stack whose
+/// billing talks to a fake Stripe.
 #[tokio::test]
-async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
-    let (stack, stripe) = stack_with_stripe().await;
+async fn stack_scenarios_side_by_side() {
+    let stripe = FakeStripe::start().await;
+    let stack = Stack::start_opts(Options {
+        stripe: stripe.config(),
+        ..Options::default()
+    })
+    .await;
+    tokio::join!(
+        a_paid_top_up_credits_once_across_redeliveries_and_reconcile(&stack, &stripe),
+        usage_counts_come_from_the_owning_services(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile(
+    stack: &Stack, stripe: &FakeStripe,
+) {
     let key = stack.key(5).await;
     let opened = top_up(&stack.client(&key), json!({"pack_id": "credits-1k"})).await;
     let session = stripe.session_by_url(&opened.url);
@@ -382,7 +388,6 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile() {
         1005,
         "usage top-ups add no credits"
     );
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -802,9 +807,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     alone.shutdown().await;
 }
 
-#[tokio::test]
-async fn usage_counts_come_from_the_owning_services() {
-    let (stack, _stripe) = stack_with_stripe().await;
+async fn usage_counts_come_from_the_owning_services(stack: &Stack) {
     let key = stack.key(0).await;
     // Nothing owned yet: every count is 0, and entitlements answer.
     let none = entitlements(&stack.client(&key)).await.entitlements;
@@ -832,7 +835,6 @@ async fn usage_counts_come_from_the_owning_services() {
         counted.custom_domains.used, 0,
         "the domain service's own count"
     );
-    stack.shutdown().await;
 }
 
 #[tokio::test]
