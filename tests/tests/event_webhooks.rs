@@ -473,39 +473,47 @@ async fn bounces_complaints_and_unsubscribes_carry_their_reason(stack: &Stack) {
     assert_eq!(receiver.count(), 3, "{:?}", types(&receiver.deliveries()));
 }
 
+/// Retries and replays, and a slow webhook beside a fast one, each with a key of its own,
+/// on one stack whose dispatcher queues 3 deliveries a replay at most and waits 10 s for an
+/// answer.
 #[tokio::test]
-async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
+async fn a_tuned_dispatcher_side_by_side() {
     let mut stack = Stack::start().await;
-    // A replay queues 3 deliveries at most.
-    stack
-        .restart_dispatcher(webhook_dispatcher::Config {
-            replay_max: 3,
-            ..stack.dispatcher_config()
-        })
-        .await;
+    let mut config = stack.dispatcher_config();
+    config.replay_max = 3;
+    config.delivery.timeout = Duration::from_secs(10);
+    stack.restart_dispatcher(config).await;
+    tokio::join!(
+        deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(&stack),
+        a_slow_webhook_does_not_hold_up_a_fast_one(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(stack: &Stack) {
     let key = stack.key(100).await;
     let receiver = Receiver::start().await;
-    let w = webhook(&stack, &key, &receiver, &["email.sent"]).await;
+    let w = webhook(stack, &key, &receiver, &["email.sent"]).await;
     let gone = Receiver::start().await;
-    let g = webhook(&stack, &key, &gone, &["email.sent"]).await;
+    let g = webhook(stack, &key, &gone, &["email.sent"]).await;
     gone.answer(Reply::Status(410));
     // 500 twice, then 200: three tries of one delivery (one webhook-id).
     receiver.script([Reply::Status(500), Reply::Status(500)]);
     let first = send(
-        &stack,
+        stack,
         &key,
         json!({"to": "a@example.com", "subject": "One", "text": "1"}),
     )
     .await;
-    provider_id(&stack, &key, first).await;
-    let done = settled(&stack, &key, w, 1, Status::Succeeded).await;
+    provider_id(stack, &key, first).await;
+    let done = settled(stack, &key, w, 1, Status::Succeeded).await;
     assert_eq!(
         (done[0].attempt_count, done[0].last_status_code),
         (3, Some(200))
     );
     assert_eq!(done[0].event_type, "email.sent");
     // A 410: failed at once, and the webhook disabled.
-    let dropped = settled(&stack, &key, g, 1, Status::Failed).await;
+    let dropped = settled(stack, &key, g, 1, Status::Failed).await;
     assert_eq!(dropped[0].attempt_count, 1);
     let page: Success<WebhookPage> = stack
         .client(&key)
@@ -530,14 +538,14 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     // A dead receiver: both deliveries end failed after the schedule's retries.
     receiver.answer(Reply::Status(503));
     let second = send(
-        &stack,
+        stack,
         &key,
         json!({"to": "b@example.com", "subject": "Two", "text": "2"}),
     )
     .await;
-    provider_id(&stack, &key, second).await;
+    provider_id(stack, &key, second).await;
     let failed: Vec<AttemptView> = eventually(Duration::from_secs(30), || async {
-        let list = attempts(&stack, &key, w).await;
+        let list = attempts(stack, &key, w).await;
         let failed: Vec<AttemptView> = list
             .into_iter()
             .filter(|a| a.status == Status::Failed)
@@ -587,7 +595,7 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     let hold = || vec![Reply::Slow(Duration::from_secs(2), 200); 2];
     let none_waiting = || async {
         eventually(Duration::from_secs(10), || async {
-            let list = attempts(&stack, &key, w).await;
+            let list = attempts(stack, &key, w).await;
             match list.iter().any(|a| a.status == Status::Pending) {
                 false => Ok(list),
                 true => Err(format!("{list:?}")),
@@ -595,7 +603,7 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         })
         .await
     };
-    let listed = attempts(&stack, &key, w).await;
+    let listed = attempts(stack, &key, w).await;
     let before = receiver.count();
     receiver.script(hold());
     assert_eq!(replay(json!(["email.sent"])).await, 2);
@@ -634,7 +642,7 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     // Every type since then is 4 events (queued and sent of each send), over the cap: the
     // oldest 3 are queued and the answer says it was cut; asked again while they wait,
     // nothing new.
-    let listed = attempts(&stack, &key, w).await.len();
+    let listed = attempts(stack, &key, w).await.len();
     let before = receiver.count();
     receiver.script(vec![Reply::Slow(Duration::from_secs(2), 200); 3]);
     let everything = || async {
@@ -652,7 +660,7 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
     assert_eq!(everything().await, (0, true));
     received(&receiver, before + 3, Duration::from_secs(10)).await;
     none_waiting().await;
-    assert_eq!(attempts(&stack, &key, w).await.len(), listed + 3);
+    assert_eq!(attempts(stack, &key, w).await.len(), listed + 3);
     let _: ErrorBody = stack
         .client(&key)
         .post(
@@ -669,26 +677,20 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type() {
         .handled(&[Stream::Inbound, Stream::Delivery, Stream::Webhook])
         .await;
     assert_eq!(receiver.count(), before + 2);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
-    let mut stack = Stack::start().await;
-    let mut config = stack.dispatcher_config();
-    config.delivery.timeout = Duration::from_secs(10);
-    stack.restart_dispatcher(config).await;
+async fn a_slow_webhook_does_not_hold_up_a_fast_one(stack: &Stack) {
     let key = stack.key(100).await;
     let (slow, fast) = (Receiver::start().await, Receiver::start().await);
-    webhook(&stack, &key, &slow, &["email.queued"]).await;
-    webhook(&stack, &key, &fast, &["email.queued"]).await;
+    webhook(stack, &key, &slow, &["email.queued"]).await;
+    webhook(stack, &key, &fast, &["email.queued"]).await;
     slow.answer(Reply::Slow(Duration::from_secs(30), 200));
     // More events than the slow webhook's delivery slots (8).
     let count = 12;
     let to: Vec<String> = (0..count).map(|i| format!("r{i}@example.com")).collect();
     let started = Instant::now();
     send(
-        &stack,
+        stack,
         &key,
         json!({"to": to, "subject": "Busy", "text": "b"}),
     )
@@ -699,7 +701,6 @@ async fn a_slow_webhook_does_not_hold_up_a_fast_one() {
         "before any slow POST timed out"
     );
     assert!(slow.count() < count);
-    stack.shutdown().await;
 }
 
 /// Every message of the namespace's DELIVERY stream: its subject and events.
