@@ -1,17 +1,15 @@
 //! Contacts on the sender's router: upsert by email or externalId, the listing's filters,
 //! changes and removal, another workspace's contacts invisible, and imports as JSON and CSV
-//! keeping the good rows and naming the bad ones; through the whole stack, a send taking a
-//! contact's external id.
+//! keeping the good rows and naming the bad ones (a send taking a contact's external id is
+//! among the sending scenarios).
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
-use postmesh_tests::{sender_router, Stack};
+use postmesh_tests::sender_router;
 use sender::audience::contacts::{ContactPage, Deleted, Imported, One, Subscription, Upserted};
-use sender::sending::send::SendAnswer;
-use sender::sending::status::TaskProgress;
 use sender::Quotas;
 
 #[tokio::test]
@@ -195,46 +193,6 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
             StatusCode::BAD_REQUEST,
         )
         .await;
-}
-
-#[tokio::test]
-async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one() {
-    let stack = Stack::start().await;
-    let key = stack.key(10).await;
-    let client = stack.client(&key);
-    for (email, id) in [
-        ("ann@example.com", "stored-a"),
-        ("bob@example.com", "stored-b"),
-    ] {
-        let _: Success<Upserted> = client
-            .post(
-                "/contacts",
-                &json!({"email": email, "externalId": id}),
-                StatusCode::CREATED,
-            )
-            .await;
-    }
-    let sent: Success<SendAnswer> = client
-        .post(
-            "/send-email",
-            &json!({"to": ["ANN@example.com", {"email": "bob@example.com", "externalId": "given"},
-                           "cat@example.com"],
-                    "subject": "Hi", "text": "Hello", "scheduledAt": postmesh_shared::db::now_unix() + 3600}),
-            StatusCode::OK,
-        )
-        .await;
-    let task = sent.body.task_id.unwrap();
-    let progress: Success<TaskProgress> = client
-        .get(&format!("/email-status/{task}"), StatusCode::OK)
-        .await;
-    let ids: Vec<Option<&str>> = progress
-        .body
-        .recipients
-        .iter()
-        .map(|r| r.external_id.as_deref())
-        .collect();
-    assert_eq!(ids, [Some("stored-a"), Some("given"), None]);
-    stack.shutdown().await;
 }
 
 #[tokio::test]

@@ -425,8 +425,46 @@ async fn sends_of_one_key_each_side_by_side() {
         a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out(&stack),
         a_thousand_recipients_are_accepted_deduplicated_and_delivered(&stack),
         attachments_up_to_ten_mib_are_delivered_and_more_is_refused(&stack),
+        a_send_carries_the_stored_external_id_unless_the_recipient_gives_one(&stack),
     );
     stack.shutdown().await;
+}
+
+async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one(stack: &Stack) {
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    for (email, id) in [
+        ("ann@example.com", "stored-a"),
+        ("bob@example.com", "stored-b"),
+    ] {
+        let _: Success<sender::audience::contacts::Upserted> = client
+            .post(
+                "/contacts",
+                &json!({"email": email, "externalId": id}),
+                StatusCode::CREATED,
+            )
+            .await;
+    }
+    let sent: Success<SendAnswer> = client
+        .post(
+            "/send-email",
+            &json!({"to": ["ANN@example.com", {"email": "bob@example.com", "externalId": "given"},
+                           "cat@example.com"],
+                    "subject": "Hi", "text": "Hello", "scheduledAt": postmesh_shared::db::now_unix() + 3600}),
+            StatusCode::OK,
+        )
+        .await;
+    let task = sent.body.task_id.unwrap();
+    let progress: Success<TaskProgress> = client
+        .get(&format!("/email-status/{task}"), StatusCode::OK)
+        .await;
+    let ids: Vec<Option<&str>> = progress
+        .body
+        .recipients
+        .iter()
+        .map(|r| r.external_id.as_deref())
+        .collect();
+    assert_eq!(ids, [Some("stored-a"), Some("given"), None]);
 }
 
 async fn test_sends_go_to_the_account_alone_at_the_price_of_one(stack: &Stack) {
