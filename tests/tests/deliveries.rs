@@ -510,19 +510,34 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         .await;
 }
 
+/// An endpoint disabled after failing, long bodies and redirects, and a slow receiver
+/// beside a fast one, each with a key and inbox of its own, on one stack whose dispatcher
+/// disables after 2 s of failures, retries every second, cuts bodies at 100 bytes and waits
+/// 10 s for an answer.
 #[tokio::test]
-async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
+async fn a_tuned_dispatcher_side_by_side() {
     let mut stack = Stack::start().await;
     let mut config = stack.dispatcher_config();
     config.delivery.disable_after = Duration::from_secs(2);
     config.delivery.retry_schedule = vec![Duration::from_secs(1); 4];
+    config.delivery.max_body_bytes = 100;
+    config.delivery.timeout = Duration::from_secs(10);
     stack.restart_dispatcher(config).await;
-    let (key, inbox) = key_with_inbox(&stack, "failing").await;
+    tokio::join!(
+        an_endpoint_failing_for_the_disable_period_is_disabled(&stack),
+        long_bodies_are_cut_and_redirects_are_not_followed(&stack),
+        a_slow_receiver_does_not_hold_up_a_fast_one(&stack),
+    );
+    stack.shutdown().await;
+}
+
+async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "failing").await;
     let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
     receiver.answer(Reply::Status(500));
     ingest(
-        &stack,
+        stack,
         &message(None, "Fail", "", "f"),
         &[&inbox_address("failing")],
     )
@@ -547,30 +562,24 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled() {
     assert!(failing_for > Duration::from_secs(1), "{failing_for:?}");
     // Disabled: new mail is not sent to it.
     ingest(
-        &stack,
+        stack,
         &message(None, "After", "", "a"),
         &[&inbox_address("failing")],
     )
     .await;
     stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
-    assert_eq!(attempts(&stack, &key, e).await.len(), 1);
-    stack.shutdown().await;
+    assert_eq!(attempts(stack, &key, e).await.len(), 1);
 }
 
-#[tokio::test]
-async fn long_bodies_are_cut_and_redirects_are_not_followed() {
-    let mut stack = Stack::start().await;
-    let mut config = stack.dispatcher_config();
-    config.delivery.max_body_bytes = 100;
-    stack.restart_dispatcher(config).await;
-    let (key, inbox) = key_with_inbox(&stack, "long").await;
+async fn long_bodies_are_cut_and_redirects_are_not_followed(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "long").await;
     let (receiver, elsewhere) = (Receiver::start().await, Receiver::start().await);
     let html = json!({ "bodyFormat": "html" });
-    let e = endpoint(&stack, &key, inbox, &receiver, html).await;
+    let e = endpoint(stack, &key, inbox, &receiver, html).await;
     // As HTML the text is escaped into <pre>: longer than the text the message had.
     let long = "é<".repeat(200);
     ingest(
-        &stack,
+        stack,
         &message(None, "Long", "", &long),
         &[&inbox_address("long")],
     )
@@ -588,13 +597,13 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed() {
     // A 3xx is an answer like any other non-2xx: retried, never followed.
     receiver.answer(Reply::Redirect(elsewhere.url("/stolen")));
     ingest(
-        &stack,
+        stack,
         &message(None, "Moved", "", "m"),
         &[&inbox_address("long")],
     )
     .await;
     let moved = eventually(Duration::from_secs(10), || async {
-        let list = attempts(&stack, &key, e).await;
+        let list = attempts(stack, &key, e).await;
         match list.iter().find(|a| a.last_status_code == Some(302)) {
             Some(a) => Ok(a.status),
             None => Err(format!("{list:?}")),
@@ -606,25 +615,19 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed() {
     // reached it before its outcome was written: no wait needed.
     assert_eq!(elsewhere.count(), 0, "the redirect was not followed");
     assert!(elsewhere.refused().is_empty());
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
-    let mut stack = Stack::start().await;
-    let mut config = stack.dispatcher_config();
-    config.delivery.timeout = Duration::from_secs(10);
-    stack.restart_dispatcher(config).await;
-    let (key, inbox) = key_with_inbox(&stack, "busy").await;
+async fn a_slow_receiver_does_not_hold_up_a_fast_one(stack: &Stack) {
+    let (key, inbox) = key_with_inbox(stack, "busy").await;
     let (slow, fast) = (Receiver::start().await, Receiver::start().await);
-    let s = endpoint(&stack, &key, inbox, &slow, json!({})).await;
-    endpoint(&stack, &key, inbox, &fast, json!({})).await;
+    let s = endpoint(stack, &key, inbox, &slow, json!({})).await;
+    endpoint(stack, &key, inbox, &fast, json!({})).await;
     slow.answer(Reply::Slow(Duration::from_secs(30), 200));
     // More messages than the slow endpoint's delivery slots (8).
     let count = 12;
     for i in 0..count {
         let raw = message(None, &format!("Busy {i}"), "", "b");
-        ingest(&stack, &raw, &[&inbox_address("busy")]).await;
+        ingest(stack, &raw, &[&inbox_address("busy")]).await;
     }
     let started = Instant::now();
     received(&fast, count, Duration::from_secs(5)).await;
@@ -634,7 +637,7 @@ async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
     );
     // The slow one's deliveries time out and wait for a retry.
     let list = eventually(Duration::from_secs(20), || async {
-        let list = attempts(&stack, &key, s).await;
+        let list = attempts(stack, &key, s).await;
         let timed_out = list
             .iter()
             .filter(|a| {
@@ -651,7 +654,6 @@ async fn a_slow_receiver_does_not_hold_up_a_fast_one() {
     })
     .await;
     assert!(list.iter().all(|a| a.status != Status::Succeeded));
-    stack.shutdown().await;
 }
 
 #[tokio::test]
