@@ -29,6 +29,17 @@ async fn set_ttl(stack: &Stack, pattern: &str, secs: i64) -> Vec<String> {
     keys
 }
 
+/// The Redis key (without the namespace) of `user`'s session: its id's SHA-256, so that a
+/// test finds its own among the stack's.
+fn session_key(user: &WebUser) -> String {
+    use sha2::Digest;
+    assert!(!user.session.is_empty(), "signed in");
+    format!(
+        "session:{}",
+        hex::encode(sha2::Sha256::digest(&user.session))
+    )
+}
+
 async fn ttl(stack: &Stack, key: &str) -> i64 {
     redis::cmd("TTL")
         .arg(key)
@@ -37,9 +48,7 @@ async fn ttl(stack: &Stack, key: &str) -> i64 {
         .expect("TTL")
 }
 
-#[tokio::test]
-async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
-    let stack = Stack::start().await;
+async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(stack: &Stack) {
     let email = fresh_email();
     let mut user = WebUser::new(&stack.base, &email);
 
@@ -120,12 +129,12 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
     assert_eq!(reused.status, StatusCode::NOT_FOUND);
 
     // The session slides: each use pushes its expiry back 7 days.
-    let session_keys = set_ttl(&stack, "session:*", 100).await;
+    let session_keys = set_ttl(stack, &session_key(&user), 100).await;
     assert_eq!(session_keys.len(), 1);
     user.json(Method::GET, "/api-keys", &json!({}))
         .await
         .expect::<Value>(StatusCode::OK, "keys");
-    assert!(ttl(&stack, &session_keys[0]).await > 604_000);
+    assert!(ttl(stack, &session_keys[0]).await > 604_000);
 
     // Once expired it is gone: 401.
     let mut redis = stack.redis().await;
@@ -150,14 +159,17 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
 
     // Sign in again (the address now has an account: no second sign-up), then log out. The
     // cooldown's minute is skipped.
-    for key in stack.redis_keys("code:cooldown:*").await {
+    for key in stack
+        .redis_keys(&format!("code:cooldown:{{login:{email}}}"))
+        .await
+    {
         let _: () = redis::cmd("DEL")
             .arg(&key)
             .query_async(&mut redis)
             .await
             .expect("DEL");
     }
-    let mut user = WebUser::login(&stack, &email, 1).await;
+    let mut user = WebUser::login(stack, &email, 1).await;
     let keys: Value = user
         .json(Method::GET, "/api-keys", &json!({}))
         .await
@@ -178,12 +190,11 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end() {
     );
     let again = user.json(Method::POST, "/logout", &json!({})).await;
     assert_eq!(again.status, StatusCode::UNAUTHORIZED);
-    stack.shutdown().await;
 }
 
-#[tokio::test]
-async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404() {
-    let stack = Stack::start().await;
+async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404(
+    stack: &Stack,
+) {
     let email = fresh_email();
     let mut user = WebUser::new(&stack.base, &email);
     let _: Value = user
@@ -215,7 +226,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
         "five wrong codes this hour: not even the right one is tried"
     );
     // Nor a new code: the wrong ones count per address, across its codes.
-    set_ttl(&stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
+    set_ttl(stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let _: Value = user
         .json(Method::POST, "/login/code", &json!({ "email": email }))
@@ -260,7 +271,6 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
         )
         .await;
     assert_eq!(expired.status, StatusCode::NOT_FOUND);
-    stack.shutdown().await;
 }
 
 #[tokio::test]
@@ -292,7 +302,9 @@ async fn login_codes_are_limited_per_ip() {
     stack.shutdown().await;
 }
 
-/// Keys, and failed authentications counted by gateways of their own, side by side on one stack.
+/// Sign-in, sessions, keys, and failed authentications counted by gateways of their own,
+/// each with an address and keys of its own, side by side on one stack (the per-IP login
+/// limit, which every sign-in from here counts toward, keeps a stack of its own).
 #[tokio::test]
 async fn keys_and_gateways_side_by_side() {
     let stack = Stack::start().await;
@@ -301,6 +313,9 @@ async fn keys_and_gateways_side_by_side() {
         an_account_holds_at_most_its_quota_of_keys_listed_in_pages(&stack),
         an_address_failing_to_authenticate_is_refused_before_any_key_lookup(&stack),
         polls_of_unknown_device_tokens_count_as_failed_authentications(&stack),
+        login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(&stack),
+        five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404(&stack),
+        a_session_ends_30_days_after_sign_in_however_it_is_used(&stack),
     );
     stack.shutdown().await;
 }
@@ -538,16 +553,15 @@ async fn polls_of_unknown_device_tokens_count_as_failed_authentications(stack: &
     gateway.stop().await;
 }
 
-#[tokio::test]
-async fn a_session_ends_30_days_after_sign_in_however_it_is_used() {
-    let stack = Stack::start().await;
+async fn a_session_ends_30_days_after_sign_in_however_it_is_used(stack: &Stack) {
     let primary = stack.key(0).await;
     let email = stack.account_email(&primary).await;
-    let mut user = WebUser::login(&stack, &email, 0).await;
+    let mut user = WebUser::login(stack, &email, 0).await;
     let listed = user.json(Method::GET, "/api-keys", &json!({})).await;
     assert_eq!(listed.status, StatusCode::OK);
     // Used every day since, but signed in 30 days ago.
-    let stored = stack.redis_keys("session:*").await;
+    let own = session_key(&user);
+    let stored = stack.redis_keys(&own).await;
     assert_eq!(stored.len(), 1, "{stored:?}");
     let mut redis = stack.redis().await;
     let raw: String = redis::cmd("GET")
@@ -568,8 +582,7 @@ async fn a_session_ends_30_days_after_sign_in_however_it_is_used() {
     let later = user.json(Method::GET, "/api-keys", &json!({})).await;
     assert_eq!(later.status, StatusCode::UNAUTHORIZED);
     assert!(
-        stack.redis_keys("session:*").await.is_empty(),
+        stack.redis_keys(&own).await.is_empty(),
         "ended, not left to expire"
     );
-    stack.shutdown().await;
 }
