@@ -41,3 +41,14 @@ pub use stack::{
     extract_code, free_port, spawn_service, spawn_service_to, workspace_binary, Stack,
 };
 pub use wait::eventually;
+
+/// Runs `scenarios` (async fns of `&Stack`, each with keys, recipients and addresses of its
+/// own) side by side on `stack`, then shuts the stack down.
+#[macro_export]
+macro_rules! side_by_side {
+    ($stack:expr, [$($scenario:path),+ $(,)?]) => {{
+        let stack = $stack;
+        tokio::join!($($scenario(&stack)),+);
+        stack.shutdown().await;
+    }};
+}

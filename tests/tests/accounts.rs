@@ -307,17 +307,18 @@ async fn login_codes_are_limited_per_ip() {
 /// limit, which every sign-in from here counts toward, keeps a stack of its own).
 #[tokio::test]
 async fn keys_and_gateways_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(&stack),
-        an_account_holds_at_most_its_quota_of_keys_listed_in_pages(&stack),
-        an_address_failing_to_authenticate_is_refused_before_any_key_lookup(&stack),
-        polls_of_unknown_device_tokens_count_as_failed_authentications(&stack),
-        login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(&stack),
-        five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404(&stack),
-        a_session_ends_30_days_after_sign_in_however_it_is_used(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            every_key_bills_to_the_primary_and_revocation_reaches_both_gateways,
+            an_account_holds_at_most_its_quota_of_keys_listed_in_pages,
+            an_address_failing_to_authenticate_is_refused_before_any_key_lookup,
+            polls_of_unknown_device_tokens_count_as_failed_authentications,
+            login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end,
+            five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404,
+            a_session_ends_30_days_after_sign_in_however_it_is_used
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(stack: &Stack) {

@@ -85,18 +85,19 @@ async fn all_keys_of_one_recipient_share_a_cluster_slot(stack: &Stack) {
 /// Rules of one code at a time, each on its own key and recipients, on one stack.
 #[tokio::test]
 async fn code_rules() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        wrong_and_malformed_codes_are_400(&stack),
-        five_wrong_attempts_void_the_code(&stack),
-        codes_cost_credits_and_402_at_zero(&stack),
-        recipients_are_matched_without_regard_to_case(&stack),
-        a_delivered_code_verifies_once(&stack),
-        all_keys_of_one_recipient_share_a_cluster_slot(&stack),
-        resends_are_limited_with_retry_after(&stack),
-        a_charge_that_outlives_the_gateway_timeout_never_takes_credits(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            wrong_and_malformed_codes_are_400,
+            five_wrong_attempts_void_the_code,
+            codes_cost_credits_and_402_at_zero,
+            recipients_are_matched_without_regard_to_case,
+            a_delivered_code_verifies_once,
+            all_keys_of_one_recipient_share_a_cluster_slot,
+            resends_are_limited_with_retry_after,
+            a_charge_that_outlives_the_gateway_timeout_never_takes_credits
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn wrong_and_malformed_codes_are_400(stack: &Stack) {

@@ -11,14 +11,15 @@ use postmesh_tests::{peek, Stack};
 /// Bad keys, error bodies, a large log and a flood of made-up keys, each with keys of its own, on one stack.
 #[tokio::test]
 async fn keys_logs_and_errors_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        requests_without_or_with_a_bad_key_are_401(&stack),
-        unknown_routes_and_oversized_bodies_get_json_errors(&stack),
-        a_large_log_downloads_within_the_message_size_limit(&stack),
-        a_flood_of_made_up_keys_does_not_evict_real_ones(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            requests_without_or_with_a_bad_key_are_401,
+            unknown_routes_and_oversized_bodies_get_json_errors,
+            a_large_log_downloads_within_the_message_size_limit,
+            a_flood_of_made_up_keys_does_not_evict_real_ones
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn requests_without_or_with_a_bad_key_are_401(stack: &Stack) {

@@ -233,17 +233,18 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
 /// Inbox webhooks of one key and inbox each, side by side on one stack.
 #[tokio::test]
 async fn inbox_webhooks_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        a_rotated_secret_signs_beside_the_new_one(&stack),
-        bodies_come_in_each_format_with_quotes_stripped_on_request(&stack),
-        a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(&stack),
-        a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(&stack),
-        a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables(&stack),
-        each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest(&stack),
-        a_delivery_answered_at_once_is_written_once_with_its_outcome(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            a_rotated_secret_signs_beside_the_new_one,
+            bodies_come_in_each_format_with_quotes_stripped_on_request,
+            a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped,
+            a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured,
+            a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_disables,
+            each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_rest,
+            a_delivery_answered_at_once_is_written_once_with_its_outcome
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn a_rotated_secret_signs_beside_the_new_one(stack: &Stack) {
@@ -523,12 +524,14 @@ async fn a_tuned_dispatcher_side_by_side() {
     config.delivery.max_body_bytes = 100;
     config.delivery.timeout = Duration::from_secs(10);
     stack.restart_dispatcher(config).await;
-    tokio::join!(
-        an_endpoint_failing_for_the_disable_period_is_disabled(&stack),
-        long_bodies_are_cut_and_redirects_are_not_followed(&stack),
-        a_slow_receiver_does_not_hold_up_a_fast_one(&stack),
+    postmesh_tests::side_by_side!(
+        stack,
+        [
+            an_endpoint_failing_for_the_disable_period_is_disabled,
+            long_bodies_are_cut_and_redirects_are_not_followed,
+            a_slow_receiver_does_not_hold_up_a_fast_one
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {

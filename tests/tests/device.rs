@@ -230,12 +230,13 @@ fn request_id(started: &Value) -> String {
 /// The approval page and the key pages, each with a user of its own, on one stack.
 #[tokio::test]
 async fn web_pages_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(&stack),
-        key_pages_create_and_revoke_with_csrf(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms,
+            key_pages_create_and_revoke_with_csrf
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(stack: &Stack) {

@@ -101,13 +101,14 @@ async fn notify(stack: &Stack, sns: &FakeSns, sns_id: &str, kind: &str, ses_id: 
 /// The scenarios below, each with a key, receivers and SNS ids of its own, on one stack.
 #[tokio::test]
 async fn event_webhooks_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything(&stack),
-        webhooks_follow_their_rules(&stack),
-        bounces_complaints_and_unsubscribes_carry_their_reason(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything,
+            webhooks_follow_their_rules,
+            bounces_complaints_and_unsubscribes_carry_their_reason
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn webhooks_get_exactly_their_types_in_sequence_order_and_no_filter_gets_everything(
@@ -483,11 +484,13 @@ async fn a_tuned_dispatcher_side_by_side() {
     config.replay_max = 3;
     config.delivery.timeout = Duration::from_secs(10);
     stack.restart_dispatcher(config).await;
-    tokio::join!(
-        deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(&stack),
-        a_slow_webhook_does_not_hold_up_a_fast_one(&stack),
+    postmesh_tests::side_by_side!(
+        stack,
+        [
+            deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type,
+            a_slow_webhook_does_not_hold_up_a_fast_one
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(stack: &Stack) {

@@ -92,16 +92,17 @@ fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
 /// Suppressions, caps and exclusions of one key each, to recipients of their own, side by side on one stack.
 #[tokio::test]
 async fn governance_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing(&stack),
-        caps_and_topic_exclusions_hold_even_for_concurrent_sends(&stack),
-        the_suppression_list_is_listed_added_to_and_removed_from(&stack),
-        a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(&stack),
-        a_part_refund_comes_from_the_charge_that_stands(&stack),
-        a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing,
+            caps_and_topic_exclusions_hold_even_for_concurrent_sends,
+            the_suppression_list_is_listed_added_to_and_removed_from,
+            a_scheduled_send_leaves_off_who_unsubscribed_before_its_release,
+            a_part_refund_comes_from_the_charge_that_stands,
+            a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_nothing(

@@ -476,15 +476,16 @@ async fn bad_requests_are_refused_with_the_spec_statuses_and_store_nothing() {
 /// inbox, each with keys and addresses of its own, on one stack.
 #[tokio::test]
 async fn addresses_and_the_mta_routes_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        messages_up_to_10_mib_are_taken_and_larger_ones_refused(&stack),
-        a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent(&stack),
-        addresses_are_on_the_platform_domain_or_a_verified_one_within_the_plan(&stack),
-        validate_accepts_inboxes_and_their_sub_addresses_behind_the_secret(&stack),
-        a_message_is_stored_once_per_inbox_whatever_the_retries(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            messages_up_to_10_mib_are_taken_and_larger_ones_refused,
+            a_declared_length_that_cannot_fit_is_refused_before_the_body_is_sent,
+            addresses_are_on_the_platform_domain_or_a_verified_one_within_the_plan,
+            validate_accepts_inboxes_and_their_sub_addresses_behind_the_secret,
+            a_message_is_stored_once_per_inbox_whatever_the_retries
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn messages_up_to_10_mib_are_taken_and_larger_ones_refused(stack: &Stack) {

@@ -15,12 +15,13 @@ async fn metrics_of(stack: &Stack, addr: std::net::SocketAddr) -> String {
 /// What every service serves, and request ids, on one stack.
 #[tokio::test]
 async fn health_and_request_ids_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        every_service_serves_health_readiness_and_metrics(&stack),
-        request_ids_are_echoed_or_generated(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            every_service_serves_health_readiness_and_metrics,
+            request_ids_are_echoed_or_generated
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn every_service_serves_health_readiness_and_metrics(stack: &Stack) {

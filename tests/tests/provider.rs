@@ -84,12 +84,13 @@ fn ses_event(kind: &str, ses_id: &str, to: &str, part: Value) -> Value {
 /// SNS subscriptions and SES events, each with a fake SNS of its own, on one stack.
 #[tokio::test]
 async fn provider_notifications_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken(&stack),
-        ses_events_become_delivery_events_and_suppressions(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken,
+            ses_events_become_delivery_events_and_suppressions
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn subscriptions_are_confirmed_and_only_signed_sns_messages_are_taken(stack: &Stack) {

@@ -277,12 +277,13 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
 /// The gateway's own limits and documents, on one stack.
 #[tokio::test]
 async fn gateway_documents_and_limits_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        a_route_with_its_own_limit_takes_large_bodies_through_the_gateway(&stack),
-        the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            a_route_with_its_own_limit_takes_large_bodies_through_the_gateway,
+            the_openapi_document_covers_exactly_the_gateway_table_and_is_served_with_its_page
+        ]
     );
-    stack.shutdown().await;
 }
 
 /// Through the real gateway: a route with its own body limit (`/send-email`) takes a body far

@@ -59,15 +59,16 @@ async fn call(
 /// The sweeps below, each with keys of its own, on one stack.
 #[tokio::test]
 async fn attacks_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        no_key_or_a_wrong_key_gets_nothing_anywhere(&stack),
-        another_workspace_s_key_never_reaches_this_workspace_s_data(&stack),
-        deep_json_is_a_400(&stack),
-        malformed_wrong_and_oversized_bodies_are_refused_never_a_500(&stack),
-        cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            no_key_or_a_wrong_key_gets_nothing_anywhere,
+            another_workspace_s_key_never_reaches_this_workspace_s_data,
+            deep_json_is_a_400,
+            malformed_wrong_and_oversized_bodies_are_refused_never_a_500,
+            cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn no_key_or_a_wrong_key_gets_nothing_anywhere(stack: &Stack) {

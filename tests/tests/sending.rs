@@ -414,20 +414,21 @@ async fn a_thousand_recipients_are_accepted_deduplicated_and_delivered(stack: &S
 /// Sends of one key each, to recipients of their own, side by side on one stack.
 #[tokio::test]
 async fn sends_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        test_sends_go_to_the_account_alone_at_the_price_of_one(&stack),
-        variables_fill_placeholders_and_a_missing_one_is_named(&stack),
-        templates_are_versioned_and_a_send_pins_its_version(&stack),
-        scheduled_sends_are_released_on_time_or_cancelled_and_refunded(&stack),
-        smtp_auth_accepts_the_keys_own_address_only(&stack),
-        an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once(&stack),
-        a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out(&stack),
-        a_thousand_recipients_are_accepted_deduplicated_and_delivered(&stack),
-        attachments_up_to_ten_mib_are_delivered_and_more_is_refused(&stack),
-        a_send_carries_the_stored_external_id_unless_the_recipient_gives_one(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            test_sends_go_to_the_account_alone_at_the_price_of_one,
+            variables_fill_placeholders_and_a_missing_one_is_named,
+            templates_are_versioned_and_a_send_pins_its_version,
+            scheduled_sends_are_released_on_time_or_cancelled_and_refunded,
+            smtp_auth_accepts_the_keys_own_address_only,
+            an_idempotency_key_makes_a_retried_send_answer_the_same_and_send_once,
+            a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out,
+            a_thousand_recipients_are_accepted_deduplicated_and_delivered,
+            attachments_up_to_ten_mib_are_delivered_and_more_is_refused,
+            a_send_carries_the_stored_external_id_unless_the_recipient_gives_one
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one(stack: &Stack) {

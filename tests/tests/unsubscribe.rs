@@ -68,12 +68,13 @@ async fn events_of(stack: &Stack, key: &str, task: TaskId) -> Vec<Kind> {
 /// The unsubscribe scenarios below, each with a key of its own, on one stack.
 #[tokio::test]
 async fn unsubscribes_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        marketing_mail_unsubscribes_in_one_click_and_events_are_recorded(&stack),
-        bad_tokens_get_an_html_page_and_change_nothing(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            marketing_mail_unsubscribes_in_one_click_and_events_are_recorded,
+            bad_tokens_get_an_html_page_and_change_nothing
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded(stack: &Stack) {

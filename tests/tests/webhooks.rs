@@ -29,13 +29,14 @@ async fn create<T: serde::de::DeserializeOwned>(
 /// The resource scenarios below, each with keys of its own, on one stack.
 #[tokio::test]
 async fn webhook_resources_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        endpoints_follow_their_rules_and_show_the_secret_once(&stack),
-        the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest(&stack),
-        the_workspace_default_webhook_is_set_shown_rotated_and_removed(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            endpoints_follow_their_rules_and_show_the_secret_once,
+            the_legacy_put_creates_the_first_endpoint_then_updates_the_oldest,
+            the_workspace_default_webhook_is_set_shown_rotated_and_removed
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn endpoints_follow_their_rules_and_show_the_secret_once(stack: &Stack) {

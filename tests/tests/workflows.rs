@@ -216,15 +216,16 @@ async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
 /// Workflows of one key each, with contacts of their own, side by side on one stack.
 #[tokio::test]
 async fn workflows_of_one_key_each_side_by_side() {
-    let stack = Stack::start().await;
-    tokio::join!(
-        a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run(&stack),
-        branches_go_each_way_and_reentry_is_honoured(&stack),
-        workflows_are_listed_changed_for_new_runs_only_and_deleted(&stack),
-        conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property(&stack),
-        a_run_taken_up_too_often_without_an_end_fails(&stack),
+    postmesh_tests::side_by_side!(
+        Stack::start().await,
+        [
+            a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run,
+            branches_go_each_way_and_reentry_is_honoured,
+            workflows_are_listed_changed_for_new_runs_only_and_deleted,
+            conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property,
+            a_run_taken_up_too_often_without_an_end_fails
+        ]
     );
-    stack.shutdown().await;
 }
 
 async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run(stack: &Stack) {
