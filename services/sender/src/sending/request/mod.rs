@@ -152,7 +152,8 @@ fn header_text(field: &str, value: Option<String>) -> Result<Option<String>, Api
     if value.chars().any(|c| c.is_control()) {
         return Err(bad(format!("{field} must be a single line of text")));
     }
-    if value.len() > MAX_HEADER_LEN {
+    // Characters, as the schema's `maxLength` counts them.
+    if value.chars().count() > MAX_HEADER_LEN {
         return Err(bad(format!(
             "{field} is longer than {MAX_HEADER_LEN} characters"
         )));

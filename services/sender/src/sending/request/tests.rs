@@ -87,6 +87,18 @@ fn refusals_name_what_is_wrong() {
 }
 
 #[test]
+fn header_texts_are_counted_in_characters_as_documented() {
+    // 998 two-byte characters: within the documented `maxLength`, so taken.
+    let at_limit = "é".repeat(MAX_HEADER_LEN);
+    let r = parse(serde_json::json!({"to": "a@x.com", "subject": at_limit.clone(), "text": "t"}))
+        .unwrap();
+    assert!(matches!(r.content, Content::Inline { subject, .. } if subject == at_limit));
+    let over = "é".repeat(MAX_HEADER_LEN + 1);
+    let e = parse(serde_json::json!({"to": "a@x.com", "subject": over, "text": "t"})).unwrap_err();
+    assert!(e.contains("longer than 998 characters"), "{e}");
+}
+
+#[test]
 fn caps_and_exclusions_are_checked() {
     let send = |extra: Value| {
         let mut body = serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t"});
