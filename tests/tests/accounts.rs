@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_tests::web::{set_cookie_header, WebUser};
-use postmesh_tests::{eventually, retry_after, Stack, TestClient};
+use postmesh_tests::{eventually, retry_after, Answer, Stack, TestClient};
 
 fn fresh_email() -> String {
     format!("user-{}@example.com", uuid::Uuid::new_v4().simple())
@@ -27,6 +27,12 @@ async fn set_ttl(stack: &Stack, pattern: &str, secs: i64) -> Vec<String> {
             .expect("EXPIRE");
     }
     keys
+}
+
+/// `POST /verify-code-login` of `code` for `email`, as `user`.
+async fn verify_login(user: &mut WebUser, email: &str, code: &str) -> Answer {
+    let body = json!({ "email": email, "code": code });
+    user.json(Method::POST, "/verify-code-login", &body).await
 }
 
 /// The Redis key (without the namespace) of `user`'s session: its id's SHA-256, so that a
@@ -77,32 +83,15 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(stack: &S
 
     // Wrong code 400, another address's (none) 404, malformed 400.
     let wrong = if code == "000000" { "111111" } else { "000000" };
-    let verify = |c: &str, e: &str| json!({ "email": e, "code": c });
-    let answer = user
-        .json(Method::POST, "/verify-code-login", &verify(wrong, &email))
-        .await;
+    let answer = verify_login(&mut user, &email, &wrong).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
-    let answer = user
-        .json(
-            Method::POST,
-            "/verify-code-login",
-            &verify(&code, &fresh_email()),
-        )
-        .await;
+    let answer = verify_login(&mut user, &fresh_email(), &code).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
-    let answer = user
-        .json(
-            Method::POST,
-            "/verify-code-login",
-            &verify("12ab56", &email),
-        )
-        .await;
+    let answer = verify_login(&mut user, &email, "12ab56").await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
 
     // The right code signs the address up and in.
-    let signed = user
-        .json(Method::POST, "/verify-code-login", &verify(&code, &email))
-        .await;
+    let signed = verify_login(&mut user, &email, &code).await;
     let body: Value = signed.expect(StatusCode::OK, "verify-code-login");
     assert_eq!(body["success"], true);
     assert!(body["message"].is_string());
@@ -123,9 +112,7 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(stack: &S
     assert_eq!(keys[0]["primary"], true);
 
     // A code is used once.
-    let reused = WebUser::new(&stack.base, &email)
-        .json(Method::POST, "/verify-code-login", &verify(&code, &email))
-        .await;
+    let reused = verify_login(&mut WebUser::new(&stack.base, &email), &email, &code).await;
     assert_eq!(reused.status, StatusCode::NOT_FOUND);
 
     // The session slides: each use pushes its expiry back 7 days.
@@ -204,22 +191,10 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
     let code = stack.code_sent_to(&email, 1).await;
     let wrong = if code == "000000" { "111111" } else { "000000" };
     for attempt in 1..=5 {
-        let answer = user
-            .json(
-                Method::POST,
-                "/verify-code-login",
-                &json!({ "email": email, "code": wrong }),
-            )
-            .await;
+        let answer = verify_login(&mut user, &email, &wrong).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
     }
-    let late = user
-        .json(
-            Method::POST,
-            "/verify-code-login",
-            &json!({ "email": email, "code": code }),
-        )
-        .await;
+    let late = verify_login(&mut user, &email, &code).await;
     assert_eq!(
         late.status,
         StatusCode::TOO_MANY_REQUESTS,
@@ -233,13 +208,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
         .await
         .expect(StatusCode::OK, "a second login code");
     let fresh = stack.code_sent_to(&email, 2).await;
-    let refused = user
-        .json(
-            Method::POST,
-            "/verify-code-login",
-            &json!({ "email": email, "code": fresh }),
-        )
-        .await;
+    let refused = verify_login(&mut user, &email, &fresh).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     let wait = retry_after(&refused.headers);
     assert!((3000..=3600).contains(&wait), "{wait}");
@@ -263,13 +232,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
         .await
         .expect("PEXPIRE");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let expired = user
-        .json(
-            Method::POST,
-            "/verify-code-login",
-            &json!({ "email": other, "code": code }),
-        )
-        .await;
+    let expired = verify_login(&mut user, &other, &code).await;
     assert_eq!(expired.status, StatusCode::NOT_FOUND);
 }
 

@@ -57,6 +57,15 @@ fn inbox_address(local: &str) -> String {
     format!("{local}@{INBOUND_DOMAIN}")
 }
 
+/// A fresh key with inbox `local` and an endpoint of it to a new receiver: the key, the
+/// endpoint's id and the receiver.
+async fn key_and_endpoint(stack: &Stack, local: &str) -> (String, uuid::Uuid, Receiver) {
+    let (key, inbox) = key_with_inbox(stack, local).await;
+    let receiver = Receiver::start().await;
+    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    (key, e, receiver)
+}
+
 /// For the crash tests: a stack whose dispatcher is a child process (and its settings, for a
 /// restart), a fresh key, and an endpoint of its inbox `local` to a receiver answering
 /// `reply`.
@@ -72,9 +81,7 @@ async fn child_dispatcher_and_endpoint(
     let mut stack = Stack::start().await;
     let config = stack.dispatcher_config();
     stack.spawn_dispatcher(config.clone()).await;
-    let (key, inbox) = key_with_inbox(&stack, local).await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(&stack, local).await;
     receiver.answer(reply);
     (stack, config, key, e, receiver)
 }
@@ -376,9 +383,7 @@ async fn bodies_come_in_each_format_with_quotes_stripped_on_request(stack: &Stac
 }
 
 async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(stack: &Stack) {
-    let (key, inbox) = key_with_inbox(stack, "flaky").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(stack, "flaky").await;
     receiver.script([Reply::Status(500), Reply::Status(500)]);
     ingest(
         stack,
@@ -535,9 +540,7 @@ async fn a_tuned_dispatcher_side_by_side() {
 }
 
 async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {
-    let (key, inbox) = key_with_inbox(stack, "failing").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(stack, "failing").await;
     receiver.answer(Reply::Status(500));
     ingest(
         stack,
@@ -1030,9 +1033,7 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
 }
 
 async fn a_delivery_answered_at_once_is_written_once_with_its_outcome(stack: &Stack) {
-    let (key, inbox) = key_with_inbox(stack, "once").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(stack, "once").await;
     let count = 3;
     for i in 0..count {
         let raw = message(None, &format!("Once {i}"), "", "o");
@@ -1102,9 +1103,7 @@ async fn a_delivery_cut_off_by_a_crash_before_it_was_written_comes_again_under_i
 #[tokio::test]
 async fn a_fan_out_whose_write_keeps_failing_posts_once_and_leaves_the_rest_to_the_worker() {
     let stack = Stack::start().await;
-    let (key, inbox) = key_with_inbox(&stack, "refused").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(&stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(&stack, "refused").await;
     // Every write of the fan-out fails, after its first tries were made.
     let db = stack.service_db(webhook_dispatcher::SERVICE).await;
     for statement in [
@@ -1173,9 +1172,7 @@ async fn a_first_try_left_waiting_by_a_crash_is_tried_again_once_its_lease_is_ov
 }
 
 async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped(stack: &Stack) {
-    let (key, inbox) = key_with_inbox(stack, "endless").await;
-    let receiver = Receiver::start().await;
-    let e = endpoint(stack, &key, inbox, &receiver, json!({})).await;
+    let (key, e, receiver) = key_and_endpoint(stack, "endless").await;
     receiver.answer(Reply::Endless(500));
     let started = Instant::now();
     ingest(
