@@ -19,7 +19,7 @@ use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 use crate::audience::audiences::{self, Audience, AudienceBody};
 use crate::audience::contacts::{name, name_or_null};
 use crate::model::{key_schema, parse_key, Recipient, MAX_KEY_LEN};
-use crate::sending::request::{email_type_or_null, EmailType, SendBody};
+use crate::sending::request::{email_type_or_null, EmailType, HeaderText, SendBody};
 use crate::AppState;
 
 /// A campaign as answered.
@@ -210,7 +210,7 @@ pub async fn fill_defaults(
         body.template_key = campaign.template_key;
     }
     if body.topic.is_none() {
-        body.topic = campaign.topic;
+        body.topic = campaign.topic.map(HeaderText::from);
     }
     if body.email_type.is_none() {
         body.email_type = Some(campaign.email_type.as_str().into());

@@ -19,7 +19,7 @@ use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
 use super::event::{parse_time, EventView};
 use crate::audience::contacts::{self, Contact};
-use crate::sending::request::{SendBody, To, ToItem};
+use crate::sending::request::{HeaderText, SendBody, To, ToItem};
 use crate::AppState;
 
 pub use postmesh_contracts::answers::sender::{RunStatus, RunView};
@@ -394,7 +394,7 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                     }])),
                     template_key: Some(template_key.clone()),
                     email_type: Some(email_type.as_str().to_owned()),
-                    topic: topic.clone(),
+                    topic: topic.clone().map(HeaderText::from),
                     variables: Some(props.clone()),
                     ..SendBody::default()
                 };

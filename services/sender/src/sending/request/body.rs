@@ -10,6 +10,8 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaT
 use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
+use postmesh_shared::ApiError;
+
 use crate::audience::audiences::Audience;
 use crate::model::key_or_null;
 use crate::model::schema;
@@ -76,7 +78,7 @@ impl PartialSchema for ToItem {
                 ObjectBuilder::new()
                     .property("email", schema::email())
                     .required("email")
-                    .property("externalId", header_text_schema()),
+                    .property("externalId", schema::or_null(HeaderText::line())),
             )
             .into()
     }
@@ -147,9 +149,59 @@ fn base64_schema() -> ObjectBuilder {
     schema::string(format!("^{space}(?:{four})*(?:{end})?$"))
 }
 
-/// What [`header_text`] takes, or null.
-fn header_text_schema() -> ObjectBuilder {
-    schema::or_null(schema::one_line().max_length(Some(MAX_HEADER_LEN)))
+/// Text that goes into a header, as the API takes it: one line, at most
+/// [`MAX_HEADER_LEN`] characters, blank counting as absent. Its check and its schema are
+/// both here.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct HeaderText(String);
+
+impl From<String> for HeaderText {
+    fn from(text: String) -> Self {
+        Self(text)
+    }
+}
+
+impl HeaderText {
+    /// The text (none when absent or blank), or why `field` is refused.
+    pub(crate) fn check(field: &str, value: Option<Self>) -> Result<Option<String>, ApiError> {
+        let Some(Self(value)) = value else {
+            return Ok(None);
+        };
+        if value.chars().any(|c| c.is_control()) {
+            return Err(ApiError::BadRequest(format!(
+                "{field} must be a single line of text"
+            )));
+        }
+        // Characters, as the schema's `maxLength` counts them.
+        if value.chars().count() > MAX_HEADER_LEN {
+            return Err(ApiError::BadRequest(format!(
+                "{field} is longer than {MAX_HEADER_LEN} characters"
+            )));
+        }
+        Ok(Some(value).filter(|v| !v.trim().is_empty()))
+    }
+
+    /// What [`HeaderText::check`] takes.
+    fn line() -> ObjectBuilder {
+        schema::one_line()
+            .max_length(Some(MAX_HEADER_LEN))
+            .description(Some(
+                "Text for a header: one line, at most 998 characters; blank counts as absent.",
+            ))
+    }
+}
+
+impl PartialSchema for HeaderText {
+    fn schema() -> RefOr<Schema> {
+        Self::line().into()
+    }
+}
+
+impl ToSchema for HeaderText {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("HeaderText")
+    }
 }
 
 /// What [`msg_id`] takes: `<left@right>`, with or without the brackets (the 250-byte limit
@@ -208,22 +260,18 @@ pub struct SendBody {
     pub audience: Option<Value>,
     #[schema(schema_with = key_or_null)]
     pub campaign_key: Option<String>,
-    #[schema(schema_with = header_text_schema)]
-    pub campaign_name: Option<String>,
-    #[schema(schema_with = header_text_schema)]
-    pub subject: Option<String>,
+    pub campaign_name: Option<HeaderText>,
+    pub subject: Option<HeaderText>,
     pub html: Option<String>,
     pub text: Option<String>,
     #[schema(schema_with = schema::email_blank_or_null)]
     pub from_email: Option<String>,
-    #[schema(schema_with = header_text_schema)]
-    pub from_name: Option<String>,
+    pub from_name: Option<HeaderText>,
     #[schema(schema_with = schema::email_blank_or_null)]
     pub reply_to: Option<String>,
     pub cc: Option<Addresses>,
     pub bcc: Option<Addresses>,
-    #[schema(schema_with = header_text_schema)]
-    pub topic: Option<String>,
+    pub topic: Option<HeaderText>,
     #[schema(schema_with = email_type_or_null)]
     pub email_type: Option<String>,
     pub dry_run: Option<bool>,
@@ -237,16 +285,13 @@ pub struct SendBody {
     pub frequency_cap_max: Option<f64>,
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 365)]
     pub topic_exclusion_days: Option<f64>,
-    #[schema(schema_with = header_text_schema)]
-    pub recipient_reason: Option<String>,
+    pub recipient_reason: Option<HeaderText>,
     #[schema(schema_with = template_key_schema)]
     pub template_key: Option<String>,
     #[schema(value_type = Option<i32>, minimum = 1, maximum = 2147483647)]
     pub template_version: Option<f64>,
-    #[schema(schema_with = header_text_schema)]
-    pub source_app: Option<String>,
-    #[schema(schema_with = header_text_schema)]
-    pub business_goal: Option<String>,
+    pub source_app: Option<HeaderText>,
+    pub business_goal: Option<HeaderText>,
     #[schema(schema_with = utm_schema)]
     pub utm: Option<BTreeMap<String, String>>,
     #[schema(schema_with = message_id_or_null)]

@@ -17,7 +17,7 @@ use crate::model::{self, Recipient};
 mod body;
 
 pub(crate) use body::email_type_or_null;
-pub use body::{Addresses, AttachmentBody, SendBody, To, ToItem};
+pub use body::{Addresses, AttachmentBody, HeaderText, SendBody, To, ToItem};
 
 /// Recipients of one send at most (DESIGN §6).
 pub const MAX_RECIPIENTS: usize = 1000;
@@ -146,19 +146,9 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::BadRequest(msg.into())
 }
 
-/// A text that goes into a header: one line, at most [`MAX_HEADER_LEN`] characters.
+/// A text that goes into a header (see [`HeaderText`]).
 fn header_text(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
-    let Some(value) = value else { return Ok(None) };
-    if value.chars().any(|c| c.is_control()) {
-        return Err(bad(format!("{field} must be a single line of text")));
-    }
-    // Characters, as the schema's `maxLength` counts them.
-    if value.chars().count() > MAX_HEADER_LEN {
-        return Err(bad(format!(
-            "{field} is longer than {MAX_HEADER_LEN} characters"
-        )));
-    }
-    Ok(Some(value).filter(|v| !v.trim().is_empty()))
+    HeaderText::check(field, value.map(HeaderText::from))
 }
 
 fn address(field: &str, raw: &str) -> Result<EmailAddress, ApiError> {
@@ -322,7 +312,7 @@ fn utm(raw: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, A
 }
 
 fn content(body: &mut SendBody) -> Result<Content, ApiError> {
-    let subject = header_text("subject", body.subject.take())?;
+    let subject = HeaderText::check("subject", body.subject.take())?;
     let (html, text) = (body.html.take(), body.text.take());
     if let Some(key) = body.template_key.take() {
         let key = key.trim().to_owned();
@@ -485,7 +475,7 @@ impl SendRequest {
             ))
         })?;
         let scheduled_at = schedule(body.scheduled_at, now)?;
-        let topic = header_text("topic", body.topic.take())?;
+        let topic = HeaderText::check("topic", body.topic.take())?;
         let (frequency_cap, topic_exclusion_days) = governance(&body, topic.as_deref())?;
         let (cc, bcc) = (copies("cc", body.cc)?, copies("bcc", body.bcc)?);
         if cc.len() + bcc.len() > MAX_COPIES {
@@ -515,7 +505,7 @@ impl SendRequest {
                 .filter(|f| !f.trim().is_empty())
                 .map(|f| address("fromEmail", &f))
                 .transpose()?,
-            from_name: header_text("fromName", body.from_name)?,
+            from_name: HeaderText::check("fromName", body.from_name)?,
             reply_to: body
                 .reply_to
                 .filter(|f| !f.trim().is_empty())
@@ -536,10 +526,10 @@ impl SendRequest {
             utm: utm(body.utm)?,
             email_type,
             topic,
-            source_app: header_text("sourceApp", body.source_app)?,
-            business_goal: header_text("businessGoal", body.business_goal)?,
-            recipient_reason: header_text("recipientReason", body.recipient_reason)?,
-            campaign_name: header_text("campaignName", body.campaign_name)?,
+            source_app: HeaderText::check("sourceApp", body.source_app)?,
+            business_goal: HeaderText::check("businessGoal", body.business_goal)?,
+            recipient_reason: HeaderText::check("recipientReason", body.recipient_reason)?,
+            campaign_name: HeaderText::check("campaignName", body.campaign_name)?,
             dry_run: body.dry_run.unwrap_or(false),
             test_send: body.test_send.unwrap_or(false),
             scheduled_at,
