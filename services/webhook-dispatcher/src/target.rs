@@ -10,7 +10,8 @@ use std::time::Duration;
 use hickory_resolver::TokioResolver;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
-use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, SchemaType, Type};
+use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::ApiError;
 
@@ -35,18 +36,35 @@ fn url_pattern() -> String {
     .concat()
 }
 
-/// The schema of a webhook URL as bodies give it: a URI of a scheme [`Reach::check`] takes
-/// (its host must also resolve to public addresses, which no schema says).
-pub(crate) fn url_schema() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .format(Some(SchemaFormat::Custom("uri".into())))
-        .pattern(Some(url_pattern()))
+/// A webhook URL as a body gives it, before [`Reach::check`] looks at it; its schema says
+/// what the check's start takes (a URI of a scheme the check accepts; that its host must
+/// resolve to public addresses no schema says).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(transparent)]
+pub struct WebhookUrl(String);
+
+impl std::ops::Deref for WebhookUrl {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
 }
 
-/// [`url_schema`], or null.
-pub(crate) fn nullable_url_schema() -> ObjectBuilder {
-    url_schema().schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+impl utoipa::PartialSchema for WebhookUrl {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::Custom("uri".into())))
+            .pattern(Some(url_pattern()))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for WebhookUrl {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("WebhookUrl")
+    }
 }
 
 /// A webhook URL that passed the checks.

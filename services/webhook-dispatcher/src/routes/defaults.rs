@@ -10,8 +10,8 @@ use postmesh_shared::{ApiError, Success};
 
 use crate::content::quotes::BodyFormat;
 use crate::routes::endpoints::ROTATION_OVERLAP_SECS;
-use crate::secret::{nullable_secret_schema, SigningSecret};
-use crate::target::url_schema;
+use crate::secret::{GivenSecret, SigningSecret};
+use crate::target::WebhookUrl;
 use crate::AppState;
 
 /// The default webhook as the API shows it.
@@ -53,14 +53,12 @@ pub struct Removed {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(as = DefaultWebhookRequest)]
 pub(crate) struct NewDefault {
-    #[schema(schema_with = url_schema)]
-    url: String,
+    url: WebhookUrl,
     #[serde(default)]
     body_format: BodyFormat,
     #[serde(default)]
     strip_quotes: bool,
-    #[schema(schema_with = nullable_secret_schema)]
-    signing_secret: Option<String>,
+    signing_secret: Option<GivenSecret>,
     #[serde(default)]
     rotate_secret: bool,
 }

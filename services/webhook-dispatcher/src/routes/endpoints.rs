@@ -14,8 +14,8 @@ use postmesh_shared::{nats, AddressId, ApiError, Success};
 
 use crate::attempt::owner::Owner;
 use crate::content::quotes::BodyFormat;
-use crate::secret::{nullable_secret_schema, SigningSecret};
-use crate::target::{nullable_url_schema, url_schema, Target};
+use crate::secret::{GivenSecret, SigningSecret};
+use crate::target::{Target, WebhookUrl};
 use crate::AppState;
 
 /// Endpoints an address may have.
@@ -71,16 +71,14 @@ pub struct Deleted {
 #[schema(as = EndpointCreateRequest)]
 pub(crate) struct NewEndpoint {
     address_id: AddressId,
-    #[schema(schema_with = url_schema)]
-    url: String,
+    url: WebhookUrl,
     #[serde(default = "yes")]
     active: bool,
     #[serde(default)]
     body_format: BodyFormat,
     #[serde(default)]
     strip_quotes: bool,
-    #[schema(schema_with = nullable_secret_schema)]
-    signing_secret: Option<String>,
+    signing_secret: Option<GivenSecret>,
 }
 
 fn yes() -> bool {
@@ -225,8 +223,7 @@ pub(crate) async fn show(
 #[serde(rename_all = "camelCase")]
 #[schema(as = EndpointChanges)]
 pub(crate) struct Changes {
-    #[schema(schema_with = nullable_url_schema)]
-    url: Option<String>,
+    url: Option<WebhookUrl>,
     active: Option<bool>,
     body_format: Option<BodyFormat>,
     strip_quotes: Option<bool>,
@@ -282,8 +279,7 @@ pub const ROTATION_OVERLAP_SECS: i64 = 24 * 3600;
 pub(crate) struct Subscription {
     #[serde(flatten)]
     changes: Changes,
-    #[schema(schema_with = nullable_secret_schema)]
-    signing_secret: Option<String>,
+    signing_secret: Option<GivenSecret>,
     #[serde(default)]
     rotate_secret: bool,
 }

@@ -15,8 +15,8 @@ use postmesh_shared::{ApiError, Success};
 use crate::attempt::owner::Owner;
 use crate::content::payload::INBOUND_RECEIVED;
 use crate::routes::endpoints::Deleted;
-use crate::secret::{nullable_secret_schema, SigningSecret};
-use crate::target::{nullable_url_schema, url_schema};
+use crate::secret::{GivenSecret, SigningSecret};
+use crate::target::WebhookUrl;
 use crate::AppState;
 
 /// Webhooks a workspace may have.
@@ -164,15 +164,13 @@ pub fn event_types(given: Vec<String>) -> Result<Vec<String>, ApiError> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(as = WebhookCreateRequest)]
 pub(crate) struct NewWebhook {
-    #[schema(schema_with = url_schema)]
-    url: String,
+    url: WebhookUrl,
     #[serde(default)]
     #[schema(schema_with = event_type_list)]
     events: Vec<String>,
     #[serde(default = "yes")]
     active: bool,
-    #[schema(schema_with = nullable_secret_schema)]
-    signing_secret: Option<String>,
+    signing_secret: Option<GivenSecret>,
 }
 
 fn yes() -> bool {
@@ -267,8 +265,7 @@ pub(crate) async fn show(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(as = WebhookChanges)]
 pub(crate) struct Changes {
-    #[schema(schema_with = nullable_url_schema)]
-    url: Option<String>,
+    url: Option<WebhookUrl>,
     #[schema(schema_with = nullable_event_type_list)]
     events: Option<Vec<String>>,
     active: Option<bool>,
