@@ -83,7 +83,7 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(stack: &S
 
     // Wrong code 400, another address's (none) 404, malformed 400.
     let wrong = if code == "000000" { "111111" } else { "000000" };
-    let answer = verify_login(&mut user, &email, &wrong).await;
+    let answer = verify_login(&mut user, &email, wrong).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
     let answer = verify_login(&mut user, &fresh_email(), &code).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
@@ -191,7 +191,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
     let code = stack.code_sent_to(&email, 1).await;
     let wrong = if code == "000000" { "111111" } else { "000000" };
     for attempt in 1..=5 {
-        let answer = verify_login(&mut user, &email, &wrong).await;
+        let answer = verify_login(&mut user, &email, wrong).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
     }
     let late = verify_login(&mut user, &email, &code).await;
