@@ -12,7 +12,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody, Page, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::audience::contacts::{name, name_or_null};
+use crate::audience::contacts::{name, Name};
 use crate::AppState;
 
 /// Entries per page by default.
@@ -116,8 +116,7 @@ pub struct NewSuppression {
     #[schema(schema_with = manual)]
     pub reason: Option<String>,
     /// The topic it applies to; none: every topic.
-    #[schema(schema_with = name_or_null)]
-    pub topic: Option<String>,
+    pub topic: Option<Name>,
 }
 
 /// `reason`: `manual`, or null.

@@ -17,7 +17,7 @@ use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audience::audiences::{self, Audience, AudienceBody};
-use crate::audience::contacts::{name, name_or_null};
+use crate::audience::contacts::{name, Name};
 use crate::model::{key_schema, parse_key, Recipient, MAX_KEY_LEN};
 use crate::sending::request::{email_type_or_null, EmailType, HeaderText, SendBody};
 use crate::AppState;
@@ -66,14 +66,11 @@ pub struct NewCampaign {
     #[schema(schema_with = key_schema, required = true)]
     pub key: Option<String>,
     /// The key unless given.
-    #[schema(schema_with = name_or_null)]
-    pub name: Option<String>,
+    pub name: Option<Name>,
     #[schema(value_type = Audience)]
     pub audience: Option<AudienceBody>,
-    #[schema(schema_with = name_or_null)]
-    pub template_key: Option<String>,
-    #[schema(schema_with = name_or_null)]
-    pub topic: Option<String>,
+    pub template_key: Option<Name>,
+    pub topic: Option<Name>,
     /// `marketing` unless given.
     #[schema(schema_with = email_type_or_null)]
     pub email_type: Option<String>,
@@ -286,10 +283,10 @@ pub async fn create_for_send(
     let key = key_of(name);
     let wanted = NewCampaign {
         key: Some(key.clone()),
-        name: Some(name.to_owned()),
+        name: Some(name.into()),
         audience: Some(audience),
         template_key: None,
-        topic: topic.map(str::to_owned),
+        topic: topic.map(Name::from),
         email_type: Some(email_type.as_str().into()),
     };
     let made = insert(db, workspace, wanted.clone()).await;

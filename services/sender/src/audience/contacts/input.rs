@@ -24,8 +24,7 @@ use super::{Subscription, MAX_ATTRIBUTES, MAX_ATTRIBUTES_BYTES, MAX_NAME_LEN, MA
 pub struct ContactBody {
     #[schema(schema_with = schema::email_blank_or_null)]
     pub email: Option<String>,
-    #[schema(schema_with = name_or_null)]
-    pub external_id: Option<String>,
+    pub external_id: Option<Name>,
     #[schema(schema_with = attributes_schema)]
     pub attributes: Option<Map<String, Value>>,
     #[schema(schema_with = tags_schema)]
@@ -34,9 +33,36 @@ pub struct ContactBody {
     pub topics: Option<BTreeMap<String, Subscription>>,
 }
 
-/// A [`name`], or null.
-pub(crate) fn name_or_null() -> ObjectBuilder {
-    schema::or_null(name_schema())
+/// A name as a request gives it, before [`name`] checks it (1-200 characters on one line,
+/// trimmed); its schema is what the check takes.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub struct Name(String);
+
+impl From<&str> for Name {
+    fn from(text: &str) -> Self {
+        Self(text.to_owned())
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialSchema for Name {
+    fn schema() -> RefOr<Schema> {
+        name_schema().into()
+    }
+}
+
+impl ToSchema for Name {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Name")
+    }
 }
 
 /// `attributes`: at most 100, named with nothing to trim, or null.

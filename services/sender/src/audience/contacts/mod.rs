@@ -24,8 +24,8 @@ mod input;
 
 pub(crate) use imports::import;
 pub use imports::{csv_rows, json_rows, Imported, RowError};
-pub use input::{name, ContactBody, ContactInput};
-pub(crate) use input::{name_or_null, name_schema};
+pub(crate) use input::name_schema;
+pub use input::{name, ContactBody, ContactInput, Name};
 
 /// Rows of one import at most.
 pub const MAX_IMPORT_ROWS: usize = 10_000;

@@ -7,7 +7,7 @@ use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::audience::audiences::Condition;
-use crate::audience::contacts::{name_or_null, name_schema};
+use crate::audience::contacts::name_schema;
 use crate::model::schema;
 
 use super::{Cond, Rule, Step, Workflow, MAX_CONDITIONS, MAX_EXITS, MAX_STEPS, MAX_WAIT_SECS};
@@ -134,7 +134,7 @@ impl PartialSchema for Step {
                             "`transactional`, `lifecycle` (the default) or `marketing`",
                         )),
                     )
-                    .property("topic", name_or_null()),
+                    .property("topic", schema::or_null(name_schema())),
             )
             .item(
                 step("wait")
