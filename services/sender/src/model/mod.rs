@@ -17,6 +17,38 @@ pub struct Recipient {
     pub external_id: Option<String>,
 }
 
+/// An email address as a request gives it, where blank text names none: the route parses
+/// it with `EmailAddress::parse` once trimmed; its schema says the same.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(transparent)]
+pub struct EmailOrBlank(String);
+
+impl From<&str> for EmailOrBlank {
+    fn from(text: &str) -> Self {
+        Self(text.to_owned())
+    }
+}
+
+impl std::ops::Deref for EmailOrBlank {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl utoipa::PartialSchema for EmailOrBlank {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        schema::email_or_blank().into()
+    }
+}
+
+impl utoipa::ToSchema for EmailOrBlank {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("EmailOrBlank")
+    }
+}
+
 /// A template's or a campaign's key (`what` names which in the error): 1-100 letters,
 /// digits, `_`, `-`, `.` once trimmed.
 pub fn parse_key(what: &str, raw: &str) -> Result<String, String> {

@@ -96,11 +96,6 @@ pub(crate) fn email_or_blank() -> AnyOfBuilder {
         .item(string(format!("^[{WHITE_SPACE}]*$")))
 }
 
-/// An email address, blank text or null, which name none.
-pub(crate) fn email_blank_or_null() -> AnyOfBuilder {
-    email_or_blank().item(ObjectBuilder::new().schema_type(Type::Null))
-}
-
 /// A comma-separated list of email addresses, blank entries skipped (`EmailAddress::parse`
 /// on each, which also takes addresses `format: email` does not: a local part is any text
 /// with no white space, control or `@.<>()[],;:\"` between its dots; it holds at most 64

@@ -14,7 +14,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use postmesh_shared::EmailAddress;
 
-use crate::model::schema;
+use crate::model::{schema, EmailOrBlank};
 
 use super::{Subscription, MAX_ATTRIBUTES, MAX_ATTRIBUTES_BYTES, MAX_NAME_LEN, MAX_TAGS};
 
@@ -22,8 +22,7 @@ use super::{Subscription, MAX_ATTRIBUTES, MAX_ATTRIBUTES_BYTES, MAX_NAME_LEN, MA
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContactBody {
-    #[schema(schema_with = schema::email_blank_or_null)]
-    pub email: Option<String>,
+    pub email: Option<EmailOrBlank>,
     pub external_id: Option<Name>,
     #[schema(schema_with = attributes_schema)]
     pub attributes: Option<Map<String, Value>>,

@@ -13,8 +13,8 @@ use utoipa::{PartialSchema, ToSchema};
 use postmesh_shared::ApiError;
 
 use crate::audience::audiences::Audience;
-use crate::model::key_or_null;
 use crate::model::schema;
+use crate::model::{key_or_null, EmailOrBlank};
 
 use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};
 
@@ -264,11 +264,9 @@ pub struct SendBody {
     pub subject: Option<HeaderText>,
     pub html: Option<String>,
     pub text: Option<String>,
-    #[schema(schema_with = schema::email_blank_or_null)]
-    pub from_email: Option<String>,
+    pub from_email: Option<EmailOrBlank>,
     pub from_name: Option<HeaderText>,
-    #[schema(schema_with = schema::email_blank_or_null)]
-    pub reply_to: Option<String>,
+    pub reply_to: Option<EmailOrBlank>,
     pub cc: Option<Addresses>,
     pub bcc: Option<Addresses>,
     pub topic: Option<HeaderText>,
