@@ -204,28 +204,37 @@ impl ToSchema for HeaderText {
     }
 }
 
-/// What [`msg_id`] takes: `<left@right>`, with or without the brackets (the 250-byte limit
-/// is left out).
-fn message_id_schema() -> ObjectBuilder {
-    let space = schema::WHITE_SPACE;
-    // Printable ASCII but `"(),<>\`, and no `@` before the first one.
-    let left = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f\x41-\x5b\x5d-\x7e]+";
-    let right = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f-\x5b\x5d-\x7e]+";
-    schema::string(format!(
-        "^[{space}]*(?:<{left}@{right}>|{left}@{right})[{space}]*$"
-    ))
+/// A Message-ID as a request gives it, before [`super::msg_id`] checks it: `<left@right>`,
+/// with or without the brackets; its schema says the same (the 250-byte limit is left out).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct MessageIdText(String);
+
+impl std::ops::Deref for MessageIdText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
 }
 
-/// A message id, or null.
-fn message_id_or_null() -> ObjectBuilder {
-    schema::or_null(message_id_schema())
+impl PartialSchema for MessageIdText {
+    fn schema() -> RefOr<Schema> {
+        let space = schema::WHITE_SPACE;
+        // Printable ASCII but `"(),<>\`, and no `@` before the first one.
+        let left = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f\x41-\x5b\x5d-\x7e]+";
+        let right = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f-\x5b\x5d-\x7e]+";
+        schema::string(format!(
+            "^[{space}]*(?:<{left}@{right}>|{left}@{right})[{space}]*$"
+        ))
+        .into()
+    }
 }
 
-/// `references`: message ids, or null.
-fn references_schema() -> ArrayBuilder {
-    ArrayBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
-        .items(message_id_schema())
+impl ToSchema for MessageIdText {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("MessageId")
+    }
 }
 
 /// What [`utm`] takes: parameter names of letters, digits and `_` once trimmed, or null.
@@ -292,12 +301,9 @@ pub struct SendBody {
     pub business_goal: Option<HeaderText>,
     #[schema(schema_with = utm_schema)]
     pub utm: Option<BTreeMap<String, String>>,
-    #[schema(schema_with = message_id_or_null)]
-    pub message_id: Option<String>,
-    #[schema(schema_with = message_id_or_null)]
-    pub in_reply_to: Option<String>,
-    #[schema(schema_with = references_schema)]
-    pub references: Option<Vec<String>>,
+    pub message_id: Option<MessageIdText>,
+    pub in_reply_to: Option<MessageIdText>,
+    pub references: Option<Vec<MessageIdText>>,
     #[schema(max_items = 100)]
     pub attachments: Option<Vec<AttachmentBody>>,
     pub variables: Option<Map<String, Value>>,
