@@ -19,7 +19,7 @@ use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 use crate::audience::audiences::{self, Audience, AudienceBody};
 use crate::audience::contacts::{name, Name};
 use crate::model::{key_schema, parse_key, Recipient, MAX_KEY_LEN};
-use crate::sending::request::{email_type_or_null, EmailType, HeaderText, SendBody};
+use crate::sending::request::{EmailType, EmailTypeText, HeaderText, SendBody};
 use crate::AppState;
 
 /// A campaign as answered.
@@ -72,8 +72,7 @@ pub struct NewCampaign {
     pub template_key: Option<Name>,
     pub topic: Option<Name>,
     /// `marketing` unless given.
-    #[schema(schema_with = email_type_or_null)]
-    pub email_type: Option<String>,
+    pub email_type: Option<EmailTypeText>,
 }
 
 /// Stores a new campaign; 409 when its key is taken.

@@ -393,7 +393,7 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                         external_id: contact.external_id.clone(),
                     }])),
                     template_key: Some(template_key.clone()),
-                    email_type: Some(email_type.as_str().to_owned()),
+                    email_type: Some(email_type.as_str().into()),
                     topic: topic.clone().map(HeaderText::from),
                     variables: Some(props.clone()),
                     ..SendBody::default()

@@ -248,10 +248,38 @@ fn utm_schema() -> ObjectBuilder {
         .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
 }
 
-/// What [`EmailType::parse`] takes, or null.
-pub(crate) fn email_type_or_null() -> ObjectBuilder {
-    schema::or_null(schema::string(schema::email_type()))
-        .description(Some("`transactional`, `lifecycle` or `marketing`"))
+/// An email type as a request gives it, before `EmailType::parse` reads it; its schema says
+/// what the parse takes.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct EmailTypeText(String);
+
+impl From<&str> for EmailTypeText {
+    fn from(text: &str) -> Self {
+        Self(text.to_owned())
+    }
+}
+
+impl std::ops::Deref for EmailTypeText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialSchema for EmailTypeText {
+    fn schema() -> RefOr<Schema> {
+        schema::string(schema::email_type())
+            .description(Some("`transactional`, `lifecycle` or `marketing`"))
+            .into()
+    }
+}
+
+impl ToSchema for EmailTypeText {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("EmailTypeInput")
+    }
 }
 
 /// `templateKey`: not blank, or null.
@@ -279,8 +307,7 @@ pub struct SendBody {
     pub cc: Option<Addresses>,
     pub bcc: Option<Addresses>,
     pub topic: Option<HeaderText>,
-    #[schema(schema_with = email_type_or_null)]
-    pub email_type: Option<String>,
+    pub email_type: Option<EmailTypeText>,
     pub dry_run: Option<bool>,
     pub test_send: Option<bool>,
     /// Unix seconds, in the next 30 days.

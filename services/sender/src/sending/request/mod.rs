@@ -16,8 +16,9 @@ use crate::model::{self, Recipient};
 
 mod body;
 
-pub(crate) use body::email_type_or_null;
-pub use body::{Addresses, AttachmentBody, HeaderText, MessageIdText, SendBody, To, ToItem};
+pub use body::{
+    Addresses, AttachmentBody, EmailTypeText, HeaderText, MessageIdText, SendBody, To, ToItem,
+};
 
 /// Recipients of one send at most (DESIGN §6).
 pub const MAX_RECIPIENTS: usize = 1000;
