@@ -211,8 +211,7 @@ pub(crate) struct Since {
     /// Unix seconds.
     since: i64,
     /// Only these event types (each known); none: every type the target takes.
-    #[schema(schema_with = crate::routes::webhooks::nullable_event_type_list)]
-    types: Option<Vec<String>>,
+    types: Option<Vec<crate::routes::webhooks::EventTypeName>>,
 }
 
 /// What an endpoint's replay sends: every message its address received since `$2`.

@@ -5,7 +5,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{RefOr, Schema};
 use uuid::Uuid;
 
 use postmesh_shared::db::{self, now_unix, Turns};
@@ -127,26 +128,37 @@ pub struct EventTypes {
     pub event_types: Vec<EventType>,
 }
 
-/// The schema of a list of event types as bodies give them: each one of [`EVENT_TYPES`]
-/// (repeats allowed: [`event_types`] keeps each once).
-fn event_type_list() -> ArrayBuilder {
-    let names = EVENT_TYPES.map(|(name, _)| name);
-    ArrayBuilder::new().items(
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(names)),
-    )
+/// An event type as a body names it, before [`event_types`] checks it; its schema is the
+/// list of [`EVENT_TYPES`] the check takes (repeats allowed: [`event_types`] keeps each once).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(transparent)]
+pub struct EventTypeName(String);
+
+impl From<&str> for EventTypeName {
+    fn from(name: &str) -> Self {
+        Self(name.to_owned())
+    }
 }
 
-/// [`event_type_list`], or null.
-pub(crate) fn nullable_event_type_list() -> ArrayBuilder {
-    event_type_list().schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+impl utoipa::PartialSchema for EventTypeName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(EVENT_TYPES.map(|(name, _)| name)))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EventTypeName {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("EventTypeName")
+    }
 }
 
 /// Event types as given: each known, each once (in the given order); 400 otherwise.
-pub fn event_types(given: Vec<String>) -> Result<Vec<String>, ApiError> {
+pub fn event_types(given: Vec<EventTypeName>) -> Result<Vec<String>, ApiError> {
     let mut types: Vec<String> = Vec::with_capacity(given.len());
-    for name in given {
+    for EventTypeName(name) in given {
         if !EVENT_TYPES.iter().any(|(known, _)| *known == name) {
             return Err(ApiError::BadRequest(format!(
                 "{name:?} is not an event type (GET /webhooks/event-types lists them)"
@@ -166,8 +178,7 @@ pub fn event_types(given: Vec<String>) -> Result<Vec<String>, ApiError> {
 pub(crate) struct NewWebhook {
     url: WebhookUrl,
     #[serde(default)]
-    #[schema(schema_with = event_type_list)]
-    events: Vec<String>,
+    events: Vec<EventTypeName>,
     #[serde(default = "yes")]
     active: bool,
     signing_secret: Option<GivenSecret>,
@@ -266,8 +277,7 @@ pub(crate) async fn show(
 #[schema(as = WebhookChanges)]
 pub(crate) struct Changes {
     url: Option<WebhookUrl>,
-    #[schema(schema_with = nullable_event_type_list)]
-    events: Option<Vec<String>>,
+    events: Option<Vec<EventTypeName>>,
     active: Option<bool>,
 }
 
@@ -317,10 +327,14 @@ mod tests {
 
     #[test]
     fn event_types_are_known_and_kept_once() {
-        let given = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let given = |v: &[&str]| {
+            v.iter()
+                .map(|s| EventTypeName::from(*s))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
             event_types(given(&["email.sent", "email.delivered", "email.sent"])).unwrap(),
-            given(&["email.sent", "email.delivered"])
+            ["email.sent", "email.delivered"]
         );
         assert!(event_types(given(&["email.opened"])).is_err());
         assert!(event_types(given(&[])).unwrap().is_empty());
