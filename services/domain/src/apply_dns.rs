@@ -5,8 +5,8 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
@@ -39,8 +39,7 @@ pub enum Scope {
 #[schema(as = SenderDomainApplyDnsRequest)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ApplyRequest {
-    #[schema(schema_with = nullable_provider_schema)]
-    provider: Option<String>,
+    provider: Option<ProviderName>,
     scope: Option<Scope>,
     api_token: Option<String>,
 }
@@ -69,8 +68,7 @@ pub struct Applied {
 #[schema(as = DnsProviderToken)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SaveToken {
-    #[schema(schema_with = provider_schema)]
-    provider: String,
+    provider: ProviderName,
     /// 1 to 1,000 bytes once trimmed.
     #[schema(min_length = 1)]
     api_token: String,
@@ -84,34 +82,45 @@ pub struct Saved {
     pub saved: bool,
 }
 
-/// The schema of a DNS host's name, as [`check_provider`] accepts it: [`PROVIDER`].
-fn provider_schema() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .enum_values(Some([PROVIDER]))
+/// A DNS host's name as a body gives it, which [`ProviderName::check`] takes only as
+/// [`PROVIDER`]; its schema says the same.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct ProviderName(String);
+
+impl ProviderName {
+    /// Whether the host is one Postmesh drives; 400 otherwise.
+    fn check(provider: Option<&Self>) -> Result<(), ApiError> {
+        let provider = provider.map_or(PROVIDER, |p| p.0.as_str());
+        if provider == PROVIDER {
+            Ok(())
+        } else {
+            Err(ApiError::BadRequest(format!(
+                "unsupported DNS provider {provider:?}: only \"{PROVIDER}\" is supported"
+            )))
+        }
+    }
 }
 
-/// [`provider_schema`], or null (the default, [`PROVIDER`]).
-fn nullable_provider_schema() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
-        .enum_values(Some([Value::from(PROVIDER), Value::Null]))
+impl utoipa::PartialSchema for ProviderName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([PROVIDER]))
+            .into()
+    }
 }
 
-fn check_provider(provider: &str) -> Result<(), ApiError> {
-    if provider == PROVIDER {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(format!(
-            "unsupported DNS provider {provider:?}: only \"{PROVIDER}\" is supported"
-        )))
+impl utoipa::ToSchema for ProviderName {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("DnsProvider")
     }
 }
 
 pub(crate) async fn save_token(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SaveToken>,
 ) -> Result<Success<Saved>, ApiError> {
-    check_provider(&body.provider)?;
+    ProviderName::check(Some(&body.provider))?;
     let token = body.api_token.trim();
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err(ApiError::BadRequest(format!(
@@ -180,7 +189,7 @@ pub(crate) async fn apply(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::BadRequest(format!("invalid body: {e}")))?
     };
-    check_provider(req.provider.as_deref().unwrap_or(PROVIDER))?;
+    ProviderName::check(req.provider.as_ref())?;
     let scope = req.scope.unwrap_or(Scope::All);
     let token = token_for(&state, caller.workspace, req.api_token).await?;
 
