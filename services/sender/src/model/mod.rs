@@ -71,9 +71,36 @@ pub fn key_schema() -> ObjectBuilder {
     schema::key(MAX_KEY_LEN)
 }
 
-/// What [`parse_key`] takes, or null.
-pub fn key_or_null() -> ObjectBuilder {
-    schema::or_null(key_schema())
+/// A template's or a campaign's key as a request gives it, before [`parse_key`] checks it;
+/// its schema is what the check takes.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(transparent)]
+pub struct Key(String);
+
+impl From<String> for Key {
+    fn from(key: String) -> Self {
+        Self(key)
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl utoipa::PartialSchema for Key {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        key_schema().into()
+    }
+}
+
+impl utoipa::ToSchema for Key {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("Key")
+    }
 }
 
 #[cfg(test)]

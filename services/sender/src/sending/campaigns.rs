@@ -18,7 +18,7 @@ use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audience::audiences::{self, Audience, AudienceBody};
 use crate::audience::contacts::{name, Name};
-use crate::model::{key_schema, parse_key, Recipient, MAX_KEY_LEN};
+use crate::model::{parse_key, Key, Recipient, MAX_KEY_LEN};
 use crate::sending::request::{EmailType, EmailTypeText, HeaderText, SendBody};
 use crate::AppState;
 
@@ -63,8 +63,8 @@ pub fn key_of(name: &str) -> String {
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewCampaign {
-    #[schema(schema_with = key_schema, required = true)]
-    pub key: Option<String>,
+    #[schema(value_type = Key, required = true)]
+    pub key: Option<Key>,
     /// The key unless given.
     pub name: Option<Name>,
     #[schema(value_type = Audience)]
@@ -281,7 +281,7 @@ pub async fn create_for_send(
         .map_err(|e| ApiError::BadRequest(format!("audience: {e}")))?;
     let key = key_of(name);
     let wanted = NewCampaign {
-        key: Some(key.clone()),
+        key: Some(key.clone().into()),
         name: Some(name.into()),
         audience: Some(audience),
         template_key: None,

@@ -14,7 +14,7 @@ use postmesh_shared::ApiError;
 
 use crate::audience::audiences::Audience;
 use crate::model::schema;
-use crate::model::{key_or_null, EmailOrBlank};
+use crate::model::{EmailOrBlank, Key};
 
 use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};
 
@@ -295,8 +295,7 @@ pub struct SendBody {
     pub to: Option<To>,
     #[schema(value_type = Option<Audience>)]
     pub audience: Option<Value>,
-    #[schema(schema_with = key_or_null)]
-    pub campaign_key: Option<String>,
+    pub campaign_key: Option<Key>,
     pub campaign_name: Option<HeaderText>,
     pub subject: Option<HeaderText>,
     pub html: Option<String>,
