@@ -19,7 +19,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 
-use crate::audience::contacts::{name, name_schema};
+use crate::audience::contacts::{name, Name};
 use crate::model::Recipient;
 use crate::{AppState, Quotas};
 
@@ -131,8 +131,8 @@ impl From<(Uuid, String, Json<AudienceBody>, i64)> for SavedAudience {
 /// `POST /audiences` body. Its conditions cannot name saved audiences.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct NewAudience {
-    #[schema(schema_with = name_schema, required = true)]
-    pub name: Option<String>,
+    #[schema(value_type = Name, required = true)]
+    pub name: Option<Name>,
     #[serde(default)]
     #[schema(value_type = Vec<Condition>, min_items = 1, max_items = 50, required = true)]
     pub include: Vec<Value>,
