@@ -298,6 +298,52 @@ impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for IdempotencyK
     }
 }
 
+/// Declares a request's text field taken as given (`#[serde(transparent)]`) before the route
+/// checks it, with the schema of what the check takes beside it: `text_input! { /// doc
+/// pub struct Name as "Component" = schema_expr; }`. It derefs to `str` and converts from
+/// `&str` and `String`; add `#[derive(Debug)]` unless it must not print its text.
+#[macro_export]
+macro_rules! text_input {
+    ($(#[$attr:meta])* $vis:vis struct $name:ident as $component:literal = $schema:expr;) => {
+        $(#[$attr])*
+        #[derive(Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+        #[serde(transparent)]
+        $vis struct $name(String);
+
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                Self(text.to_owned())
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(text: String) -> Self {
+                Self(text)
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+                ($schema).into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {
+            fn name() -> std::borrow::Cow<'static, str> {
+                std::borrow::Cow::Borrowed($component)
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

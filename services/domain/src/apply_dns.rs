@@ -6,7 +6,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
@@ -82,11 +81,19 @@ pub struct Saved {
     pub saved: bool,
 }
 
-/// A DNS host's name as a body gives it, which [`ProviderName::check`] takes only as
-/// [`PROVIDER`]; its schema says the same.
-#[derive(Debug, Deserialize)]
-#[serde(transparent)]
-pub struct ProviderName(String);
+/// The one provider [`ProviderName::check`] takes.
+fn provider_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([PROVIDER]))
+}
+
+postmesh_shared::text_input! {
+    /// A DNS host's name as a body gives it, which [`ProviderName::check`] takes only as
+    /// [`PROVIDER`]; its schema says the same.
+    #[derive(Debug)]
+    pub struct ProviderName as "DnsProvider" = provider_schema();
+}
 
 impl ProviderName {
     /// Whether the host is one Postmesh drives; 400 otherwise.
@@ -99,21 +106,6 @@ impl ProviderName {
                 "unsupported DNS provider {provider:?}: only \"{PROVIDER}\" is supported"
             )))
         }
-    }
-}
-
-impl utoipa::PartialSchema for ProviderName {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some([PROVIDER]))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for ProviderName {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("DnsProvider")
     }
 }
 

@@ -4,7 +4,6 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::openapi::{RefOr, Schema};
 
 use crate::target::TRIMMED;
 
@@ -83,38 +82,22 @@ fn secret_pattern() -> String {
     .concat()
 }
 
-/// A `signingSecret` as a body gives it, before [`SigningSecret::parse`]; its schema is what
-/// the parse takes ([`secret_pattern`]). None: one is generated.
-#[derive(Clone, serde::Deserialize)]
-#[serde(transparent)]
-pub struct GivenSecret(String);
+/// What [`SigningSecret::parse`] takes.
+fn secret_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(secret_pattern()))
+}
 
-impl std::ops::Deref for GivenSecret {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
+postmesh_shared::text_input! {
+    /// A `signingSecret` as a body gives it, before [`SigningSecret::parse`]; its schema is what
+    /// the parse takes ([`secret_pattern`]). None: one is generated.
+    pub struct GivenSecret as "SigningSecretInput" = secret_schema();
 }
 
 impl std::fmt::Debug for GivenSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("GivenSecret(..)")
-    }
-}
-
-impl utoipa::PartialSchema for GivenSecret {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .pattern(Some(secret_pattern()))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for GivenSecret {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("SigningSecretInput")
     }
 }
 

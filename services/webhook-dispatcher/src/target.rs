@@ -11,7 +11,6 @@ use hickory_resolver::TokioResolver;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
-use utoipa::openapi::{RefOr, Schema};
 
 use postmesh_shared::ApiError;
 
@@ -36,35 +35,20 @@ fn url_pattern() -> String {
     .concat()
 }
 
-/// A webhook URL as a body gives it, before [`Reach::check`] looks at it; its schema says
-/// what the check's start takes (a URI of a scheme the check accepts; that its host must
-/// resolve to public addresses no schema says).
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(transparent)]
-pub struct WebhookUrl(String);
-
-impl std::ops::Deref for WebhookUrl {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
+/// What the start of [`Reach::check`] takes.
+fn url_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::Custom("uri".into())))
+        .pattern(Some(url_pattern()))
 }
 
-impl utoipa::PartialSchema for WebhookUrl {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .format(Some(SchemaFormat::Custom("uri".into())))
-            .pattern(Some(url_pattern()))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for WebhookUrl {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("WebhookUrl")
-    }
+postmesh_shared::text_input! {
+    /// A webhook URL as a body gives it, before [`Reach::check`] looks at it; its schema says
+    /// what the check's start takes (a URI of a scheme the check accepts; that its host must
+    /// resolve to public addresses no schema says).
+    #[derive(Debug)]
+    pub struct WebhookUrl as "WebhookUrl" = url_schema();
 }
 
 /// A webhook URL that passed the checks.

@@ -17,36 +17,11 @@ pub struct Recipient {
     pub external_id: Option<String>,
 }
 
-/// An email address as a request gives it, where blank text names none: the route parses
-/// it with `EmailAddress::parse` once trimmed; its schema says the same.
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(transparent)]
-pub struct EmailOrBlank(String);
-
-impl From<&str> for EmailOrBlank {
-    fn from(text: &str) -> Self {
-        Self(text.to_owned())
-    }
-}
-
-impl std::ops::Deref for EmailOrBlank {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl utoipa::PartialSchema for EmailOrBlank {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
-        schema::email_or_blank().into()
-    }
-}
-
-impl utoipa::ToSchema for EmailOrBlank {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("EmailOrBlank")
-    }
+postmesh_shared::text_input! {
+    /// An email address as a request gives it, where blank text names none: the route parses
+    /// it with `EmailAddress::parse` once trimmed; its schema says the same.
+    #[derive(Debug)]
+    pub struct EmailOrBlank as "EmailOrBlank" = schema::email_or_blank();
 }
 
 /// A template's or a campaign's key (`what` names which in the error): 1-100 letters,
@@ -71,36 +46,11 @@ pub fn key_schema() -> ObjectBuilder {
     schema::key(MAX_KEY_LEN)
 }
 
-/// A template's or a campaign's key as a request gives it, before [`parse_key`] checks it;
-/// its schema is what the check takes.
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
-#[serde(transparent)]
-pub struct Key(String);
-
-impl From<String> for Key {
-    fn from(key: String) -> Self {
-        Self(key)
-    }
-}
-
-impl std::ops::Deref for Key {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl utoipa::PartialSchema for Key {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
-        key_schema().into()
-    }
-}
-
-impl utoipa::ToSchema for Key {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("Key")
-    }
+postmesh_shared::text_input! {
+    /// A template's or a campaign's key as a request gives it, before [`parse_key`] checks it;
+    /// its schema is what the check takes.
+    #[derive(Debug)]
+    pub struct Key as "Key" = key_schema();
 }
 
 #[cfg(test)]

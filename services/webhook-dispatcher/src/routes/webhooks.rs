@@ -6,7 +6,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::openapi::{RefOr, Schema};
 use uuid::Uuid;
 
 use postmesh_shared::db::{self, now_unix, Turns};
@@ -128,31 +127,18 @@ pub struct EventTypes {
     pub event_types: Vec<EventType>,
 }
 
-/// An event type as a body names it, before [`event_types`] checks it; its schema is the
-/// list of [`EVENT_TYPES`] the check takes (repeats allowed: [`event_types`] keeps each once).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(transparent)]
-pub struct EventTypeName(String);
-
-impl From<&str> for EventTypeName {
-    fn from(name: &str) -> Self {
-        Self(name.to_owned())
-    }
+/// The event types [`event_types`] takes.
+fn event_type_schema() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(EVENT_TYPES.map(|(name, _)| name)))
 }
 
-impl utoipa::PartialSchema for EventTypeName {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(EVENT_TYPES.map(|(name, _)| name)))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for EventTypeName {
-    fn name() -> std::borrow::Cow<'static, str> {
-        std::borrow::Cow::Borrowed("EventTypeName")
-    }
+postmesh_shared::text_input! {
+    /// An event type as a body names it, before [`event_types`] checks it; its schema is the
+    /// list of [`EVENT_TYPES`] the check takes (repeats allowed: [`event_types`] keeps each once).
+    #[derive(Debug)]
+    pub struct EventTypeName as "EventTypeName" = event_type_schema();
 }
 
 /// Event types as given: each known, each once (in the given order); 400 otherwise.

@@ -32,36 +32,11 @@ pub struct ContactBody {
     pub topics: Option<BTreeMap<String, Subscription>>,
 }
 
-/// A name as a request gives it, before [`name`] checks it (1-200 characters on one line,
-/// trimmed); its schema is what the check takes.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(transparent)]
-pub struct Name(String);
-
-impl From<&str> for Name {
-    fn from(text: &str) -> Self {
-        Self(text.to_owned())
-    }
-}
-
-impl std::ops::Deref for Name {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl PartialSchema for Name {
-    fn schema() -> RefOr<Schema> {
-        name_schema().into()
-    }
-}
-
-impl ToSchema for Name {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("Name")
-    }
+postmesh_shared::text_input! {
+    /// A name as a request gives it, before [`name`] checks it (1-200 characters on one line,
+    /// trimmed); its schema is what the check takes.
+    #[derive(Debug)]
+    pub struct Name as "Name" = name_schema();
 }
 
 /// `attributes`: at most 100, named with nothing to trim, or null.

@@ -149,17 +149,12 @@ fn base64_schema() -> ObjectBuilder {
     schema::string(format!("^{space}(?:{four})*(?:{end})?$"))
 }
 
-/// Text that goes into a header, as the API takes it: one line, at most
-/// [`MAX_HEADER_LEN`] characters, blank counting as absent. Its check and its schema are
-/// both here.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct HeaderText(String);
-
-impl From<String> for HeaderText {
-    fn from(text: String) -> Self {
-        Self(text)
-    }
+postmesh_shared::text_input! {
+    /// Text that goes into a header, as the API takes it: one line, at most
+    /// [`MAX_HEADER_LEN`] characters, blank counting as absent. Its check and its schema are
+    /// both here.
+    #[derive(Debug)]
+    pub struct HeaderText as "HeaderText" = Self::line();
 }
 
 impl HeaderText {
@@ -192,49 +187,22 @@ impl HeaderText {
     }
 }
 
-impl PartialSchema for HeaderText {
-    fn schema() -> RefOr<Schema> {
-        Self::line().into()
-    }
+/// What [`super::msg_id`] takes.
+fn message_id_schema() -> ObjectBuilder {
+    let space = schema::WHITE_SPACE;
+    // Printable ASCII but `"(),<>\`, and no `@` before the first one.
+    let left = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f\x41-\x5b\x5d-\x7e]+";
+    let right = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f-\x5b\x5d-\x7e]+";
+    schema::string(format!(
+        "^[{space}]*(?:<{left}@{right}>|{left}@{right})[{space}]*$"
+    ))
 }
 
-impl ToSchema for HeaderText {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("HeaderText")
-    }
-}
-
-/// A Message-ID as a request gives it, before [`super::msg_id`] checks it: `<left@right>`,
-/// with or without the brackets; its schema says the same (the 250-byte limit is left out).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct MessageIdText(String);
-
-impl std::ops::Deref for MessageIdText {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl PartialSchema for MessageIdText {
-    fn schema() -> RefOr<Schema> {
-        let space = schema::WHITE_SPACE;
-        // Printable ASCII but `"(),<>\`, and no `@` before the first one.
-        let left = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f\x41-\x5b\x5d-\x7e]+";
-        let right = r"[\x21\x23-\x27\x2a\x2b\x2d-\x3b\x3d\x3f-\x5b\x5d-\x7e]+";
-        schema::string(format!(
-            "^[{space}]*(?:<{left}@{right}>|{left}@{right})[{space}]*$"
-        ))
-        .into()
-    }
-}
-
-impl ToSchema for MessageIdText {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("MessageId")
-    }
+postmesh_shared::text_input! {
+    /// A Message-ID as a request gives it, before [`super::msg_id`] checks it: `<left@right>`,
+    /// with or without the brackets; its schema says the same (the 250-byte limit is left out).
+    #[derive(Debug)]
+    pub struct MessageIdText as "MessageId" = message_id_schema();
 }
 
 /// What [`utm`] takes: parameter names of letters, digits and `_` once trimmed, or null.
@@ -248,38 +216,17 @@ fn utm_schema() -> ObjectBuilder {
         .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
 }
 
-/// An email type as a request gives it, before `EmailType::parse` reads it; its schema says
-/// what the parse takes.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct EmailTypeText(String);
-
-impl From<&str> for EmailTypeText {
-    fn from(text: &str) -> Self {
-        Self(text.to_owned())
-    }
+/// What `EmailType::parse` takes.
+fn email_type_schema() -> ObjectBuilder {
+    schema::string(schema::email_type())
+        .description(Some("`transactional`, `lifecycle` or `marketing`"))
 }
 
-impl std::ops::Deref for EmailTypeText {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl PartialSchema for EmailTypeText {
-    fn schema() -> RefOr<Schema> {
-        schema::string(schema::email_type())
-            .description(Some("`transactional`, `lifecycle` or `marketing`"))
-            .into()
-    }
-}
-
-impl ToSchema for EmailTypeText {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("EmailTypeInput")
-    }
+postmesh_shared::text_input! {
+    /// An email type as a request gives it, before `EmailType::parse` reads it; its schema says
+    /// what the parse takes.
+    #[derive(Debug)]
+    pub struct EmailTypeText as "EmailTypeInput" = email_type_schema();
 }
 
 /// `templateKey`: not blank, or null.
