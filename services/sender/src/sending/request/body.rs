@@ -130,7 +130,8 @@ pub struct AttachmentBody {
     pub content_type: Option<String>,
 }
 
-/// What [`attachments`] takes as a filename: a plain name on one line, at most 255 bytes.
+/// What [`attachments`] takes as a filename: a plain name on one line, at most 255
+/// characters.
 fn filename_schema() -> ObjectBuilder {
     let (control, space) = (schema::CONTROL, schema::SPACE);
     schema::string(format!(

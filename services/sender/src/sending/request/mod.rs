@@ -250,9 +250,11 @@ fn attachments(list: Option<Vec<AttachmentBody>>) -> Result<Vec<Attachment>, Api
     for (i, a) in list.into_iter().enumerate() {
         let filename = header_text("attachments.filename", a.filename)?
             .ok_or_else(|| bad(format!("attachment {i} has no filename")))?;
-        if filename.len() > 255 || filename.contains(['/', '\\']) {
+        // Characters, as the schema's `maxLength` counts them.
+        if filename.chars().count() > 255 || filename.contains(['/', '\\']) {
             return Err(bad(format!(
-                "attachment {filename:?}: the filename must be a plain name of at most 255 bytes"
+                "attachment {filename:?}: the filename must be a plain name of at most 255 \
+                 characters"
             )));
         }
         let content = a

@@ -146,6 +146,22 @@ fn a_message_goes_to_fifty_addresses_at_most() {
 }
 
 #[test]
+fn filenames_are_counted_in_characters_as_documented() {
+    let with = |name: String| {
+        serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
+        "attachments": [{"filename": name, "content": "aGk="}]})
+    };
+    // 255 two-byte characters: within the documented `maxLength`, so taken.
+    let at_limit = "é".repeat(255);
+    assert_eq!(
+        parse(with(at_limit.clone())).unwrap().attachments[0].filename,
+        at_limit
+    );
+    let e = parse(with("é".repeat(256))).unwrap_err();
+    assert!(e.contains("at most 255 characters"), "{e}");
+}
+
+#[test]
 fn attachments_are_bounded_by_their_decoded_size() {
     let chunk = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 5 * 1024 * 1024]);
     let ok = parse(serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
