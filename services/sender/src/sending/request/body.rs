@@ -182,9 +182,10 @@ impl HeaderText {
     fn line() -> ObjectBuilder {
         schema::one_line()
             .max_length(Some(MAX_HEADER_LEN))
-            .description(Some(
-                "Text for a header: one line, at most 998 characters; blank counts as absent.",
-            ))
+            .description(Some(format!(
+                "Text for a header: one line, at most {MAX_HEADER_LEN} characters; blank counts \
+                 as absent."
+            )))
     }
 }
 
