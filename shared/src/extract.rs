@@ -322,6 +322,12 @@ macro_rules! text_input {
             }
         }
 
+        impl From<$name> for String {
+            fn from(text: $name) -> Self {
+                text.0
+            }
+        }
+
         impl std::ops::Deref for $name {
             type Target = str;
 

@@ -19,7 +19,7 @@ use postmesh_shared::{ApiError, EmailAddress, Success, WorkspaceId};
 use crate::audience::audiences::{self, Audience, AudienceBody};
 use crate::audience::contacts::{name, Name};
 use crate::model::{parse_key, Key, Recipient, MAX_KEY_LEN};
-use crate::sending::request::{EmailType, EmailTypeText, HeaderText, SendBody};
+use crate::sending::request::{EmailType, EmailTypeText, HeaderText, SendBody, TemplateKeyText};
 use crate::AppState;
 
 /// A campaign as answered.
@@ -203,7 +203,7 @@ pub async fn fill_defaults(
         .ok_or_else(|| ApiError::NotFound(format!("no campaign {key:?}")))?;
     let has_content = body.html.is_some() || body.text.is_some() || body.template_key.is_some();
     if !has_content {
-        body.template_key = campaign.template_key;
+        body.template_key = campaign.template_key.map(TemplateKeyText::from);
     }
     if body.topic.is_none() {
         body.topic = campaign.topic.map(HeaderText::from);

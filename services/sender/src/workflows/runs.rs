@@ -392,7 +392,7 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                         email: to.clone(),
                         external_id: contact.external_id.clone(),
                     }])),
-                    template_key: Some(template_key.clone()),
+                    template_key: Some(template_key.as_str().into()),
                     email_type: Some(email_type.as_str().into()),
                     topic: topic.clone().map(HeaderText::from),
                     variables: Some(props.clone()),

@@ -123,21 +123,36 @@ impl ToSchema for Addresses {
 #[serde(rename_all = "camelCase")]
 #[schema(as = SendAttachment)]
 pub struct AttachmentBody {
-    #[schema(schema_with = filename_schema, required = true)]
-    pub filename: Option<String>,
-    #[schema(schema_with = base64_schema, required = true)]
-    pub content: Option<String>,
+    #[schema(value_type = Filename, required = true)]
+    pub filename: Option<Filename>,
+    #[schema(value_type = Base64Text, required = true)]
+    pub content: Option<Base64Text>,
     pub content_type: Option<String>,
 }
 
-/// What [`attachments`] takes as a filename: a plain name on one line, at most 255
-/// characters.
+postmesh_shared::text_input! {
+    /// An attachment's filename as a request gives it; its schema is what [`attachments`]
+    /// takes: a plain name on one line, at most 255 characters.
+    #[derive(Debug)]
+    pub struct Filename as "AttachmentFilename" = filename_schema()
+        .description(Some("A plain name on one line (no `/` or `\\`), at most 255 characters."));
+}
+
+/// What [`attachments`] takes as a filename.
 fn filename_schema() -> ObjectBuilder {
     let (control, space) = (schema::CONTROL, schema::SPACE);
     schema::string(format!(
         r"^[^{control}/\\]*[^{control}{space}/\\][^{control}/\\]*$"
     ))
     .max_length(Some(255))
+}
+
+postmesh_shared::text_input! {
+    /// An attachment's content as a request gives it; its schema is what [`attachments`]
+    /// decodes.
+    #[derive(Debug)]
+    pub struct Base64Text as "AttachmentContent" = base64_schema()
+        .description(Some("Standard base64 with its padding; white space is ignored."));
 }
 
 /// Standard base64 with its padding, white space anywhere (what [`attachments`] decodes):
@@ -231,9 +246,11 @@ postmesh_shared::text_input! {
     pub struct EmailTypeText as "EmailTypeInput" = email_type_schema();
 }
 
-/// `templateKey`: not blank, or null.
-fn template_key_schema() -> ObjectBuilder {
-    schema::or_null(schema::not_blank())
+postmesh_shared::text_input! {
+    /// A template key as a request gives it, before `content` trims it: not blank.
+    #[derive(Debug)]
+    pub struct TemplateKeyText as "TemplateKeyInput" = schema::not_blank()
+        .description(Some("A saved template's key; white space around it is ignored."));
 }
 
 /// The `/send-email` body (spec §4.4). Unknown fields are ignored. Serialized again, it is
@@ -268,8 +285,7 @@ pub struct SendBody {
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 365)]
     pub topic_exclusion_days: Option<f64>,
     pub recipient_reason: Option<HeaderText>,
-    #[schema(schema_with = template_key_schema)]
-    pub template_key: Option<String>,
+    pub template_key: Option<TemplateKeyText>,
     #[schema(value_type = Option<i32>, minimum = 1, maximum = 2147483647)]
     pub template_version: Option<f64>,
     pub source_app: Option<HeaderText>,

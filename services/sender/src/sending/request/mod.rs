@@ -17,7 +17,8 @@ use crate::model::{self, Recipient};
 mod body;
 
 pub use body::{
-    Addresses, AttachmentBody, EmailTypeText, HeaderText, MessageIdText, SendBody, To, ToItem,
+    Addresses, AttachmentBody, EmailTypeText, HeaderText, MessageIdText, SendBody, TemplateKeyText,
+    To, ToItem,
 };
 
 /// Recipients of one send at most (DESIGN §6).
@@ -248,7 +249,7 @@ fn attachments(list: Option<Vec<AttachmentBody>>) -> Result<Vec<Attachment>, Api
     let mut total = 0usize;
     let mut out = Vec::with_capacity(list.len());
     for (i, a) in list.into_iter().enumerate() {
-        let filename = header_text("attachments.filename", a.filename)?
+        let filename = header_text("attachments.filename", a.filename.map(String::from))?
             .ok_or_else(|| bad(format!("attachment {i} has no filename")))?;
         // Characters, as the schema's `maxLength` counts them.
         if filename.chars().count() > 255 || filename.contains(['/', '\\']) {
@@ -259,6 +260,7 @@ fn attachments(list: Option<Vec<AttachmentBody>>) -> Result<Vec<Attachment>, Api
         }
         let content = a
             .content
+            .map(String::from)
             .ok_or_else(|| bad(format!("attachment {filename:?} has no content")))?;
         let compact: String = content
             .chars()
