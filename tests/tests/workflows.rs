@@ -2,7 +2,7 @@
 //! over the real stack, events published on EVENTS, runs that wait and send, exits,
 //! branches, reentry, a sender killed during a wait, and executions in the entitlements.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -454,8 +454,10 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
     }
 }
 
+/// Two sender processes: one killed during a wait and started again, then a second
+/// replica beside it.
 #[tokio::test]
-async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
+async fn a_sender_killed_during_a_wait_and_a_second_replica_neither_send_twice_nor_early() {
     let mut stack = Stack::start_with(SenderMode::ChildProcess).await;
     let key = stack.key(10).await;
     let client = stack.client(&key);
@@ -506,7 +508,52 @@ async fn a_run_survives_a_sender_killed_during_its_wait_and_sends_once() {
         "the redone step sent nothing"
     );
     assert_eq!(stack.balance(&key).await, 9);
+    no_replica_ends_a_wait_early(&stack).await;
     stack.shutdown().await;
+}
+
+/// With a second sender replica beside the first, whichever wakes a run: a 2 s wait that
+/// starts at any moment of a second ends 2 s or more after the event was posted.
+async fn no_replica_ends_a_wait_early(stack: &Stack) {
+    let second = sender::start(stack.sender_config())
+        .await
+        .expect("a second sender");
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    template(&client, "two", "Two seconds later").await;
+    workflow(
+        &client,
+        json!({ "name": "two", "trigger": { "event_name": "joined" },
+                "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "two" }] }),
+    )
+    .await;
+    // Six events spread over a second, so their waits start at different fractions of it.
+    let mut posted = Vec::new();
+    for i in 0..6 {
+        let to = fresh("two");
+        let at = SystemTime::now();
+        let _: Value = client
+            .post(
+                "/events",
+                &event(&format!("j-{i}"), "joined", &to, json!({})),
+                StatusCode::CREATED,
+            )
+            .await;
+        posted.push((to, at));
+        tokio::time::sleep(Duration::from_millis(170)).await;
+    }
+    for (to, posted_at) in &posted {
+        stack
+            .wait_for_messages(to, 1, Duration::from_secs(15))
+            .await;
+        let (written, _) = stack.written_to(to).remove(0);
+        let waited = written.duration_since(*posted_at).unwrap_or_default();
+        assert!(
+            waited >= Duration::from_secs(2),
+            "the email to {to} went {waited:?} after its event, within the 2 s wait"
+        );
+    }
+    second.stop().await;
 }
 
 async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stack) {

@@ -1,7 +1,7 @@
 //! Mail a test stack wrote to its file outbox, and what the API says of a send's recipients
 //! and suppressions.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use postmesh_contracts::answers::sender::{RecipientStatus, TaskProgress};
 use postmesh_shared::{Success, TaskId};
@@ -15,6 +15,17 @@ impl Stack {
     /// Delivered messages addressed to `to` (compared without regard to case), oldest
     /// first.
     pub fn messages_to(&self, to: &str) -> Vec<String> {
+        self.written_to(to)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect()
+    }
+
+    /// Delivered messages addressed to `to`, each with the time its file was written, oldest
+    /// first.
+    pub fn written_to(&self, to: &str) -> Vec<(SystemTime, String)> {
+        let to = to.to_lowercase();
+        let addressed = |l: &str| l.starts_with("To:") && l.to_lowercase().contains(&to);
         let mut found = Vec::new();
         for entry in std::fs::read_dir(self.outbox())
             .into_iter()
@@ -24,16 +35,14 @@ impl Stack {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "eml") {
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let to = to.to_lowercase();
-                let addressed = |l: &str| l.starts_with("To:") && l.to_lowercase().contains(&to);
                 if text.lines().any(addressed) {
-                    let written = entry.metadata().and_then(|m| m.modified()).ok();
-                    found.push((written, text));
+                    let written = entry.metadata().and_then(|m| m.modified());
+                    found.push((written.expect("an outbox file's write time"), text));
                 }
             }
         }
         found.sort_by_key(|(written, _)| *written);
-        found.into_iter().map(|(_, text)| text).collect()
+        found
     }
 
     /// Waits until `count` messages to `to` were delivered; returns them. Fails the test

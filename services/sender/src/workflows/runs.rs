@@ -17,7 +17,7 @@ use postmesh_shared::proto::Role;
 use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
 
 use super::definition::{all_hold, Step, Workflow, WorkflowBody, MAX_WAIT_SECS};
-use super::event::{parse_time, EventView};
+use super::event::EventView;
 use crate::audience::contacts::{self, Contact};
 use crate::sending::request::{HeaderText, SendBody, To, ToItem};
 use crate::AppState;
@@ -35,6 +35,10 @@ const MAX_ATTEMPTS: i32 = 8;
 /// Passes that took a run up and ended without a word (the process working it stopped)
 /// before the run fails: one whose handling brings its process down is not taken up forever.
 pub const MAX_CLAIMS: i32 = 5;
+
+/// The database clock's Unix second (rounded down), which every replica reads alike: a run
+/// is due once it reaches `next_at`, and leases run out by it.
+const DB_SECOND: &str = "floor(extract(epoch FROM statement_timestamp()))::bigint";
 
 const VIEW: &str = "id, workflow_id, status, pc AS step, started_at, ended_at, exit_reason";
 
@@ -196,20 +200,18 @@ struct Due {
 /// Leases up to [`BATCH`] due runs and advances each (renewing its lease first); true
 /// when more may be due.
 pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
-    let now = now_unix();
     let token = Uuid::now_v7();
-    let due: Vec<Due> = sqlx::query_as(
+    let due: Vec<Due> = sqlx::query_as(&format!(
         "WITH due AS MATERIALIZED (
              SELECT id FROM workflow_runs
-             WHERE status = 'active' AND next_at <= $1
-               AND (lease_until IS NULL OR lease_until < $1)
-             ORDER BY next_at LIMIT $3 FOR UPDATE SKIP LOCKED)
-         UPDATE workflow_runs r SET lease_until = $1 + $2, lease_token = $4
+             WHERE status = 'active' AND next_at <= {DB_SECOND}
+               AND (lease_until IS NULL OR lease_until < {DB_SECOND})
+             ORDER BY next_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+         UPDATE workflow_runs r SET lease_until = {DB_SECOND} + $1, lease_token = $3
          FROM due WHERE r.id = due.id
          RETURNING r.id, r.workspace_id, r.workflow_id, r.version, r.contact_id, r.event_id,
                    r.pc, r.attempts, r.account_id, r.billing_key, r.caller_email",
-    )
-    .bind(now)
+    ))
     .bind(LEASE_SECS)
     .bind(BATCH)
     .bind(token)
@@ -219,14 +221,14 @@ pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
         let lease = Lease { run: run.id, token };
         // The batch is worked one run after another: each gets its full lease, and counts
         // as taken up (a pass that ends records it, setting the count back).
-        let claims: Option<i32> = sqlx::query_scalar(
-            "UPDATE workflow_runs SET lease_until = $3, claims = claims + 1
+        let claims: Option<i32> = sqlx::query_scalar(&format!(
+            "UPDATE workflow_runs SET lease_until = {DB_SECOND} + $3, claims = claims + 1
              WHERE id = $1 AND lease_token = $2 AND status = 'active'
              RETURNING claims",
-        )
+        ))
         .bind(run.id)
         .bind(token)
-        .bind(now_unix() + LEASE_SECS)
+        .bind(LEASE_SECS)
         .fetch_optional(&state.db)
         .await?;
         let Some(claims) = claims else {
@@ -264,12 +266,12 @@ async fn failed_try(
         return lease.end(state, RunStatus::Failed, Some(&reason)).await;
     }
     tracing::warn!(run = %run.id, error = %e, "workflow run step failed; retried later");
-    let retry = now_unix() + 5 * (1 << run.attempts.clamp(0, 6));
-    sqlx::query(
-        "UPDATE workflow_runs SET next_at = $3, lease_until = NULL, attempts = attempts + 1,
-             claims = 0
+    let retry = 5 * (1 << run.attempts.clamp(0, 6));
+    sqlx::query(&format!(
+        "UPDATE workflow_runs SET next_at = {DB_SECOND} + $3, lease_until = NULL,
+             attempts = attempts + 1, claims = 0
          WHERE id = $1 AND lease_token = $2 AND status = 'active'",
-    )
+    ))
     .bind(lease.run)
     .bind(lease.token)
     .bind(retry)
@@ -288,18 +290,28 @@ impl Lease {
     /// Records that the run is at step `pc` (sleeping until `until`, else still leased);
     /// false when it is no longer active or no longer this pass's.
     async fn moved(
-        &self, state: &AppState, pc: usize, until: Option<i64>,
+        &self, state: &AppState, pc: usize, until: Option<Wake>,
     ) -> Result<bool, ApiError> {
+        let (after, at) = match until {
+            None => (None, None),
+            Some(Wake::After(secs)) => (Some(secs), None),
+            Some(Wake::At(at)) => (None, Some(at)),
+        };
+        // A wait counts from the database clock to the second after it ends, so a pass
+        // that sees the run due on [`DB_SECOND`] never ends it early.
         let done = sqlx::query(
             "UPDATE workflow_runs
-             SET pc = $3, attempts = 0, claims = 0, next_at = COALESCE($4, next_at),
-                 lease_until = CASE WHEN $4 IS NULL THEN lease_until END
+             SET pc = $3, attempts = 0, claims = 0,
+                 next_at = COALESCE(ceil(extract(epoch FROM clock_timestamp()) + $4::bigint)::bigint,
+                                    $5, next_at),
+                 lease_until = CASE WHEN $4 IS NULL AND $5 IS NULL THEN lease_until END
              WHERE id = $1 AND lease_token = $2 AND status = 'active'",
         )
         .bind(self.run)
         .bind(self.token)
         .bind(pc as i32)
-        .bind(until)
+        .bind(after)
+        .bind(at)
         .execute(&state.db)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -325,12 +337,20 @@ impl Lease {
     }
 }
 
+/// When a sleeping run may go on.
+enum Wake {
+    /// This many seconds from now, on the database clock.
+    After(i64),
+    /// At this Unix second.
+    At(i64),
+}
+
 /// What one step did.
 enum Next {
     /// Go on at this step.
     Go(usize),
-    /// Stop until this time, then go on at this step.
-    Sleep(usize, i64),
+    /// Stop until the wake-up, then go on at this step.
+    Sleep(usize, Wake),
     /// The run failed; it goes no further.
     Stop,
 }
@@ -372,10 +392,11 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
                 false => Next::Go(*otherwise),
             },
             Step::Wait(secs) if *secs <= 0 => Next::Go(pc + 1),
-            Step::Wait(secs) => Next::Sleep(pc + 1, now_unix() + secs),
+            Step::Wait(secs) => Next::Sleep(pc + 1, Wake::After(*secs)),
+            // A time already past on this replica's clock still waits for the database's.
             Step::WaitUntil(prop) => match wake_time(props.get(prop), now_unix()) {
-                Some(at) if at > now_unix() => Next::Sleep(pc + 1, at),
-                _ => Next::Go(pc + 1),
+                Some(at) => Next::Sleep(pc + 1, Wake::At(at)),
+                None => Next::Go(pc + 1),
             },
             Step::Send {
                 template_key,
@@ -432,12 +453,19 @@ async fn advance(state: &AppState, run: &Due, lease: &Lease) -> Result<(), ApiEr
     }
 }
 
-/// A time in an event property (RFC 3339 text or Unix seconds), at most
-/// [`MAX_WAIT_SECS`] from `now`.
+/// A time in an event property (RFC 3339 text or Unix seconds), rounded up to the whole
+/// second, at most [`MAX_WAIT_SECS`] from `now`.
 fn wake_time(v: Option<&Value>, now: i64) -> Option<i64> {
     let at = match v? {
-        Value::String(s) => parse_time(s).map(|(_, unix)| unix),
-        Value::Number(n) => n.as_f64().filter(|f| f.is_finite()).map(|f| f as i64),
+        Value::String(s) => {
+            let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+                .ok()?;
+            Some(t.unix_timestamp() + i64::from(t.nanosecond() > 0))
+        }
+        Value::Number(n) => n
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .map(|f| f.ceil() as i64),
         _ => None,
     }?;
     Some(at.min(now + MAX_WAIT_SECS))
@@ -513,7 +541,12 @@ mod tests {
     fn wait_until_is_capped() {
         let now = 1_000;
         assert_eq!(wake_time(Some(&json!(5_000)), now), Some(5_000));
-        assert_eq!(wake_time(Some(&json!(5_000.7)), now), Some(5_000));
+        // A fraction of a second waits for the whole second: never early.
+        assert_eq!(wake_time(Some(&json!(5_000.7)), now), Some(5_001));
+        assert_eq!(
+            wake_time(Some(&json!("1970-01-01T01:00:00.25Z")), now),
+            Some(3_601)
+        );
         assert_eq!(
             wake_time(Some(&json!(i64::MAX)), now),
             Some(now + MAX_WAIT_SECS)
