@@ -197,6 +197,11 @@ pub async fn ping(pool: &PgPool) -> bool {
     sqlx::query("SELECT 1").execute(pool).await.is_ok()
 }
 
+/// The database's clock as a whole Unix second (rounded down), stable within a statement so
+/// an index on the compared column serves it: what periodic jobs take due rows by, so
+/// replicas with clocks of their own all see a row due at the same time.
+pub const DB_SECOND: &str = "floor(extract(epoch FROM statement_timestamp()))::bigint";
+
 /// Current Unix time in seconds, the unit of every stored timestamp.
 pub fn now_unix() -> i64 {
     std::time::SystemTime::now()

@@ -918,6 +918,46 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
     );
 }
 
+/// Two dispatcher replicas' scheduler passes at once over 300 due attempts of 30 targets:
+/// each attempt is taken by one of them, once.
+#[tokio::test]
+async fn two_scheduler_passes_at_once_take_each_due_attempt_once() {
+    let store = ServiceDb::create(
+        webhook_dispatcher::SERVICE,
+        &[&webhook_dispatcher::MIGRATOR],
+    )
+    .await;
+    let (workspace, now) = (uuid::Uuid::now_v7(), postmesh_shared::db::now_unix());
+    let targets: Vec<uuid::Uuid> = (0..30).map(|_| uuid::Uuid::now_v7()).collect();
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
+                               created_at, updated_at, requeue_at, leased_until_ms)
+         SELECT gen_random_uuid(), $1, ($2::uuid[])[1 + n % 30], gen_random_uuid(), 'inbound',
+                'pending', $3, $3, $3 - 10 - n, 0
+         FROM generate_series(0, 299) AS n
+         RETURNING id",
+    )
+    .bind(workspace)
+    .bind(&targets)
+    .bind(now)
+    .fetch_all(&store.pool)
+    .await
+    .unwrap();
+    let mut taken: Vec<uuid::Uuid> = Vec::new();
+    loop {
+        let pass = || webhook_dispatcher::routes::attempts::due(&store.pool, 3, 40);
+        let (a, b) = tokio::join!(pass(), pass());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        if a.is_empty() && b.is_empty() {
+            break;
+        }
+        taken.extend(a.into_iter().chain(b).map(|(id, _)| id));
+    }
+    let once: HashSet<uuid::Uuid> = taken.iter().copied().collect();
+    assert_eq!(once.len(), taken.len(), "an attempt was taken twice");
+    assert_eq!(once, ids.into_iter().collect::<HashSet<_>>());
+}
+
 #[tokio::test]
 async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_delivery_needs() {
     let store = ServiceDb::create(

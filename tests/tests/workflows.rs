@@ -2,7 +2,7 @@
 //! over the real stack, events published on EVENTS, runs that wait and send, exits,
 //! branches, reentry, a sender killed during a wait, and executions in the entitlements.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -508,17 +508,18 @@ async fn a_sender_killed_during_a_wait_and_a_second_replica_neither_send_twice_n
         "the redone step sent nothing"
     );
     assert_eq!(stack.balance(&key).await, 9);
-    no_replica_ends_a_wait_early(&stack).await;
+    two_replicas_send_each_run_and_scheduled_send_once_never_early(&stack).await;
     stack.shutdown().await;
 }
 
-/// With a second sender replica beside the first, whichever wakes a run: a 2 s wait that
-/// starts at any moment of a second ends 2 s or more after the event was posted.
-async fn no_replica_ends_a_wait_early(stack: &Stack) {
+/// With a second sender replica beside the first, whichever takes a run or a scheduled send
+/// up: a 2 s wait that starts at any moment of a second ends 2 s or more after its event, a
+/// send scheduled for a second goes no earlier, and each goes out once.
+async fn two_replicas_send_each_run_and_scheduled_send_once_never_early(stack: &Stack) {
     let second = sender::start(stack.sender_config())
         .await
         .expect("a second sender");
-    let key = stack.key(10).await;
+    let key = stack.key(20).await;
     let client = stack.client(&key);
     template(&client, "two", "Two seconds later").await;
     workflow(
@@ -527,8 +528,10 @@ async fn no_replica_ends_a_wait_early(stack: &Stack) {
                 "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "two" }] }),
     )
     .await;
-    // Six events spread over a second, so their waits start at different fractions of it.
-    let mut posted = Vec::new();
+    let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).expect("after 1970");
+    // Six events and six scheduled sends spread over a second, so their waits start at
+    // different fractions of it.
+    let (mut runs, mut scheduled) = (Vec::new(), Vec::new());
     for i in 0..6 {
         let to = fresh("two");
         let at = SystemTime::now();
@@ -539,19 +542,29 @@ async fn no_replica_ends_a_wait_early(stack: &Stack) {
                 StatusCode::CREATED,
             )
             .await;
-        posted.push((to, at));
+        runs.push((to, at + Duration::from_secs(2)));
+        let later = fresh("later");
+        let due = unix(SystemTime::now()).as_secs() + 2;
+        let send = json!({"to": later, "subject": "s", "text": "t", "scheduledAt": due});
+        let _: Value = client.post("/send-email", &send, StatusCode::OK).await;
+        scheduled.push((later, UNIX_EPOCH + Duration::from_secs(due)));
         tokio::time::sleep(Duration::from_millis(170)).await;
     }
-    for (to, posted_at) in &posted {
+    for (to, not_before) in runs.iter().chain(&scheduled) {
         stack
             .wait_for_messages(to, 1, Duration::from_secs(15))
             .await;
         let (written, _) = stack.written_to(to).remove(0);
-        let waited = written.duration_since(*posted_at).unwrap_or_default();
         assert!(
-            waited >= Duration::from_secs(2),
-            "the email to {to} went {waited:?} after its event, within the 2 s wait"
+            written >= *not_before,
+            "the email to {to} was written at {:?}, before {:?}",
+            unix(written),
+            unix(*not_before)
         );
+    }
+    stack.sends_done().await;
+    for (to, _) in runs.iter().chain(&scheduled) {
+        assert_eq!(stack.messages_to(to).len(), 1, "one email to {to}");
     }
     second.stop().await;
 }

@@ -11,7 +11,7 @@
 use sqlx::types::Json;
 use sqlx::PgConnection;
 
-use postmesh_shared::db::now_unix;
+use postmesh_shared::db::{now_unix, DB_SECOND};
 use postmesh_shared::{email, ApiError, DeliveryId, TaskId, WorkspaceId};
 
 use crate::sending::events::{self, Kind};
@@ -35,11 +35,10 @@ struct Due {
 /// Releases up to [`BATCH`] due tasks, each in its own transaction, so one that fails never
 /// holds up the others (tasks that failed before go last); true when more may be due.
 pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
-    let due: Vec<TaskId> = sqlx::query_scalar(
-        "SELECT id FROM tasks WHERE status = 'scheduled' AND scheduled_at <= $1
-         ORDER BY release_failures, scheduled_at LIMIT $2",
-    )
-    .bind(now_unix())
+    let due: Vec<TaskId> = sqlx::query_scalar(&format!(
+        "SELECT id FROM tasks WHERE status = 'scheduled' AND scheduled_at <= {DB_SECOND}
+         ORDER BY release_failures, scheduled_at LIMIT $1",
+    ))
     .bind(BATCH)
     .fetch_all(&state.db)
     .await?;

@@ -11,7 +11,7 @@ use sqlx::types::Json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use postmesh_shared::db::now_unix;
+use postmesh_shared::db::{now_unix, DB_SECOND};
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{AccountId, ApiError, ApiKeyId, TaskId, WorkspaceId};
@@ -35,10 +35,6 @@ const MAX_ATTEMPTS: i32 = 8;
 /// Passes that took a run up and ended without a word (the process working it stopped)
 /// before the run fails: one whose handling brings its process down is not taken up forever.
 pub const MAX_CLAIMS: i32 = 5;
-
-/// The database clock's Unix second (rounded down), which every replica reads alike: a run
-/// is due once it reaches `next_at`, and leases run out by it.
-const DB_SECOND: &str = "floor(extract(epoch FROM statement_timestamp()))::bigint";
 
 const VIEW: &str = "id, workflow_id, status, pc AS step, started_at, ended_at, exit_reason";
 

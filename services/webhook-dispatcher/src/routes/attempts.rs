@@ -537,15 +537,15 @@ pub async fn due(
                      PARTITION BY COALESCE(endpoint_id, webhook_id, workspace_id)
                      ORDER BY requeue_at, id) AS nth
                  FROM attempts
-                 WHERE status = 'pending' AND requeue_at < $1 AND leased_until_ms < {now_ms}
+                 WHERE status = 'pending' AND requeue_at < {second} AND leased_until_ms < {now_ms}
              ) d
-             WHERE nth <= $2 ORDER BY requeue_at LIMIT $3
+             WHERE nth <= $1 ORDER BY requeue_at LIMIT $2
          ) due
-         WHERE a.id = due.id AND a.status = 'pending' AND a.requeue_at < $1
+         WHERE a.id = due.id AND a.status = 'pending' AND a.requeue_at < {second}
          RETURNING a.id, a.attempt_count",
-        now_ms = postmesh_shared::queue::DB_NOW_MS
+        now_ms = postmesh_shared::queue::DB_NOW_MS,
+        second = postmesh_shared::db::DB_SECOND,
     ))
-    .bind(now_unix())
     .bind(i64::try_from(per_target).unwrap_or(i64::MAX))
     .bind(limit)
     .fetch_all(db)
