@@ -40,7 +40,7 @@ pub use settings::{
 pub use stack::{
     extract_code, free_port, spawn_service, spawn_service_to, workspace_binary, Stack,
 };
-pub use wait::eventually;
+pub use wait::{eventually, passes_at_once};
 
 /// Runs `scenarios` (async fns of `&Stack`, each with keys, recipients and addresses of its
 /// own) side by side on `stack`, then shuts the stack down.

@@ -19,6 +19,26 @@ pub async fn eventually<T, E: std::fmt::Debug, F: Future<Output = Result<T, E>>>
     }
 }
 
+/// Runs `n` passes of a periodic job at once, as `n` replicas would, round after round until
+/// a round does nothing; the units of work all passes reported, to compare with what there
+/// was (more: a unit was done twice).
+pub async fn passes_at_once<E: std::fmt::Debug, F: Future<Output = Result<u64, E>>>(
+    n: usize, pass: impl Fn() -> F,
+) -> u64 {
+    let mut done = 0;
+    loop {
+        let round: u64 = futures::future::join_all((0..n).map(|_| pass()))
+            .await
+            .into_iter()
+            .map(|units| units.expect("a pass"))
+            .sum();
+        if round == 0 {
+            return done;
+        }
+        done += round;
+    }
+}
+
 /// Runs `work` to completion on a runtime of its own (for cleanup in `Drop`, or setup in a
 /// plain function); none if it panicked.
 pub(crate) fn on_a_fresh_runtime<T: Send + 'static, F: Future<Output = T>>(

@@ -13,7 +13,7 @@ use billing::logs::LogPage;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::ChargeRequest;
 use postmesh_shared::{ApiKeyId, Success};
-use postmesh_tests::{balance_of, BillingRouter};
+use postmesh_tests::{balance_of, passes_at_once, BillingRouter};
 
 #[tokio::test]
 async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
@@ -255,4 +255,61 @@ async fn logs_page_and_download_as_csv() {
     assert!(headers.iter().any(|h| h == "target_email"), "{headers:?}");
     let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
     assert_eq!(rows.len(), 120);
+}
+
+/// Four billing replicas' hold sweeps at once over 200 lapsed holds: each hold is taken by
+/// one sweep and given back once.
+#[tokio::test]
+async fn hold_sweeps_at_once_give_each_lapsed_hold_back_once() {
+    let billing = BillingRouter::new().await;
+    let (key, client) = billing.key(200).await;
+    let db = &billing.store.pool;
+    for i in 0..200 {
+        let held = ChargeRequest {
+            api_key_id: key.to_string(),
+            caller_email: "t@example.com".into(),
+            cost: 1,
+            idempotency_key: format!("held-{i}"),
+            hold_secs: 60,
+            ..Default::default()
+        };
+        ledger::charge(db, &held).await.expect("a held charge");
+    }
+    assert_eq!(balance_of(&client).await, 0);
+    // Every hold lapsed a second ago.
+    sqlx::query("UPDATE ledger SET hold_until = $1 WHERE hold_until > 0")
+        .bind(postmesh_shared::db::now_unix() - 1)
+        .execute(db)
+        .await
+        .expect("holds lapsed");
+    let released = passes_at_once(4, || async {
+        ledger::release_expired_holds(db).await.map(|n| n as u64)
+    })
+    .await;
+    assert_eq!(released, 200, "each hold taken once");
+    assert_eq!(balance_of(&client).await, 200);
+    let refunds = postmesh_tests::peek::billing::ledger_rows(db, key.into(), "refund").await;
+    assert_eq!(refunds, 200);
+}
+
+/// Four billing replicas' checkout expiry at once over 1,000 checkouts never opened: each is
+/// expired by one of them, once.
+#[tokio::test]
+async fn checkout_expiries_at_once_expire_each_unopened_checkout_once() {
+    let billing = BillingRouter::new().await;
+    let db = &billing.store.pool;
+    let key = ApiKeyId::new();
+    let made = sqlx::query(
+        "INSERT INTO checkouts (id, api_key_id, idempotency_key, request, created_at)
+         SELECT gen_random_uuid(), $1, 'checkout-' || n, '{}', $2
+         FROM generate_series(1, 1000) AS n",
+    )
+    .bind(key)
+    .bind(postmesh_shared::db::now_unix() - billing::checkout::UNOPENED_SECS - 10)
+    .execute(db)
+    .await
+    .expect("checkouts");
+    assert_eq!(made.rows_affected(), 1000);
+    let expired = passes_at_once(4, || billing::checkout::expire_unopened(db)).await;
+    assert_eq!(expired, 1000, "each checkout expired once");
 }
