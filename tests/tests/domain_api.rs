@@ -91,3 +91,30 @@ async fn the_ownership_review_is_for_admins() {
         )
         .await;
 }
+
+/// Four domain replicas' ownership sweeps at once over 120 pending domains: each domain is
+/// checked by one of them, once.
+#[tokio::test]
+async fn ownership_sweeps_at_once_check_each_pending_domain_once() {
+    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
+    let fake = postmesh_tests::fake_dns::FakeDns::start().await;
+    fake.zone("sweep.test");
+    let dns = domain::dns::Dns::new(&[fake.addr], std::time::Duration::from_secs(2)).unwrap();
+    let made = sqlx::query(
+        "INSERT INTO domains (id, workspace_id, name, verification_token, created_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), 'd' || n || '.sweep.test', 'token', 0
+         FROM generate_series(1, 120) AS n",
+    )
+    .execute(&store.pool)
+    .await
+    .expect("pending domains");
+    assert_eq!(made.rows_affected(), 120);
+    let checked = postmesh_tests::passes_at_once(4, || async {
+        domain::ownership::sweep(&store.pool, &dns, 3600)
+            .await
+            .map(|n| n as u64)
+    })
+    .await;
+    assert_eq!(checked, 120, "each domain checked once");
+    assert!(fake.queries() >= 120, "{} DNS queries", fake.queries());
+}

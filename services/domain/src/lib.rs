@@ -225,7 +225,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let recheck = config.recheck.as_secs().max(1) as i64;
     rt.every("ownership sweep", config.recheck, move || {
         let (db, dns) = (state.db.clone(), state.dns.clone());
-        async move { ownership::sweep(&db, &dns, recheck).await }
+        async move {
+            let taken = ownership::sweep(&db, &dns, recheck).await?;
+            Ok::<_, ownership::LookupErrorOrDb>(taken as i64 == ownership::SWEEP_BATCH)
+        }
     });
     rt.running(None).await
 }

@@ -106,9 +106,9 @@ async fn reload(db: &PgPool, id: Uuid) -> Result<Domain, sqlx::Error> {
         .await
 }
 
-/// One sweep pass: claims the pending domains not checked for `recheck_secs` (each replica
-/// claims different ones) and checks them; true when more may be due.
-pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<bool, LookupErrorOrDb> {
+/// One sweep pass: claims up to [`SWEEP_BATCH`] pending domains not checked for
+/// `recheck_secs` (each replica claims different ones) and checks them; how many it took.
+pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<usize, LookupErrorOrDb> {
     let now = now_unix();
     let due: Vec<Domain> = sqlx::query_as(&format!(
         "UPDATE domains SET ownership_checked_at = $1
@@ -122,7 +122,7 @@ pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<bool, Lo
     .bind(SWEEP_BATCH)
     .fetch_all(db)
     .await?;
-    let full = due.len() as i64 == SWEEP_BATCH;
+    let taken = due.len();
     for domain in due {
         let name = domain.name.clone();
         match check(db, dns, domain).await {
@@ -136,7 +136,7 @@ pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<bool, Lo
             Err(e) => return Err(e),
         }
     }
-    Ok(full)
+    Ok(taken)
 }
 
 /// 403 unless the caller's key has the admin role.
