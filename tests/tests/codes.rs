@@ -95,7 +95,8 @@ async fn code_rules() {
             a_delivered_code_verifies_once,
             all_keys_of_one_recipient_share_a_cluster_slot,
             resends_are_limited_with_retry_after,
-            a_charge_that_outlives_the_gateway_timeout_never_takes_credits
+            a_charge_that_outlives_the_gateway_timeout_never_takes_credits,
+            two_gateways_share_a_codes_cooldown_tries_and_use
         ]
     );
 }
@@ -261,6 +262,52 @@ async fn a_code_queued_while_the_sender_is_down_is_delivered_when_it_returns() {
     stack.sends_done().await;
     assert_eq!(stack.messages_to(to).len(), 1);
     stack.shutdown().await;
+}
+
+/// A second gateway replica shares each code's cooldown, its tries and its use: driven
+/// through both alternately, a recipient gets the limits of one gateway.
+async fn two_gateways_share_a_codes_cooldown_tries_and_use(stack: &Stack) {
+    let (replica, other) = stack.another_gateway(|_| {}).await;
+    let key = stack.key(20).await;
+    let (here, there) = (stack.client(&key), TestClient::http(&other, Some(&key)));
+    let send = |client: &TestClient, to: &str| {
+        let (client, body) = (client.clone(), json!({ "email": to }));
+        async move { client.request(Method::POST, "/send-code", &body).await }
+    };
+    let verify = |client: &TestClient, to: &str, code: &str| {
+        let (client, body) = (client.clone(), json!({ "email": to, "code": code }));
+        async move { client.request(Method::POST, "/verify-code", &body).await }
+    };
+    let to = "judy@example.com";
+    assert_eq!(send(&here, to).await.status, StatusCode::OK);
+    let _: ErrorBody = send(&there, to).await.expect(
+        StatusCode::TOO_MANY_REQUESTS,
+        "a resend through the other gateway",
+    );
+    // Five wrong tries, through each gateway in turn, void the code for both.
+    let code = stack.code_sent_to(to, 1).await;
+    let n: u32 = code.parse().unwrap();
+    for i in 1..=5 {
+        let client = if i % 2 == 0 { &here } else { &there };
+        let wrong = format!("{:06}", (n + i) % 1_000_000);
+        let _: ErrorBody = verify(client, to, &wrong)
+            .await
+            .expect(StatusCode::BAD_REQUEST, &format!("wrong try {i}"));
+    }
+    for client in [&here, &there] {
+        let _: ErrorBody = verify(client, to, &code)
+            .await
+            .expect(StatusCode::NOT_FOUND, "the voided code");
+    }
+    // A code sent through one and used through the other is gone for both.
+    let to = "kim@example.com";
+    assert_eq!(send(&there, to).await.status, StatusCode::OK);
+    let code = stack.code_sent_to(to, 1).await;
+    assert_eq!(verify(&here, to, &code).await.status, StatusCode::OK);
+    let _: ErrorBody = verify(&there, to, &code)
+        .await
+        .expect(StatusCode::NOT_FOUND, "the used code");
+    replica.stop().await;
 }
 
 async fn recipients_are_matched_without_regard_to_case(stack: &Stack) {

@@ -234,9 +234,51 @@ async fn web_pages_side_by_side() {
         Stack::start().await,
         [
             the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms,
-            key_pages_create_and_revoke_with_csrf
+            key_pages_create_and_revoke_with_csrf,
+            two_gateways_share_device_logins_and_sessions
         ]
     );
+}
+
+/// A second gateway replica shares device-login requests, their poll pace and their one
+/// key, and web sessions: driven through both alternately, they behave as through one.
+async fn two_gateways_share_device_logins_and_sessions(stack: &Stack) {
+    let (replica, other) = stack.another_gateway(|_| {}).await;
+    let (here, there) = (stack.anonymous(), TestClient::http(&other, None));
+    let email = fresh_email();
+    let mut user = WebUser::login(stack, &email, 0).await;
+    let t = token();
+    let _: Value = init(&here, &t).await.expect(StatusCode::OK, "init");
+    assert_eq!(init(&there, &t).await.status, StatusCode::CONFLICT);
+    let (status, body) = poll(&there, &t).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (status, body) = poll(&here, &t).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["status"], "slow_down");
+    // The session made through the first gateway approves through the second.
+    user.base = other.clone();
+    let approved: Value = approve(&mut user, &t)
+        .await
+        .expect(StatusCode::OK, "approve");
+    assert_eq!(approved["email"], email.as_str());
+    wait_interval().await;
+    let (status, body) = poll(&here, &t).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["apiKey"].is_string(), "{body}");
+    wait_interval().await;
+    let (status, body) = poll(&there, &t).await;
+    assert_eq!(status, StatusCode::GONE, "the key is given once: {body}");
+    // A session ended through one gateway is refused by the other.
+    let session = user.session.clone();
+    let _: Value = user
+        .json(Method::POST, "/logout", &json!({}))
+        .await
+        .expect(StatusCode::OK, "logout");
+    user.session = session;
+    user.base = stack.base.clone();
+    let after = user.json(Method::GET, "/api-keys", &json!({})).await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED, "the ended session");
+    replica.stop().await;
 }
 
 async fn the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms(stack: &Stack) {
