@@ -4,6 +4,9 @@
 CARGO ?= cargo
 DOCKER ?= docker
 IMAGE_TAG ?= dev
+# `make soak`: processes of each service, and NATS nodes (1 or 3; deploy/nats-cluster.sh).
+REPLICAS ?= 1
+NATS_CLUSTER ?= 1
 SERVICES := api-gateway billing sender domain inbound-ingest webhook-dispatcher
 
 run: ## start dependencies and every service (Ctrl-C stops)
@@ -31,9 +34,9 @@ bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks
 	$(CARGO) build -q --release -p api-gateway -p billing -p sender -p inbound-ingest -p webhook-dispatcher # run as their own processes
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
 
-soak: deps ## under load, kill each service in turn and restart PostgreSQL, Redis and NATS; asserts nothing lost, nothing twice (docs/reliability.md)
+soak: deps ## under load, kill each service (each replica, REPLICAS=2) in turn and restart PostgreSQL, Redis and NATS (NATS_CLUSTER=3: its leaders); asserts nothing lost, nothing twice (docs/reliability.md)
 	$(CARGO) build -q --workspace --bins # the services run as child processes
-	$(CARGO) run -q -p postmesh-tests --bin soak
+	REPLICAS=$(REPLICAS) NATS_CLUSTER=$(NATS_CLUSTER) $(CARGO) run -q -p postmesh-tests --bin soak
 
 openapi: ## rewrite the request and answer schemas the gateway's /openapi.json includes, from the services' types, docs/api.md from the document, and the table of docs/configuration.md from the settings
 	UPDATE_OPENAPI=1 $(CARGO) test -q -p postmesh-tests --test routes the_body_schemas_the_gateway_includes_are_current

@@ -148,6 +148,7 @@ settings! {
     DATABASE_URL = "postgres://127.0.0.1:5432", "all: the server (host, port, options); each service signs in as its own role `{ns}_{service}` to its own database of that name";
     DATABASE_PASSWORD = "" shown "none (a developer's server trusts local connections)", "all: the service's own role's password";
     NATS_URL = "nats://127.0.0.1:4223", "all: Postmesh's own NATS (`deploy/nats.conf`); each service signs in as the user named after it";
+    NATS_STREAM_REPLICAS = "1", "all: replicas of each JetStream stream and of the request-body bucket, set when a service creates or finds them (3 on a three-node NATS cluster; at most the cluster's size)";
     NATS_PASSWORD = "" shown "`dev-<service>` (required in production)", "all: the service's own NATS user's password";
     REDIS_URL = "redis://127.0.0.1:6379", "gateway";
     ADMIN_ADDR = "" shown "`127.0.0.1:9090/9091/9092/9093/9094/9095`", "all: where `/healthz`, `/readyz` and `/metrics` are served";
@@ -173,6 +174,9 @@ pub struct Common {
     /// This service's NATS password (`NATS_PASSWORD`; development default `dev-<service>`,
     /// as `deploy/nats.conf` has it).
     pub nats_password: Option<String>,
+    /// Replicas of each JetStream stream and of the request-body bucket
+    /// (`NATS_STREAM_REPLICAS`, default 1).
+    pub stream_replicas: usize,
     pub redis_url: String,
     /// Postgres server URL (host, port, options); each service signs in as its own role
     /// `{ns}_{service}` to its own database of that name.
@@ -210,6 +214,7 @@ impl Common {
             namespace: Namespace::parse(&POSTMESH_NAMESPACE.string())?,
             nats_url: NATS_URL.string(),
             nats_password,
+            stream_replicas: NATS_STREAM_REPLICAS.parse()?,
             redis_url: REDIS_URL.string(),
             database_url: DATABASE_URL.string(),
             database_password: DATABASE_PASSWORD.opt(),
@@ -232,6 +237,7 @@ impl Common {
         let mut env = vec![
             (POSTMESH_NAMESPACE.name, self.namespace.as_str().to_owned()),
             (NATS_URL.name, self.nats_url.clone()),
+            (NATS_STREAM_REPLICAS.name, self.stream_replicas.to_string()),
             (REDIS_URL.name, self.redis_url.clone()),
             (DATABASE_URL.name, self.database_url.clone()),
             (DB_MAX_CONNECTIONS.name, self.db_max_connections.to_string()),

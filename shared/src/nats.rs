@@ -79,9 +79,20 @@ pub async fn connect(
     options
         .name(service.name())
         .request_timeout(Some(request_timeout))
-        .connect(url)
+        .connect(servers(url)?)
         .await
         .with_context(|| format!("connecting to NATS at {} as {service}", redacted(url)))
+}
+
+/// The servers a NATS URL names: one, or a cluster's nodes separated by commas.
+pub fn servers(url: &str) -> anyhow::Result<Vec<async_nats::ServerAddr>> {
+    url.split(',')
+        .map(|one| {
+            one.trim()
+                .parse()
+                .with_context(|| format!("the NATS server {}", redacted(one)))
+        })
+        .collect()
 }
 
 /// Connects as [`connect`] does, a second time, for claim-checked bodies: the server reads
@@ -150,21 +161,32 @@ pub fn bodies_bucket(ns: &Namespace) -> String {
     ns.stream("BODIES")
 }
 
-/// The namespace's bucket of request bodies, created if it does not exist yet.
-async fn bodies(client: &Client, ns: &Namespace) -> Result<ObjectStore, ApiError> {
-    let js = async_nats::jetstream::new(client.clone());
+/// Creates the namespace's bucket of request bodies with `replicas` unless it exists (every
+/// service at its start, like the streams).
+pub async fn ensure_bodies(
+    js: &async_nats::jetstream::Context, ns: &Namespace, replicas: usize,
+) -> anyhow::Result<()> {
     let bucket = bodies_bucket(ns);
-    if let Ok(store) = js.get_object_store(&bucket).await {
-        return Ok(store);
+    if js.get_object_store(&bucket).await.is_err() {
+        js.create_object_store(object_store::Config {
+            bucket: bucket.clone(),
+            description: Some("request bodies too large for a NATS message (claim check)".into()),
+            max_age: BODY_MAX_AGE,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the bucket {bucket}: {e}"))?;
     }
-    js.create_object_store(object_store::Config {
-        bucket,
-        description: Some("request bodies too large for a NATS message (claim check)".into()),
-        max_age: BODY_MAX_AGE,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| store_unavailable("opening the request body bucket", e))
+    Ok(())
+}
+
+/// The namespace's bucket of request bodies (made by [`ensure_bodies`] at each start).
+async fn bodies(client: &Client, ns: &Namespace) -> Result<ObjectStore, ApiError> {
+    async_nats::jetstream::new(client.clone())
+        .get_object_store(&bodies_bucket(ns))
+        .await
+        .map_err(|e| store_unavailable("opening the request body bucket", e))
 }
 
 fn store_unavailable(context: &str, err: impl std::fmt::Display) -> ApiError {

@@ -54,7 +54,8 @@ impl Runtime {
         let nats = crate::nats::connect(common, service, common.upstream_timeout).await?;
         let bulk = crate::nats::connect_bulk(common, service).await?;
         let js = jetstream::new(nats.clone());
-        streams::ensure_streams(&js, &common.namespace).await?;
+        streams::ensure_streams(&js, &common.namespace, common.stream_replicas).await?;
+        crate::nats::ensure_bodies(&js, &common.namespace, common.stream_replicas).await?;
         Ok(Self {
             service,
             common: common.clone(),

@@ -175,7 +175,7 @@ pub async fn ops_nats(url: &str) -> Result<async_nats::Client, async_nats::Conne
         "ops".into(),
         env_or("NATS_OPS_PASSWORD", "dev-ops"),
     )
-    .connect(url)
+    .connect(postmesh_shared::nats::servers(url).expect("NATS_URL"))
     .await
 }
 
@@ -209,6 +209,9 @@ pub fn common_of(ns: Namespace, services: &[Service]) -> Common {
         namespace: ns,
         nats_url: nats_url(),
         nats_password: None,
+        stream_replicas: config::NATS_STREAM_REPLICAS
+            .parse()
+            .expect("NATS_STREAM_REPLICAS"),
         redis_url: config::REDIS_URL.string(),
         database_url: config::DATABASE_URL.string(),
         database_password: None,

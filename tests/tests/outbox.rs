@@ -26,7 +26,7 @@ async fn setup() -> (
         .unwrap();
     let js = async_nats::jetstream::new(nats.clone());
     let ns = &store.common.namespace;
-    postmesh_shared::jetstream::ensure_streams(&js, ns)
+    postmesh_shared::jetstream::ensure_streams(&js, ns, 1)
         .await
         .unwrap();
     let sub = nats.subscribe(Stream::Send.subject(ns)).await.unwrap();

@@ -104,29 +104,40 @@ impl Stream {
         ns.subject(self.spec().subjects)
     }
 
-    /// Creates the stream unless it exists; returns it.
+    /// Creates the stream with `replicas` unless it exists; returns it. An existing stream
+    /// keeps its replicas, with a warning when they differ (see `docs/decisions.md`).
     pub async fn ensure(
-        self, js: &jetstream::Context, ns: &Namespace,
+        self, js: &jetstream::Context, ns: &Namespace, replicas: usize,
     ) -> anyhow::Result<stream::Stream> {
         let spec = self.spec();
-        js.get_or_create_stream(stream::Config {
-            name: self.name(ns),
-            subjects: vec![self.subject(ns)],
-            retention: spec.retention,
-            storage: stream::StorageType::File,
-            duplicate_window: DUPLICATE_WINDOW,
-            max_age: MAX_AGE,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("creating stream {}: {e}", self.name(ns)))
+        let name = self.name(ns);
+        let mut stream = js
+            .get_or_create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![self.subject(ns)],
+                retention: spec.retention,
+                storage: stream::StorageType::File,
+                duplicate_window: DUPLICATE_WINDOW,
+                max_age: MAX_AGE,
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("creating stream {name}: {e}"))?;
+        let has = stream.info().await?.config.num_replicas;
+        if has != replicas {
+            tracing::warn!(stream = %name, has, wanted = replicas, "the stream keeps the replicas it has: raising them in place lost acknowledged messages when a leader died after (docs/decisions.md)");
+        }
+        Ok(stream)
     }
 }
 
-/// Creates every stream of the namespace that does not exist yet.
-pub async fn ensure_streams(js: &jetstream::Context, ns: &Namespace) -> anyhow::Result<()> {
+/// Creates every stream of the namespace that does not exist yet, each with `replicas`.
+pub async fn ensure_streams(
+    js: &jetstream::Context, ns: &Namespace, replicas: usize,
+) -> anyhow::Result<()> {
     for stream in Stream::ALL {
-        stream.ensure(js, ns).await?;
+        stream.ensure(js, ns, replicas).await?;
     }
     Ok(())
 }
@@ -184,7 +195,7 @@ mod tests {
         // Postmesh's NATS as its operator, who may publish anywhere (`deploy/nats.conf`).
         let nats =
             async_nats::ConnectOptions::with_user_and_password("ops".into(), "dev-ops".into())
-                .connect(crate::config::NATS_URL.string())
+                .connect(crate::nats::servers(&crate::config::NATS_URL.string()).unwrap())
                 .await
                 .expect("NATS");
         let js = jetstream::new(nats);

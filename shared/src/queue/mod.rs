@@ -100,7 +100,8 @@ struct Worker<S: Stages> {
 pub async fn spawn<S: Stages>(
     rt: &Runtime, stream: Stream, config: QueueConfig, stages: S,
 ) -> anyhow::Result<()> {
-    let js_stream = stream.ensure(&rt.js, &rt.common.namespace).await?;
+    let (ns, replicas) = (&rt.common.namespace, rt.common.stream_replicas);
+    let js_stream = stream.ensure(&rt.js, ns, replicas).await?;
     // Created, or updated to these settings (a changed ack wait takes effect on restart).
     let consumer = js_stream
         .create_consumer(pull::Config {

@@ -15,8 +15,16 @@
 //! - every accepted inbound message stored once and delivered to each endpoint, under one
 //!   `webhook-id` per endpoint.
 //!
+//! With `REPLICAS=2`, every service runs as two processes (the load alternating between the
+//! two gateways) and each process is killed in turn while its twin runs. With
+//! `NATS_CLUSTER=3`, the services use a local three-node NATS cluster
+//! (`deploy/nats-cluster.sh`) with every stream at three replicas, and instead of one NATS
+//! restart the node leading JetStream's meta group is killed and started again, then the
+//! node leading the SEND stream.
+//!
 //! Settings: `SOAK_CALM_MS` (load between faults, default 5000; CI runs 2000), `SOAK_SETTLE_MS`,
-//! `SOAK_DEPS` (`0` skips the dependency restarts, for machines where they are not ours).
+//! `SOAK_DEPS` (`0` skips the dependency restarts, for machines where they are not ours),
+//! `REPLICAS` (1 or more, default 1), `NATS_CLUSTER` (1 or 3, default 1).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -26,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{Common, Service};
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{
@@ -78,18 +87,32 @@ async fn main() {
     let settle = Duration::from_millis(env_u64("SOAK_SETTLE_MS", 3000));
     let calm = Duration::from_millis(env_u64("SOAK_CALM_MS", 5000));
     let with_deps = std::env::var("SOAK_DEPS").map_or(true, |v| v != "0");
+    let replicas = env_u64("REPLICAS", 1).max(1) as usize;
+    let cluster = env_u64("NATS_CLUSTER", 1);
+    assert!(matches!(cluster, 1 | 3), "NATS_CLUSTER is 1 or 3");
 
     let _ = std::fs::remove_dir_all(logs());
     std::fs::create_dir_all(logs()).expect("var/soak");
-    let common = common(fresh_namespace());
-    let gateway_addr = free_port();
-    let base = format!("http://{gateway_addr}");
-    let stack = Stack::attach(common.clone(), base.clone());
-    let mut procs = fleet(&common, &stack, gateway_addr);
+    let mut common = common(fresh_namespace());
+    if cluster == 3 {
+        nats_cluster(&["start"]).await;
+        common.nats_url = nats_cluster(&["url"]).await;
+        common.stream_replicas = 3;
+    }
+    let gateways: Vec<SocketAddr> = (0..replicas).map(|_| free_port()).collect();
+    let bases: Vec<String> = gateways.iter().map(|a| format!("http://{a}")).collect();
+    let stack = Stack::attach(common.clone(), bases[0].clone());
+    let mut procs = fleet(&common, &stack, &gateways);
     for p in &mut procs {
         start(p, &stack).await;
     }
-    eprintln!("soak: six services up in namespace {:?}", common.namespace);
+    eprintln!(
+        "soak: six services up, {replicas} process(es) each, in namespace {:?} on {}",
+        common.namespace, common.nats_url
+    );
+    if cluster == 3 {
+        replicated(&stack, &common).await;
+    }
 
     let key = stack.key(GRANT).await;
     let receivers = [Receiver::start().await, Receiver::start().await];
@@ -115,7 +138,8 @@ async fn main() {
         .expect("client");
     let load = Load {
         http,
-        base: base.clone(),
+        bases: Arc::new(bases),
+        turn: Arc::default(),
         key: key.clone(),
         journal: journal.clone(),
         stop: stop.clone(),
@@ -160,8 +184,28 @@ async fn main() {
         });
         tokio::time::sleep(calm.max(settle)).await;
     }
+    if cluster == 3 {
+        for leading in ["meta", "SEND"] {
+            let node = leader(&stack, &common, leading).await;
+            let from = Instant::now();
+            nats_cluster(&["stop-node", &node]).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            nats_cluster(&["start-node", &node]).await;
+            eprintln!(
+                "soak: NATS node {node}, the {leading} leader, killed and back in {:?}",
+                from.elapsed()
+            );
+            windows.push(Window {
+                part: format!("nats {leading} leader"),
+                from,
+                to: Instant::now() + settle,
+            });
+            tokio::time::sleep(calm.max(settle)).await;
+        }
+    }
     if with_deps {
-        for dep in ["postgres", "redis", "nats"] {
+        let nats = if cluster == 3 { None } else { Some("nats") };
+        for dep in ["postgres", "redis"].into_iter().chain(nats) {
             let from = Instant::now();
             let status = tokio::process::Command::new("./deploy/restart-dep.sh")
                 .arg(dep)
@@ -205,6 +249,9 @@ async fn main() {
         }
     }
     stack.shutdown().await;
+    if cluster == 3 {
+        nats_cluster(&["stop"]).await;
+    }
     eprintln!("soak: the services' logs are in var/soak/");
     if failures.is_empty() {
         eprintln!("soak: every count held");
@@ -217,20 +264,83 @@ async fn main() {
     }
 }
 
-/// The six services' settings, in start order (the gateway last, at `gateway_addr`).
-fn fleet(common: &Common, stack: &Stack, gateway_addr: SocketAddr) -> Vec<Proc> {
+/// Runs `deploy/nats-cluster.sh` with `args`; what it printed.
+async fn nats_cluster(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("./deploy/nats-cluster.sh")
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .await
+        .expect("nats-cluster.sh runs");
+    assert!(
+        out.status.success(),
+        "nats-cluster.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Fails the soak unless every stream of the namespace has the replicas the services were
+/// given.
+async fn replicated(stack: &Stack, common: &Common) {
+    let js = stack.jetstream().await;
+    for stream in Stream::ALL {
+        let name = stream.name(&common.namespace);
+        let mut found = js.get_stream(&name).await.expect("the stream");
+        let info = found.info().await.expect("stream info");
+        assert_eq!(
+            info.config.num_replicas, common.stream_replicas,
+            "{name}'s replicas"
+        );
+        let cluster = info.cluster.as_ref().expect("a clustered stream");
+        assert_eq!(
+            1 + cluster.replicas.len(),
+            common.stream_replicas,
+            "{name}'s peers: {cluster:?}"
+        );
+    }
+    eprintln!("soak: every stream has {} replicas", common.stream_replicas);
+}
+
+/// The node (`1`-`3`) leading JetStream's `meta` group, or the stream named `leading`.
+async fn leader(stack: &Stack, common: &Common, leading: &str) -> String {
+    let name = if leading == "meta" {
+        // What the monitoring endpoint of a node reports (node 1's: every node is up here).
+        let jsz: Value = reqwest::get("http://127.0.0.1:8231/jsz")
+            .await
+            .expect("/jsz")
+            .json()
+            .await
+            .expect("/jsz JSON");
+        jsz["meta_cluster"]["leader"]
+            .as_str()
+            .expect("a meta leader")
+            .to_owned()
+    } else {
+        let js = stack.jetstream().await;
+        let mut stream = js
+            .get_stream(Stream::Send.name(&common.namespace))
+            .await
+            .expect("SEND");
+        let info = stream.info().await.expect("SEND's info");
+        info.cluster
+            .as_ref()
+            .and_then(|c| c.leader.clone())
+            .expect("SEND's leader")
+    };
+    name.trim_start_matches('n').to_owned()
+}
+
+/// The six services' settings, in start order (the gateways last, at `gateways`), each
+/// service as many times as there are gateways.
+fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
     let opts = Options::default();
     let mut dispatcher = dispatcher_config(common);
     dispatcher.delivery.retry_schedule = [1, 2, 5, 10, 20]
         .into_iter()
         .map(Duration::from_secs)
         .collect();
-    let gateway = api_gateway::Config {
-        http_addr: gateway_addr,
-        public_base_url: format!("http://{gateway_addr}"),
-        ..gateway_config(common, opts.rate)
-    };
-    let settings = [
+    let backends = [
         (
             billing::SERVICE,
             billing_config(common, opts.stripe).to_env(),
@@ -242,10 +352,20 @@ fn fleet(common: &Common, stack: &Stack, gateway_addr: SocketAddr) -> Vec<Proc> 
         (inbound_ingest::SERVICE, inbound_config(common).to_env()),
         (webhook_dispatcher::SERVICE, dispatcher.to_env()),
         (sender::SERVICE, stack.sender_config().to_env()),
-        (api_gateway::SERVICE, gateway.to_env()),
     ];
-    settings
+    let gateways = gateways.iter().map(|addr| {
+        let config = api_gateway::Config {
+            http_addr: *addr,
+            public_base_url: format!("http://{addr}"),
+            ..gateway_config(common, opts.rate)
+        };
+        (api_gateway::SERVICE, config.to_env())
+    });
+    let replicas = gateways.len();
+    backends
         .into_iter()
+        .flat_map(|backend| std::iter::repeat_n(backend, replicas))
+        .chain(gateways)
         .map(|(service, mut env)| {
             let admin = free_port();
             env.retain(|(name, _)| *name != "ADMIN_ADDR");
@@ -277,11 +397,13 @@ async fn start(p: &mut Proc, stack: &Stack) {
     stack.wait_ready(p.admin).await;
 }
 
-/// The load: one client, the key, where answers are written, and when to stop.
+/// The load: one client, the gateways it takes in turn, the key, where answers are written,
+/// and when to stop.
 #[derive(Clone)]
 struct Load {
     http: reqwest::Client,
-    base: String,
+    bases: Arc<Vec<String>>,
+    turn: Arc<std::sync::atomic::AtomicUsize>,
     key: String,
     journal: Shared<Journal>,
     stop: Arc<AtomicBool>,
@@ -297,7 +419,8 @@ impl Load {
     async fn post(
         &self, op: &'static str, path: &str, body: &Value, inbound: bool, idem: Option<&str>,
     ) -> (Outcome, Value) {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        let base = &self.bases[self.turn.fetch_add(1, Ordering::Relaxed) % self.bases.len()];
+        let mut req = self.http.post(format!("{base}{path}")).json(body);
         if let Some(idem) = idem {
             req = req.header("idempotency-key", idem);
         }

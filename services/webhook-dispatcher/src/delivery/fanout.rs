@@ -92,9 +92,9 @@ pub trait Source: Send + Sync + 'static {
 /// messages, [`BATCHES`] at once; fan-outs in progress finish first. A batch unacknowledged
 /// for `ack_wait` (its dispatcher died) is handed out again.
 pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> anyhow::Result<()> {
-    let ns = &rt.common.namespace;
-    Stream::Webhook.ensure(&rt.js, ns).await?;
-    let stream = S::STREAM.ensure(&rt.js, ns).await?;
+    let (ns, replicas) = (&rt.common.namespace, rt.common.stream_replicas);
+    Stream::Webhook.ensure(&rt.js, ns, replicas).await?;
+    let stream = S::STREAM.ensure(&rt.js, ns, replicas).await?;
     // Created, or updated to these settings (a changed ack wait takes effect on restart).
     let consumer = stream
         .create_consumer(pull::Config {
