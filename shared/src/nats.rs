@@ -395,6 +395,13 @@ impl ServiceHost {
                 }
             }));
         }
+        // A round trip through the server (as at the stop below): once it answers, the server
+        // has applied the subscriptions sent before it, so the service is not reported ready
+        // while a request to it would still find no responder.
+        self.client
+            .request("$JS.API.INFO", Bytes::new())
+            .await
+            .map_err(|e| anyhow::anyhow!("NATS round trip after subscribing: {e}"))?;
         let client = self.client.clone();
         tracker.spawn(async move {
             shutdown.cancelled().await;

@@ -163,6 +163,11 @@ async fn a_body_too_large_for_nats_travels_by_claim_check() {
     };
     let (client, bulk) = (connect().await, connect().await);
     let (host, host_bulk) = (connect().await, connect().await);
+    // The bucket every service makes at its start.
+    let js = async_nats::jetstream::new(client.clone());
+    nats::ensure_bodies(&js, &ns, 1)
+        .await
+        .expect("the body bucket");
     let upload_route = RouteSpec {
         method: HttpMethod::Post,
         path: "/upload",
