@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -87,10 +87,20 @@ pub fn shutdown() {
     }
 }
 
+/// Bucket bounds (seconds) of every `*_seconds` histogram.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 /// The process-wide Prometheus recorder.
 pub fn metrics_handle() -> &'static PrometheusHandle {
     METRICS.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        // Latencies as histograms, so a p99 can be taken across replicas
+        // (`histogram_quantile` over `_bucket`, as k8s/observability's rules do).
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .expect("latency buckets")
+            .build_recorder();
         let handle = recorder.handle();
         let _ = metrics::set_global_recorder(recorder);
         handle

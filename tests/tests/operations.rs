@@ -143,6 +143,8 @@ async fn each_service_process_counts_its_own_work() {
             Service::ApiGateway,
             &[
                 "postmesh_http_requests_total{route=\"/balance\"".into(),
+                // Buckets: the alert rules take a p99 across replicas from them.
+                "postmesh_http_request_seconds_bucket{route=\"/balance\"".into(),
                 "postmesh_codes_sent_total".into(),
             ],
             &["postmesh_nats_requests_total".into()],
