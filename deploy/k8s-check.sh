@@ -40,6 +40,19 @@ ensure_validator() {
   pytool kubernetes-validate "$KUBERNETES_VALIDATE_VERSION"
 }
 
+# promtool checks the alert rules' PromQL when it is there or installs (Debian's prometheus).
+ensure_promtool() {
+  if command -v promtool >/dev/null 2>&1; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing promtool (the Debian package prometheus)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 &&
+        apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; } || true
+  fi
+  command -v promtool >/dev/null 2>&1
+}
+
 ensure_kubectl
 ensure_validator
 VENV="$(dirname "$PYTOOL_BIN")"
@@ -68,6 +81,7 @@ for overlay in $OVERLAYS; do
   # Splits the render (built-in kinds to builtin.yaml) and checks everything that is not a
   # built-in schema's business: the CRDs and Postmesh's own rules.
   if ! "$VENV/bin/python" - "$overlay" "$out" <<'PY'; then
+import json
 import pathlib
 import re
 import sys
@@ -86,7 +100,7 @@ def err(msg):
 
 
 # Kinds from outside Kubernetes that this script checks itself.
-CRDS = {("keda.sh/v1alpha1", "ScaledObject")}
+CRDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 BUILTIN_GROUPS = re.compile(
     r"^(v1|(apps|batch|autoscaling|policy|networking\.k8s\.io|rbac\.authorization\.k8s\.io"
     r"|storage\.k8s\.io|scheduling\.k8s\.io|coordination\.k8s\.io|discovery\.k8s\.io)/v\w+)$")
@@ -275,6 +289,218 @@ def check_scaledobjects():
 
 check_scaledobjects()
 
+# Every series a rule or the dashboard may name: the services' own (metrics::counter! etc.
+# in the code; a *_seconds histogram also as _bucket, _sum and _count) and the NATS
+# exporter's that k8s/overlays/prod/nats.yaml runs (-varz -jsz=all -healthz).
+code = "\n".join(p.read_text() for d in ("services", "shared") for p in pathlib.Path(d).rglob("*.rs"))
+own = set(re.findall(r'metrics::(?:counter|histogram|gauge)!\(\s*"(postmesh_[a-z_]+)"', code))
+series = set(own)
+for name in own:
+    if name.endswith("_seconds"):
+        series.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+series.update({"jetstream_consumer_num_pending", "jetstream_server_total_streams",
+               "gnatsd_healthz_status", "gnatsd_varz_routes"})
+if len(own) < 5:
+    err(f"found only {len(own)} metrics in the code: {sorted(own)}")
+
+
+def check_expr(where, expr):
+    """A PromQL expression's brackets balance and each series it names exists."""
+    depth = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    quoted = None
+    for ch in expr:
+        if quoted:
+            quoted = None if ch == quoted else quoted
+        elif ch in "\"'`":
+            quoted = ch
+        elif ch in "([{":
+            depth.append(ch)
+        elif ch in pairs:
+            if not depth or depth.pop() != pairs[ch]:
+                err(f"{where}: unbalanced {ch!r} in {expr}")
+                return
+    if depth or quoted:
+        err(f"{where}: unclosed brackets or quotes in {expr}")
+    unquoted = re.sub(r'"[^"]*"', '""', expr)
+    for name in set(re.findall(r"\b((?:postmesh|jetstream|gnatsd)_[a-z_]+)\b", unquoted)):
+        if name not in series:
+            err(f"{where}: no service or exporter produces {name}")
+
+
+def check_prometheusrules():
+    rule = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["alert", "expr", "labels", "annotations"],
+        "properties": {
+            "alert": {"type": "string", "pattern": "^[A-Z][A-Za-z0-9]+$"},
+            "expr": {"type": "string", "minLength": 1},
+            "for": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+            "labels": {
+                "type": "object",
+                "required": ["severity"],
+                "properties": {"severity": {"enum": ["warning", "critical"]}},
+                "additionalProperties": {"type": "string"},
+            },
+            "annotations": {
+                "type": "object",
+                "required": ["summary", "description"],
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    }
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PrometheusRule"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["groups"],
+                "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "rules"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "interval": {"type": "string"},
+                        "rules": {"type": "array", "minItems": 1, "items": rule},
+                    },
+                }}},
+            },
+        },
+    }
+    groups = []
+    for pr in (d for d in crds if d["kind"] == "PrometheusRule"):
+        name = pr["metadata"]["name"]
+        for e in jsonschema.Draft202012Validator(schema).iter_errors(pr):
+            where = ".".join(str(p) for p in e.absolute_path)
+            err(f"PrometheusRule {name}: {where}: {e.message}")
+        for g in pr.get("spec", {}).get("groups", []):
+            groups.append(g)
+            for r in g.get("rules", []):
+                check_expr(f"PrometheusRule {name}: {r.get('alert')}", r.get("expr", ""))
+        notes.append(f"PrometheusRule {name} (Prometheus Operator CRD): checked by this script's own schema and series")
+    # For promtool, when the machine has it (the shell part runs it).
+    (out / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False) if groups else "")
+    return groups
+
+
+def check_dashboards():
+    for cm in objs("ConfigMap"):
+        if cm["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+            continue
+        for key, text in cm.get("data", {}).items():
+            where = f"ConfigMap {cm['metadata']['name']}: {key}"
+            try:
+                dash = json.loads(text)
+            except ValueError as e:
+                err(f"{where}: not JSON: {e}")
+                continue
+            for field in ("uid", "title", "panels", "schemaVersion"):
+                if field not in dash:
+                    err(f"{where}: no {field}")
+            ids = [p.get("id") for p in dash.get("panels", [])]
+            if len(ids) != len(set(ids)) or None in ids:
+                err(f"{where}: panel ids must be present and unique")
+            for p in dash.get("panels", []):
+                if not {"title", "type", "gridPos", "targets"} <= set(p):
+                    err(f"{where}: panel {p.get('id')} needs title, type, gridPos and targets")
+                for t in p.get("targets", []):
+                    check_expr(f"{where}: panel {p.get('title')!r}", t.get("expr", ""))
+            notes.append(f"{where}: Grafana dashboard, {len(ids)} panels checked")
+
+
+def check_cluster():
+    """The prod overlay's NATS cluster, its disruption budget, spreads and scalers."""
+    sts = named("StatefulSet", "nats")
+    if not sts:
+        err("prod: no StatefulSet nats")
+        return
+    replicas = sts["spec"].get("replicas", 1)
+    if replicas != 3:
+        err(f"StatefulSet nats: {replicas} replicas, a JetStream cluster here has 3")
+    if sts["spec"].get("podManagementPolicy") != "Parallel":
+        err("StatefulSet nats: podManagementPolicy must be Parallel (a quorum needs two to start)")
+    pod = sts["spec"]["template"]
+    args = next(c for c in pod["spec"]["containers"] if c["name"] == "nats").get("args", [])
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
+    routes = set(opts.get("--routes", "").split(","))
+    want = {f"nats://nats-{i}.nats:6222" for i in range(replicas)}
+    if routes != want:
+        err(f"StatefulSet nats: --routes {sorted(routes)}, not every pod's {sorted(want)}")
+    for flag in ("--cluster", "--cluster_name", "--store_dir"):
+        if flag not in opts:
+            err(f"StatefulSet nats: no {flag}")
+    if "--jetstream" not in args or opts.get("--name") != "$(POD_NAME)":
+        err("StatefulSet nats: needs --jetstream and --name=$(POD_NAME) (KEDA asks leaders by server name)")
+    svc = named("Service", "nats")
+    if not svc or svc["spec"].get("clusterIP") != "None":
+        err("Service nats must be headless (the routes and KEDA resolve each pod's name)")
+    nats_labels = pod["metadata"]["labels"]
+
+    def zone_spread(spec, labels, strict):
+        for t in spec.get("topologySpreadConstraints", []):
+            if t.get("topologyKey") != "topology.kubernetes.io/zone":
+                continue
+            if strict and t.get("whenUnsatisfiable") != "DoNotSchedule":
+                continue
+            sel = t.get("labelSelector", {})
+            keys = t.get("matchLabelKeys", [])
+            plain = all(labels.get(k) == v for k, v in sel.get("matchLabels", {}).items())
+            exprs = all(e.get("operator") == "Exists" and e["key"] in labels
+                        for e in sel.get("matchExpressions", []))
+            if plain and exprs and (sel.get("matchLabels") or keys) and all(k in labels for k in keys):
+                return True
+        return False
+
+    if not zone_spread(pod["spec"], nats_labels, True):
+        err("StatefulSet nats: needs a zone spread with DoNotSchedule that selects its pods")
+    budgets = [p for p in objs("PodDisruptionBudget")
+               if all(nats_labels.get(k) == v for k, v in p["spec"]["selector"].get("matchLabels", {}).items())]
+    if not any(p["spec"].get("maxUnavailable") == 1 for p in budgets):
+        err("StatefulSet nats: needs a PodDisruptionBudget with maxUnavailable: 1 (a drain takes one server)")
+    if config.get("NATS_STREAM_REPLICAS") != str(replicas):
+        err(f"NATS_STREAM_REPLICAS is {config.get('NATS_STREAM_REPLICAS')!r}, not the {replicas} NATS servers")
+    endpoint = f"nats.{sts['metadata'].get('namespace')}.svc.cluster.local:8222"
+    for so in (d for d in crds if d["kind"] == "ScaledObject"):
+        for trig in so["spec"].get("triggers", []):
+            got = trig.get("metadata", {}).get("natsServerMonitoringEndpoint")
+            if trig.get("type") == "nats-jetstream" and got != endpoint:
+                err(f"ScaledObject {so['metadata']['name']}: natsServerMonitoringEndpoint {got}, not {endpoint}")
+    for svc_name in sorted(ports):
+        dep = named("Deployment", svc_name)
+        if not dep:
+            continue
+        labels = dep["spec"]["template"]["metadata"].get("labels", {})
+        if not zone_spread(dep["spec"]["template"]["spec"], labels, False):
+            err(f"Deployment {svc_name}: needs a zone spread that selects its own pods")
+        for p in objs("PodDisruptionBudget"):
+            sel = p["spec"]["selector"].get("matchLabels", {})
+            if sel and all(labels.get(k) == v for k, v in sel.items()) and p["spec"].get("maxUnavailable") != 1:
+                err(f"PodDisruptionBudget {p['metadata']['name']}: maxUnavailable must be 1")
+        least = [h["spec"].get("minReplicas", 1) for h in objs("HorizontalPodAutoscaler")
+                 if h["spec"]["scaleTargetRef"]["name"] == svc_name]
+        least += [so["spec"].get("minReplicaCount", 0) for so in crds
+                  if so["kind"] == "ScaledObject" and so["spec"]["scaleTargetRef"]["name"] == svc_name]
+        if not least or min(least) < 2:
+            err(f"Deployment {svc_name}: its autoscaler must keep at least 2 replicas (a drain takes one)")
+    for worker in ("sender", "webhook-dispatcher"):
+        if not any(so["kind"] == "ScaledObject" and so["spec"]["scaleTargetRef"]["name"] == worker
+                   and any(t["type"] == "nats-jetstream" for t in so["spec"]["triggers"]) for so in crds):
+            err(f"Deployment {worker}: a queue worker needs a ScaledObject on its consumer's lag")
+
+
+check_prometheusrules()
+check_dashboards()
+if overlay == "prod":
+    check_cluster()
+
 restricted = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -385,6 +611,19 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
     failed=1
+  fi
+  if [ -s "$out/rules.yaml" ]; then
+    if ensure_promtool; then
+      if promtool check rules "$out/rules.yaml" >"$out/promtool.log" 2>&1; then
+        log "$overlay: promtool check rules: $(grep -c 'SUCCESS' "$out/promtool.log") file(s) valid"
+      else
+        sed "s|$out/||" "$out/promtool.log" >&2
+        log "$overlay: promtool check rules: FAILED"
+        failed=1
+      fi
+    else
+      log "$overlay: note: promtool is not available: the rules were checked by schema and series only"
+    fi
   fi
   [ -s "$out/builtin.yaml" ] || continue
 
