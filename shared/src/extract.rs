@@ -135,6 +135,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // No text column holds a NUL: refused here rather than a 500 from the database.
+        if parts.uri.query().is_some_and(|q| {
+            q.as_bytes()
+                .windows(3)
+                .any(|w| w[0] == b'%' && w[1] == b'0' && w[2] == b'0')
+        }) {
+            return Err(ApiError::BadRequest(
+                "invalid query: a parameter holds a NUL character".into(),
+            ));
+        }
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Self(q.0))

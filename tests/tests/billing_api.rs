@@ -34,6 +34,14 @@ async fn balance_deduct_and_logs_answer_in_the_spec_shapes() {
     assert_eq!(entry.kind, EntryKind::Charge);
     assert_eq!(entry.amount_deducted, 1.0);
     assert_eq!(entry.target_email.as_deref(), Some("a@example.com"));
+    let nul: ErrorBody = client
+        .post(
+            "/deduct",
+            &json!({ "idempotencyKey": "a\u{0}b" }),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+    assert!(nul.error.contains("NUL"), "{}", nul.error);
     for bad in ["/logs?limit=0", "/logs?offset=-1"] {
         let e: ErrorBody = client.get(bad, StatusCode::BAD_REQUEST).await;
         assert!(!e.success);

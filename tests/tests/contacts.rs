@@ -254,4 +254,9 @@ async fn stored_json_reads_back_whatever_its_numbers_and_text_holding_nul_is_ref
             .await;
         assert!(refused.error.contains("NUL"), "{kind}: {}", refused.error);
     }
+    // Nor a query parameter (the API check found `?email=` with one answered 500).
+    for path in ["/contacts?email=a%00b%40example.com", "/contacts?tag=a%00"] {
+        let refused: ErrorBody = client.get(path, StatusCode::BAD_REQUEST).await;
+        assert!(refused.error.contains("NUL"), "{path}: {}", refused.error);
+    }
 }

@@ -48,6 +48,12 @@ pub(crate) async fn deduct(
                 "idempotencyKey must be 1-100 chars".into(),
             ))
         }
+        // No text column holds a NUL (the API check found one answered 500).
+        Some(k) if k.contains('\0') => {
+            return Err(ApiError::BadRequest(
+                "idempotencyKey may not hold a NUL character".into(),
+            ))
+        }
         Some(k) => format!("deduct:{k}"),
         None => format!("deduct:{}", uuid::Uuid::new_v4()),
     };

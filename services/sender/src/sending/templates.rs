@@ -49,8 +49,9 @@ pub struct NewTemplate {
 impl PartialSchema for NewTemplate {
     fn schema() -> RefOr<Schema> {
         let body = || {
-            schema::or_null(ObjectBuilder::new().max_length(Some(MAX_BODY_BYTES)))
-                .description(Some("At most 512 KiB of UTF-8."))
+            // A limit in bytes, which `maxLength` (characters) cannot state: described only.
+            schema::or_null(ObjectBuilder::new())
+                .description(Some("At most 512 KiB of UTF-8 (bytes, not characters)."))
         };
         let given = |field: &str| {
             ObjectBuilder::new()
