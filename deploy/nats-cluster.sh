@@ -7,9 +7,15 @@
 #   nats-cluster.sh stop-node N    stop node N (1-3) with SIGKILL
 #   nats-cluster.sh start-node N   start node N again
 #   nats-cluster.sh url            the NATS_URL listing every node
+#   nats-cluster.sh partition S    cuts node 3 off from the other two and from every client
+#                                  for S seconds, then heals it
 #
-# Node N listens for clients on 127.0.0.1:423N, for routes on 623N, serves monitoring
-# (/varz, /jsz) on 823N and keeps its JetStream data in var/nats-cluster/nN.
+# Node N listens for clients on 423N, for routes on 623N, serves monitoring (/varz, /jsz)
+# on 823N and keeps its JetStream data in var/nats-cluster/nN. Nodes 1 and 2 listen on
+# 127.0.0.1; node 3 runs in a network namespace of its own (pm-nats3), joined to this one by
+# a veth pair (10.231.0.1 here, 10.231.0.2 there), so that taking its end of the pair down
+# partitions it. Making the namespace needs root; without it node 3 listens on 127.0.0.1
+# too and `partition` refuses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,13 +24,39 @@ NODES=(1 2 3)
 
 log() { echo "nats-cluster: $*" >&2; }
 
+NETNS=pm-nats3
+HOST_IP=10.231.0.1
+NODE3_IP=10.231.0.2
+
+# Node 3's namespace and its veth pair, unless they are there; false when they cannot be.
+ensure_netns() {
+  if ip netns list 2>/dev/null | grep -qw "$NETNS"; then return 0; fi
+  [ "$(id -u)" = 0 ] || return 1
+  ip netns add "$NETNS" 2>/dev/null || return 1
+  ip link add pm-nats3h type veth peer name pm-nats3n &&
+    ip link set pm-nats3n netns "$NETNS" &&
+    ip addr add "$HOST_IP/24" dev pm-nats3h && ip link set pm-nats3h up &&
+    ip netns exec "$NETNS" ip addr add "$NODE3_IP/24" dev pm-nats3n &&
+    ip netns exec "$NETNS" ip link set pm-nats3n up &&
+    ip netns exec "$NETNS" ip link set lo up || { ip netns del "$NETNS"; return 1; }
+}
+
+isolated() { ip netns list 2>/dev/null | grep -qw "$NETNS"; }
+
+# The address node N is reached at, by clients and by the other nodes.
+addr() { if [ "$1" = 3 ] && isolated; then echo "$NODE3_IP"; else echo 127.0.0.1; fi; }
+# Where nodes reach each other's routes: through the pair when node 3 is isolated.
+route_addr() {
+  if ! isolated; then echo 127.0.0.1; elif [ "$1" = 3 ]; then echo "$NODE3_IP"; else echo "$HOST_IP"; fi
+}
+
 client_port() { echo "423$1"; }
 route_port() { echo "623$1"; }
 monitor_port() { echo "823$1"; }
 
 url() {
   local urls=()
-  for n in "${NODES[@]}"; do urls+=("nats://127.0.0.1:$(client_port "$n")"); done
+  for n in "${NODES[@]}"; do urls+=("nats://$(addr "$n"):$(client_port "$n")"); done
   (IFS=,; echo "${urls[*]}")
 }
 
@@ -41,16 +73,22 @@ start_node() {
   if running "$n"; then return; fi
   command -v nats-server >/dev/null || { log "nats-server is not installed (deploy/deps.sh installs it)"; exit 1; }
   mkdir -p "$VAR/n$n"
-  local routes=()
+  local routes=() run=() listen
   for m in "${NODES[@]}"; do
-    [ "$m" = "$n" ] || routes+=("nats-route://127.0.0.1:$(route_port "$m")")
+    [ "$m" = "$n" ] || routes+=("nats-route://$(route_addr "$m"):$(route_port "$m")")
   done
-  setsid nats-server -c "$PWD/deploy/nats.conf" -n "n$n" -a 127.0.0.1 -p "$(client_port "$n")" \
-    -m "$(monitor_port "$n")" -js -sd "$VAR/n$n" --cluster_name postmesh-local \
-    --cluster "nats://127.0.0.1:$(route_port "$n")" --routes "$(IFS=,; echo "${routes[*]}")" \
+  # Nodes 1 and 2 take routes on every address (node 3 comes through the pair).
+  listen="$(route_addr "$n")"
+  [ "$listen" = "$HOST_IP" ] && listen=0.0.0.0
+  if [ "$n" = 3 ] && isolated; then run=(ip netns exec "$NETNS"); fi
+  setsid "${run[@]}" nats-server -c "$PWD/deploy/nats.conf" -n "n$n" -a "$(addr "$n")" \
+    -p "$(client_port "$n")" -m "$(monitor_port "$n")" -js -sd "$VAR/n$n" \
+    --cluster_name postmesh-local --cluster "nats://$listen:$(route_port "$n")" \
+    --cluster_advertise "$(route_addr "$n"):$(route_port "$n")" \
+    --routes "$(IFS=,; echo "${routes[*]}")" \
     -P "$VAR/n$n.pid" >>"$VAR/n$n.log" 2>&1 </dev/null &
   for _ in $(seq 1 100); do
-    curl -sf "http://127.0.0.1:$(monitor_port "$n")/varz" >/dev/null 2>&1 && return
+    curl -sf "http://$(addr "$n"):$(monitor_port "$n")/varz" >/dev/null 2>&1 && return
     sleep 0.1
   done
   log "node $n did not come up; see $VAR/n$n.log"
@@ -71,7 +109,7 @@ stop_node() {
 wait_leader() {
   for _ in $(seq 1 200); do
     for n in "${NODES[@]}"; do
-      if running "$n" && curl -sf "http://127.0.0.1:$(monitor_port "$n")/jsz" 2>/dev/null \
+      if running "$n" && curl -sf "http://$(addr "$n"):$(monitor_port "$n")/jsz" 2>/dev/null \
         | grep -q '"leader": *"n[0-9]"'; then
         return
       fi
@@ -85,6 +123,7 @@ wait_leader() {
 case "${1:-}" in
   start)
     mkdir -p "$VAR"
+    ensure_netns || log "no network namespace (needs root): node 3 on 127.0.0.1, no partition"
     for n in "${NODES[@]}"; do start_node "$n"; done
     wait_leader
     log "three nodes up: $(url)"
@@ -93,5 +132,13 @@ case "${1:-}" in
   stop-node) stop_node "${2:?node 1-3}" ;;
   start-node) start_node "${2:?node 1-3}"; wait_leader ;;
   url) url ;;
-  *) echo "usage: $0 start|stop|stop-node N|start-node N|url" >&2; exit 2 ;;
+  partition)
+    isolated || { log "node 3 is not in a namespace of its own: no partition here"; exit 1; }
+    ip netns exec "$NETNS" ip link set pm-nats3n down
+    sleep "${2:?seconds}"
+    ip netns exec "$NETNS" ip link set pm-nats3n up
+    wait_leader
+    ;;
+  can-partition) isolated ;;
+  *) echo "usage: $0 start|stop|stop-node N|start-node N|url|partition S|can-partition" >&2; exit 2 ;;
 esac

@@ -20,7 +20,8 @@
 //! `NATS_CLUSTER=3`, the services use a local three-node NATS cluster
 //! (`deploy/nats-cluster.sh`) with every stream at three replicas, and instead of one NATS
 //! restart the node leading JetStream's meta group is killed and started again, then the
-//! node leading the SEND stream.
+//! node leading the SEND stream; then node 3 is cut off from the other two and from every
+//! client for 10 s (a network namespace of its own, `deploy/nats-cluster.sh partition`).
 //!
 //! Settings: `SOAK_CALM_MS` (load between faults, default 5000; CI runs 2000), `SOAK_SETTLE_MS`,
 //! `SOAK_DEPS` (`0` skips the dependency restarts, for machines where they are not ours),
@@ -202,6 +203,22 @@ async fn main() {
             });
             tokio::time::sleep(calm.max(settle)).await;
         }
+        if nats_cluster_can_partition().await {
+            let from = Instant::now();
+            nats_cluster(&["partition", "10"]).await;
+            eprintln!(
+                "soak: NATS node 3 cut off from the others and every client, healed after {:?}",
+                from.elapsed()
+            );
+            windows.push(Window {
+                part: "nats partition".into(),
+                from,
+                to: Instant::now() + settle,
+            });
+            tokio::time::sleep(calm.max(settle)).await;
+        } else {
+            eprintln!("soak: no network namespace for node 3 here (needs root): the partition is left out");
+        }
     }
     if with_deps {
         let nats = if cluster == 3 { None } else { Some("nats") };
@@ -278,6 +295,16 @@ async fn nats_cluster(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether `deploy/nats-cluster.sh` can cut node 3 off (it runs in a namespace of its own).
+async fn nats_cluster_can_partition() -> bool {
+    tokio::process::Command::new("./deploy/nats-cluster.sh")
+        .arg("can-partition")
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
 }
 
 /// Fails the soak unless every stream of the namespace has the replicas the services were
