@@ -175,6 +175,21 @@ for hpa in objs("HorizontalPodAutoscaler"):
     autoscaled.setdefault((ref["kind"], ref["name"]), []).append(f"HPA {hpa['metadata']['name']}")
 
 
+def crd_schema(api_version, kind, spec, metadata=None):
+    """A strict schema of one object of a CRD: apiVersion, kind, metadata and spec."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": metadata or {"type": "object"},
+            "spec": spec,
+        },
+    }
+
+
 def check_scaledobjects():
     trigger_meta = {
         "nats-jetstream": {
@@ -194,67 +209,62 @@ def check_scaledobjects():
     }
     # A strict subset of KEDA's keda.sh/v1alpha1 ScaledObject: the fields used here. KEDA
     # wants trigger metadata values as strings.
-    schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "keda.sh/v1alpha1"},
-            "kind": {"const": "ScaledObject"},
-            "metadata": {
-                "type": "object",
-                "required": ["name"],
-                "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                    "namespace": {"type": "string"},
-                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    schema = crd_schema(
+        "keda.sh/v1alpha1",
+        "ScaledObject",
+        spec={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                    },
                 },
-            },
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["scaleTargetRef", "triggers"],
-                "properties": {
-                    "scaleTargetRef": {
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
                         "type": "object",
                         "additionalProperties": False,
-                        "required": ["name"],
+                        "required": ["type", "metadata"],
                         "properties": {
-                            "apiVersion": {"type": "string"},
-                            "kind": {"type": "string"},
+                            "type": {"enum": sorted(trigger_meta)},
                             "name": {"type": "string"},
+                            "metricType": {"enum": ["Utilization", "AverageValue", "Value"]},
+                            "metadata": {"type": "object"},
                         },
-                    },
-                    "pollingInterval": {"type": "integer", "minimum": 1},
-                    "cooldownPeriod": {"type": "integer", "minimum": 0},
-                    "minReplicaCount": {"type": "integer", "minimum": 0},
-                    "maxReplicaCount": {"type": "integer", "minimum": 1},
-                    "triggers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["type", "metadata"],
-                            "properties": {
-                                "type": {"enum": sorted(trigger_meta)},
-                                "name": {"type": "string"},
-                                "metricType": {"enum": ["Utilization", "AverageValue", "Value"]},
-                                "metadata": {"type": "object"},
-                            },
-                            "allOf": [
-                                {"if": {"properties": {"type": {"const": t}}},
-                                 "then": {"properties": {"metadata": m}}}
-                                for t, m in trigger_meta.items()
-                            ],
-                        },
+                        "allOf": [
+                            {"if": {"properties": {"type": {"const": t}}},
+                             "then": {"properties": {"metadata": m}}}
+                            for t, m in trigger_meta.items()
+                        ],
                     },
                 },
             },
         },
-    }
+        metadata={
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+    )
     jetstream_rs = pathlib.Path("shared/src/jetstream/mod.rs").read_text()
     streams = set(re.findall(r'name: "([A-Z]+)"', jetstream_rs))
     for so in (d for d in crds if d["kind"] == "ScaledObject"):
@@ -350,31 +360,25 @@ def check_prometheusrules():
             },
         },
     }
-    schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "kind": {"const": "PrometheusRule"},
-            "metadata": {"type": "object"},
-            "spec": {
+    schema = crd_schema(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        spec={
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["groups"],
+            "properties": {"groups": {"type": "array", "minItems": 1, "items": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["groups"],
-                "properties": {"groups": {"type": "array", "minItems": 1, "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "rules"],
-                    "properties": {
-                        "name": {"type": "string"},
-                        "interval": {"type": "string"},
-                        "rules": {"type": "array", "minItems": 1, "items": rule},
-                    },
-                }}},
-            },
+                "required": ["name", "rules"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "interval": {"type": "string"},
+                    "rules": {"type": "array", "minItems": 1, "items": rule},
+                },
+            }}},
         },
-    }
+    )
     groups = []
     for pr in (d for d in crds if d["kind"] == "PrometheusRule"):
         name = pr["metadata"]["name"]
