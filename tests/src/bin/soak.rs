@@ -95,6 +95,7 @@ async fn main() {
     let _ = std::fs::remove_dir_all(logs());
     std::fs::create_dir_all(logs()).expect("var/soak");
     let mut common = common(fresh_namespace());
+    let cluster_guard = (cluster == 3).then_some(ClusterGuard);
     if cluster == 3 {
         nats_cluster(&["start"]).await;
         common.nats_url = nats_cluster(&["url"]).await;
@@ -266,9 +267,7 @@ async fn main() {
         }
     }
     stack.shutdown().await;
-    if cluster == 3 {
-        nats_cluster(&["stop"]).await;
-    }
+    drop(cluster_guard); // before a failure's exit, which runs no destructor
     eprintln!("soak: the services' logs are in var/soak/");
     if failures.is_empty() {
         eprintln!("soak: every count held");
@@ -278,6 +277,19 @@ async fn main() {
         }
         eprintln!("soak: {} checks failed", failures.len());
         std::process::exit(1);
+    }
+}
+
+/// Stops the local NATS cluster when the soak ends, passed or failed (a panic included), so
+/// the next run does not find its ports taken.
+struct ClusterGuard;
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("./deploy/nats-cluster.sh")
+            .arg("stop")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status();
     }
 }
 
@@ -329,32 +341,36 @@ async fn replicated(stack: &Stack, common: &Common) {
     eprintln!("soak: every stream has {} replicas", common.stream_replicas);
 }
 
-/// The node (`1`-`3`) leading JetStream's `meta` group, or the stream named `leading`.
+/// The node (`1`-`3`) leading JetStream's `meta` group, or the stream named `leading`;
+/// asked again while the cluster is still electing after the last fault (up to 60 s).
 async fn leader(stack: &Stack, common: &Common, leading: &str) -> String {
-    let name = if leading == "meta" {
-        // What the monitoring endpoint of a node reports (node 1's: every node is up here).
-        let jsz: Value = reqwest::get("http://127.0.0.1:8231/jsz")
-            .await
-            .expect("/jsz")
-            .json()
-            .await
-            .expect("/jsz JSON");
-        jsz["meta_cluster"]["leader"]
-            .as_str()
-            .expect("a meta leader")
-            .to_owned()
-    } else {
-        let js = stack.jetstream().await;
-        let mut stream = js
-            .get_stream(Stream::Send.name(&common.namespace))
-            .await
-            .expect("SEND");
-        let info = stream.info().await.expect("SEND's info");
-        info.cluster
-            .as_ref()
-            .and_then(|c| c.leader.clone())
-            .expect("SEND's leader")
-    };
+    let js = stack.jetstream().await;
+    let name = until(Duration::from_secs(60), || {
+        let js = js.clone();
+        let stream = Stream::Send.name(&common.namespace);
+        async move {
+            let found = if leading == "meta" {
+                // What the monitoring endpoint of node 1 reports (every node is up here).
+                let jsz: Value = reqwest::get("http://127.0.0.1:8231/jsz")
+                    .await
+                    .map_err(|e| format!("/jsz: {e}"))?
+                    .json()
+                    .await
+                    .map_err(|e| format!("/jsz: {e}"))?;
+                jsz["meta_cluster"]["leader"].as_str().map(str::to_owned)
+            } else {
+                let mut stream = js
+                    .get_stream(stream)
+                    .await
+                    .map_err(|e| format!("SEND: {e}"))?;
+                let info = stream.info().await.map_err(|e| format!("SEND: {e}"))?;
+                info.cluster.as_ref().and_then(|c| c.leader.clone())
+            };
+            found.ok_or_else(|| format!("no {leading} leader yet"))
+        }
+    })
+    .await
+    .expect("a leader");
     name.trim_start_matches('n').to_owned()
 }
 
