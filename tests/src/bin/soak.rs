@@ -225,9 +225,7 @@ async fn main() {
         let nats = if cluster == 3 { None } else { Some("nats") };
         for dep in ["postgres", "redis"].into_iter().chain(nats) {
             let from = Instant::now();
-            let status = tokio::process::Command::new("./deploy/restart-dep.sh")
-                .arg(dep)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            let status = deploy_script("restart-dep.sh", &[dep])
                 .status()
                 .await
                 .expect("restart-dep.sh runs");
@@ -286,18 +284,24 @@ struct ClusterGuard;
 
 impl Drop for ClusterGuard {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("./deploy/nats-cluster.sh")
-            .arg("stop")
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        let _ = deploy_script("nats-cluster.sh", &["stop"])
+            .as_std_mut()
             .status();
     }
 }
 
+/// `deploy/<script> args`, run from the checkout's root.
+fn deploy_script(script: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(format!("./deploy/{script}"));
+    command
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    command
+}
+
 /// Runs `deploy/nats-cluster.sh` with `args`; what it printed.
 async fn nats_cluster(args: &[&str]) -> String {
-    let out = tokio::process::Command::new("./deploy/nats-cluster.sh")
-        .args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    let out = deploy_script("nats-cluster.sh", args)
         .output()
         .await
         .expect("nats-cluster.sh runs");
@@ -311,9 +315,7 @@ async fn nats_cluster(args: &[&str]) -> String {
 
 /// Whether `deploy/nats-cluster.sh` can cut node 3 off (it runs in a namespace of its own).
 async fn nats_cluster_can_partition() -> bool {
-    tokio::process::Command::new("./deploy/nats-cluster.sh")
-        .arg("can-partition")
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    deploy_script("nats-cluster.sh", &["can-partition"])
         .status()
         .await
         .is_ok_and(|s| s.success())
@@ -436,8 +438,9 @@ async fn start(p: &mut Proc, stack: &Stack) {
         .append(true)
         .open(logs().join(format!("{}.log", p.service.name())))
         .expect("service log file");
-    p.child = Some(spawn_service_to(p.service, p.env.clone(), log));
-    stack.wait_ready(p.admin).await;
+    let child = spawn_service_to(p.service, p.env.clone(), log);
+    stack.wait_ready(p.admin, &child).await;
+    p.child = Some(child);
 }
 
 /// The load: one client, the gateways it takes in turn, the key, where answers are written,
