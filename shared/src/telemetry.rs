@@ -176,6 +176,9 @@ pub fn link_http(span: &tracing::Span, headers: &http::HeaderMap) {
 /// A readiness probe: resolves to true when the service's dependencies answer.
 pub type ReadyCheck = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// The admin server's header naming the process that answers.
+pub const PROCESS_ID: &str = "x-process-id";
+
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until `shutdown`; returns the bound address.
 pub async fn serve_admin(
     addr: SocketAddr, ready: ReadyCheck, shutdown: CancellationToken,
@@ -195,7 +198,16 @@ pub async fn serve_admin(
                 }
             }),
         )
-        .route("/metrics", get(|| async { metrics_handle().render() }));
+        .route("/metrics", get(|| async { metrics_handle().render() }))
+        // Which process answers: a supervisor that picked a free port for a child can tell
+        // its child from another process that took the port first.
+        .layer(axum::middleware::map_response(
+            |mut res: axum::response::Response| async move {
+                res.headers_mut()
+                    .insert(PROCESS_ID, std::process::id().into());
+                res
+            },
+        ));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {

@@ -107,8 +107,8 @@ async fn each_service_process_counts_its_own_work() {
     }
     // A stack over the same namespace, for its helpers only (it starts no services).
     let stack = Stack::attach(common.clone(), format!("http://{gateway_addr}"));
-    for (_, admin) in &admins {
-        stack.wait_ready(*admin).await;
+    for ((_, admin), child) in admins.iter().zip(&children) {
+        stack.wait_ready(*admin, child).await;
     }
     let key = stack.key(5).await;
     assert_eq!(stack.balance(&key).await, 5);

@@ -35,12 +35,14 @@ impl Stack {
         let mut billing = self.billing_config.clone();
         billing.common.admin_addr = free_port();
         let billing_child = spawn_service(billing::SERVICE, billing.to_env());
-        self.wait_ready(billing.common.admin_addr).await;
+        self.wait_ready(billing.common.admin_addr, &billing_child)
+            .await;
         let mut gateway = self.gateway_config.clone();
         gateway.common.admin_addr = free_port();
         gateway.http_addr = free_port();
         let gateway_child = spawn_service(api_gateway::SERVICE, gateway.to_env());
-        self.wait_ready(gateway.common.admin_addr).await;
+        self.wait_ready(gateway.common.admin_addr, &gateway_child)
+            .await;
         (
             billing_child,
             gateway_child,
@@ -62,11 +64,13 @@ impl Stack {
         let mut sender = self.sender_config();
         sender.common.admin_addr = free_port();
         let sender_child = spawn_service(sender::SERVICE, sender.to_env());
-        self.wait_ready(sender.common.admin_addr).await;
+        self.wait_ready(sender.common.admin_addr, &sender_child)
+            .await;
         let mut inbound = self.inbound_config();
         inbound.common.admin_addr = free_port();
         let inbound_child = spawn_service(inbound_ingest::SERVICE, inbound.to_env());
-        self.wait_ready(inbound.common.admin_addr).await;
+        self.wait_ready(inbound.common.admin_addr, &inbound_child)
+            .await;
         (sender_child, inbound_child)
     }
 
@@ -108,19 +112,35 @@ impl Stack {
                 let admin = free_port();
                 config.common.admin_addr = admin;
                 let child = spawn_service(sender::SERVICE, config.to_env());
+                self.wait_ready(admin, &child).await;
                 self.sender_child = Some(child);
-                self.wait_ready(admin).await;
             }
         }
     }
 
-    /// Waits until the admin server at `addr` reports ready.
-    pub async fn wait_ready(&self, addr: SocketAddr) {
+    /// Waits until `child`'s admin server at `addr` reports ready: an answer from another
+    /// process that took the port first (it was free a moment before) does not count.
+    pub async fn wait_ready(&self, addr: SocketAddr, child: &tokio::process::Child) {
+        let pid = child.id().expect("the child runs").to_string();
+        let pid = pid.as_str();
         eventually(Duration::from_secs(30), || async move {
             let ready = self.http.get(format!("http://{addr}/readyz")).send().await;
-            match ready.map(|r| r.status()) {
-                Ok(status) if status.is_success() => Ok(()),
-                other => Err(format!("service at {addr} not ready: {other:?}")),
+            let (status, from) = match ready {
+                Ok(r) => {
+                    let from = r
+                        .headers()
+                        .get(postmesh_shared::telemetry::PROCESS_ID)
+                        .cloned();
+                    (r.status(), from)
+                }
+                Err(e) => return Err(format!("service at {addr} not ready: {e}")),
+            };
+            match from {
+                Some(from) if from == pid && status.is_success() => Ok(()),
+                Some(from) if from != pid => {
+                    Err(format!("{addr} is process {from:?}'s, not {pid}"))
+                }
+                _ => Err(format!("service at {addr} not ready: {status}")),
             }
         })
         .await
@@ -168,8 +188,8 @@ impl Stack {
         let admin = free_port();
         config.common.admin_addr = admin;
         let child = spawn_service(webhook_dispatcher::SERVICE, config.to_env());
+        self.wait_ready(admin, &child).await;
         self.dispatcher_child = Some(child);
-        self.wait_ready(admin).await;
     }
 
     /// The webhook dispatcher's process id, when it runs as a child process.
