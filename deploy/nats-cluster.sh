@@ -2,7 +2,7 @@
 # A local three-node NATS cluster with JetStream, on loopback, with the users and permissions
 # of deploy/nats.conf: what `make soak NATS_CLUSTER=3` runs against.
 #
-#   nats-cluster.sh start          start the nodes that are not running; wait for a meta leader
+#   nats-cluster.sh start          start the nodes that are not running; wait until each is current with the meta leader
 #   nats-cluster.sh stop           stop every node (their data stays under var/nats-cluster/)
 #   nats-cluster.sh stop-node N    stop node N (1-3) with SIGKILL
 #   nats-cluster.sh start-node N   start node N again
@@ -105,18 +105,20 @@ stop_node() {
   rm -f "$VAR/n$n.pid"
 }
 
-# Waits until some running node reports a JetStream meta leader.
+# Waits until every running node is healthy: in contact with a JetStream meta leader and
+# current with it, so that a stream of three replicas finds its three peers.
 wait_leader() {
-  for _ in $(seq 1 200); do
+  for _ in $(seq 1 300); do
+    local all=1
     for n in "${NODES[@]}"; do
-      if running "$n" && curl -sf "http://$(addr "$n"):$(monitor_port "$n")/jsz" 2>/dev/null \
-        | grep -q '"leader": *"n[0-9]"'; then
-        return
+      if running "$n" && ! curl -sf "http://$(addr "$n"):$(monitor_port "$n")/healthz" >/dev/null 2>&1; then
+        all=0
       fi
     done
+    [ "$all" = 1 ] && return
     sleep 0.1
   done
-  log "no JetStream meta leader within 20 s"
+  log "the nodes were not all healthy within 30 s"
   exit 1
 }
 
