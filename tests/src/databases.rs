@@ -18,7 +18,15 @@ pub struct ServiceDb {
 impl ServiceDb {
     /// Creates `service`'s database in a fresh namespace and runs `migrations`.
     pub async fn create(service: Service, migrations: &[&sqlx::migrate::Migrator]) -> Self {
-        let common = common_of(fresh_namespace(), &[service]);
+        Self::within(fresh_namespace(), service, migrations).await
+    }
+
+    /// Creates `service`'s database in namespace `ns` (beside another service's) and runs
+    /// `migrations`.
+    pub async fn within(
+        ns: Namespace, service: Service, migrations: &[&sqlx::migrate::Migrator],
+    ) -> Self {
+        let common = common_of(ns, &[service]);
         let pool = postmesh_shared::db::connect(&common, service, migrations)
             .await
             .expect("service database");

@@ -6,6 +6,7 @@
 
 pub mod attempts;
 pub mod client;
+pub mod cluster;
 mod databases;
 mod fake;
 pub mod fake_cloudflare;
@@ -30,7 +31,9 @@ pub use client::{retry_after, Answer, TestClient};
 pub use databases::{caller, remove_namespace, ServiceDb};
 pub use fake::Fake;
 pub use fake_stripe::FakeStripe;
-pub use routers::{balance_of, sender_router, BillingAlone, BillingRouter, InboundRouter};
+pub use routers::{
+    balance_of, sender_router, sender_state, BillingAlone, BillingRouter, InboundRouter,
+};
 pub use settings::{
     admin_url, billing_config, common, dispatcher_config, domain_config, fresh_namespace,
     gateway_config, http_client, inbound_config, nats_url, ops_nats, DomainOptions, Options,

@@ -18,18 +18,24 @@ use crate::{billing_config, caller, Options, ServiceDb, TestClient};
 /// different workspaces.
 pub async fn sender_router(quotas: sender::Quotas) -> (ServiceDb, TestClient, TestClient) {
     let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
+    let state = sender_state(&store).await;
+    let router = sender::router(sender::AppState { quotas, ..state });
+    let client = |role| TestClient::router(router.clone(), Some(caller(role)));
+    (store, client(Role::Member), client(Role::Member))
+}
+
+/// The sender's state on `store` (the sender's database), connected to NATS as the
+/// operator, so its RPCs reach whatever runs in the namespace.
+pub async fn sender_state(store: &ServiceDb) -> sender::AppState {
     let nats = crate::ops_nats(&store.common.nats_url).await.expect("NATS");
-    let state = sender::AppState::new(
+    sender::AppState::new(
         store.pool.clone(),
         nats.clone(),
         store.common.namespace.clone(),
         tokio_util::task::TaskTracker::new(),
         Outbox::new(store.pool.clone(), async_nats::jetstream::new(nats)),
         EmailAddress::parse("no-reply@postmesh.localhost").unwrap(),
-    );
-    let router = sender::router(sender::AppState { quotas, ..state });
-    let client = |role| TestClient::router(router.clone(), Some(caller(role)));
-    (store, client(Role::Member), client(Role::Member))
+    )
 }
 
 /// Billing's database and its router.

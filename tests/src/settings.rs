@@ -43,6 +43,9 @@ pub struct Options {
     pub inbound_secret: Option<String>,
     /// Inbound-ingest's per-workspace byte budget (default: the service's).
     pub inbound_budget: ByteBudget,
+    /// The `NATS_URL` of a three-node cluster to run on, with every stream at three
+    /// replicas (default: `NATS_URL` and `NATS_STREAM_REPLICAS` as set).
+    pub nats_cluster: Option<String>,
 }
 
 /// The sender's `UNSUBSCRIBE_SECRET` in a test stack.
@@ -116,6 +119,7 @@ impl Default for Options {
             audience_max: sender::settings::AUDIENCE_MAX_RECIPIENTS.default_of(),
             inbound_secret: Some(INBOUND_SECRET.into()),
             inbound_budget: ByteBudget::default(),
+            nats_cluster: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Billing's RPCs on NATS with billing running alone (no gateway, no other service):
-//! refunds once and voids, part refunds, held charges given back unless confirmed.
+//! refunds once and voids, part refunds, held charges given back unless confirmed, and the
+//! sender's settlement sweeps asking it.
 
 use reqwest::StatusCode;
 
@@ -8,8 +9,10 @@ use billing::logs::LogPage;
 use postmesh_shared::proto::{
     ChargeReply, ChargeRequest, ConfirmReply, ConfirmRequest, RefundReply, RefundRequest,
 };
-use postmesh_shared::{ApiError, ApiKeyId, Success};
-use postmesh_tests::{balance_of, eventually, peek, BillingAlone};
+use postmesh_shared::{ApiError, ApiKeyId, Success, TaskId};
+use postmesh_tests::{
+    balance_of, eventually, passes_at_once, peek, sender_state, BillingAlone, ServiceDb,
+};
 
 /// A charge of `cost` to `key` under `idem`, held `hold_secs` (0: not held).
 fn charge(key: ApiKeyId, idem: &str, cost: i64, hold_secs: i64) -> ChargeRequest {
@@ -164,5 +167,66 @@ async fn a_held_charge_is_refunded_unless_confirmed() {
     assert_eq!(balance_of(&client).await, 3);
     let logs: Success<LogPage> = client.get("/logs", StatusCode::OK).await;
     assert_eq!(logs.body.logs.len(), 3);
+    alone.shutdown().await;
+}
+
+/// Two sender replicas' settlement sweeps at once (four passes a round) over 120 due
+/// settlements of held charges, half confirms and half refunds: billing is asked about each
+/// once, and each is settled.
+#[tokio::test]
+async fn settlement_sweeps_at_once_settle_each_due_settlement_once() {
+    use sender::sending::settle::{self, Action, Charge};
+    let alone = BillingAlone::start().await;
+    let (key, client) = alone.billing.key(200).await;
+    let store = ServiceDb::within(
+        alone.billing.store.common.namespace.clone(),
+        sender::SERVICE,
+        &sender::MIGRATIONS,
+    )
+    .await;
+    let state = sender_state(&store).await;
+    for i in 0..120 {
+        let task = TaskId::new();
+        let _: ChargeReply = alone
+            .rpc(&charge(key, &task.to_string(), 1, 3600))
+            .await
+            .unwrap();
+        let action = if i % 2 == 0 {
+            Action::Confirm
+        } else {
+            Action::Refund
+        };
+        let owed = Charge {
+            task_id: task,
+            action,
+            api_key_id: key.into(),
+            account_id: String::new(),
+            caller_email: "t@example.com".into(),
+            cost: 1,
+        };
+        settle::owe(&mut store.pool.acquire().await.unwrap(), &owed)
+            .await
+            .unwrap();
+    }
+    assert_eq!(balance_of(&client).await, 80);
+    let settled = passes_at_once(4, || settle::sweep(&state)).await;
+    assert_eq!(settled, 120);
+    let rows: Vec<(String, i32, Option<i64>, Option<String>)> =
+        sqlx::query_as("SELECT action, attempts, done_at, outcome FROM settlements")
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 120);
+    for (action, attempts, done_at, outcome) in rows {
+        assert_eq!(attempts, 1, "a {action} was tried {attempts} times");
+        assert!(done_at.is_some(), "a {action} is not settled: {outcome:?}");
+        let expected = if action == "confirm" {
+            "confirmed"
+        } else {
+            "refunded"
+        };
+        assert_eq!(outcome.as_deref(), Some(expected));
+    }
+    assert_eq!(balance_of(&client).await, 140);
     alone.shutdown().await;
 }

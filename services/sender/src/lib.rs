@@ -382,7 +382,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let settler = state.clone();
     rt.every("billing settlements", SETTLE_POLL, move || {
         let state = settler.clone();
-        async move { settle::sweep(&state).await }
+        async move {
+            let taken = settle::sweep(&state).await?;
+            Ok::<_, ApiError>(taken as i64 == settle::BATCH)
+        }
     });
     worker::spawn(&rt, transport, config.worker.clone(), outlet, unsubscribe).await?;
     tracing::info!(transport = %config.transport, "sender delivering");

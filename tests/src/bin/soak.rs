@@ -37,6 +37,9 @@ use serde_json::{json, Value};
 
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{Common, Service};
+use postmesh_tests::cluster::{
+    deploy_script, nats_cluster, nats_cluster_can_partition, ClusterGuard,
+};
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{
     billing_config, common, dispatcher_config, domain_config, extract_code, free_port,
@@ -95,10 +98,13 @@ async fn main() {
     let _ = std::fs::remove_dir_all(logs());
     std::fs::create_dir_all(logs()).expect("var/soak");
     let mut common = common(fresh_namespace());
-    let cluster_guard = (cluster == 3).then_some(ClusterGuard);
-    if cluster == 3 {
-        nats_cluster(&["start"]).await;
-        common.nats_url = nats_cluster(&["url"]).await;
+    let cluster_guard = if cluster == 3 {
+        Some(ClusterGuard::start().await)
+    } else {
+        None
+    };
+    if let Some(guard) = &cluster_guard {
+        common.nats_url = guard.url.clone();
         common.stream_replicas = 3;
     }
     let gateways: Vec<SocketAddr> = (0..replicas).map(|_| free_port()).collect();
@@ -276,49 +282,6 @@ async fn main() {
         eprintln!("soak: {} checks failed", failures.len());
         std::process::exit(1);
     }
-}
-
-/// Stops the local NATS cluster when the soak ends, passed or failed (a panic included), so
-/// the next run does not find its ports taken.
-struct ClusterGuard;
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        let _ = deploy_script("nats-cluster.sh", &["stop"])
-            .as_std_mut()
-            .status();
-    }
-}
-
-/// `deploy/<script> args`, run from the checkout's root.
-fn deploy_script(script: &str, args: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(format!("./deploy/{script}"));
-    command
-        .args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-    command
-}
-
-/// Runs `deploy/nats-cluster.sh` with `args`; what it printed.
-async fn nats_cluster(args: &[&str]) -> String {
-    let out = deploy_script("nats-cluster.sh", args)
-        .output()
-        .await
-        .expect("nats-cluster.sh runs");
-    assert!(
-        out.status.success(),
-        "nats-cluster.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Whether `deploy/nats-cluster.sh` can cut node 3 off (it runs in a namespace of its own).
-async fn nats_cluster_can_partition() -> bool {
-    deploy_script("nats-cluster.sh", &["can-partition"])
-        .status()
-        .await
-        .is_ok_and(|s| s.success())
 }
 
 /// Fails the soak unless every stream of the namespace has the replicas the services were

@@ -78,10 +78,14 @@ impl Stack {
 
     /// Starts gateway, billing and a sender as `opts` say.
     pub async fn start_opts(opts: Options) -> Self {
-        let common = Common {
+        let mut common = Common {
             upstream_timeout: opts.upstream_timeout,
             ..common(fresh_namespace())
         };
+        if let Some(url) = opts.nats_cluster {
+            common.nats_url = url;
+            common.stream_replicas = 3;
+        }
         let mut billing_config = billing_config(&common, opts.stripe);
         if let Some(catalog) = opts.catalog {
             billing_config.catalog_file = catalog;

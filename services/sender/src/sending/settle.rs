@@ -14,7 +14,7 @@ use postmesh_shared::{nats, ApiError, TaskId};
 use crate::AppState;
 
 /// Settlements one sweep takes at most.
-const BATCH: i64 = 50;
+pub const BATCH: i64 = 50;
 /// The longest pause between two tries of a settlement.
 const MAX_PAUSE_SECS: i64 = 300;
 
@@ -265,8 +265,9 @@ pub async fn now(state: &AppState, task: TaskId, action: Action) {
     }
 }
 
-/// Settles up to [`BATCH`] due settlements; true when more may be due.
-pub async fn sweep(state: &AppState) -> Result<bool, ApiError> {
+/// Settles up to [`BATCH`] due settlements (each row locked, so sweeps of other replicas
+/// skip it); answers how many it took.
+pub async fn sweep(state: &AppState) -> Result<u64, ApiError> {
     let mut tx = state.db.begin().await?;
     let due: Vec<Row> = sqlx::query_as(&format!(
         "{SELECT} WHERE done_at IS NULL AND next_at <= $1 ORDER BY next_at LIMIT $2 FOR UPDATE SKIP LOCKED"
@@ -275,7 +276,7 @@ pub async fn sweep(state: &AppState) -> Result<bool, ApiError> {
     .bind(BATCH)
     .fetch_all(&mut *tx)
     .await?;
-    let full = due.len() as i64 == BATCH;
+    let taken = due.len() as u64;
     settle(
         state,
         &mut tx,
@@ -283,5 +284,5 @@ pub async fn sweep(state: &AppState) -> Result<bool, ApiError> {
     )
     .await?;
     tx.commit().await?;
-    Ok(full)
+    Ok(taken)
 }

@@ -53,7 +53,9 @@ pub struct Settings {
 }
 
 /// A webhook on `receiver` taking [`TYPES`]: its id and signing key.
-async fn webhook(stack: &Stack, key: &str, receiver: &Receiver) -> anyhow::Result<(Uuid, Vec<u8>)> {
+pub(super) async fn webhook(
+    stack: &Stack, key: &str, receiver: &Receiver,
+) -> anyhow::Result<(Uuid, Vec<u8>)> {
     let res = stack
         .http
         .post(format!("{}/webhooks", stack.base))

@@ -1,4 +1,4 @@
-//! `make bench`: eight benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: nine benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** ([`balance`]) through the whole stack (gateway → NATS → billing →
@@ -52,6 +52,11 @@
 //!    with reqwest (`BENCH_EVENT_CONCURRENCY`, default 64; goal: ratio ≥ 0.5), and the
 //!    dispatcher's peak RSS with one receiver stalled as its backlog grows over
 //!    `BENCH_EVENT_STALLED_SENDS` sends of a tenth of that (default 8; goal: flat).
+//! 9. **Scale-out** ([`replicas`]): sending and webhook-delivery throughput with two
+//!    processes of the sender and the dispatcher (two gateways) against one, on one NATS
+//!    server and on the local three-node cluster with streams at three replicas (goal:
+//!    ratio ≥ 0.85, nothing lost or doubled); `BENCH_SCALE_SENDS` (default 5),
+//!    `BENCH_SCALE_RECIPIENTS` (default 1000), `BENCH_SCALE_RECEIVERS` (default 4).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` and hostile
@@ -61,7 +66,7 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss,hostile`;
+//! `balance,pipeline,accept,audience,workflows,webhooks,events,scale,inbound,rss,hostile`;
 //! default all).
 
 mod audiences;
@@ -69,6 +74,7 @@ mod balance;
 mod events;
 mod hostile;
 mod inbound;
+mod replicas;
 mod webhooks;
 mod workflows;
 
@@ -208,12 +214,15 @@ fn send_body(tag: &str, n: usize) -> Vec<u8> {
     serde_json::to_vec(&json!({ "to": to, "subject": SUBJECT, "text": TEXT })).expect("a JSON body")
 }
 
-/// Sends a prepared `/send-email` body; answers how long the gateway took to accept it.
-async fn post_send(stack: &Stack, key: &str, body: Vec<u8>, n: usize) -> anyhow::Result<Duration> {
+/// Sends a prepared `/send-email` body through the gateway at `base`; answers how long it
+/// took to accept it.
+async fn post_send(
+    stack: &Stack, base: &str, key: &str, body: Vec<u8>, n: usize,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let res = stack
         .http
-        .post(format!("{}/send-email", stack.base))
+        .post(format!("{base}/send-email"))
         .bearer_auth(key)
         .header(header::CONTENT_TYPE, "application/json")
         .body(body)
@@ -276,7 +285,7 @@ async fn pipeline_round(
     let before = sink.received_count();
     let started = Instant::now();
     for body in bodies {
-        post_send(stack, key, body, n).await?;
+        post_send(stack, &stack.base, key, body, n).await?;
     }
     let accepted = started.elapsed();
     wait_received(sink, before + sends * n).await?;
@@ -547,7 +556,7 @@ async fn accept_bench(
         }
         tokio::time::sleep(s.pause).await;
         let body = send_body(&format!("a{i}"), n);
-        let took = post_send(stack, key, body, n).await?;
+        let took = post_send(stack, &stack.base, key, body, n).await?;
         expected += n;
         if i >= s.warmup {
             latencies_us.push(took.as_micros() as u64);
@@ -607,7 +616,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,audience,workflows,webhooks,events,inbound,rss,hostile",
+        "balance,pipeline,accept,audience,workflows,webhooks,events,scale,inbound,rss,hostile",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter and the inbound byte budget run on every request (their cost is
@@ -675,6 +684,15 @@ async fn main() -> anyhow::Result<()> {
                 stalled_sends: env_parse("BENCH_EVENT_STALLED_SENDS", 8)?,
             };
             events::run(&mut stack, &settings).await?;
+        }
+        if runs("scale") {
+            let settings = replicas::Settings {
+                sends: env_parse("BENCH_SCALE_SENDS", 5)?,
+                recipients: env_parse("BENCH_SCALE_RECIPIENTS", 1000)?,
+                receivers: env_parse("BENCH_SCALE_RECEIVERS", 4)?,
+                send_concurrency: sending.lettre_concurrency,
+            };
+            replicas::run(&settings).await?;
         }
         // Last: the inbound benchmarks write some hundred MB that Postgres then flushes,
         // which would slow whatever ran after them.
