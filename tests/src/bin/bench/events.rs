@@ -210,15 +210,7 @@ pub async fn run(stack: &mut Stack, s: &Settings) -> anyhow::Result<()> {
     stack.spawn_dispatcher(config.clone()).await;
     all_delivered(&receivers, events).await?;
     let (_, drain_peak) = memory(stack)?;
-    let mut arrivals: Vec<Instant> = receivers
-        .iter()
-        .flat_map(|r| r.deliveries())
-        .map(|d| d.arrived)
-        .collect();
-    arrivals.sort();
-    let window = arrivals[arrivals.len() - 1] - arrivals[0];
-    drop(arrivals);
-    let pipeline = events as f64 / window.as_secs_f64();
+    let pipeline = super::arrival_rate(&receivers, events);
     let base = baseline(&receivers, &keys, events, s.concurrency).await?;
 
     // Memory: a fresh process, warmed up, then receiver 0 stalled while the backlog grows.

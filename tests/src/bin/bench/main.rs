@@ -135,6 +135,19 @@ async fn signed_posts(
     Ok(ok as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Deliveries per second over the last `count` arrivals at `receivers`, from the first of
+/// them to the last.
+fn arrival_rate(receivers: &[Receiver], count: usize) -> f64 {
+    let mut arrivals: Vec<Instant> = receivers
+        .iter()
+        .flat_map(Receiver::deliveries)
+        .map(|d| d.arrived)
+        .collect();
+    arrivals.sort();
+    let window = arrivals[arrivals.len() - 1] - arrivals[arrivals.len() - count];
+    count as f64 / window.as_secs_f64()
+}
+
 /// Results of one load run.
 #[derive(Default)]
 struct Run {

@@ -224,14 +224,7 @@ async fn measure(stack: &mut Stack, shape: Shape, s: &Settings) -> anyhow::Resul
     let delivered = || receivers.iter().map(Receiver::count).sum::<usize>();
     let expected = per_receiver * receivers.len();
     wait_for(|| delivered() >= expected, "the webhook events").await?;
-    let mut arrivals: Vec<Instant> = receivers
-        .iter()
-        .flat_map(|r| r.deliveries())
-        .map(|d| d.arrived)
-        .collect();
-    arrivals.sort();
-    let window = arrivals[arrivals.len() - 1] - arrivals[0];
-    let webhooks = expected as f64 / window.as_secs_f64();
+    let webhooks = super::arrival_rate(&receivers, expected);
     stack.handled(&[Stream::Delivery, Stream::Webhook]).await;
     for (i, receiver) in receivers.iter().enumerate() {
         let events = receiver

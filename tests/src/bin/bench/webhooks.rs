@@ -155,15 +155,7 @@ async fn backlog(
     ingest(stack, inboxes, messages, first).await?;
     stack.restart_dispatcher(stack.dispatcher_config()).await;
     all_delivered(receivers, before + messages * RECEIVERS).await?;
-    let arrivals: Vec<Instant> = receivers
-        .iter()
-        .flat_map(|r| r.deliveries())
-        .map(|d| d.arrived)
-        .collect();
-    let mut arrivals = arrivals;
-    arrivals.sort();
-    let window = arrivals[arrivals.len() - 1] - arrivals[arrivals.len() - messages * RECEIVERS];
-    Ok((messages * RECEIVERS) as f64 / window.as_secs_f64())
+    Ok(super::arrival_rate(receivers, messages * RECEIVERS))
 }
 
 /// A payload of the pipeline's shape for message `n`.
