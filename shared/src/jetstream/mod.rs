@@ -76,6 +76,16 @@ const MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The window in which a repeated `Nats-Msg-Id` is dropped.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
+/// The `max_ack_pending` of a durable consumer whose every process takes at most `per_process`
+/// messages unacknowledged (it pulls only what it has room for): room for eight replicas.
+/// A cap of one process's worth would be shared by all of them, so a second replica would
+/// add no work in flight and only split it (the scale bench: two dispatchers delivered
+/// webhooks at 0.3-0.45 times one's rate).
+pub fn ack_pending_for(per_process: usize) -> i64 {
+    const REPLICAS_ROOM: i64 = 8;
+    i64::try_from(per_process).unwrap_or(i64::MAX / REPLICAS_ROOM) * REPLICAS_ROOM
+}
+
 impl Stream {
     /// Every stream.
     pub const ALL: [Stream; 5] = [

@@ -102,6 +102,9 @@ pub async fn spawn<S: Stages>(
 ) -> anyhow::Result<()> {
     let (ns, replicas) = (&rt.common.namespace, rt.common.stream_replicas);
     let js_stream = stream.ensure(&rt.js, ns, replicas).await?;
+    // Jobs this process holds at once, each in a handler (kept alive by its heartbeats
+    // while it waits for its turn); it pulls another only when one is done.
+    let held = 2 * config.concurrency.max(1);
     // Created, or updated to these settings (a changed ack wait takes effect on restart).
     let consumer = js_stream
         .create_consumer(pull::Config {
@@ -110,9 +113,9 @@ pub async fn spawn<S: Stages>(
             ack_wait: config.ack_wait,
             // Unlimited: attempts are counted in the database (docs/decisions.md).
             max_deliver: -1,
-            // Jobs handed out and not yet acknowledged. Each is in a handler at once,
-            // kept alive by its heartbeats while it waits for its turn.
-            max_ack_pending: 2 * config.concurrency as i64,
+            // Jobs handed out and not yet acknowledged, every replica's: each process
+            // holds at most `held` and its pull's batch.
+            max_ack_pending: crate::jetstream::ack_pending_for(held + config.concurrency),
             ..Default::default()
         })
         .await
@@ -148,8 +151,13 @@ pub async fn spawn<S: Stages>(
         shutdown: rt.shutdown.clone(),
     });
     let (jobs, shutdown) = (rt.tracker.clone(), rt.shutdown.clone());
+    let holding = Arc::new(Semaphore::new(held));
     rt.tracker.spawn(async move {
         loop {
+            let room = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                r = holding.clone().acquire_owned() => r.expect("semaphore is never closed"),
+            };
             let msg = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 m = messages.next() => m,
@@ -157,7 +165,10 @@ pub async fn spawn<S: Stages>(
             match msg {
                 Some(Ok(msg)) => {
                     let worker = worker.clone();
-                    jobs.spawn(async move { worker.handle(msg).await });
+                    jobs.spawn(async move {
+                        worker.handle(msg).await;
+                        drop(room);
+                    });
                 }
                 Some(Err(e)) => {
                     let queue = worker.config.name;

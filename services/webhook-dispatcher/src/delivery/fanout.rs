@@ -101,7 +101,8 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> an
             durable_name: Some(S::CONSUMER.into()),
             ack_policy: AckPolicy::Explicit,
             ack_wait,
-            max_ack_pending: (2 * S::BATCH * BATCHES) as i64,
+            // Every replica's: each process holds at most BATCHES batches and its pull's.
+            max_ack_pending: postmesh_shared::jetstream::ack_pending_for(S::BATCH * (BATCHES + 1)),
             ..Default::default()
         })
         .await
@@ -118,6 +119,11 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> an
     let letters = rt.dead_letters();
     rt.tracker.spawn(async move {
         loop {
+            // A batch is pulled only once there is room to fan it out.
+            let slot = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
+            };
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 m = messages.next() => m,
@@ -138,15 +144,15 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> an
                     _ => break,
                 }
             }
-            let (source, slots, letters) = (source.clone(), slots.clone(), letters.clone());
-            // Kept in progress from here, so a batch waiting for its turn is not handed
-            // out again while it waits, nor while its fan-out's first tries take seconds.
+            let (source, letters) = (source.clone(), letters.clone());
+            // Kept in progress from here, so a batch is not handed out again while its
+            // fan-out's first tries take seconds.
             tracker.spawn(async move {
                 let span = tracing::info_span!("webhook.fanout", consumer = S::CONSUMER);
                 telemetry::link_nats(&span, batch.iter().map(|msg| msg.headers.as_ref()));
                 let work = async {
-                    let _slot = slots.acquire_owned().await;
                     handle(&*source, &letters, &batch).await;
+                    drop(slot);
                 }
                 .instrument(span);
                 kept_in_progress(&batch, ack_wait / 3, work).await;

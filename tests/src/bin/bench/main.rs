@@ -55,7 +55,7 @@
 //! 9. **Scale-out** ([`replicas`]): sending and webhook-delivery throughput with two
 //!    processes of the sender and the dispatcher (two gateways) against one, on one NATS
 //!    server and on the local three-node cluster with streams at three replicas (goal:
-//!    ratio ≥ 0.85, nothing lost or doubled); `BENCH_SCALE_SENDS` (default 5),
+//!    ratio ≥ 0.85, nothing lost or doubled); `BENCH_SCALE_SENDS` (default 10),
 //!    `BENCH_SCALE_RECIPIENTS` (default 1000), `BENCH_SCALE_RECEIVERS` (default 4).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
@@ -700,7 +700,7 @@ async fn main() -> anyhow::Result<()> {
         }
         if runs("scale") {
             let settings = replicas::Settings {
-                sends: env_parse("BENCH_SCALE_SENDS", 5)?,
+                sends: env_parse("BENCH_SCALE_SENDS", 10)?,
                 recipients: env_parse("BENCH_SCALE_RECIPIENTS", 1000)?,
                 receivers: env_parse("BENCH_SCALE_RECEIVERS", 4)?,
                 send_concurrency: sending.lettre_concurrency,

@@ -9,7 +9,7 @@
 //! dispatcher (their release binaries), with the load alternating between as many gateways.
 //! In each:
 //!
-//! - **Sending**: `BENCH_SCALE_SENDS` sends (default 5) of `BENCH_SCALE_RECIPIENTS`
+//! - **Sending**: `BENCH_SCALE_SENDS` sends (default 10) of `BENCH_SCALE_RECIPIENTS`
 //!   distinct recipients each (default 1000), one after another, through the gateways in
 //!   turn; recipients delivered per second from the first `POST /send-email` until an SMTP
 //!   sink behind a quick-ACK front holds every message (after a warm-up send through each
@@ -69,6 +69,8 @@ impl Shape {
 struct Figures {
     sending: f64,
     webhooks: f64,
+    /// Webhook jobs published: attempts the fan-outs left to the worker.
+    to_worker: u64,
 }
 
 /// Recipients of the warm-up send through each gateway.
@@ -124,8 +126,10 @@ pub async fn run(s: &Settings) -> anyhow::Result<()> {
          the dispatchers; each shape a fresh stack; nothing lost or doubled in any\n",
         s.sends, s.recipients, s.receivers,
     );
-    println!("| shape | recipients delivered/s | ratio | webhook events/s | ratio |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| shape | recipients delivered/s | ratio | webhook events/s | ratio | left to the worker |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     let base = &rows[0].1;
     for (shape, f) in &rows {
         let mark = |ratio: f64| {
@@ -133,12 +137,13 @@ pub async fn run(s: &Settings) -> anyhow::Result<()> {
             format!("{ratio:.2} ({met})")
         };
         println!(
-            "| {} | {:.0} | {} | {:.0} | {} |",
+            "| {} | {:.0} | {} | {:.0} | {} | {} |",
             shape.name(),
             f.sending,
             mark(f.sending / base.sending),
             f.webhooks,
             mark(f.webhooks / base.webhooks),
+            f.to_worker,
         );
     }
     println!("\nRatios against the first row; goal ≥ 0.85 (overhead under 15 %).\n");
@@ -226,6 +231,16 @@ async fn measure(stack: &mut Stack, shape: Shape, s: &Settings) -> anyhow::Resul
     wait_for(|| delivered() >= expected, "the webhook events").await?;
     let webhooks = super::arrival_rate(&receivers, expected);
     stack.handled(&[Stream::Delivery, Stream::Webhook]).await;
+    // Every WEBHOOK job is an attempt its fan-out left to the worker (no slot to spare).
+    let to_worker = stack
+        .jetstream()
+        .await
+        .get_stream(Stream::Webhook.name(stack.ns()))
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
     for (i, receiver) in receivers.iter().enumerate() {
         let events = receiver
             .deliveries()
@@ -240,7 +255,11 @@ async fn measure(stack: &mut Stack, shape: Shape, s: &Settings) -> anyhow::Resul
     for gateway in gateways {
         gateway.stop().await;
     }
-    Ok(Figures { sending, webhooks })
+    Ok(Figures {
+        sending,
+        webhooks,
+        to_worker,
+    })
 }
 
 /// `n` processes of `service`'s binary, each with the settings `env` gives for its admin
