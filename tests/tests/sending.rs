@@ -17,6 +17,8 @@ use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
 use postmesh_tests::{eventually, peek, Answer, FakeStripe, Options, SenderMode, Stack};
+use sender::audience::suppressions::Reason;
+use sender::sending::events::Kind;
 use sender::sending::send::{Cancelled, SendAnswer};
 use sender::sending::smtp_auth::SmtpAuth;
 use sender::sending::status::{Progress, TaskProgress};
@@ -426,9 +428,105 @@ async fn sends_of_one_key_each_side_by_side() {
             a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out,
             a_thousand_recipients_are_accepted_deduplicated_and_delivered,
             attachments_up_to_ten_mib_are_delivered_and_more_is_refused,
-            a_send_carries_the_stored_external_id_unless_the_recipient_gives_one
+            a_send_carries_the_stored_external_id_unless_the_recipient_gives_one,
+            sandbox_addresses_behave_as_their_names_say_and_cost_nothing
         ]
     );
+}
+
+/// Sandbox addresses: nothing reaches the transport and nothing is charged; each behaves
+/// at once as its name says in `/email-status` and the suppression list; another local part
+/// on the sandbox domain, or a sandbox copy, is a 400.
+async fn sandbox_addresses_behave_as_their_names_say_and_cost_nothing(stack: &Stack) {
+    let key = stack.key(1).await;
+    let client = stack.client(&key);
+    let at = |local: &str| format!("{local}@sandbox.postmesh.test");
+    let to = [
+        "delivered",
+        "bounced+signup",
+        "complained",
+        "delayed",
+        "suppressed",
+    ]
+    .map(at);
+    let sent: Success<SendAnswer> = client
+        .post(
+            "/send-email",
+            &json!({ "to": to, "subject": "Hi", "text": "Hello" }),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(sent.body.cost, 0);
+    assert_eq!(sent.body.recipients.accepted, 4);
+    let rejected: Vec<(String, String)> = sent
+        .body
+        .recipients
+        .rejected
+        .iter()
+        .map(|r| (r.email.clone(), r.reason.clone()))
+        .collect();
+    assert_eq!(rejected, [(at("suppressed"), "suppressed:sandbox".into())]);
+    let task = sent.body.task_id.expect("a task");
+    let expected = [
+        (at("delivered"), vec![Kind::Sent, Kind::Delivered]),
+        (at("bounced+signup"), vec![Kind::Sent, Kind::Bounced]),
+        (
+            at("complained"),
+            vec![Kind::Sent, Kind::Delivered, Kind::Complained],
+        ),
+        (
+            at("delayed"),
+            vec![Kind::Sent, Kind::Delayed, Kind::Delivered],
+        ),
+    ];
+    let (client, expected) = (&client, &expected);
+    eventually(Duration::from_secs(30), || async move {
+        let p: Success<TaskProgress> = client
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        let seen: Vec<(String, Vec<Kind>)> = p
+            .body
+            .recipients
+            .iter()
+            .map(|r| {
+                let kinds = r.events.iter().map(|e| e.kind);
+                let kinds = kinds.filter(|k| *k != Kind::Queued).collect();
+                (r.email.clone(), kinds)
+            })
+            .collect();
+        if expected.iter().all(|want| seen.contains(want)) && seen.len() == expected.len() {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    for (local, reasons) in [
+        ("delivered", vec![]),
+        ("bounced+signup", vec![(Reason::Bounce, None)]),
+        ("complained", vec![(Reason::Complaint, None)]),
+        ("delayed", vec![]),
+    ] {
+        assert_eq!(
+            stack.suppressions(&key, &at(local)).await,
+            reasons,
+            "{local}"
+        );
+        assert!(
+            stack.messages_to(&at(local)).is_empty(),
+            "{local} reached the transport"
+        );
+    }
+    assert_eq!(stack.settled_balance(&key).await, 1);
+    for body in [
+        json!({ "to": [at("someone")], "subject": "Hi", "text": "Hello" }),
+        json!({ "to": ["a@example.com"], "cc": [at("delivered")], "subject": "Hi", "text": "Hello" }),
+    ] {
+        let refused: ErrorBody = client
+            .post("/send-email", &body, StatusCode::BAD_REQUEST)
+            .await;
+        assert!(refused.error.contains("sandbox"), "{}", refused.error);
+    }
 }
 
 async fn a_send_carries_the_stored_external_id_unless_the_recipient_gives_one(stack: &Stack) {

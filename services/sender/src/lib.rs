@@ -15,6 +15,7 @@ pub use delivery::transport::TransportKind;
 pub use delivery::worker::WorkerConfig;
 
 use delivery::{provider, transport, unsubscribe, worker};
+use model::sandbox::Sandbox;
 use sending::{events, schedule, settle, usage};
 use settings::*;
 
@@ -67,6 +68,8 @@ pub struct Config {
     pub ses: SesConfig,
     /// The domain of the Message-IDs the sender makes (`MESSAGE_ID_DOMAIN`).
     pub message_id_domain: String,
+    /// The sandbox domain (`SANDBOX_DOMAIN`): its addresses never reach a transport.
+    pub sandbox_domain: String,
     /// The from-address of a send that names none (`SEND_DEFAULT_FROM`).
     pub default_from: String,
     /// How often the scheduler looks for due tasks (`SEND_SCHEDULE_POLL_SECS`, default 1).
@@ -163,6 +166,7 @@ impl Config {
             smtp_url: SMTP_URL.string(),
             ses: SesConfig::from_env(),
             message_id_domain: MESSAGE_ID_DOMAIN.string(),
+            sandbox_domain: SANDBOX_DOMAIN.string(),
             default_from: SEND_DEFAULT_FROM.string(),
             schedule_poll: SEND_SCHEDULE_POLL_SECS.secs()?,
             audience_max: AUDIENCE_MAX_RECIPIENTS.parse()?,
@@ -201,6 +205,7 @@ impl Config {
             (SES_ENDPOINT.name, self.ses.endpoint.clone()),
             (AWS_REGION.name, self.ses.region.clone()),
             (MESSAGE_ID_DOMAIN.name, self.message_id_domain.clone()),
+            (SANDBOX_DOMAIN.name, self.sandbox_domain.clone()),
             (SEND_DEFAULT_FROM.name, self.default_from.clone()),
             (SEND_SCHEDULE_POLL_SECS.name, secs(self.schedule_poll)),
             (AUDIENCE_MAX_RECIPIENTS.name, self.audience_max.to_string()),
@@ -264,6 +269,8 @@ pub struct AppState {
     pub tracker: TaskTracker,
     /// The from-address of a send that names none.
     pub default_from: Arc<EmailAddress>,
+    /// The sandbox domain's addresses, which never reach a transport.
+    pub sandbox: Sandbox,
     /// Contacts an audience or campaign send may reach at most (`AUDIENCE_MAX_RECIPIENTS`).
     pub audience_max: usize,
     /// Unsubscribe tokens (none without `UNSUBSCRIBE_SECRET`: `/unsubscribe` answers 503).
@@ -298,6 +305,7 @@ impl AppState {
             ns,
             tracker,
             default_from: Arc::new(default_from),
+            sandbox: Sandbox::new(SANDBOX_DOMAIN.default),
             audience_max: AUDIENCE_MAX_RECIPIENTS.default_of(),
             unsubscribe: None,
             sns: None,
@@ -348,8 +356,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ns: rt.common.namespace.clone(),
         message_id_domain: config.message_id_domain.clone(),
     };
+    let sandbox = Sandbox::new(&config.sandbox_domain);
     let state = AppState {
         events: outlet.clone(),
+        sandbox: sandbox.clone(),
         audience_max: config.audience_max,
         unsubscribe: unsubscribe.clone(),
         sns: config.sns()?,
@@ -387,7 +397,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             Ok::<_, ApiError>(taken as i64 == settle::BATCH)
         }
     });
-    worker::spawn(&rt, transport, config.worker.clone(), outlet, unsubscribe).await?;
+    let equipment = worker::Equipment {
+        transport,
+        outlet,
+        unsubscribe,
+        sandbox,
+    };
+    worker::spawn(&rt, equipment, config.worker.clone()).await?;
     tracing::info!(transport = %config.transport, "sender delivering");
     rt.running(None).await
 }

@@ -10,6 +10,7 @@ settings! {
     SMTP_URL = "smtp://127.0.0.1:25", "sender: lettre relay URL, e.g. `smtps://user:pass@host:465`";
     SEND_ACK_WAIT_SECS = "30" | SEND_MAX_DELIVER = "8" | SEND_RETRY_BASE_SECS = "5" | SEND_CONCURRENCY = "16",
         "sender: redelivery and retry schedule; messages in the transport's hands at once";
+    SANDBOX_DOMAIN = "sandbox.postmesh.test", "sender: the sandbox domain: `delivered@`, `bounced@`, `complained@`, `delayed@` and `suppressed@` it (with an optional `+label`) are never handed to a transport, cost nothing and behave at once as their names say; other local parts are a 400";
     MESSAGE_ID_DOMAIN = "postmesh.localhost", "sender: domain of the Message-IDs it makes (`<delivery id@domain>`)";
     SEND_DEFAULT_FROM = "no-reply@postmesh.localhost", "sender: from-address of a `/send-email` without `fromEmail`";
     SEND_SCHEDULE_POLL_SECS = "1", "sender: how often the scheduler releases due scheduled sends and the workflow timer pass takes due runs";

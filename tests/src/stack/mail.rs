@@ -103,7 +103,13 @@ impl Stack {
     pub async fn suppressions(&self, key: &str, email: &str) -> Vec<(Reason, Option<String>)> {
         let page: Success<SuppressionPage> = self
             .client(key)
-            .get(&format!("/suppressions?email={email}"), StatusCode::OK)
+            .get(
+                &format!(
+                    "/suppressions?{}",
+                    serde_urlencoded::to_string([("email", email)]).expect("a query")
+                ),
+                StatusCode::OK,
+            )
             .await;
         page.body
             .suppressions

@@ -282,6 +282,7 @@ impl Stack {
             smtp_url: self.transport.1.clone(),
             ses: self.ses.clone(),
             message_id_domain: "postmesh.test".into(),
+            sandbox_domain: sender::settings::SANDBOX_DOMAIN.default.into(),
             default_from: "hello@postmesh.localhost".into(),
             schedule_poll: Duration::from_millis(200),
             audience_max: self.audience_max,

@@ -1,8 +1,10 @@
 //! Delivery: the SEND queue's workers putting each task's message through the transport
 //! (`worker`, `transport`), the provider's notifications about it (`provider`) and the
-//! recipient's one-click unsubscribe (`unsubscribe`).
+//! recipient's one-click unsubscribe (`unsubscribe`), and the sandbox addresses that never
+//! reach a transport (`sandbox`).
 
 pub mod provider;
+pub mod sandbox;
 pub mod transport;
 pub mod unsubscribe;
 pub mod worker;

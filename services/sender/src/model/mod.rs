@@ -1,6 +1,8 @@
 //! The sender's vocabulary shared by its concerns (sending, contacts, audiences, campaigns,
-//! templates), below all of them: a recipient, and the key of a template or a campaign.
+//! templates), below all of them: a recipient, the key of a template or a campaign, and the
+//! sandbox addresses.
 
+pub mod sandbox;
 pub(crate) mod schema;
 
 use utoipa::openapi::schema::ObjectBuilder;

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
 
+use crate::model::sandbox::Outcome;
 use crate::model::Recipient;
 use crate::sending::render::{add_utm, fill};
 use crate::sending::request::{Content, Rejected, SendBody, SendRequest, Target};
@@ -221,7 +222,8 @@ pub(crate) async fn submit(
         .unwrap_or_else(|| (*state.default_from).clone());
     check_sendable(state, caller, &from).await?;
     let (mut message, template) = compose(state, caller, &req, &from).await?;
-    let (campaign_key, recipients, mut rejected) = recipients_of(state, caller, &req).await?;
+    let (campaign_key, mut recipients, mut rejected) = recipients_of(state, caller, &req).await?;
+    sandbox_rules(state, &message, &mut recipients, &mut rejected)?;
     // A test send goes to the caller alone, whatever the rules.
     let recipients = if req.test_send {
         recipients
@@ -248,8 +250,13 @@ pub(crate) async fn submit(
     )
     .await?;
     rejected.extend(capped);
-    // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message.
-    let cost = (recipients.len() * (1 + message.cc.len() + message.bcc.len())) as i64;
+    // Billing is per recipient, and a copy (cc, bcc) is a recipient of each message; a
+    // sandbox address's message goes nowhere and costs nothing.
+    let paid = recipients
+        .iter()
+        .filter(|r| !state.sandbox.holds(r.email.as_str()))
+        .count();
+    let cost = (paid * (1 + message.cc.len() + message.bcc.len())) as i64;
     let mut task = NewTask {
         id,
         status: match req.scheduled_at {
@@ -299,6 +306,34 @@ pub(crate) async fn submit(
     });
     accept(state, &quota, tx, &task, charge).await?;
     Ok(accepted)
+}
+
+/// The sandbox's rules at acceptance: an address on its domain that asks for no outcome is
+/// a 400, as is one among the copies (a copy rides on another recipient's message); a
+/// `suppressed@` recipient is left out as suppressed.
+fn sandbox_rules(
+    state: &AppState, message: &TaskMessage, recipients: &mut Vec<Recipient>,
+    rejected: &mut Vec<Rejected>,
+) -> Result<(), ApiError> {
+    for copy in message.cc.iter().chain(&message.bcc) {
+        if state.sandbox.outcome(copy)?.is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "{copy} is a sandbox address: it may be a recipient, not a cc or bcc copy"
+            )));
+        }
+    }
+    let mut kept = Vec::with_capacity(recipients.len());
+    for r in recipients.drain(..) {
+        match state.sandbox.outcome(r.email.as_str())? {
+            Some(Outcome::Suppressed) => rejected.push(Rejected {
+                email: r.email.to_string(),
+                reason: "suppressed:sandbox".into(),
+            }),
+            _ => kept.push(r),
+        }
+    }
+    *recipients = kept;
+    Ok(())
 }
 
 /// Who the send goes to: the recipients of its `to`, its audience's contacts or its

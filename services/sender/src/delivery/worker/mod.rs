@@ -27,6 +27,7 @@ use postmesh_shared::db::now_unix;
 
 use crate::delivery::transport::{Transport, TransportError};
 use crate::delivery::unsubscribe::Unsubscribe;
+use crate::model::sandbox::Sandbox;
 use crate::sending::events::Outlet;
 use crate::sending::request::EmailType;
 use crate::sending::tasks::{self, LoadedTask};
@@ -80,6 +81,17 @@ struct Delivery {
     tasks: cache::TaskCache,
     /// Signs the one-click unsubscribe links of marketing and lifecycle mail.
     unsubscribe: Option<Unsubscribe>,
+    /// Addresses whose messages never reach the transport.
+    sandbox: Sandbox,
+}
+
+/// What the worker delivers with: the transport, where events go, the unsubscribe signer
+/// and the sandbox.
+pub struct Equipment {
+    pub transport: Transport,
+    pub outlet: Outlet,
+    pub unsubscribe: Option<Unsubscribe>,
+    pub sandbox: Sandbox,
 }
 
 impl Delivery {
@@ -102,16 +114,14 @@ impl Delivery {
 }
 
 /// Consumes the SEND stream until the runtime shuts down; jobs in progress finish first.
-pub async fn spawn(
-    rt: &Runtime, transport: Transport, config: WorkerConfig, outlet: Outlet,
-    unsubscribe: Option<Unsubscribe>,
-) -> anyhow::Result<()> {
+pub async fn spawn(rt: &Runtime, with: Equipment, config: WorkerConfig) -> anyhow::Result<()> {
     let stages = Delivery {
         db: rt.db.clone(),
-        transport,
-        outlet,
+        transport: with.transport,
+        outlet: with.outlet,
         tasks: cache::TaskCache::default(),
-        unsubscribe,
+        unsubscribe: with.unsubscribe,
+        sandbox: with.sandbox,
     };
     let config = QueueConfig {
         name: "sender",
@@ -219,6 +229,12 @@ impl Stages for Delivery {
 
     async fn work(&self, job: &Job, letter: &Letter, index: usize) -> Result<String, Failure> {
         let (id, to) = job.message(index);
+        // A sandbox address's message goes nowhere; its outcome is in its provider id.
+        match self.sandbox.outcome(to) {
+            Ok(Some(outcome)) => return Ok(Sandbox::provider_id(outcome, id.as_uuid())),
+            Ok(None) => {}
+            Err(e) => return Err(Failure::Permanent(e.to_string())),
+        }
         let message_id = format!("<{id}@{}>", self.outlet.message_id_domain);
         let draft = match (&job.body, &letter.task) {
             (Body::Code { email, .. }, _) => message::Draft::of_code(email, message_id),

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use postmesh_shared::db::now_unix;
 
+use crate::delivery::sandbox;
 use crate::sending::events::{self, Detail, Kind, NewEvent, Outlet};
 use postmesh_shared::queue::{RecordRow, Verdict};
 
@@ -112,6 +113,22 @@ pub(super) async fn record_batch(
             })
         })
         .collect();
+    // A sandbox message's events follow its `sent` at once.
+    let sent: Vec<sandbox::Sent> = written
+        .iter()
+        .filter(|w| w.status == "sent")
+        .filter_map(|w| {
+            Some(sandbox::Sent {
+                delivery: w.delivery_id,
+                workspace: w.workspace_id?,
+                task: w.task_id,
+                email: w.email.as_deref()?,
+                provider_id: w.provider_message_id.as_deref()?,
+            })
+        })
+        .collect();
+    let mut finals = finals;
+    finals.extend(sandbox::follow(&mut tx, &sent, now).await?);
     events::record(&mut tx, outlet, &finals).await?;
     tx.commit().await?;
     let written: HashSet<Uuid> = written.into_iter().map(|w| w.delivery_id).collect();
