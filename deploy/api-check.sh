@@ -57,9 +57,22 @@ for port in 19090 19091 19092 19093 19094 19095; do
   curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || { echo "api-check: admin port $port not ready" >&2; exit 1; }
 done
 key="$("$bin/api-gateway" create-key --email "apicheck-$(date +%s%N)@example.com" --credits 100000 | tail -1)"
-"$st" run http://127.0.0.1:18080/openapi.json \
-  -H "Authorization: Bearer $key" \
-  -H "x-service-provider-secret: $PROVIDER_SECRET" \
-  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance \
-  --max-examples 20 --seed 1 --no-color
+check() {
+  "$st" run http://127.0.0.1:18080/openapi.json \
+    -H "Authorization: Bearer $key" \
+    -H "x-service-provider-secret: $PROVIDER_SECRET" \
+    --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance \
+    --max-examples 20 --seed 1 --no-color 2>&1 | tee var/api-check.log
+  return "${PIPESTATUS[0]}"
+}
+# A run that failed only because schemathesis could not generate a case ("Schema Error":
+# in its stateful phase, a value a link carries that an array parameter's schema cannot
+# place; seen once in CI with every case passing) says nothing of the API: it runs once more.
+# Any failed check fails at once.
+if ! check; then
+  grep -q 'Schema Error' var/api-check.log && ! grep -q 'FAILURES' var/api-check.log \
+    && grep -qE '^ *([0-9]+) generated, \1 passed$' var/api-check.log || exit 1
+  echo "api-check: schemathesis could not generate a case and no check failed; once more" >&2
+  check
+fi
 
