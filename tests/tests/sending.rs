@@ -16,6 +16,7 @@ use postmesh_shared::jetstream::Stream;
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::fake_ses::FakeSes;
 use postmesh_tests::fake_smtp::{Behaviour, FakeSmtp};
+use postmesh_tests::receiver::{received, Receiver};
 use postmesh_tests::{eventually, peek, Answer, FakeStripe, Options, SenderMode, Stack};
 use sender::audience::suppressions::Reason;
 use sender::sending::events::Kind;
@@ -24,6 +25,7 @@ use sender::sending::smtp_auth::SmtpAuth;
 use sender::sending::status::{Progress, TaskProgress};
 use sender::sending::tasks::TaskStatus;
 use sender::sending::templates::{Deleted, Template, TemplateList};
+use webhook_dispatcher::routes::webhooks::Created;
 
 fn now() -> i64 {
     postmesh_shared::db::now_unix()
@@ -441,6 +443,16 @@ async fn sandbox_addresses_behave_as_their_names_say_and_cost_nothing(stack: &St
     let key = stack.key(1).await;
     let client = stack.client(&key);
     let at = |local: &str| format!("{local}@sandbox.postmesh.test");
+    let receiver = Receiver::start().await;
+    let hook: Success<Created> = client
+        .post(
+            "/webhooks",
+            &json!({ "url": receiver.url("/events"),
+                     "events": ["email.bounced", "email.complained", "email.delayed"] }),
+            StatusCode::CREATED,
+        )
+        .await;
+    receiver.trust(&hook.body.signing_secret);
     let to = [
         "delivered",
         "bounced+signup",
@@ -518,6 +530,23 @@ async fn sandbox_addresses_behave_as_their_names_say_and_cost_nothing(stack: &St
         );
     }
     assert_eq!(stack.settled_balance(&key).await, 1);
+    // The webhooks see them as any provider's events.
+    let mut posted: Vec<(String, String)> = received(&receiver, 3, Duration::from_secs(30))
+        .await
+        .iter()
+        .map(|d| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&d.body["type"]), text(&d.body["data"]["email"]))
+        })
+        .collect();
+    posted.sort();
+    let want = [
+        ("email.bounced", "bounced+signup"),
+        ("email.complained", "complained"),
+        ("email.delayed", "delayed"),
+    ]
+    .map(|(t, local)| (t.to_owned(), at(local)));
+    assert_eq!(posted, want);
     for body in [
         json!({ "to": [at("someone")], "subject": "Hi", "text": "Hello" }),
         json!({ "to": ["a@example.com"], "cc": [at("delivered")], "subject": "Hi", "text": "Hello" }),
