@@ -7,7 +7,7 @@ IMAGE_TAG ?= dev
 # `make soak`: processes of each service, and NATS nodes (1 or 3; deploy/nats-cluster.sh).
 REPLICAS ?= 1
 NATS_CLUSTER ?= 1
-SERVICES := api-gateway billing sender domain inbound-ingest webhook-dispatcher
+SERVICES := api-gateway billing sender domain inbound-ingest webhook-dispatcher smtp-submission
 
 run: ## start dependencies and every service (Ctrl-C stops)
 	./deploy/run.sh
@@ -31,7 +31,7 @@ key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `mak
 	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
 
 bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks); see docs/benchmarks.md
-	$(CARGO) build -q --release -p api-gateway -p billing -p sender -p inbound-ingest -p webhook-dispatcher # run as their own processes
+	$(CARGO) build -q --release -p api-gateway -p billing -p sender -p inbound-ingest -p webhook-dispatcher -p smtp-submission # run as their own processes
 	RUST_LOG=warn $(CARGO) run -q --release -p postmesh-tests --bin bench
 
 soak: deps ## under load, kill each service (each replica, REPLICAS=2) in turn and restart PostgreSQL, Redis and NATS (NATS_CLUSTER=3: its leaders); asserts nothing lost, nothing twice (docs/reliability.md)
@@ -53,7 +53,7 @@ lint: ## formatting and clippy, as CI checks them
 fmt:
 	$(CARGO) fmt --all
 
-image: ## postmesh/<service>:$(IMAGE_TAG) for the six services from deploy/Dockerfile (needs a Docker daemon)
+image: ## postmesh/<service>:$(IMAGE_TAG) for the seven services from deploy/Dockerfile (needs a Docker daemon)
 	@if ! command -v $(DOCKER) >/dev/null 2>&1 || ! $(DOCKER) info >/dev/null 2>&1; then \
 		echo "make image: no Docker daemon answers here ('$(DOCKER) info' fails): build the images where Docker runs" >&2; \
 		exit 1; \

@@ -100,4 +100,6 @@ start_postgres
 start_redis
 start_nats
 install_browser
+# The SMTP submission service's local TLS pair (deploy/smtp-cert.sh) is made with openssl.
+ensure_package openssl openssl
 log "PostgreSQL :$PG_PORT, Redis :$REDIS_PORT, NATS :$NATS_PORT are up"

@@ -9,7 +9,7 @@
 #     mis-scale on: its target Deployment exists and has no other autoscaler, its streams are
 #     {POSTMESH_NAMESPACE}_{STREAM} and its consumers are durable names found in the code.
 #     Any other kind outside Kubernetes fails: add it here first.
-#   - Postmesh's own rules: each of the six services has a ServiceAccount without a token, a
+#   - Postmesh's own rules: each of the seven services has a ServiceAccount without a token, a
 #     Deployment with probes (/readyz, /healthz) on its admin port, requests and limits, a
 #     preStop and a grace period covering SHUTDOWN_DRAIN_SECS, a restricted securityContext,
 #     scrape annotations, an autoscaler (HPA or ScaledObject), a PDB and a Service; every
@@ -133,14 +133,14 @@ for line in section.splitlines():
 if len(allowed) < 50:
     err(f"found only {len(allowed)} settings in docs/configuration.md's table")
 
-# The six services and their admin ports, as contracts/src/service.rs has them.
+# The seven services and their admin ports, as contracts/src/service.rs has them.
 service_rs = pathlib.Path("contracts/src/service.rs").read_text()
 ports = {
     re.sub(r"(?<!^)([A-Z])", r"-\1", variant).lower(): int(port)
     for variant, port in re.findall(r"Service::(\w+) => (\d{4}),", service_rs)
 }
-if len(ports) != 6:
-    err(f"expected six services with admin ports in contracts/src/service.rs, found {ports}")
+if len(ports) != 7:
+    err(f"expected seven services with admin ports in contracts/src/service.rs, found {ports}")
 
 configmaps = objs("ConfigMap")
 config = {}

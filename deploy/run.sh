@@ -26,15 +26,22 @@ export UNSUBSCRIBE_SECRET="${UNSUBSCRIBE_SECRET:-dev-unsubscribe-secret}"
 # Local webhook receivers (http://, localhost) are allowed; never in production.
 export WEBHOOK_ALLOW_INSECURE="${WEBHOOK_ALLOW_INSECURE:-1}"
 
+# The SMTP submission service's TLS: a self-signed pair under var/ unless one is given.
+if [ -z "${SMTP_TLS_CERT:-}" ]; then
+  ./deploy/smtp-cert.sh var/smtp-tls
+  export SMTP_TLS_CERT="$PWD/var/smtp-tls/cert.pem" SMTP_TLS_KEY="$PWD/var/smtp-tls/key.pem"
+fi
+
 # Each service's PostgreSQL role and database (the services cannot create them).
 "$bin/api-gateway" bootstrap
 
 # Services first, then the gateway that forwards to them.
-for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway; do
+for svc in billing domain inbound-ingest webhook-dispatcher sender api-gateway smtp-submission; do
   "$bin/$svc" &
   pids+=($!)
 done
 echo "postmesh: gateway on http://127.0.0.1:8080 (web app /app/login), outbox in var/outbox; Ctrl-C stops" >&2
+echo "postmesh: SMTP submission on 127.0.0.1:2587 (STARTTLS; user: your account's email, password: an API key)" >&2
 echo "postmesh: CLI at $bin/postmesh (postmesh login)" >&2
 # If any service exits, stop the rest.
 wait -n

@@ -1,5 +1,5 @@
-//! The six Postmesh services (DESIGN §1): their names on NATS and in database names, and
-//! their default admin ports.
+//! The Postmesh services: the six behind NATS (their names on NATS and in database names)
+//! and the SMTP submission edge, with their default admin ports.
 
 use std::fmt;
 
@@ -14,10 +14,13 @@ pub enum Service {
     Domain,
     InboundIngest,
     WebhookDispatcher,
+    /// The SMTP edge: a client of the gateway's HTTP API, with no database or NATS user.
+    SmtpSubmission,
 }
 
 impl Service {
-    /// Every service, in start order (services before the gateway that forwards to them).
+    /// Every service behind NATS, in start order (services before the gateway that forwards
+    /// to them); the SMTP edge, a client of the gateway, is not one of them.
     pub const ALL: [Service; 6] = [
         Service::Billing,
         Service::Sender,
@@ -39,6 +42,7 @@ impl Service {
             Service::Domain => "domain",
             Service::InboundIngest => "inbound-ingest",
             Service::WebhookDispatcher => "webhook-dispatcher",
+            Service::SmtpSubmission => "smtp-submission",
         }
     }
 
@@ -51,6 +55,7 @@ impl Service {
             Service::Domain => 9093,
             Service::InboundIngest => 9094,
             Service::WebhookDispatcher => 9095,
+            Service::SmtpSubmission => 9096,
         }
     }
 
@@ -87,6 +92,8 @@ mod tests {
         let ports: std::collections::HashSet<_> =
             Service::ALL.iter().map(|s| s.admin_port()).collect();
         assert_eq!((names.len(), ports.len()), (6, 6));
+        assert!(!names.contains(Service::SmtpSubmission.name()));
+        assert!(!ports.contains(&Service::SmtpSubmission.admin_port()));
         assert_eq!(Service::ApiGateway.database(&ns), "t_42_api_gateway");
         assert_eq!(
             Service::Billing.rpc_subject(&ns, "charge"),

@@ -150,8 +150,8 @@ settings! {
     NATS_URL = "nats://127.0.0.1:4223", "all: Postmesh's own NATS (`deploy/nats.conf`); each service signs in as the user named after it";
     NATS_STREAM_REPLICAS = "1", "all: replicas of each JetStream stream and of the request-body bucket, set when a service creates or finds them (3 on a three-node NATS cluster; at most the cluster's size)";
     NATS_PASSWORD = "" shown "`dev-<service>` (required in production)", "all: the service's own NATS user's password";
-    REDIS_URL = "redis://127.0.0.1:6379", "gateway";
-    ADMIN_ADDR = "" shown "`127.0.0.1:9090/9091/9092/9093/9094/9095`", "all: where `/healthz`, `/readyz` and `/metrics` are served";
+    REDIS_URL = "redis://127.0.0.1:6379", "gateway; smtp-submission (failed logins)";
+    ADMIN_ADDR = "" shown "`127.0.0.1:9090/9091/9092/9093/9094/9095/9096`", "all: where `/healthz`, `/readyz` and `/metrics` are served";
     DB_MAX_CONNECTIONS = "10", "all: the most connections of a service's database pool";
     DB_ACQUIRE_TIMEOUT_SECS = "5", "all: longest wait for a pooled database connection";
     UPSTREAM_TIMEOUT_SECS = "10", "all: NATS request/RPC timeout (the gateway answers 502 after it)";

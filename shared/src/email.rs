@@ -38,6 +38,11 @@ impl EmailAddress {
         &self.0
     }
 
+    /// The part after the `@`.
+    pub fn domain(&self) -> &str {
+        self.0.rsplit_once('@').map_or("", |(_, d)| d)
+    }
+
     /// What "the same address" means: see [`key`].
     pub fn key(&self) -> String {
         key(&self.0)

@@ -22,6 +22,7 @@ pub mod peek;
 pub mod receiver;
 mod routers;
 mod settings;
+pub mod smtp;
 mod stack;
 mod wait;
 pub mod web;

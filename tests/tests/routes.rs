@@ -379,6 +379,7 @@ fn settings() -> Vec<&'static postmesh_shared::config::Setting> {
         inbound_ingest::settings::SETTINGS,
         webhook_dispatcher::settings::SETTINGS,
         sender::settings::SETTINGS,
+        smtp_submission::settings::SETTINGS,
     ]
     .concat()
 }

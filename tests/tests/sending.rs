@@ -1,7 +1,10 @@
 //! `/send-email` end to end: every field reaching the delivered MIME, prices and charges,
 //! dry runs and test sends, recipient limits, variables, templates, schedules and
 //! cancellation, task status, the SMTP and SES transports, `/smtp-auth`, the plan's quota,
-//! and a sender killed mid-batch.
+//! and a sender killed mid-batch; sending over SMTP through the submission service (`smtp`).
+
+#[path = "sending/smtp.rs"]
+mod smtp;
 
 use std::time::Duration;
 
@@ -431,7 +434,13 @@ async fn sends_of_one_key_each_side_by_side() {
             a_thousand_recipients_are_accepted_deduplicated_and_delivered,
             attachments_up_to_ten_mib_are_delivered_and_more_is_refused,
             a_send_carries_the_stored_external_id_unless_the_recipient_gives_one,
-            sandbox_addresses_behave_as_their_names_say_and_cost_nothing
+            sandbox_addresses_behave_as_their_names_say_and_cost_nothing,
+            smtp::python_smtplib_sends_with_starttls_login_and_plain,
+            smtp::lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind,
+            smtp::a_retried_message_is_sent_and_charged_once,
+            smtp::sandbox_addresses_work_over_smtp,
+            smtp::each_refusal_has_its_smtp_answer,
+            smtp::a_client_that_misbehaves_is_cut_off
         ]
     );
 }

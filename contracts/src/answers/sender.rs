@@ -133,6 +133,19 @@ pub struct SendAnswer {
     pub campaign_key: Option<String>,
 }
 
+/// What `/smtp-envelope` says of an SMTP envelope.
+#[derive(Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct EnvelopeCheck {
+    /// Whether the workspace may send from `mailFrom` (true when none was given).
+    pub sendable: bool,
+    /// Why it may not; empty when it may.
+    pub reason: String,
+    /// The recipients no message may go to, with why (`suppressed:bounce`, …).
+    pub rejected: Vec<RejectedRecipient>,
+}
+
 /// One event as `/email-status` shows it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = EmailStatusEvent))]

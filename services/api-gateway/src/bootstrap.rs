@@ -11,16 +11,17 @@ use postmesh_shared::{Namespace, Service};
 
 use crate::settings::*;
 
-/// The setting that holds `service`'s database password.
-pub fn password_setting(service: Service) -> &'static Setting {
-    match service {
+/// The setting that holds `service`'s database password (the SMTP edge has no database).
+fn password_setting(service: Service) -> Option<&'static Setting> {
+    Some(match service {
         Service::ApiGateway => &API_GATEWAY_DATABASE_PASSWORD,
         Service::Billing => &BILLING_DATABASE_PASSWORD,
         Service::Sender => &SENDER_DATABASE_PASSWORD,
         Service::Domain => &DOMAIN_DATABASE_PASSWORD,
         Service::InboundIngest => &INBOUND_INGEST_DATABASE_PASSWORD,
         Service::WebhookDispatcher => &WEBHOOK_DISPATCHER_DATABASE_PASSWORD,
-    }
+        Service::SmtpSubmission => return None,
+    })
 }
 
 /// Makes the role and the database of every service in `POSTMESH_NAMESPACE`.
@@ -29,7 +30,9 @@ pub async fn run() -> anyhow::Result<()> {
     let admin_url = DATABASE_ADMIN_URL.string();
     let production = POSTMESH_ENV.string() == "production";
     for service in Service::ALL {
-        let setting = password_setting(service);
+        let Some(setting) = password_setting(service) else {
+            continue;
+        };
         let password = setting.opt();
         if production && password.is_none() {
             bail!("{} must be set in production", setting.name);

@@ -1,14 +1,15 @@
 //! `make soak`: the whole platform under faults. Every service runs as its own process in a
-//! fresh namespace; a steady load of sends, deducts, code sends and checks, and inbound
-//! messages (each delivered to two webhook receivers) runs while each service in turn is
+//! fresh namespace; a steady load of sends (over the API and over SMTP), deducts, code sends
+//! and checks, and inbound messages (each delivered to two webhook receivers) runs while each
+//! service in turn is
 //! killed with SIGKILL and started again, then PostgreSQL, Redis and NATS are restarted
 //! once each (`deploy/restart-dep.sh`). Afterwards it prints and asserts:
 //!
 //! - every request answered 2xx, except 502/503 (or no connection, while the gateway
 //!   itself is down) inside an outage window: from the fault until the part is back and
 //!   `SOAK_SETTLE_MS` (default 3000) have passed;
-//! - every send (retried under its `Idempotency-Key` until answered) stored once, answered
-//!   with its task, and delivered exactly once;
+//! - every send (retried under its `Idempotency-Key`, or over SMTP its Message-ID, until
+//!   answered) stored once, answered with its task, and delivered exactly once;
 //! - every charge matched to its work: one live charge per stored send at its cost, one per
 //!   deduct key, at most one per code address and only for one that got its email, nothing
 //!   left on hold, and the balance equal to the grant less the live charges;
@@ -55,6 +56,8 @@ struct Proc {
     service: Service,
     env: Vec<(&'static str, String)>,
     admin: SocketAddr,
+    /// The SMTP listener of an smtp-submission process.
+    smtp: Option<SocketAddr>,
     child: Option<tokio::process::Child>,
 }
 
@@ -115,7 +118,7 @@ async fn main() {
         start(p, &stack).await;
     }
     eprintln!(
-        "soak: six services up, {replicas} process(es) each, in namespace {:?} on {}",
+        "soak: seven services up, {replicas} process(es) each, in namespace {:?} on {}",
         common.namespace, common.nats_url
     );
     if cluster == 3 {
@@ -156,7 +159,10 @@ async fn main() {
     let deduct_keys: Shared<Vec<String>> = Shared::default();
     let accepted_inbound: Shared<Vec<String>> = Shared::default();
     let outbox = stack.outbox().to_owned();
+    let smtp: Vec<SocketAddr> = procs.iter().filter_map(|p| p.smtp).collect();
+    let user = stack.account_email(&key).await;
     let tasks = vec![
+        tokio::spawn(load.clone().smtp_sends(smtp, user, accepted_sends.clone())),
         tokio::spawn(load.clone().sends("a", accepted_sends.clone())),
         tokio::spawn(load.clone().sends("b", accepted_sends.clone())),
         tokio::spawn(load.clone().deducts(deduct_keys.clone())),
@@ -339,8 +345,9 @@ async fn leader(stack: &Stack, common: &Common, leading: &str) -> String {
     name.trim_start_matches('n').to_owned()
 }
 
-/// The six services' settings, in start order (the gateways last, at `gateways`), each
-/// service as many times as there are gateways.
+/// The seven services' settings, in start order (the gateways at `gateways`, then the SMTP
+/// service, each process of which uses one of them), each service as many times as there
+/// are gateways.
 fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
     let opts = Options::default();
     let mut dispatcher = dispatcher_config(common);
@@ -369,20 +376,46 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
         };
         (api_gateway::SERVICE, config.to_env())
     });
+    let smtp = gateways.clone().map(|(_, env)| {
+        let gateway = env.iter().find(|(name, _)| *name == "GATEWAY_ADDR");
+        let listen = free_port();
+        let config = smtp_submission::Config {
+            common: common.clone(),
+            listen,
+            tls_listen: None,
+            tls: None,
+            allow_plaintext_auth: true,
+            max_message_bytes: 1 << 20,
+            api_url: format!("http://{}", gateway.expect("the gateway's address").1),
+            hostname: "soak.postmesh.test".into(),
+            max_connections_per_ip: 100,
+            idle_timeout: Duration::from_secs(30),
+            max_commands: 1_000_000,
+            auth_failures: 10,
+            auth_failure_window: Duration::from_secs(600),
+        };
+        (smtp_submission::SERVICE, config.to_env())
+    });
     let replicas = gateways.len();
     backends
         .into_iter()
         .flat_map(|backend| std::iter::repeat_n(backend, replicas))
         .chain(gateways)
+        .chain(smtp)
         .map(|(service, mut env)| {
             let admin = free_port();
             env.retain(|(name, _)| *name != "ADMIN_ADDR");
             env.push(("ADMIN_ADDR", admin.to_string()));
             env.push(("RUST_LOG", "info".into()));
+            let smtp = env
+                .iter()
+                .find(|(name, _)| *name == "SMTP_LISTEN")
+                .and_then(|(_, addr)| addr.parse().ok());
             Proc {
                 service,
                 env,
                 admin,
+                smtp,
                 child: None,
             }
         })
@@ -474,6 +507,66 @@ impl Load {
                     .await
                 {
                     let task = answer["taskId"].as_str().expect("taskId").to_owned();
+                    accepted.lock().expect("sends").push(task);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+
+    /// One message over SMTP after another (the SMTP processes in turn), each to a fresh
+    /// recipient under a Message-ID of its own, sent again (a new connection when the last
+    /// broke) until answered 250; the tasks answered. A temporary refusal counts as a 503, a
+    /// permanent one as its code.
+    async fn smtp_sends(self, smtp: Vec<SocketAddr>, user: String, accepted: Shared<Vec<String>>) {
+        use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+        use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+        let transports: Vec<AsyncSmtpTransport<Tokio1Executor>> = smtp
+            .iter()
+            .map(|addr| {
+                AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+                    .port(addr.port())
+                    .credentials(Credentials::new(user.clone(), self.key.clone()))
+                    .authentication(vec![Mechanism::Plain])
+                    .timeout(Some(Duration::from_secs(20)))
+                    .build()
+            })
+            .collect();
+        let mut i = 0;
+        while self.running() {
+            i += 1;
+            let to = format!("soak-send-s{i}@example.com");
+            let message = lettre::Message::builder()
+                .message_id(Some(format!("<soak-smtp-{i}@soak.test>")))
+                .from("soak@postmesh.localhost".parse().expect("an address"))
+                .to(to.parse().expect("an address"))
+                .subject(format!("soak s{i}"))
+                .body("a soak message over SMTP".to_owned())
+                .expect("a message");
+            for attempt in 0.. {
+                let transport = &transports[(i + attempt) % transports.len()];
+                let sent = Instant::now();
+                let (outcome, task) = match transport.send(message.clone()).await {
+                    Ok(answer) => {
+                        let text = answer.message().collect::<Vec<_>>().join(" ");
+                        let task = text.split("queued as ").nth(1).map(|t| t.trim().to_owned());
+                        (Outcome::Status(u16::from(answer.code())), task)
+                    }
+                    Err(e) => match e.status() {
+                        Some(_) if e.is_transient() => (Outcome::Status(503), None),
+                        Some(code) => (Outcome::Status(u16::from(code)), None),
+                        None => (Outcome::Unreachable(format!("{e:#}")), None),
+                    },
+                };
+                self.journal.lock().expect("journal").calls.push((
+                    "smtp-send",
+                    sent,
+                    Instant::now(),
+                    outcome,
+                ));
+                if let Some(task) = task {
                     accepted.lock().expect("sends").push(task);
                     break;
                 }
@@ -630,9 +723,13 @@ impl Report<'_> {
                 Outcome::Status(s @ 200..=299) => (format!("{s}"), true),
                 Outcome::Status(s @ (502 | 503)) => (format!("{s}"), !windows.is_empty()),
                 Outcome::Status(s) => (format!("{s}"), false),
+                // No connection while the gateway is down; over SMTP, while the SMTP service is.
                 Outcome::Unreachable(_) => (
                     "no connection".into(),
-                    windows.iter().any(|w| w.part == "api-gateway"),
+                    windows.iter().any(|w| {
+                        w.part == "api-gateway"
+                            || (*op == "smtp-send" && w.part == smtp_submission::SERVICE.name())
+                    }),
                 ),
             };
             *table

@@ -45,6 +45,26 @@ impl Stack {
         found
     }
 
+    /// Delivered messages whose envelope went to `to` (the file transport's `X-Original-To`,
+    /// which a blind copy has too), oldest first.
+    pub fn delivered_to(&self, to: &str) -> Vec<String> {
+        let line = format!("x-original-to: {}", to.to_lowercase());
+        let mut found: Vec<(SystemTime, String)> = std::fs::read_dir(self.outbox())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "eml"))
+            .filter_map(|e| {
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                let first = text.lines().next()?.to_lowercase();
+                let written = e.metadata().and_then(|m| m.modified()).ok()?;
+                (first == line).then_some((written, text))
+            })
+            .collect();
+        found.sort_by_key(|(written, _)| *written);
+        found.into_iter().map(|(_, text)| text).collect()
+    }
+
     /// Waits until `count` messages to `to` were delivered; returns them. Fails the test
     /// when fewer arrive within `timeout`.
     pub async fn wait_for_messages(

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use lettre::address::Envelope;
 use lettre::transport::smtp::PoolConfig;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
@@ -73,14 +74,27 @@ pub enum Transport {
     Ses(SesClient),
 }
 
-/// The Message-ID of `message`: the provider id of transports that have none of their own.
-fn message_id(message: &Message) -> String {
-    message
-        .headers()
-        .get_raw("Message-ID")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
+/// A message as it goes out: its envelope, its bytes and its Message-ID (the provider id
+/// of transports that have none of their own).
+pub struct Outgoing {
+    pub envelope: Envelope,
+    pub bytes: Vec<u8>,
+    pub message_id: String,
+}
+
+impl From<Message> for Outgoing {
+    fn from(message: Message) -> Self {
+        Self {
+            envelope: message.envelope().clone(),
+            message_id: message
+                .headers()
+                .get_raw("Message-ID")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            bytes: message.formatted(),
+        }
+    }
 }
 
 impl Transport {
@@ -116,36 +130,38 @@ impl Transport {
     /// Delivers `message`; answers the provider's id of it. Delivering the same job again
     /// to `file` replaces, never duplicates, its file.
     pub async fn deliver(
-        &self, delivery_id: DeliveryId, message: Message,
+        &self, delivery_id: DeliveryId, message: Outgoing,
     ) -> Result<String, TransportError> {
+        let to: Vec<String> = message
+            .envelope
+            .to()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
         match self {
             Self::File { dir } => {
                 let tmp = dir.join(format!(".{delivery_id}.tmp"));
                 let path = dir.join(format!("{delivery_id}.eml"));
                 let io = |e: std::io::Error| TransportError::Transient(e.to_string());
                 // The envelope's recipients, so a Bcc copy shows whom it went to.
-                let to: Vec<String> = message
-                    .envelope()
-                    .to()
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect();
                 let mut eml = format!("X-Original-To: {}\r\n", to.join(", ")).into_bytes();
-                eml.extend_from_slice(&message.formatted());
+                eml.extend_from_slice(&message.bytes);
                 tokio::fs::write(&tmp, eml).await.map_err(io)?;
                 tokio::fs::rename(&tmp, &path).await.map_err(io)?;
-                Ok(message_id(&message))
+                Ok(message.message_id)
             }
-            Self::Smtp(smtp) => match smtp.send(message.clone()).await {
-                Ok(_) => Ok(message_id(&message)),
+            Self::Smtp(smtp) => match smtp.send_raw(&message.envelope, &message.bytes).await {
+                Ok(_) => Ok(message.message_id),
                 Err(e) if e.is_permanent() => Err(TransportError::Permanent(e.to_string())),
                 Err(e) => Err(TransportError::Transient(e.to_string())),
             },
             Self::Ses(ses) => {
-                let envelope = message.envelope();
-                let from = envelope.from().map(|a| a.to_string()).unwrap_or_default();
-                let to: Vec<String> = envelope.to().iter().map(|a| a.to_string()).collect();
-                match ses.send_raw(&from, &to, &message.formatted()).await {
+                let from = message
+                    .envelope
+                    .from()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                match ses.send_raw(&from, &to, &message.bytes).await {
                     Ok(id) => Ok(id),
                     Err(e) if e.is_transient() => Err(TransportError::Transient(e.to_string())),
                     Err(e) => Err(TransportError::Permanent(e.to_string())),

@@ -1,11 +1,15 @@
 //! Sending: a send request parsed and checked (`request`, `governance`), charged and
-//! stored as tasks (`send`, `settle`, `tasks`), scheduled (`schedule`), rendered from
+//! stored as tasks (`send`, `settle`, `tasks`) once under its idempotency key (`keyed`), a
+//! raw message from an SMTP relay (`raw`, `raw_mime`), scheduled (`schedule`), rendered from
 //! templates (`templates`, `render`), campaigns, the ledger of each message's delivery
 //! events (`events`) and what a task's status shows (`status`).
 
 pub mod campaigns;
 pub mod events;
 pub mod governance;
+pub mod keyed;
+pub mod raw;
+pub mod raw_mime;
 pub mod render;
 pub mod request;
 pub mod schedule;
@@ -35,6 +39,8 @@ pub fn routes() -> Routes<AppState> {
         .at(api::SMTP_AUTH, smtp_auth::check)
         .takes::<smtp_auth::Body>()
         .answers::<smtp_auth::SmtpAuth>()
+        .at(api::SMTP_ENVELOPE, raw::envelope)
+        .at(api::SEND_RAW, raw::send_raw)
         .at(api::CAMPAIGNS, campaigns::list)
         .at(api::CAMPAIGN_CREATE, campaigns::create)
         .at(api::CAMPAIGN, campaigns::read)

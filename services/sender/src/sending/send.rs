@@ -12,12 +12,12 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, IdempotencyKey, JsonBody};
 use postmesh_shared::proto::{ChargeRequest, SendableRequest};
 use postmesh_shared::{cpu, nats, ApiError, EmailAddress, Success, TaskId};
-use sha2::{Digest, Sha256};
-use sqlx::types::Json;
 use sqlx::{Postgres, Transaction};
 
 use crate::model::sandbox::Outcome;
 use crate::model::Recipient;
+use crate::sending::keyed::Keyed;
+use crate::sending::raw_mime::RawMessage;
 use crate::sending::render::{add_utm, fill};
 use crate::sending::request::{Content, Rejected, SendBody, SendRequest, Target};
 use crate::sending::settle::{self, Action};
@@ -108,15 +108,16 @@ async fn compose(
             in_reply_to: req.in_reply_to.clone(),
             references: req.references.clone(),
             test: req.test_send,
+            envelope_from: None,
         },
         template,
     ))
 }
 
-/// 400 unless the domain service says `from` may be sent from by this workspace.
-async fn check_sendable(
+/// Why the domain service says this workspace may not send from `from`, if it may not.
+pub(crate) async fn refusal(
     state: &AppState, caller: &Caller, from: &EmailAddress,
-) -> Result<(), ApiError> {
+) -> Result<Option<String>, ApiError> {
     let reply = nats::call(
         &state.nats,
         &state.ns,
@@ -127,13 +128,24 @@ async fn check_sendable(
         },
     )
     .await?;
-    if reply.sendable {
+    Ok((!reply.sendable).then_some(reply.reason))
+}
+
+/// 400 unless this workspace may send from `from` (403 for a raw message's addresses: a
+/// relay answers it as a policy refusal).
+async fn check_sendable(
+    state: &AppState, caller: &Caller, from: &EmailAddress, raw: bool,
+) -> Result<(), ApiError> {
+    let Some(reason) = refusal(state, caller, from).await? else {
         return Ok(());
-    }
-    Err(ApiError::BadRequest(format!(
-        "fromEmail {from} cannot be used: {}",
-        reply.reason
-    )))
+    };
+    let what = if raw { "sender" } else { "fromEmail" };
+    let message = format!("{what} {from} cannot be used: {reason}");
+    Err(if raw {
+        ApiError::Forbidden(message)
+    } else {
+        ApiError::BadRequest(message)
+    })
 }
 
 /// `POST /send-email`. With an `Idempotency-Key` header, a repeat of a stored send gets the
@@ -144,60 +156,33 @@ pub(crate) async fn send(
     JsonBody(body): JsonBody<SendBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
     let keyed = key.map(|key| Keyed::new(key, &body));
+    once(&state, &caller, body, keyed, None)
+        .await
+        .map(Success::new)
+}
+
+/// Submits a send (of `raw`, when it is a raw message) as a new task, unless one is stored
+/// under `keyed`: then that one's answer.
+pub(crate) async fn once(
+    state: &AppState, caller: &Caller, body: SendBody, keyed: Option<Keyed>,
+    raw: Option<&RawMessage>,
+) -> Result<SendAnswer, ApiError> {
     if let Some(keyed) = &keyed {
-        if let Some(answer) = keyed.stored(&state, &caller).await? {
-            return Ok(Success::new(answer));
+        if let Some(answer) = keyed.stored(state, caller).await? {
+            return Ok(answer);
         }
     }
-    match submit(&state, &caller, body, TaskId::new(), keyed.as_ref()).await {
-        Ok(answer) => Ok(Success::new(answer)),
+    match submit(state, caller, body, TaskId::new(), keyed.as_ref(), raw).await {
+        Ok(answer) => Ok(answer),
         // A twin with the same key may have committed first (this one's charge is already
         // refunded): its answer is this one's.
         Err(e) => match &keyed {
-            Some(keyed) => match keyed.stored(&state, &caller).await {
-                Ok(Some(answer)) => Ok(Success::new(answer)),
+            Some(keyed) => match keyed.stored(state, caller).await {
+                Ok(Some(answer)) => Ok(answer),
                 _ => Err(e),
             },
             None => Err(e),
         },
-    }
-}
-
-/// A send's `Idempotency-Key` with the digest of its body in canonical form.
-pub(crate) struct Keyed {
-    key: IdempotencyKey,
-    digest: Vec<u8>,
-}
-
-impl Keyed {
-    fn new(key: IdempotencyKey, body: &SendBody) -> Self {
-        let canonical = serde_json::to_vec(body).unwrap_or_default();
-        Self {
-            key,
-            digest: Sha256::digest(canonical).to_vec(),
-        }
-    }
-
-    /// The answer of the send stored under this key, if any; 409 when it was made with
-    /// another body.
-    async fn stored(
-        &self, state: &AppState, caller: &Caller,
-    ) -> Result<Option<SendAnswer>, ApiError> {
-        let row: Option<(Vec<u8>, Json<SendAnswer>)> = sqlx::query_as(
-            "SELECT request_digest, answer FROM tasks
-             WHERE workspace_id = $1 AND idempotency_key = $2",
-        )
-        .bind(caller.workspace)
-        .bind(self.key.as_str())
-        .fetch_optional(&state.db)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some((digest, Json(answer))) if digest == self.digest => Ok(Some(answer)),
-            Some(_) => Err(ApiError::Conflict(
-                "this Idempotency-Key was used for another send; use a new key".into(),
-            )),
-        }
     }
 }
 
@@ -206,6 +191,7 @@ impl Keyed {
 /// `Idempotency-Key` (a dry run stores nothing, so its key binds nothing).
 pub(crate) async fn submit(
     state: &AppState, caller: &Caller, body: SendBody, id: TaskId, keyed: Option<&Keyed>,
+    raw: Option<&RawMessage>,
 ) -> Result<SendAnswer, ApiError> {
     let now = now_unix();
     let mut body = body;
@@ -220,8 +206,16 @@ pub(crate) async fn submit(
         .from_email
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
-    check_sendable(state, caller, &from).await?;
-    let (mut message, template) = compose(state, caller, &req, &from).await?;
+    check_sendable(state, caller, &from, raw.is_some()).await?;
+    let (mut message, template) = match raw {
+        Some(raw) => {
+            if raw.envelope_from != from {
+                check_sendable(state, caller, &raw.envelope_from, true).await?;
+            }
+            (raw.task_message(), None)
+        }
+        None => compose(state, caller, &req, &from).await?,
+    };
     let (campaign_key, mut recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     sandbox_rules(state, &message, &mut recipients, &mut rejected)?;
     // A test send goes to the caller alone, whatever the rules.
@@ -273,6 +267,7 @@ pub(crate) async fn submit(
         cost,
         now,
         idempotency: None,
+        mime: raw.map(|r| r.mime.as_slice()),
     };
     let answer = |task_id| SendAnswer {
         task_id,

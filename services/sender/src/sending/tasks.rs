@@ -37,6 +37,10 @@ pub struct TaskMessage {
     pub references: Vec<String>,
     /// A test send (`testSend`): marked as such in the message.
     pub test: bool,
+    /// A raw message's envelope sender: its MIME, stored beside the task, goes out as its
+    /// client wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_from: Option<String>,
 }
 
 /// A task to store.
@@ -58,6 +62,8 @@ pub struct NewTask<'a> {
     pub now: i64,
     /// The `Idempotency-Key` it was made with, if any.
     pub idempotency: Option<Idempotency<'a>>,
+    /// A raw message's MIME, as it goes out.
+    pub mime: Option<&'a [u8]>,
 }
 
 /// A send's `Idempotency-Key`: the key, the digest of the body it is bound to, and the
@@ -89,6 +95,13 @@ pub async fn insert(
         .await?;
     }
     insert_attachments(tx, task).await?;
+    if let Some(mime) = task.mime {
+        sqlx::query("INSERT INTO task_mime (task_id, mime) VALUES ($1, $2)")
+            .bind(task.id)
+            .bind(mime)
+            .execute(&mut *tx)
+            .await?;
+    }
     let recipients: Vec<(DeliveryId, &str)> = deliveries
         .into_iter()
         .zip(task.recipients.iter().map(|r| r.email.as_str()))
@@ -303,6 +316,8 @@ pub struct LoadedTask {
     pub workspace_id: Uuid,
     pub email_type: EmailType,
     pub topic: Option<String>,
+    /// A raw message's MIME (its message has an `envelope_from`).
+    pub mime: Option<Vec<u8>>,
 }
 
 impl LoadedTask {
@@ -314,6 +329,7 @@ impl LoadedTask {
             .sum::<usize>()
             + self.message.html.len()
             + self.message.text.len()
+            + self.mime.as_ref().map_or(0, Vec::len)
             + 1024
     }
 }
@@ -344,11 +360,21 @@ pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::E
         content,
     })
     .collect();
+    let mime = match message.envelope_from {
+        Some(_) => {
+            sqlx::query_scalar("SELECT mime FROM task_mime WHERE task_id = $1")
+                .bind(id)
+                .fetch_optional(db)
+                .await?
+        }
+        None => None,
+    };
     Ok(Some(LoadedTask {
         message,
         attachments,
         workspace_id,
         email_type,
         topic,
+        mime,
     }))
 }

@@ -515,7 +515,7 @@ async fn send(
         email: run.caller_email.clone(),
     };
     let id = task_id(run.id, pc, run.attempts);
-    crate::sending::send::submit(state, &caller, body, id, None).await?;
+    crate::sending::send::submit(state, &caller, body, id, None, None).await?;
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! Stage 2, build: the MIME message of a job — Message-ID on our domain (or the sender's
 //! own), Date, From/To/Cc/Reply-To, the threading headers, plain text and HTML as
-//! alternatives, and attachments — from a code email's job or a task's stored message.
+//! alternatives, and attachments — from a code email's job or a task's stored message; a
+//! raw message's stored MIME as its client wrote it.
 
+use lettre::address::Envelope;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::Message;
@@ -9,6 +11,7 @@ use std::borrow::Cow;
 
 use postmesh_shared::proto::CodeEmail;
 
+use crate::delivery::transport::Outgoing;
 use crate::sending::render::put_unsubscribe;
 use crate::sending::tasks::LoadedTask;
 
@@ -165,4 +168,38 @@ pub(super) fn build(d: &Draft<'_>) -> Result<Message, String> {
         builder.multipart(mixed)
     };
     built.map_err(|e| format!("could not build the message: {e}"))
+}
+
+/// A raw task's message to `to`: its stored MIME as the client wrote it, after the
+/// recipient's one-click unsubscribe fields when it has a link.
+pub(super) fn raw(
+    task: &LoadedTask, mime: &[u8], to: &str, unsubscribe: Option<&str>,
+) -> Result<Outgoing, String> {
+    let m = &task.message;
+    let address = |what: &str, a: &str| {
+        a.parse::<lettre::Address>()
+            .map_err(|e| format!("invalid {what} address {a:?}: {e}"))
+    };
+    let from = address(
+        "envelope sender",
+        m.envelope_from.as_deref().unwrap_or(&m.from_email),
+    )?;
+    let envelope = Envelope::new(Some(from), vec![address("recipient", to)?])
+        .map_err(|e| format!("invalid envelope: {e}"))?;
+    let mut bytes = Vec::with_capacity(mime.len() + 256);
+    if let Some(link) = unsubscribe {
+        // RFC 8058 one-click, as on the messages built here.
+        bytes.extend_from_slice(
+            format!(
+                "List-Unsubscribe: <{link}>\r\nList-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    bytes.extend_from_slice(mime);
+    Ok(Outgoing {
+        envelope,
+        bytes,
+        message_id: m.message_id.clone().unwrap_or_default(),
+    })
 }

@@ -25,7 +25,7 @@ use postmesh_shared::{DeliveryId, JobId, Runtime, TaskId, WorkspaceId};
 
 use postmesh_shared::db::now_unix;
 
-use crate::delivery::transport::{Transport, TransportError};
+use crate::delivery::transport::{Outgoing, Transport, TransportError};
 use crate::delivery::unsubscribe::Unsubscribe;
 use crate::model::sandbox::Sandbox;
 use crate::sending::events::Outlet;
@@ -236,17 +236,23 @@ impl Stages for Delivery {
             Err(e) => return Err(Failure::Permanent(e.to_string())),
         }
         let message_id = format!("<{id}@{}>", self.outlet.message_id_domain);
-        let draft = match (&job.body, &letter.task) {
-            (Body::Code { email, .. }, _) => message::Draft::of_code(email, message_id),
+        let message = match (&job.body, &letter.task) {
+            (Body::Code { email, .. }, _) => {
+                message::build(&message::Draft::of_code(email, message_id)).map(Outgoing::from)
+            }
             (Body::Slice { .. }, Some(task)) => {
                 let link = self.unsubscribe_link(task, to, id.as_uuid());
-                message::Draft::of_task(task, to, message_id, link)
+                match &task.mime {
+                    Some(mime) => message::raw(task, mime, to, link.as_deref()),
+                    None => message::build(&message::Draft::of_task(task, to, message_id, link))
+                        .map(Outgoing::from),
+                }
             }
             (Body::Slice { task, .. }, None) => {
                 return Err(Failure::Permanent(format!("task {task} no longer exists")))
             }
-        };
-        let message = message::build(&draft).map_err(Failure::Permanent)?;
+        }
+        .map_err(Failure::Permanent)?;
         self.transport
             .deliver(id, message)
             .await

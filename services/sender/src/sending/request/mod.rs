@@ -17,8 +17,8 @@ use crate::model::{self, Recipient};
 mod body;
 
 pub use body::{
-    Addresses, AttachmentBody, EmailTypeText, HeaderText, MessageIdText, SendBody, TemplateKeyText,
-    To, ToItem,
+    Addresses, AttachmentBody, Base64Text, EmailTypeText, HeaderText, MessageIdText, SendBody,
+    TemplateKeyText, To, ToItem,
 };
 
 /// Recipients of one send at most (DESIGN §6).
@@ -158,7 +158,7 @@ fn address(field: &str, raw: &str) -> Result<EmailAddress, ApiError> {
 }
 
 /// A Message-ID as RFC 5322 writes it (`<left@right>`); given with or without brackets.
-fn msg_id(field: &str, raw: &str) -> Result<String, ApiError> {
+pub(crate) fn msg_id(field: &str, raw: &str) -> Result<String, ApiError> {
     let inner = raw.trim();
     let inner = inner
         .strip_prefix('<')

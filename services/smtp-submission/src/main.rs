@@ -1,0 +1,2 @@
+//! The smtp-submission service binary.
+postmesh_shared::service_main!(smtp_submission);

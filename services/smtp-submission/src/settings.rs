@@ -1,0 +1,19 @@
+//! The SMTP submission service's settings (its rows of `docs/configuration.md`).
+
+use postmesh_shared::settings;
+
+settings! {
+    SMTP_LISTEN = "127.0.0.1:2587", "smtp-submission: the submission listener (STARTTLS; 587 on Kubernetes)";
+    SMTP_TLS_LISTEN = "" shown "none", "smtp-submission: a listener with implicit TLS (465 on Kubernetes), when set";
+    SMTP_TLS_CERT / SMTP_TLS_KEY = "" shown "none (`make run` makes a self-signed pair under `var/`)",
+        "smtp-submission: the certificate chain and private key (PEM) of STARTTLS and the implicit-TLS listener; without them neither is offered";
+    SMTP_ALLOW_PLAINTEXT_AUTH = "0", "smtp-submission: `1` lets clients sign in without TLS (tests, a private network); else `AUTH` before `STARTTLS` is answered 530";
+    SMTP_MAX_MESSAGE_BYTES = "26214400", "smtp-submission: the largest message (advertised as `SIZE`; larger ones get 552 5.3.4), at most 33554432";
+    SMTP_API_URL = "http://127.0.0.1:8080", "smtp-submission: the gateway's HTTP API, through which logins are checked and messages sent";
+    SMTP_HOSTNAME = "localhost", "smtp-submission: the name the server greets with";
+    SMTP_MAX_CONNECTIONS_PER_IP = "20", "smtp-submission: connections one client address may hold at once (per replica); beyond, 421";
+    SMTP_IDLE_TIMEOUT_SECS = "300", "smtp-submission: how long a connection may wait between commands (or within a message) before 421 and close";
+    SMTP_MAX_COMMANDS = "10000", "smtp-submission: commands one connection may send; beyond, 421 and close";
+    SMTP_AUTH_FAILURES = "10" | SMTP_AUTH_FAILURE_WINDOW_SECS = "600",
+        "smtp-submission: failed logins from one client address, all replicas together, after which its connections get 421 until the window has passed";
+}

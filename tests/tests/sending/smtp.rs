@@ -1,0 +1,577 @@
+//! The SMTP submission service against a running stack: real clients (Python's `smtplib`
+//! over STARTTLS with AUTH LOGIN and PLAIN, `lettre` over implicit TLS) whose messages arrive
+//! as they wrote them, a retried message sent and charged once, the sandbox over SMTP, and
+//! each refusal's SMTP answer.
+
+use std::time::Duration;
+
+use lettre::message::header::ContentType;
+use lettre::message::{Attachment, Mailbox, MultiPart};
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use postmesh_shared::{Success, TaskId};
+use postmesh_tests::smtp::{plain, SmtpConn, SmtpReply, SmtpServer};
+use postmesh_tests::{eventually, Stack};
+use sender::sending::events::Kind;
+use sender::sending::status::TaskProgress;
+
+/// What the Python client sends: over STARTTLS, signed in with LOGIN (prompted) on one
+/// connection and PLAIN on another, to a UTF-8 address (so smtplib uses SMTPUTF8 and writes
+/// its headers in UTF-8), a message with an 8-bit body and a binary attachment.
+const PYTHON_CLIENT: &str = r#"
+import os, smtplib, ssl, sys
+from email.message import EmailMessage
+
+def message(n):
+    msg = EmailMessage()
+    msg["From"] = "Änne Süß <" + os.environ["FROM"] + ">"
+    msg["To"] = os.environ["TO"]
+    msg["Subject"] = "Grüße über SMTP " + str(n)
+    msg["Message-ID"] = "<python-%d-%s>" % (n, os.environ["FROM"])
+    msg.set_content("Hällo, ein 8-bit Text.\n", cte="8bit")
+    msg.add_attachment(bytes(range(256)) * 40, maintype="application",
+                       subtype="octet-stream", filename="blob.bin")
+    return msg
+
+ctx = ssl.create_default_context(cafile=os.environ["CERT"])
+ctx.check_hostname = False
+ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+for n, how in enumerate(["LOGIN", "PLAIN"]):
+    with smtplib.SMTP("127.0.0.1", int(os.environ["PORT"]), timeout=30) as s:
+        s.ehlo()
+        s.starttls(context=ctx)
+        s.ehlo()
+        if how == "LOGIN":
+            s.user, s.password = os.environ["USER"], os.environ["KEY"]
+            s.auth("LOGIN", s.auth_login, initial_response_ok=False)
+        else:
+            s.login(os.environ["USER"], os.environ["KEY"])
+        refused = s.send_message(message(n))
+        assert not refused, refused
+        code, text = s.noop()
+        print(how, code)
+"#;
+
+fn at(local: &str) -> String {
+    format!("{local}@example.com")
+}
+
+/// The task named in a `250 … queued as <task>` reply.
+fn task_of(reply: &SmtpReply) -> TaskId {
+    assert_eq!(reply.0, 250, "{reply:?}");
+    let id = reply
+        .1
+        .split("queued as ")
+        .nth(1)
+        .expect("a task in the reply");
+    TaskId::parse(id.split(';').next().unwrap_or_default().trim()).expect("a task id")
+}
+
+/// `GET /email-status/{task}` until no recipient is queued.
+async fn finished(stack: &Stack, key: &str, task: TaskId) -> TaskProgress {
+    let client = stack.client(key);
+    let client = &client;
+    eventually(Duration::from_secs(30), || async move {
+        let p: Success<TaskProgress> = client
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        if p.body.queued == 0 && p.body.total > 0 {
+            Ok(p.body)
+        } else {
+            Err(format!("{} of {} queued", p.body.queued, p.body.total))
+        }
+    })
+    .await
+}
+
+/// Waits for `count` messages whose envelope went to `to`; returns them.
+async fn delivered(stack: &Stack, to: &str, count: usize) -> Vec<String> {
+    eventually(Duration::from_secs(30), || async {
+        let found = stack.delivered_to(to);
+        if found.len() >= count {
+            Ok(found)
+        } else {
+            Err(format!("{} of {count} messages to {to}", found.len()))
+        }
+    })
+    .await
+}
+
+/// MAIL, RCPT (each accepted) and DATA with `message`; the final reply.
+async fn transaction(conn: &mut SmtpConn, from: &str, to: &[&str], message: &str) -> SmtpReply {
+    assert_eq!(conn.send(&format!("MAIL FROM:<{from}>")).await.0, 250);
+    for to in to {
+        let reply = conn.send(&format!("RCPT TO:<{to}>")).await;
+        assert_eq!(reply.0, 250, "{to}: {reply:?}");
+    }
+    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.write(message.replace('\n', "\r\n").as_bytes()).await;
+    conn.send(".").await
+}
+
+/// Python's smtplib over STARTTLS, signed in with AUTH LOGIN and with AUTH PLAIN: each
+/// message arrives with its UTF-8 headers, its 8-bit body and its attachment's bytes as the
+/// client wrote them, and is charged per recipient.
+pub(crate) async fn python_smtplib_sends_with_starttls_login_and_plain(stack: &Stack) {
+    let smtp = SmtpServer::start(stack, |_| {}).await;
+
+    let key = stack.key(10).await;
+    let user = stack.account_email(&key).await;
+    let (from, to) = ("python@postmesh.localhost", at("jörg-python"));
+    let out = tokio::process::Command::new("python3")
+        .args(["-c", PYTHON_CLIENT])
+        .env("PORT", smtp.addr.port().to_string())
+        .env("CERT", &smtp.cert)
+        .env("USER", &user)
+        .env("KEY", &key)
+        .env("FROM", from)
+        .env("TO", &to)
+        .output()
+        .await
+        .expect("python3 runs");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "smtplib failed: {printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(printed.trim(), "LOGIN 250\nPLAIN 250");
+    let delivered = delivered(stack, &to, 2).await;
+    let blob: Vec<u8> = (0..=255u8).cycle().take(256 * 40).collect();
+    for eml in &delivered {
+        let parsed = mail_parser::MessageParser::default()
+            .parse(eml.as_bytes())
+            .expect("a message");
+        assert!(
+            eml.contains("From: Änne Süß <python@postmesh.localhost>"),
+            "{eml}"
+        );
+        assert!(parsed
+            .subject()
+            .unwrap_or_default()
+            .starts_with("Grüße über SMTP"));
+        assert!(
+            eml.contains("Hällo, ein 8-bit Text."),
+            "the 8-bit body as written"
+        );
+        let attachment = parsed.attachment(0).expect("the attachment");
+        assert_eq!(attachment.contents(), blob.as_slice());
+        assert_eq!(parsed.attachment_count(), 1);
+    }
+    assert_eq!(
+        stack.settled_balance(&key).await,
+        8,
+        "one credit per message"
+    );
+    smtp.stop().await;
+}
+
+/// lettre over implicit TLS with AUTH PLAIN: a marketing message with a topic and a blind
+/// copy. Each envelope recipient gets the message as written, with the one-click unsubscribe
+/// fields; the Bcc and `X-Postmesh-*` fields reach nobody; three recipients cost three.
+pub(crate) async fn lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind(stack: &Stack) {
+    let smtp = SmtpServer::start(stack, |_| {}).await;
+
+    let key = stack.key(10).await;
+    let user = stack.account_email(&key).await;
+    let pem = std::fs::read(&smtp.cert).expect("the certificate");
+    let tls = TlsParameters::builder("localhost".into())
+        .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
+        .build_rustls()
+        .expect("TLS parameters");
+    let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+        .port(smtp.tls_addr.port())
+        .tls(Tls::Wrapper(tls))
+        .credentials(Credentials::new(user, key.clone()))
+        .authentication(vec![Mechanism::Plain])
+        .build();
+    let (to, cc, bcc) = (at("lettre-to"), at("lettre-cc"), at("lettre-bcc"));
+    let message = Message::builder()
+        .from("News <news@postmesh.localhost>".parse::<Mailbox>().unwrap())
+        .to(to.parse().unwrap())
+        .cc(cc.parse().unwrap())
+        .bcc(bcc.parse().unwrap())
+        .subject("Our news")
+        .raw_header(lettre::message::header::HeaderValue::new(
+            lettre::message::header::HeaderName::new_from_ascii_str("X-Postmesh-Email-Type"),
+            "marketing".into(),
+        ))
+        .raw_header(lettre::message::header::HeaderValue::new(
+            lettre::message::header::HeaderName::new_from_ascii_str("X-Postmesh-Topic"),
+            "news".into(),
+        ))
+        .multipart(
+            MultiPart::mixed()
+                .multipart(MultiPart::alternative_plain_html(
+                    "plain news".to_owned(),
+                    "<p>html news</p>".to_owned(),
+                ))
+                .singlepart(
+                    Attachment::new("notes.txt".into())
+                        .body(b"attached".to_vec(), ContentType::TEXT_PLAIN),
+                ),
+        )
+        .expect("a message");
+    let answer = transport.send(message).await.expect("lettre sends");
+    let text = answer.message().collect::<Vec<_>>().join(" ");
+    assert!(text.contains("queued as"), "{text}");
+    for address in [&to, &cc, &bcc] {
+        let delivered = delivered(stack, address, 1).await.remove(0);
+        // What the recipient sees: the message after the file transport's envelope line.
+        let seen = delivered.split_once('\n').map_or("", |(_, m)| m);
+        assert!(
+            !seen.contains("lettre-bcc"),
+            "the blind copy shows: {delivered}"
+        );
+        assert!(!delivered.contains("X-Postmesh"), "{delivered}");
+        assert!(delivered.contains("List-Unsubscribe-Post: List-Unsubscribe=One-Click"));
+        assert!(delivered.contains("plain news") && delivered.contains("<p>html news</p>"));
+        assert!(delivered.contains("filename=\"notes.txt\""), "{delivered}");
+    }
+    assert_eq!(
+        stack.settled_balance(&key).await,
+        7,
+        "three recipients, three credits"
+    );
+    smtp.stop().await;
+}
+
+/// A client that lost the `250` and sends the same message again (same Message-ID) gets the
+/// same task; nothing is sent or charged twice. A message without a Message-ID gets one on
+/// its sender's domain. A connection cut within DATA sends nothing.
+pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
+    let smtp = SmtpServer::start(stack, |c| c.allow_plaintext_auth = true).await;
+
+    let key = stack.key(10).await;
+    let user = stack.account_email(&key).await;
+    let (a, b, hidden) = (at("retry-a"), at("retry-b"), at("retry-hidden"));
+    // A client that writes its blind copy into the header (as some do).
+    let message = format!(
+        "From: retry@postmesh.localhost\nTo: {a}, {b}\nBcc: {hidden}\nSubject: once\n\
+         Message-ID: <retry-1@client.test>\n\nonly once\n"
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let mut conn = smtp.connect().await;
+        conn.login(&user, &key).await;
+        let to = [a.as_str(), b.as_str(), hidden.as_str()];
+        let reply = transaction(&mut conn, "retry@postmesh.localhost", &to, &message).await;
+        tasks.push(task_of(&reply));
+    }
+    assert_eq!(tasks[0], tasks[1], "the retry answers the first task");
+    let progress = finished(stack, &key, tasks[0]).await;
+    assert_eq!((progress.total, progress.sent), (3, 3));
+    for to in [&a, &b, &hidden] {
+        let delivered = stack.delivered_to(to);
+        assert_eq!(delivered.len(), 1, "{to}");
+        assert!(!delivered[0].contains("Bcc:"), "{}", delivered[0]);
+    }
+    assert_eq!(stack.settled_balance(&key).await, 7);
+    // Without a Message-ID: one on the From domain; the same text again is another message.
+    let (c, plain_text) = (
+        at("retry-c"),
+        "From: me@postmesh.localhost\nSubject: x\n\nhi\n",
+    );
+    let mut conn = smtp.connect().await;
+    conn.login(&user, &key).await;
+    let first = task_of(&transaction(&mut conn, "me@postmesh.localhost", &[&c], plain_text).await);
+    let second = task_of(&transaction(&mut conn, "me@postmesh.localhost", &[&c], plain_text).await);
+    assert_ne!(first, second);
+    let delivered = delivered(stack, &c, 2).await;
+    assert!(
+        delivered[0].contains("@postmesh.localhost>"),
+        "{}",
+        delivered[0]
+    );
+    // Cut within DATA: nothing stored, nothing charged.
+    let mut cut = smtp.connect().await;
+    cut.login(&user, &key).await;
+    assert_eq!(cut.send("MAIL FROM:<me@postmesh.localhost>").await.0, 250);
+    assert_eq!(
+        cut.send(&format!("RCPT TO:<{}>", at("retry-cut"))).await.0,
+        250
+    );
+    assert_eq!(cut.send("DATA").await.0, 354);
+    cut.write(b"From: me@postmesh.localhost\r\nSubject: cut\r\n\r\nhalf a mess")
+        .await;
+    drop(cut);
+    assert_eq!(conn.send("NOOP").await.0, 250);
+    assert_eq!(stack.settled_balance(&key).await, 5);
+    assert!(stack.delivered_to(&at("retry-cut")).is_empty());
+    smtp.stop().await;
+}
+
+/// Sandbox addresses over SMTP behave as over the API and cost nothing; `suppressed@` is
+/// refused at RCPT TO and an unknown one names the valid ones.
+pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
+    let smtp = SmtpServer::start(stack, |c| c.allow_plaintext_auth = true).await;
+
+    let key = stack.key(1).await;
+    let user = stack.account_email(&key).await;
+    let mut conn = smtp.connect().await;
+    conn.login(&user, &key).await;
+    assert_eq!(conn.send("MAIL FROM:<s@postmesh.localhost>").await.0, 250);
+    let suppressed = conn
+        .send("RCPT TO:<suppressed@sandbox.postmesh.test>")
+        .await;
+    assert_eq!(suppressed.0, 550, "{suppressed:?}");
+    assert!(suppressed.1.starts_with("5.7.1") && suppressed.1.contains("suppressed:sandbox"));
+    let unknown = conn.send("RCPT TO:<nobody@sandbox.postmesh.test>").await;
+    assert_eq!(unknown.0, 550, "{unknown:?}");
+    assert!(
+        unknown.1.contains("delivered"),
+        "names the valid ones: {unknown:?}"
+    );
+    assert_eq!(conn.send("RSET").await.0, 250);
+    let (delivered, bounced) = (
+        "delivered@sandbox.postmesh.test",
+        "bounced+smtp@sandbox.postmesh.test",
+    );
+    let message = "From: s@postmesh.localhost\nSubject: sandbox\n\nhi\n";
+    let reply = transaction(
+        &mut conn,
+        "s@postmesh.localhost",
+        &[delivered, bounced],
+        message,
+    )
+    .await;
+    let task = task_of(&reply);
+    let client = stack.client(&key);
+    let client = &client;
+    eventually(Duration::from_secs(30), || async move {
+        let p: Success<TaskProgress> = client
+            .get(&format!("/email-status/{task}"), StatusCode::OK)
+            .await;
+        let kinds: Vec<(String, Vec<Kind>)> = p
+            .body
+            .recipients
+            .iter()
+            .map(|r| {
+                let kinds = r
+                    .events
+                    .iter()
+                    .map(|e| e.kind)
+                    .filter(|k| *k != Kind::Queued);
+                (r.email.clone(), kinds.collect())
+            })
+            .collect();
+        let want = vec![
+            (delivered.to_owned(), vec![Kind::Sent, Kind::Delivered]),
+            (bounced.to_owned(), vec![Kind::Sent, Kind::Bounced]),
+        ];
+        if kinds == want {
+            Ok(())
+        } else {
+            Err(format!("{kinds:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        stack.settled_balance(&key).await,
+        1,
+        "the sandbox costs nothing"
+    );
+    smtp.stop().await;
+}
+
+/// Each refusal has its SMTP answer: AUTH before TLS, a wrong key, MAIL before AUTH, a
+/// sender or From: the workspace may not use, a declared or actual size over the limit, a
+/// suppressed recipient, the 1,001st recipient, too little credit.
+pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
+    let strict = SmtpServer::start(stack, |_| {}).await;
+    let open = SmtpServer::start(stack, |c| {
+        c.allow_plaintext_auth = true;
+        c.max_message_bytes = 64 * 1024;
+    })
+    .await;
+
+    let key = stack.key(5).await;
+    let user = stack.account_email(&key).await;
+    // Before STARTTLS: offered, and AUTH is not.
+    let mut conn = strict.connect().await;
+    let ehlo = conn.send("EHLO client.test").await;
+    assert!(
+        ehlo.1.contains("STARTTLS") && !ehlo.1.contains("AUTH"),
+        "{ehlo:?}"
+    );
+    for extension in [
+        "PIPELINING",
+        "SIZE 26214400",
+        "8BITMIME",
+        "SMTPUTF8",
+        "ENHANCEDSTATUSCODES",
+    ] {
+        assert!(
+            ehlo.1.lines().any(|l| l == extension),
+            "{extension}: {ehlo:?}"
+        );
+    }
+    let early = conn
+        .send(&format!("AUTH PLAIN {}", plain(&user, &key)))
+        .await;
+    assert_eq!((early.0, &early.1[..5]), (530, "5.7.0"), "{early:?}");
+    let mut conn = open.connect().await;
+    assert_eq!(conn.send("EHLO client.test").await.0, 250);
+    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 530);
+    let wrong = conn
+        .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
+        .await;
+    assert_eq!((wrong.0, &wrong.1[..5]), (535, "5.7.8"), "{wrong:?}");
+    let other = conn
+        .send(&format!("AUTH PLAIN {}", plain("someone@else.test", &key)))
+        .await;
+    assert_eq!(other.0, 535, "another account's email: {other:?}");
+    let ok = conn
+        .send(&format!("AUTH PLAIN {}", plain(&user, &key)))
+        .await;
+    assert_eq!(ok.0, 235, "{ok:?}");
+    let foreign = conn.send("MAIL FROM:<me@elsewhere.example>").await;
+    assert_eq!((foreign.0, &foreign.1[..5]), (550, "5.7.1"), "{foreign:?}");
+    let big = conn
+        .send("MAIL FROM:<a@postmesh.localhost> SIZE=1000000")
+        .await;
+    assert_eq!((big.0, &big.1[..5]), (552, "5.3.4"), "{big:?}");
+    // A suppressed recipient, with its reason.
+    let gone = at("refusal-gone");
+    let _: serde_json::Value = stack
+        .client(&key)
+        .post("/suppressions", &json!({ "email": gone }), StatusCode::OK)
+        .await;
+    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    let refused = conn.send(&format!("RCPT TO:<{gone}>")).await;
+    assert_eq!((refused.0, &refused.1[..5]), (550, "5.7.1"), "{refused:?}");
+    assert!(refused.1.contains("suppressed"), "{refused:?}");
+    // From: another address than MAIL FROM, one the workspace may not use.
+    assert_eq!(
+        conn.send(&format!("RCPT TO:<{}>", at("refusal-to")))
+            .await
+            .0,
+        250
+    );
+    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.write(b"From: me@elsewhere.example\r\nSubject: x\r\n\r\nhi\r\n")
+        .await;
+    let from = conn.send(".").await;
+    assert_eq!((from.0, &from.1[..5]), (550, "5.7.1"), "{from:?}");
+    // Larger than the limit, undeclared: read to its end, then refused.
+    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    assert_eq!(
+        conn.send(&format!("RCPT TO:<{}>", at("refusal-to")))
+            .await
+            .0,
+        250
+    );
+    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.write(b"From: a@postmesh.localhost\r\n\r\n").await;
+    conn.write(
+        &"x".repeat(100)
+            .repeat(1000)
+            .replace("xxxxxxxxxx", "xxxxxxxx\r\n")
+            .into_bytes(),
+    )
+    .await;
+    let large = conn.send(".").await;
+    assert_eq!((large.0, &large.1[..5]), (552, "5.3.4"), "{large:?}");
+    // The 1,001st recipient.
+    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    let rcpts: String = (0..1001)
+        .map(|i| format!("RCPT TO:<many{i}@example.com>\r\n"))
+        .collect();
+    conn.write(rcpts.as_bytes()).await;
+    for i in 0..1000 {
+        assert_eq!(conn.reply().await.0, 250, "recipient {i}");
+    }
+    let over = conn.reply().await;
+    assert_eq!((over.0, &over.1[..5]), (452, "4.5.3"), "{over:?}");
+    assert_eq!(conn.send("RSET").await.0, 250);
+    // Too little credit: 6 recipients, 5 credits.
+    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    for i in 0..6 {
+        assert_eq!(
+            conn.send(&format!("RCPT TO:<{}>", at(&format!("poor{i}"))))
+                .await
+                .0,
+            250
+        );
+    }
+    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.write(b"From: a@postmesh.localhost\r\nSubject: x\r\n\r\nhi\r\n")
+        .await;
+    let poor = conn.send(".").await;
+    assert_eq!((poor.0, &poor.1[..5]), (452, "4.2.1"), "{poor:?}");
+    assert!(poor.1.contains("credit"), "{poor:?}");
+    assert_eq!(stack.settled_balance(&key).await, 5, "nothing was charged");
+    strict.stop().await;
+    open.stop().await;
+}
+
+/// A client that misbehaves is cut off: past the connections one address may hold, when
+/// idle, past the command cap, and after ten failed logins, until the window passes.
+pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
+    let guarded = SmtpServer::start(stack, |c| {
+        c.allow_plaintext_auth = true;
+        c.max_connections_per_ip = 3;
+        c.idle_timeout = Duration::from_secs(1);
+        c.max_commands = 20;
+        // Its failed logins lock 127.0.0.1 out of it alone.
+        c.common.namespace =
+            postmesh_shared::Namespace::parse(&format!("{}g", c.common.namespace.as_str()))
+                .expect("a namespace");
+    })
+    .await;
+
+    let key = stack.key(0).await;
+    let user = stack.account_email(&key).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(guarded.connect().await);
+    }
+    let (mut fourth, greeting) = SmtpConn::connect(guarded.addr).await;
+    assert_eq!(
+        (greeting.0, &greeting.1[..5]),
+        (421, "4.7.0"),
+        "{greeting:?}"
+    );
+    assert!(fourth.closed().await);
+    drop(held);
+    // Idle past the timeout.
+    let mut idle = guarded.connect().await;
+    let idled = idle.reply().await;
+    assert_eq!((idled.0, &idled.1[..5]), (421, "4.4.2"), "{idled:?}");
+    assert!(idle.closed().await);
+    // Past the command cap (20).
+    let mut chatty = guarded.connect().await;
+    chatty.write("NOOP\r\n".repeat(25).as_bytes()).await;
+    for _ in 0..20 {
+        assert_eq!(chatty.reply().await.0, 250);
+    }
+    assert_eq!(chatty.reply().await.0, 421);
+    assert!(chatty.closed().await);
+    // Ten failed logins: the tenth is answered 421 and the address is locked out.
+    let mut conn = guarded.connect().await;
+    assert_eq!(conn.send("EHLO client.test").await.0, 250);
+    for i in 1..10 {
+        let reply = conn
+            .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
+            .await;
+        assert_eq!(reply.0, 535, "failure {i}: {reply:?}");
+        if i % 4 == 0 {
+            conn = guarded.connect().await;
+            assert_eq!(conn.send("EHLO client.test").await.0, 250);
+        }
+    }
+    let tenth = conn
+        .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
+        .await;
+    assert_eq!(tenth.0, 535);
+    assert_eq!(conn.reply().await.0, 421);
+    assert!(conn.closed().await);
+    let (mut locked, greeting) = SmtpConn::connect(guarded.addr).await;
+    assert_eq!(greeting.0, 421, "{greeting:?}");
+    assert!(locked.closed().await);
+    guarded.stop().await;
+}
