@@ -26,9 +26,9 @@ deps: ## start PostgreSQL, Redis and NATS unless already running (and install Ch
 build:
 	$(CARGO) build --workspace
 
-key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] (needs `make run` running)
+key: deps ## make key EMAIL=you@example.com CREDITS=100 [ROLE=admin] [MODE=test] (needs `make run` running)
 	@test -n "$(EMAIL)" || { echo "usage: make key EMAIL=you@example.com CREDITS=100" >&2; exit 2; }
-	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)"
+	@$(CARGO) run -q -p api-gateway -- create-key --email "$(EMAIL)" --credits "$(or $(CREDITS),0)" --role "$(or $(ROLE),member)" --mode "$(or $(MODE),live)"
 
 bench: deps ## the stack against baselines (/balance, sending, inbound, webhooks); see docs/benchmarks.md
 	$(CARGO) build -q --release -p api-gateway -p billing -p sender -p inbound-ingest -p webhook-dispatcher -p smtp-submission # run as their own processes

@@ -203,6 +203,8 @@ pub struct Caller {
     pub role: Role,
     /// The account's email address.
     pub email: String,
+    /// A test key called: its sends are stored and shown, never delivered or charged.
+    pub test: bool,
 }
 
 impl Caller {
@@ -217,6 +219,7 @@ impl Caller {
                 .ok()
                 .filter(|r| *r != Role::Unspecified)?,
             email: auth.email.clone(),
+            test: auth.test,
         })
     }
 

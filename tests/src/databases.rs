@@ -66,6 +66,7 @@ pub fn caller(role: Role) -> postmesh_shared::proto::AuthContext {
         key_id: key,
         role: role.into(),
         email: "owner@example.com".into(),
+        test: false,
     }
 }
 

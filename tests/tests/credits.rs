@@ -32,7 +32,8 @@ async fn requests_without_or_with_a_bad_key_are_401(stack: &Stack) {
     let mut tampered = key.clone();
     let last = tampered.pop().unwrap();
     tampered.push(if last == '0' { '1' } else { '0' });
-    let unknown = api_gateway::keys::generate().text;
+    let unknown =
+        api_gateway::keys::generate(postmesh_contracts::answers::gateway::KeyMode::Live).text;
     for bad in [tampered.as_str(), unknown.as_str(), "nonsense"] {
         let e: ErrorBody = stack
             .client(bad)
@@ -120,7 +121,7 @@ async fn a_flood_of_made_up_keys_does_not_evict_real_ones(stack: &Stack) {
     // Revoked in the database, the key keeps working only while it stays cached.
     peek::gateway::revoke_key(&db, key_id).await;
     for _ in 0..40 {
-        let made_up = generate().text;
+        let made_up = generate(postmesh_contracts::answers::gateway::KeyMode::Live).text;
         assert!(store.authenticate(&made_up).await.is_err());
     }
     store

@@ -485,6 +485,13 @@ async fn key_pages_create_and_revoke_with_csrf(stack: &Stack) {
         })
         .expect("the new key is shown once");
     let _: Value = stack.client(&key).get("/balance", StatusCode::OK).await;
+    // The form's mode: a test key, shown as one.
+    let test = user
+        .form("/app/keys", &[("name", "ci"), ("mode", "test")])
+        .await;
+    assert_eq!(test.status, StatusCode::CREATED);
+    assert!(text(&test).contains("value=\"pm_test_"), "{}", text(&test));
+    assert!(text(&user.page("/app/keys").await).contains("pm_test_"));
     assert_eq!(user.page("/app/keys").await.status, StatusCode::OK);
     assert!(
         !text(&user.page("/app/keys").await).contains(&key),

@@ -1,10 +1,13 @@
 //! `/send-email` end to end: every field reaching the delivered MIME, prices and charges,
 //! dry runs and test sends, recipient limits, variables, templates, schedules and
 //! cancellation, task status, the SMTP and SES transports, `/smtp-auth`, the plan's quota,
-//! and a sender killed mid-batch; sending over SMTP through the submission service (`smtp`).
+//! and a sender killed mid-batch; sending over SMTP through the submission service (`smtp`);
+//! test keys (`test_keys`).
 
 #[path = "sending/smtp.rs"]
 mod smtp;
+#[path = "sending/test_keys.rs"]
+mod test_keys;
 
 use std::time::Duration;
 
@@ -440,7 +443,8 @@ async fn sends_of_one_key_each_side_by_side() {
             smtp::a_retried_message_is_sent_and_charged_once,
             smtp::sandbox_addresses_work_over_smtp,
             smtp::each_refusal_has_its_smtp_answer,
-            smtp::a_client_that_misbehaves_is_cut_off
+            smtp::a_client_that_misbehaves_is_cut_off,
+            test_keys::a_test_key_prices_stores_and_shows_but_delivers_and_charges_nothing
         ]
     );
 }

@@ -3,6 +3,32 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// What a key does: `live` sends and charges; `test` validates, prices, stores and shows
+/// everything but hands nothing to a transport and charges nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = ApiKeyMode))]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyMode {
+    #[default]
+    Live,
+    Test,
+}
+
+impl KeyMode {
+    /// The mode as the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Test => "test",
+        }
+    }
+}
+
 /// A key as its owner sees it (never its text).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = ApiKey))]
@@ -12,8 +38,11 @@ pub struct KeyInfo {
     pub id: Uuid,
     /// What its owner called it.
     pub name: String,
-    /// The key's visible start: `pm_<prefix>_…`.
+    /// The key's visible start: `pm_<prefix>_…` (`pm_test_<prefix>_…` for a test key).
     pub prefix: String,
+    /// `live` or `test`.
+    #[serde(default)]
+    pub mode: KeyMode,
     /// Whether this is the account's primary key, whose balance every key draws on.
     pub primary: bool,
     /// When it was made (Unix seconds).

@@ -182,6 +182,9 @@ pub struct RecipientStatus {
 pub struct TaskProgress {
     pub task_id: TaskId,
     pub status: Progress,
+    /// Made with a test key: its messages reached no transport and nothing was charged.
+    #[serde(default)]
+    pub test: bool,
     pub total: i64,
     pub queued: i64,
     pub sent: i64,

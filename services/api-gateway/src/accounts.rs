@@ -8,6 +8,7 @@ use axum::Extension;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{IdPath, JsonBody, PageQuery, QueryParams};
@@ -50,6 +51,7 @@ pub async fn find_or_register(
         Role::Member,
         0,
         "primary",
+        KeyMode::Live,
     )
     .await
     .map_err(|e| ApiError::Unavailable(format!("could not sign up: {e}")))?;
@@ -67,10 +69,10 @@ async fn find(state: &AppState, email: &EmailAddress) -> Result<Option<(Uuid, St
     .await?)
 }
 
-/// Mints a member key named `name` for `account`, billing to its primary key; 500 when the
-/// account has no primary key. The key's text and its record.
+/// Mints a member key named `name` in `mode` for `account`, billing to its primary key; 500
+/// when the account has no primary key. The key's text and its record.
 pub async fn mint(
-    state: &AppState, account: Uuid, name: &str,
+    state: &AppState, account: Uuid, name: &str, mode: KeyMode,
 ) -> Result<(String, KeyInfo), ApiError> {
     let mut tx = state.db.begin().await?;
     // The account's row is locked: two keys made at once cannot both fit the quota.
@@ -94,12 +96,21 @@ pub async fn mint(
         )));
     }
     let id = Uuid::now_v7();
-    let text = keys::insert_key(&mut tx, account, id, primary, name, Role::Member).await?;
+    let row = keys::NewRow {
+        account,
+        id,
+        billing_key: primary,
+        name,
+        role: Role::Member,
+        mode,
+    };
+    let text = keys::insert_key(&mut tx, &row).await?;
     tx.commit().await?;
     let info = KeyInfo {
         id,
         name: name.to_owned(),
         prefix: prefix_of(&text),
+        mode,
         primary: false,
         created_at: now_unix(),
     };
@@ -121,14 +132,17 @@ pub async fn primary_key(state: &AppState, account: Uuid) -> Result<Option<Uuid>
     Ok(primary.flatten())
 }
 
+/// The visible prefix of a key's text (`pm_[test_]<prefix>_<secret>`).
 fn prefix_of(text: &str) -> String {
-    text.split('_').nth(1).unwrap_or_default().to_owned()
+    let rest = text.strip_prefix("pm_").unwrap_or(text);
+    let rest = rest.strip_prefix("test_").unwrap_or(rest);
+    rest.split('_').next().unwrap_or_default().to_owned()
 }
 
 /// The account's live keys, oldest first.
 pub async fn keys_of(state: &AppState, account: Uuid) -> Result<Vec<KeyInfo>, ApiError> {
-    let rows: Vec<(Uuid, String, String, bool, i64)> = sqlx::query_as(
-        "SELECT k.id, k.name, k.prefix, k.id = a.primary_key_id, k.created_at
+    let rows: Vec<(Uuid, String, String, KeyMode, bool, i64)> = sqlx::query_as(
+        "SELECT k.id, k.name, k.prefix, k.mode, k.id = a.primary_key_id, k.created_at
          FROM api_keys k JOIN accounts a ON a.id = k.account_id
          WHERE k.account_id = $1 AND k.revoked_at IS NULL ORDER BY k.created_at, k.id",
     )
@@ -137,10 +151,11 @@ pub async fn keys_of(state: &AppState, account: Uuid) -> Result<Vec<KeyInfo>, Ap
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, name, prefix, primary, created_at)| KeyInfo {
+        .map(|(id, name, prefix, mode, primary, created_at)| KeyInfo {
             id,
             name,
             prefix,
+            mode,
             primary,
             created_at,
         })
@@ -225,6 +240,9 @@ async fn list(
 struct CreateBody {
     #[schema(min_length = 1)]
     name: String,
+    /// `live` (the default) or `test`.
+    #[serde(default)]
+    mode: Option<KeyMode>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -236,13 +254,14 @@ struct Created {
     api_key: String,
 }
 
-/// `POST /api-keys {name}`: 201 with the key's text, shown once.
+/// `POST /api-keys {name, mode}`: 201 with the key's text, shown once.
 async fn create(
     State(state): State<AppState>, Extension(session): Extension<Session>,
     JsonBody(body): JsonBody<CreateBody>,
 ) -> Result<(StatusCode, Success<Created>), ApiError> {
     let name = parse_name(&body.name)?;
-    let (api_key, key) = mint(&state, session.account, &name).await?;
+    let mode = body.mode.unwrap_or_default();
+    let (api_key, key) = mint(&state, session.account, &name, mode).await?;
     Ok((StatusCode::CREATED, Success::new(Created { key, api_key })))
 }
 

@@ -1,10 +1,11 @@
-//! `api-gateway create-key --email E [--credits N] [--role admin]`: an operator's way to
+//! `api-gateway create-key --email E [--credits N] [--role admin] [--mode test]`: an operator's way to
 //! make an API key (the account is created if needed; billing must be running). The key is
 //! printed alone on the last line of standard output.
 
 use anyhow::{bail, Context};
 use tokio_util::task::TaskTracker;
 
+use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::proto::Role;
 use postmesh_shared::{db, Common, EmailAddress};
@@ -17,14 +18,18 @@ pub struct CreateKey {
     pub email: EmailAddress,
     pub credits: i64,
     pub role: Role,
+    /// A `test` key delivers and charges nothing.
+    pub mode: KeyMode,
 }
 
-const USAGE: &str = "usage: api-gateway create-key --email E [--credits N] [--role admin]";
+const USAGE: &str =
+    "usage: api-gateway create-key --email E [--credits N] [--role admin] [--mode test]";
 
 impl CreateKey {
     /// Parses the options that follow `create-key`.
     pub fn parse(args: &[String]) -> anyhow::Result<Self> {
-        let (mut email, mut credits, mut role) = (None, 0i64, Role::Member);
+        let (mut email, mut credits, mut role, mut mode) =
+            (None, 0i64, Role::Member, KeyMode::Live);
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -39,6 +44,13 @@ impl CreateKey {
                     credits = value.parse().context("--credits must be a whole number")?
                 }
                 "--role" => role = Role::parse(value).context("--role must be member or admin")?,
+                "--mode" => {
+                    mode = match value.as_str() {
+                        "live" => KeyMode::Live,
+                        "test" => KeyMode::Test,
+                        _ => bail!("--mode must be live or test"),
+                    }
+                }
                 other => bail!("unknown option {other}; {USAGE}"),
             }
         }
@@ -46,6 +58,7 @@ impl CreateKey {
             email: email.context(USAGE)?,
             credits,
             role,
+            mode,
         })
     }
 
@@ -61,6 +74,7 @@ impl CreateKey {
             self.role,
             self.credits,
             "create-key",
+            self.mode,
         )
         .await
     }
@@ -69,7 +83,8 @@ impl CreateKey {
     pub async fn run(self, common: &Common) -> anyhow::Result<()> {
         let key = self.create(common).await?;
         eprintln!(
-            "created an API key ({}) for {} with {} credits",
+            "created a {} API key ({}) for {} with {} credits",
+            self.mode.as_str(),
             self.role.name(),
             self.email,
             self.credits

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use postmesh_contracts::answers::gateway::{Initiated, PollAnswer, PollStatus};
+use postmesh_contracts::answers::gateway::{Initiated, KeyMode, PollAnswer, PollStatus};
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::JsonBody;
@@ -432,7 +432,7 @@ async fn take(state: &AppState, hash: &str) -> Result<Response, ApiError> {
                 .map_err(|_| ApiError::Internal("device record".into()))?;
             let account =
                 Uuid::parse_str(&account).map_err(|e| ApiError::internal("device account", e))?;
-            match accounts::mint(state, account, &name).await {
+            match accounts::mint(state, account, &name, KeyMode::Live).await {
                 Ok((api_key, _)) => {
                     // The key goes out even if the record cannot be deleted now: `minting`
                     // keeps any other poll from minting a second one until it expires.

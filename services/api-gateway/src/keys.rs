@@ -1,5 +1,6 @@
-//! API keys: issued as `pm_<prefix>_<secret>`, stored as a SHA-256 hash next to the visible
-//! prefix, checked with a constant-time comparison and cached briefly in memory.
+//! API keys: issued as `pm_<prefix>_<secret>` (a test key `pm_test_<prefix>_<secret>`),
+//! stored as a SHA-256 hash next to the visible prefix, checked with a constant-time
+//! comparison and cached briefly in memory.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use sqlx::PgPool;
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
+use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_shared::clients::billing::BillingClient;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::proto::{AuthContext, GrantRequest, Role};
@@ -31,9 +33,11 @@ pub struct PresentedKey<'a> {
 }
 
 impl<'a> PresentedKey<'a> {
-    /// Parses `pm_<12 hex>_<64 hex>`; anything else is not a key.
+    /// Parses `pm_<12 hex>_<64 hex>` or `pm_test_<12 hex>_<64 hex>`; anything else is not
+    /// a key.
     pub fn parse(raw: &'a str) -> Option<Self> {
         let rest = raw.strip_prefix("pm_")?;
+        let rest = rest.strip_prefix("test_").unwrap_or(rest);
         let (prefix, secret) = rest.split_once('_')?;
         let hex = |s: &str, n| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
         (hex(prefix, PREFIX_LEN) && hex(secret, SECRET_LEN)).then_some(Self { prefix, full: raw })
@@ -51,13 +55,16 @@ pub struct NewKey {
     pub hash: [u8; 32],
 }
 
-/// Generates a random key.
-pub fn generate() -> NewKey {
+/// Generates a random key of `mode`.
+pub fn generate(mode: KeyMode) -> NewKey {
     let mut bytes = [0u8; PREFIX_LEN / 2 + SECRET_LEN / 2];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     let prefix = hex::encode(&bytes[..PREFIX_LEN / 2]);
     let secret = hex::encode(&bytes[PREFIX_LEN / 2..]);
-    let text = format!("pm_{prefix}_{secret}");
+    let text = match mode {
+        KeyMode::Live => format!("pm_{prefix}_{secret}"),
+        KeyMode::Test => format!("pm_test_{prefix}_{secret}"),
+    };
     let hash = Sha256::digest(text.as_bytes()).into();
     NewKey { text, prefix, hash }
 }
@@ -72,6 +79,7 @@ struct StoredKey {
     role: Role,
     email: String,
     billing_key_id: Uuid,
+    mode: KeyMode,
 }
 
 /// A looked-up key: its hash and who it belongs to.
@@ -179,7 +187,8 @@ impl KeyStore {
 
     async fn load(&self, prefix: &str) -> Result<Option<KeyRow>, ApiError> {
         let row: Option<StoredKey> = sqlx::query_as(
-            "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email, k.billing_key_id
+            "SELECT k.id, k.account_id, k.workspace_id, k.hash, k.role, a.email, k.billing_key_id,
+                    k.mode
              FROM api_keys k JOIN accounts a ON a.id = k.account_id
              WHERE k.prefix = $1 AND k.revoked_at IS NULL",
         )
@@ -195,19 +204,21 @@ impl KeyStore {
                 key_id: k.id.to_string(),
                 role: k.role.into(),
                 email: k.email,
+                test: k.mode == KeyMode::Test,
             };
             Some((hash, auth))
         }))
     }
 }
 
-/// Creates the account for `email` if needed and a new API key named `name` with `role`.
+/// Creates the account for `email` if needed and a new API key named `name` with `role` in
+/// `mode`.
 /// The account's first key is its primary key; every later key bills to it. `credits` are
 /// granted to the primary key through billing, and the key row commits only after billing
 /// confirmed the grant.
 pub async fn create_key(
     db: &PgPool, billing: &BillingClient, email: &EmailAddress, role: Role, credits: i64,
-    name: &str,
+    name: &str, mode: KeyMode,
 ) -> anyhow::Result<String> {
     anyhow::ensure!(credits >= 0, "credits must not be negative");
     let mut tx = db.begin().await?;
@@ -224,7 +235,15 @@ pub async fn create_key(
     .await?;
     let key_id = Uuid::now_v7();
     let billing_key = primary.unwrap_or(key_id);
-    let key = insert_key(&mut tx, account_id, key_id, billing_key, name, role).await?;
+    let new = NewRow {
+        account: account_id,
+        id: key_id,
+        billing_key,
+        name,
+        role,
+        mode,
+    };
+    let key = insert_key(&mut tx, &new).await?;
     if primary.is_none() {
         sqlx::query("UPDATE accounts SET primary_key_id = $2 WHERE id = $1")
             .bind(account_id)
@@ -250,25 +269,34 @@ pub async fn create_key(
     Ok(key)
 }
 
-/// Inserts a new key row of `account` billing to `billing_key`; the key's text.
-pub async fn insert_key(
-    tx: &mut sqlx::PgConnection, account: Uuid, id: Uuid, billing_key: Uuid, name: &str, role: Role,
-) -> sqlx::Result<String> {
-    let key = generate();
+/// A key row to insert: whose, its id, the key it bills to, its name, role and mode.
+pub struct NewRow<'a> {
+    pub account: Uuid,
+    pub id: Uuid,
+    pub billing_key: Uuid,
+    pub name: &'a str,
+    pub role: Role,
+    pub mode: KeyMode,
+}
+
+/// Inserts `row`; the key's text.
+pub async fn insert_key(tx: &mut sqlx::PgConnection, row: &NewRow<'_>) -> sqlx::Result<String> {
+    let key = generate(row.mode);
     // One workspace per account for now: the workspace id is the account id.
     sqlx::query(
         "INSERT INTO api_keys (id, account_id, workspace_id, prefix, hash, role, created_at, name,
-                               billing_key_id)
-         VALUES ($1, $2, $2, $3, $4, $5, $6, $7, $8)",
+                               billing_key_id, mode)
+         VALUES ($1, $2, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
-    .bind(id)
-    .bind(account)
+    .bind(row.id)
+    .bind(row.account)
     .bind(&key.prefix)
     .bind(key.hash.as_slice())
-    .bind(role)
+    .bind(row.role)
     .bind(now_unix())
-    .bind(name)
-    .bind(billing_key)
+    .bind(row.name)
+    .bind(row.billing_key)
+    .bind(row.mode)
     .execute(tx)
     .await?;
     Ok(key.text)
@@ -280,16 +308,24 @@ mod tests {
 
     #[test]
     fn generated_keys_parse_and_hash_to_the_stored_hash() {
-        let key = generate();
+        let key = generate(KeyMode::Live);
         let parsed = PresentedKey::parse(&key.text).expect("generated key parses");
         assert_eq!(parsed.prefix, key.prefix);
         assert_eq!(parsed.hash(), key.hash);
-        assert_ne!(generate().text, key.text);
+        assert_ne!(generate(KeyMode::Live).text, key.text);
+        let test = generate(KeyMode::Test);
+        assert!(test.text.starts_with("pm_test_"));
+        assert_eq!(
+            PresentedKey::parse(&test.text)
+                .expect("a test key parses")
+                .prefix,
+            test.prefix
+        );
     }
 
     #[test]
     fn malformed_tokens_are_not_keys() {
-        let good = generate().text;
+        let good = generate(KeyMode::Live).text;
         let cases = [
             String::new(),
             good.replacen("pm_", "pk_", 1),

@@ -42,6 +42,11 @@ pub(crate) async fn deduct(
             ApiError::BadRequest("targetEmail is not a valid email address".into())
         })?),
     };
+    if caller.test {
+        return Err(ApiError::Forbidden(
+            "a test key charges nothing: /deduct needs a live key".into(),
+        ));
+    }
     let idem = match body.idempotency_key {
         Some(k) if k.is_empty() || k.chars().count() > 100 => {
             return Err(ApiError::BadRequest(

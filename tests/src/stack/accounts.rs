@@ -5,6 +5,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 
 use api_gateway::create_key::CreateKey;
+use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_shared::proto::Role;
 
 use super::Stack;
@@ -45,10 +46,25 @@ impl Stack {
             email,
             credits,
             role,
+            mode: KeyMode::Live,
         }
         .create(&self.common)
         .await
         .expect("key created")
+    }
+
+    /// A test key of the account `key` belongs to (`api-gateway create-key --mode test`).
+    pub async fn test_key_of(&self, key: &str) -> String {
+        let email = self.account_email(key).await;
+        CreateKey {
+            email: postmesh_shared::EmailAddress::parse(&email).expect("address"),
+            credits: 0,
+            role: Role::Member,
+            mode: KeyMode::Test,
+        }
+        .create(&self.common)
+        .await
+        .expect("test key created")
     }
 
     /// A client of the gateway without a key.

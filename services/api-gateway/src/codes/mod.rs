@@ -77,6 +77,11 @@ async fn send_code(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SendCodeBody>,
 ) -> Result<Success<Message>, ApiError> {
     let email = parse_email(&body.email)?;
+    if caller.test {
+        return Err(ApiError::Forbidden(
+            "a test key delivers and charges nothing: /send-code needs a live key".into(),
+        ));
+    }
     let mut store = CodeStore::new(&state, caller.account.to_string(), &email);
     limit(&mut store).await?;
     let issued = charged_issue(&state, &caller, &email, &mut store).await;

@@ -8,6 +8,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use uuid::Uuid;
 
+use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_shared::ApiError;
 
 use super::{csrf_refusal, layout, when, Csrf, CsrfForm};
@@ -47,7 +48,10 @@ fn body(csrf: &Csrf, keys: &[KeyInfo], notice: Notice<'_>) -> Markup {
                     @for key in keys {
                         tr {
                             td { (key.name) @if key.primary { " (primary)" } }
-                            td { code { "pm_" (key.prefix) "_…" } }
+                            td {
+                                code { "pm_" @if key.mode == KeyMode::Test { "test_" } (key.prefix) "_…" }
+                                @if key.mode == KeyMode::Test { " (test: nothing is delivered or charged)" }
+                            }
                             td { (when(key.created_at)) }
                             td {
                                 form method="post" action={ "/app/keys/" (key.id) "/revoke" } {
@@ -65,6 +69,11 @@ fn body(csrf: &Csrf, keys: &[KeyInfo], notice: Notice<'_>) -> Markup {
             (csrf.field())
             label for="name" { "Name" }
             input #name type="text" name="name" maxlength="100" required placeholder="production server";
+            label for="mode" { "Mode" }
+            select #mode name="mode" {
+                option value="live" selected { "Live: sends and charges" }
+                option value="test" { "Test: validated, priced and shown; nothing delivered or charged" }
+            }
             button type="submit" { "Create key" }
         }
     }
@@ -92,6 +101,9 @@ pub async fn page(
 pub struct CreateForm {
     csrf: String,
     name: String,
+    /// `live` when the form leaves it out.
+    #[serde(default)]
+    mode: Option<KeyMode>,
 }
 
 /// `POST /app/keys`.
@@ -109,7 +121,8 @@ pub async fn create(
             return render(&state, &headers, &session, e.status(), Notice::Error(&text)).await;
         }
     };
-    let (text, key) = accounts::mint(&state, session.account, &name).await?;
+    let mode = form.mode.unwrap_or_default();
+    let (text, key) = accounts::mint(&state, session.account, &name, mode).await?;
     let notice = Notice::Created(&key.name, &text);
     render(&state, &headers, &session, StatusCode::CREATED, notice).await
 }

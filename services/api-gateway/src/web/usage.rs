@@ -111,6 +111,7 @@ pub async fn page(
         key_id: primary.to_string(),
         role: Role::Member as i32,
         email: session.email.clone(),
+        test: false,
     };
     let limit = format!("limit={LATEST}");
     let (balance, ent, logs) = tokio::join!(

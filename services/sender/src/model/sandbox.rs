@@ -52,6 +52,8 @@ pub struct Sandbox {
 
 /// The provider message id a sandbox message is recorded with: `sandbox:<outcome>:<delivery>`.
 const PROVIDER_PREFIX: &str = "sandbox:";
+/// The provider message id of a test key's message: `test:<delivery>`.
+const TEST_PREFIX: &str = "test:";
 
 impl Sandbox {
     /// The sandbox on `domain` (compared without regard to case).
@@ -91,8 +93,17 @@ impl Sandbox {
         format!("{PROVIDER_PREFIX}{}:{delivery}", outcome.name())
     }
 
-    /// The outcome a recorded provider message id stands for, if it is a sandbox one.
+    /// The provider message id a test key's message is recorded with: `test:<delivery>`.
+    pub fn test_provider_id(delivery: Uuid) -> String {
+        format!("{TEST_PREFIX}{delivery}")
+    }
+
+    /// The outcome a recorded provider message id stands for, if it is a sandbox one (a
+    /// test key's message is delivered).
     pub fn recorded(provider_id: &str) -> Option<Outcome> {
+        if provider_id.starts_with(TEST_PREFIX) {
+            return Some(Outcome::Delivered);
+        }
         let rest = provider_id.strip_prefix(PROVIDER_PREFIX)?;
         Outcome::of_name(rest.split_once(':')?.0)
     }

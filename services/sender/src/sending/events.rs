@@ -111,6 +111,8 @@ struct Labels {
     business_goal: Option<String>,
     message_id: Option<String>,
     provider_message_id: Option<String>,
+    /// The send was a test key's.
+    test: Option<bool>,
 }
 
 /// Records `events` in the caller's transaction and queues each new one for the DELIVERY
@@ -136,11 +138,11 @@ pub async fn record(
              SELECT t.id, t.message->>'from_email' AS from_email,
                  t.message->>'from_name' AS from_name, t.message->>'subject' AS subject,
                  t.email_type, t.topic, t.campaign_key, t.source_app, t.business_goal,
-                 t.message->>'message_id' AS message_id
+                 t.message->>'message_id' AS message_id, t.test_mode
              FROM tasks t WHERE t.id IN (SELECT task_id FROM ins)
          )
          SELECT ins.id, ins.sequence, l.from_email, l.from_name, l.subject, l.email_type,
-             l.topic, l.campaign_key, l.source_app, l.business_goal,
+             l.topic, l.campaign_key, l.source_app, l.business_goal, l.test_mode AS test,
              COALESCE(l.message_id, '<' || ins.delivery_id || '@' || $10 || '>') AS message_id,
              d.provider_message_id
          FROM ins
@@ -206,6 +208,7 @@ fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> Deliver
         business_goal: labels.business_goal.unwrap_or_default(),
         message_id: labels.message_id.unwrap_or_default(),
         provider_message_id: labels.provider_message_id.unwrap_or_default(),
+        test: labels.test.unwrap_or(false),
     }
 }
 
@@ -269,7 +272,7 @@ pub async fn announce(
             "SELECT message->>'from_email' AS from_email, message->>'from_name' AS from_name,
                  message->>'subject' AS subject, email_type, topic, campaign_key, source_app,
                  business_goal, message->>'message_id' AS message_id,
-                 NULL::text AS provider_message_id,
+                 NULL::text AS provider_message_id, test_mode AS test,
                  nextval(pg_get_serial_sequence('delivery_events', 'sequence')) AS sequence
              FROM tasks WHERE id = $1",
         )

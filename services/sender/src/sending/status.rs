@@ -79,14 +79,15 @@ pub(crate) async fn status(
 ) -> Result<Success<TaskProgress>, ApiError> {
     let postmesh_shared::extract::Page { limit, offset } =
         postmesh_shared::extract::Page::within(page.limit, page.offset, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let task: Option<(TaskStatus, Option<i64>, i32)> = sqlx::query_as(
-        "SELECT status, scheduled_at, recipient_count FROM tasks WHERE id = $1 AND api_key_id = $2",
+    let task: Option<(TaskStatus, Option<i64>, i32, bool)> = sqlx::query_as(
+        "SELECT status, scheduled_at, recipient_count, test_mode FROM tasks
+         WHERE id = $1 AND api_key_id = $2",
     )
     .bind(task_id)
     .bind(caller.key)
     .fetch_optional(&state.db)
     .await?;
-    let (task_status, scheduled_at, total) =
+    let (task_status, scheduled_at, total, test) =
         task.ok_or_else(|| ApiError::NotFound(format!("no task {task_id}")))?;
     let (sent, failed): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE d.status = 'sent'), count(*) FILTER (WHERE d.status = 'failed')
@@ -155,6 +156,7 @@ pub(crate) async fn status(
     Ok(Success::new(TaskProgress {
         task_id,
         status: overall(task_status, queued, sent, failed),
+        test,
         total,
         queued,
         sent,

@@ -130,9 +130,9 @@ async fn insert_task(
                             message, email_type, topic, source_app, business_goal,
                             recipient_reason, campaign_name, template_key, template_version,
                             test_send, cost, recipient_count, created_at, released_at,
-                            campaign_key, idempotency_key, request_digest, answer)
+                            campaign_key, idempotency_key, request_digest, answer, test_mode)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20, $21, $22, $23)",
+                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20, $21, $22, $23, $24)",
     )
     .bind(task.id)
     .bind(task.caller.workspace)
@@ -157,6 +157,7 @@ async fn insert_task(
     .bind(task.idempotency.as_ref().map(|i| i.key))
     .bind(task.idempotency.as_ref().map(|i| i.digest))
     .bind(task.idempotency.as_ref().map(|i| Json(&i.answer)))
+    .bind(task.caller.test)
     .execute(&mut *tx)
     .await
     .map(drop)
@@ -318,6 +319,8 @@ pub struct LoadedTask {
     pub topic: Option<String>,
     /// A raw message's MIME (its message has an `envelope_from`).
     pub mime: Option<Vec<u8>>,
+    /// Made with a test key: no message reaches the transport.
+    pub test: bool,
 }
 
 impl LoadedTask {
@@ -336,9 +339,9 @@ impl LoadedTask {
 
 /// The task `id` with its attachments, if it exists.
 pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::Error> {
-    let Some((Json(message), workspace_id, email_type, topic)) =
-        sqlx::query_as::<_, (Json<TaskMessage>, Uuid, EmailType, Option<String>)>(
-            "SELECT message, workspace_id, email_type, topic FROM tasks WHERE id = $1",
+    let Some((Json(message), workspace_id, email_type, topic, test)) =
+        sqlx::query_as::<_, (Json<TaskMessage>, Uuid, EmailType, Option<String>, bool)>(
+            "SELECT message, workspace_id, email_type, topic, test_mode FROM tasks WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(db)
@@ -376,5 +379,6 @@ pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::E
         email_type,
         topic,
         mime,
+        test,
     }))
 }

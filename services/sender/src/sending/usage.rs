@@ -21,9 +21,11 @@ pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
     host.method(state, usage)
 }
 
-/// Counts the emails of workspace `$1` sent since `$2`.
+/// Counts the emails of workspace `$1` sent since `$2`; a test key's and the sandbox's
+/// reached no transport and count for nothing.
 const SENT_SINCE: &str = "SELECT count(*) FROM deliveries
-     WHERE workspace_id = $1 AND status = 'sent' AND updated_at >= $2";
+     WHERE workspace_id = $1 AND status = 'sent' AND updated_at >= $2
+       AND COALESCE(provider_message_id, '') NOT LIKE ALL (ARRAY['test:%', 'sandbox:%'])";
 
 /// Emails of `workspace` sent since `period_start`.
 async fn sent_since(

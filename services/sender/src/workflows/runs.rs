@@ -144,8 +144,8 @@ pub async fn start_for(
         let run: Option<RunView> = sqlx::query_as(&format!(
             "INSERT INTO workflow_runs (id, workspace_id, workflow_id, version, contact_id,
                                         event_id, single, status, pc, next_at, started_at,
-                                        account_id, billing_key, caller_email)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'active', 0, $8, $8, $9, $10, $11)
+                                        account_id, billing_key, caller_email, test_mode)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'active', 0, $8, $8, $9, $10, $11, $12)
              ON CONFLICT DO NOTHING RETURNING {VIEW}"
         ))
         .bind(Uuid::now_v7())
@@ -159,6 +159,7 @@ pub async fn start_for(
         .bind(caller.account)
         .bind(caller.key)
         .bind(&caller.email)
+        .bind(caller.test)
         .fetch_optional(&mut *tx)
         .await?;
         started.extend(run);
@@ -191,6 +192,8 @@ struct Due {
     account_id: AccountId,
     billing_key: ApiKeyId,
     caller_email: String,
+    /// Started by a test key's event: its sends are a test key's.
+    test_mode: bool,
 }
 
 /// Leases up to [`BATCH`] due runs and advances each (renewing its lease first); true
@@ -206,7 +209,7 @@ pub async fn advance_due(state: &AppState) -> Result<bool, ApiError> {
          UPDATE workflow_runs r SET lease_until = {DB_SECOND} + $1, lease_token = $3
          FROM due WHERE r.id = due.id
          RETURNING r.id, r.workspace_id, r.workflow_id, r.version, r.contact_id, r.event_id,
-                   r.pc, r.attempts, r.account_id, r.billing_key, r.caller_email",
+                   r.pc, r.attempts, r.account_id, r.billing_key, r.caller_email, r.test_mode",
     ))
     .bind(LEASE_SECS)
     .bind(BATCH)
@@ -513,6 +516,7 @@ async fn send(
         key: run.billing_key,
         role: Role::Member,
         email: run.caller_email.clone(),
+        test: run.test_mode,
     };
     let id = task_id(run.id, pc, run.attempts);
     crate::sending::send::submit(state, &caller, body, id, None, None).await?;

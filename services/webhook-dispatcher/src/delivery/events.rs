@@ -69,6 +69,7 @@ fn inherit(mut e: DeliveryEvent, common: &DeliveryEvent, domain: &str) -> Delive
     if e.sequence == 0 {
         e.sequence = common.sequence;
     }
+    e.test |= common.test;
     if e.message_id.is_empty() && !domain.is_empty() && !e.delivery_id.is_empty() {
         e.message_id = format!("<{}@{domain}>", e.delivery_id);
     }
@@ -144,6 +145,9 @@ pub struct EventData<'e> {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bounce_type: Option<String>,
+    /// A test key's send (nothing reached a transport); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub test: bool,
 }
 
 /// The payload's `data` of event `e`.
@@ -177,6 +181,7 @@ pub fn data(e: &DeliveryEvent) -> EventData<'_> {
         business_goal: given(&e.business_goal),
         reason: text("reason").or_else(|| text("delayType")),
         bounce_type: text("bounceType"),
+        test: e.test,
     }
 }
 

@@ -235,6 +235,10 @@ impl Stages for Delivery {
             Ok(None) => {}
             Err(e) => return Err(Failure::Permanent(e.to_string())),
         }
+        // A test key's message goes nowhere either: it is delivered at once.
+        if letter.task.as_ref().is_some_and(|t| t.test) {
+            return Ok(Sandbox::test_provider_id(id.as_uuid()));
+        }
         let message_id = format!("<{id}@{}>", self.outlet.message_id_domain);
         let message = match (&job.body, &letter.task) {
             (Body::Code { email, .. }, _) => {
