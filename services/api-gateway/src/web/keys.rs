@@ -50,7 +50,7 @@ fn body(csrf: &Csrf, keys: &[KeyInfo], notice: Notice<'_>) -> Markup {
                             td { (key.name) @if key.primary { " (primary)" } }
                             td {
                                 code { "pm_" @if key.mode == KeyMode::Test { "test_" } (key.prefix) "_…" }
-                                @if key.mode == KeyMode::Test { " (test: nothing is delivered or charged)" }
+                                @if key.mode == KeyMode::Test { " (test)" }
                             }
                             td { (when(key.created_at)) }
                             td {
@@ -71,8 +71,8 @@ fn body(csrf: &Csrf, keys: &[KeyInfo], notice: Notice<'_>) -> Markup {
             input #name type="text" name="name" maxlength="100" required placeholder="production server";
             label for="mode" { "Mode" }
             select #mode name="mode" {
-                option value="live" selected { "Live: sends and charges" }
-                option value="test" { "Test: validated, priced and shown; nothing delivered or charged" }
+                option value="live" selected { "Live" }
+                option value="test" { "Test: no delivery, no charge" }
             }
             button type="submit" { "Create key" }
         }

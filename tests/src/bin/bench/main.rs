@@ -1,4 +1,4 @@
-//! `make bench`: nine benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: ten benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** ([`balance`]) through the whole stack (gateway → NATS → billing →
@@ -57,6 +57,11 @@
 //!    server and on the local three-node cluster with streams at three replicas (goal:
 //!    ratio ≥ 0.85, nothing lost or doubled); `BENCH_SCALE_SENDS` (default 10),
 //!    `BENCH_SCALE_RECIPIENTS` (default 1000), `BENCH_SCALE_RECEIVERS` (default 4).
+//! 10. **SMTP submission** ([`smtp`]): 20 KB one-recipient messages accepted per second over
+//!     8 pipelined SMTP connections against the same messages through `POST /send-email`
+//!     (goal: ratio ≥ 0.8), and the time from the end of DATA to its `250`;
+//!     `BENCH_SMTP_CONNS` (default 8), `BENCH_SMTP_SECS` (default 4), `BENCH_SMTP_ROUNDS`
+//!     (default 2).
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` and hostile
@@ -66,7 +71,7 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,audience,workflows,webhooks,events,scale,inbound,rss,hostile`;
+//! `balance,pipeline,accept,smtp,audience,workflows,webhooks,events,scale,inbound,rss,hostile`;
 //! default all).
 
 mod audiences;
@@ -75,6 +80,7 @@ mod events;
 mod hostile;
 mod inbound;
 mod replicas;
+mod smtp;
 mod webhooks;
 mod workflows;
 
@@ -629,7 +635,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,audience,workflows,webhooks,events,scale,inbound,rss,hostile",
+        "balance,pipeline,accept,smtp,audience,workflows,webhooks,events,scale,inbound,rss,hostile",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter and the inbound byte budget run on every request (their cost is
@@ -664,6 +670,14 @@ async fn main() -> anyhow::Result<()> {
             stack.use_file();
             stack.kill_sender().await;
             stack.start_sender().await;
+        }
+        if runs("smtp") {
+            let settings = smtp::Settings {
+                conns: env_parse("BENCH_SMTP_CONNS", 8)?,
+                secs: env_parse("BENCH_SMTP_SECS", 4)?,
+                rounds: env_parse("BENCH_SMTP_ROUNDS", 2)?,
+            };
+            smtp::run(&stack, &settings).await?;
         }
         if runs("audience") {
             audiences::accept(
