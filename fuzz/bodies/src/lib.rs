@@ -5,9 +5,14 @@
 use std::net::IpAddr;
 
 use inbound_ingest::mime::{base_subject, Parsed};
+use postmesh_shared::EmailAddress;
 use sender::audience::audiences::{Audience, AudienceBody};
 use sender::audience::contacts::{csv_rows, json_rows, ContactInput};
+use sender::sending::raw_mime::{without_fields, RawMessage};
 use sender::sending::render::{add_utm, fill};
+use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN};
+use smtp_submission::session::auth::{self, Step};
+use smtp_submission::session::data::DataIn;
 use webhook_dispatcher::content::quotes::{render, strip_html, strip_text, BodyFormat};
 use webhook_dispatcher::target::{admit, is_public};
 
@@ -15,13 +20,15 @@ use webhook_dispatcher::target::{admit, is_public};
 pub type Body = fn(&[u8]);
 
 /// Every target by the name `cargo fuzz list` gives it (its file in `fuzz/fuzz_targets/`).
-pub const TARGETS: [(&str, Body); 8] = [
+pub const TARGETS: [(&str, Body); 10] = [
     ("audience_conditions", audience_conditions),
     ("contact_import", contact_import),
     ("html_render", html_render),
     ("link_rewrite", link_rewrite),
     ("mime_ingest", mime_ingest),
     ("quotes", quotes),
+    ("raw_message", raw_message),
+    ("smtp_input", smtp_input),
     ("templates", templates),
     ("webhook_url", webhook_url),
 ];
@@ -87,6 +94,59 @@ pub fn quotes(data: &[u8]) {
     let (text, _) = strip_text(&input);
     assert!(text.len() <= input.len(), "stripped text grew");
     let _ = strip_html(&input);
+}
+
+/// A message an SMTP client sends, as `/send-raw` reads it: what is kept is the input with
+/// its private fields taken out (and a Message-ID put before it when it had none), and
+/// taking them out again changes nothing.
+pub fn raw_message(data: &[u8]) {
+    let from = EmailAddress::parse("fuzz@example.com").expect("an address");
+    if let Ok(m) = RawMessage::parse(from, data.to_vec()) {
+        assert!(
+            m.mime.len() <= data.len() + m.message_id.len() + 16,
+            "the message grew"
+        );
+        let private = ["Bcc", "X-Postmesh-Email-Type", "X-Postmesh-Topic"];
+        assert_eq!(
+            without_fields(&m.mime, &private),
+            m.mime,
+            "a private field is left"
+        );
+    }
+}
+
+/// What an SMTP client sends after DATA and within AUTH: the first byte cuts the rest into
+/// reads; DATA's receiver keeps at most its limit and a read; the text as an AUTH PLAIN
+/// initial response, and as LOGIN's lines.
+pub fn smtp_input(data: &[u8]) {
+    let Some((&cut, rest)) = data.split_first() else {
+        return;
+    };
+    let read = usize::from(cut % 64) + 1;
+    let mut message = DataIn::new(256);
+    'reads: for piece in rest.chunks(read) {
+        let mut bytes = piece.iter();
+        while !bytes.as_slice().is_empty() {
+            if message.ingest(&mut bytes) {
+                break 'reads;
+            }
+        }
+    }
+    assert!(
+        message.bytes().len() <= 256 + read,
+        "DATA kept past its limit"
+    );
+    let _ = auth::start(AUTH_PLAIN, &String::from_utf8_lossy(rest));
+    if let Step::Prompt(mut login, _) = auth::start(AUTH_LOGIN, "") {
+        let mut bytes = rest.iter();
+        while !bytes.as_slice().is_empty() {
+            match login.ingest(&mut bytes) {
+                Ok(Step::Prompt(next, _)) => login = next,
+                Ok(_) => break,
+                Err(waiting) => login = waiting,
+            }
+        }
+    }
 }
 
 /// Template filling: the template, then (after a NUL byte) its variables as JSON.

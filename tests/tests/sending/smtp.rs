@@ -429,6 +429,14 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
         .send(&format!("AUTH PLAIN {}", plain(&user, &key)))
         .await;
     assert_eq!(ok.0, 235, "{ok:?}");
+    // Hostile: a 100 KB line is answered once and dropped to its end; bytes that are no
+    // command are refused; the session goes on.
+    conn.write(&[b'A'; 100_000]).await;
+    conn.write(b"\r\n\x00\xff\xfe garbage\r\n").await;
+    let long = conn.reply().await;
+    assert_eq!((long.0, &long.1[..5]), (500, "5.5.2"), "{long:?}");
+    assert_eq!(conn.reply().await.0, 500);
+    assert_eq!(conn.send("NOOP").await.0, 250);
     let foreign = conn.send("MAIL FROM:<me@elsewhere.example>").await;
     assert_eq!((foreign.0, &foreign.1[..5]), (550, "5.7.1"), "{foreign:?}");
     let big = conn

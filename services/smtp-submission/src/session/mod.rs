@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 mod address;
-mod auth;
-mod data;
+pub mod auth;
+pub mod data;
 
 use smtp_proto::request::receiver::RequestReceiver;
 use smtp_proto::{Error as ProtoError, Request, MAIL_SMTPUTF8};
@@ -53,6 +53,8 @@ struct Login {
 /// What is being read.
 enum Mode {
     Commands,
+    /// The rest of a command line too long to read (answered once), up to its line end.
+    Skip,
     Auth(AuthIn),
     Data(DataIn),
 }
@@ -227,6 +229,14 @@ impl Session {
                             },
                         }
                     }
+                    Mode::Skip => {
+                        let rest = bytes.as_slice();
+                        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+                            break;
+                        };
+                        bytes = rest[end + 1..].iter();
+                        mode = Mode::Commands;
+                    }
                     Mode::Commands => {
                         let request = match commands.ingest(&mut bytes) {
                             Ok(request) => Ok(request.into_owned()),
@@ -245,6 +255,9 @@ impl Session {
                         let then = match request {
                             Ok(request) => self.command(request, &mut out).await,
                             Err(e) => {
+                                if matches!(e, ProtoError::ResponseTooLong) {
+                                    mode = Mode::Skip;
+                                }
                                 push(&mut out, &Reply::syntax(e));
                                 Then::Continue
                             }
