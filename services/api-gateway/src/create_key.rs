@@ -117,11 +117,15 @@ mod tests {
         assert_eq!((parsed.credits, parsed.role), (7, Role::Admin));
         let member = CreateKey::parse(&args(&["--email", "a@example.com"])).unwrap();
         assert_eq!((member.credits, member.role), (0, Role::Member));
+        assert_eq!(member.mode, KeyMode::Live);
+        let test = CreateKey::parse(&args(&["--email", "a@example.com", "--mode", "test"]));
+        assert_eq!(test.unwrap().mode, KeyMode::Test);
         for bad in [
             &["--credits", "7"][..],
             &["--email", "nope"],
             &["--email", "a@example.com", "--role", "owner"],
             &["--email", "a@example.com", "--credits", "x"],
+            &["--email", "a@example.com", "--mode", "demo"],
             &["--email"],
             &["--bogus", "1"],
         ] {
