@@ -13,9 +13,11 @@ use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use postmesh_shared::{Success, TaskId};
+use postmesh_shared::TaskId;
 use postmesh_tests::smtp::{plain, SmtpConn, SmtpReply, SmtpServer};
 use postmesh_tests::{eventually, Stack};
+
+use super::wait_status;
 use sender::sending::events::Kind;
 use sender::sending::status::TaskProgress;
 
@@ -71,21 +73,26 @@ fn task_of(reply: &SmtpReply) -> TaskId {
     TaskId::parse(id.split(';').next().unwrap_or_default().trim()).expect("a task id")
 }
 
-/// `GET /email-status/{task}` until no recipient is queued.
-async fn finished(stack: &Stack, key: &str, task: TaskId) -> TaskProgress {
-    let client = stack.client(key);
-    let client = &client;
-    eventually(Duration::from_secs(30), || async move {
-        let p: Success<TaskProgress> = client
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        if p.body.queued == 0 && p.body.total > 0 {
-            Ok(p.body)
-        } else {
-            Err(format!("{} of {} queued", p.body.queued, p.body.total))
-        }
-    })
-    .await
+/// A fresh account with `credits`: its key and its email (the SMTP user name).
+pub(crate) async fn account(stack: &Stack, credits: i64) -> (String, String) {
+    let key = stack.key(credits).await;
+    let user = stack.account_email(&key).await;
+    (key, user)
+}
+
+/// The kinds of events of each recipient of `p`, `queued` left out.
+pub(crate) fn kinds(p: &TaskProgress) -> Vec<(String, Vec<Kind>)> {
+    p.recipients
+        .iter()
+        .map(|r| {
+            let kinds = r
+                .events
+                .iter()
+                .map(|e| e.kind)
+                .filter(|k| *k != Kind::Queued);
+            (r.email.clone(), kinds.collect())
+        })
+        .collect()
 }
 
 /// Waits for `count` messages whose envelope went to `to`; returns them.
@@ -119,8 +126,7 @@ async fn transaction(conn: &mut SmtpConn, from: &str, to: &[&str], message: &str
 pub(crate) async fn python_smtplib_sends_with_starttls_login_and_plain(stack: &Stack) {
     let smtp = SmtpServer::start(stack, |_| {}).await;
 
-    let key = stack.key(10).await;
-    let user = stack.account_email(&key).await;
+    let (key, user) = account(stack, 10).await;
     let (from, to) = ("python@postmesh.localhost", at("jörg-python"));
     let out = tokio::process::Command::new("python3")
         .args(["-c", PYTHON_CLIENT])
@@ -176,8 +182,7 @@ pub(crate) async fn python_smtplib_sends_with_starttls_login_and_plain(stack: &S
 pub(crate) async fn lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind(stack: &Stack) {
     let smtp = SmtpServer::start(stack, |_| {}).await;
 
-    let key = stack.key(10).await;
-    let user = stack.account_email(&key).await;
+    let (key, user) = account(stack, 10).await;
     let pem = std::fs::read(&smtp.cert).expect("the certificate");
     let tls = TlsParameters::builder("localhost".into())
         .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
@@ -246,8 +251,7 @@ pub(crate) async fn lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind(
 pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
     let smtp = SmtpServer::start(stack, |c| c.allow_plaintext_auth = true).await;
 
-    let key = stack.key(10).await;
-    let user = stack.account_email(&key).await;
+    let (key, user) = account(stack, 10).await;
     let (a, b, hidden) = (at("retry-a"), at("retry-b"), at("retry-hidden"));
     // A client that writes its blind copy into the header (as some do).
     let message = format!(
@@ -263,7 +267,7 @@ pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
         tasks.push(task_of(&reply));
     }
     assert_eq!(tasks[0], tasks[1], "the retry answers the first task");
-    let progress = finished(stack, &key, tasks[0]).await;
+    let progress = wait_status(stack, &key, tasks[0], |p| p.queued == 0).await;
     assert_eq!((progress.total, progress.sent), (3, 3));
     for to in [&a, &b, &hidden] {
         let delivered = stack.delivered_to(to);
@@ -310,8 +314,7 @@ pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
 pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
     let smtp = SmtpServer::start(stack, |c| c.allow_plaintext_auth = true).await;
 
-    let key = stack.key(1).await;
-    let user = stack.account_email(&key).await;
+    let (key, user) = account(stack, 1).await;
     let mut conn = smtp.connect().await;
     conn.login(&user, &key).await;
     assert_eq!(conn.send("MAIL FROM:<s@postmesh.localhost>").await.0, 250);
@@ -340,36 +343,11 @@ pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
     )
     .await;
     let task = task_of(&reply);
-    let client = stack.client(&key);
-    let client = &client;
-    eventually(Duration::from_secs(30), || async move {
-        let p: Success<TaskProgress> = client
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        let kinds: Vec<(String, Vec<Kind>)> = p
-            .body
-            .recipients
-            .iter()
-            .map(|r| {
-                let kinds = r
-                    .events
-                    .iter()
-                    .map(|e| e.kind)
-                    .filter(|k| *k != Kind::Queued);
-                (r.email.clone(), kinds.collect())
-            })
-            .collect();
-        let want = vec![
-            (delivered.to_owned(), vec![Kind::Sent, Kind::Delivered]),
-            (bounced.to_owned(), vec![Kind::Sent, Kind::Bounced]),
-        ];
-        if kinds == want {
-            Ok(())
-        } else {
-            Err(format!("{kinds:?}"))
-        }
-    })
-    .await;
+    let want = vec![
+        (delivered.to_owned(), vec![Kind::Sent, Kind::Delivered]),
+        (bounced.to_owned(), vec![Kind::Sent, Kind::Bounced]),
+    ];
+    wait_status(stack, &key, task, |p| kinds(p) == want).await;
     assert_eq!(
         stack.settled_balance(&key).await,
         1,
@@ -389,8 +367,7 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     })
     .await;
 
-    let key = stack.key(5).await;
-    let user = stack.account_email(&key).await;
+    let (key, user) = account(stack, 5).await;
     // Before STARTTLS: offered, and AUTH is not.
     let mut conn = strict.connect().await;
     let ehlo = conn.send("EHLO client.test").await;
@@ -532,8 +509,7 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
     })
     .await;
 
-    let key = stack.key(0).await;
-    let user = stack.account_email(&key).await;
+    let (_, user) = account(stack, 0).await;
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(guarded.connect().await);

@@ -10,30 +10,21 @@ use postmesh_shared::{Success, TaskId};
 use postmesh_tests::receiver::{received, Receiver};
 use postmesh_tests::smtp::SmtpServer;
 use postmesh_tests::web::WebUser;
-use postmesh_tests::{eventually, Stack};
+use postmesh_tests::Stack;
+
+use super::smtp::kinds;
+use super::wait_status;
 use sender::sending::events::Kind;
 use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
 use webhook_dispatcher::routes::webhooks::Created;
 
-/// Waits until every recipient of `task` is `sent` then `delivered`; the status.
+/// Waits until each of the `count` recipients of `task` is `sent` then `delivered`.
 async fn delivered(stack: &Stack, key: &str, task: TaskId, count: usize) -> TaskProgress {
-    let client = stack.client(key);
-    let client = &client;
-    eventually(Duration::from_secs(30), || async move {
-        let p: Success<TaskProgress> = client
-            .get(&format!("/email-status/{task}"), StatusCode::OK)
-            .await;
-        let done = p.body.recipients.len() == count
-            && p.body.recipients.iter().all(|r| {
-                let kinds: Vec<Kind> = r.events.iter().map(|e| e.kind).collect();
-                kinds.ends_with(&[Kind::Sent, Kind::Delivered])
-            });
-        if done {
-            Ok(p.body)
-        } else {
-            Err(format!("{:?}", p.body.recipients))
-        }
+    let sent = vec![Kind::Sent, Kind::Delivered];
+    wait_status(stack, key, task, |p| {
+        let kinds = kinds(p);
+        kinds.len() == count && kinds.iter().all(|(_, k)| *k == sent)
     })
     .await
 }

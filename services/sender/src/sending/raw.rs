@@ -68,6 +68,14 @@ fn envelope_address(field: &str, raw: &EnvelopeAddress) -> Result<EmailAddress, 
         .ok_or_else(|| bad(format!("{field}: invalid email address {:?}", &**raw)))
 }
 
+/// `rcptTo`, at most [`MAX_RCPT`] addresses, each parsed.
+fn recipients(list: &[EnvelopeAddress]) -> Result<Vec<EmailAddress>, ApiError> {
+    if list.len() > MAX_RCPT {
+        return Err(bad(format!("rcptTo has more than {MAX_RCPT} addresses")));
+    }
+    list.iter().map(|r| envelope_address("rcptTo", r)).collect()
+}
+
 /// `POST /send-raw`: the message to each envelope recipient. A repeat of a message with the
 /// same Message-ID within a day answers the first's task and sends and charges nothing
 /// more.
@@ -80,13 +88,7 @@ pub(crate) async fn send_raw(
         .rcpt_to
         .filter(|r| !r.is_empty())
         .ok_or_else(|| bad("rcptTo needs at least one address"))?;
-    if rcpt_to.len() > MAX_RCPT {
-        return Err(bad(format!("rcptTo has more than {MAX_RCPT} addresses")));
-    }
-    let rcpt_to = rcpt_to
-        .iter()
-        .map(|r| envelope_address("rcptTo", r))
-        .collect::<Result<Vec<_>, _>>()?;
+    let rcpt_to = recipients(&rcpt_to)?;
     let encoded = body.raw.ok_or_else(|| bad("raw is required"))?;
     let compact: Vec<u8> = encoded
         .bytes()
@@ -115,14 +117,7 @@ pub(crate) async fn send_raw(
 pub(crate) async fn envelope(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<EnvelopeBody>,
 ) -> Result<Success<EnvelopeCheck>, ApiError> {
-    let rcpt_to = body.rcpt_to.unwrap_or_default();
-    if rcpt_to.len() > MAX_RCPT {
-        return Err(bad(format!("rcptTo has more than {MAX_RCPT} addresses")));
-    }
-    let rcpt_to = rcpt_to
-        .iter()
-        .map(|r| envelope_address("rcptTo", r))
-        .collect::<Result<Vec<_>, _>>()?;
+    let rcpt_to = recipients(&body.rcpt_to.unwrap_or_default())?;
     let reason = match &body.mail_from {
         Some(from) => {
             let from = envelope_address("mailFrom", from)?;
