@@ -351,7 +351,7 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
     // What the release answered (the details are in the sender's log).
     assert_eq!(error.as_deref(), Some("database error"));
     assert!(stack.messages_to("poisoned@example.com").is_empty());
-    eventually(Duration::from_secs(10), || async {
+    eventually(Duration::from_secs(30), || async {
         match stack.balance(&key).await {
             9 => Ok(()),
             other => Err(other),
@@ -618,7 +618,7 @@ async fn test_sends_go_to_the_account_alone_at_the_price_of_one(stack: &Stack) {
     let task = v.task_id.expect("a task id");
     wait_finished(stack, &key, task).await;
     let mail = stack
-        .wait_for_messages(&own, 1, Duration::from_secs(10))
+        .wait_for_messages(&own, 1, Duration::from_secs(30))
         .await;
     assert_eq!(mail.len(), 1);
     let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();
@@ -645,7 +645,7 @@ async fn variables_fill_placeholders_and_a_missing_one_is_named(stack: &Stack) {
         )
         .await;
     let mail = stack
-        .wait_for_messages("v@example.com", 1, Duration::from_secs(10))
+        .wait_for_messages("v@example.com", 1, Duration::from_secs(30))
         .await;
     let mime = MessageParser::default().parse(mail[0].as_bytes()).unwrap();
     assert_eq!(mime.subject(), Some("Hi Vi"));
@@ -696,13 +696,13 @@ async fn templates_are_versioned_and_a_send_pins_its_version(stack: &Stack) {
         )
     };
     let t1 = stack
-        .wait_for_messages("t1@example.com", 1, Duration::from_secs(10))
+        .wait_for_messages("t1@example.com", 1, Duration::from_secs(30))
         .await;
     let (subject, html, _) = parse(&t1[0]);
     assert_eq!(subject, "Welcome Tam");
     assert!(html.unwrap().contains("<b>two Tam</b>"));
     let t2 = stack
-        .wait_for_messages("t2@example.com", 1, Duration::from_secs(10))
+        .wait_for_messages("t2@example.com", 1, Duration::from_secs(30))
         .await;
     let (subject, _, text) = parse(&t2[0]);
     assert_eq!(
@@ -1073,7 +1073,7 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     .await;
     // The sender marks the refund done after billing has answered, so a moment later.
     let db_ref = &db;
-    eventually(Duration::from_secs(10), || async move {
+    eventually(Duration::from_secs(30), || async move {
         match peek::sender::owed_refunds(db_ref).await {
             0 => Ok(()),
             n => Err(format!("{n} refunds still owed")),
