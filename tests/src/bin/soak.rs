@@ -110,10 +110,11 @@ async fn main() {
         common.nats_url = guard.url.clone();
         common.stream_replicas = 3;
     }
-    let gateways: Vec<SocketAddr> = (0..replicas).map(|_| free_port()).collect();
+    let ports = Ports::default();
+    let gateways: Vec<SocketAddr> = (0..replicas).map(|_| ports.fresh()).collect();
     let bases: Vec<String> = gateways.iter().map(|a| format!("http://{a}")).collect();
     let stack = Stack::attach(common.clone(), bases[0].clone());
-    let mut procs = fleet(&common, &stack, &gateways);
+    let mut procs = fleet(&common, &stack, &gateways, &ports);
     for p in &mut procs {
         start(p, &stack).await;
     }
@@ -348,7 +349,7 @@ async fn leader(stack: &Stack, common: &Common, leading: &str) -> String {
 /// The seven services' settings, in start order (the gateways at `gateways`, then the SMTP
 /// service, each process of which uses one of them), each service as many times as there
 /// are gateways.
-fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
+fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr], ports: &Ports) -> Vec<Proc> {
     let opts = Options::default();
     let mut dispatcher = dispatcher_config(common);
     dispatcher.delivery.retry_schedule = [1, 2, 5, 10, 20]
@@ -378,7 +379,7 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
     });
     let smtp = gateways.clone().map(|(_, env)| {
         let gateway = env.iter().find(|(name, _)| *name == "GATEWAY_ADDR");
-        let listen = free_port();
+        let listen = ports.fresh();
         let config = smtp_submission::Config {
             common: common.clone(),
             listen,
@@ -403,7 +404,7 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
         .chain(gateways)
         .chain(smtp)
         .map(|(service, mut env)| {
-            let admin = free_port();
+            let admin = ports.fresh();
             env.retain(|(name, _)| *name != "ADMIN_ADDR");
             env.push(("ADMIN_ADDR", admin.to_string()));
             env.push(("RUST_LOG", "info".into()));
@@ -420,6 +421,24 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr]) -> Vec<Proc> {
             }
         })
         .collect()
+}
+
+/// The ports handed to the soak's processes: a free port is free only until it is released,
+/// so one handed out earlier (and not yet bound by its process) may come back; each is given
+/// once.
+#[derive(Default)]
+struct Ports(Mutex<HashSet<u16>>);
+
+impl Ports {
+    /// A free port no process of the soak was given.
+    fn fresh(&self) -> SocketAddr {
+        loop {
+            let addr = free_port();
+            if self.0.lock().expect("ports").insert(addr.port()) {
+                return addr;
+            }
+        }
+    }
 }
 
 /// Where the services' log lines go: `var/soak/<service>.log`.
