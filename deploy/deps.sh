@@ -73,12 +73,25 @@ start_redis() {
 }
 
 start_nats() {
-  if listening "$NATS_PORT"; then return 0; fi
+  local conf_sum
+  conf_sum="$(sha256sum deploy/nats.conf | cut -d' ' -f1)"
+  if listening "$NATS_PORT"; then
+    # One started here with another deploy/nats.conf restarts, so changed permissions take
+    # effect (a reload cannot: the storage directory is given on the command line).
+    if [ -f "$VAR/nats/nats.pid" ] && [ "$(cat "$VAR/nats/conf.sha256" 2>/dev/null)" != "$conf_sum" ]; then
+      log "deploy/nats.conf changed: restarting NATS"
+      kill "$(cat "$VAR/nats/nats.pid")" 2>/dev/null || true
+      for _ in $(seq 1 50); do listening "$NATS_PORT" || break; sleep 0.1; done
+    else
+      return 0
+    fi
+  fi
   ensure_package nats-server nats-server
   mkdir -p "$VAR/nats"
   log "starting NATS with JetStream and the users of deploy/nats.conf"
   setsid nats-server -c "$PWD/deploy/nats.conf" -a 127.0.0.1 -p "$NATS_PORT" -sd "$VAR/nats" \
     -P "$VAR/nats/nats.pid" >"$VAR/nats/nats.log" 2>&1 < /dev/null &
+  echo "$conf_sum" > "$VAR/nats/conf.sha256"
   wait_for NATS "$NATS_PORT"
 }
 

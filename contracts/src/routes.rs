@@ -118,6 +118,9 @@ pub mod gateway {
         DEAD_LETTERS = Get "/admin/dead-letters" Key;
         DEAD_LETTER_REQUEUE = Post "/admin/dead-letters/{id}/requeue" Key;
         OPENAPI = Get "/openapi.json" Public;
+        // Open and click tracking: signed tokens, answered without a database.
+        TRACK_OPEN = Get "/t/o/{token}" Public;
+        TRACK_CLICK = Get "/t/c/{token}" Public;
         DOCS = Get "/docs" Public;
     }
 }
@@ -196,6 +199,8 @@ pub mod sender {
         CAMPAIGN_CREATE = Post "/campaigns" Key;
         CAMPAIGN = Get "/campaigns/{key}" Key;
         // One-click unsubscribe (RFC 8058): signed tokens, HTML answers.
+        TRACKING = Get "/tracking" Key;
+        TRACKING_SET = Put "/tracking" Key;
         UNSUBSCRIBE_PAGE = Get "/unsubscribe" Public;
         UNSUBSCRIBE = Post "/unsubscribe" Public;
         // SES notifications through SNS (their SNS signature is checked by the sender).

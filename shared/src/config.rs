@@ -161,6 +161,7 @@ settings! {
     OTEL_EXPORTER_OTLP_ENDPOINT = "", "all: OTLP/HTTP trace export when set";
     RUST_LOG = "info", "all: JSON log filter";
     PUBLIC_BASE_URL = "http://127.0.0.1:8080", "gateway: the base of device verification links; cookies are `Secure` unless it is `http://`; billing: where Checkout and the portal send the buyer back (`/billing/checkout/success`, `/billing/subscription/success`, `/billing`, served by the web app); sender: the base of one-click unsubscribe links";
+    TRACKING_SECRET = "" shown "unset (`make run`: `dev-tracking-secret`)", "gateway, sender: signs open and click tracking tokens (HMAC-SHA256); unset, no mail is tracked and the tracking paths `/t/o/…` and `/t/c/…` answer 404";
     DNS_NAMESERVERS = "" shown "the system's resolvers", "domain, webhook-dispatcher: comma list of `ip:port` name servers for TXT and MX checks and webhook hosts";
     SECRETS_KEY = "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21" shown "dev value (required in production)", "domain, webhook-dispatcher: 64 hex digits; seals saved DNS provider tokens and webhook signing secrets (ChaCha20-Poly1305)";
 }

@@ -26,6 +26,7 @@ pub mod secrets;
 pub mod telemetry;
 pub mod text;
 pub mod tls;
+pub mod tracking;
 
 #[doc(hidden)]
 pub use mimalloc;

@@ -48,6 +48,9 @@ pub struct Options {
     pub nats_cluster: Option<String>,
 }
 
+/// The gateway's and sender's `TRACKING_SECRET` in a test stack.
+pub const TRACKING_SECRET: &str = "test-tracking-secret";
+
 /// The sender's `UNSUBSCRIBE_SECRET` in a test stack.
 pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-secret";
 
@@ -269,6 +272,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         // in the test of the limit itself.
         auth_failures_per_ip_per_minute: 0,
         trust_forwarded_for: false,
+        tracking_secret: Some(TRACKING_SECRET.into()),
     }
 }
 

@@ -4,6 +4,8 @@
 //! and a sender killed mid-batch; sending over SMTP through the submission service (`smtp`);
 //! test keys (`test_keys`).
 
+#[path = "sending/engagement.rs"]
+mod engagement;
 #[path = "sending/smtp.rs"]
 mod smtp;
 #[path = "sending/test_keys.rs"]
@@ -444,7 +446,8 @@ async fn sends_of_one_key_each_side_by_side() {
             smtp::sandbox_addresses_work_over_smtp,
             smtp::each_refusal_has_its_smtp_answer,
             smtp::a_client_that_misbehaves_is_cut_off,
-            test_keys::a_test_key_prices_stores_and_shows_but_delivers_and_charges_nothing
+            test_keys::a_test_key_prices_stores_and_shows_but_delivers_and_charges_nothing,
+            engagement::a_tagged_tracked_send_reports_opens_and_clicks_with_its_labels
         ]
     );
 }

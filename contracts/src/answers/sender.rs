@@ -38,6 +38,10 @@ status! {
         Failed => "failed",
         /// Its scheduled send was cancelled.
         Cancelled => "cancelled",
+        /// Its open-tracking pixel was fetched.
+        Opened => "opened",
+        /// One of its tracked links was followed.
+        Clicked => "clicked",
     }
 }
 
@@ -90,6 +94,16 @@ impl Progress {
     pub fn is_finished(self) -> bool {
         !matches!(self, Self::Scheduled | Self::Queued | Self::Sending)
     }
+}
+
+/// A send's tag: a name and a value, each 1-50 of `A-Za-z0-9_-`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = EmailTag))]
+pub struct Tag {
+    #[cfg_attr(feature = "utoipa", schema(pattern = "^[A-Za-z0-9_-]{1,50}$"))]
+    pub name: String,
+    #[cfg_attr(feature = "utoipa", schema(pattern = "^[A-Za-z0-9_-]{1,50}$"))]
+    pub value: String,
 }
 
 /// Recipients in a send answer.
@@ -185,6 +199,11 @@ pub struct TaskProgress {
     /// Made with a test key: its messages reached no transport and nothing was charged.
     #[serde(default)]
     pub test: bool,
+    /// The send's tags and metadata, as given.
+    #[serde(default)]
+    pub tags: Vec<Tag>,
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
     pub total: i64,
     pub queued: i64,
     pub sent: i64,

@@ -19,6 +19,7 @@ pub mod routes;
 pub mod sessions;
 pub mod settings;
 pub mod table;
+pub mod tracking;
 pub mod web;
 
 use std::net::SocketAddr;
@@ -31,7 +32,7 @@ use sqlx::PgPool;
 
 use postmesh_shared::clients::billing::BillingClient;
 
-use postmesh_shared::config::{secs, PUBLIC_BASE_URL};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_SECRET};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
@@ -91,6 +92,8 @@ pub struct Config {
     /// Whether the client IP is the last `X-Forwarded-For` entry
     /// (`GATEWAY_TRUST_FORWARDED_FOR=1`, behind a proxy that appends it), not the peer.
     pub trust_forwarded_for: bool,
+    /// Checks tracking tokens (`TRACKING_SECRET`); unset: every tracking path is a 404.
+    pub tracking_secret: Option<String>,
 }
 
 impl Config {
@@ -126,6 +129,7 @@ impl Config {
             api_keys_per_account: API_KEYS_PER_ACCOUNT.parse()?,
             auth_failures_per_ip_per_minute: AUTH_FAILURES_PER_IP_PER_MINUTE.parse()?,
             trust_forwarded_for: GATEWAY_TRUST_FORWARDED_FOR.flag(),
+            tracking_secret: TRACKING_SECRET.opt(),
             common,
             codes,
         })
@@ -189,6 +193,9 @@ impl Config {
                 u8::from(self.trust_forwarded_for).to_string(),
             ),
         ]);
+        if let Some(secret) = &self.tracking_secret {
+            env.push((TRACKING_SECRET.name, secret.clone()));
+        }
         env
     }
 }
@@ -215,6 +222,10 @@ pub struct Gateway {
     pub config: Config,
     /// Failed authentications per client address (`AUTH_FAILURES_PER_IP_PER_MINUTE`).
     pub failed_auths: preauth::FailedAuths,
+    /// JetStream, where tracking hits are published.
+    pub js: async_nats::jetstream::Context,
+    /// Checks tracking tokens (`TRACKING_SECRET`); none: every tracking path is a 404.
+    pub tracking: Option<postmesh_shared::tracking::TrackingKey>,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
@@ -247,8 +258,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         rate: ratelimit::RateLimit::new(config.rate),
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
+        js: rt.js.clone(),
+        tracking: config
+            .tracking_secret
+            .as_deref()
+            .map(postmesh_shared::tracking::TrackingKey::new),
         config,
     });
+    postmesh_shared::jetstream::Stream::Tracking
+        .ensure(&rt.js, &state.ns, rt.common.stream_replicas)
+        .await?;
+    if state.config.tracking_secret.is_none() {
+        tracing::warn!("TRACKING_SECRET is not set: the tracking paths answer 404");
+    }
     if state.config.inbound_secret.is_none() {
         tracing::warn!("INBOUND_SECRET is not set: /inbound-email/* answer 503");
     }

@@ -21,7 +21,8 @@ use postmesh_shared::{nats, ApiError, Routes, Service};
 
 use crate::table::{table, Entry, Target};
 use crate::{
-    accounts, codes, dead_letters, device, login, openapi, reference, sessions, web, AppState,
+    accounts, codes, dead_letters, device, login, openapi, reference, sessions, tracking, web,
+    AppState,
 };
 
 /// The routes the gateway serves itself.
@@ -34,6 +35,7 @@ fn local() -> Routes<AppState> {
         .merge(dead_letters::routes())
         .merge(openapi::routes())
         .merge(reference::routes())
+        .merge(tracking::routes())
 }
 
 /// Each of the gateway's own routes with the JSON bodies it takes and answers, for the

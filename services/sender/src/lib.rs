@@ -16,7 +16,7 @@ pub use delivery::worker::WorkerConfig;
 
 use delivery::{provider, transport, unsubscribe, worker};
 use model::sandbox::Sandbox;
-use sending::{events, schedule, settle, usage};
+use sending::{events, schedule, settle, tracking, usage};
 use settings::*;
 
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ use postmesh_contracts::routes::sender as api;
 use postmesh_ses::settings::{AWS_ACCESS_KEY_ID, AWS_REGION, AWS_SECRET_ACCESS_KEY, SES_ENDPOINT};
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
-use postmesh_shared::config::{secs, PUBLIC_BASE_URL};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_SECRET};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{
@@ -84,6 +84,13 @@ pub struct Config {
     pub unsubscribe_token_days: i64,
     /// Where `/unsubscribe` is reached from outside (`PUBLIC_BASE_URL`).
     pub public_base_url: String,
+    /// Signs tracking tokens (`TRACKING_SECRET`); unset: no mail is tracked.
+    pub tracking_secret: Option<String>,
+    /// Where tracked links and pixels point (`TRACKING_BASE_URL`; empty: `PUBLIC_BASE_URL`).
+    pub tracking_base_url: String,
+    /// A click this many seconds after sending, with no open before it, is a scanner's
+    /// (`TRACKING_SCANNER_WINDOW_SECS`, default 5).
+    pub tracking_scanner_window_secs: i64,
     /// What SNS's `SigningCertURL` and `SubscribeURL` must match (`SNS_URL_PATTERN`).
     pub sns_url_pattern: String,
     /// SNS topics whose notifications are taken (`SNS_TOPIC_ARNS`, comma list; empty: any).
@@ -173,6 +180,9 @@ impl Config {
             unsubscribe_secret: UNSUBSCRIBE_SECRET.opt(),
             unsubscribe_token_days: UNSUBSCRIBE_TOKEN_DAYS.parse()?,
             public_base_url: PUBLIC_BASE_URL.string(),
+            tracking_secret: TRACKING_SECRET.opt(),
+            tracking_base_url: TRACKING_BASE_URL.string(),
+            tracking_scanner_window_secs: TRACKING_SCANNER_WINDOW_SECS.parse()?,
             sns_url_pattern: SNS_URL_PATTERN.string(),
             sns_topic_arns: SNS_TOPIC_ARNS
                 .string()
@@ -214,6 +224,11 @@ impl Config {
                 self.unsubscribe_token_days.to_string(),
             ),
             (PUBLIC_BASE_URL.name, self.public_base_url.clone()),
+            (TRACKING_BASE_URL.name, self.tracking_base_url.clone()),
+            (
+                TRACKING_SCANNER_WINDOW_SECS.name,
+                self.tracking_scanner_window_secs.to_string(),
+            ),
             (SNS_URL_PATTERN.name, self.sns_url_pattern.clone()),
             (SNS_TOPIC_ARNS.name, self.sns_topic_arns.join(",")),
             (
@@ -236,6 +251,9 @@ impl Config {
         if let Some(secret) = &self.unsubscribe_secret {
             env.push((UNSUBSCRIBE_SECRET.name, secret.clone()));
         }
+        if let Some(secret) = &self.tracking_secret {
+            env.push((TRACKING_SECRET.name, secret.clone()));
+        }
         if let Some((id, secret)) = &self.ses.credentials {
             env.push((AWS_ACCESS_KEY_ID.name, id.clone()));
             env.push((AWS_SECRET_ACCESS_KEY.name, secret.clone()));
@@ -245,6 +263,20 @@ impl Config {
 }
 
 impl Config {
+    /// Tracking as these settings make it, if a secret is set.
+    pub fn tracker(&self) -> Option<tracking::Tracker> {
+        let base = match self.tracking_base_url.trim() {
+            "" => &self.public_base_url,
+            base => base,
+        };
+        self.tracking_secret
+            .as_deref()
+            .map(|secret| tracking::Tracker {
+                key: postmesh_shared::tracking::TrackingKey::new(secret),
+                base_url: base.trim_end_matches('/').to_owned(),
+            })
+    }
+
     /// The unsubscribe token signer these settings make, if a secret is set.
     pub fn unsubscribe(&self) -> Option<unsubscribe::Unsubscribe> {
         self.unsubscribe_secret.as_deref().map(|secret| {
@@ -321,6 +353,7 @@ pub fn routes() -> Routes<AppState> {
         .merge(audience::routes())
         .merge(delivery::routes())
         .merge(workflows::routes())
+        .merge(tracking::routes())
         .at(api::OPERATIONS_OVERVIEW, overview::overview)
 }
 
@@ -397,10 +430,24 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             Ok::<_, ApiError>(taken as i64 == settle::BATCH)
         }
     });
+    let tracker = config.tracker();
+    if tracker.is_none() {
+        tracing::warn!("TRACKING_SECRET is not set: no mail is tracked");
+    }
+    tracking::record::spawn(
+        &rt,
+        tracking::record::Recorder {
+            db: rt.db.clone(),
+            outlet: outlet.clone(),
+            scanner_window: config.tracking_scanner_window_secs,
+        },
+    )
+    .await?;
     let equipment = worker::Equipment {
         transport,
         outlet,
         unsubscribe,
+        tracker,
         sandbox,
     };
     worker::spawn(&rt, equipment, config.worker.clone()).await?;
@@ -430,6 +477,9 @@ mod tests {
         config.unsubscribe_secret = Some("unsub-secret".into());
         config.unsubscribe_token_days = 30;
         config.public_base_url = "https://mail.example.com".into();
+        config.tracking_secret = Some("track-secret".into());
+        config.tracking_base_url = "https://t.example.com".into();
+        config.tracking_scanner_window_secs = 9;
         config.sns_url_pattern = "^http://127\\.0\\.0\\.1:\\d+/".into();
         config.sns_topic_arns = vec!["arn:a".into(), "arn:b".into()];
         config.quotas = Quotas {

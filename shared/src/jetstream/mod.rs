@@ -26,6 +26,8 @@ pub enum Stream {
     Events,
     /// Delivery outcomes; sender stats and delivery webhooks read them.
     Delivery,
+    /// Opens and clicks the gateway saw; the sender records each.
+    Tracking,
 }
 
 /// How a stream is declared.
@@ -38,7 +40,7 @@ struct Spec {
 }
 
 /// The streams of DESIGN §3.
-const STREAMS: [Spec; 5] = [
+const STREAMS: [Spec; 6] = [
     Spec {
         stream: Stream::Send,
         name: "SEND",
@@ -69,6 +71,12 @@ const STREAMS: [Spec; 5] = [
         subjects: "delivery.>",
         retention: RetentionPolicy::Limits,
     },
+    Spec {
+        stream: Stream::Tracking,
+        name: "TRACKING",
+        subjects: "tracking.hits",
+        retention: RetentionPolicy::WorkQueue,
+    },
 ];
 
 /// How long a stream keeps a message nobody took.
@@ -88,12 +96,13 @@ pub fn ack_pending_for(per_process: usize) -> i64 {
 
 impl Stream {
     /// Every stream.
-    pub const ALL: [Stream; 5] = [
+    pub const ALL: [Stream; 6] = [
         Stream::Send,
         Stream::Inbound,
         Stream::Webhook,
         Stream::Events,
         Stream::Delivery,
+        Stream::Tracking,
     ];
 
     fn spec(self) -> &'static Spec {
@@ -191,11 +200,13 @@ mod tests {
                 "pm_INBOUND",
                 "pm_WEBHOOK",
                 "pm_EVENTS",
-                "pm_DELIVERY"
+                "pm_DELIVERY",
+                "pm_TRACKING"
             ]
         );
         assert_eq!(Stream::Send.subject(&ns), "pm.send.deliver");
         assert_eq!(Stream::Events.subject(&ns), "pm.events.>");
+        assert_eq!(Stream::Tracking.subject(&ns), "pm.tracking.hits");
     }
 
     /// A publish JetStream does not store (here: no stream takes the subject, as for a

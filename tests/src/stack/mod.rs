@@ -20,7 +20,7 @@ use crate::databases::remove_namespace;
 use crate::settings::{
     admin_url, billing_config, common, dispatcher_config, domain_config, fresh_namespace,
     gateway_config, http_client, inbound_config, worker_config, DomainOptions, Options, SenderMode,
-    FAKE_SNS_TOPIC, UNSUBSCRIBE_SECRET,
+    FAKE_SNS_TOPIC, TRACKING_SECRET, UNSUBSCRIBE_SECRET,
 };
 use crate::wait::on_a_fresh_runtime;
 use crate::TestClient;
@@ -289,6 +289,9 @@ impl Stack {
             unsubscribe_secret: Some(UNSUBSCRIBE_SECRET.into()),
             unsubscribe_token_days: 60,
             public_base_url: self.base.clone(),
+            tracking_secret: Some(TRACKING_SECRET.into()),
+            tracking_base_url: String::new(),
+            tracking_scanner_window_secs: 5,
             // Test SNS servers are local (`postmesh_tests::fake_sns`).
             sns_url_pattern: r"^http://127\.0\.0\.1:\d+/".into(),
             sns_topic_arns: vec![FAKE_SNS_TOPIC.into()],

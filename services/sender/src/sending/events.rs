@@ -1,6 +1,6 @@
 //! Delivery events: what happened to a recipient's message once accepted (`queued`,
 //! `scheduled`, `sent`, `delivered`, `bounced`, `complained`, `rejected`, `delayed`,
-//! `unsubscribed`, `failed`, `cancelled`). Each is a `DeliveryEvent` on the DELIVERY stream
+//! `unsubscribed`, `failed`, `cancelled`, `opened`, `clicked`). Each is a `DeliveryEvent` on the DELIVERY stream
 //! (`{ns}.delivery.<kind>`, up to 1,000 to a message) with its send's labels and a
 //! per-delivery `sequence`, written to the outbox in the transaction that makes it true;
 //! each but `queued` and `scheduled` is also a `delivery_events` row, shown in
@@ -52,6 +52,16 @@ pub enum Detail {
         #[serde(skip_serializing_if = "Option::is_none")]
         source: Option<&'static str>,
         reason: String,
+    },
+    /// An open or a click: the link followed, the client, whether it was the delivery's
+    /// first by a person, and whether a machine made it.
+    Engagement {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+        user_agent: Option<String>,
+        ip: Option<String>,
+        first: bool,
+        machine: bool,
     },
     /// The provider's own account of the event (SES's `delivery`, `reject` or
     /// `deliveryDelay` object), or `null`.
@@ -113,6 +123,9 @@ struct Labels {
     provider_message_id: Option<String>,
     /// The send was a test key's.
     test: Option<bool>,
+    /// The send's tags and metadata as JSON text.
+    tags: Option<String>,
+    metadata: Option<String>,
 }
 
 /// Records `events` in the caller's transaction and queues each new one for the DELIVERY
@@ -138,11 +151,13 @@ pub async fn record(
              SELECT t.id, t.message->>'from_email' AS from_email,
                  t.message->>'from_name' AS from_name, t.message->>'subject' AS subject,
                  t.email_type, t.topic, t.campaign_key, t.source_app, t.business_goal,
-                 t.message->>'message_id' AS message_id, t.test_mode
+                 t.message->>'message_id' AS message_id, t.test_mode,
+                 t.tags::text AS tags, t.metadata::text AS metadata
              FROM tasks t WHERE t.id IN (SELECT task_id FROM ins)
          )
          SELECT ins.id, ins.sequence, l.from_email, l.from_name, l.subject, l.email_type,
              l.topic, l.campaign_key, l.source_app, l.business_goal, l.test_mode AS test,
+             l.tags, l.metadata,
              COALESCE(l.message_id, '<' || ins.delivery_id || '@' || $10 || '>') AS message_id,
              d.provider_message_id
          FROM ins
@@ -167,6 +182,7 @@ pub async fn record(
     .fetch_all(&mut *tx)
     .await?;
     let count = new.len();
+    advance_log(tx, events).await?;
     let mut new: std::collections::HashMap<Uuid, Written> =
         new.into_iter().map(|w| (w.id, w)).collect();
     let mut by_kind: Vec<(Kind, Vec<DeliveryEvent>)> = Vec::new();
@@ -184,6 +200,49 @@ pub async fn record(
         publish(tx, outlet, kind, None, &messages).await?;
     }
     Ok(count)
+}
+
+/// Moves each delivery's row of the message log to the state its newest event says, never
+/// back (`log_rank`); engagement events count elsewhere (`crate::sending::tracking`).
+async fn advance_log(tx: &mut PgConnection, events: &[NewEvent]) -> Result<(), sqlx::Error> {
+    let mut latest: std::collections::HashMap<Uuid, Kind> = std::collections::HashMap::new();
+    for e in events {
+        let (Some(delivery), false) = (e.delivery, matches!(e.kind, Kind::Opened | Kind::Clicked))
+        else {
+            continue;
+        };
+        let kind = latest.entry(delivery).or_insert(e.kind);
+        if rank(e.kind) >= rank(*kind) {
+            *kind = e.kind;
+        }
+    }
+    if latest.is_empty() {
+        return Ok(());
+    }
+    let (ids, kinds): (Vec<Uuid>, Vec<&str>) =
+        latest.into_iter().map(|(d, k)| (d, k.as_str())).unzip();
+    sqlx::query(
+        "UPDATE task_recipients r SET status = u.kind
+         FROM UNNEST($1::uuid[], $2::text[]) AS u(delivery_id, kind)
+         WHERE r.delivery_id = u.delivery_id AND log_rank(u.kind) >= log_rank(r.status)
+           AND r.status <> u.kind",
+    )
+    .bind(&ids)
+    .bind(&kinds)
+    .execute(&mut *tx)
+    .await
+    .map(drop)
+}
+
+/// How far along a delivery `kind` says it is, as the migration's `log_rank`.
+fn rank(kind: Kind) -> u8 {
+    match kind {
+        Kind::Queued | Kind::Scheduled => 0,
+        Kind::Sent => 1,
+        Kind::Delayed => 2,
+        Kind::Delivered | Kind::Unsubscribed => 3,
+        _ => 4,
+    }
 }
 
 /// The `DeliveryEvent` of `event`, stored as `id`.
@@ -209,6 +268,8 @@ fn message(id: Uuid, event: &NewEvent, sequence: i64, labels: Labels) -> Deliver
         message_id: labels.message_id.unwrap_or_default(),
         provider_message_id: labels.provider_message_id.unwrap_or_default(),
         test: labels.test.unwrap_or(false),
+        tags: labels.tags.filter(|t| t != "[]").unwrap_or_default(),
+        metadata: labels.metadata.filter(|m| m != "{}").unwrap_or_default(),
     }
 }
 
@@ -273,6 +334,7 @@ pub async fn announce(
                  message->>'subject' AS subject, email_type, topic, campaign_key, source_app,
                  business_goal, message->>'message_id' AS message_id,
                  NULL::text AS provider_message_id, test_mode AS test,
+                 tags::text AS tags, metadata::text AS metadata,
                  nextval(pg_get_serial_sequence('delivery_events', 'sequence')) AS sequence
              FROM tasks WHERE id = $1",
         )
@@ -293,6 +355,15 @@ pub async fn announce(
         source_key: String::new(),
     };
     let common = message(Uuid::nil(), &common, sequence, labels);
+    if kind == Kind::Queued {
+        // A released scheduled send: its rows of the log say so.
+        sqlx::query(
+            "UPDATE task_recipients SET status = 'queued' WHERE task_id = $1 AND status = 'scheduled'",
+        )
+        .bind(task)
+        .execute(&mut *tx)
+        .await?;
+    }
     let events: Vec<DeliveryEvent> = recipients
         .iter()
         .map(|(delivery, email)| DeliveryEvent {

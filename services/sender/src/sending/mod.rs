@@ -1,7 +1,8 @@
 //! Sending: a send request parsed and checked (`request`, `governance`), charged and
 //! stored as tasks (`send`, `settle`, `tasks`) once under its idempotency key (`keyed`), a
 //! raw message from an SMTP relay (`raw`, `raw_mime`), scheduled (`schedule`), rendered from
-//! templates (`templates`, `render`), campaigns, the ledger of each message's delivery
+//! templates (`templates`, `render`), tags and metadata (`tags`), open and click tracking
+//! (`tracking`), campaigns, the ledger of each message's delivery
 //! events (`events`) and what a task's status shows (`status`).
 
 pub mod campaigns;
@@ -17,8 +18,10 @@ pub mod send;
 pub mod settle;
 pub mod smtp_auth;
 pub mod status;
+pub mod tags;
 pub mod tasks;
 pub mod templates;
+pub mod tracking;
 pub mod usage;
 
 use postmesh_contracts::routes::sender as api;

@@ -1,5 +1,6 @@
 //! A raw message as a client wrote it (RFC 5322), read with mail-parser for what a send takes
-//! from it — From, Subject, Message-ID, `X-Postmesh-Email-Type` and `X-Postmesh-Topic` — and
+//! from it — From, Subject, Message-ID, `X-Postmesh-Email-Type`, `X-Postmesh-Topic`,
+//! `X-Postmesh-Tags` and `X-Postmesh-Metadata` — and
 //! kept as written but for the fields no recipient sees.
 
 use sha2::{Digest, Sha256};
@@ -9,6 +10,7 @@ use postmesh_shared::{ApiError, EmailAddress};
 
 use crate::sending::keyed::Keyed;
 use crate::sending::request::{EmailType, HeaderText, SendBody, To, ToItem};
+use crate::sending::tags::{self, Tag, METADATA_FIELD, TAGS_FIELD};
 use crate::sending::tasks::TaskMessage;
 
 /// Largest message taken, in bytes of MIME.
@@ -24,7 +26,13 @@ pub const EMAIL_TYPE_FIELD: &str = "X-Postmesh-Email-Type";
 pub const TOPIC_FIELD: &str = "X-Postmesh-Topic";
 /// Fields no recipient sees: the copies' list, our own, and (for mail with an unsubscribe
 /// link of ours) the client's unsubscribe fields, which ours replace.
-pub(crate) const PRIVATE_FIELDS: [&str; 3] = ["Bcc", EMAIL_TYPE_FIELD, TOPIC_FIELD];
+pub(crate) const PRIVATE_FIELDS: [&str; 5] = [
+    "Bcc",
+    EMAIL_TYPE_FIELD,
+    TOPIC_FIELD,
+    TAGS_FIELD,
+    METADATA_FIELD,
+];
 const UNSUBSCRIBE_FIELDS: [&str; 2] = ["List-Unsubscribe", "List-Unsubscribe-Post"];
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -43,6 +51,8 @@ pub struct RawMessage {
     pub client_message_id: bool,
     pub email_type: Option<String>,
     pub topic: Option<String>,
+    pub tags: Vec<Tag>,
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub mime: Vec<u8>,
 }
 
@@ -78,6 +88,13 @@ impl RawMessage {
                 .filter(|v| !v.is_empty())
         };
         let (email_type, topic) = (field(EMAIL_TYPE_FIELD), field(TOPIC_FIELD));
+        let tags = field(TAGS_FIELD)
+            .map(|f| tags::tags_of_field(&f))
+            .transpose()?
+            .unwrap_or_default();
+        let metadata = field(METADATA_FIELD)
+            .map(|f| tags::metadata_of_field(&f))
+            .transpose()?;
         let client_id = parsed
             .message_id()
             .map(str::trim)
@@ -107,6 +124,8 @@ impl RawMessage {
             client_message_id,
             email_type,
             topic,
+            tags,
+            metadata,
             mime: kept,
         })
     }
@@ -125,6 +144,8 @@ impl RawMessage {
             from_email: Some(self.from.as_str().into()),
             email_type: self.email_type.as_deref().map(Into::into),
             topic: self.topic.as_deref().map(HeaderText::from),
+            tags: Some(self.tags.clone()).filter(|t| !t.is_empty()),
+            metadata: self.metadata.clone(),
             ..SendBody::default()
         }
     }
@@ -145,6 +166,7 @@ impl RawMessage {
             references: Vec::new(),
             test: false,
             envelope_from: Some(self.envelope_from.to_string()),
+            ..TaskMessage::default()
         }
     }
 

@@ -84,6 +84,14 @@ async fn compose(
     })
     .await?;
     let text = fill(&text, vars, false)?;
+    let (track_opens, track_clicks) = match (req.track_opens, req.track_clicks) {
+        (Some(opens), Some(clicks)) => (opens, clicks),
+        (opens, clicks) => {
+            let d =
+                crate::sending::tracking::defaults(&state.db, caller.workspace.as_uuid()).await?;
+            (opens.unwrap_or(d.opens), clicks.unwrap_or(d.clicks))
+        }
+    };
     if req.test_send {
         subject = format!("[Test] {subject}");
     }
@@ -109,6 +117,8 @@ async fn compose(
             references: req.references.clone(),
             test: req.test_send,
             envelope_from: None,
+            track_opens,
+            track_clicks,
         },
         template,
     ))

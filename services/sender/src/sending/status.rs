@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::sending::events::Kind;
 use crate::sending::send::RejectedRecipient;
+use crate::sending::tags::{Metadata, Tag};
 use crate::sending::tasks::TaskStatus;
 use crate::AppState;
 
@@ -79,15 +80,23 @@ pub(crate) async fn status(
 ) -> Result<Success<TaskProgress>, ApiError> {
     let postmesh_shared::extract::Page { limit, offset } =
         postmesh_shared::extract::Page::within(page.limit, page.offset, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let task: Option<(TaskStatus, Option<i64>, i32, bool)> = sqlx::query_as(
-        "SELECT status, scheduled_at, recipient_count, test_mode FROM tasks
+    type TaskRow = (
+        TaskStatus,
+        Option<i64>,
+        i32,
+        bool,
+        Json<Vec<Tag>>,
+        Json<Metadata>,
+    );
+    let task: Option<TaskRow> = sqlx::query_as(
+        "SELECT status, scheduled_at, recipient_count, test_mode, tags, metadata FROM tasks
          WHERE id = $1 AND api_key_id = $2",
     )
     .bind(task_id)
     .bind(caller.key)
     .fetch_optional(&state.db)
     .await?;
-    let (task_status, scheduled_at, total, test) =
+    let (task_status, scheduled_at, total, test, Json(tags), Json(metadata)) =
         task.ok_or_else(|| ApiError::NotFound(format!("no task {task_id}")))?;
     let (sent, failed): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE d.status = 'sent'), count(*) FILTER (WHERE d.status = 'failed')
@@ -157,6 +166,8 @@ pub(crate) async fn status(
         task_id,
         status: overall(task_status, queued, sent, failed),
         test,
+        tags,
+        metadata,
         total,
         queued,
         sent,

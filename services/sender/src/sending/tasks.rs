@@ -22,7 +22,7 @@ use crate::sending::request::{Attachment, EmailType, Rejected, SendRequest};
 pub use postmesh_contracts::answers::sender::TaskStatus;
 
 /// The rendered message of a task, the same for each of its recipients.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskMessage {
     pub from_email: String,
     pub from_name: Option<String>,
@@ -41,6 +41,11 @@ pub struct TaskMessage {
     /// client wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envelope_from: Option<String>,
+    /// Open and click tracking, decided at acceptance (the send's, else the workspace's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub track_opens: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub track_clicks: bool,
 }
 
 /// A task to store.
@@ -130,9 +135,11 @@ async fn insert_task(
                             message, email_type, topic, source_app, business_goal,
                             recipient_reason, campaign_name, template_key, template_version,
                             test_send, cost, recipient_count, created_at, released_at,
-                            campaign_key, idempotency_key, request_digest, answer, test_mode)
+                            campaign_key, idempotency_key, request_digest, answer, test_mode,
+                            tags, metadata)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20, $21, $22, $23, $24)",
+                 $18, $19, CASE WHEN $5 = 'queued' THEN $19 END, $20, $21, $22, $23, $24, $25,
+                 $26)",
     )
     .bind(task.id)
     .bind(task.caller.workspace)
@@ -158,9 +165,28 @@ async fn insert_task(
     .bind(task.idempotency.as_ref().map(|i| i.digest))
     .bind(task.idempotency.as_ref().map(|i| Json(&i.answer)))
     .bind(task.caller.test)
+    .bind(Json(&req.tags))
+    .bind(Json(&req.metadata))
     .execute(&mut *tx)
-    .await
-    .map(drop)
+    .await?;
+    if !req.tags.is_empty() {
+        let tags: Vec<String> = req
+            .tags
+            .iter()
+            .map(|t| format!("{}:{}", t.name, t.value))
+            .collect();
+        sqlx::query(
+            "INSERT INTO task_tags (workspace_id, tag, created_at, task_id)
+             SELECT $1, t, $2, $3 FROM UNNEST($4::text[]) AS t",
+        )
+        .bind(task.caller.workspace)
+        .bind(now)
+        .bind(task.id)
+        .bind(&tags)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// The task's recipients, each with a new delivery id, counted as unfinished for the
@@ -177,14 +203,18 @@ async fn insert_recipients(
         .collect();
     let deliveries: Vec<DeliveryId> = task.recipients.iter().map(|_| DeliveryId::new()).collect();
     sqlx::query(
-        "INSERT INTO task_recipients (task_id, idx, email, external_id, delivery_id)
-         SELECT $1, * FROM UNNEST($2::integer[], $3::text[], $4::text[], $5::uuid[])",
+        "INSERT INTO task_recipients (task_id, idx, email, external_id, delivery_id,
+                                      workspace_id, created_at, status)
+         SELECT $1, *, $6, $7, $8 FROM UNNEST($2::integer[], $3::text[], $4::text[], $5::uuid[])",
     )
     .bind(task.id)
     .bind(&idx)
     .bind(&emails)
     .bind(&external)
     .bind(&deliveries)
+    .bind(task.caller.workspace)
+    .bind(now)
+    .bind(task.status.as_str())
     .execute(&mut *tx)
     .await?;
     sqlx::query(

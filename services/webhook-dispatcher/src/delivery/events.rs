@@ -63,6 +63,8 @@ fn inherit(mut e: DeliveryEvent, common: &DeliveryEvent, domain: &str) -> Delive
     fill(&mut e.business_goal, &common.business_goal);
     fill(&mut e.message_id, &common.message_id);
     fill(&mut e.provider_message_id, &common.provider_message_id);
+    fill(&mut e.tags, &common.tags);
+    fill(&mut e.metadata, &common.metadata);
     if e.occurred_at == 0 {
         e.occurred_at = common.occurred_at;
     }
@@ -148,6 +150,30 @@ pub struct EventData<'e> {
     /// A test key's send (nothing reached a transport); absent otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub test: bool,
+    /// The send's tags (`[]` when none) and metadata (`{}` when none).
+    pub tags: Value,
+    pub metadata: Value,
+    /// What an `opened` or `clicked` event says: the link, the client, whether it was the
+    /// delivery's first by a person, whether a machine made it.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub engagement: Option<Engagement>,
+}
+
+/// An `opened` or `clicked` event's facts, as its `detail` holds them.
+#[derive(Debug, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Engagement {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    pub user_agent: Option<String>,
+    pub ip: Option<String>,
+    pub first: bool,
+    pub machine: bool,
+}
+
+/// `json` parsed, or `empty` when it is blank or not JSON.
+fn json_or(json: &str, empty: Value) -> Value {
+    serde_json::from_str(json).unwrap_or(empty)
 }
 
 /// The payload's `data` of event `e`.
@@ -182,6 +208,11 @@ pub fn data(e: &DeliveryEvent) -> EventData<'_> {
         reason: text("reason").or_else(|| text("delayType")),
         bounce_type: text("bounceType"),
         test: e.test,
+        tags: json_or(&e.tags, Value::Array(Vec::new())),
+        metadata: json_or(&e.metadata, Value::Object(serde_json::Map::new())),
+        engagement: matches!(e.kind.as_str(), "opened" | "clicked")
+            .then(|| serde_json::from_value(detail.clone()).ok())
+            .flatten(),
     }
 }
 

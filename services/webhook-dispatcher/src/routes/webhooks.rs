@@ -23,7 +23,7 @@ use crate::AppState;
 pub const MAX_PER_WORKSPACE: i64 = 20;
 
 /// Every event type a webhook can take, with what it means.
-pub const EVENT_TYPES: [(&str, &str); 12] = [
+pub const EVENT_TYPES: [(&str, &str); 14] = [
     (
         "email.queued",
         "The send was accepted and the message queued for delivery.",
@@ -67,6 +67,14 @@ pub const EVENT_TYPES: [(&str, &str); 12] = [
     (
         "email.cancelled",
         "The scheduled send was cancelled before it went out.",
+    ),
+    (
+        "email.opened",
+        "The message's tracking pixel was fetched; machine says whether a proxy or scanner did.",
+    ),
+    (
+        "email.clicked",
+        "A tracked link of the message was followed; url, first and machine say more.",
     ),
     (
         INBOUND_RECEIVED,
@@ -322,7 +330,7 @@ mod tests {
             event_types(given(&["email.sent", "email.delivered", "email.sent"])).unwrap(),
             ["email.sent", "email.delivered"]
         );
-        assert!(event_types(given(&["email.opened"])).is_err());
+        assert!(event_types(given(&["email.viewed"])).is_err());
         assert!(event_types(given(&[])).unwrap().is_empty());
         assert_eq!(EVENT_TYPES.len(), 12);
     }

@@ -31,6 +31,8 @@ use crate::model::sandbox::Sandbox;
 use crate::sending::events::Outlet;
 use crate::sending::request::EmailType;
 use crate::sending::tasks::{self, LoadedTask};
+use crate::sending::tracking::links::Instrument;
+use crate::sending::tracking::Tracker;
 
 /// Retry and concurrency settings of the worker.
 #[derive(Clone, Debug)]
@@ -81,6 +83,8 @@ struct Delivery {
     tasks: cache::TaskCache,
     /// Signs the one-click unsubscribe links of marketing and lifecycle mail.
     unsubscribe: Option<Unsubscribe>,
+    /// Tracks opens and clicks of the messages whose sends asked.
+    tracker: Option<Tracker>,
     /// Addresses whose messages never reach the transport.
     sandbox: Sandbox,
 }
@@ -91,10 +95,41 @@ pub struct Equipment {
     pub transport: Transport,
     pub outlet: Outlet,
     pub unsubscribe: Option<Unsubscribe>,
+    pub tracker: Option<Tracker>,
     pub sandbox: Sandbox,
 }
 
 impl Delivery {
+    /// `html` of `task`'s message `delivery` with its pixel and tracked links, when the
+    /// send asked for either and tracking is configured.
+    async fn track(&self, task: &LoadedTask, delivery: Uuid, html: &str) -> Option<String> {
+        let tracker = self.tracker.clone()?;
+        let m = &task.message;
+        if !(m.track_opens || m.track_clicks) || html.is_empty() {
+            return None;
+        }
+        let (opens, clicks) = (m.track_opens, m.track_clicks);
+        // The unsubscribe page's address, which links never go through tracking to.
+        let prefix = self
+            .unsubscribe
+            .as_ref()
+            .map(|u| u.url("").trim_end_matches("?token=").to_owned());
+        let html = html.to_owned();
+        Some(
+            postmesh_shared::cpu::run_sized(html.len(), move || {
+                Instrument {
+                    tracker: &tracker,
+                    delivery,
+                    opens,
+                    clicks,
+                    unsubscribe_prefix: prefix.as_deref(),
+                }
+                .apply(&html)
+            })
+            .await,
+        )
+    }
+
     /// The unsubscribe link of `task`'s message `delivery` to `to`: none for transactional
     /// mail.
     fn unsubscribe_link(&self, task: &LoadedTask, to: &str, delivery: Uuid) -> Option<String> {
@@ -121,6 +156,7 @@ pub async fn spawn(rt: &Runtime, with: Equipment, config: WorkerConfig) -> anyho
         outlet: with.outlet,
         tasks: cache::TaskCache::default(),
         unsubscribe: with.unsubscribe,
+        tracker: with.tracker,
         sandbox: with.sandbox,
     };
     let config = QueueConfig {
@@ -248,8 +284,13 @@ impl Stages for Delivery {
                 let link = self.unsubscribe_link(task, to, id.as_uuid());
                 match &task.mime {
                     Some(mime) => message::raw(task, mime, to, link.as_deref()),
-                    None => message::build(&message::Draft::of_task(task, to, message_id, link))
-                        .map(Outgoing::from),
+                    None => {
+                        let mut draft = message::Draft::of_task(task, to, message_id, link);
+                        if let Some(html) = self.track(task, id.as_uuid(), &draft.html).await {
+                            draft.html = html.into();
+                        }
+                        message::build(&draft).map(Outgoing::from)
+                    }
                 }
             }
             (Body::Slice { task, .. }, None) => {

@@ -298,4 +298,13 @@ pub struct SendBody {
     #[schema(max_items = 100)]
     pub attachments: Option<Vec<AttachmentBody>>,
     pub variables: Option<Map<String, Value>>,
+    #[schema(max_items = 10)]
+    pub tags: Option<Vec<crate::sending::tags::Tag>>,
+    #[schema(schema_with = crate::sending::tags::metadata_schema)]
+    pub metadata: Option<Map<String, Value>>,
+    /// Adds an open-tracking pixel to the HTML part; unset: the workspace's `/tracking`.
+    pub track_opens: Option<bool>,
+    /// Sends the HTML part's links through tracked redirects; unset: the workspace's
+    /// `/tracking`.
+    pub track_clicks: Option<bool>,
 }

@@ -13,6 +13,7 @@ use postmesh_shared::{ApiError, EmailAddress};
 
 use crate::audience::audiences::{Audience, AudienceBody};
 use crate::model::{self, Recipient};
+use crate::sending::tags::{self, Metadata, Tag};
 
 mod body;
 
@@ -142,6 +143,11 @@ pub struct SendRequest {
     pub frequency_cap: Option<FrequencyCap>,
     /// No mail of this topic to an address that had one in the last that many days.
     pub topic_exclusion_days: Option<i64>,
+    pub tags: Vec<Tag>,
+    pub metadata: Metadata,
+    /// Open and click tracking as asked; unset: the workspace's defaults.
+    pub track_opens: Option<bool>,
+    pub track_clicks: Option<bool>,
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -540,6 +546,10 @@ impl SendRequest {
             scheduled_at,
             frequency_cap,
             topic_exclusion_days,
+            tags: tags::check_tags(body.tags)?,
+            metadata: tags::check_metadata(body.metadata)?,
+            track_opens: body.track_opens,
+            track_clicks: body.track_clicks,
         })
     }
 }

@@ -1,0 +1,185 @@
+//! A tracked message's HTML: each `http(s)` link of `<a href>` and `<area href>` sent
+//! through `{base}/t/c/{token}` — except unsubscribe links and those marked
+//! `data-pm-notrack` — and a 1×1 pixel `{base}/t/o/{token}` before `</body>` (at the end
+//! when there is none). One streaming pass (lol_html): time grows with the document.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use lol_html::html_content::ContentType;
+use uuid::Uuid;
+
+use crate::sending::tracking::Tracker;
+
+/// Marks a link not to track; taken out of the message.
+pub const NO_TRACK: &str = "data-pm-notrack";
+
+/// What to do to one message's HTML.
+pub struct Instrument<'a> {
+    pub tracker: &'a Tracker,
+    pub delivery: Uuid,
+    pub opens: bool,
+    pub clicks: bool,
+    /// Links starting with this are unsubscribe links: never tracked.
+    pub unsubscribe_prefix: Option<&'a str>,
+}
+
+/// Whether `link` is `http://` or `https://` (in any case).
+fn is_http(link: &str) -> bool {
+    let starts = |scheme: &str| {
+        link.get(..scheme.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+    };
+    starts("http://") || starts("https://")
+}
+
+impl Instrument<'_> {
+    /// The pixel's markup.
+    fn pixel(&self) -> String {
+        format!(
+            "<img src=\"{}/t/o/{}\" width=\"1\" height=\"1\" alt=\"\" \
+             style=\"display:block;width:1px;height:1px;border:0\">",
+            self.tracker.base_url,
+            self.tracker.key.open(self.delivery)
+        )
+    }
+
+    /// The tracked form of `href` as written in the markup, if it is to be tracked.
+    fn tracked(&self, href: &str) -> Option<String> {
+        let link = href.trim();
+        // The destination as a browser reads the attribute.
+        let link = link.replace("&amp;", "&");
+        let unsubscribe = self.unsubscribe_prefix.is_some_and(|p| link.starts_with(p));
+        if !is_http(&link) || unsubscribe {
+            return None;
+        }
+        let token = self.tracker.key.click(self.delivery, &link)?;
+        Some(format!("{}/t/c/{token}", self.tracker.base_url))
+    }
+
+    /// `html` with its pixel and tracked links, as asked.
+    pub fn apply(&self, html: &str) -> String {
+        if html.is_empty() || !(self.opens || self.clicks) {
+            return html.to_owned();
+        }
+        // Shared with the end tag's handler, which must own what it holds.
+        let placed = Rc::new(Cell::new(false));
+        let pixel = self.opens.then(|| self.pixel());
+        let mut handlers = Vec::new();
+        if self.clicks {
+            handlers.push(lol_html::element!("a[href], area[href]", |el| {
+                if el.has_attribute(NO_TRACK) {
+                    el.remove_attribute(NO_TRACK);
+                    return Ok(());
+                }
+                if let Some(tracked) = el.get_attribute("href").and_then(|h| self.tracked(&h)) {
+                    el.set_attribute("href", &tracked)?;
+                }
+                Ok(())
+            }));
+        }
+        if let Some(pixel) = &pixel {
+            handlers.push(lol_html::element!("body", |el| {
+                let (placed, pixel) = (placed.clone(), pixel.clone());
+                el.on_end_tag(lol_html::end_tag!(move |end| {
+                    if !placed.replace(true) {
+                        end.before(&pixel, ContentType::Html);
+                    }
+                    Ok(())
+                }))
+            }));
+        }
+        let settings = lol_html::RewriteStrSettings {
+            element_content_handlers: handlers,
+            strict: false,
+            ..lol_html::RewriteStrSettings::new()
+        };
+        // Our handlers fail only on an attribute the markup cannot hold: sent untracked.
+        let mut out = lol_html::rewrite_str(html, settings).unwrap_or_else(|_| html.to_owned());
+        if let (Some(pixel), false) = (&pixel, placed.get()) {
+            out.push_str(pixel);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postmesh_shared::tracking::{HitKind, TrackingKey};
+
+    fn tracker() -> Tracker {
+        Tracker {
+            key: TrackingKey::new("k"),
+            base_url: "https://t.example.com".into(),
+        }
+    }
+
+    fn instrument(t: &Tracker, opens: bool, clicks: bool) -> Instrument<'_> {
+        Instrument {
+            tracker: t,
+            delivery: Uuid::nil(),
+            opens,
+            clicks,
+            unsubscribe_prefix: Some("https://app.example.com/unsubscribe"),
+        }
+    }
+
+    /// The destinations of the tracked links of `html`, in order.
+    fn destinations(t: &Tracker, html: &str) -> Vec<String> {
+        html.split("https://t.example.com/t/c/")
+            .skip(1)
+            .map(|rest| {
+                let token = &rest[..rest.find('"').unwrap()];
+                t.key.verify(token, HitKind::Click).unwrap().url.unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn links_are_tracked_but_unsubscribe_and_marked_ones() {
+        let t = tracker();
+        let html = r#"<html><body><a href="https://x.com/a?b=1&amp;c=2">a</a>
+<a href="https://app.example.com/unsubscribe?token=z">u</a>
+<a data-pm-notrack href="https://x.com/keep">k</a> <a href="mailto:q@x.com">m</a>
+<AREA HREF="http://x.com/m"></body></html>"#;
+        let out = instrument(&t, false, true).apply(html);
+        assert_eq!(
+            destinations(&t, &out),
+            ["https://x.com/a?b=1&c=2", "http://x.com/m"]
+        );
+        assert!(out.contains(r#"href="https://app.example.com/unsubscribe?token=z""#));
+        assert!(
+            out.contains(r#"<a href="https://x.com/keep">k</a>"#),
+            "{out}"
+        );
+        assert!(out.contains("mailto:q@x.com") && !out.contains("/t/o/"));
+    }
+
+    #[test]
+    fn the_pixel_goes_before_the_body_ends_or_at_the_end() {
+        let t = tracker();
+        let out = instrument(&t, true, false).apply("<body><p>hi</p></body>\n");
+        let pixel = out.find("/t/o/").unwrap();
+        assert!(pixel > out.find("hi").unwrap() && pixel < out.find("</body>").unwrap());
+        assert_eq!(out.matches("<img").count(), 1);
+        let out = instrument(&t, true, false).apply("<p>no body</p>");
+        assert!(out.starts_with("<p>no body</p><img"), "{out}");
+        let token_at = out.find("/t/o/").unwrap() + 5;
+        let token = &out[token_at..token_at + out[token_at..].find('"').unwrap()];
+        assert!(t.key.verify(token, HitKind::Open).is_some());
+        // Nothing asked, nothing changed.
+        assert_eq!(
+            instrument(&t, false, false).apply("<a href=\"https://x\">"),
+            "<a href=\"https://x\">"
+        );
+    }
+
+    #[test]
+    fn rewriting_is_linear_in_the_links() {
+        let t = tracker();
+        let html = "<a href=\"https://x.com/p\">x</a> ".repeat(100_000);
+        let out = instrument(&t, true, true).apply(&html);
+        assert_eq!(out.matches("/t/c/").count(), 100_000);
+    }
+}

@@ -1,0 +1,322 @@
+//! The TRACKING consumer: each hit the gateway published (and acknowledged before it
+//! answered) becomes an `opened` or `clicked` delivery event, once however often it is
+//! handed out, with its delivery's log counting the people's. A hit is a machine's for a
+//! `HEAD`, an Apple Mail Privacy Protection fetch, a known scanner's agent, or a click
+//! within `TRACKING_SCANNER_WINDOW_SECS` of sending with no open before it; the first hit
+//! of each kind by a person is `first`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use futures::{FutureExt, StreamExt};
+use prost::Message as _;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use postmesh_shared::dead_letters::DeadLetters;
+use postmesh_shared::jetstream::{ack_pending_for, Stream};
+use postmesh_shared::proto::TrackingHit;
+use postmesh_shared::Runtime;
+
+use crate::sending::events::{self, Detail, Kind, NewEvent, Outlet};
+
+/// Hits recorded in one transaction at most.
+const BATCH: usize = 500;
+/// The durable consumer of the TRACKING stream.
+const CONSUMER: &str = "sender-tracking";
+/// The first pause before a batch that could not be written is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+/// How long a handed-out hit waits for its ack before it is handed out again.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Parts of a user agent (lower case) that only link scanners, previewers and scripts send.
+const MACHINE_AGENTS: [&str; 16] = [
+    "bot",
+    "spider",
+    "crawl",
+    "scanner",
+    "barracuda",
+    "proofpoint",
+    "mimecast",
+    "safelinks",
+    "safe links",
+    "ms office",
+    "microsoft office",
+    "curl/",
+    "wget",
+    "python",
+    "go-http-client",
+    "headless",
+];
+
+/// What the recorder needs.
+pub struct Recorder {
+    pub db: PgPool,
+    pub outlet: Outlet,
+    /// `TRACKING_SCANNER_WINDOW_SECS`.
+    pub scanner_window: i64,
+}
+
+/// A hit, decoded.
+struct Hit {
+    id: Uuid,
+    kind: Kind,
+    delivery: Uuid,
+    url: String,
+    user_agent: String,
+    ip: String,
+    at: i64,
+    head: bool,
+}
+
+impl Hit {
+    fn decode(payload: &[u8]) -> Result<Self, String> {
+        let h = TrackingHit::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        let id = |raw: &str, what: &str| {
+            Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
+        };
+        let kind = match h.kind.as_str() {
+            "opened" => Kind::Opened,
+            "clicked" => Kind::Clicked,
+            other => return Err(format!("kind {other:?} is not opened or clicked")),
+        };
+        Ok(Self {
+            id: id(&h.hit_id, "hit_id")?,
+            kind,
+            delivery: id(&h.delivery_id, "delivery_id")?,
+            url: h.url,
+            user_agent: h.user_agent,
+            ip: h.client_ip,
+            at: h.occurred_at,
+            head: h.head,
+        })
+    }
+}
+
+/// Whether a client with `agent` at `ip` is a machine by what it says of itself.
+pub fn machine_agent(agent: &str, ip: &str) -> bool {
+    let lower = agent.to_ascii_lowercase();
+    // Apple Mail Privacy Protection fetches through Apple's proxies (17.0.0.0/8) as a bare
+    // `Mozilla/5.0`.
+    agent.trim() == "Mozilla/5.0"
+        || ip.starts_with("17.")
+        || agent.trim().is_empty()
+        || MACHINE_AGENTS.iter().any(|m| lower.contains(m))
+}
+
+/// A delivery the hits name, as its log row has it.
+#[derive(sqlx::FromRow)]
+struct Target {
+    delivery_id: Uuid,
+    workspace_id: Uuid,
+    task_id: Uuid,
+    email: String,
+    opens: i32,
+    clicks: i32,
+    sent_at: Option<i64>,
+    opened: bool,
+}
+
+/// Records `hits` in one transaction: each new one an event, the people's counted.
+async fn record(
+    db: &PgPool, outlet: &Outlet, window: i64, mut hits: Vec<Hit>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let keys: Vec<String> = hits.iter().map(|h| format!("track:{}", h.id)).collect();
+    let seen: HashSet<String> =
+        sqlx::query_scalar("SELECT source_key FROM delivery_events WHERE source_key = ANY($1)")
+            .bind(&keys)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+    hits.retain(|h| !seen.contains(&format!("track:{}", h.id)));
+    let ids: Vec<Uuid> = hits.iter().map(|h| h.delivery).collect();
+    // Locked: hits of one delivery recorded at once elsewhere wait, so `first` is once.
+    let mut targets: HashMap<Uuid, Target> = sqlx::query_as::<_, Target>(
+        "SELECT r.delivery_id, r.workspace_id, r.task_id, r.email, r.opens, r.clicks,
+             (SELECT min(e.occurred_at) FROM delivery_events e
+              WHERE e.delivery_id = r.delivery_id AND e.kind IN ('sent', 'delivered')) AS sent_at,
+             EXISTS (SELECT 1 FROM delivery_events e
+                     WHERE e.delivery_id = r.delivery_id AND e.kind = 'opened') AS opened
+         FROM task_recipients r WHERE r.delivery_id = ANY($1)
+         ORDER BY r.delivery_id FOR UPDATE OF r",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|t| (t.delivery_id, t))
+    .collect();
+    hits.sort_by_key(|h| h.at);
+    let mut new = Vec::with_capacity(hits.len());
+    let (mut counted, mut changed) = (Vec::new(), HashSet::new());
+    for hit in hits {
+        // A delivery purged since (or never ours) has nothing to record.
+        let Some(t) = targets.get_mut(&hit.delivery) else {
+            continue;
+        };
+        // A click before its sending is even recorded is as soon as can be.
+        let scanner_click = hit.kind == Kind::Clicked
+            && !t.opened
+            && t.sent_at.is_none_or(|sent| hit.at - sent < window);
+        let machine = hit.head || machine_agent(&hit.user_agent, &hit.ip) || scanner_click;
+        let count = match hit.kind {
+            Kind::Opened => &mut t.opens,
+            _ => &mut t.clicks,
+        };
+        let first = !machine && *count == 0;
+        if !machine {
+            *count += 1;
+            changed.insert(t.delivery_id);
+        }
+        if hit.kind == Kind::Opened {
+            t.opened = true;
+        }
+        new.push(NewEvent {
+            workspace: t.workspace_id,
+            task: Some(t.task_id),
+            delivery: Some(t.delivery_id),
+            email: t.email.clone(),
+            kind: hit.kind,
+            detail: Detail::Engagement {
+                url: (hit.kind == Kind::Clicked).then_some(hit.url),
+                user_agent: Some(hit.user_agent).filter(|a| !a.is_empty()),
+                ip: Some(hit.ip).filter(|a| !a.is_empty()),
+                first,
+                machine,
+            },
+            occurred_at: hit.at,
+            source_key: format!("track:{}", hit.id),
+        });
+    }
+    for id in changed {
+        let t = &targets[&id];
+        counted.push((id, t.opens, t.clicks));
+    }
+    events::record(&mut tx, outlet, &new).await?;
+    if !counted.is_empty() {
+        let (ids, (opens, clicks)): (Vec<Uuid>, (Vec<i32>, Vec<i32>)) =
+            counted.into_iter().map(|(d, o, c)| (d, (o, c))).unzip();
+        sqlx::query(
+            "UPDATE task_recipients r SET opens = u.opens, clicks = u.clicks
+             FROM UNNEST($1::uuid[], $2::integer[], $3::integer[]) AS u(delivery_id, opens, clicks)
+             WHERE r.delivery_id = u.delivery_id",
+        )
+        .bind(&ids)
+        .bind(&opens)
+        .bind(&clicks)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// Consumes the TRACKING stream until the runtime shuts down, [`BATCH`] hits at a time; a
+/// hit that cannot be decoded is kept aside as a dead letter, a batch that cannot be
+/// written is handed back (and, failing again and again, kept aside).
+pub async fn spawn(rt: &Runtime, recorder: Recorder) -> anyhow::Result<()> {
+    let stream = Stream::Tracking
+        .ensure(&rt.js, &rt.common.namespace, rt.common.stream_replicas)
+        .await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(CONSUMER.into()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: ack_pending_for(2 * BATCH),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the {CONSUMER} consumer: {e}"))?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(BATCH)
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("pulling for {CONSUMER}: {e}"))?;
+    let (shutdown, letters) = (rt.shutdown.clone(), rt.dead_letters());
+    rt.tracker.spawn(async move {
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                m = messages.next() => m,
+            };
+            let mut batch = match first {
+                Some(Ok(msg)) => vec![msg],
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "tracking pull failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                None => break,
+            };
+            while batch.len() < BATCH {
+                match messages.next().now_or_never() {
+                    Some(Some(Ok(msg))) => batch.push(msg),
+                    _ => break,
+                }
+            }
+            take(&recorder, &letters, batch).await;
+        }
+    });
+    Ok(())
+}
+
+/// Records one batch and settles each of its messages.
+async fn take(
+    recorder: &Recorder, letters: &DeadLetters, batch: Vec<async_nats::jetstream::Message>,
+) {
+    let mut hits = Vec::with_capacity(batch.len());
+    let mut good = Vec::with_capacity(batch.len());
+    for msg in batch {
+        match Hit::decode(&msg.payload) {
+            Ok(hit) => {
+                hits.push(hit);
+                good.push(msg);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a tracking hit kept aside");
+                DeadLetters::settle(&msg, letters.dead(&msg, &e, 1).await).await;
+            }
+        }
+    }
+    match record(
+        &recorder.db,
+        &recorder.outlet,
+        recorder.scanner_window,
+        hits,
+    )
+    .await
+    {
+        Ok(()) => {
+            for msg in good {
+                let _ = msg.ack().await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "recording tracking hits failed; handed back");
+            for msg in good {
+                let fate = letters.failed(&msg, &e.to_string(), RETRY).await;
+                DeadLetters::settle(&msg, fate).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxies_scanners_and_scripts_are_machines_and_browsers_are_not() {
+        let browser = "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15";
+        assert!(!machine_agent(browser, "203.0.113.0"));
+        assert!(machine_agent("Mozilla/5.0", "203.0.113.0"), "Apple's proxy");
+        assert!(machine_agent(browser, "17.58.0.0"), "Apple's addresses");
+        assert!(machine_agent("Barracuda Sentinel (EE)", "198.51.100.0"));
+        assert!(machine_agent("python-requests/2.31", "198.51.100.0"));
+        assert!(machine_agent("", "198.51.100.0"));
+    }
+}

@@ -1,0 +1,253 @@
+//! Engagement: a send's tags and metadata in its status and every event and webhook, and open
+//! and click tracking — off unless asked, on the right host, a signed redirect to the link
+//! with its UTM parameters, machines told apart from people.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use postmesh_shared::{Success, TaskId};
+use postmesh_tests::receiver::{received, Receiver};
+use postmesh_tests::Stack;
+
+use super::wait_status;
+use sender::sending::events::Kind;
+use sender::sending::send::SendAnswer;
+use webhook_dispatcher::routes::webhooks::Created;
+
+/// A browser's user agent: a person.
+const BROWSER: &str =
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/126.0 Safari/537.36";
+
+/// The HTML part of a delivered message.
+fn html_of(eml: &str) -> String {
+    let parsed = mail_parser::MessageParser::default()
+        .parse(eml.as_bytes())
+        .expect("a message");
+    parsed.body_html(0).expect("an HTML part").into_owned()
+}
+
+/// Every `{base}/t/{kind}/{token}` URL of `html`, in order.
+fn tracked(html: &str, base: &str, kind: char) -> Vec<String> {
+    let prefix = format!("{base}/t/{kind}/");
+    html.match_indices(&prefix)
+        .map(|(at, _)| {
+            let rest = &html[at..];
+            rest[..rest.find('"').expect("a quoted URL")].to_owned()
+        })
+        .collect()
+}
+
+/// Sends `body` with `key`; the task.
+async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
+    let sent: Success<SendAnswer> = stack
+        .client(key)
+        .post("/send-email", &body, StatusCode::OK)
+        .await;
+    sent.body.task_id.expect("a task")
+}
+
+/// A client that does not follow redirects.
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client")
+}
+
+/// One event `kind` of a recipient's, its detail.
+fn details(p: &sender::sending::status::TaskProgress, email: &str, kind: Kind) -> Vec<Value> {
+    p.recipients
+        .iter()
+        .filter(|r| r.email == email)
+        .flat_map(|r| r.events.iter())
+        .filter(|e| e.kind == kind)
+        .map(|e| e.detail.clone())
+        .collect()
+}
+
+/// A marketing send with tags, metadata, UTM parameters and both kinds of tracking: its
+/// message has the pixel and tracked links on the gateway's host (the unsubscribe link and a
+/// `data-pm-notrack` one untouched, the plain text untouched); fetching them makes `opened`
+/// and `clicked` events with the send's labels in `/email-status` and webhooks; the redirect
+/// lands on the link with its UTM parameters; a tampered token is a 404; a `HEAD` and a
+/// click right after delivery with no open are machines'. Without opting in, nothing is
+/// tracked.
+pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labels(stack: &Stack) {
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    let receiver = Receiver::start().await;
+    let hook: Success<Created> = client
+        .post(
+            "/webhooks",
+            &json!({ "url": receiver.url("/events"),
+                     "events": ["email.opened", "email.clicked", "email.sent"] }),
+            StatusCode::CREATED,
+        )
+        .await;
+    receiver.trust(&hook.body.signing_secret);
+    let defaults: Success<Value> = client.get("/tracking", StatusCode::OK).await;
+    assert_eq!(defaults.body, json!({"opens": false, "clicks": false}));
+
+    let html = r#"<html><body><p>Hi</p><a href="https://example.com/page">Read</a>
+<a data-pm-notrack href="https://example.com/keep">Keep</a>
+<a href="{{unsubscribe_url}}">Unsubscribe</a></body></html>"#;
+    // Not asked for: nothing tracked.
+    let plain = "untracked@example.com";
+    send(stack, &key, json!({ "to": plain, "subject": "Plain", "html": html, "text": "https://example.com/page" })).await;
+    let eml = stack
+        .wait_for_messages(plain, 1, Duration::from_secs(30))
+        .await;
+    assert!(
+        !eml[0].contains("/t/o/") && !eml[0].contains("/t/c/"),
+        "tracked without asking"
+    );
+
+    let (reader, scanned) = ("reader@example.com", "scanned@example.com");
+    let task = send(
+        stack,
+        &key,
+        json!({ "to": [reader, scanned], "subject": "News", "html": html,
+                "text": "Read https://example.com/page", "emailType": "marketing",
+                "utm": {"source": "news"}, "trackOpens": true, "trackClicks": true,
+                "tags": [{"name": "campaign", "value": "fall"}],
+                "metadata": {"userId": "42"} }),
+    )
+    .await;
+    let eml = stack
+        .wait_for_messages(reader, 1, Duration::from_secs(30))
+        .await;
+    let html_part = html_of(&eml[0]);
+    let base = stack.base.trim_end_matches('/');
+    let (opens, clicks) = (
+        tracked(&html_part, base, 'o'),
+        tracked(&html_part, base, 'c'),
+    );
+    assert_eq!((opens.len(), clicks.len()), (1, 1), "{html_part}");
+    assert!(
+        html_part.contains(r#"<a href="https://example.com/keep?utm_source=news">"#),
+        "{html_part}"
+    );
+    assert!(
+        html_part.contains("/unsubscribe?token="),
+        "the unsubscribe link stays"
+    );
+    let text = mail_parser::MessageParser::default()
+        .parse(eml[0].as_bytes())
+        .unwrap()
+        .body_text(0)
+        .unwrap()
+        .into_owned();
+    assert!(text.contains("Read https://example.com/page") && !text.contains("/t/c/"));
+
+    let http = browser();
+    // A HEAD of the pixel is a machine's; a browser's GET is the first open by a person.
+    let head = http
+        .head(&opens[0])
+        .header("user-agent", BROWSER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), StatusCode::OK);
+    let open = http
+        .get(&opens[0])
+        .header("user-agent", BROWSER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), StatusCode::OK);
+    assert_eq!(open.headers()["content-type"], "image/gif");
+    assert_eq!(open.headers()["cache-control"], "no-store");
+    assert_eq!(&open.bytes().await.unwrap()[..6], b"GIF89a");
+    let click = http
+        .get(&clicks[0])
+        .header("user-agent", BROWSER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(click.status(), StatusCode::FOUND);
+    assert_eq!(
+        click.headers()["location"],
+        "https://example.com/page?utm_source=news"
+    );
+    // A changed token is a 404, never a redirect.
+    let mut tampered = clicks[0].clone();
+    let last = tampered.pop().unwrap();
+    tampered.push(if last == 'A' { 'B' } else { 'A' });
+    let refused = http.get(&tampered).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    assert!(refused.headers().get("location").is_none());
+    // A scanner follows the other recipient's link at once, with no open before.
+    let eml = stack
+        .wait_for_messages(scanned, 1, Duration::from_secs(30))
+        .await;
+    let scanned_click = tracked(&html_of(&eml[0]), base, 'c');
+    let hit = http
+        .get(&scanned_click[0])
+        .header("user-agent", BROWSER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hit.status(), StatusCode::FOUND);
+
+    let progress = wait_status(stack, &key, task, |p| {
+        details(p, reader, Kind::Opened).len() == 2
+            && details(p, reader, Kind::Clicked).len() == 1
+            && details(p, scanned, Kind::Clicked).len() == 1
+    })
+    .await;
+    assert_eq!(progress.tags.len(), 1);
+    assert_eq!(progress.metadata["userId"], "42");
+    let opened = details(&progress, reader, Kind::Opened);
+    let machine: Vec<(bool, bool)> = opened
+        .iter()
+        .map(|d| {
+            (
+                d["machine"].as_bool().unwrap(),
+                d["first"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(machine.contains(&(true, false)), "the HEAD: {opened:?}");
+    assert!(
+        machine.contains(&(false, true)),
+        "the browser's: {opened:?}"
+    );
+    let clicked = &details(&progress, reader, Kind::Clicked)[0];
+    assert_eq!(clicked["url"], "https://example.com/page?utm_source=news");
+    assert_eq!(
+        (clicked["machine"].as_bool(), clicked["first"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert_eq!(clicked["ip"], "127.0.0.0");
+    let scanner = &details(&progress, scanned, Kind::Clicked)[0];
+    assert_eq!(
+        (scanner["machine"].as_bool(), scanner["first"].as_bool()),
+        (Some(true), Some(false))
+    );
+
+    // Webhooks: sent, opened and clicked, each of the tagged send with its tags and metadata.
+    let hooks = received(&receiver, 3 + 2 + 2, Duration::from_secs(30)).await;
+    for kind in ["email.sent", "email.opened", "email.clicked"] {
+        let of_kind: Vec<&Value> = hooks
+            .iter()
+            .map(|d| &d.body)
+            .filter(|b| b["type"] == kind && b["data"]["email"] != plain)
+            .collect();
+        assert_eq!(of_kind.len(), 2, "{kind} in {hooks:?}");
+        for body in of_kind {
+            assert_eq!(
+                body["data"]["tags"],
+                json!([{"name": "campaign", "value": "fall"}])
+            );
+            assert_eq!(body["data"]["metadata"], json!({"userId": "42"}));
+        }
+    }
+    let human_click = hooks
+        .iter()
+        .map(|d| &d.body["data"])
+        .find(|d| d["email"] == reader && d["url"].is_string())
+        .expect("the reader's click");
+    assert_eq!(human_click["first"], true);
+}
