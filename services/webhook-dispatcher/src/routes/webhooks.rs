@@ -332,6 +332,6 @@ mod tests {
         );
         assert!(event_types(given(&["email.viewed"])).is_err());
         assert!(event_types(given(&[])).unwrap().is_empty());
-        assert_eq!(EVENT_TYPES.len(), 12);
+        assert_eq!(EVENT_TYPES.len(), 14);
     }
 }
