@@ -171,6 +171,8 @@ pub mod sender {
         SEND_EMAIL = Post "/send-email" Key, limit 16 * 1024 * 1024;
         SEND_CANCEL = Delete "/send-email/{task_id}" Key;
         EMAIL_STATUS = Get "/email-status/{task_id}" Key;
+        EMAILS = Get "/emails" Key;
+        EMAIL = Get "/emails/{delivery_id}" Key;
         TEMPLATE_CREATE = Post "/templates" Key;
         TEMPLATES = Get "/templates" Key;
         TEMPLATE = Get "/templates/{key}" Key;

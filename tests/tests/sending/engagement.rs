@@ -13,6 +13,7 @@ use postmesh_tests::Stack;
 
 use super::wait_status;
 use sender::sending::events::Kind;
+use sender::sending::log::{Detail as LogDetail, Log};
 use sender::sending::send::SendAnswer;
 use webhook_dispatcher::routes::webhooks::Created;
 
@@ -250,4 +251,82 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         .find(|d| d["email"] == reader && d["url"].is_string())
         .expect("the reader's click");
     assert_eq!(human_click["first"], true);
+
+    // The log: by tag, by recipient (any case), by state and time; one message's events.
+    let log = |query: &str| {
+        let path = format!("/emails{query}");
+        let client = stack.client(&key);
+        async move {
+            let page: Success<Log> = client.get(&path, StatusCode::OK).await;
+            page.body.emails
+        }
+    };
+    let tagged = log("?tag=campaign:fall").await;
+    let rows: Vec<(&str, i32, i32)> = tagged
+        .iter()
+        .map(|e| (e.to.as_str(), e.opens, e.clicks))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows.contains(&(reader, 1, 1)) && rows.contains(&(scanned, 0, 0)),
+        "{rows:?}"
+    );
+    assert!(tagged
+        .iter()
+        .all(|e| e.task_id == task.as_uuid() && e.subject == "News"));
+    assert_eq!(log("?to=READER@example.com").await.len(), 1);
+    assert_eq!(log("?status=sent&to=untracked@example.com").await.len(), 1);
+    assert_eq!(
+        log("?status=bounced&to=untracked@example.com").await.len(),
+        0
+    );
+    let created = tagged[0].created_at;
+    assert_eq!(
+        log(&format!("?tag=campaign:fall&until={created}"))
+            .await
+            .len(),
+        0
+    );
+    assert_eq!(
+        log(&format!("?tag=campaign:fall&since={created}"))
+            .await
+            .len(),
+        2
+    );
+    assert!(log("?tag=campaign:other").await.is_empty());
+    let all = log("?limit=2").await;
+    assert_eq!(all.len(), 2);
+    assert!(all[0].created_at >= all[1].created_at, "newest first");
+    for bad in [
+        "?tag=campaign",
+        "?tag=a%20b:c",
+        "?status=opened",
+        "?limit=101",
+        "?since=-1",
+    ] {
+        let refused: Value = client
+            .get(&format!("/emails{bad}"), StatusCode::BAD_REQUEST)
+            .await;
+        assert_eq!(refused["success"], false, "{bad}");
+    }
+    let one = tagged.iter().find(|e| e.to == reader).unwrap();
+    let detail: Success<LogDetail> = client
+        .get(&format!("/emails/{}", one.delivery_id), StatusCode::OK)
+        .await;
+    assert_eq!(detail.body.metadata["userId"], "42");
+    let kinds: Vec<Kind> = detail.body.events.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds.first(), Some(&Kind::Sent), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == Kind::Opened).count(),
+        2,
+        "{kinds:?}"
+    );
+    let other = stack.key(1).await;
+    let _: Value = stack
+        .client(&other)
+        .get(
+            &format!("/emails/{}", one.delivery_id),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
 }

@@ -3,12 +3,13 @@
 //! raw message from an SMTP relay (`raw`, `raw_mime`), scheduled (`schedule`), rendered from
 //! templates (`templates`, `render`), tags and metadata (`tags`), open and click tracking
 //! (`tracking`), campaigns, the ledger of each message's delivery
-//! events (`events`) and what a task's status shows (`status`).
+//! events (`events`), what a task's status shows (`status`) and the message log (`log`).
 
 pub mod campaigns;
 pub mod events;
 pub mod governance;
 pub mod keyed;
+pub mod log;
 pub mod raw;
 pub mod raw_mime;
 pub mod render;
@@ -35,6 +36,8 @@ pub fn routes() -> Routes<AppState> {
         .at(api::SEND_EMAIL, send::send)
         .at(api::SEND_CANCEL, send::cancel)
         .at(api::EMAIL_STATUS, status::status)
+        .at(api::EMAILS, log::list)
+        .at(api::EMAIL, log::read)
         .at(api::TEMPLATE_CREATE, templates::create)
         .at(api::TEMPLATES, templates::list)
         .at(api::TEMPLATE, templates::read)
