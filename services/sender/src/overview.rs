@@ -29,6 +29,10 @@ pub struct Stats {
     outbound_domains: Option<i64>,
     events_since: Option<i64>,
     active_runs: Option<i64>,
+    /// Of the messages sent since, the share a person opened and clicked (machines' opens
+    /// and clicks left out); null when none was sent.
+    open_rate: Option<f64>,
+    click_rate: Option<f64>,
     /// The services whose counts are missing.
     unavailable: Vec<&'static str>,
 }
@@ -55,22 +59,33 @@ fn parse_since(query: Option<&str>) -> Result<i64, ApiError> {
     raw.parse().map_err(|_| bad())
 }
 
-/// The sender's own counts: sends since, campaigns first sent since (active), events since
-/// and runs active now.
+/// The sender's own counts: sends since, campaigns first sent since (active), events since,
+/// runs active now, and of the messages sent since, how many a person opened and clicked.
 async fn own(
     state: &AppState, workspace: WorkspaceId, since: i64,
-) -> Result<[i64; 4], sqlx::Error> {
-    let row: (i64, i64, i64, i64) = sqlx::query_as(
+) -> Result<[i64; 7], sqlx::Error> {
+    let row: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM tasks WHERE workspace_id = $1 AND created_at >= $2),
                 (SELECT count(*) FROM campaigns WHERE workspace_id = $1 AND frozen_at >= $2),
                 (SELECT count(*) FROM workflow_events WHERE workspace_id = $1 AND received_at >= $2),
-                (SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND status = 'active')",
+                (SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND status = 'active'),
+                e.sent, e.opened, e.clicked
+         FROM (SELECT count(*) AS sent, count(*) FILTER (WHERE opens > 0) AS opened,
+                      count(*) FILTER (WHERE clicks > 0) AS clicked
+               FROM task_recipients WHERE workspace_id = $1 AND created_at >= $2
+                 AND log_rank(status) >= 1
+                 AND status NOT IN ('failed', 'rejected', 'cancelled')) e",
     )
     .bind(workspace)
     .bind(since)
     .fetch_one(&state.db)
     .await?;
-    Ok([row.0, row.1, row.2, row.3])
+    Ok([row.0, row.1, row.2, row.3, row.4, row.5, row.6])
+}
+
+/// `part` of `whole`, or none of nothing.
+fn rate(part: i64, whole: i64) -> Option<f64> {
+    (whole > 0).then(|| part as f64 / whole as f64)
 }
 
 /// Asks `service` for its counts within the deadline.
@@ -114,11 +129,13 @@ pub(crate) async fn overview(
         None => stats.unavailable.push(Service::Domain.name()),
     }
     match own {
-        Ok(Ok([sends, campaigns, events, runs])) => {
+        Ok(Ok([sends, campaigns, events, runs, sent, opened, clicked])) => {
             stats.sends_since = Some(sends);
             stats.active_campaigns = Some(campaigns);
             stats.events_since = Some(events);
             stats.active_runs = Some(runs);
+            stats.open_rate = rate(opened, sent);
+            stats.click_rate = rate(clicked, sent);
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "overview: own counts failed");

@@ -321,6 +321,13 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         2,
         "{kinds:?}"
     );
+    // People's opens and clicks only: the reader's of the three messages sent.
+    let overview: Value = client
+        .get("/operations-overview?since=0", StatusCode::OK)
+        .await;
+    let third = 1.0 / 3.0;
+    assert_eq!(overview["stats"]["openRate"].as_f64(), Some(third), "{overview}");
+    assert_eq!(overview["stats"]["clickRate"].as_f64(), Some(third), "{overview}");
     let other = stack.key(1).await;
     let _: Value = stack
         .client(&other)
