@@ -79,7 +79,8 @@ async fn the_overview_counts_each_owners_data_and_names_the_missing() {
     assert_eq!(
         all["stats"],
         json!({ "unreadThreads": 2, "sendsSince": 3, "activeCampaigns": 0, "outboundDomains": 1,
-                "eventsSince": 1, "activeRuns": 1, "unavailable": [] })
+                "eventsSince": 1, "activeRuns": 1, "openRate": 0.0, "clickRate": 0.0,
+                "unavailable": [] })
     );
     // Counts "since" start at `since`; the others are as of now.
     let later = postmesh_shared::db::now_unix() + 3600;
@@ -93,6 +94,7 @@ async fn the_overview_counts_each_owners_data_and_names_the_missing() {
     assert_eq!(none["stats"]["eventsSince"], 0);
     assert_eq!(none["stats"]["unreadThreads"], 2);
     assert_eq!(none["stats"]["activeRuns"], 1);
+    assert_eq!(none["stats"]["openRate"], Value::Null, "no message sent since");
     // Another workspace sees its own (none).
     let other: Value = stack
         .client(&stack.key(0).await)
