@@ -94,7 +94,11 @@ async fn the_overview_counts_each_owners_data_and_names_the_missing() {
     assert_eq!(none["stats"]["eventsSince"], 0);
     assert_eq!(none["stats"]["unreadThreads"], 2);
     assert_eq!(none["stats"]["activeRuns"], 1);
-    assert_eq!(none["stats"]["openRate"], Value::Null, "no message sent since");
+    assert_eq!(
+        none["stats"]["openRate"],
+        Value::Null,
+        "no message sent since"
+    );
     // Another workspace sees its own (none).
     let other: Value = stack
         .client(&stack.key(0).await)

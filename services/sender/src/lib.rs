@@ -51,6 +51,9 @@ pub const MIGRATIONS: [&sqlx::migrate::Migrator; 3] =
 /// Database connections beyond one per job in progress.
 const SPARE_CONNECTIONS: u32 = 4;
 
+/// How often the message log is purged of what is past its retention.
+const RETENTION_SWEEP: Duration = Duration::from_secs(300);
+
 /// How often owed billing settlements are retried.
 const SETTLE_POLL: Duration = Duration::from_secs(2);
 
@@ -88,6 +91,8 @@ pub struct Config {
     pub tracking_secret: Option<String>,
     /// Where tracked links and pixels point (`TRACKING_BASE_URL`; empty: `PUBLIC_BASE_URL`).
     pub tracking_base_url: String,
+    /// Days the message log is kept (`EMAIL_RETENTION_DAYS`, default 30).
+    pub email_retention_days: i64,
     /// A click this many seconds after sending, with no open before it, is a scanner's
     /// (`TRACKING_SCANNER_WINDOW_SECS`, default 5).
     pub tracking_scanner_window_secs: i64,
@@ -181,6 +186,7 @@ impl Config {
             unsubscribe_token_days: UNSUBSCRIBE_TOKEN_DAYS.parse()?,
             public_base_url: PUBLIC_BASE_URL.string(),
             tracking_secret: TRACKING_SECRET.opt(),
+            email_retention_days: EMAIL_RETENTION_DAYS.parse()?,
             tracking_base_url: TRACKING_BASE_URL.string(),
             tracking_scanner_window_secs: TRACKING_SCANNER_WINDOW_SECS.parse()?,
             sns_url_pattern: SNS_URL_PATTERN.string(),
@@ -225,6 +231,10 @@ impl Config {
             ),
             (PUBLIC_BASE_URL.name, self.public_base_url.clone()),
             (TRACKING_BASE_URL.name, self.tracking_base_url.clone()),
+            (
+                EMAIL_RETENTION_DAYS.name,
+                self.email_retention_days.to_string(),
+            ),
             (
                 TRACKING_SCANNER_WINDOW_SECS.name,
                 self.tracking_scanner_window_secs.to_string(),
@@ -422,6 +432,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let state = runner.clone();
         async move { workflows::runs::advance_due(&state).await }
     });
+    let (db, days) = (rt.db.clone(), config.email_retention_days);
+    rt.every("email retention", RETENTION_SWEEP, move || {
+        let db = db.clone();
+        async move { sending::retention::purge(&db, days).await }
+    });
     let settler = state.clone();
     rt.every("billing settlements", SETTLE_POLL, move || {
         let state = settler.clone();
@@ -480,6 +495,7 @@ mod tests {
         config.tracking_secret = Some("track-secret".into());
         config.tracking_base_url = "https://t.example.com".into();
         config.tracking_scanner_window_secs = 9;
+        config.email_retention_days = 7;
         config.sns_url_pattern = "^http://127\\.0\\.0\\.1:\\d+/".into();
         config.sns_topic_arns = vec!["arn:a".into(), "arn:b".into()];
         config.quotas = Quotas {

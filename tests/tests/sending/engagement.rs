@@ -326,8 +326,39 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         .get("/operations-overview?since=0", StatusCode::OK)
         .await;
     let third = 1.0 / 3.0;
-    assert_eq!(overview["stats"]["openRate"].as_f64(), Some(third), "{overview}");
-    assert_eq!(overview["stats"]["clickRate"].as_f64(), Some(third), "{overview}");
+    assert_eq!(
+        overview["stats"]["openRate"].as_f64(),
+        Some(third),
+        "{overview}"
+    );
+    assert_eq!(
+        overview["stats"]["clickRate"].as_f64(),
+        Some(third),
+        "{overview}"
+    );
+    // Retention: an event older than EMAIL_RETENTION_DAYS goes, a new one stays.
+    let db = stack.sender_db().await;
+    let now = postmesh_shared::db::now_unix();
+    let old = sender::sending::retention::first_id_at(now - 31 * 24 * 3600);
+    let new = uuid::Uuid::now_v7();
+    for id in [old, new] {
+        sqlx::query(
+            "INSERT INTO delivery_events (id, workspace_id, email, kind, occurred_at, source_key)
+             VALUES ($1, $1, 'old@example.com', 'sent', 0, $1::text)",
+        )
+        .bind(id)
+        .execute(&db)
+        .await
+        .unwrap();
+    }
+    sender::sending::retention::purge(&db, 30).await.unwrap();
+    let left: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM delivery_events WHERE id = ANY($1)")
+            .bind([old, new])
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(left, [new]);
     let other = stack.key(1).await;
     let _: Value = stack
         .client(&other)

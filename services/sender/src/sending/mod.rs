@@ -3,7 +3,8 @@
 //! raw message from an SMTP relay (`raw`, `raw_mime`), scheduled (`schedule`), rendered from
 //! templates (`templates`, `render`), tags and metadata (`tags`), open and click tracking
 //! (`tracking`), campaigns, the ledger of each message's delivery
-//! events (`events`), what a task's status shows (`status`) and the message log (`log`).
+//! events (`events`), what a task's status shows (`status`) and the message log (`log`) and how
+//! long it is kept (`retention`).
 
 pub mod campaigns;
 pub mod events;
@@ -14,6 +15,7 @@ pub mod raw;
 pub mod raw_mime;
 pub mod render;
 pub mod request;
+pub mod retention;
 pub mod schedule;
 pub mod send;
 pub mod settle;
