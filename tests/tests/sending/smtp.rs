@@ -256,7 +256,8 @@ pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
     // A client that writes its blind copy into the header (as some do).
     let message = format!(
         "From: retry@postmesh.localhost\nTo: {a}, {b}\nBcc: {hidden}\nSubject: once\n\
-         Message-ID: <retry-1@client.test>\n\nonly once\n"
+         Message-ID: <retry-1@client.test>\nX-Postmesh-Tags: source=smtp, kind=retry\n\
+         X-Postmesh-Metadata: {{\"order\": \"7\"}}\n\nonly once\n"
     );
     let mut tasks = Vec::new();
     for _ in 0..2 {
@@ -269,10 +270,19 @@ pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
     assert_eq!(tasks[0], tasks[1], "the retry answers the first task");
     let progress = wait_status(stack, &key, tasks[0], |p| p.queued == 0).await;
     assert_eq!((progress.total, progress.sent), (3, 3));
+    // The tags and metadata fields are the send's, and no recipient sees them.
+    let tags: Vec<(&str, &str)> = progress
+        .tags
+        .iter()
+        .map(|t| (t.name.as_str(), t.value.as_str()))
+        .collect();
+    assert_eq!(tags, [("source", "smtp"), ("kind", "retry")]);
+    assert_eq!(progress.metadata["order"], "7");
     for to in [&a, &b, &hidden] {
         let delivered = stack.delivered_to(to);
         assert_eq!(delivered.len(), 1, "{to}");
         assert!(!delivered[0].contains("Bcc:"), "{}", delivered[0]);
+        assert!(!delivered[0].contains("X-Postmesh"), "{}", delivered[0]);
     }
     assert_eq!(stack.settled_balance(&key).await, 7);
     // Without a Message-ID: one on the From domain; the same text again is another message.
