@@ -27,6 +27,7 @@ export POSTMESH_NAMESPACE=apicheck RUST_LOG=error GATEWAY_ADDR=127.0.0.1:18080
 export KEY_RATE_PER_SEC=100000 KEY_RATE_BURST=100000 AUTH_FAILURES_PER_IP_PER_MINUTE=0
 export INBOUND_SECRET=apicheck-inbound PROVIDER_SECRET=apicheck-provider
 export UNSUBSCRIBE_SECRET=apicheck-unsubscribe WEBHOOK_ALLOW_INSECURE=1
+export TRACKING_SECRET=apicheck-tracking
 # Configured, so its route checks signatures (unset, it is 503 by design).
 export STRIPE_WEBHOOK_SECRET=whsec_apicheck
 pids=()

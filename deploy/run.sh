@@ -23,6 +23,8 @@ export INBOUND_SECRET="${INBOUND_SECRET:-dev-inbound-secret}"
 export PROVIDER_SECRET="${PROVIDER_SECRET:-dev-provider-secret}"
 # Signs one-click unsubscribe links (unset, marketing mail has none and /unsubscribe is 503).
 export UNSUBSCRIBE_SECRET="${UNSUBSCRIBE_SECRET:-dev-unsubscribe-secret}"
+# Signs open and click tracking links (unset, no mail is tracked and /t/* answers 404).
+export TRACKING_SECRET="${TRACKING_SECRET:-dev-tracking-secret}"
 # Local webhook receivers (http://, localhost) are allowed; never in production.
 export WEBHOOK_ALLOW_INSECURE="${WEBHOOK_ALLOW_INSECURE:-1}"
 
