@@ -156,6 +156,8 @@ pub mod domain {
         DOMAIN_VERIFY_INBOUND = Post "/sender-domains/{id}/verify-inbound" Key;
         DOMAIN_SETUP_OUTBOUND = Post "/sender-domains/{id}/setup-outbound" Key;
         DOMAIN_VERIFY_OUTBOUND = Post "/sender-domains/{id}/verify-outbound" Key;
+        DOMAIN_SETUP_TRACKING = Post "/sender-domains/{id}/setup-tracking" Key;
+        DOMAIN_VERIFY_TRACKING = Post "/sender-domains/{id}/verify-tracking" Key;
         DOMAIN_APPLY_DNS = Post "/sender-domains/{id}/apply-dns" Key;
         DNS_PROVIDER = Put "/sender-domains/dns-provider" Key;
         ADMIN_DOMAINS = Get "/admin/sender-domains" Key;

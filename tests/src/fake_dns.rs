@@ -1,14 +1,15 @@
 //! A local authoritative DNS server (UDP) whose zones the test sets: the domain service's
 //! resolver asks it through `DNS_NAMESERVERS`. It answers like an authoritative server:
 //! REFUSED outside its zones, NXDOMAIN for a name with no records, an empty NOERROR for a
-//! name without records of the asked type, FORMERR for a malformed query.
+//! name without records of the asked type, a name's CNAME to a query of any type, FORMERR
+//! for a malformed query.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, MX, TXT};
+use hickory_proto::rr::rdata::{A, CNAME, MX, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 /// Records by lower-cased name without the final dot.
@@ -105,6 +106,31 @@ impl FakeDns {
         self.set(name, RecordType::A, data);
     }
 
+    /// Makes `name` a CNAME of `target` (a name with a CNAME holds nothing else, as in real
+    /// DNS); none removes it.
+    pub fn set_cname(&self, name: &str, target: Option<&str>) {
+        let data = target
+            .map(|t| {
+                RData::CNAME(CNAME(
+                    Name::from_ascii(format!("{}.", key(t))).expect("a name"),
+                ))
+            })
+            .into_iter()
+            .collect::<Vec<_>>();
+        if !data.is_empty() {
+            let zones = self.zones.lock().unwrap();
+            let others = zones.records.get(&key(name)).into_iter().flatten();
+            assert!(
+                others
+                    .filter(|r| r.record_type() != RecordType::CNAME)
+                    .count()
+                    == 0,
+                "{name} holds other records: no CNAME may sit beside them"
+            );
+        }
+        self.set(name, RecordType::CNAME, data);
+    }
+
     /// How many queries it has answered.
     pub fn queries(&self) -> usize {
         self.zones.lock().unwrap().queries
@@ -147,10 +173,10 @@ fn answer(zones: &Mutex<Zones>, datagram: &[u8]) -> Option<Vec<u8>> {
     match zones.records.get(&name).filter(|r| !r.is_empty()) {
         None => reply.metadata.response_code = ResponseCode::NXDomain,
         Some(records) => {
-            for data in records
-                .iter()
-                .filter(|d| d.record_type() == question.query_type())
-            {
+            // A name with a CNAME answers it to a query of any type (RFC 1034 §3.6.2).
+            for data in records.iter().filter(|d| {
+                d.record_type() == question.query_type() || d.record_type() == RecordType::CNAME
+            }) {
                 reply.add_answer(Record::from_rdata(
                     question.name().clone(),
                     60,

@@ -134,6 +134,7 @@ pub fn domain_config(common: &Common, opts: DomainOptions) -> domain::Config {
         recheck: opts.recheck,
         platform_domains: domain::parse_platform_domains("postmesh.localhost").expect("valid"),
         inbound_mx_host: "mx.postmesh.localhost".into(),
+        tracking_host: domain::settings::TRACKING_HOST.default.into(),
         nameservers: opts.nameservers,
         ses: opts.ses,
         cloudflare_api_base: opts.cloudflare_api_base,

@@ -9,12 +9,13 @@ use billing::entitlements::EntitlementsPage;
 use domain::apply_dns::{Applied, Saved};
 use domain::domains::{
     Deleted, DomainList, DomainPage, DomainView, InboundStatus, OutboundStatus, Ownership,
-    Submitted,
+    Submitted, TrackingStatus,
 };
 use domain::inbound::InboundCheck;
 use domain::outbound::OutboundSetup;
 use domain::ownership::{PendingList, Reviewed};
 use domain::records::DnsRecord;
+use domain::tracking::TrackingSetup;
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
 use reqwest::{Method, StatusCode};
@@ -170,6 +171,8 @@ async fn domains_of_one_key_each_side_by_side() {
         apply_dns_creates_exactly_the_missing_records_and_never_overwrites(&world),
         a_workspace_never_sees_or_changes_anothers_domain(&world),
     );
+    // After the others: one of them takes the fake Cloudflare down.
+    a_verified_tracking_host_carries_its_domains_links(&world).await;
     world.stack.shutdown().await;
 }
 
@@ -808,7 +811,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     assert_eq!(conflicts.len(), 1);
     assert_eq!(conflicts[0].record.kind, "TXT");
     assert!(conflicts[0].existing[0].value.contains("elsewhere"));
-    assert_eq!(world.cloudflare.creates(), 4);
+    assert_eq!(world.cloudflare.records(&zone).len(), 2 + 4);
     let spf: Vec<_> = world
         .cloudflare
         .records(&zone)
@@ -845,7 +848,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         .await;
     assert!(again.body.created.is_empty());
     assert_eq!(again.body.unchanged.len(), 5);
-    assert_eq!(world.cloudflare.creates(), 4);
+    assert_eq!(world.cloudflare.records(&zone).len(), 2 + 4);
     // The saved token is now wrong: Cloudflare refuses it, which is the caller's 400.
     let _: ErrorBody = world
         .client(&key)
@@ -1002,4 +1005,101 @@ async fn the_fake_ses_refuses_what_ses_refuses() {
         unsigned.headers()["x-amzn-errortype"],
         "MissingAuthenticationTokenException"
     );
+}
+
+/// A domain's own tracking host: `setup-tracking` answers the CNAME, `verify-tracking` finds
+/// it through DNS (none, another host's, then ours), `apply-dns` writes it at the DNS host,
+/// and once verified, tracked mail from the domain links through `https://track.<domain>`,
+/// which the gateway answers.
+async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
+    let key = world.stack.key(10).await;
+    world.stripe.subscribe(&world.stack, &key, "pro").await;
+    let name = unique("track");
+    let id = world.verified(&key, &name).await;
+    let host = format!("track.{name}");
+    let _: ErrorBody = world
+        .act(&key, &id, "verify-tracking", StatusCode::CONFLICT)
+        .await;
+    let setup: Success<TrackingSetup> =
+        world.act(&key, &id, "setup-tracking", StatusCode::OK).await;
+    let record = DnsRecord {
+        kind: "CNAME".into(),
+        name: host.clone(),
+        value: "track.postmesh.localhost".into(),
+        priority: None,
+    };
+    assert_eq!(setup.body.record, record);
+    assert_eq!(setup.body.tracking_status, TrackingStatus::Pending);
+    let (key_ref, id_ref) = (key.as_str(), id.as_str());
+    let check = |expected: bool| async move {
+        let checked: Success<TrackingSetup> = world
+            .act(key_ref, id_ref, "verify-tracking", StatusCode::OK)
+            .await;
+        assert_eq!(checked.body.ready, expected, "{checked:?}");
+        checked.body
+    };
+    assert_eq!(check(false).await.found, None);
+    world
+        .dns
+        .set_cname(&host, Some("tracking.elsewhere.example"));
+    assert_eq!(
+        check(false).await.found.as_deref(),
+        Some("tracking.elsewhere.example")
+    );
+    world.dns.set_cname(&host, Some("TRACK.postmesh.localhost"));
+    assert_eq!(check(true).await.tracking_status, TrackingStatus::Verified);
+
+    world.cloudflare.set_down(false);
+    let token = format!("cf-{}", uuid::Uuid::new_v4().simple());
+    let zone = world.cloudflare.add_zone(&name, &token);
+    let applied: Success<Applied> = world
+        .client(&key)
+        .post(
+            &format!("/sender-domains/{id}/apply-dns"),
+            &json!({"scope": "tracking", "apiToken": token}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(applied.body.created, [record]);
+    assert_eq!(world.cloudflare.records(&zone).len(), 1);
+
+    let to = format!(
+        "reader-{}@example.com",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let _: Value = world
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({ "to": to, "fromEmail": format!("news@{name}"), "subject": "Hi",
+                     "html": "<a href=\"https://example.com/x\">x</a>", "trackClicks": true }),
+            StatusCode::OK,
+        )
+        .await;
+    let eml = world
+        .stack
+        .wait_for_messages(&to, 1, Duration::from_secs(30))
+        .await;
+    let html = mail_parser::MessageParser::default()
+        .parse(eml[0].as_bytes())
+        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
+        .expect("an HTML part");
+    let prefix = format!("https://{host}/t/c/");
+    let at = html
+        .find(&prefix)
+        .unwrap_or_else(|| panic!("no link on {host}: {html}"));
+    let path = &html[at + prefix.len() - "/t/c/".len()..];
+    let path = &path[..path.find('"').expect("a quoted link")];
+    // The gateway answers the tracking path on the domain's own host.
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}{path}", world.stack.base))
+        .header("host", &host)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::FOUND);
+    assert_eq!(answer.headers()["location"], "https://example.com/x");
 }

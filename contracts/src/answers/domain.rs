@@ -22,6 +22,15 @@ status! {
 }
 
 status! {
+    /// Whether the domain's own tracking host (`track.<domain>`) points at Postmesh.
+    SenderDomainTrackingStatus TrackingStatus {
+        NotStarted => "not_started",
+        Pending => "pending",
+        Verified => "verified",
+    }
+}
+
+status! {
     /// Whether the provider may send as the domain.
     SenderDomainOutboundStatus OutboundStatus {
         NotStarted => "not_started",
@@ -54,6 +63,9 @@ pub struct DomainView {
     pub ownership_status: Ownership,
     pub inbound_status: InboundStatus,
     pub outbound_status: OutboundStatus,
+    /// Whether its links are tracked through `track.<domain>`.
+    #[serde(default = "TrackingStatus::not_started")]
+    pub tracking_status: TrackingStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,4 +98,11 @@ pub struct Reviewed {
     pub verified: bool,
     pub message: String,
     pub domain: DomainView,
+}
+
+impl TrackingStatus {
+    /// Not set up (the default of views written before tracking domains).
+    pub fn not_started() -> Self {
+        Self::NotStarted
+    }
 }

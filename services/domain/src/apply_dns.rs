@@ -13,7 +13,7 @@ use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::cloudflare::Record;
 use crate::dns::host_name;
-use crate::domains::VerifiedDomain;
+use crate::domains::{TrackingStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -29,6 +29,7 @@ const MAX_TOKEN_LEN: usize = 1000;
 pub enum Scope {
     Outbound,
     Inbound,
+    Tracking,
     All,
 }
 
@@ -186,13 +187,26 @@ pub(crate) async fn apply(
     let token = token_for(&state, caller.workspace, req.api_token).await?;
 
     let mut wanted = Vec::new();
-    if scope != Scope::Outbound {
+    let tracking = domain.tracking_status != TrackingStatus::NotStarted;
+    if scope == Scope::Tracking && !tracking {
+        return Err(ApiError::Conflict(format!(
+            "tracking is not set up for {}: call setup-tracking first",
+            domain.name
+        )));
+    }
+    if (scope == Scope::Tracking || scope == Scope::All) && tracking {
+        wanted.push(records::tracking(
+            &domain.name,
+            &host_name(&state.settings.tracking_host),
+        ));
+    }
+    if matches!(scope, Scope::Inbound | Scope::All) {
         wanted.extend(records::inbound(
             &domain.name,
             &host_name(&state.settings.inbound_mx_host),
         ));
     }
-    if scope != Scope::Inbound {
+    if matches!(scope, Scope::Outbound | Scope::All) {
         if domain.dkim_tokens.is_empty() {
             if scope == Scope::Outbound {
                 return Err(ApiError::Conflict(format!(

@@ -1,11 +1,11 @@
-//! DNS lookups (TXT for ownership, MX for inbound) with hickory-resolver, against
+//! DNS lookups (TXT for ownership, MX for inbound, CNAME for tracking) with hickory-resolver, against
 //! `DNS_NAMESERVERS` or the system's resolvers. Answers are never cached here: a user who
 //! just fixed a record wants the next check to see it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hickory_resolver::proto::rr::RData;
+use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
 
 use postmesh_shared::ApiError;
@@ -67,6 +67,20 @@ impl Dns {
                 _ => None,
             })
             .collect())
+    }
+
+    /// The target of the CNAME at `name`, lower-cased without the final dot; none when
+    /// there is none.
+    pub async fn cname(&self, name: &str) -> Result<Option<String>, LookupError> {
+        let lookup = match self.resolver.lookup(fqdn(name), RecordType::CNAME).await {
+            Ok(lookup) => lookup,
+            Err(e) if e.is_no_records_found() => return Ok(None),
+            Err(e) => return Err(failed(name, e)),
+        };
+        Ok(lookup.answers().iter().find_map(|r| match &r.data {
+            RData::CNAME(target) => Some(host_name(&target.0.to_ascii())),
+            _ => None,
+        }))
     }
 
     /// The MX records of `name`, best first; none when there are none.

@@ -14,10 +14,12 @@ use postmesh_shared::routes::Documented;
 use postmesh_shared::{nats, ApiError, Success, WorkspaceId};
 
 use crate::name::DomainName;
+use crate::records;
 use crate::AppState;
 
 pub use postmesh_contracts::answers::domain::{
-    DomainList, DomainView, InboundStatus, OutboundStatus, Ownership, Submitted, Verification,
+    DomainList, DomainView, InboundStatus, OutboundStatus, Ownership, Submitted, TrackingStatus,
+    Verification,
 };
 
 /// A stored sender domain.
@@ -30,6 +32,7 @@ pub struct Domain {
     pub ownership: Ownership,
     pub inbound_status: InboundStatus,
     pub outbound_status: OutboundStatus,
+    pub tracking_status: TrackingStatus,
     pub dkim_tokens: Vec<String>,
     pub created_at: i64,
     pub verified_at: Option<i64>,
@@ -37,12 +40,17 @@ pub struct Domain {
 
 /// The columns of [`Domain`].
 pub const COLUMNS: &str = "id, workspace_id, name, verification_token, ownership, \
-     inbound_status, outbound_status, dkim_tokens, created_at, verified_at";
+     inbound_status, outbound_status, tracking_status, dkim_tokens, created_at, verified_at";
 
 /// Where ownership is proven: TXT `_postmesh.<domain>`.
 pub const VERIFY_LABEL: &str = "_postmesh";
 
 impl Domain {
+    /// Its own tracking host.
+    pub fn tracking_host(&self) -> String {
+        records::tracking_host(&self.name)
+    }
+
     /// The name of its ownership TXT record.
     pub fn verification_name(&self) -> String {
         format!("{VERIFY_LABEL}.{}", self.name)
@@ -74,6 +82,7 @@ impl Domain {
             ownership_status: self.ownership,
             inbound_status: self.inbound_status,
             outbound_status: self.outbound_status,
+            tracking_status: self.tracking_status,
             verification: Some(Verification {
                 kind: "TXT".into(),
                 name: self.verification_name(),
@@ -344,6 +353,7 @@ fn platform_view(name: &DomainName) -> DomainView {
         ownership_status: Ownership::Verified,
         inbound_status: InboundStatus::Verified,
         outbound_status: OutboundStatus::Verified,
+        tracking_status: TrackingStatus::NotStarted,
         verification: None,
         created_at: None,
         verified_at: None,

@@ -13,6 +13,7 @@ pub mod ownership;
 pub mod records;
 pub mod rpc;
 pub mod settings;
+pub mod tracking;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub struct Config {
     pub platform_domains: Vec<DomainName>,
     /// Where inbound mail must be routed (`INBOUND_MX_HOST`, default `mx.postmesh.localhost`).
     pub inbound_mx_host: String,
+    /// What `track.<domain>` must be a CNAME of (`TRACKING_HOST`).
+    pub tracking_host: String,
     /// Name servers to ask (`DNS_NAMESERVERS`, `host:port,...`); empty: the system's.
     pub nameservers: Vec<SocketAddr>,
     /// Amazon SES (`SES_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`).
@@ -70,6 +73,7 @@ impl Config {
             recheck: DOMAIN_RECHECK_SECS.secs()?,
             platform_domains: parse_platform_domains(&PLATFORM_DOMAINS.string())?,
             inbound_mx_host: INBOUND_MX_HOST.string(),
+            tracking_host: TRACKING_HOST.string(),
             nameservers: postmesh_shared::dns::parse_nameservers(&DNS_NAMESERVERS.string())?,
             ses: SesConfig::from_env(),
             cloudflare_api_base: CLOUDFLARE_API_BASE.string(),
@@ -95,6 +99,7 @@ impl Config {
                 ),
             ),
             (INBOUND_MX_HOST.name, self.inbound_mx_host.clone()),
+            (TRACKING_HOST.name, self.tracking_host.clone()),
             (
                 DNS_NAMESERVERS.name,
                 join(self.nameservers.iter().map(SocketAddr::to_string).collect()),
@@ -122,6 +127,8 @@ pub fn parse_platform_domains(raw: &str) -> anyhow::Result<Vec<DomainName>> {
 pub struct Settings {
     pub platform_domains: Vec<DomainName>,
     pub inbound_mx_host: String,
+    /// What `track.<domain>` must be a CNAME of.
+    pub tracking_host: String,
     /// The SES region, for the MAIL FROM MX record.
     pub ses_region: String,
 }
@@ -150,6 +157,7 @@ impl AppState {
             settings: Arc::new(Settings {
                 platform_domains: parse_platform_domains("postmesh.localhost")?,
                 inbound_mx_host: "mx.postmesh.localhost".into(),
+                tracking_host: TRACKING_HOST.default.into(),
                 ses_region: "us-east-1".into(),
             }),
             dns: Dns::new(&[nowhere], DNS_TIMEOUT)?,
@@ -185,6 +193,8 @@ pub fn routes() -> Routes<AppState> {
         .at(api::DOMAIN_VERIFY_INBOUND, inbound::verify)
         .at(api::DOMAIN_SETUP_OUTBOUND, outbound::setup)
         .at(api::DOMAIN_VERIFY_OUTBOUND, outbound::verify)
+        .at(api::DOMAIN_SETUP_TRACKING, tracking::setup)
+        .at(api::DOMAIN_VERIFY_TRACKING, tracking::verify)
         .at(api::DOMAIN_APPLY_DNS, apply_dns::apply)
         .takes_optional::<apply_dns::ApplyRequest>()
         .at(api::DNS_PROVIDER, apply_dns::save_token)
@@ -209,6 +219,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         settings: Arc::new(Settings {
             platform_domains: config.platform_domains.clone(),
             inbound_mx_host: config.inbound_mx_host.clone(),
+            tracking_host: config.tracking_host.clone(),
             ses_region: config.ses.region.clone(),
         }),
         dns: Dns::new(&config.nameservers, DNS_TIMEOUT)?,

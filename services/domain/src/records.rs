@@ -1,5 +1,6 @@
 //! The DNS records a domain publishes for us: Easy DKIM CNAMEs, the custom MAIL FROM's MX
-//! and SPF (outbound), and the MX that brings its mail to us (inbound).
+//! and SPF (outbound), the MX that brings its mail to us (inbound), and the CNAME of its
+//! tracking host.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +33,20 @@ impl DnsRecord {
             priority,
         }
     }
+}
+
+/// The label of a domain's own tracking host.
+pub const TRACKING_LABEL: &str = "track";
+
+/// `track.<domain>`: where a domain's tracked links and pixels go once verified.
+pub fn tracking_host(domain: &str) -> String {
+    format!("{TRACKING_LABEL}.{domain}")
+}
+
+/// What tracking through `domain`'s own host needs: `track.<domain>` a CNAME of `target`
+/// (`TRACKING_HOST`).
+pub fn tracking(domain: &str, target: &str) -> DnsRecord {
+    DnsRecord::new("CNAME", tracking_host(domain), target.to_owned(), None)
 }
 
 /// The MAIL FROM domain of `domain`.

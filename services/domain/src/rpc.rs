@@ -46,6 +46,7 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
         sendable: false,
         reason,
         domain,
+        tracking_host: String::new(),
     };
     let Some(address) = EmailAddress::parse(&req.from_address) else {
         return Ok(refuse(
@@ -65,12 +66,12 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
     if state.settings.platform_domains.contains(&domain) {
         return Ok(SendableReply {
             sendable: true,
-            reason: String::new(),
             domain: domain.to_string(),
+            ..SendableReply::default()
         });
     }
-    let row: Option<(domains::Ownership, bool)> = sqlx::query_as(
-        "SELECT ownership, outbound_status = 'verified' FROM domains
+    let row: Option<(domains::Ownership, bool, bool)> = sqlx::query_as(
+        "SELECT ownership, outbound_status = 'verified', tracking_status = 'verified' FROM domains
          WHERE name = $1 AND workspace_id = $2",
     )
     .bind(domain.as_str())
@@ -78,16 +79,21 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
     .fetch_optional(&state.db)
     .await?;
     Ok(match row {
-        Some((domains::Ownership::Verified, false)) if req.outbound => refuse(
+        Some((domains::Ownership::Verified, false, _)) if req.outbound => refuse(
             domain.to_string(),
             format!(
                 "{domain} is verified for ownership but not for sending: \
                  POST /sender-domains/{{id}}/setup-outbound, then verify-outbound"
             ),
         ),
-        Some((domains::Ownership::Verified, _)) => SendableReply {
+        Some((domains::Ownership::Verified, _, tracking)) => SendableReply {
             sendable: true,
             reason: String::new(),
+            tracking_host: if tracking {
+                crate::records::tracking_host(domain.as_str())
+            } else {
+                String::new()
+            },
             domain: domain.to_string(),
         },
         Some(_) => refuse(

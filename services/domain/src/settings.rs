@@ -6,5 +6,6 @@ settings! {
     DOMAIN_RECHECK_SECS = "300", "domain: how often pending domains' ownership TXT is re-checked";
     PLATFORM_DOMAINS = "postmesh.localhost", "domain: comma list of domains every workspace may send from; they and their subdomains cannot be submitted";
     INBOUND_MX_HOST = "mx.postmesh.localhost", "domain: the MX host a domain must point at to receive through Postmesh";
+    TRACKING_HOST = "track.postmesh.localhost", "domain: the host a domain's `track.<domain>` must be a CNAME of for its tracked links to go through it (the gateway answers tracking paths on any host)";
     CLOUDFLARE_API_BASE = "https://api.cloudflare.com/client/v4", "domain: Cloudflare API address for apply-dns";
 }

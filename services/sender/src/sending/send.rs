@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, IdempotencyKey, JsonBody};
-use postmesh_shared::proto::{ChargeRequest, SendableRequest};
+use postmesh_shared::proto::{ChargeRequest, SendableReply, SendableRequest};
 use postmesh_shared::{cpu, nats, ApiError, EmailAddress, Success, TaskId};
 use sqlx::{Postgres, Transaction};
 
@@ -119,6 +119,7 @@ async fn compose(
             envelope_from: None,
             track_opens,
             track_clicks,
+            tracking_base: None,
         },
         template,
     ))
@@ -128,7 +129,15 @@ async fn compose(
 pub(crate) async fn refusal(
     state: &AppState, caller: &Caller, from: &EmailAddress,
 ) -> Result<Option<String>, ApiError> {
-    let reply = nats::call(
+    let reply = sendable(state, caller, from).await?;
+    Ok((!reply.sendable).then_some(reply.reason))
+}
+
+/// What the domain service says of this workspace sending from `from`.
+async fn sendable(
+    state: &AppState, caller: &Caller, from: &EmailAddress,
+) -> Result<SendableReply, ApiError> {
+    nats::call(
         &state.nats,
         &state.ns,
         &SendableRequest {
@@ -137,18 +146,19 @@ pub(crate) async fn refusal(
             outbound: state.needs_outbound,
         },
     )
-    .await?;
-    Ok((!reply.sendable).then_some(reply.reason))
+    .await
 }
 
 /// 400 unless this workspace may send from `from` (403 for a raw message's addresses: a
-/// relay answers it as a policy refusal).
+/// relay answers it as a policy refusal); what the domain service said when it may.
 async fn check_sendable(
     state: &AppState, caller: &Caller, from: &EmailAddress, raw: bool,
-) -> Result<(), ApiError> {
-    let Some(reason) = refusal(state, caller, from).await? else {
-        return Ok(());
-    };
+) -> Result<SendableReply, ApiError> {
+    let reply = sendable(state, caller, from).await?;
+    if reply.sendable {
+        return Ok(reply);
+    }
+    let reason = reply.reason;
     let what = if raw { "sender" } else { "fromEmail" };
     let message = format!("{what} {from} cannot be used: {reason}");
     Err(if raw {
@@ -216,7 +226,7 @@ pub(crate) async fn submit(
         .from_email
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
-    check_sendable(state, caller, &from, raw.is_some()).await?;
+    let checked = check_sendable(state, caller, &from, raw.is_some()).await?;
     let (mut message, template) = match raw {
         Some(raw) => {
             if raw.envelope_from != from {
@@ -226,6 +236,10 @@ pub(crate) async fn submit(
         }
         None => compose(state, caller, &req, &from).await?,
     };
+    // Tracked through the from-domain's own verified tracking host, when it has one.
+    message.tracking_base = Some(checked.tracking_host)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("https://{host}"));
     let (campaign_key, mut recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     sandbox_rules(state, &message, &mut recipients, &mut rejected)?;
     // A test send goes to the caller alone, whatever the rules.

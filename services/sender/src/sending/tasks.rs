@@ -46,6 +46,9 @@ pub struct TaskMessage {
     pub track_opens: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub track_clicks: bool,
+    /// Where its tracked links point (`https://track.<domain>`), when not the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_base: Option<String>,
 }
 
 /// A task to store.

@@ -17,6 +17,8 @@ pub const NO_TRACK: &str = "data-pm-notrack";
 /// What to do to one message's HTML.
 pub struct Instrument<'a> {
     pub tracker: &'a Tracker,
+    /// Where the links point: the sender's tracking host, else the tracker's base.
+    pub base: Option<&'a str>,
     pub delivery: Uuid,
     pub opens: bool,
     pub clicks: bool,
@@ -34,12 +36,17 @@ fn is_http(link: &str) -> bool {
 }
 
 impl Instrument<'_> {
+    /// The base of the tracking URLs.
+    fn base(&self) -> &str {
+        self.base.unwrap_or(&self.tracker.base_url)
+    }
+
     /// The pixel's markup.
     fn pixel(&self) -> String {
         format!(
             "<img src=\"{}/t/o/{}\" width=\"1\" height=\"1\" alt=\"\" \
              style=\"display:block;width:1px;height:1px;border:0\">",
-            self.tracker.base_url,
+            self.base(),
             self.tracker.key.open(self.delivery)
         )
     }
@@ -54,7 +61,7 @@ impl Instrument<'_> {
             return None;
         }
         let token = self.tracker.key.click(self.delivery, &link)?;
-        Some(format!("{}/t/c/{token}", self.tracker.base_url))
+        Some(format!("{}/t/c/{token}", self.base()))
     }
 
     /// `html` with its pixel and tracked links, as asked.
@@ -118,6 +125,7 @@ mod tests {
     fn instrument(t: &Tracker, opens: bool, clicks: bool) -> Instrument<'_> {
         Instrument {
             tracker: t,
+            base: None,
             delivery: Uuid::nil(),
             opens,
             clicks,
