@@ -114,6 +114,8 @@ pub mod gateway {
         APP_KEY_CREATE = Post "/app/keys" Page;
         APP_KEY_REVOKE = Post "/app/keys/{id}/revoke" Page;
         APP_USAGE = Get "/app/usage" Page;
+        APP_EMAILS = Get "/app/emails" Page;
+        APP_EMAIL = Get "/app/emails/{delivery_id}" Page;
         // Operators (admin keys): stream messages the consumers kept aside.
         DEAD_LETTERS = Get "/admin/dead-letters" Key;
         DEAD_LETTER_REQUEUE = Post "/admin/dead-letters/{id}/requeue" Key;
@@ -175,6 +177,7 @@ pub mod sender {
         EMAIL_STATUS = Get "/email-status/{task_id}" Key;
         EMAILS = Get "/emails" Key;
         EMAIL = Get "/emails/{delivery_id}" Key;
+        EMAIL_STATS = Get "/email-stats" Key;
         TEMPLATE_CREATE = Post "/templates" Key;
         TEMPLATES = Get "/templates" Key;
         TEMPLATE = Get "/templates/{key}" Key;

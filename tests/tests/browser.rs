@@ -1,7 +1,9 @@
 //! The web app in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, installed by `deploy/deps.sh`) driven over WebDriver at a phone's
 //! width. Signs in on `/app/login` with the emailed code, approves a device on
-//! `/app/device`, creates a key on `/app/keys`. Screenshots go to `target/screenshots/`.
+//! `/app/device`, creates a key on `/app/keys`, reads the mail chart of `/app/usage` against
+//! the API's numbers and follows a message from `/app/emails` to its events. Screenshots go
+//! to `var/screenshots/`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -10,15 +12,18 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use api_gateway::create_key::CreateKey;
+use postmesh_contracts::answers::gateway::KeyMode;
+use postmesh_shared::proto::Role;
 use postmesh_tests::webdriver::Browser;
 use postmesh_tests::{eventually, free_port, Stack};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// Where screenshots are kept: `target/screenshots/` of the workspace.
+/// Where screenshots are kept: `var/screenshots/` of the workspace.
 fn screenshots() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../var/screenshots");
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     dir
 }
@@ -172,7 +177,145 @@ async fn a_browser_signs_in_approves_a_device_and_creates_a_key() {
     assert!(fields.contains("subject"), "{fields}");
     shot(&client, "7-docs").await;
 
+    mail_pages(&stack, &client, &email).await;
+
     client.close().await;
     let _ = driver.kill().await;
     stack.shutdown().await;
+}
+
+/// The account's mail in the web app: a tracked message opened and clicked by a person, a
+/// bounce and a complaint (sandbox); `/app/usage` draws each day's counts as `/email-stats`
+/// answers them, with its rates; `/app/emails` lists the messages, filters them by state and
+/// shows one with its events.
+async fn mail_pages(stack: &Stack, client: &Browser, email: &str) {
+    let key = CreateKey {
+        email: postmesh_shared::EmailAddress::parse(email).expect("address"),
+        credits: 5,
+        role: Role::Member,
+        mode: KeyMode::Live,
+    }
+    .create(&stack.common)
+    .await
+    .expect("a key with credits");
+    let api = stack.client(&key);
+    let reader = format!(
+        "reader-{}@example.com",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    for (to, tracked) in [
+        (reader.as_str(), true),
+        ("bounced@sandbox.postmesh.test", false),
+        ("complained@sandbox.postmesh.test", false),
+    ] {
+        let _: Value = api
+            .post(
+                "/send-email",
+                &json!({ "to": to, "subject": "Chart", "trackOpens": tracked, "trackClicks": tracked,
+                         "html": "<p>Hi</p><a href=\"https://example.com/chart\">read</a>" }),
+                StatusCode::OK,
+            )
+            .await;
+    }
+    let eml = stack
+        .wait_for_messages(&reader, 1, Duration::from_secs(30))
+        .await;
+    let html = mail_parser::MessageParser::default()
+        .parse(eml[0].as_bytes())
+        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
+        .expect("an HTML part");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for kind in ["/t/o/", "/t/c/"] {
+        let at = html
+            .rfind(&format!("{}{kind}", stack.base))
+            .expect("a tracked URL");
+        let url = &html[at..at + html[at..].find('"').expect("quoted")];
+        let hit = http
+            .get(url)
+            .header("user-agent", "Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0")
+            .send()
+            .await
+            .unwrap();
+        assert!(hit.status().is_success() || hit.status() == StatusCode::FOUND);
+    }
+    let stats: Value = eventually(Duration::from_secs(30), || async {
+        let stats: Value = api.get("/email-stats?days=30", StatusCode::OK).await;
+        let today = &stats["days"][29];
+        let want = [
+            ("opened", 1),
+            ("clicked", 1),
+            ("bounced", 1),
+            ("complained", 1),
+        ];
+        if want.iter().all(|(k, n)| today[*k] == *n) {
+            Ok(stats)
+        } else {
+            Err(stats)
+        }
+    })
+    .await;
+
+    client.goto(&format!("{}/app/usage", stack.base)).await;
+    let drawn = client
+        .execute(
+            "return Object.fromEntries([...document.querySelectorAll('#mail-chart polyline')]\
+             .map(p => [p.dataset.series, p.dataset.values]));",
+        )
+        .await;
+    for series in [
+        "sent",
+        "delivered",
+        "bounced",
+        "complained",
+        "opened",
+        "clicked",
+    ] {
+        let api_values: Vec<String> = stats["days"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d[series].to_string())
+            .collect();
+        assert_eq!(drawn[series], api_values.join(","), "{series}");
+    }
+    let percent = |rate: &Value| format!("{:.1}%", rate.as_f64().unwrap() * 100.0);
+    assert_eq!(
+        client.find("#open-rate").await.text().await,
+        percent(&stats["openRate"])
+    );
+    assert_eq!(
+        client.find("#click-rate").await.text().await,
+        percent(&stats["clickRate"])
+    );
+    shot(client, "8-usage-chart").await;
+
+    client.goto(&format!("{}/app/emails", stack.base)).await;
+    let rows = client.find("#emails").await.text().await;
+    assert!(
+        rows.contains(&reader) && rows.contains("bounced@sandbox.postmesh.test"),
+        "{rows}"
+    );
+    shot(client, "9-emails").await;
+    client
+        .goto(&format!("{}/app/emails?status=bounced", stack.base))
+        .await;
+    let bounced = client.find("#emails").await.text().await;
+    assert!(
+        bounced.contains("bounced@sandbox") && !bounced.contains(&reader),
+        "{bounced}"
+    );
+    client
+        .goto(&format!("{}/app/emails?to={reader}", stack.base))
+        .await;
+    client.find("a[href^='/app/emails/']").await.click().await;
+    let events = client.find("#events").await.text().await;
+    assert!(
+        events.contains("opened") && events.contains("clicked"),
+        "{events}"
+    );
+    assert!(events.contains("https://example.com/chart"), "{events}");
+    shot(client, "10-email").await;
 }

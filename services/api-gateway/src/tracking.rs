@@ -3,7 +3,7 @@
 //! a 1×1 GIF, `GET /t/c/{token}` a `302` to the signed destination; a tampered, unknown or
 //! unsigned token is a 404, never a redirect. No database is read or written: the token's
 //! signature is checked and the hit published to the TRACKING stream, acknowledged before
-//! the answer, for the sender to record.
+//! the answer (503 when it cannot be), for the sender to record.
 
 use std::net::IpAddr;
 
@@ -63,9 +63,9 @@ fn claims(state: &AppState, token: &str, kind: HitKind) -> Result<Claims, ApiErr
         .ok_or_else(|| ApiError::NotFound("no such tracking link".into()))
 }
 
-/// Publishes the hit of `claims` made by `req`, before the answer. A stream that cannot
-/// take it (NATS down) loses the hit but not the reader's click: logged, and answered.
-async fn publish(state: &AppState, claims: Claims, req: &Parts) {
+/// Publishes the hit of `claims` made by `req`, before the answer; a 503 when the stream
+/// cannot take it (NATS down), so no hit answered is ever lost.
+async fn publish(state: &AppState, claims: Claims, req: &Parts) -> Result<(), ApiError> {
     let hit_id = Uuid::now_v7();
     let agent = req
         .headers
@@ -86,10 +86,7 @@ async fn publish(state: &AppState, claims: Claims, req: &Parts) {
     };
     let subject = Stream::Tracking.subject(&state.ns);
     let payload = Bytes::from(hit.encode_to_vec());
-    if let Err(e) = jetstream::publish(&state.js, subject, &hit.hit_id, payload).await {
-        metrics::counter!("postmesh_tracking_hits_lost_total").increment(1);
-        tracing::error!(error = %e, "a tracking hit could not be queued");
-    }
+    jetstream::publish(&state.js, subject, &hit.hit_id, payload).await
 }
 
 /// `GET /t/o/{token}`: the pixel.
@@ -97,7 +94,7 @@ async fn open(
     State(state): State<AppState>, Path(token): Path<String>, req: Parts,
 ) -> Result<Response<Body>, ApiError> {
     let claims = claims(&state, &token, HitKind::Open)?;
-    publish(&state, claims, &req).await;
+    publish(&state, claims, &req).await?;
     let mut res = Response::new(Body::from(PIXEL));
     let headers = res.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("image/gif"));
@@ -115,7 +112,7 @@ async fn click(
         .as_deref()
         .and_then(|u| HeaderValue::from_str(u).ok())
         .ok_or_else(|| ApiError::NotFound("no such tracking link".into()))?;
-    publish(&state, claims, &req).await;
+    publish(&state, claims, &req).await?;
     let mut res = Response::new(Body::empty());
     *res.status_mut() = StatusCode::FOUND;
     res.headers_mut().insert(header::LOCATION, location);

@@ -162,7 +162,11 @@ async fn main() {
     let outbox = stack.outbox().to_owned();
     let smtp: Vec<SocketAddr> = procs.iter().filter_map(|p| p.smtp).collect();
     let user = stack.account_email(&key).await;
+    let (click_path, clicked, task) = tracked_link(&stack, &key, &outbox).await;
+    accepted_sends.lock().expect("sends").push(task);
+    let clicks: Shared<(usize, usize)> = Shared::default();
     let tasks = vec![
+        tokio::spawn(load.clone().clicks(click_path, clicks.clone())),
         tokio::spawn(load.clone().smtp_sends(smtp, user, accepted_sends.clone())),
         tokio::spawn(load.clone().sends("a", accepted_sends.clone())),
         tokio::spawn(load.clone().sends("b", accepted_sends.clone())),
@@ -272,6 +276,8 @@ async fn main() {
     failures.extend(report.sends(&accepted_sends).await);
     failures.extend(report.charges(&deduct_keys, &outbox).await);
     failures.extend(report.inbound(&accepted_inbound, &receivers).await);
+    let clicks = *clicks.lock().expect("clicks");
+    failures.extend(report.clicks(clicked, clicks).await);
     for mut p in procs {
         if let Some(mut child) = p.child.take() {
             let _ = child.kill().await;
@@ -508,6 +514,36 @@ impl Load {
         (outcome, json)
     }
 
+    /// One click of a tracked link after another (the gateways in turn, redirects not
+    /// followed); counts the clicks asked and those answered 302.
+    async fn clicks(self, path: String, counts: Shared<(usize, usize)>) {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .expect("client");
+        while self.running() {
+            let base = &self.bases[self.turn.fetch_add(1, Ordering::Relaxed) % self.bases.len()];
+            let sent = Instant::now();
+            counts.lock().expect("clicks").0 += 1;
+            let outcome = match http
+                .get(format!("{base}{path}"))
+                .header("user-agent", "Mozilla/5.0 (X11; Linux x86_64) soak")
+                .send()
+                .await
+            {
+                Ok(res) => Outcome::Status(res.status().as_u16()),
+                Err(e) => Outcome::Unreachable(format!("{e:#}")),
+            };
+            if matches!(outcome, Outcome::Status(302)) {
+                counts.lock().expect("clicks").1 += 1;
+            }
+            let call = ("click", sent, Instant::now(), outcome);
+            self.journal.lock().expect("journal").calls.push(call);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
     /// One send to a fresh recipient after another, each retried under its own
     /// `Idempotency-Key` until it answers 2xx; the task ids answered.
     async fn sends(self, lane: &'static str, accepted: Shared<Vec<String>>) {
@@ -698,6 +734,46 @@ fn messages_to(outbox: &std::path::Path, to: &str) -> Vec<String> {
         .collect()
 }
 
+/// A tracked message's link (its path on the gateway), its delivery and its task, sent before
+/// the load.
+async fn tracked_link(
+    stack: &Stack, key: &str, outbox: &std::path::Path,
+) -> (String, uuid::Uuid, String) {
+    let to = "soak-clicks@example.com";
+    let sent: Value = stack
+        .client(key)
+        .post(
+            "/send-email",
+            &json!({ "to": to, "subject": "soak clicks", "trackClicks": true,
+                     "html": "<a href=\"https://example.com/soak\">soak</a>" }),
+            reqwest::StatusCode::OK,
+        )
+        .await;
+    let eml = until(Duration::from_secs(60), || async {
+        messages_to(outbox, to)
+            .pop()
+            .ok_or_else(|| "the tracked message is not delivered yet".to_owned())
+    })
+    .await
+    .expect("the tracked message");
+    let html = mail_parser::MessageParser::default()
+        .parse(eml.as_bytes())
+        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
+        .expect("an HTML part");
+    let at = html.find("/t/c/").expect("a tracked link");
+    let path = html[at..html[at..].find('"').map_or(html.len(), |e| at + e)].to_owned();
+    let delivery = sqlx::query_scalar("SELECT delivery_id FROM task_recipients WHERE email = $1")
+        .bind(to)
+        .fetch_one(&stack.sender_db().await)
+        .await
+        .expect("the tracked delivery");
+    let task = sent["taskId"]
+        .as_str()
+        .expect("the tracked send's task")
+        .to_owned();
+    (path, delivery, task)
+}
+
 /// Every `To:` address of the `.eml` files in `outbox`, with how many were delivered to it.
 fn delivered(outbox: &std::path::Path) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -740,6 +816,7 @@ impl Report<'_> {
             let windows = self.windows(*sent, *answered);
             let (label, allowed) = match outcome {
                 Outcome::Status(s @ 200..=299) => (format!("{s}"), true),
+                Outcome::Status(302) if *op == "click" => ("302".into(), true),
                 Outcome::Status(s @ (502 | 503)) => (format!("{s}"), !windows.is_empty()),
                 Outcome::Status(s) => (format!("{s}"), false),
                 // No connection while the gateway is down; over SMTP, while the SMTP service is.
@@ -775,6 +852,46 @@ impl Report<'_> {
         eprintln!("soak: answers by operation:");
         for (op, counts) in &table {
             eprintln!("  {op:<12} {counts:?}");
+        }
+        failures
+    }
+
+    /// Every click answered 302 recorded (none lost, whatever was killed), and no more than
+    /// were asked (none twice).
+    async fn clicks(&self, delivery: uuid::Uuid, (asked, answered): (usize, usize)) -> Vec<String> {
+        let db = self.stack.sender_db().await;
+        let count = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND kind = 'clicked'",
+            )
+            .bind(delivery)
+            .fetch_one(&db)
+            .await
+            .map(|n| n as usize)
+            .map_err(|e| e.to_string())
+        };
+        let recorded = until(Duration::from_secs(120), || async {
+            let n = count().await?;
+            if n >= answered {
+                Ok(n)
+            } else {
+                Err(format!("{n} of {answered} clicks recorded"))
+            }
+        })
+        .await;
+        let recorded = match recorded {
+            Ok(n) => n,
+            Err(e) => return vec![format!("clicks: {e}")],
+        };
+        eprintln!("soak: clicks asked {asked}, answered 302 {answered}, recorded {recorded}");
+        let mut failures = Vec::new();
+        if recorded < answered {
+            failures.push(format!(
+                "clicks: {answered} answered 302 but {recorded} recorded"
+            ));
+        }
+        if recorded > asked {
+            failures.push(format!("clicks: {asked} asked but {recorded} recorded"));
         }
         failures
     }

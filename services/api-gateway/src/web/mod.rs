@@ -3,7 +3,9 @@
 //! the `pm_csrf` cookie's value (double submit).
 //! Policy: docs/decisions.md, "Web app".
 
+mod chart;
 mod device;
+mod emails;
 mod keys;
 mod login;
 mod usage;
@@ -16,7 +18,9 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use postmesh_contracts::routes::gateway as api;
-use postmesh_shared::Routes;
+use postmesh_shared::proto::{AuthContext, HttpRequest, Role};
+use postmesh_shared::{nats, ApiError, Routes, Service};
+use serde_json::Value;
 
 use crate::sessions::{self, cookie, Session};
 use crate::AppState;
@@ -35,6 +39,59 @@ pub fn routes() -> Routes<AppState> {
         .at(api::APP_KEY_CREATE, keys::create)
         .at(api::APP_KEY_REVOKE, keys::revoke)
         .at(api::APP_USAGE, usage::page)
+        .at(api::APP_EMAILS, emails::list)
+        .at(api::APP_EMAIL, emails::one)
+}
+
+/// What the signed-in account's pages ask other services as: its primary key (none before
+/// it has one).
+pub async fn session_auth(
+    state: &AppState, session: &Session,
+) -> Result<Option<AuthContext>, ApiError> {
+    let Some(primary) = crate::accounts::primary_key(state, session.account).await? else {
+        return Ok(None);
+    };
+    Ok(Some(AuthContext {
+        account_id: session.account.to_string(),
+        workspace_id: session.account.to_string(),
+        api_key_id: primary.to_string(),
+        key_id: primary.to_string(),
+        role: Role::Member as i32,
+        email: session.email.clone(),
+        test: false,
+    }))
+}
+
+/// The page of an account without an API key to act as.
+pub fn no_key(state: &AppState, session: &Session, csrf: &Csrf) -> Response {
+    let body = html! { p.error role="alert" { "This account has no API key to bill to yet." } };
+    let markup = layout("Usage", Some(session), csrf, body);
+    csrf.page(state, StatusCode::INTERNAL_SERVER_ERROR, markup)
+}
+
+/// `GET path?query` of `service` as `auth`; the answer's JSON, or `None` when it failed or
+/// was not a 200.
+pub async fn service_get(
+    state: &AppState, service: Service, auth: &AuthContext, path: &str, query: &str,
+) -> Option<Value> {
+    let req = HttpRequest {
+        method: "GET".into(),
+        path: path.into(),
+        query: query.into(),
+        auth: Some(auth.clone()),
+        ..Default::default()
+    };
+    match nats::forward(&state.nats, &state.bulk, &state.ns, service, &req).await {
+        Ok(reply) if reply.status == 200 => serde_json::from_slice(&reply.body).ok(),
+        Ok(reply) => {
+            tracing::warn!(path, status = reply.status, %service, "web app: refused");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path, error = %e, %service, "web app: unavailable");
+            None
+        }
+    }
 }
 
 /// The CSRF cookie's name.
@@ -138,6 +195,8 @@ button{margin-top:.75rem;padding:.5rem 1rem;font-size:1rem}
 .code{font-family:monospace;font-size:1.5rem;letter-spacing:.1em}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.25rem;text-align:left}
 .scroll{overflow-x:auto}
+svg.chart{width:100%;height:auto;border:1px solid #ddd}
+.legend span{margin-right:.75rem;white-space:nowrap}
 ";
 
 /// A form that carries only its CSRF token (a button: revoke, sign out).
@@ -169,6 +228,7 @@ pub fn layout(title: &str, session: Option<&Session>, csrf: &Csrf, body: Markup)
                 @if let Some(session) = session {
                     nav {
                         a href="/app/usage" { "Usage" }
+                        a href="/app/emails" { "Emails" }
                         a href="/app/keys" { "API keys" }
                         a href="/app/device" { "Approve a device" }
                         span { (session.email) }

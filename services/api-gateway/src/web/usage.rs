@@ -1,5 +1,6 @@
-//! `/app/usage`: the balance, the plan and its limits, and the latest log entries, asked of
-//! billing over NATS as the account's primary key would.
+//! `/app/usage`: the mail of the last 30 days as a chart, the balance, the plan and its
+//! limits, and the latest log entries, asked of the sender and billing over NATS as the
+//! account's primary key would.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -8,41 +9,17 @@ use axum::Extension;
 use maud::{html, Markup};
 use serde_json::Value;
 
-use postmesh_shared::proto::{AuthContext, HttpRequest, Role};
-use postmesh_shared::{nats, ApiError, Service};
+use postmesh_shared::{ApiError, Service};
 
-use super::{layout, Csrf};
+use super::{chart, layout, no_key, service_get, session_auth, Csrf};
 use crate::sessions::Session;
-use crate::{accounts, AppState};
+use crate::AppState;
 
 /// Log entries the page shows.
 const LATEST: usize = 10;
 
-/// `GET path` of billing for `auth`; the answer's JSON, or `None` when it failed.
-async fn billing_get(
-    state: &AppState, auth: &AuthContext, path: &str, query: &str,
-) -> Option<Value> {
-    let req = HttpRequest {
-        method: "GET".into(),
-        path: path.into(),
-        query: query.into(),
-        auth: Some(auth.clone()),
-        ..Default::default()
-    };
-    match nats::forward(&state.nats, &state.bulk, &state.ns, Service::Billing, &req).await {
-        Ok(reply) if reply.status == 200 => serde_json::from_slice(&reply.body).ok(),
-        Ok(reply) => {
-            tracing::warn!(path, status = reply.status, "usage page: billing refused");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(path, error = %e, "usage page: billing unavailable");
-            None
-        }
-    }
-}
-
-fn text(v: &Value) -> String {
+/// `v` as text: a string as it is, null as nothing, anything else as JSON.
+pub(super) fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
@@ -54,9 +31,16 @@ fn limit_row(label: &str, v: &Value, cap: &str) -> Markup {
     html! { tr { th scope="row" { (label) } td { (text(&v["used"])) " of " (text(&v[cap])) } } }
 }
 
-fn body(balance: Option<Value>, ent: Option<Value>, logs: Option<Value>) -> Markup {
+fn body(
+    balance: Option<Value>, ent: Option<Value>, logs: Option<Value>, stats: Option<Value>,
+) -> Markup {
     let unavailable = html! { p.error { "Not available right now; reload in a moment." } };
     html! {
+        h2 { "Mail, last 30 days" }
+        @match &stats {
+            Some(stats) => (chart::mail(stats)),
+            None => (unavailable),
+        }
         h2 { "Balance" }
         @match &balance {
             Some(b) => p { strong #balance { (text(&b["balance"])) } " credits" },
@@ -99,26 +83,21 @@ pub async fn page(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
 ) -> Result<Response, ApiError> {
     let csrf = Csrf::of(&state, &headers);
-    let Some(primary) = accounts::primary_key(&state, session.account).await? else {
-        let body = html! { p.error role="alert" { "This account has no API key to bill to yet." } };
-        let markup = layout("Usage", Some(&session), &csrf, body);
-        return Ok(csrf.page(&state, StatusCode::INTERNAL_SERVER_ERROR, markup));
-    };
-    let auth = AuthContext {
-        account_id: session.account.to_string(),
-        workspace_id: session.account.to_string(),
-        api_key_id: primary.to_string(),
-        key_id: primary.to_string(),
-        role: Role::Member as i32,
-        email: session.email.clone(),
-        test: false,
+    let Some(auth) = session_auth(&state, &session).await? else {
+        return Ok(no_key(&state, &session, &csrf));
     };
     let limit = format!("limit={LATEST}");
-    let (balance, ent, logs) = tokio::join!(
-        billing_get(&state, &auth, "/balance", ""),
-        billing_get(&state, &auth, "/billing/entitlements", ""),
-        billing_get(&state, &auth, "/logs", &limit),
+    let (balance, ent, logs, stats) = tokio::join!(
+        service_get(&state, Service::Billing, &auth, "/balance", ""),
+        service_get(&state, Service::Billing, &auth, "/billing/entitlements", ""),
+        service_get(&state, Service::Billing, &auth, "/logs", &limit),
+        service_get(&state, Service::Sender, &auth, "/email-stats", "days=30"),
     );
-    let markup = layout("Usage", Some(&session), &csrf, body(balance, ent, logs));
+    let markup = layout(
+        "Usage",
+        Some(&session),
+        &csrf,
+        body(balance, ent, logs, stats),
+    );
     Ok(csrf.page(&state, StatusCode::OK, markup))
 }

@@ -3,7 +3,8 @@
 //! raw message from an SMTP relay (`raw`, `raw_mime`), scheduled (`schedule`), rendered from
 //! templates (`templates`, `render`), tags and metadata (`tags`), open and click tracking
 //! (`tracking`), campaigns, the ledger of each message's delivery
-//! events (`events`), what a task's status shows (`status`) and the message log (`log`) and how
+//! events (`events`), what a task's status shows (`status`) and the message log (`log`), its daily counts
+//! (`stats`) and how
 //! long it is kept (`retention`).
 
 pub mod campaigns;
@@ -20,6 +21,7 @@ pub mod schedule;
 pub mod send;
 pub mod settle;
 pub mod smtp_auth;
+pub mod stats;
 pub mod status;
 pub mod tags;
 pub mod tasks;
@@ -40,6 +42,7 @@ pub fn routes() -> Routes<AppState> {
         .at(api::EMAIL_STATUS, status::status)
         .at(api::EMAILS, log::list)
         .at(api::EMAIL, log::read)
+        .at(api::EMAIL_STATS, stats::stats)
         .at(api::TEMPLATE_CREATE, templates::create)
         .at(api::TEMPLATES, templates::list)
         .at(api::TEMPLATE, templates::read)
