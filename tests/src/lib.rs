@@ -39,7 +39,7 @@ pub use settings::{
     admin_url, billing_config, common, dispatcher_config, domain_config, fresh_namespace,
     gateway_config, http_client, inbound_config, nats_url, ops_nats, DomainOptions, Options,
     SenderMode, DEVICE_POLL_INTERVAL_SECS, FAKE_SNS_TOPIC, GATEWAY_BODY_LIMIT, INBOUND_DOMAIN,
-    INBOUND_SECRET, PROVIDER_SECRET, UNSUBSCRIBE_SECRET,
+    INBOUND_SECRET, PROVIDER_SECRET, TRACKING_SECRET, UNSUBSCRIBE_SECRET,
 };
 pub use stack::{
     extract_code, free_port, spawn_service, spawn_service_to, workspace_binary, Stack,

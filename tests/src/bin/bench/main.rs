@@ -1,4 +1,4 @@
-//! `make bench`: ten benchmarks of the whole stack, each against a baseline or a goal, in
+//! `make bench`: eleven benchmarks of the whole stack, each against a baseline or a goal, in
 //! one run (numbers are only comparable within a run; docs/benchmarks.md keeps the history).
 //!
 //! 1. **`GET /balance`** ([`balance`]) through the whole stack (gateway → NATS → billing →
@@ -62,6 +62,10 @@
 //!     (goal: ratio ≥ 0.8), and the time from the end of DATA to its `250`;
 //!     `BENCH_SMTP_CONNS` (default 8), `BENCH_SMTP_SECS` (default 4), `BENCH_SMTP_ROUNDS`
 //!     (default 2).
+//! 11. **Engagement** ([`tracking`]): the click redirect against a bare axum redirect (goal:
+//!     ≥ 0.7 × throughput, p99 ≤ 2×), rewriting 10,000 links of 1 MiB of HTML (goal: under
+//!     50 ms), and the message log searched at `BENCH_LOG_DELIVERIES` (default 1,000,000)
+//!     deliveries (goal: a tag filter under 100 ms), with its query plan.
 //!
 //! Settings: `BENCH_SECS` (per `/balance` round, default 5), `BENCH_CONNS` (concurrent
 //! keep-alive connections, default 32), `BENCH_ROUNDS` (alternating `/balance` and hostile
@@ -71,7 +75,7 @@
 //! `BENCH_SEND_CONCURRENCY` (default 16), `BENCH_SEND_REPEATS` (default 30),
 //! `BENCH_SEND_WARMUP` (default 3), `BENCH_SEND_PAUSE_MS` (default 200), `BENCH_SEND_DRAIN`
 //! (default 0), `BENCH_ONLY` (comma-separated subset of
-//! `balance,pipeline,accept,smtp,audience,workflows,webhooks,events,scale,inbound,rss,hostile`;
+//! `balance,pipeline,accept,smtp,tracking,audience,workflows,webhooks,events,scale,inbound,rss,hostile`;
 //! default all).
 
 mod audiences;
@@ -81,6 +85,7 @@ mod hostile;
 mod inbound;
 mod replicas;
 mod smtp;
+mod tracking;
 mod webhooks;
 mod workflows;
 
@@ -635,7 +640,7 @@ async fn main() -> anyhow::Result<()> {
     let sending = SendSettings::from_env()?;
     let only = env_or(
         "BENCH_ONLY",
-        "balance,pipeline,accept,smtp,audience,workflows,webhooks,events,scale,inbound,rss,hostile",
+        "balance,pipeline,accept,smtp,tracking,audience,workflows,webhooks,events,scale,inbound,rss,hostile",
     );
     let runs = |part: &str| only.split(',').any(|p| p.trim() == part);
     // The per-key limiter and the inbound byte budget run on every request (their cost is
@@ -678,6 +683,15 @@ async fn main() -> anyhow::Result<()> {
                 rounds: env_parse("BENCH_SMTP_ROUNDS", 2)?,
             };
             smtp::run(&stack, &settings).await?;
+        }
+        if runs("tracking") {
+            let settings = tracking::Settings {
+                conns: env_parse("BENCH_TRACK_CONNS", 32)?,
+                secs: env_parse("BENCH_TRACK_SECS", 4)?,
+                rounds: env_parse("BENCH_TRACK_ROUNDS", 2)?,
+                deliveries: env_parse("BENCH_LOG_DELIVERIES", 1_000_000)?,
+            };
+            tracking::run(&stack, &settings).await?;
         }
         if runs("audience") {
             audiences::accept(

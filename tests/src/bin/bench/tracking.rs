@@ -1,0 +1,308 @@
+//! Engagement: the click redirect (`GET /t/c/{token}` through the gateway: the token checked,
+//! the hit published to JetStream and acknowledged) against a bare axum redirect in this
+//! process, `BENCH_TRACK_CONNS` (default 32) clients, `BENCH_TRACK_SECS` (default 4) per
+//! round, `BENCH_TRACK_ROUNDS` (default 2) alternating rounds (goal: ≥ 0.7 × the
+//! throughput, p99 ≤ 2×); rewriting the links of a 1 MiB HTML with 10,000 links (goal:
+//! under 50 ms); and the message log searched with `BENCH_LOG_DELIVERIES` (default
+//! 1,000,000) deliveries in one workspace (goal: a tag filter under 100 ms), with the plans
+//! of its queries.
+
+use std::time::{Duration, Instant};
+
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use uuid::Uuid;
+
+use postmesh_shared::tracking::TrackingKey;
+use postmesh_tests::{Stack, TRACKING_SECRET};
+use sender::sending::tracking::links::Instrument;
+use sender::sending::tracking::Tracker;
+
+use super::Run;
+
+/// What the engagement bench runs.
+pub struct Settings {
+    pub conns: usize,
+    pub secs: u64,
+    pub rounds: usize,
+    pub deliveries: usize,
+}
+
+/// Where the tracked link goes.
+const DESTINATION: &str = "https://example.com/landing?utm_source=bench";
+
+/// Runs the three parts; prints their tables.
+pub async fn run(stack: &Stack, s: &Settings) -> anyhow::Result<()> {
+    rewriting();
+    redirects(stack, s).await?;
+    log_search(stack, s.deliveries).await
+}
+
+/// Rewrites a 1 MiB document of 10,000 links five times; prints the best and the median.
+fn rewriting() {
+    let link = "<p>Some text before the link.</p><a href=\"https://example.com/p?id=1\">x</a>";
+    let filler = "y".repeat(1024 * 1024 / 10_000 - link.len());
+    let html = format!(
+        "<html><body>{}</body></html>",
+        format!("{link}{filler}").repeat(10_000)
+    );
+    let tracker = Tracker {
+        key: TrackingKey::new(TRACKING_SECRET),
+        base_url: "https://track.example.com".into(),
+    };
+    let instrument = Instrument {
+        tracker: &tracker,
+        base: None,
+        delivery: Uuid::now_v7(),
+        opens: true,
+        clicks: true,
+        unsubscribe_prefix: Some("https://app.example.com/unsubscribe"),
+    };
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let out = instrument.apply(&html);
+            let took = started.elapsed();
+            assert_eq!(out.matches("/t/c/").count(), 10_000, "every link tracked");
+            took
+        })
+        .collect();
+    times.sort();
+    println!("\n### Tracking: link rewriting\n");
+    println!(
+        "{:.2} MiB of HTML, 10,000 links and the pixel: best {:.1} ms, median {:.1} ms (goal < 50 ms: {})\n",
+        html.len() as f64 / (1024.0 * 1024.0),
+        times[0].as_secs_f64() * 1000.0,
+        times[2].as_secs_f64() * 1000.0,
+        if times[2] < Duration::from_millis(50) { "met" } else { "missed" }
+    );
+}
+
+/// The bare redirect the gateway's is compared with.
+async fn baseline() -> anyhow::Result<String> {
+    let app = axum::Router::new().route(
+        "/t/c/{token}",
+        axum::routing::get(|| async {
+            (
+                StatusCode::FOUND,
+                [(header::LOCATION, DESTINATION), (header::CACHE_CONTROL, "no-store")],
+            )
+                .into_response()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}"))
+}
+
+/// `conns` clients asking `url` until the round's time is up; every answer must be a 302.
+async fn round(url: &str, s: &Settings) -> anyhow::Result<Run> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(s.conns)
+        .build()?;
+    let until = Instant::now() + Duration::from_secs(s.secs);
+    let started = Instant::now();
+    let clients = (0..s.conns).map(|_| {
+        let (http, url) = (http.clone(), url.to_owned());
+        async move {
+            let mut run = Run::default();
+            while Instant::now() < until {
+                let sent = Instant::now();
+                let answer = http
+                    .get(&url)
+                    .header("user-agent", "Mozilla/5.0 (bench)")
+                    .send()
+                    .await?;
+                if answer.status() == StatusCode::FOUND {
+                    run.requests += 1;
+                    run.latencies_us.push(sent.elapsed().as_micros() as u64);
+                } else {
+                    run.errors += 1;
+                }
+            }
+            anyhow::Ok(run)
+        }
+    });
+    let mut all = Run {
+        elapsed: started.elapsed(),
+        ..Run::default()
+    };
+    for run in futures::future::join_all(clients).await {
+        let run = run?;
+        all.requests += run.requests;
+        all.errors += run.errors;
+        all.latencies_us.extend(run.latencies_us);
+    }
+    all.elapsed = started.elapsed();
+    all.latencies_us.sort_unstable();
+    anyhow::ensure!(all.errors == 0, "{} answers were not 302", all.errors);
+    Ok(all)
+}
+
+/// The gateway's click redirect against the bare one, in alternating rounds.
+async fn redirects(stack: &Stack, s: &Settings) -> anyhow::Result<()> {
+    let token = TrackingKey::new(TRACKING_SECRET)
+        .click(Uuid::now_v7(), DESTINATION)
+        .expect("a short link");
+    let (ours, bare) = (
+        format!("{}/t/c/{token}", stack.base),
+        format!("{}/t/c/{token}", baseline().await?),
+    );
+    println!("### Tracking: the click redirect against a bare axum redirect\n");
+    println!("{} clients, {} s per round.\n", s.conns, s.secs);
+    println!("| round | bare req/s | Postmesh req/s | ratio | bare p99 ms | Postmesh p99 ms | p99 ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let (mut bare_total, mut ours_total, mut worst_p99) = (0.0, 0.0, 0.0_f64);
+    for r in 0..s.rounds {
+        let b = round(&bare, s).await?;
+        let o = round(&ours, s).await?;
+        let p99 = o.percentile_ms(0.99) / b.percentile_ms(0.99);
+        worst_p99 = worst_p99.max(p99);
+        bare_total += b.rps();
+        ours_total += o.rps();
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {p99:.2} |",
+            r + 1,
+            b.rps(),
+            o.rps(),
+            o.rps() / b.rps(),
+            b.percentile_ms(0.99),
+            o.percentile_ms(0.99),
+        );
+    }
+    let ratio = ours_total / bare_total;
+    println!(
+        "\nThroughput ratio over all rounds {ratio:.2} (goal ≥ 0.7: {}), worst p99 ratio {worst_p99:.2} (goal ≤ 2: {})\n",
+        if ratio >= 0.7 { "met" } else { "missed" },
+        if worst_p99 <= 2.0 { "met" } else { "missed" },
+    );
+    Ok(())
+}
+
+/// Tasks of a hundred recipients each written per statement.
+const TASKS_PER_BATCH: usize = 1000;
+/// Distinct tags among the tasks (`campaign:c0` … `campaign:c49`).
+const TAGS: usize = 50;
+
+/// Fills one workspace's log with `deliveries` messages, then times its searches through the
+/// gateway (20 each) and prints the plans of the tag filter's query.
+async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
+    let key = stack.key(0).await;
+    let workspace = stack.workspace_of(&key).await;
+    let db = stack.sender_db().await;
+    let tasks = deliveries.div_ceil(100);
+    let now = postmesh_shared::db::now_unix();
+    let filled = Instant::now();
+    for batch in (0..tasks).step_by(TASKS_PER_BATCH) {
+        let n = TASKS_PER_BATCH.min(tasks - batch);
+        let ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+        let created: Vec<i64> = (0..n).map(|j| now - (tasks - batch - j) as i64).collect();
+        let tags: Vec<String> = (0..n).map(|j| format!("c{}", (batch + j) % TAGS)).collect();
+        let mut tx = db.begin().await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, message,
+                                email_type, cost, recipient_count, created_at, tags)
+             SELECT id, $4, $4, 'bench', 'queued', '{\"subject\": \"Bench\"}', 'transactional',
+                    0, 100, c, jsonb_build_array(jsonb_build_object('name', 'campaign', 'value', v))
+             FROM UNNEST($1::uuid[], $2::bigint[], $3::text[]) AS u(id, c, v)",
+        )
+        .bind(&ids)
+        .bind(&created)
+        .bind(&tags)
+        .bind(workspace)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO task_tags (workspace_id, tag, created_at, task_id)
+             SELECT $4, 'campaign:' || v, c, id FROM UNNEST($1::uuid[], $2::bigint[], $3::text[]) AS u(id, c, v)",
+        )
+        .bind(&ids)
+        .bind(&created)
+        .bind(&tags)
+        .bind(workspace)
+        .execute(&mut *tx)
+        .await?;
+        let task_of: Vec<Uuid> = ids.iter().flat_map(|t| std::iter::repeat_n(*t, 100)).collect();
+        let at: Vec<i64> = created.iter().flat_map(|c| std::iter::repeat_n(*c, 100)).collect();
+        let idx: Vec<i32> = (0..n).flat_map(|_| 0..100).collect();
+        let delivery: Vec<Uuid> = (0..n * 100).map(|_| Uuid::now_v7()).collect();
+        sqlx::query(
+            "INSERT INTO task_recipients (task_id, idx, email, delivery_id, workspace_id,
+                                          created_at, status)
+             SELECT t, i, 'r' || i || '-' || left(t::text, 8) || '@bench.example', d, $5, c,
+                    CASE WHEN i % 20 = 0 THEN 'bounced' ELSE 'delivered' END
+             FROM UNNEST($1::uuid[], $2::integer[], $3::uuid[], $4::bigint[]) AS u(t, i, d, c)",
+        )
+        .bind(&task_of)
+        .bind(&idx)
+        .bind(&delivery)
+        .bind(&at)
+        .bind(workspace)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+    }
+    sqlx::query("ANALYZE task_recipients, task_tags, tasks").execute(&db).await?;
+    let filled = filled.elapsed();
+    println!("### Tracking: the message log at {deliveries} deliveries\n");
+    println!(
+        "One workspace, {tasks} sends of 100 recipients, {TAGS} tags (written in {:.0} s); 20 \
+         searches each through the gateway, 50 rows a page.\n",
+        filled.as_secs_f64()
+    );
+    println!("| search | p50 ms | p99 ms | rows |");
+    println!("|---|---:|---:|---:|");
+    let probe = format!("r7-{}", &sqlx::query_scalar::<_, String>(
+        "SELECT left(task_id::text, 8) FROM task_recipients WHERE workspace_id = $1 LIMIT 1",
+    )
+    .bind(workspace)
+    .fetch_one(&db)
+    .await?);
+    let mut tag_p50 = f64::NAN;
+    for (label, query) in [
+        ("newest first", "limit=50".to_owned()),
+        ("tag", "tag=campaign:c7&limit=50".to_owned()),
+        ("tag, second page", "tag=campaign:c7&limit=50&offset=50".to_owned()),
+        ("tag and state", "tag=campaign:c7&status=bounced&limit=50".to_owned()),
+        ("state", "status=bounced&limit=50".to_owned()),
+        ("recipient", format!("to={probe}@bench.example&limit=50")),
+    ] {
+        let url = format!("{}/emails?{query}", stack.base);
+        let mut times = Vec::new();
+        let mut rows = 0;
+        for _ in 0..20 {
+            let started = Instant::now();
+            let answer: serde_json::Value =
+                stack.http.get(&url).bearer_auth(&key).send().await?.json().await?;
+            times.push(started.elapsed());
+            rows = answer["emails"].as_array().map_or(0, Vec::len);
+        }
+        times.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        if label == "tag" {
+            tag_p50 = ms(times[10]);
+        }
+        println!("| {label} | {:.1} | {:.1} | {rows} |", ms(times[10]), ms(times[19]));
+    }
+    println!(
+        "\nA tag filter at {deliveries} deliveries: p50 {tag_p50:.1} ms (goal < 100 ms: {})\n",
+        if tag_p50 < 100.0 { "met" } else { "missed" }
+    );
+    println!("The tag filter's plan:\n\n```");
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+         SELECT r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject,
+             r.status, t.tags, r.created_at, r.opens, r.clicks
+         FROM task_tags g JOIN task_recipients r ON r.task_id = g.task_id
+         JOIN tasks t ON t.id = r.task_id
+         WHERE g.workspace_id = $1 AND g.tag = 'campaign:c7'
+         ORDER BY g.created_at DESC, r.delivery_id DESC LIMIT 50 OFFSET 0",
+    )
+    .bind(workspace)
+    .fetch_all(&db)
+    .await?;
+    println!("{}\n```\n", plan.join("\n"));
+    Ok(())
+}
