@@ -42,7 +42,7 @@ const PAGES: [RouteSpec; 7] = [
 
 /// Path parameters that are ids: every service parses them as uuids (any other text is
 /// not found or a 400).
-const UUID_PARAMETERS: [&str; 3] = ["id", "task_id", "attemptId"];
+const UUID_PARAMETERS: [&str; 4] = ["id", "task_id", "attemptId", "delivery_id"];
 
 /// The gateway's route that serves the document.
 pub fn routes() -> Routes<AppState> {
@@ -246,6 +246,21 @@ fn operations() -> OpenApi {
             operation = operation.response(
                 "303",
                 ResponseBuilder::new().description("no session: to /app/login"),
+            );
+        }
+        // The tracking paths answer a redirect and an image, for mail clients and browsers.
+        if spec == api::TRACK_CLICK {
+            operation = operation.response(
+                "302",
+                ResponseBuilder::new().description("to the link's signed destination"),
+            );
+        }
+        if spec == api::TRACK_OPEN {
+            operation = operation.response(
+                "2XX",
+                ResponseBuilder::new()
+                    .description("a transparent 1×1 GIF")
+                    .content("image/gif", ContentBuilder::new().build()),
             );
         }
         if let Some((name, security)) = scheme(spec.policy) {

@@ -25,6 +25,15 @@ fn percent(rate: &Value) -> String {
         .map_or_else(|| "–".into(), |r| format!("{:.1}%", r * 100.0))
 }
 
+/// `v` as text: a string as it is, null as nothing, anything else as JSON.
+pub fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
 /// The chart of `stats` (the answer of `/email-stats`).
 pub fn mail(stats: &Value) -> Markup {
     let days = stats["days"]
@@ -44,8 +53,8 @@ pub fn mail(stats: &Value) -> Markup {
         let y = HEIGHT - PAD - (HEIGHT - 2.0 * PAD) * n as f64 / top;
         format!("{x:.1},{y:.1}")
     };
-    let first = days.first().map(|d| super::usage::text(&d["date"]));
-    let last = days.last().map(|d| super::usage::text(&d["date"]));
+    let first = days.first().map(|d| text(&d["date"]));
+    let last = days.last().map(|d| text(&d["date"]));
     html! {
         svg.chart #mail-chart xmlns="http://www.w3.org/2000/svg" role="img"
             viewBox=(format!("0 0 {WIDTH} {HEIGHT}"))

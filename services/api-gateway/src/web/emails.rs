@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use postmesh_shared::{ApiError, Service};
 
-use super::usage::text;
+use super::chart::text;
 use super::{layout, no_key, service_get, session_auth, when, Csrf};
 use crate::sessions::Session;
 use crate::AppState;

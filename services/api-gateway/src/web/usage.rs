@@ -11,21 +11,13 @@ use serde_json::Value;
 
 use postmesh_shared::{ApiError, Service};
 
-use super::{chart, layout, no_key, service_get, session_auth, Csrf};
+use super::chart::{self, text};
+use super::{layout, no_key, service_get, session_auth, Csrf};
 use crate::sessions::Session;
 use crate::AppState;
 
 /// Log entries the page shows.
 const LATEST: usize = 10;
-
-/// `v` as text: a string as it is, null as nothing, anything else as JSON.
-pub(super) fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
 
 fn limit_row(label: &str, v: &Value, cap: &str) -> Markup {
     html! { tr { th scope="row" { (label) } td { (text(&v["used"])) " of " (text(&v[cap])) } } }

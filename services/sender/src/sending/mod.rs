@@ -19,6 +19,7 @@ pub mod request;
 pub mod retention;
 pub mod schedule;
 pub mod send;
+pub mod sendable;
 pub mod settle;
 pub mod smtp_auth;
 pub mod stats;

@@ -17,6 +17,7 @@ use crate::sending::governance;
 use crate::sending::raw_mime::{RawMessage, MAX_RAW_BYTES, MAX_RCPT};
 use crate::sending::request::{Base64Text, EmailType};
 use crate::sending::send::{self, RejectedRecipient, SendAnswer};
+use crate::sending::sendable;
 use crate::AppState;
 
 pub use postmesh_contracts::answers::sender::EnvelopeCheck;
@@ -121,7 +122,7 @@ pub(crate) async fn envelope(
     let reason = match &body.mail_from {
         Some(from) => {
             let from = envelope_address("mailFrom", from)?;
-            send::refusal(&state, &caller, &from).await?
+            sendable::refusal(&state, &caller, &from).await?
         }
         None => None,
     };

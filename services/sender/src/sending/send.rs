@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use postmesh_shared::clients::billing::HOLD;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, IdPath, IdempotencyKey, JsonBody};
-use postmesh_shared::proto::{ChargeRequest, SendableReply, SendableRequest};
-use postmesh_shared::{cpu, nats, ApiError, EmailAddress, Success, TaskId};
+use postmesh_shared::proto::ChargeRequest;
+use postmesh_shared::{cpu, ApiError, EmailAddress, Success, TaskId};
 use sqlx::{Postgres, Transaction};
 
 use crate::model::sandbox::Outcome;
@@ -20,6 +20,7 @@ use crate::sending::keyed::Keyed;
 use crate::sending::raw_mime::RawMessage;
 use crate::sending::render::{add_utm, fill};
 use crate::sending::request::{Content, Rejected, SendBody, SendRequest, Target};
+use crate::sending::sendable;
 use crate::sending::settle::{self, Action};
 use crate::sending::tasks::{self, Idempotency, NewTask, TaskMessage, TaskStatus};
 use crate::{
@@ -125,49 +126,6 @@ async fn compose(
     ))
 }
 
-/// Why the domain service says this workspace may not send from `from`, if it may not.
-pub(crate) async fn refusal(
-    state: &AppState, caller: &Caller, from: &EmailAddress,
-) -> Result<Option<String>, ApiError> {
-    let reply = sendable(state, caller, from).await?;
-    Ok((!reply.sendable).then_some(reply.reason))
-}
-
-/// What the domain service says of this workspace sending from `from`.
-async fn sendable(
-    state: &AppState, caller: &Caller, from: &EmailAddress,
-) -> Result<SendableReply, ApiError> {
-    nats::call(
-        &state.nats,
-        &state.ns,
-        &SendableRequest {
-            workspace_id: caller.workspace.to_string(),
-            from_address: from.to_string(),
-            outbound: state.needs_outbound,
-        },
-    )
-    .await
-}
-
-/// 400 unless this workspace may send from `from` (403 for a raw message's addresses: a
-/// relay answers it as a policy refusal); what the domain service said when it may.
-async fn check_sendable(
-    state: &AppState, caller: &Caller, from: &EmailAddress, raw: bool,
-) -> Result<SendableReply, ApiError> {
-    let reply = sendable(state, caller, from).await?;
-    if reply.sendable {
-        return Ok(reply);
-    }
-    let reason = reply.reason;
-    let what = if raw { "sender" } else { "fromEmail" };
-    let message = format!("{what} {from} cannot be used: {reason}");
-    Err(if raw {
-        ApiError::Forbidden(message)
-    } else {
-        ApiError::BadRequest(message)
-    })
-}
-
 /// `POST /send-email`. With an `Idempotency-Key` header, a repeat of a stored send gets the
 /// answer the first got and sends and charges nothing more; the same key with another body
 /// is a 409. A send that failed stored nothing, so its key can be retried.
@@ -226,11 +184,11 @@ pub(crate) async fn submit(
         .from_email
         .clone()
         .unwrap_or_else(|| (*state.default_from).clone());
-    let checked = check_sendable(state, caller, &from, raw.is_some()).await?;
+    let checked = sendable::check(state, caller, &from, raw.is_some()).await?;
     let (mut message, template) = match raw {
         Some(raw) => {
             if raw.envelope_from != from {
-                check_sendable(state, caller, &raw.envelope_from, true).await?;
+                sendable::check(state, caller, &raw.envelope_from, true).await?;
             }
             (raw.task_message(), None)
         }

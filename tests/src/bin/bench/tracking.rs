@@ -85,7 +85,10 @@ async fn baseline() -> anyhow::Result<String> {
         axum::routing::get(|| async {
             (
                 StatusCode::FOUND,
-                [(header::LOCATION, DESTINATION), (header::CACHE_CONTROL, "no-store")],
+                [
+                    (header::LOCATION, DESTINATION),
+                    (header::CACHE_CONTROL, "no-store"),
+                ],
             )
                 .into_response()
         }),
@@ -224,8 +227,14 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         .bind(workspace)
         .execute(&mut *tx)
         .await?;
-        let task_of: Vec<Uuid> = ids.iter().flat_map(|t| std::iter::repeat_n(*t, 100)).collect();
-        let at: Vec<i64> = created.iter().flat_map(|c| std::iter::repeat_n(*c, 100)).collect();
+        let task_of: Vec<Uuid> = ids
+            .iter()
+            .flat_map(|t| std::iter::repeat_n(*t, 100))
+            .collect();
+        let at: Vec<i64> = created
+            .iter()
+            .flat_map(|c| std::iter::repeat_n(*c, 100))
+            .collect();
         let idx: Vec<i32> = (0..n).flat_map(|_| 0..100).collect();
         let delivery: Vec<Uuid> = (0..n * 100).map(|_| Uuid::now_v7()).collect();
         sqlx::query(
@@ -244,7 +253,9 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         .await?;
         tx.commit().await?;
     }
-    sqlx::query("ANALYZE task_recipients, task_tags, tasks").execute(&db).await?;
+    sqlx::query("ANALYZE task_recipients, task_tags, tasks")
+        .execute(&db)
+        .await?;
     let filled = filled.elapsed();
     println!("### Tracking: the message log at {deliveries} deliveries\n");
     println!(
@@ -254,7 +265,8 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
     );
     println!("| search | p50 ms | p99 ms | rows |");
     println!("|---|---:|---:|---:|");
-    let probe = format!("r7-{}", &sqlx::query_scalar::<_, String>(
+    let probe =
+        format!("r7-{}", &sqlx::query_scalar::<_, String>(
         "SELECT left(task_id::text, 8) FROM task_recipients WHERE workspace_id = $1 LIMIT 1",
     )
     .bind(workspace)
@@ -264,8 +276,14 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
     for (label, query) in [
         ("newest first", "limit=50".to_owned()),
         ("tag", "tag=campaign:c7&limit=50".to_owned()),
-        ("tag, second page", "tag=campaign:c7&limit=50&offset=50".to_owned()),
-        ("tag and state", "tag=campaign:c7&status=bounced&limit=50".to_owned()),
+        (
+            "tag, second page",
+            "tag=campaign:c7&limit=50&offset=50".to_owned(),
+        ),
+        (
+            "tag and state",
+            "tag=campaign:c7&status=bounced&limit=50".to_owned(),
+        ),
         ("state", "status=bounced&limit=50".to_owned()),
         ("recipient", format!("to={probe}@bench.example&limit=50")),
     ] {
@@ -274,8 +292,14 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         let mut rows = 0;
         for _ in 0..20 {
             let started = Instant::now();
-            let answer: serde_json::Value =
-                stack.http.get(&url).bearer_auth(&key).send().await?.json().await?;
+            let answer: serde_json::Value = stack
+                .http
+                .get(&url)
+                .bearer_auth(&key)
+                .send()
+                .await?
+                .json()
+                .await?;
             times.push(started.elapsed());
             rows = answer["emails"].as_array().map_or(0, Vec::len);
         }
@@ -284,7 +308,11 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         if label == "tag" {
             tag_p50 = ms(times[10]);
         }
-        println!("| {label} | {:.1} | {:.1} | {rows} |", ms(times[10]), ms(times[19]));
+        println!(
+            "| {label} | {:.1} | {:.1} | {rows} |",
+            ms(times[10]),
+            ms(times[19])
+        );
     }
     println!(
         "\nA tag filter at {deliveries} deliveries: p50 {tag_p50:.1} ms (goal < 100 ms: {})\n",
