@@ -5,11 +5,15 @@
 use std::net::IpAddr;
 
 use inbound_ingest::mime::{base_subject, Parsed};
+use postmesh_shared::tracking::{HitKind, TrackingKey};
+use postmesh_shared::DeliveryId;
 use postmesh_shared::EmailAddress;
 use sender::audience::audiences::{Audience, AudienceBody};
 use sender::audience::contacts::{csv_rows, json_rows, ContactInput};
 use sender::sending::raw_mime::{without_fields, RawMessage};
 use sender::sending::render::{add_utm, fill};
+use sender::sending::tracking::links::Instrument;
+use sender::sending::tracking::Tracker;
 use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN};
 use smtp_submission::session::auth::{self, Step};
 use smtp_submission::session::data::DataIn;
@@ -20,7 +24,7 @@ use webhook_dispatcher::target::{admit, is_public};
 pub type Body = fn(&[u8]);
 
 /// Every target by the name `cargo fuzz list` gives it (its file in `fuzz/fuzz_targets/`).
-pub const TARGETS: [(&str, Body); 10] = [
+pub const TARGETS: [(&str, Body); 11] = [
     ("audience_conditions", audience_conditions),
     ("contact_import", contact_import),
     ("html_render", html_render),
@@ -30,6 +34,7 @@ pub const TARGETS: [(&str, Body); 10] = [
     ("raw_message", raw_message),
     ("smtp_input", smtp_input),
     ("templates", templates),
+    ("tracking", tracking),
     ("webhook_url", webhook_url),
 ];
 
@@ -106,7 +111,13 @@ pub fn raw_message(data: &[u8]) {
             m.mime.len() <= data.len() + m.message_id.len() + 16,
             "the message grew"
         );
-        let private = ["Bcc", "X-Postmesh-Email-Type", "X-Postmesh-Topic"];
+        let private = [
+            "Bcc",
+            "X-Postmesh-Email-Type",
+            "X-Postmesh-Topic",
+            "X-Postmesh-Tags",
+            "X-Postmesh-Metadata",
+        ];
         assert_eq!(
             without_fields(&m.mime, &private),
             m.mime,
@@ -178,5 +189,50 @@ pub fn webhook_url(data: &[u8]) {
     }
     if let Ok(v6) = <[u8; 16]>::try_from(data) {
         let _ = is_public(IpAddr::from(v6));
+    }
+}
+
+/// A message's HTML given its pixel and tracked links, and the text as a token the gateway
+/// reads: no text verifies as a token unless signed, and every tracked link of the output
+/// verifies to the `http(s)` destination it was made for.
+pub fn tracking(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let key = TrackingKey::new("fuzz");
+    for kind in [HitKind::Open, HitKind::Click] {
+        assert!(
+            key.verify(&text, kind).is_none(),
+            "an unsigned token verified"
+        );
+    }
+    let tracker = Tracker {
+        key: key.clone(),
+        base_url: "https://t.example".into(),
+    };
+    let delivery = DeliveryId::new().as_uuid();
+    let out = Instrument {
+        tracker: &tracker,
+        base: None,
+        delivery,
+        opens: true,
+        clicks: true,
+        unsubscribe_prefix: Some("https://u.example/unsubscribe"),
+    }
+    .apply(&text);
+    let base = "https://t.example/t/c/";
+    if text.contains(base) {
+        return;
+    }
+    for (at, _) in out.match_indices(base) {
+        let rest = &out[at + base.len()..];
+        let token = &rest[..rest.find('"').unwrap_or(rest.len())];
+        let claims = key
+            .verify(token, HitKind::Click)
+            .expect("a tracked link verifies");
+        assert_eq!(claims.delivery, delivery);
+        let url = claims.url.expect("a destination").to_ascii_lowercase();
+        assert!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "{url}"
+        );
     }
 }

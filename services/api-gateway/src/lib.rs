@@ -222,8 +222,8 @@ pub struct Gateway {
     pub config: Config,
     /// Failed authentications per client address (`AUTH_FAILURES_PER_IP_PER_MINUTE`).
     pub failed_auths: preauth::FailedAuths,
-    /// JetStream, where tracking hits are published.
-    pub js: async_nats::jetstream::Context,
+    /// Publishes tracking hits to JetStream.
+    pub hits: tracking::Hits,
     /// Checks tracking tokens (`TRACKING_SECRET`); none: every tracking path is a 404.
     pub tracking: Option<postmesh_shared::tracking::TrackingKey>,
 }
@@ -258,7 +258,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         rate: ratelimit::RateLimit::new(config.rate),
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
-        js: rt.js.clone(),
+        hits: tracking::Hits::start(rt.js.clone(), &rt.common.namespace),
         tracking: config
             .tracking_secret
             .as_deref()

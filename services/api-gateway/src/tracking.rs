@@ -3,9 +3,13 @@
 //! a 1×1 GIF, `GET /t/c/{token}` a `302` to the signed destination; a tampered, unknown or
 //! unsigned token is a 404, never a redirect. No database is read or written: the token's
 //! signature is checked and the hit published to the TRACKING stream, acknowledged before
-//! the answer (503 when it cannot be), for the sender to record.
+//! the answer (503 when it cannot be), for the sender to record; hits arriving together share
+//! a message ([`Hits`]).
 
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -17,7 +21,7 @@ use uuid::Uuid;
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::{self, Stream};
-use postmesh_shared::proto::TrackingHit;
+use postmesh_shared::proto::{TrackingHit, TrackingHits};
 use postmesh_shared::tracking::{Claims, HitKind};
 use postmesh_shared::{ApiError, Routes};
 
@@ -63,6 +67,79 @@ fn claims(state: &AppState, token: &str, kind: HitKind) -> Result<Claims, ApiErr
         .ok_or_else(|| ApiError::NotFound("no such tracking link".into()))
 }
 
+/// Hits in one TRACKING message at most.
+const PER_MESSAGE: usize = 200;
+/// Messages being published at once.
+const PUBLISHERS: usize = 4;
+/// Hits waiting for a publisher at most (more wait for room).
+const QUEUE: usize = 4096;
+
+/// A hit waiting to be published, and who waits for its acknowledgement.
+type Waiting = (TrackingHit, oneshot::Sender<Result<(), String>>);
+
+/// Publishes hits to the TRACKING stream as a group commit: the hits that arrive while
+/// [`PUBLISHERS`] messages are in flight go together in the next one (up to
+/// [`PER_MESSAGE`]), and each waits for its own message's acknowledgement.
+#[derive(Clone)]
+pub struct Hits {
+    queue: mpsc::Sender<Waiting>,
+}
+
+impl Hits {
+    /// Starts the publishers, which end when the last sender of hits is dropped.
+    pub fn start(js: async_nats::jetstream::Context, ns: &postmesh_shared::Namespace) -> Self {
+        let (queue, taken) = mpsc::channel::<Waiting>(QUEUE);
+        let taken = Arc::new(tokio::sync::Mutex::new(taken));
+        let subject = Stream::Tracking.subject(ns);
+        for _ in 0..PUBLISHERS {
+            let (taken, js, subject) = (taken.clone(), js.clone(), subject.clone());
+            tokio::spawn(async move {
+                loop {
+                    let batch = {
+                        let mut taken = taken.lock().await;
+                        let Some(first) = taken.recv().await else {
+                            return;
+                        };
+                        let mut batch = vec![first];
+                        while batch.len() < PER_MESSAGE {
+                            match taken.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                        batch
+                    };
+                    let (hits, waiting): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                    let payload = Bytes::from(TrackingHits { hits }.encode_to_vec());
+                    let id = Uuid::now_v7().to_string();
+                    let published = jetstream::publish(&js, subject.clone(), &id, payload)
+                        .await
+                        .map_err(|e| e.to_string());
+                    for waiter in waiting {
+                        let _ = waiter.send(published.clone());
+                    }
+                }
+            });
+        }
+        Self { queue }
+    }
+
+    /// Publishes `hit`; once JetStream has stored it, or the 503 saying it could not.
+    async fn publish(&self, hit: TrackingHit) -> Result<(), ApiError> {
+        let unavailable =
+            |why: String| ApiError::Unavailable(format!("could not record the hit: {why}"));
+        let (done, stored) = oneshot::channel();
+        self.queue
+            .send((hit, done))
+            .await
+            .map_err(|_| unavailable("shutting down".into()))?;
+        stored
+            .await
+            .map_err(|_| unavailable("shutting down".into()))?
+            .map_err(unavailable)
+    }
+}
+
 /// Publishes the hit of `claims` made by `req`, before the answer; a 503 when the stream
 /// cannot take it (NATS down), so no hit answered is ever lost.
 async fn publish(state: &AppState, claims: Claims, req: &Parts) -> Result<(), ApiError> {
@@ -84,9 +161,7 @@ async fn publish(state: &AppState, claims: Claims, req: &Parts) -> Result<(), Ap
         occurred_at: now_unix(),
         head: req.method == Method::HEAD,
     };
-    let subject = Stream::Tracking.subject(&state.ns);
-    let payload = Bytes::from(hit.encode_to_vec());
-    jetstream::publish(&state.js, subject, &hit.hit_id, payload).await
+    state.hits.publish(hit).await
 }
 
 /// `GET /t/o/{token}`: the pixel.

@@ -16,13 +16,15 @@ use uuid::Uuid;
 
 use postmesh_shared::dead_letters::DeadLetters;
 use postmesh_shared::jetstream::{ack_pending_for, Stream};
-use postmesh_shared::proto::TrackingHit;
+use postmesh_shared::proto::{TrackingHit, TrackingHits};
 use postmesh_shared::Runtime;
 
 use crate::sending::events::{self, Detail, Kind, NewEvent, Outlet};
 
-/// Hits recorded in one transaction at most.
+/// Hits recorded in one transaction, about (the messages pulled until they hold as many).
 const BATCH: usize = 500;
+/// Hits one message may hold (the gateway puts at most 200 in one).
+const MAX_PER_MESSAGE: usize = 1000;
 /// The durable consumer of the TRACKING stream.
 const CONSUMER: &str = "sender-tracking";
 /// The first pause before a batch that could not be written is tried again.
@@ -71,8 +73,16 @@ struct Hit {
 }
 
 impl Hit {
-    fn decode(payload: &[u8]) -> Result<Self, String> {
-        let h = TrackingHit::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+    /// The hits of one TRACKING message; one that can never be recorded fails it whole.
+    fn decode_all(payload: &[u8]) -> Result<Vec<Self>, String> {
+        let batch = TrackingHits::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
+        if batch.hits.len() > MAX_PER_MESSAGE {
+            return Err(format!("{} hits in one message", batch.hits.len()));
+        }
+        batch.hits.into_iter().map(Self::decode).collect()
+    }
+
+    fn decode(h: TrackingHit) -> Result<Self, String> {
         let id = |raw: &str, what: &str| {
             Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
         };
@@ -213,9 +223,9 @@ async fn record(
     tx.commit().await
 }
 
-/// Consumes the TRACKING stream until the runtime shuts down, [`BATCH`] hits at a time; a
-/// hit that cannot be decoded is kept aside as a dead letter, a batch that cannot be
-/// written is handed back (and, failing again and again, kept aside).
+/// Consumes the TRACKING stream until the runtime shuts down, about [`BATCH`] hits at a
+/// time; a message that cannot be decoded is kept aside as a dead letter, a batch that
+/// cannot be written is handed back (and, failing again and again, kept aside).
 pub async fn spawn(rt: &Runtime, recorder: Recorder) -> anyhow::Result<()> {
     let stream = Stream::Tracking
         .ensure(&rt.js, &rt.common.namespace, rt.common.stream_replicas)
@@ -225,14 +235,14 @@ pub async fn spawn(rt: &Runtime, recorder: Recorder) -> anyhow::Result<()> {
             durable_name: Some(CONSUMER.into()),
             ack_policy: AckPolicy::Explicit,
             ack_wait: ACK_WAIT,
-            max_ack_pending: ack_pending_for(2 * BATCH),
+            max_ack_pending: ack_pending_for(BATCH),
             ..Default::default()
         })
         .await
         .map_err(|e| anyhow::anyhow!("creating the {CONSUMER} consumer: {e}"))?;
     let mut messages = consumer
         .stream()
-        .max_messages_per_batch(BATCH)
+        .max_messages_per_batch(BATCH / 50)
         .messages()
         .await
         .map_err(|e| anyhow::anyhow!("pulling for {CONSUMER}: {e}"))?;
@@ -252,7 +262,8 @@ pub async fn spawn(rt: &Runtime, recorder: Recorder) -> anyhow::Result<()> {
                 }
                 None => break,
             };
-            while batch.len() < BATCH {
+            // Messages hold many hits: a few messages fill a transaction.
+            while batch.len() < BATCH / 50 {
                 match messages.next().now_or_never() {
                     Some(Some(Ok(msg))) => batch.push(msg),
                     _ => break,
@@ -271,9 +282,9 @@ async fn take(
     let mut hits = Vec::with_capacity(batch.len());
     let mut good = Vec::with_capacity(batch.len());
     for msg in batch {
-        match Hit::decode(&msg.payload) {
-            Ok(hit) => {
-                hits.push(hit);
+        match Hit::decode_all(&msg.payload) {
+            Ok(decoded) => {
+                hits.extend(decoded);
                 good.push(msg);
             }
             Err(e) => {
