@@ -69,8 +69,9 @@ fn claims(state: &AppState, token: &str, kind: HitKind) -> Result<Claims, ApiErr
 
 /// Hits in one TRACKING message at most.
 const PER_MESSAGE: usize = 200;
-/// Messages being published at once.
-const PUBLISHERS: usize = 4;
+/// Messages being published at once: one, so the next carries every hit that arrived
+/// meanwhile (the bench: 22,650 redirects/s with one, 17,829 with four).
+const PUBLISHERS: usize = 1;
 /// Hits waiting for a publisher at most (more wait for room).
 const QUEUE: usize = 4096;
 
