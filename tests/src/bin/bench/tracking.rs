@@ -141,7 +141,11 @@ async fn round(url: &str, expected: StatusCode, s: &Settings) -> anyhow::Result<
     }
     all.elapsed = started.elapsed();
     all.latencies_us.sort_unstable();
-    anyhow::ensure!(all.errors == 0, "{} answers were not {expected}", all.errors);
+    anyhow::ensure!(
+        all.errors == 0,
+        "{} answers were not {expected}",
+        all.errors
+    );
     Ok(all)
 }
 
@@ -336,9 +340,18 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
                  ORDER BY g.created_at DESC, r.delivery_id DESC LIMIT 50"
             ),
         ),
-        ("newest first", format!("SELECT {columns} {log} AND $2 <> '' {newest}")),
-        ("state", format!("SELECT {columns} {log} AND r.status = 'bounced' AND $2 <> '' {newest}")),
-        ("recipient", format!("SELECT {columns} {log} AND lower(r.email) = $2 {newest}")),
+        (
+            "newest first",
+            format!("SELECT {columns} {log} AND $2 <> '' {newest}"),
+        ),
+        (
+            "state",
+            format!("SELECT {columns} {log} AND r.status = 'bounced' AND $2 <> '' {newest}"),
+        ),
+        (
+            "recipient",
+            format!("SELECT {columns} {log} AND lower(r.email) = $2 {newest}"),
+        ),
     ] {
         let arg = match label {
             "tag" => "campaign:c7".to_owned(),
@@ -352,7 +365,10 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         .bind(arg)
         .fetch_all(&db)
         .await?;
-        println!("The {label} query's plan:\n\n```\n{}\n```\n", plan.join("\n"));
+        println!(
+            "The {label} query's plan:\n\n```\n{}\n```\n",
+            plan.join("\n")
+        );
     }
     Ok(())
 }
