@@ -42,7 +42,8 @@ pub use settings::{
     INBOUND_SECRET, PROVIDER_SECRET, TRACKING_SECRET, UNSUBSCRIBE_SECRET,
 };
 pub use stack::{
-    extract_code, free_port, spawn_service, spawn_service_to, workspace_binary, Stack,
+    extract_code, free_port, html_part, no_redirects, spawn_service, spawn_service_to,
+    workspace_binary, Stack,
 };
 pub use wait::{eventually, passes_at_once};
 

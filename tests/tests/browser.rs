@@ -16,7 +16,7 @@ use api_gateway::create_key::CreateKey;
 use postmesh_contracts::answers::gateway::KeyMode;
 use postmesh_shared::proto::Role;
 use postmesh_tests::webdriver::Browser;
-use postmesh_tests::{eventually, free_port, Stack};
+use postmesh_tests::{eventually, free_port, html_part, no_redirects, Stack};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -220,14 +220,8 @@ async fn mail_pages(stack: &Stack, client: &Browser, email: &str) {
     let eml = stack
         .wait_for_messages(&reader, 1, Duration::from_secs(30))
         .await;
-    let html = mail_parser::MessageParser::default()
-        .parse(eml[0].as_bytes())
-        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
-        .expect("an HTML part");
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let html = html_part(&eml[0]);
+    let http = no_redirects();
     for kind in ["/t/o/", "/t/c/"] {
         let at = html
             .rfind(&format!("{}{kind}", stack.base))

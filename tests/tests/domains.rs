@@ -1080,10 +1080,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         .stack
         .wait_for_messages(&to, 1, Duration::from_secs(30))
         .await;
-    let html = mail_parser::MessageParser::default()
-        .parse(eml[0].as_bytes())
-        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
-        .expect("an HTML part");
+    let html = postmesh_tests::html_part(&eml[0]);
     let prefix = format!("https://{host}/t/c/");
     let at = html
         .find(&prefix)
@@ -1091,10 +1088,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     let path = &html[at + prefix.len() - "/t/c/".len()..];
     let path = &path[..path.find('"').expect("a quoted link")];
     // The gateway answers the tracking path on the domain's own host.
-    let answer = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
+    let answer = postmesh_tests::no_redirects()
         .get(format!("{}{path}", world.stack.base))
         .header("host", &host)
         .send()

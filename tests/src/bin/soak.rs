@@ -756,10 +756,7 @@ async fn tracked_link(
     })
     .await
     .expect("the tracked message");
-    let html = mail_parser::MessageParser::default()
-        .parse(eml.as_bytes())
-        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
-        .expect("an HTML part");
+    let html = postmesh_tests::html_part(&eml);
     let at = html.find("/t/c/").expect("a tracked link");
     let path = html[at..html[at..].find('"').map_or(html.len(), |e| at + e)].to_owned();
     let delivery = sqlx::query_scalar("SELECT delivery_id FROM task_recipients WHERE email = $1")

@@ -145,3 +145,19 @@ pub fn extract_code(eml: &str) -> Option<String> {
     let code: String = eml[at..].chars().take(6).collect();
     (code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit())).then_some(code)
 }
+
+/// The HTML part of a delivered message.
+pub fn html_part(eml: &str) -> String {
+    mail_parser::MessageParser::default()
+        .parse(eml.as_bytes())
+        .and_then(|m| m.body_html(0).map(|h| h.into_owned()))
+        .expect("an HTML part")
+}
+
+/// A client that does not follow redirects (to see a tracked link's 302).
+pub fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client")
+}

@@ -5,7 +5,7 @@ mod mail;
 mod processes;
 mod streams;
 
-pub use mail::extract_code;
+pub use mail::{extract_code, html_part, no_redirects};
 pub use processes::{free_port, spawn_service, spawn_service_to, workspace_binary};
 
 use std::net::SocketAddr;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use postmesh_shared::{Success, TaskId};
 use postmesh_tests::receiver::{received, Receiver};
-use postmesh_tests::Stack;
+use postmesh_tests::{html_part, no_redirects, Stack};
 
 use super::wait_status;
 use sender::sending::events::Kind;
@@ -20,14 +20,6 @@ use webhook_dispatcher::routes::webhooks::Created;
 /// A browser's user agent: a person.
 const BROWSER: &str =
     "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/126.0 Safari/537.36";
-
-/// The HTML part of a delivered message.
-fn html_of(eml: &str) -> String {
-    let parsed = mail_parser::MessageParser::default()
-        .parse(eml.as_bytes())
-        .expect("a message");
-    parsed.body_html(0).expect("an HTML part").into_owned()
-}
 
 /// Every `{base}/t/{kind}/{token}` URL of `html`, in order.
 fn tracked(html: &str, base: &str, kind: char) -> Vec<String> {
@@ -47,14 +39,6 @@ async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
         .post("/send-email", &body, StatusCode::OK)
         .await;
     sent.body.task_id.expect("a task")
-}
-
-/// A client that does not follow redirects.
-fn browser() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("a client")
 }
 
 /// One event `kind` of a recipient's, its detail.
@@ -119,19 +103,16 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     let eml = stack
         .wait_for_messages(reader, 1, Duration::from_secs(30))
         .await;
-    let html_part = html_of(&eml[0]);
+    let html = html_part(&eml[0]);
     let base = stack.base.trim_end_matches('/');
-    let (opens, clicks) = (
-        tracked(&html_part, base, 'o'),
-        tracked(&html_part, base, 'c'),
-    );
-    assert_eq!((opens.len(), clicks.len()), (1, 1), "{html_part}");
+    let (opens, clicks) = (tracked(&html, base, 'o'), tracked(&html, base, 'c'));
+    assert_eq!((opens.len(), clicks.len()), (1, 1), "{html}");
     assert!(
-        html_part.contains(r#"<a href="https://example.com/keep?utm_source=news">"#),
-        "{html_part}"
+        html.contains(r#"<a href="https://example.com/keep?utm_source=news">"#),
+        "{html}"
     );
     assert!(
-        html_part.contains("/unsubscribe?token="),
+        html.contains("/unsubscribe?token="),
         "the unsubscribe link stays"
     );
     let text = mail_parser::MessageParser::default()
@@ -142,7 +123,7 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         .into_owned();
     assert!(text.contains("Read https://example.com/page") && !text.contains("/t/c/"));
 
-    let http = browser();
+    let http = no_redirects();
     // A HEAD of the pixel is a machine's; a browser's GET is the first open by a person.
     let head = http
         .head(&opens[0])
@@ -183,7 +164,7 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     let eml = stack
         .wait_for_messages(scanned, 1, Duration::from_secs(30))
         .await;
-    let scanned_click = tracked(&html_of(&eml[0]), base, 'c');
+    let scanned_click = tracked(&html_part(&eml[0]), base, 'c');
     let hit = http
         .get(&scanned_click[0])
         .header("user-agent", BROWSER)
