@@ -100,11 +100,24 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
                 "metadata": {"userId": "42"} }),
     )
     .await;
+    let base = stack.base.trim_end_matches('/');
+    // A scanner follows the other recipient's link as soon as it arrives (within
+    // TRACKING_SCANNER_WINDOW_SECS of sending), with no open before.
+    let eml = stack
+        .wait_for_messages(scanned, 1, Duration::from_secs(30))
+        .await;
+    let scanned_click = tracked(&html_part(&eml[0]), base, 'c');
+    let hit = no_redirects()
+        .get(&scanned_click[0])
+        .header("user-agent", BROWSER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hit.status(), StatusCode::FOUND);
     let eml = stack
         .wait_for_messages(reader, 1, Duration::from_secs(30))
         .await;
     let html = html_part(&eml[0]);
-    let base = stack.base.trim_end_matches('/');
     let (opens, clicks) = (tracked(&html, base, 'o'), tracked(&html, base, 'c'));
     assert_eq!((opens.len(), clicks.len()), (1, 1), "{html}");
     assert!(
@@ -160,18 +173,6 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     let refused = http.get(&tampered).send().await.unwrap();
     assert_eq!(refused.status(), StatusCode::NOT_FOUND);
     assert!(refused.headers().get("location").is_none());
-    // A scanner follows the other recipient's link at once, with no open before.
-    let eml = stack
-        .wait_for_messages(scanned, 1, Duration::from_secs(30))
-        .await;
-    let scanned_click = tracked(&html_part(&eml[0]), base, 'c');
-    let hit = http
-        .get(&scanned_click[0])
-        .header("user-agent", BROWSER)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(hit.status(), StatusCode::FOUND);
 
     let progress = wait_status(stack, &key, task, |p| {
         details(p, reader, Kind::Opened).len() == 2
