@@ -137,9 +137,31 @@ impl Runtime {
         Fut: Future<Output = Result<bool, E>> + Send,
         E: std::fmt::Display,
     {
+        self.every_from(tokio::time::Instant::now(), what, period, pass);
+    }
+
+    /// [`Runtime::every`], its first pass one period after start: a slow sweep that need
+    /// not run while the service starts (and takes no connection then).
+    pub fn every_later<F, Fut, E>(&self, what: &'static str, period: Duration, pass: F)
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool, E>> + Send,
+        E: std::fmt::Display,
+    {
+        self.every_from(tokio::time::Instant::now() + period, what, period, pass);
+    }
+
+    /// Runs `pass` every `period` from `start` until shutdown.
+    fn every_from<F, Fut, E>(
+        &self, start: tokio::time::Instant, what: &'static str, period: Duration, pass: F,
+    ) where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool, E>> + Send,
+        E: std::fmt::Display,
+    {
         let shutdown = self.shutdown.clone();
         self.tracker.spawn(async move {
-            let mut tick = tokio::time::interval(period);
+            let mut tick = tokio::time::interval_at(start, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {

@@ -433,7 +433,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         async move { workflows::runs::advance_due(&state).await }
     });
     let (db, days) = (rt.db.clone(), config.email_retention_days);
-    rt.every("email retention", RETENTION_SWEEP, move || {
+    rt.every_later("email retention", RETENTION_SWEEP, move || {
         let db = db.clone();
         async move { sending::retention::purge(&db, days).await }
     });
