@@ -203,13 +203,14 @@ pub fn common(ns: Namespace) -> Common {
 pub fn common_of(ns: Namespace, services: &[Service]) -> Common {
     let made = ns.clone();
     let services = services.to_vec();
+    // One service after another: four tests starting stacks at once would otherwise open
+    // a burst of administrator connections against PostgreSQL's 100.
     on_a_fresh_runtime(move || async move {
         let admin = admin_url();
-        let each = services
-            .iter()
-            .map(|&service| postmesh_shared::db::bootstrap(&admin, &made, service, None));
-        for made in futures::future::join_all(each).await {
-            made.expect("bootstrap of a test namespace's databases");
+        for &service in &services {
+            postmesh_shared::db::bootstrap(&admin, &made, service, None)
+                .await
+                .expect("bootstrap of a test namespace's databases");
         }
     })
     .expect("bootstrap of a test namespace's databases");
