@@ -59,33 +59,23 @@ fn parse_since(query: Option<&str>) -> Result<i64, ApiError> {
     raw.parse().map_err(|_| bad())
 }
 
-/// The sender's own counts: sends since, campaigns first sent since (active), events since,
-/// runs active now, and of the messages sent since, how many a person opened and clicked.
+/// The sender's own counts: sends since, campaigns first sent since (active), events since
+/// and runs active now; and the open and click rates of the messages sent since.
 async fn own(
     state: &AppState, workspace: WorkspaceId, since: i64,
-) -> Result<[i64; 7], sqlx::Error> {
-    let row: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+) -> Result<([i64; 4], (Option<f64>, Option<f64>)), sqlx::Error> {
+    let row: (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM tasks WHERE workspace_id = $1 AND created_at >= $2),
                 (SELECT count(*) FROM campaigns WHERE workspace_id = $1 AND frozen_at >= $2),
                 (SELECT count(*) FROM workflow_events WHERE workspace_id = $1 AND received_at >= $2),
-                (SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND status = 'active'),
-                e.sent, e.opened, e.clicked
-         FROM (SELECT count(*) AS sent, count(*) FILTER (WHERE opens > 0) AS opened,
-                      count(*) FILTER (WHERE clicks > 0) AS clicked
-               FROM task_recipients WHERE workspace_id = $1 AND created_at >= $2
-                 AND log_rank(status) >= 1
-                 AND status NOT IN ('failed', 'rejected', 'cancelled')) e",
+                (SELECT count(*) FROM workflow_runs WHERE workspace_id = $1 AND status = 'active')",
     )
     .bind(workspace)
     .bind(since)
     .fetch_one(&state.db)
     .await?;
-    Ok([row.0, row.1, row.2, row.3, row.4, row.5, row.6])
-}
-
-/// `part` of `whole`, or none of nothing.
-fn rate(part: i64, whole: i64) -> Option<f64> {
-    (whole > 0).then(|| part as f64 / whole as f64)
+    let rates = crate::sending::stats::rates(&state.db, workspace, since).await?;
+    Ok(([row.0, row.1, row.2, row.3], rates))
 }
 
 /// Asks `service` for its counts within the deadline.
@@ -129,13 +119,13 @@ pub(crate) async fn overview(
         None => stats.unavailable.push(Service::Domain.name()),
     }
     match own {
-        Ok(Ok([sends, campaigns, events, runs, sent, opened, clicked])) => {
+        Ok(Ok(([sends, campaigns, events, runs], (open_rate, click_rate)))) => {
             stats.sends_since = Some(sends);
             stats.active_campaigns = Some(campaigns);
             stats.events_since = Some(events);
             stats.active_runs = Some(runs);
-            stats.open_rate = rate(opened, sent);
-            stats.click_rate = rate(clicked, sent);
+            stats.open_rate = open_rate;
+            stats.click_rate = click_rate;
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "overview: own counts failed");

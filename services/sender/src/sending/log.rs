@@ -85,6 +85,14 @@ pub struct Detail {
     pub events: Vec<DeliveryEvent>,
 }
 
+/// A message's row with its send's metadata.
+#[derive(sqlx::FromRow)]
+struct WithMetadata {
+    #[sqlx(flatten)]
+    entry: Entry,
+    metadata: Json<Metadata>,
+}
+
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::BadRequest(msg.into())
 }
@@ -209,24 +217,20 @@ pub(crate) async fn list(
 pub(crate) async fn read(
     State(state): State<AppState>, caller: Caller, IdPath(delivery): IdPath<Uuid>,
 ) -> Result<Success<Detail>, ApiError> {
-    let found: Option<(Json<Metadata>,)> = sqlx::query_as(
-        "SELECT t.metadata FROM task_recipients r JOIN tasks t ON t.id = r.task_id
+    let found: Option<WithMetadata> = sqlx::query_as(
+        "SELECT r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject,
+             r.status, t.tags, r.created_at, r.opens, r.clicks, t.metadata
+         FROM task_recipients r JOIN tasks t ON t.id = r.task_id
          WHERE r.delivery_id = $1 AND r.workspace_id = $2",
     )
     .bind(delivery)
     .bind(caller.workspace)
     .fetch_optional(&state.db)
     .await?;
-    let (Json(metadata),) =
-        found.ok_or_else(|| ApiError::NotFound(format!("no email {delivery}")))?;
-    let entry: Entry = sqlx::query_as(
-        "SELECT r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject,
-             r.status, t.tags, r.created_at, r.opens, r.clicks
-         FROM task_recipients r JOIN tasks t ON t.id = r.task_id WHERE r.delivery_id = $1",
-    )
-    .bind(delivery)
-    .fetch_one(&state.db)
-    .await?;
+    let WithMetadata {
+        entry,
+        metadata: Json(metadata),
+    } = found.ok_or_else(|| ApiError::NotFound(format!("no email {delivery}")))?;
     let events = sqlx::query_as::<_, (Kind, i64, Json<Value>)>(
         "SELECT kind, occurred_at, detail FROM delivery_events WHERE delivery_id = $1
          ORDER BY occurred_at, sequence",

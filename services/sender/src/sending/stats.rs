@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, QueryParams};
-use postmesh_shared::{ApiError, Success};
+use postmesh_shared::{ApiError, Success, WorkspaceId};
 
 use crate::AppState;
 
@@ -110,21 +110,30 @@ pub(crate) async fn stats(
             _ => d.clicked = n,
         }
     }
+    let (open_rate, click_rate) = rates(&state.db, caller.workspace, first * DAY).await?;
+    Ok(Success::new(Stats {
+        days: out,
+        open_rate,
+        click_rate,
+    }))
+}
+
+/// Of `workspace`'s messages accepted since `since` and sent, the shares a person opened and
+/// clicked; none when none was sent (`/email-stats`, `/operations-overview`).
+pub async fn rates(
+    db: &sqlx::PgPool, workspace: WorkspaceId, since: i64,
+) -> Result<(Option<f64>, Option<f64>), sqlx::Error> {
     let (sent, opened, clicked): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(*) FILTER (WHERE opens > 0), count(*) FILTER (WHERE clicks > 0)
          FROM task_recipients WHERE workspace_id = $1 AND created_at >= $2
            AND log_rank(status) >= 1 AND status NOT IN ('failed', 'rejected', 'cancelled')",
     )
-    .bind(caller.workspace)
-    .bind(first * DAY)
-    .fetch_one(&state.db)
+    .bind(workspace)
+    .bind(since)
+    .fetch_one(db)
     .await?;
     let rate = |part: i64| (sent > 0).then(|| part as f64 / sent as f64);
-    Ok(Success::new(Stats {
-        days: out,
-        open_rate: rate(opened),
-        click_rate: rate(clicked),
-    }))
+    Ok((rate(opened), rate(clicked)))
 }
 
 #[cfg(test)]
