@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
-use postmesh_shared::jetstream::{self, Stream};
+use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
 use postmesh_shared::tracking::{Claims, HitKind};
 use postmesh_shared::{ApiError, Routes};
@@ -112,10 +112,14 @@ impl Hits {
                     };
                     let (hits, waiting): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
                     let payload = Bytes::from(TrackingHits { hits }.encode_to_vec());
-                    let id = Uuid::now_v7().to_string();
-                    let published = jetstream::publish(&js, subject.clone(), &id, payload)
-                        .await
-                        .map_err(|e| e.to_string());
+                    // No `Nats-Msg-Id`: a batch is never published twice (a failed one is
+                    // answered 503), so the stream's duplicate window would only hold ids.
+                    let published = async {
+                        js.publish(subject.clone(), payload).await?.await?;
+                        anyhow::Ok(())
+                    }
+                    .await
+                    .map_err(|e| e.to_string());
                     for waiter in waiting {
                         let _ = waiter.send(published.clone());
                     }

@@ -5,9 +5,12 @@ pub mod outbox;
 
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self};
 use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
 use crate::nats::outgoing_headers;
@@ -183,6 +186,36 @@ async fn publish_with(
     ack.await
         .map_err(|e| ApiError::unavailable("the message queue did not confirm", e))?;
     Ok(())
+}
+
+/// The next batch `messages` hands out: the first to arrive, then whatever else has arrived
+/// meanwhile, up to `max` in all; `None` once `shutdown` is cancelled or the pull ends. A
+/// failed pull is logged and pulled again after a pause.
+pub async fn next_batch(
+    messages: &mut pull::Stream, max: usize, shutdown: &CancellationToken, consumer: &str,
+) -> Option<Vec<jetstream::Message>> {
+    loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            m = messages.next() => m?,
+        };
+        match first {
+            Ok(msg) => {
+                let mut batch = vec![msg];
+                while batch.len() < max {
+                    match messages.next().now_or_never() {
+                        Some(Some(Ok(msg))) => batch.push(msg),
+                        _ => break,
+                    }
+                }
+                return Some(batch);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, consumer, "pull failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -37,17 +37,19 @@ impl Stack {
         let billing_child = spawn_service(billing::SERVICE, billing.to_env());
         self.wait_ready(billing.common.admin_addr, &billing_child)
             .await;
+        let (gateway_child, base) = self.spawn_gateway().await;
+        (billing_child, gateway_child, base)
+    }
+
+    /// A second gateway as a child process with this stack's settings: its process and its
+    /// base URL.
+    pub async fn spawn_gateway(&self) -> (tokio::process::Child, String) {
         let mut gateway = self.gateway_config.clone();
         gateway.common.admin_addr = free_port();
         gateway.http_addr = free_port();
-        let gateway_child = spawn_service(api_gateway::SERVICE, gateway.to_env());
-        self.wait_ready(gateway.common.admin_addr, &gateway_child)
-            .await;
-        (
-            billing_child,
-            gateway_child,
-            format!("http://{}", gateway.http_addr),
-        )
+        let child = spawn_service(api_gateway::SERVICE, gateway.to_env());
+        self.wait_ready(gateway.common.admin_addr, &child).await;
+        (child, format!("http://{}", gateway.http_addr))
     }
 
     /// The sender and inbound-ingest as child processes with this stack's settings, in

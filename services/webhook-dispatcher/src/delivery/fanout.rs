@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::{self, AckKind};
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use prost::Message as _;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
@@ -24,7 +24,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use postmesh_shared::dead_letters::{panic_message, DeadLetters};
-use postmesh_shared::jetstream::Stream;
+use postmesh_shared::jetstream::{next_batch, Stream};
 use postmesh_shared::proto::{InboundMessageReply, InboundReceived};
 use postmesh_shared::{telemetry, Runtime};
 
@@ -124,26 +124,11 @@ pub async fn spawn<S: Source>(rt: &Runtime, source: S, ack_wait: Duration) -> an
                 _ = shutdown.cancelled() => break,
                 s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
             };
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                m = messages.next() => m,
+            // The first message to arrive, and whatever else has arrived meanwhile.
+            let Some(batch) = next_batch(&mut messages, S::BATCH, &shutdown, S::CONSUMER).await
+            else {
+                break;
             };
-            let mut batch = match first {
-                Some(Ok(msg)) => vec![msg],
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, consumer = S::CONSUMER, "pull failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-                None => break,
-            };
-            // And whatever else has arrived meanwhile.
-            while batch.len() < S::BATCH {
-                match messages.next().now_or_never() {
-                    Some(Some(Ok(msg))) => batch.push(msg),
-                    _ => break,
-                }
-            }
             let (source, letters) = (source.clone(), letters.clone());
             // Kept in progress from here, so a batch is not handed out again while its
             // fan-out's first tries take seconds.

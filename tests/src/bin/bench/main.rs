@@ -80,6 +80,7 @@
 
 mod audiences;
 mod balance;
+mod compare;
 mod events;
 mod hostile;
 mod inbound;
@@ -631,7 +632,7 @@ postmesh_shared::fast_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    if balance::serve_if_asked().await? {
+    if compare::serve_if_asked().await? {
         return Ok(());
     }
     let secs: u64 = env_parse("BENCH_SECS", 5)?;
@@ -656,7 +657,12 @@ async fn main() -> anyhow::Result<()> {
     .await;
     let outcome = async {
         if runs("balance") {
-            balance::run(&mut stack, secs, conns, rounds).await?;
+            let load = compare::Load {
+                conns,
+                secs,
+                rounds,
+            };
+            balance::run(&mut stack, &load).await?;
         }
         if runs("pipeline") || runs("accept") {
             let sink = FakeSmtp::start(Behaviour::Accept {
@@ -686,12 +692,14 @@ async fn main() -> anyhow::Result<()> {
         }
         if runs("tracking") {
             let settings = tracking::Settings {
-                conns: env_parse("BENCH_TRACK_CONNS", 32)?,
-                secs: env_parse("BENCH_TRACK_SECS", 4)?,
-                rounds: env_parse("BENCH_TRACK_ROUNDS", 2)?,
+                load: compare::Load {
+                    conns: env_parse("BENCH_TRACK_CONNS", 32)?,
+                    secs: env_parse("BENCH_TRACK_SECS", 4)?,
+                    rounds: env_parse("BENCH_TRACK_ROUNDS", 2)?,
+                },
                 deliveries: env_parse("BENCH_LOG_DELIVERIES", 1_000_000)?,
             };
-            tracking::run(&stack, &settings).await?;
+            tracking::run(&mut stack, &settings).await?;
         }
         if runs("audience") {
             audiences::accept(

@@ -9,13 +9,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
-use futures::{FutureExt, StreamExt};
 use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::dead_letters::DeadLetters;
-use postmesh_shared::jetstream::{ack_pending_for, Stream};
+use postmesh_shared::jetstream::{ack_pending_for, next_batch, Stream};
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
 use postmesh_shared::Runtime;
 
@@ -248,27 +247,8 @@ pub async fn spawn(rt: &Runtime, recorder: Recorder) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("pulling for {CONSUMER}: {e}"))?;
     let (shutdown, letters) = (rt.shutdown.clone(), rt.dead_letters());
     rt.tracker.spawn(async move {
-        loop {
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                m = messages.next() => m,
-            };
-            let mut batch = match first {
-                Some(Ok(msg)) => vec![msg],
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "tracking pull failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-                None => break,
-            };
-            // Messages hold many hits: a few messages fill a transaction.
-            while batch.len() < BATCH / 50 {
-                match messages.next().now_or_never() {
-                    Some(Some(Ok(msg))) => batch.push(msg),
-                    _ => break,
-                }
-            }
+        // Messages hold many hits: a few messages fill a transaction.
+        while let Some(batch) = next_batch(&mut messages, BATCH / 50, &shutdown, CONSUMER).await {
             take(&recorder, &letters, batch).await;
         }
     });
