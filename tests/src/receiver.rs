@@ -87,6 +87,22 @@ impl Fake<Books> {
         self.books().keys.push(key);
     }
 
+    /// Subscribes `/events` here to the delivery events `events` of `key`'s workspace
+    /// (none: all) through `POST /webhooks`, trusting the webhook's secret: its id.
+    pub async fn subscribe(&self, stack: &crate::Stack, key: &str, events: &[&str]) -> uuid::Uuid {
+        let created: postmesh_shared::Success<webhook_dispatcher::routes::webhooks::Created> =
+            stack
+                .client(key)
+                .post(
+                    "/webhooks",
+                    &serde_json::json!({ "url": self.url("/events"), "events": events }),
+                    StatusCode::CREATED,
+                )
+                .await;
+        self.trust(&created.body.signing_secret);
+        created.body.webhook.id
+    }
+
     /// Answers the next deliveries with `replies`, in order.
     pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
         self.books().script.extend(replies);

@@ -32,11 +32,7 @@ async fn send(stack: &Stack, key: &str, target: Value) -> SendAnswer {
     body.as_object_mut()
         .unwrap()
         .extend(target.as_object().cloned().unwrap());
-    let answer: Success<SendAnswer> = stack
-        .client(key)
-        .post("/send-email", &body, StatusCode::OK)
-        .await;
-    answer.body
+    stack.sent(key, &body).await
 }
 
 /// The recipients of task `task`, sorted.

@@ -21,7 +21,6 @@ use postmesh_tests::fake_sns::FakeSns;
 use postmesh_tests::mta::{ingest, message};
 use postmesh_tests::receiver::{received, Delivery, Receiver, Reply};
 use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN, PROVIDER_SECRET};
-use sender::sending::send::SendAnswer;
 use webhook_dispatcher::attempt::Status;
 use webhook_dispatcher::routes::attempts::{AttemptView, Replayed, Tested};
 use webhook_dispatcher::routes::endpoints::Deleted;
@@ -30,16 +29,7 @@ use webhook_dispatcher::routes::webhooks::{Created, EventTypes, WebhookList, Web
 /// Creates a webhook posting to `receiver` taking `events` (none: all), which trusts its
 /// secret; its id.
 async fn webhook(stack: &Stack, key: &str, receiver: &Receiver, events: &[&str]) -> Uuid {
-    let created: Success<Created> = stack
-        .client(key)
-        .post(
-            "/webhooks",
-            &json!({ "url": receiver.url("/events"), "events": events }),
-            StatusCode::CREATED,
-        )
-        .await;
-    receiver.trust(&created.body.signing_secret);
-    created.body.webhook.id
+    receiver.subscribe(stack, key, events).await
 }
 
 /// The webhook's attempts (the newest 100), newest first.
@@ -63,11 +53,7 @@ fn types(got: &[Delivery]) -> Vec<String> {
 
 /// Sends `body` (a send request); the task.
 async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
-    let answer: Success<SendAnswer> = stack
-        .client(key)
-        .post("/send-email", &body, StatusCode::OK)
-        .await;
-    answer.body.task_id.expect("a task")
+    stack.sent(key, &body).await.task_id.expect("a task")
 }
 
 /// The provider's message id of the task's first recipient, once it was sent.

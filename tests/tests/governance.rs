@@ -31,11 +31,7 @@ fn mail(to: &[&str], email_type: &str, topic: Option<&str>, extra: Value) -> Val
 
 /// Sends `body`; the answer.
 async fn send(stack: &Stack, key: &str, body: &Value) -> SendAnswer {
-    let answer: Success<SendAnswer> = stack
-        .client(key)
-        .post("/send-email", body, StatusCode::OK)
-        .await;
-    answer.body
+    stack.sent(key, body).await
 }
 
 /// The rejected recipients of an answer as (email, reason), sorted.

@@ -33,7 +33,6 @@ use sender::sending::smtp_auth::SmtpAuth;
 use sender::sending::status::{Progress, TaskProgress};
 use sender::sending::tasks::TaskStatus;
 use sender::sending::templates::{Deleted, Template, TemplateList};
-use webhook_dispatcher::routes::webhooks::Created;
 
 fn now() -> i64 {
     postmesh_shared::db::now_unix()
@@ -460,15 +459,8 @@ async fn sandbox_addresses_behave_as_their_names_say_and_cost_nothing(stack: &St
     let client = stack.client(&key);
     let at = |local: &str| format!("{local}@sandbox.postmesh.test");
     let receiver = Receiver::start().await;
-    let hook: Success<Created> = client
-        .post(
-            "/webhooks",
-            &json!({ "url": receiver.url("/events"),
-                     "events": ["email.bounced", "email.complained", "email.delayed"] }),
-            StatusCode::CREATED,
-        )
-        .await;
-    receiver.trust(&hook.body.signing_secret);
+    let events = ["email.bounced", "email.complained", "email.delayed"];
+    receiver.subscribe(stack, &key, &events).await;
     let to = [
         "delivered",
         "bounced+signup",

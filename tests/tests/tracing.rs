@@ -19,7 +19,7 @@ use postmesh_shared::{AddressId, Success};
 use postmesh_tests::mta::{ingest_body, key_with_inbox, message, mta};
 use postmesh_tests::receiver::Receiver;
 use postmesh_tests::{eventually, Stack, INBOUND_DOMAIN};
-use webhook_dispatcher::{routes::endpoints, routes::webhooks};
+use webhook_dispatcher::routes::endpoints;
 
 type Seen = Arc<Mutex<Vec<(String, Bytes)>>>;
 
@@ -123,15 +123,7 @@ async fn inbox_endpoint(stack: &Stack, key: &str, inbox: AddressId, receiver: &R
 
 /// A webhook taking every event of `key`'s workspace, posting to `receiver`.
 async fn event_webhook(stack: &Stack, key: &str, receiver: &Receiver) {
-    let created: Success<webhooks::Created> = stack
-        .client(key)
-        .post(
-            "/webhooks",
-            &json!({ "url": receiver.url("/events") }),
-            StatusCode::CREATED,
-        )
-        .await;
-    receiver.trust(&created.body.signing_secret);
+    receiver.subscribe(stack, key, &[]).await;
 }
 
 /// Waits until `receiver` got a delivery.

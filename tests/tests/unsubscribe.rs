@@ -24,11 +24,7 @@ use sender::sending::status::TaskProgress;
 
 /// Sends `body` with `key`; the answer.
 async fn send(stack: &Stack, key: &str, body: serde_json::Value) -> SendAnswer {
-    let answer: Success<SendAnswer> = stack
-        .client(key)
-        .post("/send-email", &body, StatusCode::OK)
-        .await;
-    answer.body
+    stack.sent(key, &body).await
 }
 
 /// The unsubscribe link of a delivered message: its List-Unsubscribe header's URL.

@@ -7,11 +7,21 @@ use postmesh_contracts::answers::sender::{RecipientStatus, TaskProgress};
 use postmesh_shared::{Success, TaskId};
 use reqwest::StatusCode;
 use sender::audience::suppressions::{Reason, SuppressionPage};
+use sender::sending::send::SendAnswer;
 
 use super::Stack;
 use crate::wait::eventually;
 
 impl Stack {
+    /// `POST /send-email` of `body` with `key`, which must be accepted: its answer.
+    pub async fn sent(&self, key: &str, body: &serde_json::Value) -> SendAnswer {
+        let answer: Success<SendAnswer> = self
+            .client(key)
+            .post("/send-email", body, StatusCode::OK)
+            .await;
+        answer.body
+    }
+
     /// Delivered messages addressed to `to` (compared without regard to case), oldest
     /// first.
     pub fn messages_to(&self, to: &str) -> Vec<String> {

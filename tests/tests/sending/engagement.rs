@@ -14,8 +14,6 @@ use postmesh_tests::{html_part, no_redirects, Stack};
 use super::wait_status;
 use sender::sending::events::Kind;
 use sender::sending::log::{Detail as LogDetail, Log};
-use sender::sending::send::SendAnswer;
-use webhook_dispatcher::routes::webhooks::Created;
 
 /// A browser's user agent: a person.
 const BROWSER: &str =
@@ -34,11 +32,7 @@ fn tracked(html: &str, base: &str, kind: char) -> Vec<String> {
 
 /// Sends `body` with `key`; the task.
 async fn send(stack: &Stack, key: &str, body: Value) -> TaskId {
-    let sent: Success<SendAnswer> = stack
-        .client(key)
-        .post("/send-email", &body, StatusCode::OK)
-        .await;
-    sent.body.task_id.expect("a task")
+    stack.sent(key, &body).await.task_id.expect("a task")
 }
 
 /// One event `kind` of a recipient's, its detail.
@@ -63,15 +57,8 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     let key = stack.key(10).await;
     let client = stack.client(&key);
     let receiver = Receiver::start().await;
-    let hook: Success<Created> = client
-        .post(
-            "/webhooks",
-            &json!({ "url": receiver.url("/events"),
-                     "events": ["email.opened", "email.clicked", "email.sent"] }),
-            StatusCode::CREATED,
-        )
-        .await;
-    receiver.trust(&hook.body.signing_secret);
+    let events = ["email.opened", "email.clicked", "email.sent"];
+    receiver.subscribe(stack, &key, &events).await;
     let defaults: Success<Value> = client.get("/tracking", StatusCode::OK).await;
     assert_eq!(defaults.body, json!({"opens": false, "clicks": false}));
 

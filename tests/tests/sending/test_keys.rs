@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use postmesh_shared::{Success, TaskId};
+use postmesh_shared::TaskId;
 use postmesh_tests::receiver::{received, Receiver};
 use postmesh_tests::smtp::SmtpServer;
 use postmesh_tests::web::WebUser;
@@ -15,9 +15,7 @@ use postmesh_tests::Stack;
 use super::smtp::kinds;
 use super::wait_status;
 use sender::sending::events::Kind;
-use sender::sending::send::SendAnswer;
 use sender::sending::status::TaskProgress;
-use webhook_dispatcher::routes::webhooks::Created;
 
 /// Waits until each of the `count` recipients of `task` is `sent` then `delivered`.
 async fn delivered(stack: &Stack, key: &str, task: TaskId, count: usize) -> TaskProgress {
@@ -79,26 +77,16 @@ pub(crate) async fn a_test_key_prices_stores_and_shows_but_delivers_and_charges_
     }
 
     let receiver = Receiver::start().await;
-    let hook: Success<Created> = stack
-        .client(&test)
-        .post(
-            "/webhooks",
-            &json!({ "url": receiver.url("/events"), "events": ["email.delivered"] }),
-            StatusCode::CREATED,
-        )
-        .await;
-    receiver.trust(&hook.body.signing_secret);
+    receiver.subscribe(stack, &test, &["email.delivered"]).await;
     let to = ["test-key-a@example.com", "test-key-b@example.com"];
-    let sent: Success<SendAnswer> = stack
-        .client(&test)
-        .post(
-            "/send-email",
+    let sent = stack
+        .sent(
+            &test,
             &json!({ "to": to, "subject": "Hi", "text": "Hello" }),
-            StatusCode::OK,
         )
         .await;
-    assert_eq!(sent.body.cost, 2, "priced as a live send");
-    let task = sent.body.task_id.expect("stored");
+    assert_eq!(sent.cost, 2, "priced as a live send");
+    let task = sent.task_id.expect("stored");
     let progress = delivered(stack, &test, task, 2).await;
     assert!(progress.test, "shown as a test send");
     for post in received(&receiver, 2, Duration::from_secs(30)).await {
