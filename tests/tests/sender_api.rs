@@ -5,10 +5,15 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use postmesh_contracts::answers::sender::{DeliveryEvent, TaskProgress};
 use postmesh_shared::error::ErrorBody;
+use postmesh_shared::proto::Role;
 use postmesh_shared::Success;
-use postmesh_tests::{sender_router, TestClient};
+use postmesh_tests::{caller, sender_router, sender_state, ServiceDb, TestClient};
+use sender::sending::events::Kind;
+use sender::sending::log::Detail;
 use sender::sending::templates::{Template, TemplateList};
+use uuid::Uuid;
 
 #[tokio::test]
 async fn templates_are_versioned_per_workspace() {
@@ -201,4 +206,69 @@ async fn to_with_a_campaign_key_is_400_before_the_campaign_is_looked_up() {
             e.error
         );
     }
+}
+
+/// Within one second, a message's own events come before what its reader did with it,
+/// whichever was written first: the tracking recorder may write an open before the worker
+/// has written the `sent` of the same second.
+#[tokio::test]
+async fn a_messages_sending_is_listed_before_its_reading_within_a_second() {
+    let store = ServiceDb::create(sender::SERVICE, &sender::MIGRATIONS).await;
+    let who = caller(Role::Member);
+    let workspace: Uuid = who.workspace_id.parse().unwrap();
+    let api_key: Uuid = who.api_key_id.parse().unwrap();
+    let router = sender::router(sender_state(&store).await);
+    let client = TestClient::router(router, Some(who));
+    let (task, delivery, at) = (Uuid::now_v7(), Uuid::now_v7(), 1_800_000_000_i64);
+    sqlx::query(
+        "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, message,
+                            email_type, cost, recipient_count, created_at)
+         VALUES ($1, $2, $4, 'account', 'queued', '{\"subject\": \"Hi\"}', 'transactional',
+                 1, 1, $3)",
+    )
+    .bind(task)
+    .bind(workspace)
+    .bind(at)
+    .bind(api_key)
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO task_recipients (task_id, idx, email, delivery_id, workspace_id,
+                                      created_at, status)
+         VALUES ($1, 0, 'reader@example.com', $2, $3, $4, 'sent')",
+    )
+    .bind(task)
+    .bind(delivery)
+    .bind(workspace)
+    .bind(at)
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    for kind in ["opened", "sent"] {
+        sqlx::query(
+            "INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
+                                          occurred_at, source_key)
+             VALUES ($1, $2, $3, $4, 'reader@example.com', $5, $6, $5 || ':' || $4)",
+        )
+        .bind(Uuid::now_v7())
+        .bind(workspace)
+        .bind(task)
+        .bind(delivery)
+        .bind(kind)
+        .bind(at)
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    }
+    let kinds = |events: &[DeliveryEvent]| events.iter().map(|e| e.kind).collect::<Vec<_>>();
+    let logged: Success<Detail> = client
+        .get(&format!("/emails/{delivery}"), StatusCode::OK)
+        .await;
+    assert_eq!(kinds(&logged.body.events), [Kind::Sent, Kind::Opened]);
+    let status: Success<TaskProgress> = client
+        .get(&format!("/email-status/{task}"), StatusCode::OK)
+        .await;
+    let events = &status.body.recipients[0].events;
+    assert_eq!(kinds(events), [Kind::Sent, Kind::Opened]);
 }

@@ -369,12 +369,14 @@ impl<S: Stages> Worker<S> {
             },
             Err(e) => return retry_after(&e),
         };
+        let tried_at;
         let result = {
             let _slot = self
                 .working
                 .acquire()
                 .await
                 .expect("semaphore is never closed");
+            tried_at = crate::db::now_unix();
             // A panicking piece of work is a failure of this try, retried and counted.
             std::panic::AssertUnwindSafe(self.stages.work(job, shared, index))
                 .catch_unwind()
@@ -386,7 +388,7 @@ impl<S: Stages> Worker<S> {
             .retry_delay(attempt)
             .unwrap_or_else(|| retry_delay(self.config.retry_base, attempt));
         let verdict = Verdict::of(result, attempt >= self.config.max_deliver, backoff);
-        let outcome = self.record(id, lease, verdict).await;
+        let outcome = self.record(id, lease, verdict, tried_at).await;
         let result = match &outcome {
             Outcome::Done => "done",
             Outcome::Park(reason) => {
@@ -410,7 +412,7 @@ impl<S: Stages> Worker<S> {
     /// Records `verdict` for the item and releases its lease. The work is done (or given up
     /// on), so a database error is retried briefly but never turns done work into a retry
     /// that would do it again.
-    async fn record(&self, item: Uuid, lease: Uuid, verdict: Verdict) -> Outcome {
+    async fn record(&self, item: Uuid, lease: Uuid, verdict: Verdict, tried_at: i64) -> Outcome {
         let outcome = match &verdict {
             Verdict::Done(_) => Outcome::Done,
             Verdict::Failed(e) => Outcome::Park(e.clone()),
@@ -421,6 +423,7 @@ impl<S: Stages> Worker<S> {
             item,
             lease,
             verdict,
+            tried_at,
         };
         let mut recorded = Err(StageError::Unavailable(String::new()));
         for pause in RECORD_RETRIES {

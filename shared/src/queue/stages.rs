@@ -118,6 +118,9 @@ pub struct RecordRow {
     pub item: Uuid,
     pub lease: Uuid,
     pub verdict: Verdict,
+    /// When the try that reached the verdict began (Unix seconds): what it handed over went
+    /// no later.
+    pub tried_at: i64,
 }
 
 impl Keyed for RecordRow {

@@ -232,8 +232,9 @@ pub(crate) async fn read(
         metadata: Json(metadata),
     } = found.ok_or_else(|| ApiError::NotFound(format!("no email {delivery}")))?;
     let events = sqlx::query_as::<_, (Kind, i64, Json<Value>)>(
+        // Within a second, the message's own events before what its reader did with it.
         "SELECT kind, occurred_at, detail FROM delivery_events WHERE delivery_id = $1
-         ORDER BY occurred_at, sequence",
+         ORDER BY occurred_at, kind IN ('opened', 'clicked'), sequence",
     )
     .bind(delivery)
     .fetch_all(&state.db)

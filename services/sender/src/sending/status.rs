@@ -123,8 +123,9 @@ pub(crate) async fn status(
     let mut recipients: Vec<RecipientStatus> =
         rows.into_iter().map(RecipientStatus::from).collect();
     let events: Vec<(Uuid, DeliveryEvent)> = sqlx::query_as::<_, (Uuid, Kind, i64, Json<Value>)>(
+        // Within a second, the message's own events before what its reader did with it.
         "SELECT delivery_id, kind, occurred_at, detail FROM delivery_events
-         WHERE delivery_id = ANY($1) ORDER BY occurred_at, id",
+         WHERE delivery_id = ANY($1) ORDER BY occurred_at, kind IN ('opened', 'clicked'), id",
     )
     .bind(&ids)
     .fetch_all(&state.db)

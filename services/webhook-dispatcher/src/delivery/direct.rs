@@ -318,6 +318,7 @@ impl Direct {
     fn record_late(&self, id: Uuid, lease: Uuid, answer: JoinHandle<Answer>) {
         let (db, schedule) = (self.state.db.clone(), self.config.retry_schedule.clone());
         let disable_after = self.config.disable_after;
+        let tried_at = postmesh_shared::db::now_unix();
         self.tracker.spawn(async move {
             // A POST that panicked leaves the attempt to its lease's end.
             let Ok(answer) = answer.await else { return };
@@ -325,6 +326,7 @@ impl Direct {
                 item: id,
                 lease,
                 verdict: first_verdict(&schedule, answer),
+                tried_at,
             };
             for pause in RECORD_RETRIES {
                 tokio::time::sleep(Duration::from_millis(pause)).await;

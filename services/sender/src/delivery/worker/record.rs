@@ -82,22 +82,27 @@ pub(super) async fn record_batch(
     .bind(now)
     .fetch_all(&mut *tx)
     .await?;
-    // A final outcome is an event: `sent`, or `failed` with its reason.
+    // A final outcome is an event: `sent` as of its try's start (so no open or click of
+    // the message comes before it), or `failed` with its reason.
+    let tried_at: std::collections::HashMap<Uuid, i64> =
+        rows.iter().map(|r| (r.item, r.tried_at)).collect();
     let finals: Vec<NewEvent> = written
         .iter()
         .filter_map(|w| {
-            let (kind, detail) = match w.status.as_str() {
+            let (kind, detail, at) = match w.status.as_str() {
                 "sent" => (
                     Kind::Sent,
                     Detail::Sent {
                         provider_message_id: w.provider_message_id.clone(),
                     },
+                    tried_at.get(&w.delivery_id).copied().unwrap_or(now),
                 ),
                 "failed" => (
                     Kind::Failed,
                     Detail::Reason {
                         reason: w.last_error.clone(),
                     },
+                    now,
                 ),
                 _ => return None,
             };
@@ -108,7 +113,7 @@ pub(super) async fn record_batch(
                 email: w.email.clone().unwrap_or_default(),
                 kind,
                 detail,
-                occurred_at: now,
+                occurred_at: at,
                 source_key: format!("{}:{}", kind.as_str(), w.delivery_id),
             })
         })
