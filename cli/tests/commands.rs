@@ -82,6 +82,15 @@ fn postmesh(config: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The gateway's answer to `POST /device/start` for a request whose page is `url`.
+fn device_started(url: &str) -> (&'static str, String) {
+    let body = format!(
+        r#"{{"success":true,"deviceToken":"x","expiresIn":60,"interval":1,
+            "userCode":"BCDF-GHJK","verificationUrl":"{url}"}}"#
+    );
+    ("200 OK", body)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -90,12 +99,7 @@ fn text(bytes: &[u8]) -> String {
 fn login_stores_the_key_that_later_commands_present() {
     let config = tempfile::tempdir().unwrap();
     let api = FakeApi::start(vec![
-        (
-            "200 OK",
-            r#"{"success":true,"deviceToken":"x","expiresIn":60,"interval":1,
-                "userCode":"BCDF-GHJK","verificationUrl":"http://web.test/app/device?request=r1"}"#
-                .into(),
-        ),
+        device_started("http://web.test/app/device?request=r1"),
         ("202 Accepted", r#"{"success":true,"status":"pending"}"#.into()),
         (
             "200 OK",
@@ -190,12 +194,7 @@ fn login_stores_the_key_that_later_commands_present() {
 fn an_expired_login_request_says_to_start_again() {
     let config = tempfile::tempdir().unwrap();
     let api = FakeApi::start(vec![
-        (
-            "200 OK",
-            r#"{"success":true,"deviceToken":"x","expiresIn":60,"interval":1,
-                "userCode":"BCDF-GHJK","verificationUrl":"http://web.test/app/device"}"#
-                .into(),
-        ),
+        device_started("http://web.test/app/device"),
         (
             "410 Gone",
             r#"{"success":false,"status":"expired","error":"device authorization missing or expired"}"#

@@ -46,6 +46,12 @@ fn session_key(user: &WebUser) -> String {
     )
 }
 
+/// `DELETE /api-keys/{id}` as `user`.
+async fn revoke(user: &mut WebUser, id: &str) -> Answer {
+    let path = format!("/api-keys/{id}");
+    user.json(Method::DELETE, &path, &json!({})).await
+}
+
 async fn ttl(stack: &Stack, key: &str) -> i64 {
     redis::cmd("TTL")
         .arg(key)
@@ -332,12 +338,7 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(sta
         .await;
     let via_other = TestClient::http(&other_base, Some(&second));
     let _: Value = via_other.get("/balance", StatusCode::OK).await;
-    let _: Value = user
-        .json(
-            Method::DELETE,
-            &format!("/api-keys/{second_id}"),
-            &json!({}),
-        )
+    let _: Value = revoke(&mut user, &second_id.to_string())
         .await
         .expect(StatusCode::OK, "revoke");
     let refused = stack
@@ -353,30 +354,16 @@ async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(sta
     })
     .await;
     let _: Value = stack.client(&primary).get("/balance", StatusCode::OK).await;
-    let twice = user
-        .json(
-            Method::DELETE,
-            &format!("/api-keys/{second_id}"),
-            &json!({}),
-        )
-        .await;
+    let twice = revoke(&mut user, &second_id.to_string()).await;
     assert_eq!(twice.status, StatusCode::NOT_FOUND);
 
     // Someone else's key is not found, and not revoked.
     let stranger = stack.key(0).await;
     let stranger_id = stack.key_id(&stranger).await;
-    let theirs = user
-        .json(
-            Method::DELETE,
-            &format!("/api-keys/{stranger_id}"),
-            &json!({}),
-        )
-        .await;
+    let theirs = revoke(&mut user, &stranger_id.to_string()).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
     // A malformed id is a 400 naming it, as every path id.
-    let malformed = user
-        .json(Method::DELETE, "/api-keys/nope", &json!({}))
-        .await;
+    let malformed = revoke(&mut user, "nope").await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     let error: ErrorBody = malformed.json();
     assert!(error.error.contains("\"nope\""), "{}", error.error);

@@ -34,6 +34,16 @@ async fn send(stack: &Stack, key: &str, body: &Value) -> SendAnswer {
     stack.sent(key, body).await
 }
 
+/// Suppresses `email` by hand (`POST /suppressions`, reason `manual`).
+async fn suppress(stack: &Stack, key: &str, email: &str) -> Added {
+    let body = json!({"email": email, "reason": "manual"});
+    let added: Success<Added> = stack
+        .client(key)
+        .post("/suppressions", &body, StatusCode::OK)
+        .await;
+    added.body
+}
+
 /// The rejected recipients of an answer as (email, reason), sorted.
 fn rejected(answer: &SendAnswer) -> Vec<(String, String)> {
     let mut list: Vec<_> = answer
@@ -127,15 +137,8 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     add("unsub-all@example.com", Reason::Unsubscribed, None).await;
     add("unsub-news@example.com", Reason::Unsubscribed, Some("news")).await;
     // A manual entry through the API: every email type.
-    let added: Success<Added> = stack
-        .client(&key)
-        .post(
-            "/suppressions",
-            &json!({"email": "Blocked@Example.com", "reason": "manual"}),
-            StatusCode::OK,
-        )
-        .await;
-    assert_eq!(added.body.suppression.reason, Reason::Manual);
+    let added = suppress(stack, &key, "Blocked@Example.com").await;
+    assert_eq!(added.suppression.reason, Reason::Manual);
     // A contact unsubscribed from the topic.
     let _: Success<Upserted> = stack
         .client(&key)
@@ -273,14 +276,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
 
     // One key for an address everywhere, whatever the database's locale: a Greek capital
     // sigma lowers to a final sigma at the end of a word (Postgres' lower() says σ).
-    let _: Success<Added> = stack
-        .client(&key)
-        .post(
-            "/suppressions",
-            &json!({"email": "ΟΔΟΣ@example.com", "reason": "manual"}),
-            StatusCode::OK,
-        )
-        .await;
+    suppress(stack, &key, "ΟΔΟΣ@example.com").await;
     let greek = send(
         stack,
         &key,

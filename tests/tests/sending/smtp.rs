@@ -168,11 +168,7 @@ pub(crate) async fn python_smtplib_sends_with_starttls_login_and_plain(stack: &S
         assert_eq!(attachment.contents(), blob.as_slice());
         assert_eq!(parsed.attachment_count(), 1);
     }
-    assert_eq!(
-        stack.settled_balance(&key).await,
-        8,
-        "one credit per message"
-    );
+    assert_eq!(stack.settled_balance(&key).await, 8, "a credit a message");
     smtp.stop().await;
 }
 
@@ -237,11 +233,7 @@ pub(crate) async fn lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind(
         assert!(delivered.contains("plain news") && delivered.contains("<p>html news</p>"));
         assert!(delivered.contains("filename=\"notes.txt\""), "{delivered}");
     }
-    assert_eq!(
-        stack.settled_balance(&key).await,
-        7,
-        "three recipients, three credits"
-    );
+    assert_eq!(stack.settled_balance(&key).await, 7, "three credits");
     smtp.stop().await;
 }
 
@@ -358,11 +350,7 @@ pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
         (bounced.to_owned(), vec![Kind::Sent, Kind::Bounced]),
     ];
     wait_status(stack, &key, task, |p| kinds(p) == want).await;
-    assert_eq!(
-        stack.settled_balance(&key).await,
-        1,
-        "the sandbox costs nothing"
-    );
+    assert_eq!(stack.settled_balance(&key).await, 1, "the sandbox is free");
     smtp.stop().await;
 }
 
