@@ -220,47 +220,32 @@ async fn a_messages_sending_is_listed_before_its_reading_within_a_second() {
     let router = sender::router(sender_state(&store).await);
     let client = TestClient::router(router, Some(who));
     let (task, delivery, at) = (Uuid::now_v7(), Uuid::now_v7(), 1_800_000_000_i64);
+    // One statement: the send, its recipient, and the open written before the sent of the
+    // same second (the events' sequence follows the order of the rows).
     sqlx::query(
-        "INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, message,
-                            email_type, cost, recipient_count, created_at)
-         VALUES ($1, $2, $4, 'account', 'queued', '{\"subject\": \"Hi\"}', 'transactional',
-                 1, 1, $3)",
+        "WITH t AS (
+             INSERT INTO tasks (id, workspace_id, api_key_id, account_id, status, message,
+                                email_type, cost, recipient_count, created_at)
+             VALUES ($1, $2, $4, 'account', 'queued', '{\"subject\": \"Hi\"}',
+                     'transactional', 1, 1, $3)
+         ), r AS (
+             INSERT INTO task_recipients (task_id, idx, email, delivery_id, workspace_id,
+                                          created_at, status)
+             VALUES ($1, 0, 'reader@example.com', $5, $2, $3, 'sent')
+         )
+         INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
+                                      occurred_at, source_key)
+         SELECT gen_random_uuid(), $2, $1, $5, 'reader@example.com', k, $3, k || ':' || $5
+         FROM UNNEST(ARRAY['opened', 'sent']) WITH ORDINALITY AS u(k, i) ORDER BY i",
     )
     .bind(task)
     .bind(workspace)
     .bind(at)
     .bind(api_key)
-    .execute(&store.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO task_recipients (task_id, idx, email, delivery_id, workspace_id,
-                                      created_at, status)
-         VALUES ($1, 0, 'reader@example.com', $2, $3, $4, 'sent')",
-    )
-    .bind(task)
     .bind(delivery)
-    .bind(workspace)
-    .bind(at)
     .execute(&store.pool)
     .await
     .unwrap();
-    for kind in ["opened", "sent"] {
-        sqlx::query(
-            "INSERT INTO delivery_events (id, workspace_id, task_id, delivery_id, email, kind,
-                                          occurred_at, source_key)
-             VALUES ($1, $2, $3, $4, 'reader@example.com', $5, $6, $5 || ':' || $4)",
-        )
-        .bind(Uuid::now_v7())
-        .bind(workspace)
-        .bind(task)
-        .bind(delivery)
-        .bind(kind)
-        .bind(at)
-        .execute(&store.pool)
-        .await
-        .unwrap();
-    }
     let kinds = |events: &[DeliveryEvent]| events.iter().map(|e| e.kind).collect::<Vec<_>>();
     let logged: Success<Detail> = client
         .get(&format!("/emails/{delivery}"), StatusCode::OK)

@@ -99,16 +99,9 @@ async fn delivered_click(stack: &Stack) -> anyhow::Result<String> {
     let key = stack.key(1).await;
     let to = format!("clicks-{}@bench.example", Uuid::now_v7());
     let html = format!(r#"<html><body><a href="{DESTINATION}">Read</a></body></html>"#);
-    let sent = stack
-        .http
-        .post(format!("{}/send-email", stack.base))
-        .bearer_auth(&key)
-        .json(
-            &serde_json::json!({ "to": to, "subject": "Bench", "html": html, "trackClicks": true }),
-        )
-        .send()
-        .await?;
-    anyhow::ensure!(sent.status().is_success(), "sending: {}", sent.status());
+    let body =
+        serde_json::json!({ "to": to, "subject": "Bench", "html": html, "trackClicks": true });
+    stack.sent(&key, &body).await;
     let eml = stack
         .wait_for_messages(&to, 1, Duration::from_secs(30))
         .await;
