@@ -48,6 +48,19 @@ pub async fn settled(
     .await
 }
 
+/// Waits until the target has `count` attempts, whatever their status.
+pub async fn counted(stack: &Stack, key: &str, of: Of, count: usize) -> Vec<AttemptView> {
+    eventually(Duration::from_secs(3), || async move {
+        let list = list(stack, key, of).await;
+        if list.len() == count {
+            Ok(list)
+        } else {
+            Err(list.len())
+        }
+    })
+    .await
+}
+
 /// Waits until some of the target's attempts succeeded; their ids.
 pub async fn some_succeeded(stack: &Stack, key: &str, of: Of) -> HashSet<Uuid> {
     eventually(Duration::from_secs(20), || async move {

@@ -118,6 +118,13 @@ impl SmtpConn {
         self.reply().await
     }
 
+    /// Sends `line`; fails the test unless the reply's code is `code`. The reply.
+    pub async fn expect(&mut self, line: &str, code: u16) -> SmtpReply {
+        let reply = self.send(line).await;
+        assert_eq!(reply.0, code, "{line}: {reply:?}");
+        reply
+    }
+
     /// The next reply (fails the test when the server closes first or takes over 30 s).
     pub async fn reply(&mut self) -> SmtpReply {
         let mut text = Vec::new();

@@ -420,14 +420,7 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages(stack: &Stac
 
 async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(stack: &Stack) {
     let key = stack.key(1).await;
-    let (gateway, base) = stack
-        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
-        .await;
-    // Within one minute: the count starts afresh with each.
-    let second = postmesh_shared::db::now_unix() % 60;
-    if second > 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
-    }
+    let (gateway, base) = five_failures_a_minute(stack).await;
     let call = |key: String| {
         let base = base.clone();
         async move {
@@ -457,13 +450,7 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(sta
 /// Polling `/cli/auth/poll` with device tokens no one started is guessing, as made-up keys
 /// are: each counts against the address, and past the limit even a real poll waits.
 async fn polls_of_unknown_device_tokens_count_as_failed_authentications(stack: &Stack) {
-    let (gateway, base) = stack
-        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
-        .await;
-    let second = postmesh_shared::db::now_unix() % 60;
-    if second > 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
-    }
+    let (gateway, base) = five_failures_a_minute(stack).await;
     let post = |path: &'static str, token: String| {
         let base = base.clone();
         async move {
@@ -534,4 +521,17 @@ async fn a_session_ends_30_days_after_sign_in_however_it_is_used(stack: &Stack) 
         stack.redis_keys(&own).await.is_empty(),
         "ended, not left to expire"
     );
+}
+
+/// Another gateway that refuses an address after five failed authentications a minute, once
+/// at least ten seconds of the minute are left (the count starts afresh with each).
+async fn five_failures_a_minute(stack: &Stack) -> (postmesh_shared::Running, String) {
+    let (gateway, base) = stack
+        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
+        .await;
+    let second = postmesh_shared::db::now_unix() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
+    }
+    (gateway, base)
 }

@@ -709,30 +709,14 @@ async fn a_failing_and_a_stalled_receivers_backlogs_do_not_hold_up_a_healthy_one
     // one's for a free slot.
     // (Each attempt is written once its first try is answered, or a second on without one.)
     let now = postmesh_shared::db::now_unix();
-    let list = eventually(Duration::from_secs(3), || async {
-        let list = attempts(&stack, &key, f).await;
-        if list.len() == count {
-            Ok(list)
-        } else {
-            Err(list.len())
-        }
-    })
-    .await;
+    let list = postmesh_tests::attempts::counted(&stack, &key, Of::Endpoint(f), count).await;
     assert!(
         list.iter().all(|a| a.status == Status::Pending
             && a.last_status_code == Some(500)
             && a.next_attempt_at.is_some_and(|at| at >= now + 45)),
         "{list:?}"
     );
-    let list = eventually(Duration::from_secs(3), || async {
-        let list = attempts(&stack, &key, s).await;
-        if list.len() == count {
-            Ok(list)
-        } else {
-            Err(list.len())
-        }
-    })
-    .await;
+    let list = postmesh_tests::attempts::counted(&stack, &key, Of::Endpoint(s), count).await;
     assert!(list.iter().all(|a| a.status == Status::Pending), "{list:?}");
     stack.shutdown().await;
 }

@@ -108,26 +108,16 @@ impl World {
     async fn review<T: DeserializeOwned>(
         &self, key: &str, id: &str, decision: &str, expected: StatusCode,
     ) -> T {
-        self.client(key)
-            .post(
-                &format!("/admin/sender-domains/{id}/{decision}"),
-                &json!({}),
-                expected,
-            )
-            .await
+        let path = format!("/admin/sender-domains/{id}/{decision}");
+        self.client(key).post(&path, &json!({}), expected).await
     }
 
     /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
     async fn act<T: DeserializeOwned>(
         &self, key: &str, id: &str, action: &str, expected: StatusCode,
     ) -> T {
-        self.client(key)
-            .post(
-                &format!("/sender-domains/{id}/{action}"),
-                &json!({}),
-                expected,
-            )
-            .await
+        let path = format!("/sender-domains/{id}/{action}");
+        self.client(key).post(&path, &json!({}), expected).await
     }
 }
 

@@ -262,13 +262,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     );
     assert_eq!((copied.recipients.accepted, copied.cost), (1, 3));
     assert_eq!(stack.balance(&key).await, balance - 12);
-    let sent = stack
-        .wait_for_messages("copied@example.com", 1, Duration::from_secs(15))
-        .await;
-    let cc = sent[0]
-        .lines()
-        .find(|l| l.starts_with("Cc:"))
-        .expect("a Cc header");
+    let cc = cc_of(&stack, "copied@example.com").await;
     assert!(
         cc.contains("cc-fine@example.com") && !cc.contains("bounced"),
         "{cc}"
@@ -615,13 +609,7 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
         ]
     );
     for recipient in to {
-        let sent = stack
-            .wait_for_messages(recipient, 1, Duration::from_secs(15))
-            .await;
-        let cc = sent[0]
-            .lines()
-            .find(|l| l.starts_with("Cc:"))
-            .expect("a Cc header");
+        let cc = cc_of(&stack, recipient).await;
         assert!(
             cc.contains("cc-stays@example.com") && !cc.contains("cc-leaves"),
             "{cc}"
@@ -642,4 +630,13 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     })
     .await;
     assert_eq!(stack.settled_balance(&key).await, 6);
+}
+
+/// The `Cc:` header line of the first email delivered to `to` (waited for).
+async fn cc_of(stack: &Stack, to: &str) -> String {
+    let sent = stack
+        .wait_for_messages(to, 1, Duration::from_secs(15))
+        .await;
+    let cc = sent[0].lines().find(|l| l.starts_with("Cc:"));
+    cc.expect("a Cc header").to_owned()
 }

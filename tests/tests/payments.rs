@@ -39,6 +39,20 @@ fn keyed(client: &TestClient, idem: &str) -> TestClient {
     client.clone().with_header("idempotency-key", idem)
 }
 
+/// `POST /billing/subscription/checkout` for `plan` (a new idempotency key), expecting
+/// `expected`.
+async fn subscribe<T: serde::de::DeserializeOwned>(
+    client: &TestClient, plan: &str, expected: StatusCode,
+) -> T {
+    keyed(client, &idem())
+        .post(
+            "/billing/subscription/checkout",
+            &json!({ "plan_id": plan }),
+            expected,
+        )
+        .await
+}
+
 /// `POST /billing/checkout` expecting 200.
 async fn top_up(client: &TestClient, body: Value) -> Opened {
     let opened: Success<Opened> = keyed(client, &idem())
@@ -81,13 +95,7 @@ async fn the_catalog_is_public_and_says_whether_payments_are_on() {
         )
         .await;
     assert!(!e.success);
-    let _: ErrorBody = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "starter"}),
-            StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
+    let _: ErrorBody = subscribe(&client, "starter", StatusCode::SERVICE_UNAVAILABLE).await;
     let event = json!({"id": "evt_1", "type": "invoice.paid", "data": {"object": {}}});
     assert_eq!(
         FakeStripe::deliver_to(&anyone, &event).await,
@@ -627,38 +635,14 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
             StatusCode::NOT_FOUND,
         )
         .await;
-    let _: ErrorBody = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "gold"}),
-            StatusCode::NOT_FOUND,
-        )
-        .await;
-    let _: ErrorBody = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "p".repeat(41)}),
-            StatusCode::BAD_REQUEST,
-        )
-        .await;
+    let _: ErrorBody = subscribe(&client, "gold", StatusCode::NOT_FOUND).await;
+    let _: ErrorBody = subscribe(&client, &"p".repeat(41), StatusCode::BAD_REQUEST).await;
 
     // A plan checkout left open is expired at Stripe when a newer one opens: only the
     // newest can be paid (two paid would be two subscriptions).
-    let abandoned: Success<Opened> = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "pro"}),
-            StatusCode::OK,
-        )
-        .await;
+    let abandoned: Success<Opened> = subscribe(&client, "pro", StatusCode::OK).await;
     let abandoned = stripe.session_by_url(&abandoned.body.url);
-    let opened: Success<Opened> = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "starter"}),
-            StatusCode::OK,
-        )
-        .await;
+    let opened: Success<Opened> = subscribe(&client, "starter", StatusCode::OK).await;
     let session_id = stripe.session_by_url(&opened.body.url);
     assert_eq!(
         (
@@ -735,13 +719,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     );
 
     // A second plan for the workspace is a conflict.
-    let _: ErrorBody = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "pro"}),
-            StatusCode::CONFLICT,
-        )
-        .await;
+    let _: ErrorBody = subscribe(&client, "pro", StatusCode::CONFLICT).await;
 
     let portal: Success<PortalLink> = client
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
@@ -787,23 +765,11 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     let _: Success<PortalLink> = client
         .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
         .await;
-    let again: Success<Opened> = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "pro"}),
-            StatusCode::OK,
-        )
-        .await;
+    let again: Success<Opened> = subscribe(&client, "pro", StatusCode::OK).await;
     // Paid at Stripe before its event arrived: a newer checkout is a conflict, not a second
     // subscription.
     stripe.complete(&stripe.session_by_url(&again.body.url), true);
-    let _: ErrorBody = keyed(&client, &idem())
-        .post(
-            "/billing/subscription/checkout",
-            &json!({"plan_id": "starter"}),
-            StatusCode::CONFLICT,
-        )
-        .await;
+    let _: ErrorBody = subscribe(&client, "starter", StatusCode::CONFLICT).await;
     alone.shutdown().await;
 }
 

@@ -23,6 +23,17 @@ fn event(id: &str, name: &str, email: &str, properties: Value) -> Value {
     })
 }
 
+/// `POST /events` with [`event`]'s body, answered 201 (a new event).
+async fn emit(client: &TestClient, id: &str, name: &str, email: &str, properties: Value) {
+    let _: Value = client
+        .post(
+            "/events",
+            &event(id, name, email, properties),
+            StatusCode::CREATED,
+        )
+        .await;
+}
+
 fn fresh(prefix: &str) -> String {
     format!("{prefix}-{}@example.com", uuid::Uuid::new_v4().simple())
 }
@@ -276,21 +287,9 @@ async fn a_run_waits_then_sends_and_an_exit_event_ends_a_waiting_run(stack: &Sta
     );
     let properties: Value = serde_json::from_str(&e.properties).unwrap();
     assert_eq!(properties, json!({ "plan": "pro" }));
-    let _: Value = client
-        .post(
-            "/events",
-            &event("s-bo", "signed_up", &bo, json!({ "plan": "free" })),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "s-bo", "signed_up", &bo, json!({ "plan": "free" })).await;
     // Bo leaves before the wait is over: his run ends and sends nothing.
-    let _: Value = client
-        .post(
-            "/events",
-            &event("c-bo", "cancelled", &bo, json!({})),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "c-bo", "cancelled", &bo, json!({})).await;
     let bo_runs = runs_when(&client, "s-bo", |r| r[0]["status"] != "active").await;
     assert_eq!(bo_runs[0]["status"], "exited");
     assert_eq!(bo_runs[0]["exitReason"], "exit event cancelled");
@@ -336,13 +335,7 @@ async fn a_run_taken_up_too_often_without_an_end_fails(stack: &Stack) {
     .await;
     let (ann, bo) = (fresh("ann"), fresh("bo"));
     for (id, email) in [("j-ann", &ann), ("j-bo", &bo)] {
-        let _: Value = client
-            .post(
-                "/events",
-                &event(id, "joined", email, json!({})),
-                StatusCode::CREATED,
-            )
-            .await;
+        emit(&client, id, "joined", email, json!({})).await;
     }
     // Both asleep in their wait (the pass that started them wrote step 1, which would
     // otherwise overwrite what follows); then as if taken up and lost that often, and due now.
@@ -394,20 +387,8 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
     )
     .await;
     let (ann, bo) = (fresh("ann"), fresh("bo"));
-    let _: Value = client
-        .post(
-            "/events",
-            &event("o-1", "ordered", &ann, json!({ "total": 150 })),
-            StatusCode::CREATED,
-        )
-        .await;
-    let _: Value = client
-        .post(
-            "/events",
-            &event("o-2", "ordered", &bo, json!({ "total": 5 })),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "o-1", "ordered", &ann, json!({ "total": 150 })).await;
+    emit(&client, "o-2", "ordered", &bo, json!({ "total": 5 })).await;
     let to_ann = stack
         .wait_for_messages(&ann, 1, Duration::from_secs(15))
         .await;
@@ -469,13 +450,7 @@ async fn a_sender_killed_during_a_wait_and_a_second_replica_neither_send_twice_n
     )
     .await;
     let dee = fresh("dee");
-    let _: Value = client
-        .post(
-            "/events",
-            &event("st-1", "started", &dee, json!({})),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "st-1", "started", &dee, json!({})).await;
     stack.kill_sender().await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     stack.start_sender().await;
@@ -535,13 +510,7 @@ async fn two_replicas_send_each_run_and_scheduled_send_once_never_early(stack: &
     for i in 0..6 {
         let to = fresh("two");
         let at = SystemTime::now();
-        let _: Value = client
-            .post(
-                "/events",
-                &event(&format!("j-{i}"), "joined", &to, json!({})),
-                StatusCode::CREATED,
-            )
-            .await;
+        emit(&client, &format!("j-{i}"), "joined", &to, json!({})).await;
         runs.push((to, at + Duration::from_secs(2)));
         let later = fresh("later");
         let due = unix(SystemTime::now()).as_secs() + 2;
@@ -587,13 +556,7 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stac
                      "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "one" }] });
     let id = workflow(&client, v1).await;
     let (first, second, third) = (fresh("ed"), fresh("fay"), fresh("gus"));
-    let _: Value = client
-        .post(
-            "/events",
-            &event("g-1", "go", &first, json!({})),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "g-1", "go", &first, json!({})).await;
     // Version 2 sends "Two" at once; the run of version 1 still waits, then sends "One".
     let v2 = json!({ "name": "w2", "trigger": { "event_name": "go" },
                      "steps": [{ "type": "send", "templateKey": "two" }] });
@@ -603,13 +566,7 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stac
     assert_eq!(changed["workflow"]["version"], 2);
     assert_eq!(changed["workflow"]["name"], "w2");
     assert_eq!(changed["workflow"]["activeRuns"], 1);
-    let _: Value = client
-        .post(
-            "/events",
-            &event("g-2", "go", &second, json!({})),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "g-2", "go", &second, json!({})).await;
     let to_second = stack
         .wait_for_messages(&second, 1, Duration::from_secs(15))
         .await;
@@ -631,13 +588,7 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stac
     let _: Value = client
         .patch(&format!("/workflows/{id}"), &v3, StatusCode::OK)
         .await;
-    let _: Value = client
-        .post(
-            "/events",
-            &event("g-3", "go", &third, json!({})),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "g-3", "go", &third, json!({})).await;
     let gone: Value = client
         .delete(&format!("/workflows/{id}"), StatusCode::OK)
         .await;
@@ -702,13 +653,7 @@ async fn conditions_on_the_contact_exit_conditions_and_a_wait_until_a_property(s
         .await;
     assert_eq!(started["runs"][0]["status"], "active");
     // A partial refund does not meet the exit's condition: the run goes on.
-    let _: Value = client
-        .post(
-            "/events",
-            &event("r-v", "refunded", &vip, json!({ "full": false })),
-            StatusCode::CREATED,
-        )
-        .await;
+    emit(&client, "r-v", "refunded", &vip, json!({ "full": false })).await;
     let shown: Value = client.get("/events/o-v", StatusCode::OK).await;
     assert_eq!(
         shown["runs"][0]["status"], "active",

@@ -155,18 +155,13 @@ pub(crate) struct ListQuery {
     #[param(value_type = Option<String>, format = Uuid)]
     address_id: Option<AddressId>,
     unread: Option<String>,
-    /// Items on the page (1-500).
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<i64>,
-    /// Items skipped before the page.
-    #[param(minimum = 0)]
-    offset: Option<i64>,
 }
 
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
+    QueryParams(page): QueryParams<PageQuery>,
 ) -> Result<Success<ThreadList>, ApiError> {
-    let Page { limit, offset } = Page::of(q.limit, q.offset, 50)?;
+    let Page { limit, offset } = page.page(50)?;
     if let Some(address) = q.address_id {
         if addresses::owned(&state.db, caller.workspace, address)
             .await?

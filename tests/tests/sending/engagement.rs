@@ -19,6 +19,12 @@ use sender::sending::log::{Detail as LogDetail, Log};
 const BROWSER: &str =
     "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/126.0 Safari/537.36";
 
+/// `method url` as a browser would ask it, redirects not followed.
+async fn by_browser(method: reqwest::Method, url: &str) -> reqwest::Response {
+    let req = no_redirects().request(method, url);
+    req.header("user-agent", BROWSER).send().await.unwrap()
+}
+
 /// Every `{base}/t/{kind}/{token}` URL of `html`, in order.
 fn tracked(html: &str, base: &str, kind: char) -> Vec<String> {
     let prefix = format!("{base}/t/{kind}/");
@@ -94,12 +100,7 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         .wait_for_messages(scanned, 1, Duration::from_secs(30))
         .await;
     let scanned_click = tracked(&html_part(&eml[0]), base, 'c');
-    let hit = no_redirects()
-        .get(&scanned_click[0])
-        .header("user-agent", BROWSER)
-        .send()
-        .await
-        .unwrap();
+    let hit = by_browser(reqwest::Method::GET, &scanned_click[0]).await;
     assert_eq!(hit.status(), StatusCode::FOUND);
     let eml = stack
         .wait_for_messages(reader, 1, Duration::from_secs(30))
@@ -125,29 +126,14 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
 
     let http = no_redirects();
     // A HEAD of the pixel is a machine's; a browser's GET is the first open by a person.
-    let head = http
-        .head(&opens[0])
-        .header("user-agent", BROWSER)
-        .send()
-        .await
-        .unwrap();
+    let head = by_browser(reqwest::Method::HEAD, &opens[0]).await;
     assert_eq!(head.status(), StatusCode::OK);
-    let open = http
-        .get(&opens[0])
-        .header("user-agent", BROWSER)
-        .send()
-        .await
-        .unwrap();
+    let open = by_browser(reqwest::Method::GET, &opens[0]).await;
     assert_eq!(open.status(), StatusCode::OK);
     assert_eq!(open.headers()["content-type"], "image/gif");
     assert_eq!(open.headers()["cache-control"], "no-store");
     assert_eq!(&open.bytes().await.unwrap()[..6], b"GIF89a");
-    let click = http
-        .get(&clicks[0])
-        .header("user-agent", BROWSER)
-        .send()
-        .await
-        .unwrap();
+    let click = by_browser(reqwest::Method::GET, &clicks[0]).await;
     assert_eq!(click.status(), StatusCode::FOUND);
     assert_eq!(
         click.headers()["location"],

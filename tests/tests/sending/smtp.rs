@@ -110,12 +110,12 @@ async fn delivered(stack: &Stack, to: &str, count: usize) -> Vec<String> {
 
 /// MAIL, RCPT (each accepted) and DATA with `message`; the final reply.
 async fn transaction(conn: &mut SmtpConn, from: &str, to: &[&str], message: &str) -> SmtpReply {
-    assert_eq!(conn.send(&format!("MAIL FROM:<{from}>")).await.0, 250);
+    conn.expect(&format!("MAIL FROM:<{from}>"), 250).await;
     for to in to {
         let reply = conn.send(&format!("RCPT TO:<{to}>")).await;
         assert_eq!(reply.0, 250, "{to}: {reply:?}");
     }
-    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.expect("DATA", 354).await;
     conn.write(message.replace('\n', "\r\n").as_bytes()).await;
     conn.send(".").await
 }
@@ -296,16 +296,14 @@ pub(crate) async fn a_retried_message_is_sent_and_charged_once(stack: &Stack) {
     // Cut within DATA: nothing stored, nothing charged.
     let mut cut = smtp.connect().await;
     cut.login(&user, &key).await;
-    assert_eq!(cut.send("MAIL FROM:<me@postmesh.localhost>").await.0, 250);
-    assert_eq!(
-        cut.send(&format!("RCPT TO:<{}>", at("retry-cut"))).await.0,
-        250
-    );
-    assert_eq!(cut.send("DATA").await.0, 354);
+    cut.expect("MAIL FROM:<me@postmesh.localhost>", 250).await;
+    cut.expect(&format!("RCPT TO:<{}>", at("retry-cut")), 250)
+        .await;
+    cut.expect("DATA", 354).await;
     cut.write(b"From: me@postmesh.localhost\r\nSubject: cut\r\n\r\nhalf a mess")
         .await;
     drop(cut);
-    assert_eq!(conn.send("NOOP").await.0, 250);
+    conn.expect("NOOP", 250).await;
     assert_eq!(stack.settled_balance(&key).await, 5);
     assert!(stack.delivered_to(&at("retry-cut")).is_empty());
     smtp.stop().await;
@@ -319,7 +317,7 @@ pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
     let (key, user) = account(stack, 1).await;
     let mut conn = smtp.connect().await;
     conn.login(&user, &key).await;
-    assert_eq!(conn.send("MAIL FROM:<s@postmesh.localhost>").await.0, 250);
+    conn.expect("MAIL FROM:<s@postmesh.localhost>", 250).await;
     let suppressed = conn
         .send("RCPT TO:<suppressed@sandbox.postmesh.test>")
         .await;
@@ -331,7 +329,7 @@ pub(crate) async fn sandbox_addresses_work_over_smtp(stack: &Stack) {
         unknown.1.contains("delivered"),
         "names the valid ones: {unknown:?}"
     );
-    assert_eq!(conn.send("RSET").await.0, 250);
+    conn.expect("RSET", 250).await;
     let (delivered, bounced) = (
         "delivered@sandbox.postmesh.test",
         "bounced+smtp@sandbox.postmesh.test",
@@ -390,8 +388,8 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
         .await;
     assert_eq!((early.0, &early.1[..5]), (530, "5.7.0"), "{early:?}");
     let mut conn = open.connect().await;
-    assert_eq!(conn.send("EHLO client.test").await.0, 250);
-    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 530);
+    conn.expect("EHLO client.test", 250).await;
+    conn.expect("MAIL FROM:<a@postmesh.localhost>", 530).await;
     let wrong = conn
         .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
         .await;
@@ -411,7 +409,7 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     let long = conn.reply().await;
     assert_eq!((long.0, &long.1[..5]), (500, "5.5.2"), "{long:?}");
     assert_eq!(conn.reply().await.0, 500);
-    assert_eq!(conn.send("NOOP").await.0, 250);
+    conn.expect("NOOP", 250).await;
     let foreign = conn.send("MAIL FROM:<me@elsewhere.example>").await;
     assert_eq!((foreign.0, &foreign.1[..5]), (550, "5.7.1"), "{foreign:?}");
     let big = conn
@@ -424,31 +422,23 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
         .client(&key)
         .post("/suppressions", &json!({ "email": gone }), StatusCode::OK)
         .await;
-    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    conn.expect("MAIL FROM:<a@postmesh.localhost>", 250).await;
     let refused = conn.send(&format!("RCPT TO:<{gone}>")).await;
     assert_eq!((refused.0, &refused.1[..5]), (550, "5.7.1"), "{refused:?}");
     assert!(refused.1.contains("suppressed"), "{refused:?}");
     // From: another address than MAIL FROM, one the workspace may not use.
-    assert_eq!(
-        conn.send(&format!("RCPT TO:<{}>", at("refusal-to")))
-            .await
-            .0,
-        250
-    );
-    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.expect(&format!("RCPT TO:<{}>", at("refusal-to")), 250)
+        .await;
+    conn.expect("DATA", 354).await;
     conn.write(b"From: me@elsewhere.example\r\nSubject: x\r\n\r\nhi\r\n")
         .await;
     let from = conn.send(".").await;
     assert_eq!((from.0, &from.1[..5]), (550, "5.7.1"), "{from:?}");
     // Larger than the limit, undeclared: read to its end, then refused.
-    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
-    assert_eq!(
-        conn.send(&format!("RCPT TO:<{}>", at("refusal-to")))
-            .await
-            .0,
-        250
-    );
-    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.expect("MAIL FROM:<a@postmesh.localhost>", 250).await;
+    conn.expect(&format!("RCPT TO:<{}>", at("refusal-to")), 250)
+        .await;
+    conn.expect("DATA", 354).await;
     conn.write(b"From: a@postmesh.localhost\r\n\r\n").await;
     conn.write(
         &"x".repeat(100)
@@ -460,7 +450,7 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     let large = conn.send(".").await;
     assert_eq!((large.0, &large.1[..5]), (552, "5.3.4"), "{large:?}");
     // The 1,001st recipient.
-    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    conn.expect("MAIL FROM:<a@postmesh.localhost>", 250).await;
     let rcpts: String = (0..1001)
         .map(|i| format!("RCPT TO:<many{i}@example.com>\r\n"))
         .collect();
@@ -470,9 +460,9 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     }
     let over = conn.reply().await;
     assert_eq!((over.0, &over.1[..5]), (452, "4.5.3"), "{over:?}");
-    assert_eq!(conn.send("RSET").await.0, 250);
+    conn.expect("RSET", 250).await;
     // Too little credit: 6 recipients, 5 credits.
-    assert_eq!(conn.send("MAIL FROM:<a@postmesh.localhost>").await.0, 250);
+    conn.expect("MAIL FROM:<a@postmesh.localhost>", 250).await;
     for i in 0..6 {
         assert_eq!(
             conn.send(&format!("RCPT TO:<{}>", at(&format!("poor{i}"))))
@@ -481,7 +471,7 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
             250
         );
     }
-    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.expect("DATA", 354).await;
     conn.write(b"From: a@postmesh.localhost\r\nSubject: x\r\n\r\nhi\r\n")
         .await;
     let poor = conn.send(".").await;
@@ -537,7 +527,7 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
     assert!(chatty.closed().await);
     // Ten failed logins: the tenth is answered 421 and the address is locked out.
     let mut conn = guarded.connect().await;
-    assert_eq!(conn.send("EHLO client.test").await.0, 250);
+    conn.expect("EHLO client.test", 250).await;
     for i in 1..10 {
         let reply = conn
             .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
@@ -545,7 +535,7 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
         assert_eq!(reply.0, 535, "failure {i}: {reply:?}");
         if i % 4 == 0 {
             conn = guarded.connect().await;
-            assert_eq!(conn.send("EHLO client.test").await.0, 250);
+            conn.expect("EHLO client.test", 250).await;
         }
     }
     let tenth = conn

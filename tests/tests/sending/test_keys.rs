@@ -100,9 +100,9 @@ pub(crate) async fn a_test_key_prices_stores_and_shows_but_delivers_and_charges_
     let smtp = SmtpServer::start(stack, |c| c.allow_plaintext_auth = true).await;
     let mut conn = smtp.connect().await;
     conn.login(&email, &smtp_key).await;
-    assert_eq!(conn.send("MAIL FROM:<t@postmesh.localhost>").await.0, 250);
-    assert_eq!(conn.send("RCPT TO:<test-key-c@example.com>").await.0, 250);
-    assert_eq!(conn.send("DATA").await.0, 354);
+    conn.expect("MAIL FROM:<t@postmesh.localhost>", 250).await;
+    conn.expect("RCPT TO:<test-key-c@example.com>", 250).await;
+    conn.expect("DATA", 354).await;
     conn.write(b"From: t@postmesh.localhost\r\nSubject: test\r\n\r\nhi\r\n")
         .await;
     let reply = conn.send(".").await;

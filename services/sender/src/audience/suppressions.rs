@@ -9,7 +9,7 @@ use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
 
 use postmesh_shared::db::now_unix;
-use postmesh_shared::extract::{Caller, JsonBody, Page, QueryParams};
+use postmesh_shared::extract::{Caller, JsonBody, Page, PageQuery, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::audience::contacts::{name, Name};
@@ -67,12 +67,6 @@ pub async fn add(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct ListQuery {
     pub email: Option<String>,
-    /// Items on the page (1-500).
-    #[param(minimum = 1, maximum = 500)]
-    pub limit: Option<i64>,
-    /// Items skipped before the page.
-    #[param(minimum = 0)]
-    pub offset: Option<i64>,
 }
 
 /// `GET /suppressions` answer, newest first.
@@ -87,8 +81,9 @@ const COLUMNS: &str = "email, reason, NULLIF(topic, '') AS topic, created_at";
 
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
+    QueryParams(page): QueryParams<PageQuery>,
 ) -> Result<Success<SuppressionPage>, ApiError> {
-    let Page { limit, offset } = Page::of(q.limit, q.offset, DEFAULT_LIMIT)?;
+    let Page { limit, offset } = page.page(DEFAULT_LIMIT)?;
     let suppressions = sqlx::query_as::<_, Suppression>(&format!(
         "SELECT {COLUMNS} FROM suppressions
          WHERE workspace_id = $1 AND ($2::text IS NULL OR email_key = $2)

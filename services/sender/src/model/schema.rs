@@ -122,3 +122,29 @@ pub(crate) fn uuid() -> ObjectBuilder {
 pub(crate) fn email_type() -> String {
     format!("^[{WHITE_SPACE}]*(?:transactional|lifecycle|marketing)?[{WHITE_SPACE}]*$")
 }
+
+/// `impl ToSchema` for a type whose schema is written by hand (its `PartialSchema`): the
+/// component's name, and the components that schema refers to (each with its own).
+macro_rules! component {
+    ($ty:ty as $name:literal $(refers $($dep:ty),+)?) => {
+        impl utoipa::ToSchema for $ty {
+            fn name() -> std::borrow::Cow<'static, str> {
+                std::borrow::Cow::Borrowed($name)
+            }
+
+            fn schemas(
+                schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>,
+            ) {
+                let _ = &schemas;
+                $($(
+                    schemas.push((
+                        <$dep as utoipa::ToSchema>::name().into_owned(),
+                        <$dep as utoipa::PartialSchema>::schema(),
+                    ));
+                    <$dep as utoipa::ToSchema>::schemas(schemas);
+                )+)?
+            }
+        }
+    };
+}
+pub(crate) use component;

@@ -2,19 +2,18 @@
 //! latest versions or reads one, `DELETE` retires every version. A send pins the version
 //! it used and stores the rendered message, so later changes touch no accepted send.
 
-use std::borrow::Cow;
-
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder};
 use utoipa::openapi::{RefOr, Schema};
-use utoipa::{PartialSchema, ToSchema};
+use utoipa::PartialSchema;
 
 use postmesh_shared::db::{self, now_unix, Turns};
 use postmesh_shared::extract::{Caller, JsonBody, PageQuery, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::{model, model::schema, AppState, Quotas};
+use crate::model::schema::{self, component};
+use crate::{model, AppState, Quotas};
 
 /// Longest template key.
 /// Largest template body (HTML or text), in bytes.
@@ -76,11 +75,7 @@ impl PartialSchema for NewTemplate {
     }
 }
 
-impl ToSchema for NewTemplate {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("NewTemplate")
-    }
-}
+component!(NewTemplate as "NewTemplate");
 
 /// A template key ([`model::parse_key`]); a malformed one is a 400.
 fn parse_key(raw: &str) -> Result<String, ApiError> {

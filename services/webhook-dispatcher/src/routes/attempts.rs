@@ -13,7 +13,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, IdPairPath, IdPath, JsonBody, Page, QueryParams};
+use postmesh_shared::extract::{
+    Caller, IdPairPath, IdPath, JsonBody, Page, PageQuery, QueryParams,
+};
 use postmesh_shared::proto::{DeliveryEvent, InboundAttachment, InboundMessageReply};
 use postmesh_shared::{ApiError, Runtime, Success};
 
@@ -111,12 +113,6 @@ pub struct Tested {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListQuery {
     status: Option<Status>,
-    /// Items on the page (1-500).
-    #[param(minimum = 1, maximum = 500)]
-    limit: Option<i64>,
-    /// Items skipped before the page.
-    #[param(minimum = 0)]
-    offset: Option<i64>,
 }
 
 /// 404 unless `id` is an `owner` of the caller's workspace.
@@ -143,9 +139,9 @@ const COLUMNS: &str = "a.id, a.message_id,
 
 pub(crate) async fn list<O: Owned>(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
-    QueryParams(q): QueryParams<ListQuery>,
+    QueryParams(q): QueryParams<ListQuery>, QueryParams(page): QueryParams<PageQuery>,
 ) -> Result<Success<AttemptList>, ApiError> {
-    let Page { limit, offset } = Page::of(q.limit, q.offset, 50)?;
+    let Page { limit, offset } = page.page(50)?;
     require(&state.db, O::OWNER, &caller, id).await?;
     let (_, column) = O::OWNER.table();
     let attempts = sqlx::query_as(&format!(

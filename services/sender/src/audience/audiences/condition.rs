@@ -1,7 +1,6 @@
 //! An audience's conditions: parsed from the API's JSON, with their JSON Schema, and written as one
 //! SQL condition over the contacts' indexes.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use postmesh_shared::EmailAddress;
 
 use crate::audience::contacts::{name, name_schema, MAX_NAME_LEN};
-use crate::model::schema;
+use crate::model::schema::{self, component};
 
 /// Conditions in an include or exclude list at most.
 const MAX_CONDITIONS: usize = 50;
@@ -246,11 +245,7 @@ impl PartialSchema for Condition {
     }
 }
 
-impl ToSchema for Condition {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ContactCondition")
-    }
-}
+component!(Condition as "ContactCondition");
 
 /// The audience a send or a campaign names, as the API gives it (an [`AudienceBody`] that
 /// [`Audience::parse`] takes with `saved`): its conditions may name saved audiences.
@@ -280,15 +275,7 @@ impl PartialSchema for Audience {
     }
 }
 
-impl ToSchema for Audience {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("Audience")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Condition::name().into_owned(), Condition::schema()));
-    }
-}
+component!(Audience as "Audience" refers Condition);
 
 /// Appends `cond` as an SQL predicate on `contacts c`.
 fn push_condition(

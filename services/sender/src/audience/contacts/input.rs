@@ -1,7 +1,6 @@
 //! A contact as a request gives it, checked at the edge into a [`ContactInput`], with its JSON
 //! Schema.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -14,7 +13,8 @@ use utoipa::{PartialSchema, ToSchema};
 
 use postmesh_shared::EmailAddress;
 
-use crate::model::{schema, EmailOrBlank};
+use crate::model::schema::{self, component};
+use crate::model::EmailOrBlank;
 
 use super::{Subscription, MAX_ATTRIBUTES, MAX_ATTRIBUTES_BYTES, MAX_NAME_LEN, MAX_TAGS};
 
@@ -197,13 +197,4 @@ impl PartialSchema for ContactInput {
     }
 }
 
-impl ToSchema for ContactInput {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ContactUpsert")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((ContactBody::name().into_owned(), ContactBody::schema()));
-        <ContactBody as ToSchema>::schemas(schemas);
-    }
-}
+component!(ContactInput as "ContactUpsert" refers ContactBody);

@@ -14,7 +14,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use postmesh_shared::db::{is_unique_violation, now_unix};
-use postmesh_shared::extract::{Caller, IdPath, JsonBody, Page, QueryParams};
+use postmesh_shared::extract::{Caller, IdPath, JsonBody, Page, PageQuery, QueryParams};
 use postmesh_shared::{email, ApiError, EmailAddress, Success, WorkspaceId};
 
 use crate::AppState;
@@ -327,12 +327,6 @@ pub(crate) async fn create(
 pub struct ListQuery {
     pub tag: Option<String>,
     pub email: Option<String>,
-    /// Items on the page (1-500).
-    #[param(minimum = 1, maximum = 500)]
-    pub limit: Option<i64>,
-    /// Items skipped before the page.
-    #[param(minimum = 0)]
-    pub offset: Option<i64>,
 }
 
 /// `GET /contacts` answer: a page, newest first.
@@ -345,8 +339,9 @@ pub struct ContactPage {
 
 pub(crate) async fn list(
     State(state): State<AppState>, caller: Caller, QueryParams(q): QueryParams<ListQuery>,
+    QueryParams(page): QueryParams<PageQuery>,
 ) -> Result<Success<ContactPage>, ApiError> {
-    let Page { limit, offset } = Page::of(q.limit, q.offset, DEFAULT_LIMIT)?;
+    let Page { limit, offset } = page.page(DEFAULT_LIMIT)?;
     let contacts = sqlx::query_as::<_, Contact>(&format!(
         "SELECT {COLUMNS} FROM contacts
          WHERE workspace_id = $1 AND ($2::text IS NULL OR tags @> ARRAY[$2])

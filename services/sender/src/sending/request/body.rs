@@ -1,7 +1,6 @@
 //! The `/send-email` body as the API takes it, with its JSON Schema: what [`super::SendRequest`] is
 //! parsed from.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +12,7 @@ use utoipa::{PartialSchema, ToSchema};
 use postmesh_shared::ApiError;
 
 use crate::audience::audiences::Audience;
-use crate::model::schema;
+use crate::model::schema::{self, component};
 use crate::model::{EmailOrBlank, Key};
 
 use super::{MAX_HEADER_LEN, MAX_RECIPIENTS};
@@ -44,15 +43,7 @@ impl PartialSchema for To {
     }
 }
 
-impl ToSchema for To {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("SendTo")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((ToItem::name().into_owned(), ToItem::schema()));
-    }
-}
+component!(To as "SendTo" refers ToItem);
 
 /// One entry of a `to` list.
 #[derive(Debug, Deserialize, Serialize)]
@@ -84,11 +75,7 @@ impl PartialSchema for ToItem {
     }
 }
 
-impl ToSchema for ToItem {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("SendToItem")
-    }
-}
+component!(ToItem as "SendToItem");
 
 /// `cc` / `bcc`: one address (or a comma list), or a list of addresses.
 #[derive(Debug, Deserialize, Serialize)]
@@ -112,11 +99,7 @@ impl PartialSchema for Addresses {
     }
 }
 
-impl ToSchema for Addresses {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("SendAddresses")
-    }
-}
+component!(Addresses as "SendAddresses");
 
 /// One attachment as sent: `content` is base64.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]

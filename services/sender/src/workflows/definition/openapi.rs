@@ -1,14 +1,12 @@
 //! The JSON Schema of a workflow's definition: what [`super::Workflow::parse`] accepts.
 
-use std::borrow::Cow;
-
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::audience::audiences::Condition;
 use crate::audience::contacts::name_schema;
-use crate::model::schema;
+use crate::model::schema::{self, component};
 
 use super::{Cond, Rule, Step, Workflow, MAX_CONDITIONS, MAX_EXITS, MAX_STEPS, MAX_WAIT_SECS};
 
@@ -56,15 +54,7 @@ impl PartialSchema for Cond {
     }
 }
 
-impl ToSchema for Cond {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("WorkflowCondition")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Condition::name().into_owned(), Condition::schema()));
-    }
-}
+component!(Cond as "WorkflowCondition" refers Condition);
 
 /// Conditions as [`conditions`] takes them.
 fn conditions_schema() -> ArrayBuilder {
@@ -87,16 +77,7 @@ impl PartialSchema for Rule {
     }
 }
 
-impl ToSchema for Rule {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("WorkflowRuleDefinition")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Cond::name().into_owned(), Cond::schema()));
-        <Cond as ToSchema>::schemas(schemas);
-    }
-}
+component!(Rule as "WorkflowRuleDefinition" refers Cond);
 
 /// A step as `compile` takes it: `send`, `wait` or `branch`. Left out: branches nest at most
 /// five deep, and a workflow has at most 100 steps in all, its branches' included.
@@ -161,16 +142,7 @@ impl PartialSchema for Step {
     }
 }
 
-impl ToSchema for Step {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("WorkflowStep")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Cond::name().into_owned(), Cond::schema()));
-        <Cond as ToSchema>::schemas(schemas);
-    }
-}
+component!(Step as "WorkflowStep" refers Cond);
 
 /// A workflow as [`Workflow::parse`] takes it (a [`WorkflowBody`]).
 impl PartialSchema for Workflow {
@@ -200,15 +172,4 @@ impl PartialSchema for Workflow {
     }
 }
 
-impl ToSchema for Workflow {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("WorkflowDefinition")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push((Rule::name().into_owned(), Rule::schema()));
-        <Rule as ToSchema>::schemas(schemas);
-        schemas.push((Step::name().into_owned(), Step::schema()));
-        <Step as ToSchema>::schemas(schemas);
-    }
-}
+component!(Workflow as "WorkflowDefinition" refers Rule, Step);
