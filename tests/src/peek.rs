@@ -155,6 +155,21 @@ pub mod domain {
         .expect("domain row");
     }
 
+    /// Makes the domain `name` older by `secs`, and its ownership verified with `proven`.
+    pub async fn age(db: &PgPool, name: &str, secs: i64, proven: bool) {
+        sqlx::query(
+            "UPDATE domains SET created_at = created_at - $2,
+                 ownership = CASE WHEN $3 THEN 'verified' ELSE ownership END
+             WHERE name = $1",
+        )
+        .bind(name)
+        .bind(secs)
+        .bind(proven)
+        .execute(db)
+        .await
+        .expect("domain aged");
+    }
+
     /// The saved DNS provider token, as stored.
     pub async fn sealed_dns_token(db: &PgPool) -> Vec<u8> {
         sqlx::query_scalar("SELECT sealed_token FROM dns_providers")

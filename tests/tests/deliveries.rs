@@ -46,6 +46,20 @@ async fn attempts(stack: &Stack, key: &str, id: uuid::Uuid) -> Vec<AttemptView> 
     postmesh_tests::attempts::list(stack, key, Of::Endpoint(id)).await
 }
 
+/// Waits until one of the endpoint's attempts was last answered `code`; that attempt.
+async fn answered(
+    stack: &Stack, key: &str, id: uuid::Uuid, code: i32, within: Duration,
+) -> AttemptView {
+    eventually(within, || async {
+        let mut list = attempts(stack, key, id).await;
+        match list.iter().position(|a| a.last_status_code == Some(code)) {
+            Some(at) => Ok(list.swap_remove(at)),
+            None => Err(format!("{list:?}")),
+        }
+    })
+    .await
+}
+
 /// Waits until the endpoint's attempts are `count`, all with `status`.
 async fn settled(
     stack: &Stack, key: &str, id: uuid::Uuid, count: usize, status: Status,
@@ -413,14 +427,9 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     .await;
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].answered, 429);
-    let waiting = eventually(Duration::from_secs(3), || async {
-        let list = attempts(stack, &key, e).await;
-        match list.iter().find(|a| a.last_status_code == Some(429)) {
-            Some(a) => Ok(a.next_attempt_at),
-            None => Err(format!("{list:?}")),
-        }
-    })
-    .await;
+    let waiting = answered(stack, &key, e, 429, Duration::from_secs(3))
+        .await
+        .next_attempt_at;
     let now = postmesh_shared::db::now_unix();
     assert!(
         waiting.is_some_and(|at| at >= now + 2),
@@ -608,14 +617,9 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed(stack: &Stack) {
         &[&inbox_address("long")],
     )
     .await;
-    let moved = eventually(Duration::from_secs(10), || async {
-        let list = attempts(stack, &key, e).await;
-        match list.iter().find(|a| a.last_status_code == Some(302)) {
-            Some(a) => Ok(a.status),
-            None => Err(format!("{list:?}")),
-        }
-    })
-    .await;
+    let moved = answered(stack, &key, e, 302, Duration::from_secs(10))
+        .await
+        .status;
     assert_ne!(moved, Status::Succeeded);
     // A try that followed would have ended on the other host's answer, not the 302, and
     // reached it before its outcome was written: no wait needed.

@@ -233,12 +233,9 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name(world: &World) {
 
     // A name left unproven for a week is released to another workspace's submission, never
     // to its own holder's again; the holder's domain is gone.
-    sqlx::query("UPDATE domains SET created_at = created_at - $2 WHERE name = $1")
-        .bind(&domain.domain)
-        .bind(domain::domains::PENDING_RELEASE_SECS + 60)
-        .execute(&world.stack.service_db(domain::SERVICE).await)
-        .await
-        .unwrap();
+    let db = world.stack.service_db(domain::SERVICE).await;
+    let week = domain::domains::PENDING_RELEASE_SECS + 60;
+    peek::domain::age(&db, &domain.domain, week, false).await;
     let _: ErrorBody = world
         .post_domain(&starter, &domain.domain, StatusCode::CONFLICT)
         .await;
@@ -252,14 +249,7 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name(world: &World) {
         .get(&format!("/sender-domains/{old}"), StatusCode::NOT_FOUND)
         .await;
     // Proven (here: marked so), a name is never released, however old.
-    sqlx::query(
-        "UPDATE domains SET ownership = 'verified', created_at = created_at - $2 WHERE name = $1",
-    )
-    .bind(&domain.domain)
-    .bind(domain::domains::PENDING_RELEASE_SECS + 60)
-    .execute(&world.stack.service_db(domain::SERVICE).await)
-    .await
-    .unwrap();
+    peek::domain::age(&db, &domain.domain, week, true).await;
     let _: ErrorBody = world
         .post_domain(&starter, &domain.domain, StatusCode::CONFLICT)
         .await;

@@ -14,7 +14,8 @@
 //!   deduct key, at most one per code address and only for one that got its email, nothing
 //!   left on hold, and the balance equal to the grant less the live charges;
 //! - every accepted inbound message stored once and delivered to each endpoint, under one
-//!   `webhook-id` per endpoint.
+//!   `webhook-id` per endpoint (one that is not is traced: its outbox row, its INBOUND
+//!   sequences, the dispatcher's record of it and the INBOUND consumer's state).
 //!
 //! With `REPLICAS=2`, every service runs as two processes (the load alternating between the
 //! two gateways) and each process is killed in turn while its twin runs. With
@@ -1125,7 +1126,15 @@ impl Report<'_> {
             Ok(seen) => seen,
             Err(e) => {
                 failures.push(format!("inbound: {e}"));
-                receivers.iter().map(per_receiver).collect()
+                let seen: Vec<_> = receivers.iter().map(per_receiver).collect();
+                let missing: HashSet<&str> = seen
+                    .iter()
+                    .flat_map(|(ids, _)| stored.keys().filter(|m| !ids.contains_key(*m)))
+                    .map(String::as_str)
+                    .collect();
+                self.trace_inbound(&missing.into_iter().collect::<Vec<_>>())
+                    .await;
+                seen
             }
         };
         for (n, (ids, posts)) in seen.iter().enumerate() {
@@ -1147,6 +1156,106 @@ impl Report<'_> {
             stored.len()
         );
         failures
+    }
+}
+
+impl Report<'_> {
+    /// Prints where each of the `missing` messages (by Message-ID) got to on its way to the
+    /// receivers: its outbox row, its place in INBOUND, the dispatcher's record of it, and
+    /// the INBOUND consumer's state, so that a loss can be told from a late delivery.
+    async fn trace_inbound(&self, missing: &[&str]) {
+        let ingest = self.stack.service_db(inbound_ingest::SERVICE).await;
+        let rows: Vec<(uuid::Uuid, String, Option<i64>, Option<i64>, Option<i64>)> =
+            sqlx::query_as(
+                "SELECT m.id, m.message_id, o.seq, o.created_at, o.published_at
+                 FROM messages m LEFT JOIN outbox o ON o.id = m.id
+                 WHERE m.message_id = ANY($1)",
+            )
+            .bind(missing)
+            .fetch_all(&ingest)
+            .await
+            .expect("the missing messages' outbox rows");
+        let dispatcher = self.stack.service_db(webhook_dispatcher::SERVICE).await;
+        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.0).collect();
+        let in_stream = self.inbound_sequences(&ids).await;
+        for (id, message_id, seq, created, published) in &rows {
+            let (received, attempts): (bool, Vec<String>) = (
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM received WHERE message_id = $1)")
+                    .bind(id)
+                    .fetch_one(&dispatcher)
+                    .await
+                    .expect("received"),
+                sqlx::query_scalar("SELECT status FROM attempts WHERE message_id = $1")
+                    .bind(id)
+                    .fetch_all(&dispatcher)
+                    .await
+                    .expect("attempts"),
+            );
+            eprintln!(
+                "soak: inbound: missing {message_id} ({id}): outbox seq {seq:?} created {created:?} published {published:?}; INBOUND sequences {:?}; dispatcher received {received}, attempts {attempts:?}",
+                in_stream.get(id)
+            );
+        }
+        let js = self.stack.jetstream().await;
+        let name = Stream::Inbound.name(self.stack.ns());
+        if let Ok(stream) = js.get_stream(&name).await {
+            let mut consumers = stream.consumers();
+            while let Some(Ok(info)) = futures::StreamExt::next(&mut consumers).await {
+                if info.config.durable_name.is_none() {
+                    continue;
+                }
+                eprintln!(
+                    "soak: inbound: consumer {}: delivered stream seq {}, ack floor {}, {} pending, {} unacknowledged, {} redelivered",
+                    info.name,
+                    info.delivered.stream_sequence,
+                    info.ack_floor.stream_sequence,
+                    info.num_pending,
+                    info.num_ack_pending,
+                    info.num_redelivered
+                );
+            }
+        }
+    }
+
+    /// The INBOUND stream sequences holding each of the messages `ids`, read by a consumer
+    /// of the soak's own.
+    async fn inbound_sequences(&self, ids: &[uuid::Uuid]) -> HashMap<uuid::Uuid, Vec<u64>> {
+        use prost::Message as _;
+        let js = self.stack.jetstream().await;
+        let name = Stream::Inbound.name(self.stack.ns());
+        let mut found: HashMap<uuid::Uuid, Vec<u64>> = HashMap::new();
+        let Ok(stream) = js.get_stream(&name).await else {
+            eprintln!("soak: inbound: {name} cannot be read");
+            return found;
+        };
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
+            .await
+            .expect("a consumer of the soak's own");
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(1000)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .expect("a fetch");
+            let mut read = 0;
+            while let Some(Ok(msg)) = futures::StreamExt::next(&mut batch).await {
+                read += 1;
+                let event = postmesh_shared::proto::InboundReceived::decode(msg.payload.clone());
+                let id = event.ok().and_then(|e| e.message_id.parse().ok());
+                if let (Some(id), Ok(info)) = (id, msg.info()) {
+                    if ids.contains(&id) {
+                        found.entry(id).or_default().push(info.stream_sequence);
+                    }
+                }
+                drop(msg.ack().await);
+            }
+            if read == 0 {
+                return found;
+            }
+        }
     }
 }
 

@@ -189,6 +189,24 @@ impl Audience {
     }
 }
 
+/// `{field, op, value}`: a comparison of the named `field` by `op` with `value`, any value
+/// (and optional) when `None`.
+pub(crate) fn compared(
+    field: &str, op: ObjectBuilder, value: Option<RefOr<Schema>>,
+) -> ObjectBuilder {
+    let condition = schema::closed()
+        .property(field, name_schema())
+        .required(field)
+        .property("op", op);
+    match value {
+        Some(value) => condition.property("value", value).required("value"),
+        None => condition.property(
+            "value",
+            ObjectBuilder::new().schema_type(SchemaType::AnyValue),
+        ),
+    }
+}
+
 /// A condition on the contact's own fields, as the API gives it: every form
 /// `Condition::parse` takes but `{audienceId}`, which [`Audience`] adds where it may be.
 impl PartialSchema for Condition {
@@ -196,16 +214,7 @@ impl PartialSchema for Condition {
         let only = |field: &str, value: ObjectBuilder| {
             schema::closed().property(field, value).required(field)
         };
-        let attribute = |op: ObjectBuilder, value: Option<RefOr<Schema>>| {
-            let condition = only("attribute", name_schema()).property("op", op);
-            match value {
-                Some(value) => condition.property("value", value).required("value"),
-                None => condition.property(
-                    "value",
-                    ObjectBuilder::new().schema_type(SchemaType::AnyValue),
-                ),
-            }
-        };
+        let attribute = |op, value| compared("attribute", op, value);
         OneOfBuilder::new()
             .description(Some(
                 "One condition on a contact: `{tag}`, `{topic}` (subscribed to it), `{email}` or \

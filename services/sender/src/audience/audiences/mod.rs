@@ -25,6 +25,7 @@ use crate::{AppState, Quotas};
 
 mod condition;
 
+pub(crate) use condition::compared;
 use condition::push_audience;
 pub use condition::{Audience, AudienceBody, Condition, Op};
 

@@ -4,7 +4,7 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, SchemaT
 use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::audience::audiences::Condition;
+use crate::audience::audiences::{compared, Condition};
 use crate::audience::contacts::name_schema;
 use crate::model::schema::{self, component};
 
@@ -18,19 +18,7 @@ fn reference<T: ToSchema>() -> Ref {
 /// A condition as `Cond::parse` takes it: on the contact, or on the event's properties.
 impl PartialSchema for Cond {
     fn schema() -> RefOr<Schema> {
-        let property = |op: ObjectBuilder, value: Option<RefOr<Schema>>| {
-            let condition = schema::closed()
-                .property("property", name_schema())
-                .required("property")
-                .property("op", op);
-            match value {
-                Some(value) => condition.property("value", value).required("value"),
-                None => condition.property(
-                    "value",
-                    ObjectBuilder::new().schema_type(SchemaType::AnyValue),
-                ),
-            }
-        };
+        let property = |op, value| compared("property", op, value);
         OneOfBuilder::new()
             .description(Some(
                 "A condition on the contact, or `{property, op, value}` on the triggering \
