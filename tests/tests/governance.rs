@@ -262,7 +262,7 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     );
     assert_eq!((copied.recipients.accepted, copied.cost), (1, 3));
     assert_eq!(stack.balance(&key).await, balance - 12);
-    let cc = cc_of(&stack, "copied@example.com").await;
+    let cc = cc_of(stack, "copied@example.com").await;
     assert!(
         cc.contains("cc-fine@example.com") && !cc.contains("bounced"),
         "{cc}"
@@ -609,7 +609,7 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
         ]
     );
     for recipient in to {
-        let cc = cc_of(&stack, recipient).await;
+        let cc = cc_of(stack, recipient).await;
         assert!(
             cc.contains("cc-stays@example.com") && !cc.contains("cc-leaves"),
             "{cc}"

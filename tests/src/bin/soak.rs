@@ -1159,26 +1159,43 @@ impl Report<'_> {
     }
 }
 
+/// A received message's outbox row, as the soak traces a lost one.
+#[derive(sqlx::FromRow)]
+struct OutboxTrace {
+    id: uuid::Uuid,
+    message_id: String,
+    seq: Option<i64>,
+    created: Option<i64>,
+    published: Option<i64>,
+}
+
 impl Report<'_> {
     /// Prints where each of the `missing` messages (by Message-ID) got to on its way to the
     /// receivers: its outbox row, its place in INBOUND, the dispatcher's record of it, and
     /// the INBOUND consumer's state, so that a loss can be told from a late delivery.
     async fn trace_inbound(&self, missing: &[&str]) {
         let ingest = self.stack.service_db(inbound_ingest::SERVICE).await;
-        let rows: Vec<(uuid::Uuid, String, Option<i64>, Option<i64>, Option<i64>)> =
-            sqlx::query_as(
-                "SELECT m.id, m.message_id, o.seq, o.created_at, o.published_at
+        let rows: Vec<OutboxTrace> = sqlx::query_as(
+            "SELECT m.id, m.message_id, o.seq, o.created_at AS created,
+                     o.published_at AS published
                  FROM messages m LEFT JOIN outbox o ON o.id = m.id
                  WHERE m.message_id = ANY($1)",
-            )
-            .bind(missing)
-            .fetch_all(&ingest)
-            .await
-            .expect("the missing messages' outbox rows");
+        )
+        .bind(missing)
+        .fetch_all(&ingest)
+        .await
+        .expect("the missing messages' outbox rows");
         let dispatcher = self.stack.service_db(webhook_dispatcher::SERVICE).await;
-        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.0).collect();
+        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
         let in_stream = self.inbound_sequences(&ids).await;
-        for (id, message_id, seq, created, published) in &rows {
+        for OutboxTrace {
+            id,
+            message_id,
+            seq,
+            created,
+            published,
+        } in &rows
+        {
             let (received, attempts): (bool, Vec<String>) = (
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM received WHERE message_id = $1)")
                     .bind(id)
