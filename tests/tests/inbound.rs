@@ -668,32 +668,21 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
     let to = format!("support@{INBOUND_DOMAIN}");
     let (_, client) = inbound.inbox(&to).await;
     let mta = inbound.mta();
-    let first = message(
-        Some("t1@customer.example"),
-        "Order 42 is late",
-        "",
-        "where is it?",
-    );
-    ingest_to(&mta, &first, &[&to]).await;
-    // By In-Reply-To, whatever the subject says.
-    let by_header = message(
-        Some("t2@customer.example"),
-        "Something else entirely",
-        "In-Reply-To: <t1@customer.example>\r\nReferences: <t1@customer.example>\r\n",
-        "any news?",
-    );
-    ingest_to(&mta, &by_header, &[&to]).await;
-    // By subject, without threading headers.
-    let by_subject = message(
-        Some("t3@customer.example"),
-        "RE: Fwd: order 42 is  LATE",
-        "",
-        "hello?",
-    );
-    ingest_to(&mta, &by_subject, &[&to]).await;
-    // A new subject is a new thread.
-    let other = message(Some("t4@customer.example"), "Invoice question", "", "hi");
-    ingest_to(&mta, &other, &[&to]).await;
+    let replied = "In-Reply-To: <t1@customer.example>\r\nReferences: <t1@customer.example>\r\n";
+    // (Message-ID, subject, headers, body), in the order they arrive.
+    let arrivals = [
+        ("t1", "Order 42 is late", "", "where is it?"),
+        // By In-Reply-To, whatever the subject says.
+        ("t2", "Something else entirely", replied, "any news?"),
+        // By subject, without threading headers.
+        ("t3", "RE: Fwd: order 42 is  LATE", "", "hello?"),
+        // A new subject is a new thread.
+        ("t4", "Invoice question", "", "hi"),
+    ];
+    for (id, subject, headers, body) in arrivals {
+        let id = format!("{id}@customer.example");
+        ingest_to(&mta, &message(Some(&id), subject, headers, body), &[&to]).await;
+    }
     let list = threads(&client, "").await;
     let counts: Vec<(String, i32)> = list
         .threads

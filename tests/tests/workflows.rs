@@ -43,6 +43,12 @@ async fn template(client: &TestClient, key: &str, subject: &str) {
     let _: Value = client.post("/templates", &body, StatusCode::OK).await;
 }
 
+/// A workflow `name` that `event` starts: a wait of `seconds`, then a send of `template`.
+fn wait_then_send(name: &str, event: &str, seconds: u64, template: &str) -> Value {
+    json!({ "name": name, "trigger": { "event_name": event },
+            "steps": [{ "type": "wait", "seconds": seconds }, { "type": "send", "templateKey": template }] })
+}
+
 async fn workflow(client: &TestClient, body: Value) -> String {
     let made: Value = client.post("/workflows", &body, StatusCode::CREATED).await;
     made["workflow"]["id"].as_str().expect("id").to_owned()
@@ -193,12 +199,7 @@ async fn contacts_named(client: &postmesh_tests::TestClient, external: &str) -> 
 async fn twenty_concurrent_duplicates_make_one_event_and_one_run() {
     let (store, client, _) = sender_router(Quotas::default()).await;
     template(&client, "hello", "Hello").await;
-    workflow(
-        &client,
-        json!({ "name": "hold", "trigger": { "event_name": "joined" },
-                "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "hello" }] }),
-    )
-    .await;
+    workflow(&client, wait_then_send("hold", "joined", 3600, "hello")).await;
     let body = event("dup-1", "joined", &fresh("dup"), json!({}));
     let answers =
         futures::future::join_all((0..20).map(|_| client.request(Method::POST, "/events", &body)))
@@ -443,12 +444,7 @@ async fn a_sender_killed_during_a_wait_and_a_second_replica_neither_send_twice_n
     let key = stack.key(10).await;
     let client = stack.client(&key);
     template(&client, "later", "A little later").await;
-    workflow(
-        &client,
-        json!({ "name": "later", "trigger": { "event_name": "started" },
-                "steps": [{ "type": "wait", "seconds": 3 }, { "type": "send", "templateKey": "later" }] }),
-    )
-    .await;
+    workflow(&client, wait_then_send("later", "started", 3, "later")).await;
     let dee = fresh("dee");
     emit(&client, "st-1", "started", &dee, json!({})).await;
     stack.kill_sender().await;
@@ -497,12 +493,7 @@ async fn two_replicas_send_each_run_and_scheduled_send_once_never_early(stack: &
     let key = stack.key(20).await;
     let client = stack.client(&key);
     template(&client, "two", "Two seconds later").await;
-    workflow(
-        &client,
-        json!({ "name": "two", "trigger": { "event_name": "joined" },
-                "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "two" }] }),
-    )
-    .await;
+    workflow(&client, wait_then_send("two", "joined", 2, "two")).await;
     let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).expect("after 1970");
     // Six events and six scheduled sends spread over a second, so their waits start at
     // different fractions of it.
@@ -552,8 +543,7 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stac
         )
         .await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    let v1 = json!({ "name": "w", "trigger": { "event_name": "go" },
-                     "steps": [{ "type": "wait", "seconds": 2 }, { "type": "send", "templateKey": "one" }] });
+    let v1 = wait_then_send("w", "go", 2, "one");
     let id = workflow(&client, v1).await;
     let (first, second, third) = (fresh("ed"), fresh("fay"), fresh("gus"));
     emit(&client, "g-1", "go", &first, json!({})).await;
@@ -583,8 +573,7 @@ async fn workflows_are_listed_changed_for_new_runs_only_and_deleted(stack: &Stac
     assert_eq!(listed["workflows"].as_array().map(Vec::len), Some(1));
 
     // A delete ends the active runs and starts no more.
-    let v3 = json!({ "name": "w3", "trigger": { "event_name": "go" },
-                     "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "one" }] });
+    let v3 = wait_then_send("w3", "go", 3600, "one");
     let _: Value = client
         .patch(&format!("/workflows/{id}"), &v3, StatusCode::OK)
         .await;
