@@ -72,24 +72,39 @@ start_redis() {
   wait_for Redis "$REDIS_PORT"
 }
 
+# The version a NATS server on `port` announces in its INFO line (empty when none answers).
+nats_version() { # port
+  timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && head -n 1 <&3" 2>/dev/null |
+    grep -o '"version":"[^"]*"' | cut -d'"' -f4 || true
+}
+
 start_nats() {
-  local conf_sum
+  local conf_sum bin want pid
   conf_sum="$(sha256sum deploy/nats.conf | cut -d' ' -f1)"
+  bin="$(deploy/nats-bin.sh)"
+  if [ "$bin" = nats-server ]; then ensure_package nats-server nats-server; fi
+  want="$("$bin" --version | sed 's/.* v//')"
   if listening "$NATS_PORT"; then
     # One started here with another deploy/nats.conf restarts, so changed permissions take
-    # effect (a reload cannot: the storage directory is given on the command line).
-    if [ -f "$VAR/nats/nats.pid" ] && [ "$(cat "$VAR/nats/conf.sha256" 2>/dev/null)" != "$conf_sum" ]; then
+    # effect (a reload cannot: the storage directory is given on the command line); one of
+    # another version than deploy/nats-bin.sh's restarts as that version.
+    local running
+    running="$(nats_version "$NATS_PORT")"
+    if [ -n "$running" ] && [ "$running" != "$want" ]; then
+      log "NATS $running answers on :$NATS_PORT: restarting it as $want"
+    elif [ -f "$VAR/nats/nats.pid" ] && [ "$(cat "$VAR/nats/conf.sha256" 2>/dev/null)" != "$conf_sum" ]; then
       log "deploy/nats.conf changed: restarting NATS"
-      kill "$(cat "$VAR/nats/nats.pid")" 2>/dev/null || true
-      for _ in $(seq 1 50); do listening "$NATS_PORT" || break; sleep 0.1; done
     else
       return 0
     fi
+    pid="$(cat "$VAR/nats/nats.pid" 2>/dev/null || true)"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || pid="$(pgrep -f "nats-server.* -p $NATS_PORT" | head -n1 || true)"
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do listening "$NATS_PORT" || break; sleep 0.1; done
   fi
-  ensure_package nats-server nats-server
   mkdir -p "$VAR/nats"
-  log "starting NATS with JetStream and the users of deploy/nats.conf"
-  setsid nats-server -c "$PWD/deploy/nats.conf" -a 127.0.0.1 -p "$NATS_PORT" -sd "$VAR/nats" \
+  log "starting NATS $want with JetStream and the users of deploy/nats.conf"
+  setsid "$bin" -c "$PWD/deploy/nats.conf" -a 127.0.0.1 -p "$NATS_PORT" -sd "$VAR/nats" \
     -P "$VAR/nats/nats.pid" >"$VAR/nats/nats.log" 2>&1 < /dev/null &
   echo "$conf_sum" > "$VAR/nats/conf.sha256"
   wait_for NATS "$NATS_PORT"

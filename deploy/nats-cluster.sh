@@ -70,8 +70,15 @@ running() {
 
 start_node() {
   local n="$1"
-  if running "$n"; then return; fi
-  command -v nats-server >/dev/null || { log "nats-server is not installed (deploy/deps.sh installs it)"; exit 1; }
+  local bin
+  bin="$(deploy/nats-bin.sh)"
+  if running "$n"; then
+    # A node left by an earlier run of another nats-server is started again as this one.
+    [ "$(readlink "/proc/$(pid_of "$n")/exe" 2>/dev/null)" = "$(command -v "$bin")" ] && return
+    log "node $n runs another nats-server: restarting it"
+    stop_node "$n"
+  fi
+  command -v "$bin" >/dev/null || { log "nats-server is not installed (deploy/deps.sh installs it)"; exit 1; }
   mkdir -p "$VAR/n$n"
   local routes=() run=() listen
   for m in "${NODES[@]}"; do
@@ -81,7 +88,7 @@ start_node() {
   listen="$(route_addr "$n")"
   [ "$listen" = "$HOST_IP" ] && listen=0.0.0.0
   if [ "$n" = 3 ] && isolated; then run=(ip netns exec "$NETNS"); fi
-  setsid "${run[@]}" nats-server -c "$PWD/deploy/nats.conf" -n "n$n" -a "$(addr "$n")" \
+  setsid "${run[@]}" "$bin" -c "$PWD/deploy/nats.conf" -n "n$n" -a "$(addr "$n")" \
     -p "$(client_port "$n")" -m "$(monitor_port "$n")" -js -sd "$VAR/n$n" \
     --cluster_name postmesh-local --cluster "nats://$listen:$(route_port "$n")" \
     --cluster_advertise "$(route_addr "$n"):$(route_port "$n")" \
