@@ -311,23 +311,14 @@ async fn dry_runs_and_refused_sends_charge_and_queue_nothing() {
 /// goes out meanwhile, never held up behind it.
 async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_out(stack: &Stack) {
     let key = stack.key(10).await;
-    // Time for both sends and the trigger before the release, on a loaded machine too.
-    let at = now() + 3;
-    let body = |to: &str| json!({"to": to, "subject": "s", "text": "t", "scheduledAt": at});
-    let poisoned = accepted(stack, &key, body("poisoned@example.com"))
-        .await
-        .task_id
-        .expect("a task id");
-    let fine = accepted(stack, &key, body("fine@example.com"))
-        .await
-        .task_id
-        .expect("a task id");
-    assert_eq!(stack.balance(&key).await, 8);
+    // The release of the task with this subject fails, whenever it comes: the trigger is in
+    // place before the sends.
+    let poison = format!("poisoned {}", uuid::Uuid::now_v7());
     let db = stack.sender_db().await;
     sqlx::raw_sql(&format!(
         "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-           IF NEW.id = '{poisoned}' AND NEW.status = 'queued' THEN
+           IF NEW.message->>'subject' = '{poison}' AND NEW.status = 'queued' THEN
              RAISE EXCEPTION 'poisoned task';
            END IF;
            RETURN NEW;
@@ -337,6 +328,17 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
     .execute(&db)
     .await
     .expect("the trigger");
+    let at = now() + 2;
+    let body = |to: &str, subject: &str| json!({"to": to, "subject": subject, "text": "t", "scheduledAt": at});
+    let poisoned = accepted(stack, &key, body("poisoned@example.com", &poison))
+        .await
+        .task_id
+        .expect("a task id");
+    let fine = accepted(stack, &key, body("fine@example.com", "s"))
+        .await
+        .task_id
+        .expect("a task id");
+    assert_eq!(stack.balance(&key).await, 8);
 
     let done = wait_finished(stack, &key, fine).await;
     assert_eq!(done.status, Progress::Sent);
