@@ -9,7 +9,9 @@
 //!   itself is down) inside an outage window: from the fault until the part is back and
 //!   `SOAK_SETTLE_MS` (default 3000) have passed;
 //! - every send (retried under its `Idempotency-Key`, or over SMTP its Message-ID, until
-//!   answered) stored once, answered with its task, and delivered exactly once;
+//!   answered) stored once, answered with its task, and delivered exactly once (one that
+//!   is not delivered is traced: its task, its SEND job's outbox row and sequences, its
+//!   delivery row and events, and the SEND consumer's state);
 //! - every charge matched to its work: one live charge per stored send at its cost, one per
 //!   deduct key, at most one per code address and only for one that got its email, nothing
 //!   left on hold, and the balance equal to the grant less the live charges;
@@ -28,6 +30,8 @@
 //! Settings: `SOAK_CALM_MS` (load between faults, default 5000; CI runs 2000), `SOAK_SETTLE_MS`,
 //! `SOAK_DEPS` (`0` skips the dependency restarts, for machines where they are not ours),
 //! `REPLICAS` (1 or more, default 1), `NATS_CLUSTER` (1 or 3, default 1).
+
+mod trace;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -919,6 +923,13 @@ impl Report<'_> {
         let mut failures = Vec::new();
         if let Err(e) = settled {
             failures.push(format!("sends: {e}"));
+            let counts = delivered(outbox);
+            let missing: Vec<&str> = wanted
+                .iter()
+                .copied()
+                .filter(|e| !counts.contains_key(*e))
+                .collect();
+            self.trace_sends(&missing).await;
         }
         // Anything delivered twice would have come by now (the workers' retries are short).
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1156,123 +1167,6 @@ impl Report<'_> {
             stored.len()
         );
         failures
-    }
-}
-
-/// A received message's outbox row, as the soak traces a lost one.
-#[derive(sqlx::FromRow)]
-struct OutboxTrace {
-    id: uuid::Uuid,
-    message_id: String,
-    seq: Option<i64>,
-    created: Option<i64>,
-    published: Option<i64>,
-}
-
-impl Report<'_> {
-    /// Prints where each of the `missing` messages (by Message-ID) got to on its way to the
-    /// receivers: its outbox row, its place in INBOUND, the dispatcher's record of it, and
-    /// the INBOUND consumer's state, so that a loss can be told from a late delivery.
-    async fn trace_inbound(&self, missing: &[&str]) {
-        let ingest = self.stack.service_db(inbound_ingest::SERVICE).await;
-        let rows: Vec<OutboxTrace> = sqlx::query_as(
-            "SELECT m.id, m.message_id, o.seq, o.created_at AS created,
-                     o.published_at AS published
-                 FROM messages m LEFT JOIN outbox o ON o.id = m.id
-                 WHERE m.message_id = ANY($1)",
-        )
-        .bind(missing)
-        .fetch_all(&ingest)
-        .await
-        .expect("the missing messages' outbox rows");
-        let dispatcher = self.stack.service_db(webhook_dispatcher::SERVICE).await;
-        let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-        let in_stream = self.inbound_sequences(&ids).await;
-        for OutboxTrace {
-            id,
-            message_id,
-            seq,
-            created,
-            published,
-        } in &rows
-        {
-            let (received, attempts): (bool, Vec<String>) = (
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM received WHERE message_id = $1)")
-                    .bind(id)
-                    .fetch_one(&dispatcher)
-                    .await
-                    .expect("received"),
-                sqlx::query_scalar("SELECT status FROM attempts WHERE message_id = $1")
-                    .bind(id)
-                    .fetch_all(&dispatcher)
-                    .await
-                    .expect("attempts"),
-            );
-            eprintln!(
-                "soak: inbound: missing {message_id} ({id}): outbox seq {seq:?} created {created:?} published {published:?}; INBOUND sequences {:?}; dispatcher received {received}, attempts {attempts:?}",
-                in_stream.get(id)
-            );
-        }
-        let js = self.stack.jetstream().await;
-        let name = Stream::Inbound.name(self.stack.ns());
-        if let Ok(stream) = js.get_stream(&name).await {
-            let mut consumers = stream.consumers();
-            while let Some(Ok(info)) = futures::StreamExt::next(&mut consumers).await {
-                if info.config.durable_name.is_none() {
-                    continue;
-                }
-                eprintln!(
-                    "soak: inbound: consumer {}: delivered stream seq {}, ack floor {}, {} pending, {} unacknowledged, {} redelivered",
-                    info.name,
-                    info.delivered.stream_sequence,
-                    info.ack_floor.stream_sequence,
-                    info.num_pending,
-                    info.num_ack_pending,
-                    info.num_redelivered
-                );
-            }
-        }
-    }
-
-    /// The INBOUND stream sequences holding each of the messages `ids`, read by a consumer
-    /// of the soak's own.
-    async fn inbound_sequences(&self, ids: &[uuid::Uuid]) -> HashMap<uuid::Uuid, Vec<u64>> {
-        use prost::Message as _;
-        let js = self.stack.jetstream().await;
-        let name = Stream::Inbound.name(self.stack.ns());
-        let mut found: HashMap<uuid::Uuid, Vec<u64>> = HashMap::new();
-        let Ok(stream) = js.get_stream(&name).await else {
-            eprintln!("soak: inbound: {name} cannot be read");
-            return found;
-        };
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
-            .await
-            .expect("a consumer of the soak's own");
-        loop {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(1000)
-                .expires(Duration::from_millis(500))
-                .messages()
-                .await
-                .expect("a fetch");
-            let mut read = 0;
-            while let Some(Ok(msg)) = futures::StreamExt::next(&mut batch).await {
-                read += 1;
-                let event = postmesh_shared::proto::InboundReceived::decode(msg.payload.clone());
-                let id = event.ok().and_then(|e| e.message_id.parse().ok());
-                if let (Some(id), Ok(info)) = (id, msg.info()) {
-                    if ids.contains(&id) {
-                        found.entry(id).or_default().push(info.stream_sequence);
-                    }
-                }
-                drop(msg.ack().await);
-            }
-            if read == 0 {
-                return found;
-            }
-        }
     }
 }
 
