@@ -136,3 +136,39 @@ async fn a_message_published_now_is_not_published_again_and_a_withdrawn_one_neve
     assert_eq!(waiting(&store).await, 1);
     remove_namespace(&store.common).await;
 }
+
+/// A duplicate acknowledgement of sequence 0, what a clustered nats-server 2.10 stream leader
+/// answers for a message id it recorded and never stored (its proposal died with a leader
+/// killed or cut off), is no confirmation: the message stays waiting until an
+/// acknowledgement names where it is stored.
+#[tokio::test]
+async fn a_duplicate_of_sequence_zero_is_not_taken_as_stored() {
+    let (store, mut sub, js) = setup().await;
+    let nats = postmesh_tests::ops_nats(&store.common.nats_url)
+        .await
+        .unwrap();
+    // Core NATS answers in the stream's place, as its leader would.
+    js.delete_stream(Stream::Send.name(&store.common.namespace))
+        .await
+        .unwrap();
+    let outbox = Outbox::new(store.pool.clone(), js.clone());
+    let id = write(&store, 1, true).await[0];
+    for (seq, stored) in [(0, false), (7, true)] {
+        let publishing = tokio::spawn({
+            let outbox = outbox.clone();
+            async move { outbox.publish_now(id).await }
+        });
+        let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .expect("the publish")
+            .expect("a message");
+        let ack = format!(r#"{{"stream":"SEND", "seq":{seq},"duplicate": true}}"#);
+        nats.publish(msg.reply.expect("a reply subject"), ack.into())
+            .await
+            .unwrap();
+        let published = publishing.await.unwrap();
+        assert_eq!(published.is_ok(), stored, "seq {seq}: {published:?}");
+        assert_eq!(waiting(&store).await, i64::from(!stored));
+    }
+    remove_namespace(&store.common).await;
+}

@@ -1187,12 +1187,14 @@ async fn until<T, F: std::future::Future<Output = Result<T, String>>>(
     }
 }
 
-/// [`until`] the `probe`, which counts what is still `missing`, counts none (two minutes at
-/// most: the drain after the load).
+/// [`until`] the `probe`, which counts what is still `missing`, counts none (three minutes
+/// at most: the drain after the load). A message whose id a NATS 2.10 stream leader recorded
+/// and never stored is published once JetStream forgets the id, two minutes on (the
+/// duplicate window), and a fault can come near the load's end.
 async fn until_complete<T>(
     missing: &str, mut probe: impl FnMut() -> (T, usize),
 ) -> Result<T, String> {
-    until(Duration::from_secs(120), || {
+    until(Duration::from_secs(180), || {
         let (seen, left) = probe();
         async move {
             match left {
