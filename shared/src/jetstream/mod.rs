@@ -186,16 +186,20 @@ async fn publish_with(
     let ack = ack
         .await
         .map_err(|e| ApiError::unavailable("the message queue did not confirm", e))?;
-    confirmed(&ack)
+    confirmed(&ack, msg_id)
 }
+
+/// What is logged when JetStream answers a publish as a duplicate of sequence 0.
+pub const UNSTORED: &str = "JetStream answered a duplicate of sequence 0: not stored yet";
 
 /// Whether `ack` confirms a stored message. A duplicate of sequence 0 does not: a clustered
 /// stream's leader (nats-server 2.10) records a message id before the message is committed
 /// and answers a retry of that id so, and the message is never stored if its proposal dies
 /// with a leader that is killed or cut off. The publish is retried until the id is either
 /// stored (a duplicate with its sequence) or forgotten (the duplicate window), and published.
-fn confirmed(ack: &jetstream::publish::PublishAck) -> Result<(), ApiError> {
+fn confirmed(ack: &jetstream::publish::PublishAck, msg_id: &str) -> Result<(), ApiError> {
     if ack.duplicate && ack.sequence == 0 {
+        tracing::warn!(msg_id, stream = %ack.stream, "{UNSTORED}");
         return Err(ApiError::Unavailable(
             "the message queue has not stored the message yet; retry shortly".into(),
         ));

@@ -290,6 +290,10 @@ async fn main() {
     }
     stack.shutdown().await;
     drop(cluster_guard); // before a failure's exit, which runs no destructor
+    eprintln!(
+        "soak: JetStream answered {} publishes as duplicates of sequence 0 (not stored: published again)",
+        unstored_answers()
+    );
     eprintln!("soak: the services' logs are in var/soak/");
     if failures.is_empty() {
         eprintln!("soak: every count held");
@@ -455,6 +459,18 @@ impl Ports {
 /// Where the services' log lines go: `var/soak/<service>.log`.
 fn logs() -> std::path::PathBuf {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../var/soak")).to_owned()
+}
+
+/// How many publishes the services' logs say JetStream answered as duplicates of sequence 0
+/// (`jetstream::UNSTORED`): messages it had not stored, which were published again.
+fn unstored_answers() -> usize {
+    std::fs::read_dir(logs())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .map(|log| log.matches(postmesh_shared::jetstream::UNSTORED).count())
+        .sum()
 }
 
 /// Starts `p` and waits until its admin server reports ready.
