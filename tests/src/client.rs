@@ -166,6 +166,13 @@ impl TestClient {
         self.call(Method::POST, path, Some(body), expected).await
     }
 
+    /// `POST path` with an empty JSON object (an action that takes no input), expecting
+    /// `expected`, answer parsed as `T`.
+    pub async fn act<T: DeserializeOwned>(&self, path: &str, expected: StatusCode) -> T {
+        self.call(Method::POST, path, Some(b"{}".to_vec()), expected)
+            .await
+    }
+
     /// `PUT path` with a JSON body, expecting `expected`, answer parsed as `T`.
     pub async fn put<T: DeserializeOwned>(
         &self, path: &str, body: &impl Serialize, expected: StatusCode,

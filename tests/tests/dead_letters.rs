@@ -230,10 +230,10 @@ async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
         .await;
     let id = letter["id"].as_str().unwrap();
     let path = format!("/admin/dead-letters/{id}/requeue");
-    let _: Value = member.post(&path, &json!({}), StatusCode::FORBIDDEN).await;
-    let requeued: Value = admin.post(&path, &json!({}), StatusCode::OK).await;
+    let _: Value = member.act(&path, StatusCode::FORBIDDEN).await;
+    let requeued: Value = admin.act(&path, StatusCode::OK).await;
     assert_eq!(requeued["service"], json!("webhook-dispatcher"));
-    let _: Value = admin.post(&path, &json!({}), StatusCode::NOT_FOUND).await;
+    let _: Value = admin.act(&path, StatusCode::NOT_FOUND).await;
     // Back on its subject, it is handled again: still undecodable, a dead letter anew.
     eventually(Duration::from_secs(20), || async {
         let page: Value = admin.get("/admin/dead-letters", StatusCode::OK).await;

@@ -218,9 +218,8 @@ async fn each_active_endpoint_gets_its_own_signed_delivery_and_the_default_the_r
     // The test route signs a sample at once and answers what the receiver said.
     let tested: Success<Tested> = stack
         .client(&key)
-        .post(
+        .act(
             &format!("/inbox/webhook/endpoints/{e1}/test"),
-            &json!({}),
             StatusCode::OK,
         )
         .await;
@@ -480,10 +479,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         "/inbox/webhook/endpoints/{e}/attempts/{}/retry",
         failed[0].id
     );
-    let _: Value = stack
-        .client(&key)
-        .post(&path, &json!({}), StatusCode::ACCEPTED)
-        .await;
+    let _: Value = stack.client(&key).act(&path, StatusCode::ACCEPTED).await;
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].id, got[0].id);
     settled(stack, &key, e, 1, Status::Succeeded).await;
@@ -517,9 +513,8 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     assert!(!missing.success);
     let _: ErrorBody = stack
         .client(&key)
-        .post(
+        .act(
             &format!("/inbox/webhook/endpoints/{e}/attempts/nope/retry"),
-            &json!({}),
             StatusCode::BAD_REQUEST,
         )
         .await;

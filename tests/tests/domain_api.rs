@@ -49,7 +49,7 @@ async fn listing_shows_the_platform_domains_and_ids_are_checked_at_the_edge() {
         "apply-dns",
     ] {
         let path = format!("{unknown}/{step}");
-        let e: ErrorBody = client.post(&path, &json!({}), StatusCode::NOT_FOUND).await;
+        let e: ErrorBody = client.act(&path, StatusCode::NOT_FOUND).await;
         assert_eq!(e.error, "no such sender domain", "{step}");
     }
 }
@@ -66,7 +66,7 @@ async fn setup_steps_of_an_unverified_domain_are_409() {
     assert_eq!(shown.body.domain.ownership_status, Ownership::Pending);
     for step in ["verify-inbound", "setup-outbound", "verify-outbound"] {
         let path = format!("/sender-domains/{id}/{step}");
-        let e: ErrorBody = client.post(&path, &json!({}), StatusCode::CONFLICT).await;
+        let e: ErrorBody = client.act(&path, StatusCode::CONFLICT).await;
         assert!(e.error.contains("not verified"), "{step}: {}", e.error);
     }
 }
@@ -82,7 +82,7 @@ async fn the_ownership_review_is_for_admins() {
     let pending: Success<PendingList> = admin.get("/admin/sender-domains", StatusCode::OK).await;
     assert!(pending.body.domains.is_empty());
     let path = format!("/admin/sender-domains/{}/approve", uuid::Uuid::now_v7());
-    let _: ErrorBody = admin.post(&path, &json!({}), StatusCode::NOT_FOUND).await;
+    let _: ErrorBody = admin.act(&path, StatusCode::NOT_FOUND).await;
     let _: ErrorBody = admin
         .post(
             "/admin/sender-domains/nope/approve",

@@ -665,17 +665,15 @@ async fn without_ses_credentials_outbound_is_unavailable() {
     let admin = stack.admin_key().await;
     let _: Success<Reviewed> = stack
         .client(&admin)
-        .post(
+        .act(
             &format!("/admin/sender-domains/{id}/approve"),
-            &json!({}),
             StatusCode::OK,
         )
         .await;
     let _: ErrorBody = stack
         .client(&key)
-        .post(
+        .act(
             &format!("/sender-domains/{id}/setup-outbound"),
-            &json!({}),
             StatusCode::SERVICE_UNAVAILABLE,
         )
         .await;

@@ -364,11 +364,7 @@ async fn webhooks_follow_their_rules(stack: &Stack) {
         )
         .await;
     let _: ErrorBody = theirs
-        .post(
-            &format!("/webhooks/{id}/test"),
-            &json!({}),
-            StatusCode::NOT_FOUND,
-        )
+        .act(&format!("/webhooks/{id}/test"), StatusCode::NOT_FOUND)
         .await;
     let _: ErrorBody = theirs
         .delete(&format!("/webhooks/{id}"), StatusCode::NOT_FOUND)
@@ -377,7 +373,7 @@ async fn webhooks_follow_their_rules(stack: &Stack) {
     assert!(mine.body.webhooks.is_empty());
     // A test delivery, disabled or not: signed, of a type the webhook takes.
     let tested: Success<Tested> = client
-        .post(&format!("/webhooks/{id}/test"), &json!({}), StatusCode::OK)
+        .act(&format!("/webhooks/{id}/test"), StatusCode::OK)
         .await;
     assert_eq!(tested.body.status_code, Some(200));
     assert!(tested.body.delivered);
@@ -554,9 +550,8 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(sta
     let before = receiver.count();
     let _: Value = stack
         .client(&key)
-        .post(
+        .act(
             &format!("/webhooks/{w}/attempts/{}/retry", failed[0].id),
-            &json!({}),
             StatusCode::ACCEPTED,
         )
         .await;
@@ -619,9 +614,8 @@ async fn deliveries_are_retried_then_sent_again_by_hand_and_replayed_by_type(sta
     assert_eq!(replay(json!(["email.sent"])).await, 2);
     let waiting: ErrorBody = stack
         .client(&key)
-        .post(
+        .act(
             &format!("/webhooks/{w}/attempts/{}/retry", first_replay[0]),
-            &json!({}),
             StatusCode::CONFLICT,
         )
         .await;

@@ -722,11 +722,7 @@ async fn replies_join_their_thread_and_reading_clears_unread() {
     // Unread until read; a new message makes it unread again.
     assert_eq!(list.unread_threads, 2);
     let read: Success<Read> = client
-        .post(
-            &format!("/inbox/threads/{}/read", order.id),
-            &json!({}),
-            StatusCode::OK,
-        )
+        .act(&format!("/inbox/threads/{}/read", order.id), StatusCode::OK)
         .await;
     assert!(!read.body.thread.unread);
     let unread = threads(&client, "?unread=1").await;

@@ -287,9 +287,8 @@ async fn bad_checkout_input_is_a_400_and_opens_nothing() {
         )
         .await;
     let _: ErrorBody = client
-        .post(
+        .act(
             &format!("/billing/purchases/{unknown}/reconcile"),
-            &json!({}),
             StatusCode::NOT_FOUND,
         )
         .await;
@@ -370,9 +369,7 @@ async fn a_paid_top_up_credits_once_across_redeliveries_and_reconcile(
         FakeStripe::deliver(&stack.base, &completed).await,
         StatusCode::OK
     );
-    let _: Success<PurchaseView> = client
-        .post(&reconcile_path, &json!({}), StatusCode::OK)
-        .await;
+    let _: Success<PurchaseView> = client.act(&reconcile_path, StatusCode::OK).await;
     assert_eq!(stack.balance(&key).await, 1005);
     let p = purchase(&stack.client(&key), opened.id).await;
     assert_eq!(p.status, PurchaseStatus::Paid);
@@ -480,16 +477,14 @@ async fn a_stripe_outage_loses_no_purchase() {
     stripe.complete(&session, true);
     stripe.set_down(true);
     let path = format!("/billing/purchases/{}/reconcile", opened.body.id);
-    let e: ErrorBody = client
-        .post(&path, &json!({}), StatusCode::SERVICE_UNAVAILABLE)
-        .await;
+    let e: ErrorBody = client.act(&path, StatusCode::SERVICE_UNAVAILABLE).await;
     assert!(!e.success);
     assert_eq!(
         purchase(&client, opened.body.id).await.status,
         PurchaseStatus::Pending
     );
     stripe.set_down(false);
-    let view: Success<PurchaseView> = client.post(&path, &json!({}), StatusCode::OK).await;
+    let view: Success<PurchaseView> = client.act(&path, StatusCode::OK).await;
     assert_eq!(view.body.purchase.status, PurchaseStatus::Paid);
     assert_eq!(balance_of(&client).await, 1000);
 }
@@ -547,9 +542,8 @@ async fn a_checkout_never_opened_expires_a_day_on_and_its_key_is_spent() {
     })
     .await;
     let view: Success<CheckoutView> = client
-        .post(
+        .act(
             &format!("/billing/subscription/checkouts/{plan_id}/reconcile"),
-            &json!({}),
             StatusCode::OK,
         )
         .await;
@@ -595,9 +589,8 @@ async fn one_key_never_sees_anothers_purchases() {
         )
         .await;
     let _: ErrorBody = bobs
-        .post(
+        .act(
             &format!("/billing/purchases/{}/reconcile", opened.id),
-            &json!({}),
             StatusCode::NOT_FOUND,
         )
         .await;
@@ -629,11 +622,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
 
     // No subscription yet: no portal. Unknown and malformed plans.
     let _: ErrorBody = client
-        .post(
-            "/billing/subscription/portal",
-            &json!({}),
-            StatusCode::NOT_FOUND,
-        )
+        .act("/billing/subscription/portal", StatusCode::NOT_FOUND)
         .await;
     let _: ErrorBody = subscribe(&client, "gold", StatusCode::NOT_FOUND).await;
     let _: ErrorBody = subscribe(&client, &"p".repeat(41), StatusCode::BAD_REQUEST).await;
@@ -673,9 +662,8 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         StatusCode::OK
     );
     let reconciled: Success<CheckoutView> = client
-        .post(
+        .act(
             &format!("/billing/subscription/checkouts/{checkout_id}/reconcile"),
-            &json!({}),
             StatusCode::OK,
         )
         .await;
@@ -722,7 +710,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     let _: ErrorBody = subscribe(&client, "pro", StatusCode::CONFLICT).await;
 
     let portal: Success<PortalLink> = client
-        .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
+        .act("/billing/subscription/portal", StatusCode::OK)
         .await;
     assert!(portal
         .body
@@ -763,7 +751,7 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
     assert_eq!((after.mailboxes.limit, after.custom_domains.limit), (1, 0));
     // The customer can still reach the portal (invoices), and may subscribe again.
     let _: Success<PortalLink> = client
-        .post("/billing/subscription/portal", &json!({}), StatusCode::OK)
+        .act("/billing/subscription/portal", StatusCode::OK)
         .await;
     let again: Success<Opened> = subscribe(&client, "pro", StatusCode::OK).await;
     // Paid at Stripe before its event arrived: a newer checkout is a conflict, not a second
