@@ -328,17 +328,25 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
     .execute(&db)
     .await
     .expect("the trigger");
-    let at = now() + 2;
-    let body = |to: &str, subject: &str| json!({"to": to, "subject": subject, "text": "t", "scheduledAt": at});
-    let poisoned = accepted(stack, &key, body("poisoned@example.com", &poison))
+    // Each send is due 2 s after it is made (a busy machine may take longer than that
+    // between the two), the fine one no sooner than the poisoned one; both are charged
+    // (the balance ends at 9 of 10 once the poisoned one is refunded).
+    let body = |to: &str, subject: &str, at: i64| json!({"to": to, "subject": subject, "text": "t", "scheduledAt": at});
+    let first = now() + 2;
+    let poisoned = accepted(stack, &key, body("poisoned@example.com", &poison, first))
         .await
         .task_id
         .expect("a task id");
-    let fine = accepted(stack, &key, body("fine@example.com", "s"))
-        .await
-        .task_id
-        .expect("a task id");
-    assert_eq!(stack.balance(&key).await, 8);
+    // Charged at acceptance: its refund comes only after its releases fail, seconds on.
+    assert_eq!(stack.balance(&key).await, 9);
+    let fine = accepted(
+        stack,
+        &key,
+        body("fine@example.com", "s", first.max(now() + 2)),
+    )
+    .await
+    .task_id
+    .expect("a task id");
 
     let done = wait_finished(stack, &key, fine).await;
     assert_eq!(done.status, Progress::Sent);
