@@ -17,6 +17,10 @@ use sender::audience::suppressions::{Added, Reason, Removed, SuppressionPage};
 use sender::sending::send::SendAnswer;
 use sender::sending::status::{Progress, TaskProgress};
 
+/// Seconds ahead a scheduled send is due in these scenarios: time for its sends and the
+/// unsubscribes meant to come before its release, on a stack busy with every other scenario.
+const RELEASE_AFTER: i64 = 5;
+
 /// A send of `email_type` (and `topic`) to `to`, with `extra` fields.
 fn mail(to: &[&str], email_type: &str, topic: Option<&str>, extra: Value) -> Value {
     let mut body = json!({"to": to, "subject": "Hello", "text": "Hi", "emailType": email_type});
@@ -439,7 +443,7 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(stack: 
     let key = stack.key(10).await;
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
-    let at = postmesh_shared::db::now_unix() + 3;
+    let at = postmesh_shared::db::now_unix() + RELEASE_AFTER;
     let later = json!({ "scheduledAt": at });
     let both = ["stay@example.com", "leave@example.com"];
     let first = send(
@@ -506,7 +510,7 @@ async fn a_part_refund_comes_from_the_charge_that_stands(stack: &Stack) {
     let key_id = stack.key_id(&key).await.to_string();
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
-    let at = postmesh_shared::db::now_unix() + 3;
+    let at = postmesh_shared::db::now_unix() + RELEASE_AFTER;
     let both = ["stays@example.com", "leaves@example.com"];
     let later = json!({ "scheduledAt": at });
     let answer = send(stack, &key, &mail(&both, "marketing", Some("news"), later)).await;
@@ -575,7 +579,7 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     let key = stack.key(10).await;
     let db = stack.service_db(sender::SERVICE).await;
     let workspace = stack.workspace_of(&key).await;
-    let at = postmesh_shared::db::now_unix() + 3;
+    let at = postmesh_shared::db::now_unix() + RELEASE_AFTER;
     let extra = json!({
         "scheduledAt": at,
         "cc": ["cc-stays@example.com", "cc-leaves@example.com"],
