@@ -17,7 +17,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio_util::sync::CancellationToken;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -76,8 +76,19 @@ fn subscriber(
         .with_tracer(tracer)
         // No busy/idle time per span: it read the clock at every poll of every task.
         .with_tracked_inactivity(false)
-        .with_filter(LevelFilter::INFO);
+        .with_filter(filter_fn(traced).with_max_level_hint(tracing::Level::INFO));
     tracing_subscriber::registry().with(logs).with(traces)
+}
+
+/// What reaches the trace exporter: spans from info level, events (as span events) only
+/// from warn level; the info events are logs and would cost an allocation per request.
+fn traced(meta: &tracing::Metadata<'_>) -> bool {
+    let most = if meta.is_span() {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::WARN
+    };
+    *meta.level() <= most
 }
 
 /// Flushes buffered spans (call before exit).
@@ -271,5 +282,40 @@ mod tests {
             unrelated.context().span().span_context().trace_id(),
             trace_id
         );
+    }
+
+    /// Keeps the spans the test subscriber exports.
+    #[derive(Debug, Clone, Default)]
+    struct Kept(Arc<std::sync::Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+    impl opentelemetry_sdk::trace::SpanExporter for Kept {
+        async fn export(
+            &self, batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn spans_carry_warnings_but_not_info_events() {
+        let kept = Kept::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let subscriber = subscriber(EnvFilter::new("info"), provider.tracer("telemetry-test"));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!("request").in_scope(|| {
+                tracing::info!("request done");
+                tracing::warn!("slow answer");
+            });
+        });
+        let spans = kept.0.lock().unwrap();
+        let [span] = &spans[..] else {
+            panic!("one span exported, got {}", spans.len());
+        };
+        assert_eq!(span.name, "request");
+        let events: Vec<&str> = span.events.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(events, ["slow answer"]);
     }
 }
