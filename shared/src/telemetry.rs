@@ -76,6 +76,9 @@ fn subscriber(
         .with_tracer(tracer)
         // No busy/idle time per span: it read the clock at every poll of every task.
         .with_tracked_inactivity(false)
+        // No OpenTelemetry context made current at every poll: nothing reads it, trace
+        // context goes through the spans (`inject_nats`, `link_nats`, `link_http`).
+        .with_context_activation(false)
         .with_filter(filter_fn(traced).with_max_level_hint(tracing::Level::INFO));
     tracing_subscriber::registry().with(logs).with(traces)
 }
