@@ -79,6 +79,7 @@ fn subscriber(
         // No OpenTelemetry context made current at every poll: nothing reads it, trace
         // context goes through the spans (`inject_nats`, `link_nats`, `link_http`).
         .with_context_activation(false)
+        // The hint is needed: without it the tracing test's spans never reached the collector.
         .with_filter(filter_fn(traced).with_max_level_hint(tracing::Level::INFO));
     tracing_subscriber::registry().with(logs).with(traces)
 }
