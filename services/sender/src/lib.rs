@@ -91,8 +91,9 @@ pub struct Config {
     pub tracking_secret: Option<String>,
     /// Where tracked links and pixels point (`TRACKING_BASE_URL`; empty: `PUBLIC_BASE_URL`).
     pub tracking_base_url: String,
-    /// Days the message log is kept (`EMAIL_RETENTION_DAYS`, default 30).
-    pub email_retention_days: i64,
+    /// Days a send's log is kept after its release (`EMAIL_RETENTION_DAYS`, default 30; at
+    /// least one, so nothing in flight is purged).
+    pub email_retention_days: std::num::NonZeroU16,
     /// A click this many seconds after sending, with no open before it, is a scanner's
     /// (`TRACKING_SCANNER_WINDOW_SECS`, default 5).
     pub tracking_scanner_window_secs: i64,
@@ -432,7 +433,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let state = runner.clone();
         async move { workflows::runs::advance_due(&state).await }
     });
-    let (db, days) = (rt.db.clone(), config.email_retention_days);
+    let (db, days) = (rt.db.clone(), i64::from(config.email_retention_days.get()));
     rt.every_later("email retention", RETENTION_SWEEP, move || {
         let db = db.clone();
         async move { sending::retention::purge(&db, days).await }
@@ -495,7 +496,7 @@ mod tests {
         config.tracking_secret = Some("track-secret".into());
         config.tracking_base_url = "https://t.example.com".into();
         config.tracking_scanner_window_secs = 9;
-        config.email_retention_days = 7;
+        config.email_retention_days = std::num::NonZeroU16::new(7).unwrap();
         config.sns_url_pattern = "^http://127\\.0\\.0\\.1:\\d+/".into();
         config.sns_topic_arns = vec!["arn:a".into(), "arn:b".into()];
         config.quotas = Quotas {

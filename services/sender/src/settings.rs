@@ -18,7 +18,7 @@ settings! {
     UNSUBSCRIBE_TOKEN_DAYS = "60", "sender: how long an unsubscribe link works";
     TRACKING_BASE_URL = "" shown "`PUBLIC_BASE_URL`", "sender: where tracked links and pixels point (`{base}/t/c/…`, `{base}/t/o/…`) for mail from a domain without a verified tracking domain";
     TRACKING_SCANNER_WINDOW_SECS = "5", "sender: a click this soon after its message was sent, with no open before it, is a link scanner's (`machine: true`)";
-    EMAIL_RETENTION_DAYS = "30", "sender: deliveries and their events (the message log), and the attachments, raw messages and tags of sends, older than this are purged";
+    EMAIL_RETENTION_DAYS = "30", "sender: days after a send's release (or cancellation) that its deliveries and their events (the message log), attachments, raw message and tags are purged; a scheduled send keeps them until then; at least 1";
     AUDIENCE_MAX_RECIPIENTS = "100000", "sender: contacts an audience or campaign send may reach at most (more is a 400)";
     TEMPLATES_PER_WORKSPACE = "1000" | AUDIENCES_PER_WORKSPACE = "200" | WORKFLOWS_PER_WORKSPACE = "200",
         "sender: what one workspace may hold (a template keeps at most 100 versions); one more is a 403 that names the setting";

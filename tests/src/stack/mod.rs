@@ -292,7 +292,7 @@ impl Stack {
             tracking_secret: Some(TRACKING_SECRET.into()),
             tracking_base_url: String::new(),
             tracking_scanner_window_secs: 5,
-            email_retention_days: 30,
+            email_retention_days: std::num::NonZeroU16::new(30).unwrap(),
             // Test SNS servers are local (`postmesh_tests::fake_sns`).
             sns_url_pattern: r"^http://127\.0\.0\.1:\d+/".into(),
             sns_topic_arns: vec![FAKE_SNS_TOPIC.into()],

@@ -291,29 +291,6 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         Some(third),
         "{overview}"
     );
-    // Retention: an event older than EMAIL_RETENTION_DAYS goes, a new one stays.
-    let db = stack.sender_db().await;
-    let now = postmesh_shared::db::now_unix();
-    let old = sender::sending::retention::first_id_at(now - 31 * 24 * 3600);
-    let new = uuid::Uuid::now_v7();
-    for id in [old, new] {
-        sqlx::query(
-            "INSERT INTO delivery_events (id, workspace_id, email, kind, occurred_at, source_key)
-             VALUES ($1, $1, 'old@example.com', 'sent', 0, $1::text)",
-        )
-        .bind(id)
-        .execute(&db)
-        .await
-        .unwrap();
-    }
-    sender::sending::retention::purge(&db, 30).await.unwrap();
-    let left: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT id FROM delivery_events WHERE id = ANY($1)")
-            .bind([old, new])
-            .fetch_all(&db)
-            .await
-            .unwrap();
-    assert_eq!(left, [new]);
     let other = stack.key(1).await;
     let _: Value = stack
         .client(&other)
@@ -322,4 +299,99 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
             StatusCode::NOT_FOUND,
         )
         .await;
+}
+
+/// Retention: a send's deliveries, events and tags go `EMAIL_RETENTION_DAYS` after its
+/// release, its row staying and its status a 404; a send accepted as long ago but still
+/// waiting for its time keeps them; an event left after its delivery went goes by its own
+/// time.
+pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_before(
+    stack: &Stack,
+) {
+    use sender::sending::retention::{first_id_at, purge};
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    let db = stack.sender_db().await;
+    let now = postmesh_shared::db::now_unix();
+    let month_ago = now - 31 * 24 * 3600;
+    let tags = json!([{"name": "kept", "value": "long"}]);
+    let released = send(
+        stack,
+        &key,
+        json!({"to": "old@example.com", "subject": "Old", "text": "x", "tags": tags}),
+    )
+    .await;
+    wait_status(stack, &key, released, |p| p.sent == 1).await;
+    let waiting = send(stack, &key, json!({"to": "later@example.com", "subject": "Later", "text": "x", "tags": tags, "scheduledAt": now + 3600})).await;
+    // Both accepted a month ago; only the first released then.
+    for (task, released_at) in [(released, Some(month_ago)), (waiting, None)] {
+        sqlx::query("UPDATE tasks SET created_at = $2, released_at = $3 WHERE id = $1")
+            .bind(task.as_uuid())
+            .bind(month_ago)
+            .bind(released_at)
+            .execute(&db)
+            .await
+            .unwrap();
+    }
+    // Events whose delivery is gone: one a month old, one new.
+    let (stale, fresh) = (first_id_at(month_ago), uuid::Uuid::now_v7());
+    for id in [stale, fresh] {
+        sqlx::query(
+            "INSERT INTO delivery_events (id, workspace_id, delivery_id, email, kind, occurred_at, source_key)
+             VALUES ($1, $1, $1, 'gone@example.com', 'clicked', 0, $1::text)",
+        )
+        .bind(id)
+        .execute(&db)
+        .await
+        .unwrap();
+    }
+    while purge(&db, 30).await.unwrap() {}
+
+    let rows = |table: &'static str, task: TaskId| {
+        let db = db.clone();
+        async move {
+            let query = format!("SELECT count(*) FROM {table} WHERE task_id = $1");
+            sqlx::query_scalar::<_, i64>(&query)
+                .bind(task.as_uuid())
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    for table in [
+        "task_recipients",
+        "task_tags",
+        "delivery_events",
+        "deliveries",
+    ] {
+        assert_eq!(
+            rows(table, released).await,
+            0,
+            "{table} of the released send"
+        );
+    }
+    let purged: bool = sqlx::query_scalar("SELECT log_purged FROM tasks WHERE id = $1")
+        .bind(released.as_uuid())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(purged, "the released send's row stays, marked");
+    let gone: postmesh_shared::error::ErrorBody = client
+        .get(&format!("/email-status/{released}"), StatusCode::NOT_FOUND)
+        .await;
+    assert!(gone.error.contains("retention"), "{}", gone.error);
+    for table in ["task_recipients", "task_tags"] {
+        assert_eq!(rows(table, waiting).await, 1, "{table} of the waiting send");
+    }
+    let later: Success<sender::sending::status::TaskProgress> = client
+        .get(&format!("/email-status/{waiting}"), StatusCode::OK)
+        .await;
+    assert_eq!(later.body.recipients.len(), 1);
+    let left: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM delivery_events WHERE id = ANY($1)")
+            .bind([stale, fresh])
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(left, [fresh]);
 }

@@ -1,8 +1,9 @@
-//! The message log's retention: deliveries, their events and their sends' attachments, raw
-//! messages and tags older than `EMAIL_RETENTION_DAYS` are purged in batches of
-//! [`BATCH`] rows a statement. A task's own row stays: frequency caps and topic exclusions
-//! look back up to a year through it. Every purged table is keyed by a time-ordered
-//! (v7) uuid, so "older than" is a range of its primary key or an index, never a scan.
+//! The message log's retention: a send's deliveries, their events, and its tags,
+//! attachments and raw message are purged `EMAIL_RETENTION_DAYS` after the send was released
+//! or cancelled — never while it waits for its time — at most [`TASKS`] sends a pass and
+//! [`BATCH`] rows a statement. The task's own row stays, marked `log_purged`: frequency caps
+//! and topic exclusions look back up to a year through it. An event recorded after its send
+//! was purged (a late click) goes by its own time, its id being time-ordered (v7).
 
 use sqlx::PgPool;
 use uuid::{NoContext, Timestamp, Uuid};
@@ -11,15 +12,26 @@ use postmesh_shared::db::now_unix;
 
 /// Rows deleted by one statement at most.
 pub const BATCH: i64 = 1000;
+/// Sends purged together at most.
+const TASKS: i64 = 100;
 
-/// Each purged table and its time-ordered key.
-const TABLES: [(&str, &str); 6] = [
-    ("delivery_events", "id"),
-    ("task_recipients", "delivery_id"),
-    ("deliveries", "delivery_id"),
-    ("task_tags", "task_id"),
-    ("task_attachments", "task_id"),
-    ("task_mime", "task_id"),
+/// What one pass deletes of the sends `$1`, `$2` rows a statement at most, in this order:
+/// each statement finds its rows through `task_recipients`, deleted after them.
+const OF_SENDS: [&str; 6] = [
+    "DELETE FROM delivery_events WHERE ctid = ANY(ARRAY(
+         SELECT e.ctid FROM task_recipients r JOIN delivery_events e ON e.delivery_id = r.delivery_id
+         WHERE r.task_id = ANY($1) LIMIT $2))",
+    "DELETE FROM deliveries WHERE ctid = ANY(ARRAY(
+         SELECT d.ctid FROM task_recipients r JOIN deliveries d ON d.delivery_id = r.delivery_id
+         WHERE r.task_id = ANY($1) LIMIT $2))",
+    "DELETE FROM task_recipients WHERE ctid = ANY(ARRAY(
+         SELECT ctid FROM task_recipients WHERE task_id = ANY($1) LIMIT $2))",
+    "DELETE FROM task_tags WHERE ctid = ANY(ARRAY(
+         SELECT ctid FROM task_tags WHERE task_id = ANY($1) LIMIT $2))",
+    "DELETE FROM task_attachments WHERE ctid = ANY(ARRAY(
+         SELECT ctid FROM task_attachments WHERE task_id = ANY($1) LIMIT $2))",
+    "DELETE FROM task_mime WHERE ctid = ANY(ARRAY(
+         SELECT ctid FROM task_mime WHERE task_id = ANY($1) LIMIT $2))",
 ];
 
 /// The smallest v7 uuid made at Unix second `at`: every id made before it is less.
@@ -34,24 +46,50 @@ pub fn first_id_at(at: i64) -> Uuid {
     Uuid::from_bytes(low)
 }
 
-/// One pass: up to [`BATCH`] rows of each table older than `days`; whether any table had
-/// more (the pass is run again at once).
+/// One pass over what is older than `days`; whether there is more (the pass is run again
+/// at once).
 pub async fn purge(db: &PgPool, days: i64) -> Result<bool, sqlx::Error> {
-    let bound = first_id_at(now_unix() - days * 24 * 3600);
-    let mut more = false;
-    for (table, key) in TABLES {
-        let deleted = sqlx::query(&format!(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(
-                 SELECT ctid FROM {table} WHERE {key} < $1 LIMIT $2))"
-        ))
-        .bind(bound)
-        .bind(BATCH)
-        .execute(db)
-        .await?
-        .rows_affected();
-        more |= deleted == BATCH as u64;
+    let cutoff = now_unix() - days * 24 * 3600;
+    // Events whose delivery is gone already, by their own time.
+    let late = sqlx::query(
+        "DELETE FROM delivery_events WHERE ctid = ANY(ARRAY(
+             SELECT e.ctid FROM delivery_events e WHERE e.id < $1
+             AND NOT EXISTS (SELECT 1 FROM task_recipients r WHERE r.delivery_id = e.delivery_id)
+             LIMIT $2))",
+    )
+    .bind(first_id_at(cutoff))
+    .bind(BATCH)
+    .execute(db)
+    .await?
+    .rows_affected();
+    let sends: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM tasks WHERE NOT log_purged AND coalesce(released_at, cancelled_at) < $1
+         ORDER BY coalesce(released_at, cancelled_at) LIMIT $2",
+    )
+    .bind(cutoff)
+    .bind(TASKS)
+    .fetch_all(db)
+    .await?;
+    if sends.is_empty() {
+        return Ok(late == BATCH as u64);
     }
-    Ok(more)
+    for statement in OF_SENDS {
+        let deleted = sqlx::query(statement)
+            .bind(&sends)
+            .bind(BATCH)
+            .execute(db)
+            .await?
+            .rows_affected();
+        if deleted == BATCH as u64 {
+            // The same sends again: what the later statements find goes through these rows.
+            return Ok(true);
+        }
+    }
+    sqlx::query("UPDATE tasks SET log_purged = true WHERE id = ANY($1)")
+        .bind(&sends)
+        .execute(db)
+        .await?;
+    Ok(late == BATCH as u64 || sends.len() as i64 == TASKS)
 }
 
 #[cfg(test)]

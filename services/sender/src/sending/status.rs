@@ -87,17 +87,23 @@ pub(crate) async fn status(
         bool,
         Json<Vec<Tag>>,
         Json<Metadata>,
+        bool,
     );
     let task: Option<TaskRow> = sqlx::query_as(
-        "SELECT status, scheduled_at, recipient_count, test_mode, tags, metadata FROM tasks
-         WHERE id = $1 AND api_key_id = $2",
+        "SELECT status, scheduled_at, recipient_count, test_mode, tags, metadata, log_purged
+         FROM tasks WHERE id = $1 AND api_key_id = $2",
     )
     .bind(task_id)
     .bind(caller.key)
     .fetch_optional(&state.db)
     .await?;
-    let (task_status, scheduled_at, total, test, Json(tags), Json(metadata)) =
+    let (task_status, scheduled_at, total, test, Json(tags), Json(metadata), purged) =
         task.ok_or_else(|| ApiError::NotFound(format!("no task {task_id}")))?;
+    if purged {
+        return Err(ApiError::NotFound(format!(
+            "task {task_id} is past the log's retention: its deliveries are purged"
+        )));
+    }
     let (sent, failed): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE d.status = 'sent'), count(*) FILTER (WHERE d.status = 'failed')
          FROM task_recipients r JOIN deliveries d ON d.delivery_id = r.delivery_id
