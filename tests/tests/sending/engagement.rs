@@ -8,6 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use postmesh_shared::{Success, TaskId};
+use postmesh_tests::eventually;
 use postmesh_tests::receiver::{received, Receiver};
 use postmesh_tests::{html_part, no_redirects, Stack};
 
@@ -94,13 +95,16 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     )
     .await;
     let base = stack.base.trim_end_matches('/');
-    // A scanner follows the other recipient's link as soon as it arrives (within
-    // TRACKING_SCANNER_WINDOW_SECS of sending), with no open before.
+    // A scanner fetches the other recipient's pixel with a HEAD (a machine's open) and
+    // follows its link as soon as it arrives (within TRACKING_SCANNER_WINDOW_SECS of
+    // sending), with no person's open before.
     let eml = stack
         .wait_for_messages(scanned, 1, Duration::from_secs(30))
         .await;
-    let scanned_click = tracked(&html_part(&eml[0]), base, 'c');
-    let hit = by_browser(reqwest::Method::GET, &scanned_click[0]).await;
+    let scanned_html = html_part(&eml[0]);
+    let head = by_browser(reqwest::Method::HEAD, &tracked(&scanned_html, base, 'o')[0]).await;
+    assert_eq!(head.status(), StatusCode::OK);
+    let hit = by_browser(reqwest::Method::GET, &tracked(&scanned_html, base, 'c')[0]).await;
     assert_eq!(hit.status(), StatusCode::FOUND);
     let eml = stack
         .wait_for_messages(reader, 1, Duration::from_secs(30))
@@ -151,6 +155,7 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
         details(p, reader, Kind::Opened).len() == 2
             && details(p, reader, Kind::Clicked).len() == 1
             && details(p, scanned, Kind::Clicked).len() == 1
+            && details(p, scanned, Kind::Opened).len() == 1
     })
     .await;
     assert_eq!(progress.tags.len(), 1);
@@ -184,14 +189,14 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     );
 
     // Webhooks: sent, opened and clicked, each of the tagged send with its tags and metadata.
-    let hooks = received(&receiver, 3 + 2 + 2, Duration::from_secs(30)).await;
-    for kind in ["email.sent", "email.opened", "email.clicked"] {
+    let hooks = received(&receiver, 3 + 3 + 2, Duration::from_secs(30)).await;
+    for (kind, count) in [("email.sent", 2), ("email.opened", 3), ("email.clicked", 2)] {
         let of_kind: Vec<&Value> = hooks
             .iter()
             .map(|d| &d.body)
             .filter(|b| b["type"] == kind && b["data"]["email"] != plain)
             .collect();
-        assert_eq!(of_kind.len(), 2, "{kind} in {hooks:?}");
+        assert_eq!(of_kind.len(), count, "{kind} in {hooks:?}");
         for body in of_kind {
             assert_eq!(
                 body["data"]["tags"],
@@ -394,4 +399,110 @@ pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_
             .await
             .unwrap();
     assert_eq!(left, [fresh]);
+}
+
+/// A TRACKING message handed out again while its first recording waits for its delivery
+/// (two replicas of the sender, each with a copy): one event, counted once.
+pub(crate) async fn a_hit_recorded_twice_at_once_is_one_event_counted_once(stack: &Stack) {
+    use postmesh_shared::proto::{TrackingHit, TrackingHits};
+    use prost::Message as _;
+    use sender::sending::events::Outlet;
+    use sender::sending::tracking::record::{Hit, Recorder};
+    let key = stack.key(10).await;
+    let task = send(stack, &key, json!({"to": "twice@example.com", "subject": "Twice", "html": "<p>Hi</p>", "trackOpens": true})).await;
+    wait_status(stack, &key, task, |p| p.sent == 1).await;
+    let db = stack.sender_db().await;
+    let delivery: uuid::Uuid =
+        sqlx::query_scalar("SELECT delivery_id FROM task_recipients WHERE task_id = $1")
+            .bind(task.as_uuid())
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    let hit_id = uuid::Uuid::now_v7();
+    let payload = TrackingHits {
+        hits: vec![TrackingHit {
+            hit_id: hit_id.to_string(),
+            kind: "opened".into(),
+            delivery_id: delivery.to_string(),
+            url: String::new(),
+            user_agent: BROWSER.into(),
+            client_ip: "203.0.113.0".into(),
+            occurred_at: postmesh_shared::db::now_unix() + 60,
+            head: false,
+        }],
+    }
+    .encode_to_vec();
+    let recorder = Recorder {
+        db: db.clone(),
+        outlet: Outlet {
+            ns: stack.ns().clone(),
+            message_id_domain: "postmesh.test".into(),
+        },
+        scanner_window: 5,
+    };
+    let copy = || recorder.record(Hit::decode_all(&payload).unwrap());
+    // The delivery held, as a third batch would hold it, until both copies wait for it.
+    let mut holder = db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM task_recipients WHERE delivery_id = $1 FOR UPDATE")
+        .bind(delivery)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let release = async {
+        eventually(Duration::from_secs(10), || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE '%task_recipients%FOR UPDATE%'",
+            )
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            if waiting == 2 {
+                Ok(())
+            } else {
+                Err(waiting)
+            }
+        })
+        .await;
+        holder.rollback().await.unwrap();
+    };
+    let (first, second, ()) = tokio::join!(copy(), copy(), release);
+    first.unwrap();
+    second.unwrap();
+    let (events, opens): (i64, i32) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM delivery_events WHERE source_key = $2), opens
+         FROM task_recipients WHERE delivery_id = $1",
+    )
+    .bind(delivery)
+    .bind(format!("track:{hit_id}"))
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!((events, opens), (1, 1));
+
+    // One link fetched in a loop: its delivery's log stops at 1,000 opens and clicks.
+    let hits = TrackingHits {
+        hits: (0..1000)
+            .map(|_| TrackingHit {
+                hit_id: uuid::Uuid::now_v7().to_string(),
+                ..TrackingHits::decode(payload.as_slice()).unwrap().hits[0].clone()
+            })
+            .collect(),
+    }
+    .encode_to_vec();
+    recorder
+        .record(Hit::decode_all(&hits).unwrap())
+        .await
+        .unwrap();
+    let (events, opens): (i64, i32) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND kind = 'opened'),
+                opens
+         FROM task_recipients WHERE delivery_id = $1",
+    )
+    .bind(delivery)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!((events, opens), (1000, 1000));
 }

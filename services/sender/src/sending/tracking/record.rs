@@ -2,8 +2,8 @@
 //! answered) becomes an `opened` or `clicked` delivery event, once however often it is
 //! handed out, with its delivery's log counting the people's. A hit is a machine's for a
 //! `HEAD`, an Apple Mail Privacy Protection fetch, a known scanner's agent, or a click
-//! within `TRACKING_SCANNER_WINDOW_SECS` of sending with no open before it; the first hit
-//! of each kind by a person is `first`.
+//! within `TRACKING_SCANNER_WINDOW_SECS` of sending with no person's open before it; the
+//! first hit of each kind by a person is `first`. A delivery keeps [`MAX_ENGAGEMENTS`].
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -32,8 +32,7 @@ const RETRY: Duration = Duration::from_secs(1);
 const ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// Parts of a user agent (lower case) that only link scanners, previewers and scripts send.
-const MACHINE_AGENTS: [&str; 16] = [
-    "bot",
+const MACHINE_AGENTS: [&str; 14] = [
     "spider",
     "crawl",
     "scanner",
@@ -42,14 +41,16 @@ const MACHINE_AGENTS: [&str; 16] = [
     "mimecast",
     "safelinks",
     "safe links",
-    "ms office",
-    "microsoft office",
+    "existence discovery",
     "curl/",
     "wget",
     "python",
     "go-http-client",
     "headless",
 ];
+
+/// Opens and clicks recorded for one delivery at most; later hits are dropped.
+const MAX_ENGAGEMENTS: i64 = 1000;
 
 /// What the recorder needs.
 pub struct Recorder {
@@ -60,7 +61,7 @@ pub struct Recorder {
 }
 
 /// A hit, decoded.
-struct Hit {
+pub struct Hit {
     id: Uuid,
     kind: Kind,
     delivery: Uuid,
@@ -73,7 +74,7 @@ struct Hit {
 
 impl Hit {
     /// The hits of one TRACKING message; one that can never be recorded fails it whole.
-    fn decode_all(payload: &[u8]) -> Result<Vec<Self>, String> {
+    pub fn decode_all(payload: &[u8]) -> Result<Vec<Self>, String> {
         let batch = TrackingHits::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
         if batch.hits.len() > MAX_PER_MESSAGE {
             return Err(format!("{} hits in one message", batch.hits.len()));
@@ -112,6 +113,20 @@ pub fn machine_agent(agent: &str, ip: &str) -> bool {
         || ip.starts_with("17.")
         || agent.trim().is_empty()
         || MACHINE_AGENTS.iter().any(|m| lower.contains(m))
+        || names_a_bot(&lower)
+        // Office fetching a link to see what it is; Outlook showing a message is a reader.
+        || (lower.contains("microsoft office") && !lower.contains("outlook"))
+}
+
+/// Whether a (lower-case) agent names itself a bot: `Googlebot/2.1`, `Slackbot-…`,
+/// `bingbot;`, a last word `…bot` — not a device that merely ends in it (`CUBOT X19`).
+fn names_a_bot(lower: &str) -> bool {
+    lower.match_indices("bot").any(|(at, _)| {
+        matches!(
+            lower.as_bytes().get(at + 3),
+            None | Some(b'/' | b'-' | b'_' | b';' | b')' | b'+')
+        )
+    })
 }
 
 /// A delivery the hits name, as its log row has it.
@@ -124,102 +139,128 @@ struct Target {
     opens: i32,
     clicks: i32,
     sent_at: Option<i64>,
-    opened: bool,
+    /// When a person first opened it.
+    opened_at: Option<i64>,
+    /// Its opens and clicks recorded, people's and machines'.
+    engagements: i64,
 }
 
-/// Records `hits` in one transaction: each new one an event, the people's counted.
-async fn record(
-    db: &PgPool, outlet: &Outlet, window: i64, mut hits: Vec<Hit>,
-) -> Result<(), sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let keys: Vec<String> = hits.iter().map(|h| format!("track:{}", h.id)).collect();
-    let seen: HashSet<String> =
-        sqlx::query_scalar("SELECT source_key FROM delivery_events WHERE source_key = ANY($1)")
-            .bind(&keys)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-    hits.retain(|h| !seen.contains(&format!("track:{}", h.id)));
-    let ids: Vec<Uuid> = hits.iter().map(|h| h.delivery).collect();
-    // Locked: hits of one delivery recorded at once elsewhere wait, so `first` is once.
-    let mut targets: HashMap<Uuid, Target> = sqlx::query_as::<_, Target>(
-        "SELECT r.delivery_id, r.workspace_id, r.task_id, r.email, r.opens, r.clicks,
-             (SELECT min(e.occurred_at) FROM delivery_events e
-              WHERE e.delivery_id = r.delivery_id AND e.kind IN ('sent', 'delivered')) AS sent_at,
-             EXISTS (SELECT 1 FROM delivery_events e
-                     WHERE e.delivery_id = r.delivery_id AND e.kind = 'opened') AS opened
-         FROM task_recipients r WHERE r.delivery_id = ANY($1)
-         ORDER BY r.delivery_id FOR UPDATE OF r",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|t| (t.delivery_id, t))
-    .collect();
-    hits.sort_by_key(|h| h.at);
-    let mut new = Vec::with_capacity(hits.len());
-    let (mut counted, mut changed) = (Vec::new(), HashSet::new());
-    for hit in hits {
-        // A delivery purged since (or never ours) has nothing to record.
-        let Some(t) = targets.get_mut(&hit.delivery) else {
-            continue;
-        };
-        // A click before its sending is even recorded is as soon as can be.
-        let scanner_click = hit.kind == Kind::Clicked
-            && !t.opened
-            && t.sent_at.is_none_or(|sent| hit.at - sent < window);
-        let machine = hit.head || machine_agent(&hit.user_agent, &hit.ip) || scanner_click;
-        let count = match hit.kind {
-            Kind::Opened => &mut t.opens,
-            _ => &mut t.clicks,
-        };
-        let first = !machine && *count == 0;
-        if !machine {
-            *count += 1;
-            changed.insert(t.delivery_id);
-        }
-        if hit.kind == Kind::Opened {
-            t.opened = true;
-        }
-        new.push(NewEvent {
-            workspace: t.workspace_id,
-            task: Some(t.task_id),
-            delivery: Some(t.delivery_id),
-            email: t.email.clone(),
-            kind: hit.kind,
-            detail: Detail::Engagement {
-                url: (hit.kind == Kind::Clicked).then_some(hit.url),
-                user_agent: Some(hit.user_agent).filter(|a| !a.is_empty()),
-                ip: Some(hit.ip).filter(|a| !a.is_empty()),
-                first,
-                machine,
-            },
-            occurred_at: hit.at,
-            source_key: format!("track:{}", hit.id),
-        });
-    }
-    for id in changed {
-        let t = &targets[&id];
-        counted.push((id, t.opens, t.clicks));
-    }
-    events::record(&mut tx, outlet, &new).await?;
-    if !counted.is_empty() {
-        let (ids, (opens, clicks)): (Vec<Uuid>, (Vec<i32>, Vec<i32>)) =
-            counted.into_iter().map(|(d, o, c)| (d, (o, c))).unzip();
+impl Recorder {
+    /// Records `hits` in one transaction: each new one an event, the people's counted.
+    pub async fn record(&self, mut hits: Vec<Hit>) -> Result<(), sqlx::Error> {
+        let (outlet, window) = (&self.outlet, self.scanner_window);
+        let mut tx = self.db.begin().await?;
+        let mut ids: Vec<Uuid> = hits.iter().map(|h| h.delivery).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        // Locked first: a batch recording hits of the same deliveries elsewhere (a message
+        // handed out again meanwhile) commits before the statements below read, so they see
+        // its events and counts.
         sqlx::query(
-            "UPDATE task_recipients r SET opens = u.opens, clicks = u.clicks
-             FROM UNNEST($1::uuid[], $2::integer[], $3::integer[]) AS u(delivery_id, opens, clicks)
-             WHERE r.delivery_id = u.delivery_id",
+            "SELECT 1 FROM task_recipients WHERE delivery_id = ANY($1)
+             ORDER BY delivery_id FOR UPDATE",
         )
         .bind(&ids)
-        .bind(&opens)
-        .bind(&clicks)
         .execute(&mut *tx)
         .await?;
+        let keys: Vec<String> = hits.iter().map(|h| format!("track:{}", h.id)).collect();
+        let seen: HashSet<String> =
+            sqlx::query_scalar("SELECT source_key FROM delivery_events WHERE source_key = ANY($1)")
+                .bind(&keys)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .collect();
+        // A hit handed out twice within the batch counts once too.
+        let mut fresh = HashSet::new();
+        hits.retain(|h| !seen.contains(&format!("track:{}", h.id)) && fresh.insert(h.id));
+        let mut targets: HashMap<Uuid, Target> = sqlx::query_as::<_, Target>(
+            "SELECT r.delivery_id, r.workspace_id, r.task_id, r.email, r.opens, r.clicks,
+                 (SELECT min(e.occurred_at) FROM delivery_events e
+                  WHERE e.delivery_id = r.delivery_id AND e.kind IN ('sent', 'delivered')) AS sent_at,
+                 (SELECT min(e.occurred_at) FROM delivery_events e
+                  WHERE e.delivery_id = r.delivery_id AND e.kind = 'opened'
+                    AND e.detail @> '{\"machine\": false}') AS opened_at,
+                 (SELECT count(*) FROM delivery_events e
+                  WHERE e.delivery_id = r.delivery_id AND e.kind IN ('opened', 'clicked'))
+                    AS engagements
+             FROM task_recipients r WHERE r.delivery_id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|t| (t.delivery_id, t))
+        .collect();
+        hits.sort_by_key(|h| h.at);
+        let mut new = Vec::with_capacity(hits.len());
+        let (mut counted, mut changed) = (Vec::new(), HashSet::new());
+        for hit in hits {
+            // A delivery purged since (or never ours) has nothing to record, nor one whose log
+            // is full (a forwarded link fetched in a loop).
+            let Some(t) = targets
+                .get_mut(&hit.delivery)
+                .filter(|t| t.engagements < MAX_ENGAGEMENTS)
+            else {
+                continue;
+            };
+            t.engagements += 1;
+            // A click before its sending is even recorded is as soon as can be; a machine's
+            // open (a proxy's, a scanner's) before it does not make it a person's.
+            let scanner_click = hit.kind == Kind::Clicked
+                && t.opened_at.is_none_or(|opened| opened > hit.at)
+                && t.sent_at.is_none_or(|sent| hit.at - sent < window);
+            let machine = hit.head || machine_agent(&hit.user_agent, &hit.ip) || scanner_click;
+            let count = match hit.kind {
+                Kind::Opened => &mut t.opens,
+                _ => &mut t.clicks,
+            };
+            let first = !machine && *count == 0;
+            if !machine {
+                *count += 1;
+                changed.insert(t.delivery_id);
+            }
+            if hit.kind == Kind::Opened && !machine {
+                t.opened_at = Some(t.opened_at.map_or(hit.at, |at| at.min(hit.at)));
+            }
+            new.push(NewEvent {
+                workspace: t.workspace_id,
+                task: Some(t.task_id),
+                delivery: Some(t.delivery_id),
+                email: t.email.clone(),
+                kind: hit.kind,
+                detail: Detail::Engagement {
+                    url: (hit.kind == Kind::Clicked).then_some(hit.url),
+                    user_agent: Some(hit.user_agent).filter(|a| !a.is_empty()),
+                    ip: Some(hit.ip).filter(|a| !a.is_empty()),
+                    first,
+                    machine,
+                },
+                occurred_at: hit.at,
+                source_key: format!("track:{}", hit.id),
+            });
+        }
+        for id in changed {
+            let t = &targets[&id];
+            counted.push((id, t.opens, t.clicks));
+        }
+        events::record(&mut tx, outlet, &new).await?;
+        if !counted.is_empty() {
+            let (ids, (opens, clicks)): (Vec<Uuid>, (Vec<i32>, Vec<i32>)) =
+                counted.into_iter().map(|(d, o, c)| (d, (o, c))).unzip();
+            sqlx::query(
+                "UPDATE task_recipients r SET opens = u.opens, clicks = u.clicks
+                 FROM UNNEST($1::uuid[], $2::integer[], $3::integer[]) AS u(delivery_id, opens, clicks)
+                 WHERE r.delivery_id = u.delivery_id",
+            )
+            .bind(&ids)
+            .bind(&opens)
+            .bind(&clicks)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await
     }
-    tx.commit().await
 }
 
 /// Consumes the TRACKING stream until the runtime shuts down, about [`BATCH`] hits at a
@@ -273,14 +314,7 @@ async fn take(
             }
         }
     }
-    match record(
-        &recorder.db,
-        &recorder.outlet,
-        recorder.scanner_window,
-        hits,
-    )
-    .await
-    {
+    match recorder.record(hits).await {
         Ok(()) => {
             for msg in good {
                 let _ = msg.ack().await;
@@ -309,5 +343,20 @@ mod tests {
         assert!(machine_agent("Barracuda Sentinel (EE)", "198.51.100.0"));
         assert!(machine_agent("python-requests/2.31", "198.51.100.0"));
         assert!(machine_agent("", "198.51.100.0"));
+        for bot in [
+            "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+            "Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)",
+            "Mozilla/5.0 (compatible; bingbot/2.0)",
+            "Microsoft Office Existence Discovery",
+            "Microsoft Office/16.0 (Windows NT 10.0; Microsoft Word 16.0.4266; Pro)",
+        ] {
+            assert!(machine_agent(bot, "198.51.100.0"), "{bot}");
+        }
+        for reader in [
+            "Mozilla/5.0 (Linux; Android 9; CUBOT X19) AppleWebKit/537.36 Chrome/120.0 Mobile Safari/537.36",
+            "Microsoft Office/16.0 (Windows NT 10.0; Microsoft Outlook 16.0.4266; Pro)",
+        ] {
+            assert!(!machine_agent(reader, "198.51.100.0"), "{reader}");
+        }
     }
 }
