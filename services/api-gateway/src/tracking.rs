@@ -44,9 +44,10 @@ pub fn routes() -> Routes<AppState> {
         .at(api::TRACK_CLICK, click)
 }
 
-/// `addr` with its host part cut: IPv4 to its /24, IPv6 to its /48.
+/// `addr` with its host part cut: IPv4 (also as `::ffff:a.b.c.d`) to its /24, IPv6 to its
+/// /48.
 pub fn truncated(addr: IpAddr) -> String {
-    match addr {
+    match addr.to_canonical() {
         IpAddr::V4(v4) => {
             let [a, b, c, _] = v4.octets();
             format!("{a}.{b}.{c}.0")
@@ -212,5 +213,7 @@ mod tests {
             truncated("2001:db8:85a3:8d3:1319:8a2e:370:7348".parse().unwrap()),
             "2001:db8:85a3::"
         );
+        // A dual-stack listener's IPv4 client, Apple's proxy among them.
+        assert_eq!(truncated("::ffff:17.58.1.2".parse().unwrap()), "17.58.1.0");
     }
 }
