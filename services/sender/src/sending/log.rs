@@ -151,7 +151,7 @@ impl Filters {
     /// there), else from the log's own.
     fn query(&self, workspace: Uuid, page: Page) -> QueryBuilder<'_, Postgres> {
         let mut q = QueryBuilder::new(
-            "SELECT r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject,
+            "SELECT r.delivery_id, r.task_id, r.email AS to, t.subject,
                  r.status, t.tags, r.created_at, r.opens, r.clicks ",
         );
         let order = if let Some(tag) = &self.tag {
@@ -218,7 +218,7 @@ pub(crate) async fn read(
     State(state): State<AppState>, caller: Caller, IdPath(delivery): IdPath<Uuid>,
 ) -> Result<Success<Detail>, ApiError> {
     let found: Option<WithMetadata> = sqlx::query_as(
-        "SELECT r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject,
+        "SELECT r.delivery_id, r.task_id, r.email AS to, t.subject,
              r.status, t.tags, r.created_at, r.opens, r.clicks, t.metadata
          FROM task_recipients r JOIN tasks t ON t.id = r.task_id
          WHERE r.delivery_id = $1 AND r.workspace_id = $2",

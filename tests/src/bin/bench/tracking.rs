@@ -296,7 +296,7 @@ async fn log_search(stack: &Stack, deliveries: usize) -> anyhow::Result<()> {
         "\nA tag filter at {deliveries} deliveries: p50 {tag_p50:.1} ms (goal < 100 ms: {})\n",
         if tag_p50 < 100.0 { "met" } else { "missed" }
     );
-    let columns = "r.delivery_id, r.task_id, r.email AS to, t.message->>'subject' AS subject, \
+    let columns = "r.delivery_id, r.task_id, r.email AS to, t.subject, \
                    r.status, t.tags, r.created_at, r.opens, r.clicks";
     let log = "FROM task_recipients r JOIN tasks t ON t.id = r.task_id WHERE r.workspace_id = $1";
     let newest = "ORDER BY r.created_at DESC, r.delivery_id DESC LIMIT 50";
