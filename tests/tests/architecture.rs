@@ -328,7 +328,17 @@ fn imports_between_the_modules_of_each_module_run_one_way() {
     );
 
     let mut circles = Vec::new();
-    for src in crates() {
+    // Each crate, and each binary of its own folder (`src/bin/x/`, whose `crate` is its
+    // `main.rs`).
+    let roots = crates().into_iter().flat_map(|src| {
+        let bins = std::fs::read_dir(src.join("bin"))
+            .into_iter()
+            .flatten()
+            .map(|entry| entry.expect("an entry").path())
+            .filter(|path| path.is_dir());
+        std::iter::once(src.clone()).chain(bins.collect::<Vec<_>>())
+    });
+    for src in roots {
         for (module, graph) in module_graphs(&src) {
             if let Some(found) = circle(&graph) {
                 circles.push(format!(

@@ -495,6 +495,13 @@ async fn key_pages_create_and_revoke_with_csrf(stack: &Stack) {
         "never shown again"
     );
 
+    // A path id that is no id is a 400 that says so, as everywhere.
+    let malformed = user.form("/app/keys/not-an-id/revoke", &[]).await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        user.page("/app/emails/not-an-id").await.status,
+        StatusCode::BAD_REQUEST
+    );
     let id = stack.key_id(&key).await;
     let forged = user
         .form_with_csrf(&format!("/app/keys/{id}/revoke"), "", &[])

@@ -2,7 +2,7 @@
 //! and `/app/emails/{deliveryId}`: one message with its events — asked of the sender over
 //! NATS as the account's primary key would.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Extension;
@@ -10,6 +10,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use serde_json::Value;
 
+use postmesh_shared::extract::IdPath;
 use postmesh_shared::{ApiError, Service};
 
 use super::chart::text;
@@ -132,7 +133,7 @@ fn said(e: &Value) -> String {
 /// `GET /app/emails/{deliveryId}`.
 pub async fn one(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
-    Path(delivery): Path<uuid::Uuid>,
+    IdPath(delivery): IdPath<uuid::Uuid>,
 ) -> Result<Response, ApiError> {
     let csrf = Csrf::of(&state, &headers);
     let Some(auth) = session_auth(&state, &session).await? else {

@@ -1,6 +1,6 @@
 //! `/app/keys`: the account's API keys; create one (its text shown once) or revoke one.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Form};
@@ -9,6 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use postmesh_contracts::answers::gateway::KeyMode;
+use postmesh_shared::extract::IdPath;
 use postmesh_shared::ApiError;
 
 use super::{csrf_refusal, layout, when, Csrf, CsrfForm};
@@ -130,16 +131,12 @@ pub async fn create(
 /// `POST /app/keys/{id}/revoke`.
 pub async fn revoke(
     State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
-    Path(id): Path<String>, Form(form): Form<CsrfForm>,
+    IdPath(id): IdPath<Uuid>, Form(form): Form<CsrfForm>,
 ) -> Result<Response, ApiError> {
     if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
         return Ok(res);
     }
-    let revoked = match Uuid::parse_str(&id) {
-        Ok(id) => accounts::revoke_key(&state, session.account, id).await,
-        Err(_) => Err(ApiError::NotFound("API key not found".into())),
-    };
-    match revoked {
+    match accounts::revoke_key(&state, session.account, id).await {
         Ok(()) => {
             let notice = Notice::Done("Key revoked. It stops working within a minute.");
             render(&state, &headers, &session, StatusCode::OK, notice).await

@@ -15,20 +15,6 @@ use super::Run;
 /// The variable that makes the bench binary serve the baselines alone, on this address.
 pub const SERVE: &str = "BENCH_BASELINE_ADDR";
 
-/// When the bench binary was started to serve the baselines (`BENCH_BASELINE_ADDR`), serves
-/// them until killed; otherwise answers `false` at once.
-pub async fn serve_if_asked() -> anyhow::Result<bool> {
-    let Ok(addr) = std::env::var(SERVE) else {
-        return Ok(false);
-    };
-    let app = super::balance::baseline()
-        .await?
-        .merge(super::tracking::baseline());
-    let listener = tokio::net::TcpListener::bind(&addr).await?;
-    axum::serve(listener, app).await?;
-    Ok(true)
-}
-
 /// Starts the baselines as a child process (this binary again) with `env`: its address and
 /// process.
 pub fn spawn_baseline(env: Vec<(&str, String)>) -> anyhow::Result<(SocketAddr, Child)> {

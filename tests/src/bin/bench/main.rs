@@ -630,9 +630,21 @@ async fn accept_bench(
 // The allocator of the services the baselines are compared with.
 postmesh_shared::fast_allocator!();
 
+/// When the bench binary was started to serve the baselines (`BENCH_BASELINE_ADDR`), serves
+/// them until killed; otherwise answers `false` at once.
+async fn serve_baselines_if_asked() -> anyhow::Result<bool> {
+    let Ok(addr) = std::env::var(compare::SERVE) else {
+        return Ok(false);
+    };
+    let app = balance::baseline().await?.merge(tracking::baseline());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    axum::serve(listener, app).await?;
+    Ok(true)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    if compare::serve_if_asked().await? {
+    if serve_baselines_if_asked().await? {
         return Ok(());
     }
     let secs: u64 = env_parse("BENCH_SECS", 5)?;
