@@ -10,6 +10,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, QueryParams};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
+use crate::sending::events::Kind;
 use crate::AppState;
 
 /// Days shown by default, and at most.
@@ -77,7 +78,7 @@ pub(crate) async fn stats(
     }
     let today = now_unix().div_euclid(DAY);
     let first = today - days + 1;
-    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
+    let rows: Vec<(i64, Kind, i64)> = sqlx::query_as(
         "SELECT occurred_at / 86400 AS day, kind, count(*) FROM delivery_events
          WHERE workspace_id = $1 AND occurred_at >= $2
            AND kind IN ('sent', 'delivered', 'bounced', 'complained', 'opened', 'clicked')
@@ -101,14 +102,16 @@ pub(crate) async fn stats(
         else {
             continue;
         };
-        match kind.as_str() {
-            "sent" => d.sent = n,
-            "delivered" => d.delivered = n,
-            "bounced" => d.bounced = n,
-            "complained" => d.complained = n,
-            "opened" => d.opened = n,
-            _ => d.clicked = n,
-        }
+        let count = match kind {
+            Kind::Sent => &mut d.sent,
+            Kind::Delivered => &mut d.delivered,
+            Kind::Bounced => &mut d.bounced,
+            Kind::Complained => &mut d.complained,
+            Kind::Opened => &mut d.opened,
+            Kind::Clicked => &mut d.clicked,
+            _ => continue,
+        };
+        *count = n;
     }
     let (open_rate, click_rate) = rates(&state.db, caller.workspace, first * DAY).await?;
     Ok(Success::new(Stats {

@@ -15,7 +15,7 @@ use postmesh_shared::queue::{RecordRow, Verdict};
 #[derive(sqlx::FromRow)]
 struct Written {
     delivery_id: Uuid,
-    status: String,
+    status: DeliveryStatus,
     /// A send's (none for a verification code email).
     workspace_id: Option<Uuid>,
     task_id: Option<Uuid>,
@@ -35,12 +35,23 @@ pub(crate) enum DeliveryStatus {
     Failed,
 }
 
+impl DeliveryStatus {
+    /// Its name in SQL.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Sending => "sending",
+            Self::Sent => "sent",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// The row a verdict writes: status, last error and the provider's message id.
-fn columns(verdict: &Verdict) -> (&'static str, Option<&str>, Option<&str>) {
+fn columns(verdict: &Verdict) -> (DeliveryStatus, Option<&str>, Option<&str>) {
     match verdict {
-        Verdict::Done(provider_id) => ("sent", None, Some(provider_id)),
-        Verdict::Failed(e) => ("failed", Some(e), None),
-        Verdict::Retry(e, _) => ("sending", Some(e), None),
+        Verdict::Done(provider_id) => (DeliveryStatus::Sent, None, Some(provider_id)),
+        Verdict::Failed(e) => (DeliveryStatus::Failed, Some(e), None),
+        Verdict::Retry(e, _) => (DeliveryStatus::Sending, Some(e), None),
     }
 }
 
@@ -75,7 +86,7 @@ pub(super) async fn record_batch(
              d.provider_message_id, d.last_error",
     )
     .bind(rows.iter().map(|r| r.item).collect::<Vec<_>>())
-    .bind(columns.iter().map(|c| c.0).collect::<Vec<_>>())
+    .bind(columns.iter().map(|c| c.0.as_str()).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.1).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
     .bind(columns.iter().map(|c| c.2).collect::<Vec<_>>())
@@ -89,22 +100,22 @@ pub(super) async fn record_batch(
     let finals: Vec<NewEvent> = written
         .iter()
         .filter_map(|w| {
-            let (kind, detail, at) = match w.status.as_str() {
-                "sent" => (
+            let (kind, detail, at) = match w.status {
+                DeliveryStatus::Sent => (
                     Kind::Sent,
                     Detail::Sent {
                         provider_message_id: w.provider_message_id.clone(),
                     },
                     tried_at.get(&w.delivery_id).copied().unwrap_or(now),
                 ),
-                "failed" => (
+                DeliveryStatus::Failed => (
                     Kind::Failed,
                     Detail::Reason {
                         reason: w.last_error.clone(),
                     },
                     now,
                 ),
-                _ => return None,
+                DeliveryStatus::Sending => return None,
             };
             Some(NewEvent {
                 workspace: w.workspace_id?,
@@ -121,7 +132,7 @@ pub(super) async fn record_batch(
     // A sandbox message's events follow its `sent` at once.
     let sent: Vec<sandbox::Sent> = written
         .iter()
-        .filter(|w| w.status == "sent")
+        .filter(|w| w.status == DeliveryStatus::Sent)
         .filter_map(|w| {
             Some(sandbox::Sent {
                 delivery: w.delivery_id,
