@@ -455,6 +455,7 @@ async fn sends_of_one_key_each_side_by_side() {
             smtp::sandbox_addresses_work_over_smtp,
             smtp::each_refusal_has_its_smtp_answer,
             smtp::a_client_that_misbehaves_is_cut_off,
+            smtp::a_workspace_that_tracks_has_its_smtp_messages_tracked,
             test_keys::a_test_key_prices_stores_and_shows_but_delivers_and_charges_nothing,
             engagement::a_tagged_tracked_send_reports_opens_and_clicks_with_its_labels,
             engagement::a_sends_log_is_purged_a_retention_after_its_release_and_not_before,

@@ -95,6 +95,21 @@ pub(crate) fn kinds(p: &TaskProgress) -> Vec<(String, Vec<Kind>)> {
         .collect()
 }
 
+/// lettre over `smtp`'s implicit-TLS listener, signed in as `user` with `key` (PLAIN).
+fn lettre_over_tls(smtp: &SmtpServer, user: &str, key: &str) -> AsyncSmtpTransport<Tokio1Executor> {
+    let pem = std::fs::read(&smtp.cert).expect("the certificate");
+    let tls = TlsParameters::builder("localhost".into())
+        .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
+        .build_rustls()
+        .expect("TLS parameters");
+    AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+        .port(smtp.tls_addr.port())
+        .tls(Tls::Wrapper(tls))
+        .credentials(Credentials::new(user.to_owned(), key.to_owned()))
+        .authentication(vec![Mechanism::Plain])
+        .build()
+}
+
 /// Waits for `count` messages whose envelope went to `to`; returns them.
 async fn delivered(stack: &Stack, to: &str, count: usize) -> Vec<String> {
     eventually(Duration::from_secs(30), || async {
@@ -179,17 +194,7 @@ pub(crate) async fn lettre_sends_over_implicit_tls_and_a_blind_copy_stays_blind(
     let smtp = SmtpServer::start(stack, |_| {}).await;
 
     let (key, user) = account(stack, 10).await;
-    let pem = std::fs::read(&smtp.cert).expect("the certificate");
-    let tls = TlsParameters::builder("localhost".into())
-        .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
-        .build_rustls()
-        .expect("TLS parameters");
-    let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
-        .port(smtp.tls_addr.port())
-        .tls(Tls::Wrapper(tls))
-        .credentials(Credentials::new(user, key.clone()))
-        .authentication(vec![Mechanism::Plain])
-        .build();
+    let transport = lettre_over_tls(&smtp, &user, &key);
     let (to, cc, bcc) = (at("lettre-to"), at("lettre-cc"), at("lettre-bcc"));
     let message = Message::builder()
         .from("News <news@postmesh.localhost>".parse::<Mailbox>().unwrap())
@@ -554,4 +559,72 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
     assert_eq!(greeting.0, 421, "{greeting:?}");
     assert!(locked.closed().await);
     guarded.stop().await;
+}
+
+/// A workspace that tracks by default gets its SMTP messages tracked too: the HTML part's
+/// link goes through a signed redirect to where it pointed and a pixel is added; the plain
+/// text and the attachment stay as written.
+pub(crate) async fn a_workspace_that_tracks_has_its_smtp_messages_tracked(stack: &Stack) {
+    let smtp = SmtpServer::start(stack, |_| {}).await;
+    let (key, user) = account(stack, 10).await;
+    let _: serde_json::Value = stack
+        .client(&key)
+        .put(
+            "/tracking",
+            &json!({"opens": true, "clicks": true}),
+            StatusCode::OK,
+        )
+        .await;
+    let to = at("smtp-tracked");
+    let message = Message::builder()
+        .from("News <news@postmesh.localhost>".parse::<Mailbox>().unwrap())
+        .to(to.parse().unwrap())
+        .subject("Tracked over SMTP")
+        .multipart(
+            MultiPart::mixed()
+                .multipart(MultiPart::alternative_plain_html(
+                    "Read https://example.com/page".to_owned(),
+                    r#"<p>Résumé: <a href="https://example.com/page">read</a></p>"#.to_owned(),
+                ))
+                .singlepart(Attachment::new("page.html".into()).body(
+                    br#"<a href="https://example.com/attached">kept</a>"#.to_vec(),
+                    ContentType::TEXT_HTML,
+                )),
+        )
+        .expect("a message");
+    lettre_over_tls(&smtp, &user, &key)
+        .send(message)
+        .await
+        .expect("lettre sends");
+    let delivered = delivered(stack, &to, 1).await.remove(0);
+    let seen = delivered.split_once('\n').map_or("", |(_, m)| m);
+    let html = postmesh_tests::html_part(seen);
+    let base = stack.base.trim_end_matches('/');
+    assert!(html.contains("Résumé"), "{html}");
+    assert!(html.contains(&format!("{base}/t/o/")), "a pixel: {html}");
+    let click = html
+        .split('"')
+        .find(|s| s.starts_with(&format!("{base}/t/c/")))
+        .unwrap_or_else(|| panic!("a tracked link: {html}"));
+    let parsed = mail_parser::MessageParser::default()
+        .parse(seen.as_bytes())
+        .unwrap();
+    assert_eq!(
+        parsed.body_text(0).unwrap(),
+        "Read https://example.com/page"
+    );
+    let attached = parsed.attachments().next().expect("the attachment");
+    assert_eq!(
+        attached.contents(),
+        br#"<a href="https://example.com/attached">kept</a>"#,
+        "{seen}"
+    );
+    let followed = postmesh_tests::no_redirects()
+        .get(click)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(followed.status(), StatusCode::FOUND);
+    assert_eq!(followed.headers()["location"], "https://example.com/page");
+    smtp.stop().await;
 }

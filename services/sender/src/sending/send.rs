@@ -190,7 +190,12 @@ pub(crate) async fn submit(
             if raw.envelope_from != from {
                 sendable::check(state, caller, &raw.envelope_from, true).await?;
             }
-            (raw.task_message(), None)
+            // A raw message has no per-send switches: the workspace's defaults track it.
+            let mut message = raw.task_message();
+            let d =
+                crate::sending::tracking::defaults(&state.db, caller.workspace.as_uuid()).await?;
+            (message.track_opens, message.track_clicks) = (d.opens, d.clicks);
+            (message, None)
         }
         None => compose(state, caller, &req, &from).await?,
     };

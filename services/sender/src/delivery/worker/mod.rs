@@ -7,8 +7,10 @@
 mod cache;
 mod lease;
 mod message;
+mod raw_html;
 mod record;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,6 +131,32 @@ impl Delivery {
             })
             .await,
         )
+    }
+
+    /// A raw message's `mime` with its HTML parts tracked as [`Self::track`] tracks a built
+    /// message's; as it is when nothing is tracked.
+    async fn track_raw<'m>(
+        &self, task: &Arc<LoadedTask>, delivery: Uuid, mime: &'m [u8],
+    ) -> Cow<'m, [u8]> {
+        let m = &task.message;
+        if self.tracker.is_none() || !(m.track_opens || m.track_clicks) {
+            return Cow::Borrowed(mime);
+        }
+        let whole = task.clone();
+        let parts = postmesh_shared::cpu::run_sized(mime.len(), move || {
+            raw_html::html_parts(whole.mime.as_deref().unwrap_or_default())
+        })
+        .await;
+        let mut tracked = Vec::with_capacity(parts.len());
+        for part in parts {
+            if let Some(html) = self.track(task, delivery, &part.html).await {
+                tracked.push((part, html));
+            }
+        }
+        if tracked.is_empty() {
+            return Cow::Borrowed(mime);
+        }
+        Cow::Owned(raw_html::replaced(mime, &tracked))
     }
 
     /// The unsubscribe link of `task`'s message `delivery` to `to`: none for transactional
@@ -284,7 +312,10 @@ impl Stages for Delivery {
             (Body::Slice { .. }, Some(task)) => {
                 let link = self.unsubscribe_link(task, to, id.as_uuid());
                 match &task.mime {
-                    Some(mime) => message::raw(task, mime, to, link.as_deref()),
+                    Some(mime) => {
+                        let mime = self.track_raw(task, id.as_uuid(), mime).await;
+                        message::raw(task, &mime, to, link.as_deref())
+                    }
                     None => {
                         let mut draft = message::Draft::of_task(task, to, message_id, link);
                         if let Some(html) = self.track(task, id.as_uuid(), &draft.html).await {
