@@ -502,6 +502,15 @@ async fn key_pages_create_and_revoke_with_csrf(stack: &Stack) {
         user.page("/app/emails/not-an-id").await.status,
         StatusCode::BAD_REQUEST
     );
+    // What the sender refuses is shown as it says it; a message that is not there is a 404.
+    let filtered = user.page("/app/emails?tag=no-colon").await;
+    assert!(
+        text(&filtered).contains("tag must be written name:value"),
+        "{}",
+        text(&filtered)
+    );
+    let missing = format!("/app/emails/{}", uuid::Uuid::now_v7());
+    assert_eq!(user.page(&missing).await.status, StatusCode::NOT_FOUND);
     let id = stack.key_id(&key).await;
     let forged = user
         .form_with_csrf(&format!("/app/keys/{id}/revoke"), "", &[])

@@ -14,7 +14,7 @@ use postmesh_shared::extract::IdPath;
 use postmesh_shared::{ApiError, Service};
 
 use super::chart::text;
-use super::{layout, no_key, service_get, session_auth, when, Csrf};
+use super::{layout, no_key, service_get, session_auth, when, Csrf, Unshown};
 use crate::sessions::Session;
 use crate::AppState;
 
@@ -44,8 +44,12 @@ const STATES: [&str; 10] = [
     "cancelled",
 ];
 
+/// What a page says when the sender does not answer.
+const UNAVAILABLE: &str = "Not available right now; reload in a moment.";
+
+/// [`UNAVAILABLE`] as the page's error.
 fn unavailable() -> Markup {
-    html! { p.error { "Not available right now; reload in a moment." } }
+    html! { p.error { (UNAVAILABLE) } }
 }
 
 /// The log's form, filled with `f`.
@@ -92,9 +96,9 @@ pub async fn list(
     let log = service_get(&state, Service::Sender, &auth, "/emails", &query).await;
     let body = html! {
         (form(&filters))
-        @match log.as_ref().and_then(|l| l["emails"].as_array()) {
-            Some(rows) if rows.is_empty() => p #none { "No messages." },
-            Some(rows) => div.scroll { table #emails {
+        @match log.as_ref().map(|l| l["emails"].as_array()) {
+            Ok(Some(rows)) if rows.is_empty() => p #none { "No messages." },
+            Ok(Some(rows)) => div.scroll { table #emails {
                 thead { tr { th { "When" } th { "To" } th { "Subject" } th { "State" } th { "Opens" } th { "Clicks" } } }
                 tbody { @for e in rows { tr {
                     td { (when(e["createdAt"].as_i64().unwrap_or(0))) }
@@ -105,7 +109,8 @@ pub async fn list(
                     td.clicks { (text(&e["clicks"])) }
                 } } }
             } },
-            None => (unavailable()),
+            Err(Unshown::Refused(_, error)) => p.error role="alert" { (error) },
+            Ok(None) | Err(Unshown::Unavailable) => (unavailable()),
         }
     };
     let markup = layout("Emails", Some(&session), &csrf, body);
@@ -147,10 +152,20 @@ pub async fn one(
         "",
     )
     .await;
-    let Some(e) = found else {
-        let body = html! { p.error role="alert" { "No such message." } p { a href="/app/emails" { "Back to the log" } } };
-        let markup = layout("Email", Some(&session), &csrf, body);
-        return Ok(csrf.page(&state, StatusCode::NOT_FOUND, markup));
+    let e = match found {
+        Ok(e) => e,
+        Err(unshown) => {
+            let (status, said) = match unshown {
+                Unshown::Refused(status, _) if status == StatusCode::NOT_FOUND => {
+                    (status, html! { "No such message." })
+                }
+                Unshown::Refused(status, error) => (status, html! { (error) }),
+                Unshown::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, html! { (UNAVAILABLE) }),
+            };
+            let body = html! { p.error role="alert" { (said) } p { a href="/app/emails" { "Back to the log" } } };
+            let markup = layout("Email", Some(&session), &csrf, body);
+            return Ok(csrf.page(&state, status, markup));
+        }
     };
     let body = html! {
         p { a href="/app/emails" { "Back to the log" } }

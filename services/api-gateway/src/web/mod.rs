@@ -18,6 +18,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use postmesh_contracts::routes::gateway as api;
+use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::{AuthContext, HttpRequest, Role};
 use postmesh_shared::{nats, ApiError, Routes, Service};
 use serde_json::Value;
@@ -69,11 +70,18 @@ pub fn no_key(state: &AppState, session: &Session, csrf: &Csrf) -> Response {
     csrf.page(state, StatusCode::INTERNAL_SERVER_ERROR, markup)
 }
 
-/// `GET path?query` of `service` as `auth`; the answer's JSON, or `None` when it failed or
-/// was not a 200.
+/// Why a page cannot show what it asked a service for.
+pub enum Unshown {
+    /// The service refused the request: its status and error, to show as they are.
+    Refused(StatusCode, String),
+    /// The service did not answer, or not as it should.
+    Unavailable,
+}
+
+/// `GET path?query` of `service` as `auth`: the answer's JSON, or why there is none.
 pub async fn service_get(
     state: &AppState, service: Service, auth: &AuthContext, path: &str, query: &str,
-) -> Option<Value> {
+) -> Result<Value, Unshown> {
     let req = HttpRequest {
         method: "GET".into(),
         path: path.into(),
@@ -82,14 +90,24 @@ pub async fn service_get(
         ..Default::default()
     };
     match nats::forward(&state.nats, &state.bulk, &state.ns, service, &req).await {
-        Ok(reply) if reply.status == 200 => serde_json::from_slice(&reply.body).ok(),
+        Ok(reply) if reply.status == 200 => {
+            serde_json::from_slice(&reply.body).map_err(|_| Unshown::Unavailable)
+        }
         Ok(reply) => {
             tracing::warn!(path, status = reply.status, %service, "web app: refused");
-            None
+            let status = u16::try_from(reply.status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .filter(StatusCode::is_client_error);
+            let error = serde_json::from_slice::<ErrorBody>(&reply.body).map(|b| b.error);
+            match (status, error) {
+                (Some(status), Ok(error)) => Err(Unshown::Refused(status, error)),
+                _ => Err(Unshown::Unavailable),
+            }
         }
         Err(e) => {
             tracing::warn!(path, error = %e, %service, "web app: unavailable");
-            None
+            Err(Unshown::Unavailable)
         }
     }
 }

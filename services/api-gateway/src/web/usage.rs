@@ -89,7 +89,7 @@ pub async fn page(
         "Usage",
         Some(&session),
         &csrf,
-        body(balance, ent, logs, stats),
+        body(balance.ok(), ent.ok(), logs.ok(), stats.ok()),
     );
     Ok(csrf.page(&state, StatusCode::OK, markup))
 }
