@@ -81,7 +81,6 @@ pub fn metadata_schema() -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(Type::Object)
         .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
-        .max_properties(Some(20))
         .description(Some(format!(
             "Names to strings, at most {MAX_METADATA_BYTES} bytes as JSON; carried in every \
              event of the send."
