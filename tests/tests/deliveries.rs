@@ -71,6 +71,16 @@ fn inbox_address(local: &str) -> String {
     format!("{local}@{INBOUND_DOMAIN}")
 }
 
+/// The MTA hands in a message `subject` with `body` for inbox `local`.
+async fn mail_to(stack: &Stack, local: &str, subject: &str, body: &str) {
+    ingest(
+        stack,
+        &message(None, subject, "", body),
+        &[&inbox_address(local)],
+    )
+    .await;
+}
+
 /// A fresh key with inbox `local` and an endpoint of it to a new receiver: the key, the
 /// endpoint's id and the receiver.
 async fn key_and_endpoint(stack: &Stack, local: &str) -> (String, uuid::Uuid, Receiver) {
@@ -289,12 +299,7 @@ async fn a_rotated_secret_signs_beside_the_new_one(stack: &Stack) {
     assert_ne!(old, new);
     receiver.trust(&old);
     receiver.trust(&new);
-    ingest(
-        stack,
-        &message(None, "Rotated", "", "x"),
-        &[&inbox_address("rotate")],
-    )
-    .await;
+    mail_to(stack, "rotate", "Rotated", "x").await;
     let got = received(&receiver, 1, Duration::from_secs(10)).await;
     assert_eq!(got[0].signatures.len(), 2, "{:?}", got[0].signatures);
     assert_eq!(
@@ -398,12 +403,7 @@ async fn bodies_come_in_each_format_with_quotes_stripped_on_request(stack: &Stac
 async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honoured(stack: &Stack) {
     let (key, e, receiver) = key_and_endpoint(stack, "flaky").await;
     receiver.script([Reply::Status(500), Reply::Status(500)]);
-    ingest(
-        stack,
-        &message(None, "One", "", "1"),
-        &[&inbox_address("flaky")],
-    )
-    .await;
+    mail_to(stack, "flaky", "One", "1").await;
     let got = received(&receiver, 3, Duration::from_secs(15)).await;
     assert!(got.iter().all(|d| d.id == got[0].id), "one webhook-id");
     // The test stack's schedule: 1 s, then 2 s.
@@ -418,12 +418,7 @@ async fn a_failing_receiver_is_retried_on_the_schedule_and_retry_after_is_honour
     // A 429 with Retry-After: 4 waits 4 s, not the schedule's 1 s.
     receiver.script([Reply::RetryAfter(429, 4)]);
     let asked = Instant::now();
-    ingest(
-        stack,
-        &message(None, "Two", "", "2"),
-        &[&inbox_address("flaky")],
-    )
-    .await;
+    mail_to(stack, "flaky", "Two", "2").await;
     let got = received(&receiver, 4, Duration::from_secs(10)).await;
     assert_eq!(got[3].answered, 429);
     let waiting = answered(stack, &key, e, 429, Duration::from_secs(3))
@@ -450,12 +445,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     let g = endpoint(stack, &key, inbox, &gone, json!({})).await;
     receiver.answer(Reply::Status(503));
     gone.answer(Reply::Status(410));
-    ingest(
-        stack,
-        &message(None, "Dead", "", "d"),
-        &[&inbox_address("dead")],
-    )
-    .await;
+    mail_to(stack, "dead", "Dead", "d").await;
     let failed = settled(stack, &key, e, 1, Status::Failed).await;
     assert_eq!(
         (failed[0].attempt_count, failed[0].last_status_code),
@@ -546,12 +536,7 @@ async fn a_tuned_dispatcher_side_by_side() {
 async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {
     let (key, e, receiver) = key_and_endpoint(stack, "failing").await;
     receiver.answer(Reply::Status(500));
-    ingest(
-        stack,
-        &message(None, "Fail", "", "f"),
-        &[&inbox_address("failing")],
-    )
-    .await;
+    mail_to(stack, "failing", "Fail", "f").await;
     eventually(Duration::from_secs(15), || async {
         let page: Success<EndpointPage> = stack
             .client(&key)
@@ -571,12 +556,7 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {
     let failing_for = tries[tries.len() - 1].arrived - tries[0].arrived;
     assert!(failing_for > Duration::from_secs(1), "{failing_for:?}");
     // Disabled: new mail is not sent to it.
-    ingest(
-        stack,
-        &message(None, "After", "", "a"),
-        &[&inbox_address("failing")],
-    )
-    .await;
+    mail_to(stack, "failing", "After", "a").await;
     stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     assert_eq!(attempts(stack, &key, e).await.len(), 1);
 }
@@ -588,12 +568,7 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed(stack: &Stack) {
     let e = endpoint(stack, &key, inbox, &receiver, html).await;
     // As HTML the text is escaped into <pre>: longer than the text the message had.
     let long = "é<".repeat(200);
-    ingest(
-        stack,
-        &message(None, "Long", "", &long),
-        &[&inbox_address("long")],
-    )
-    .await;
+    mail_to(stack, "long", "Long", &long).await;
     let got = received(&receiver, 1, Duration::from_secs(10)).await;
     let data = &got[0].body["data"];
     let body = data["body"].as_str().unwrap();
@@ -606,12 +581,7 @@ async fn long_bodies_are_cut_and_redirects_are_not_followed(stack: &Stack) {
 
     // A 3xx is an answer like any other non-2xx: retried, never followed.
     receiver.answer(Reply::Redirect(elsewhere.url("/stolen")));
-    ingest(
-        stack,
-        &message(None, "Moved", "", "m"),
-        &[&inbox_address("long")],
-    )
-    .await;
+    mail_to(stack, "long", "Moved", "m").await;
     let moved = answered(stack, &key, e, 302, Duration::from_secs(10))
         .await
         .status;
@@ -758,12 +728,7 @@ async fn a_host_whose_dns_turns_private_is_refused_at_delivery() {
         .await;
     // The name now points inside; the delivery's own lookup refuses it.
     dns.set_a("hook.hooks.example", &[Ipv4Addr::new(10, 9, 8, 7)]);
-    ingest(
-        &stack,
-        &message(None, "Inside", "", "x"),
-        &[&inbox_address("dns")],
-    )
-    .await;
+    mail_to(&stack, "dns", "Inside", "x").await;
     let e = created.body.endpoint.id;
     let refused = eventually(Duration::from_secs(10), || async {
         let list = attempts(&stack, &key, e).await;
@@ -1198,12 +1163,7 @@ async fn a_receiver_streaming_an_endless_error_body_is_read_to_4_kib_and_dropped
     let (key, e, receiver) = key_and_endpoint(stack, "endless").await;
     receiver.answer(Reply::Endless(500));
     let started = Instant::now();
-    ingest(
-        stack,
-        &message(None, "Endless", "", "e"),
-        &[&inbox_address("endless")],
-    )
-    .await;
+    mail_to(stack, "endless", "Endless", "e").await;
     // Recorded long before the 15 s answer timeout: the body was not read to its end.
     let tried = eventually(Duration::from_secs(10), || async {
         match attempts(stack, &key, e).await.pop() {

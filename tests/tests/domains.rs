@@ -575,39 +575,29 @@ async fn outbound_creates_or_reuses_the_ses_identity_and_follows_its_status() {
 
     // SES down is 503 and SES refusing is 502; nothing stored changes.
     world.ses.set_down(true);
-    let _: ErrorBody = world
-        .act(
-            &key,
-            &id,
-            "verify-outbound",
-            StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
-    let _: ErrorBody = world
-        .act(&key, &id, "setup-outbound", StatusCode::SERVICE_UNAVAILABLE)
-        .await;
+    for action in ["verify-outbound", "setup-outbound"] {
+        let _: ErrorBody = world
+            .act(&key, &id, action, StatusCode::SERVICE_UNAVAILABLE)
+            .await;
+    }
     world.ses.set_down(false);
-    world.ses.fail_next(
-        StatusCode::BAD_REQUEST,
-        "LimitExceededException",
-        "Too many identities",
-    );
-    let _: ErrorBody = world
-        .act(&key, &id, "verify-outbound", StatusCode::BAD_GATEWAY)
-        .await;
-    world.ses.fail_next(
-        StatusCode::TOO_MANY_REQUESTS,
-        "TooManyRequestsException",
-        "Rate exceeded",
-    );
-    let _: ErrorBody = world
-        .act(
-            &key,
-            &id,
-            "verify-outbound",
+    for (status, code, message, ours) in [
+        (
+            StatusCode::BAD_REQUEST,
+            "LimitExceededException",
+            "Too many identities",
+            StatusCode::BAD_GATEWAY,
+        ),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequestsException",
+            "Rate exceeded",
             StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
+        ),
+    ] {
+        world.ses.fail_next(status, code, message);
+        let _: ErrorBody = world.act(&key, &id, "verify-outbound", ours).await;
+    }
     let after: Success<DomainPage> = world
         .client(&key)
         .get(&format!("/sender-domains/{id}"), StatusCode::OK)
