@@ -328,15 +328,26 @@ pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_
     .await;
     wait_status(stack, &key, released, |p| p.sent == 1).await;
     let waiting = send(stack, &key, json!({"to": "later@example.com", "subject": "Later", "text": "x", "tags": tags, "scheduledAt": now + 3600})).await;
-    // Both accepted a month ago; only the first released then.
-    for (task, released_at) in [(released, Some(month_ago)), (waiting, None)] {
-        sqlx::query("UPDATE tasks SET created_at = $2, released_at = $3 WHERE id = $1")
-            .bind(task.as_uuid())
-            .bind(month_ago)
-            .bind(released_at)
-            .execute(&db)
-            .await
-            .unwrap();
+    let failed = send(stack, &key, json!({"to": "never@example.com", "subject": "Never", "text": "x", "scheduledAt": now + 3600})).await;
+    // All accepted a month ago; the first released then, the last set aside as failed at its
+    // time then, the second still waiting.
+    for (task, status, released_at) in [
+        (released, "queued", Some(month_ago)),
+        (waiting, "scheduled", None),
+        (failed, "failed", None),
+    ] {
+        sqlx::query(
+            "UPDATE tasks SET created_at = $2, released_at = $3, status = $4,
+                 scheduled_at = CASE WHEN $4 = 'failed' THEN $2 ELSE scheduled_at END
+             WHERE id = $1",
+        )
+        .bind(task.as_uuid())
+        .bind(month_ago)
+        .bind(released_at)
+        .bind(status)
+        .execute(&db)
+        .await
+        .unwrap();
     }
     // Events whose delivery is gone: one a month old, one new.
     let (stale, fresh) = (first_id_at(month_ago), uuid::Uuid::now_v7());
@@ -375,6 +386,11 @@ pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_
             "{table} of the released send"
         );
     }
+    assert_eq!(
+        rows("task_recipients", failed).await,
+        0,
+        "the send set aside"
+    );
     let purged: bool = sqlx::query_scalar("SELECT log_purged FROM tasks WHERE id = $1")
         .bind(released.as_uuid())
         .fetch_one(&db)

@@ -1,6 +1,6 @@
 //! The message log's retention: a send's deliveries, their events, and its tags,
-//! attachments and raw message are purged `EMAIL_RETENTION_DAYS` after the send was released
-//! or cancelled — never while it waits for its time — at most [`TASKS`] sends a pass and
+//! attachments and raw message are purged `EMAIL_RETENTION_DAYS` after the send stopped
+//! waiting ([`ENDED`]) — never while it waits for its time — at most [`TASKS`] sends a pass and
 //! [`BATCH`] rows a statement. The task's own row stays, marked `log_purged`: frequency caps
 //! and topic exclusions look back up to a year through it. An event recorded after its send
 //! was purged (a late click) goes by its own time, its id being time-ordered (v7).
@@ -14,6 +14,10 @@ use postmesh_shared::db::now_unix;
 pub const BATCH: i64 = 1000;
 /// Sends purged together at most.
 const TASKS: i64 = 100;
+/// When a send stopped waiting: released, cancelled, or set aside as failed at its time
+/// (the expression of the index `tasks_log_expiry`); none while it waits.
+const ENDED: &str =
+    "coalesce(released_at, cancelled_at, CASE WHEN status = 'failed' THEN scheduled_at END)";
 
 /// What one pass deletes of the sends `$1`, `$2` rows a statement at most, in this order:
 /// each statement finds its rows through `task_recipients`, deleted after them.
@@ -62,10 +66,9 @@ pub async fn purge(db: &PgPool, days: i64) -> Result<bool, sqlx::Error> {
     .execute(db)
     .await?
     .rows_affected();
-    let sends: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM tasks WHERE NOT log_purged AND coalesce(released_at, cancelled_at) < $1
-         ORDER BY coalesce(released_at, cancelled_at) LIMIT $2",
-    )
+    let sends: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM tasks WHERE NOT log_purged AND {ENDED} < $1 ORDER BY {ENDED} LIMIT $2"
+    ))
     .bind(cutoff)
     .bind(TASKS)
     .fetch_all(db)
