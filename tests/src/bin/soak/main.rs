@@ -167,11 +167,11 @@ async fn main() {
     let outbox = stack.outbox().to_owned();
     let smtp: Vec<SocketAddr> = procs.iter().filter_map(|p| p.smtp).collect();
     let user = stack.account_email(&key).await;
-    let (click_path, clicked, task) = tracked_link(&stack, &key, &outbox).await;
+    let (click_paths, clicked, task) = tracked_links(&stack, &key, &outbox).await;
     accepted_sends.lock().expect("sends").push(task);
     let clicks: Shared<(usize, usize)> = Shared::default();
     let tasks = vec![
-        tokio::spawn(load.clone().clicks(click_path, clicks.clone())),
+        tokio::spawn(load.clone().clicks(click_paths, clicks.clone())),
         tokio::spawn(load.clone().smtp_sends(smtp, user, accepted_sends.clone())),
         tokio::spawn(load.clone().sends("a", accepted_sends.clone())),
         tokio::spawn(load.clone().sends("b", accepted_sends.clone())),
@@ -282,7 +282,7 @@ async fn main() {
     failures.extend(report.charges(&deduct_keys, &outbox).await);
     failures.extend(report.inbound(&accepted_inbound, &receivers).await);
     let clicks = *clicks.lock().expect("clicks");
-    failures.extend(report.clicks(clicked, clicks).await);
+    failures.extend(report.clicks(&clicked, clicks).await);
     for mut p in procs {
         if let Some(mut child) = p.child.take() {
             let _ = child.kill().await;
@@ -535,16 +535,20 @@ impl Load {
         (outcome, json)
     }
 
-    /// One click of a tracked link after another (the gateways in turn, redirects not
-    /// followed); counts the clicks asked and those answered 302.
-    async fn clicks(self, path: String, counts: Shared<(usize, usize)>) {
+    /// One click of a tracked link after another (the links and the gateways in turn,
+    /// redirects not followed); counts the clicks asked and those answered 302.
+    async fn clicks(self, paths: Vec<String>, counts: Shared<(usize, usize)>) {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(20))
             .build()
             .expect("client");
         while self.running() {
-            let base = &self.bases[self.turn.fetch_add(1, Ordering::Relaxed) % self.bases.len()];
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+            let (base, path) = (
+                &self.bases[turn % self.bases.len()],
+                &paths[turn % paths.len()],
+            );
             let sent = Instant::now();
             counts.lock().expect("clicks").0 += 1;
             let outcome = match http
@@ -755,12 +759,18 @@ fn messages_to(outbox: &std::path::Path, to: &str) -> Vec<String> {
         .collect()
 }
 
-/// A tracked message's link (its path on the gateway), its delivery and its task, sent before
-/// the load.
-async fn tracked_link(
+/// Tracked messages clicked in turn: a delivery records at most 1,000 clicks, and a long
+/// soak clicks more than that.
+const CLICKED: usize = 25;
+
+/// The tracked messages' links (their paths on the gateway), their deliveries and their
+/// send's task, sent before the load.
+async fn tracked_links(
     stack: &Stack, key: &str, outbox: &std::path::Path,
-) -> (String, uuid::Uuid, String) {
-    let to = "soak-clicks@example.com";
+) -> (Vec<String>, Vec<uuid::Uuid>, String) {
+    let to: Vec<String> = (0..CLICKED)
+        .map(|i| format!("soak-clicks-{i}@example.com"))
+        .collect();
     let sent: Value = stack
         .client(key)
         .post(
@@ -770,26 +780,30 @@ async fn tracked_link(
             reqwest::StatusCode::OK,
         )
         .await;
-    let eml = until(Duration::from_secs(60), || async {
-        messages_to(outbox, to)
-            .pop()
-            .ok_or_else(|| "the tracked message is not delivered yet".to_owned())
-    })
-    .await
-    .expect("the tracked message");
-    let html = postmesh_tests::html_part(&eml);
-    let at = html.find("/t/c/").expect("a tracked link");
-    let path = html[at..html[at..].find('"').map_or(html.len(), |e| at + e)].to_owned();
-    let delivery = sqlx::query_scalar("SELECT delivery_id FROM task_recipients WHERE email = $1")
-        .bind(to)
-        .fetch_one(&stack.sender_db().await)
+    let mut paths = Vec::with_capacity(CLICKED);
+    for to in &to {
+        let eml = until(Duration::from_secs(60), || async {
+            messages_to(outbox, to)
+                .pop()
+                .ok_or_else(|| format!("the tracked message to {to} is not delivered yet"))
+        })
         .await
-        .expect("the tracked delivery");
+        .expect("the tracked message");
+        let html = postmesh_tests::html_part(&eml);
+        let at = html.find("/t/c/").expect("a tracked link");
+        paths.push(html[at..html[at..].find('"').map_or(html.len(), |e| at + e)].to_owned());
+    }
+    let deliveries =
+        sqlx::query_scalar("SELECT delivery_id FROM task_recipients WHERE email = ANY($1)")
+            .bind(&to)
+            .fetch_all(&stack.sender_db().await)
+            .await
+            .expect("the tracked deliveries");
     let task = sent["taskId"]
         .as_str()
         .expect("the tracked send's task")
         .to_owned();
-    (path, delivery, task)
+    (paths, deliveries, task)
 }
 
 /// Every `To:` address of the `.eml` files in `outbox`, with how many were delivered to it.
@@ -876,13 +890,16 @@ impl Report<'_> {
 
     /// Every click answered 302 recorded (none lost, whatever was killed), and no more than
     /// were asked (none twice).
-    async fn clicks(&self, delivery: uuid::Uuid, (asked, answered): (usize, usize)) -> Vec<String> {
+    async fn clicks(
+        &self, deliveries: &[uuid::Uuid], (asked, answered): (usize, usize),
+    ) -> Vec<String> {
         let db = self.stack.sender_db().await;
         let count = || async {
             sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND kind = 'clicked'",
+                "SELECT count(*) FROM delivery_events
+                 WHERE delivery_id = ANY($1) AND kind = 'clicked'",
             )
-            .bind(delivery)
+            .bind(deliveries)
             .fetch_one(&db)
             .await
             .map(|n| n as usize)
@@ -947,8 +964,8 @@ impl Report<'_> {
                 .collect();
             self.trace_sends(&missing).await;
         }
-        // Anything delivered twice would have come by now (the workers' retries are short).
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Every job published and acknowledged: nothing sent so far can still arrive twice.
+        self.stack.sends_done().await;
         let counts = delivered(outbox);
         let twice: Vec<_> = counts
             .iter()
