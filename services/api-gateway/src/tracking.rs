@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, Method, Response, StatusCode};
@@ -59,12 +60,15 @@ pub fn truncated(addr: IpAddr) -> String {
     }
 }
 
-/// What `token` says as a `kind` hit, or the 404 of one that is not ours.
-fn claims(state: &AppState, token: &str, kind: HitKind) -> Result<Claims, ApiError> {
-    state
-        .tracking
-        .as_ref()
-        .and_then(|key| key.verify(token, kind))
+/// What the path's token says as a `kind` hit, or the 404 of one that is not ours (one
+/// that is not even valid percent-encoding among them).
+fn claims(
+    state: &AppState, token: Result<Path<String>, PathRejection>, kind: HitKind,
+) -> Result<Claims, ApiError> {
+    token
+        .ok()
+        .zip(state.tracking.as_ref())
+        .and_then(|(Path(token), key)| key.verify(&token, kind))
         .ok_or_else(|| ApiError::NotFound("no such tracking link".into()))
 }
 
@@ -172,9 +176,9 @@ async fn publish(state: &AppState, claims: Claims, req: &Parts) -> Result<(), Ap
 
 /// `GET /t/o/{token}`: the pixel.
 async fn open(
-    State(state): State<AppState>, Path(token): Path<String>, req: Parts,
+    State(state): State<AppState>, token: Result<Path<String>, PathRejection>, req: Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let claims = claims(&state, &token, HitKind::Open)?;
+    let claims = claims(&state, token, HitKind::Open)?;
     publish(&state, claims, &req).await?;
     let mut res = Response::new(Body::from(PIXEL));
     let headers = res.headers_mut();
@@ -185,9 +189,9 @@ async fn open(
 
 /// `GET /t/c/{token}`: a `302` to the signed destination.
 async fn click(
-    State(state): State<AppState>, Path(token): Path<String>, req: Parts,
+    State(state): State<AppState>, token: Result<Path<String>, PathRejection>, req: Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let claims = claims(&state, &token, HitKind::Click)?;
+    let claims = claims(&state, token, HitKind::Click)?;
     let location = claims
         .url
         .as_deref()

@@ -94,7 +94,7 @@ impl Stack {
     /// The code in the latest of `count` delivered code emails to `to`.
     pub async fn code_sent_to(&self, to: &str, count: usize) -> String {
         let messages = self
-            .wait_for_messages(to, count, Duration::from_secs(15))
+            .wait_for_messages(to, count, Duration::from_secs(30))
             .await;
         let codes: Vec<String> = messages.iter().filter_map(|m| extract_code(m)).collect();
         assert_eq!(

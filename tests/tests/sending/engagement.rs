@@ -147,9 +147,13 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
     let mut tampered = clicks[0].clone();
     let last = tampered.pop().unwrap();
     tampered.push(if last == 'A' { 'B' } else { 'A' });
-    let refused = http.get(&tampered).send().await.unwrap();
-    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
-    assert!(refused.headers().get("location").is_none());
+    // So is one that is not even valid percent-encoding.
+    let garbled = format!("{}%FF%FE", &clicks[0][..clicks[0].len() - 4]);
+    for changed in [tampered, garbled] {
+        let refused = http.get(&changed).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::NOT_FOUND, "{changed}");
+        assert!(refused.headers().get("location").is_none());
+    }
 
     let progress = wait_status(stack, &key, task, |p| {
         details(p, reader, Kind::Opened).len() == 2

@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use lettre::message::header::ContentType;
-use lettre::message::{Attachment, Mailbox, MultiPart};
+use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use mail_parser::MimeHeaders as _;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -586,6 +587,9 @@ pub(crate) async fn a_workspace_that_tracks_has_its_smtp_messages_tracked(stack:
                     "Read https://example.com/page".to_owned(),
                     r#"<p>Résumé: <a href="https://example.com/page">read</a></p>"#.to_owned(),
                 ))
+                .singlepart(SinglePart::html(
+                    r#"<p>More: <a href="https://example.com/more">more</a></p>"#.to_owned(),
+                ))
                 .singlepart(Attachment::new("page.html".into()).body(
                     br#"<a href="https://example.com/attached">kept</a>"#.to_vec(),
                     ContentType::TEXT_HTML,
@@ -613,7 +617,26 @@ pub(crate) async fn a_workspace_that_tracks_has_its_smtp_messages_tracked(stack:
         parsed.body_text(0).unwrap(),
         "Read https://example.com/page"
     );
-    let attached = parsed.attachments().next().expect("the attachment");
+    // Both HTML parts' links tracked, one pixel in the message.
+    let html: Vec<String> = parsed
+        .parts
+        .iter()
+        .filter(|p| !p.content_disposition().is_some_and(|d| d.is_attachment()))
+        .filter_map(|p| match &p.body {
+            mail_parser::PartType::Html(h) => Some(h.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(html.len(), 2, "{seen}");
+    assert!(
+        html.iter().all(|h| h.contains(&format!("{base}/t/c/"))),
+        "{html:?}"
+    );
+    assert_eq!(html.concat().matches("/t/o/").count(), 1, "{html:?}");
+    let attached = parsed
+        .attachments()
+        .find(|a| a.attachment_name() == Some("page.html"))
+        .expect("the attachment");
     assert_eq!(
         attached.contents(),
         br#"<a href="https://example.com/attached">kept</a>"#,

@@ -208,6 +208,8 @@ impl<'a> Tags<'a> {
 
     /// `link` with the parameters it lacks, or None when it is not `http(s)` or has them all.
     fn tag(&self, link: &str) -> Option<String> {
+        // White space around the link is no part of it (as tracking reads it).
+        let link = link.trim();
         let http = |scheme: &str| {
             link.get(..scheme.len())
                 .is_some_and(|s| s.eq_ignore_ascii_case(scheme))

@@ -102,15 +102,17 @@ pub struct Equipment {
 }
 
 impl Delivery {
-    /// `html` of `task`'s message `delivery` with its pixel and tracked links, when the
-    /// send asked for either and tracking is configured.
-    async fn track(&self, task: &LoadedTask, delivery: Uuid, html: &str) -> Option<String> {
+    /// `html` of `task`'s message `delivery` with its tracked links and, where `pixel`, its
+    /// pixel, when the send asked for either and tracking is configured.
+    async fn track(
+        &self, task: &LoadedTask, delivery: Uuid, html: &str, pixel: bool,
+    ) -> Option<String> {
         let tracker = self.tracker.clone()?;
         let m = &task.message;
-        if !(m.track_opens || m.track_clicks) || html.is_empty() {
+        let (opens, clicks) = (m.track_opens && pixel, m.track_clicks);
+        if !(opens || clicks) || html.is_empty() {
             return None;
         }
-        let (opens, clicks) = (m.track_opens, m.track_clicks);
         // The unsubscribe page's address, which links never go through tracking to.
         let prefix = self
             .unsubscribe
@@ -148,8 +150,9 @@ impl Delivery {
         })
         .await;
         let mut tracked = Vec::with_capacity(parts.len());
-        for part in parts {
-            if let Some(html) = self.track(task, delivery, &part.html).await {
+        // One pixel a message: in its first HTML part.
+        for (i, part) in parts.into_iter().enumerate() {
+            if let Some(html) = self.track(task, delivery, &part.html, i == 0).await {
                 tracked.push((part, html));
             }
         }
@@ -318,7 +321,8 @@ impl Stages for Delivery {
                     }
                     None => {
                         let mut draft = message::Draft::of_task(task, to, message_id, link);
-                        if let Some(html) = self.track(task, id.as_uuid(), &draft.html).await {
+                        if let Some(html) = self.track(task, id.as_uuid(), &draft.html, true).await
+                        {
                             draft.html = html.into();
                         }
                         message::build(&draft).map(Outgoing::from)

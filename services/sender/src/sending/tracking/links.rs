@@ -53,9 +53,8 @@ impl Instrument<'_> {
 
     /// The tracked form of `href` as written in the markup, if it is to be tracked.
     fn tracked(&self, href: &str) -> Option<String> {
-        let link = href.trim();
         // The destination as a browser reads the attribute.
-        let link = link.replace("&amp;", "&");
+        let link = postmesh_shared::text::attribute_url(href);
         let unsubscribe = self.unsubscribe_prefix.is_some_and(|p| link.starts_with(p));
         if !is_http(&link) || unsubscribe {
             return None;
@@ -148,13 +147,19 @@ mod tests {
     fn links_are_tracked_but_unsubscribe_and_marked_ones() {
         let t = tracker();
         let html = r#"<html><body><a href="https://x.com/a?b=1&amp;c=2">a</a>
+<a href=" https://x.com/n?who=O&#39;Brien&#38;x=&quot;y&quot;
+ ">n</a>
 <a href="https://app.example.com/unsubscribe?token=z">u</a>
 <a data-pm-notrack href="https://x.com/keep">k</a> <a href="mailto:q@x.com">m</a>
 <AREA HREF="http://x.com/m"></body></html>"#;
         let out = instrument(&t, false, true).apply(html);
         assert_eq!(
             destinations(&t, &out),
-            ["https://x.com/a?b=1&c=2", "http://x.com/m"]
+            [
+                "https://x.com/a?b=1&c=2",
+                "https://x.com/n?who=O'Brien&x=\"y\"",
+                "http://x.com/m"
+            ]
         );
         assert!(out.contains(r#"href="https://app.example.com/unsubscribe?token=z""#));
         assert!(
