@@ -162,6 +162,7 @@ settings! {
     RUST_LOG = "info", "all: JSON log filter";
     PUBLIC_BASE_URL = "http://127.0.0.1:8080", "gateway: the base of device verification links; cookies are `Secure` unless it is `http://`; billing: where Checkout and the portal send the buyer back (`/billing/checkout/success`, `/billing/subscription/success`, `/billing`, served by the web app); sender: the base of one-click unsubscribe links";
     TRACKING_SECRET = "" shown "unset (`make run`: `dev-tracking-secret`)", "gateway, sender: signs open and click tracking tokens (HMAC-SHA256); unset, no mail is tracked and the tracking paths `/t/o/…` and `/t/c/…` answer 404";
+    TRACKING_BASE_URL = "" shown "`PUBLIC_BASE_URL`", "sender: where tracked links and pixels point (`{base}/t/c/…`, `{base}/t/o/…`) for mail from a domain without a verified tracking domain; gateway: on its host and `PUBLIC_BASE_URL`'s it answers tokens made for them, on any other host only tokens bound to that host (a domain's own `track.<domain>`)";
     DNS_NAMESERVERS = "" shown "the system's resolvers", "domain, webhook-dispatcher: comma list of `ip:port` name servers for TXT and MX checks and webhook hosts";
     SECRETS_KEY = "6465762d6f6e6c792d6b65792d6e6f742d666f722d70726f64756374696f6e21" shown "dev value (required in production)", "domain, webhook-dispatcher: 64 hex digits; seals saved DNS provider tokens and webhook signing secrets (ChaCha20-Poly1305)";
 }

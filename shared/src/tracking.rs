@@ -1,7 +1,9 @@
 //! Open and click tracking tokens: what a tracked pixel or link carries — its delivery and,
 //! for a click, the destination — signed with HMAC-SHA256 (`TRACKING_SECRET`). The sender
 //! makes them; the gateway checks them before it answers, so it never redirects anyone to
-//! a URL it did not sign and reads no database to do so.
+//! a URL it did not sign and reads no database to do so. A token made for a domain's own
+//! tracking host (`track.<domain>`) is bound to it: its signature covers that host, so it
+//! works there only, and a token of the shared hosts works on none of the custom ones.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -26,10 +28,17 @@ pub enum HitKind {
 }
 
 impl HitKind {
-    fn byte(self) -> u8 {
-        match self {
+    /// The token's first byte: lower case for the shared hosts, upper case when bound to a
+    /// host (so that no token of one kind can be read as one of the other).
+    fn byte(self, bound: bool) -> u8 {
+        let byte = match self {
             Self::Open => b'o',
             Self::Click => b'c',
+        };
+        if bound {
+            byte.to_ascii_uppercase()
+        } else {
+            byte
         }
     }
 
@@ -71,46 +80,57 @@ impl TrackingKey {
         }
     }
 
-    fn sign(&self, payload: Vec<u8>) -> String {
+    /// The MAC of `payload` as a token for `host` (none: the shared hosts) has it: a bound
+    /// one covers the host's length and name before the payload.
+    fn mac(&self, payload: &[u8], host: Option<&str>) -> Option<Hmac<Sha256>> {
         let mut mac = self.mac.clone();
-        mac.update(&payload);
-        let mut token = payload;
+        if let Some(host) = host {
+            let host = canonical_host(host);
+            mac.update(&u16::try_from(host.len()).ok()?.to_be_bytes());
+            mac.update(host.as_bytes());
+        }
+        mac.update(payload);
+        Some(mac)
+    }
+
+    fn sign(&self, kind: HitKind, delivery: Uuid, url: &str, host: Option<&str>) -> Option<String> {
+        let mut token = vec![kind.byte(host.is_some())];
+        token.extend_from_slice(delivery.as_bytes());
+        token.extend_from_slice(url.as_bytes());
+        let mac = self.mac(&token, host)?;
         token.extend_from_slice(&mac.finalize().into_bytes()[..MAC_LEN]);
-        URL_SAFE_NO_PAD.encode(token)
+        Some(URL_SAFE_NO_PAD.encode(token))
     }
 
-    /// The pixel token of `delivery`.
-    pub fn open(&self, delivery: Uuid) -> String {
-        let mut payload = vec![HitKind::Open.byte()];
-        payload.extend_from_slice(delivery.as_bytes());
-        self.sign(payload)
+    /// The pixel token of `delivery`, bound to `host` when given.
+    pub fn open(&self, delivery: Uuid, host: Option<&str>) -> Option<String> {
+        self.sign(HitKind::Open, delivery, "", host)
     }
 
-    /// The link token of `delivery` to `url`; none for a URL over [`MAX_URL`] bytes.
-    pub fn click(&self, delivery: Uuid, url: &str) -> Option<String> {
+    /// The link token of `delivery` to `url`, bound to `host` when given; none for a URL
+    /// over [`MAX_URL`] bytes.
+    pub fn click(&self, delivery: Uuid, url: &str, host: Option<&str>) -> Option<String> {
         if url.len() > MAX_URL {
             return None;
         }
-        let mut payload = vec![HitKind::Click.byte()];
-        payload.extend_from_slice(delivery.as_bytes());
-        payload.extend_from_slice(url.as_bytes());
-        Some(self.sign(payload))
+        self.sign(HitKind::Click, delivery, url, host)
     }
 
-    /// What `token` says, if it is ours and of `kind`; constant time in its signature.
-    pub fn verify(&self, token: &str, kind: HitKind) -> Option<Claims> {
+    /// What `token` says, if it is ours, of `kind` and for `host` (none: made for the
+    /// shared hosts); constant time in its signature.
+    pub fn verify(&self, token: &str, kind: HitKind, host: Option<&str>) -> Option<Claims> {
         if token.len() > MAX_TOKEN {
             return None;
         }
         let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
         let cut = bytes.len().checked_sub(MAC_LEN)?;
         let (payload, signature) = bytes.split_at(cut);
-        if payload.len() < 17 || payload[0] != kind.byte() {
+        if payload.len() < 17 || payload[0] != kind.byte(host.is_some()) {
             return None;
         }
-        let mut mac = self.mac.clone();
-        mac.update(payload);
-        mac.verify_truncated_left(signature).ok()?;
+        self.mac(payload, host)?
+            .verify_truncated_left(signature)
+            .ok()?;
         let delivery = Uuid::from_slice(&payload[1..17]).ok()?;
         let url = match kind {
             HitKind::Open if payload.len() == 17 => None,
@@ -125,6 +145,16 @@ impl TrackingKey {
     }
 }
 
+/// `host` as tokens are bound to it: without a port or a final dot, in lower case.
+pub fn canonical_host(host: &str) -> String {
+    let name = match host.strip_prefix('[') {
+        // An IPv6 literal keeps its brackets.
+        Some(rest) => rest.find(']').map_or(host, |end| &host[..end + 2]),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,9 +163,9 @@ mod tests {
     fn tokens_say_what_they_were_signed_with_and_nothing_else() {
         let key = TrackingKey::new("secret");
         let d = Uuid::now_v7();
-        let open = key.open(d);
+        let open = key.open(d, None).unwrap();
         assert_eq!(
-            key.verify(&open, HitKind::Open),
+            key.verify(&open, HitKind::Open, None),
             Some(Claims {
                 kind: HitKind::Open,
                 delivery: d,
@@ -143,31 +173,75 @@ mod tests {
             })
         );
         assert_eq!(
-            key.verify(&open, HitKind::Click),
+            key.verify(&open, HitKind::Click, None),
             None,
             "an open is no click"
         );
-        let click = key.click(d, "https://x.com/a?b=1").unwrap();
-        let claims = key.verify(&click, HitKind::Click).unwrap();
+        let click = key.click(d, "https://x.com/a?b=1", None).unwrap();
+        let claims = key.verify(&click, HitKind::Click, None).unwrap();
         assert_eq!(claims.url.as_deref(), Some("https://x.com/a?b=1"));
         // Another key's token, a changed character, a cut token and junk are refused.
         assert_eq!(
-            TrackingKey::new("other").verify(&click, HitKind::Click),
+            TrackingKey::new("other").verify(&click, HitKind::Click, None),
             None
         );
         let mut bytes = URL_SAFE_NO_PAD.decode(&click).unwrap();
         bytes[20] ^= 1;
         assert_eq!(
-            key.verify(&URL_SAFE_NO_PAD.encode(&bytes), HitKind::Click),
+            key.verify(&URL_SAFE_NO_PAD.encode(&bytes), HitKind::Click, None),
             None
         );
-        assert_eq!(key.verify(&click[..click.len() - 2], HitKind::Click), None);
+        assert_eq!(
+            key.verify(&click[..click.len() - 2], HitKind::Click, None),
+            None
+        );
         for junk in ["", "x", "!!!!", &"A".repeat(MAX_TOKEN + 1)] {
-            assert_eq!(key.verify(junk, HitKind::Click), None, "{junk:.20}");
+            assert_eq!(key.verify(junk, HitKind::Click, None), None, "{junk:.20}");
         }
-        assert!(key.click(d, &"x".repeat(MAX_URL + 1)).is_none());
-        let longest = key.click(d, &"x".repeat(MAX_URL)).unwrap();
+        assert!(key.click(d, &"x".repeat(MAX_URL + 1), None).is_none());
+        let longest = key.click(d, &"x".repeat(MAX_URL), None).unwrap();
         assert!(longest.len() <= MAX_TOKEN);
-        assert!(key.verify(&longest, HitKind::Click).is_some());
+        assert!(key.verify(&longest, HitKind::Click, None).is_some());
+    }
+
+    #[test]
+    fn a_token_bound_to_a_host_works_there_only() {
+        let key = TrackingKey::new("secret");
+        let d = Uuid::now_v7();
+        let url = "https://x.com/a";
+        let a = key.click(d, url, Some("track.a.example")).unwrap();
+        let verify = |token: &str, host| key.verify(token, HitKind::Click, host);
+        assert_eq!(
+            verify(&a, Some("TRACK.a.example.:443")).and_then(|c| c.url),
+            Some(url.to_owned()),
+            "its host in any case, with a port or a final dot"
+        );
+        assert_eq!(verify(&a, Some("track.b.example")), None, "another host");
+        assert_eq!(verify(&a, None), None, "the shared hosts");
+        let shared = key.click(d, url, None).unwrap();
+        assert_eq!(verify(&shared, Some("track.a.example")), None);
+        // A shared token's bytes, kind byte raised, are no bound token either.
+        let mut raised = URL_SAFE_NO_PAD.decode(&shared).unwrap();
+        raised[0] = b'C';
+        let raised = URL_SAFE_NO_PAD.encode(raised);
+        assert_eq!(verify(&raised, Some("track.a.example")), None);
+        let open = key.open(d, Some("track.a.example")).unwrap();
+        assert!(key
+            .verify(&open, HitKind::Open, Some("track.a.example"))
+            .is_some());
+        assert_eq!(key.verify(&open, HitKind::Open, None), None);
+        assert_eq!(verify(&"A".repeat(40), Some(&"h".repeat(70_000))), None);
+    }
+
+    #[test]
+    fn hosts_are_compared_by_name() {
+        assert_eq!(canonical_host("Track.Example.com."), "track.example.com");
+        assert_eq!(
+            canonical_host("track.example.com:8443"),
+            "track.example.com"
+        );
+        assert_eq!(canonical_host("[::1]:8080"), "[::1]");
+        assert_eq!(canonical_host("[::1]"), "[::1]");
+        assert_eq!(canonical_host("127.0.0.1:8080"), "127.0.0.1");
     }
 }

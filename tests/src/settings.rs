@@ -275,6 +275,7 @@ pub fn gateway_config(common: &Common, rate: api_gateway::RateConfig) -> api_gat
         auth_failures_per_ip_per_minute: 0,
         trust_forwarded_for: false,
         tracking_secret: Some(TRACKING_SECRET.into()),
+        tracking_base_url: String::new(),
     }
 }
 

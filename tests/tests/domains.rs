@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use postmesh_shared::proto::{InboundDomainRequest, SendableRequest};
+use postmesh_tests::eventually;
 use postmesh_tests::fake_cloudflare::FakeCloudflare;
 use postmesh_tests::fake_dns::FakeDns;
 use postmesh_tests::fake_ses::FakeSes;
@@ -1055,13 +1056,99 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         .unwrap_or_else(|| panic!("no link on {host}: {html}"));
     let path = &html[at + prefix.len() - "/t/c/".len()..];
     let path = &path[..path.find('"').expect("a quoted link")];
-    // The gateway answers the tracking path on the domain's own host.
-    let answer = postmesh_tests::no_redirects()
-        .get(format!("{}{path}", world.stack.base))
-        .header("host", &host)
-        .send()
-        .await
-        .unwrap();
+    // The gateway answers the tracking path on the domain's own host, and there only: not
+    // on another domain's (whose brand it would lend), nor on the shared host.
+    let asked = |path: String, host: Option<String>| async move {
+        let mut get = postmesh_tests::no_redirects().get(format!("{}{path}", world.stack.base));
+        if let Some(host) = host {
+            get = get.header("host", host);
+        }
+        get.send().await.unwrap()
+    };
+    let answer = asked(path.to_owned(), Some(host.to_uppercase())).await;
     assert_eq!(answer.status(), StatusCode::FOUND);
     assert_eq!(answer.headers()["location"], "https://example.com/x");
+    let other = format!("track.{}", unique("other"));
+    for elsewhere in [Some(other.clone()), None] {
+        let answer = asked(path.to_owned(), elsewhere.clone()).await;
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND, "on {elsewhere:?}");
+    }
+    // Nor does a link of the shared host redirect on the domain's.
+    let shared_to = format!("shared-{to}");
+    let _: Value = world
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({ "to": shared_to, "subject": "Hi", "trackClicks": true,
+                     "html": "<a href=\"https://example.com/y\">y</a>" }),
+            StatusCode::OK,
+        )
+        .await;
+    let eml = world
+        .stack
+        .wait_for_messages(&shared_to, 1, Duration::from_secs(30))
+        .await;
+    let html = postmesh_tests::html_part(&eml[0]);
+    let shared = format!("{}/t/c/", world.stack.base);
+    let at = html
+        .find(&shared)
+        .unwrap_or_else(|| panic!("no link on the shared host: {html}"));
+    let path = &html[at + world.stack.base.len()..];
+    let path = path[..path.find('"').expect("a quoted link")].to_owned();
+    assert_eq!(asked(path.clone(), None).await.status(), StatusCode::FOUND);
+    for custom in [host.clone(), other] {
+        let answer = asked(path.clone(), Some(custom.clone())).await;
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND, "on {custom}");
+    }
+
+    // The CNAME removed, the sweep finds it gone: the host is pending again and the
+    // domain's mail links through the shared host, a send scheduled before among it.
+    let scheduled_to = format!("scheduled-{to}");
+    let _: Value = world
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({ "to": scheduled_to, "fromEmail": format!("news@{name}"), "subject": "Hi",
+                     "html": "<a href=\"https://example.com/s\">s</a>", "trackClicks": true,
+                     "scheduledAt": postmesh_shared::db::now_unix() + 8 }),
+            StatusCode::OK,
+        )
+        .await;
+    world.dns.set_cname(&host, None);
+    eventually(Duration::from_secs(15), || async {
+        let page: Success<DomainPage> = world
+            .client(&key)
+            .get(&format!("/sender-domains/{id}"), StatusCode::OK)
+            .await;
+        match page.body.domain.tracking_status {
+            TrackingStatus::Pending => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let later_to = format!("later-{to}");
+    let _: Value = world
+        .client(&key)
+        .post(
+            "/send-email",
+            &json!({ "to": later_to, "fromEmail": format!("news@{name}"), "subject": "Hi",
+                     "html": "<a href=\"https://example.com/z\">z</a>", "trackClicks": true }),
+            StatusCode::OK,
+        )
+        .await;
+    let eml = world
+        .stack
+        .wait_for_messages(&later_to, 1, Duration::from_secs(30))
+        .await;
+    let html = postmesh_tests::html_part(&eml[0]);
+    assert!(html.contains(&shared) && !html.contains(&host), "{html}");
+    let eml = world
+        .stack
+        .wait_for_messages(&scheduled_to, 1, Duration::from_secs(30))
+        .await;
+    let html = postmesh_tests::html_part(&eml[0]);
+    assert!(
+        html.contains(&shared) && !html.contains(&host),
+        "released after the host went: {html}"
+    );
 }

@@ -200,7 +200,8 @@ pub fn tracking(data: &[u8]) {
     let key = TrackingKey::new("fuzz");
     for kind in [HitKind::Open, HitKind::Click] {
         assert!(
-            key.verify(&text, kind).is_none(),
+            key.verify(&text, kind, None).is_none()
+                && key.verify(&text, kind, Some("t.example")).is_none(),
             "an unsigned token verified"
         );
     }
@@ -211,7 +212,7 @@ pub fn tracking(data: &[u8]) {
     let delivery = DeliveryId::new().as_uuid();
     let out = Instrument {
         tracker: &tracker,
-        base: None,
+        host: None,
         delivery,
         opens: true,
         clicks: true,
@@ -226,7 +227,7 @@ pub fn tracking(data: &[u8]) {
         let rest = &out[at + base.len()..];
         let token = &rest[..rest.find('"').unwrap_or(rest.len())];
         let claims = key
-            .verify(token, HitKind::Click)
+            .verify(token, HitKind::Click, None)
             .expect("a tracked link verifies");
         assert_eq!(claims.delivery, delivery);
         let url = claims.url.expect("a destination").to_ascii_lowercase();

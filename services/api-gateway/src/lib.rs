@@ -32,7 +32,7 @@ use sqlx::PgPool;
 
 use postmesh_shared::clients::billing::BillingClient;
 
-use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_SECRET};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_BASE_URL, TRACKING_SECRET};
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
@@ -94,6 +94,10 @@ pub struct Config {
     pub trust_forwarded_for: bool,
     /// Checks tracking tokens (`TRACKING_SECRET`); unset: every tracking path is a 404.
     pub tracking_secret: Option<String>,
+    /// The shared tracking base (`TRACKING_BASE_URL`; empty: `PUBLIC_BASE_URL`): on its host
+    /// and `PUBLIC_BASE_URL`'s, tokens made for the shared hosts are answered; on any
+    /// other, only tokens bound to that host.
+    pub tracking_base_url: String,
 }
 
 impl Config {
@@ -130,6 +134,7 @@ impl Config {
             auth_failures_per_ip_per_minute: AUTH_FAILURES_PER_IP_PER_MINUTE.parse()?,
             trust_forwarded_for: GATEWAY_TRUST_FORWARDED_FOR.flag(),
             tracking_secret: TRACKING_SECRET.opt(),
+            tracking_base_url: TRACKING_BASE_URL.string(),
             common,
             codes,
         })
@@ -192,6 +197,7 @@ impl Config {
                 GATEWAY_TRUST_FORWARDED_FOR.name,
                 u8::from(self.trust_forwarded_for).to_string(),
             ),
+            (TRACKING_BASE_URL.name, self.tracking_base_url.clone()),
         ]);
         if let Some(secret) = &self.tracking_secret {
             env.push((TRACKING_SECRET.name, secret.clone()));
@@ -225,7 +231,7 @@ pub struct Gateway {
     /// Publishes tracking hits to JetStream.
     pub hits: tracking::Hits,
     /// Checks tracking tokens (`TRACKING_SECRET`); none: every tracking path is a 404.
-    pub tracking: Option<postmesh_shared::tracking::TrackingKey>,
+    pub tracking: Option<tracking::Tokens>,
 }
 
 /// The gateway's public router with its outer layers. `GATEWAY_BODY_LIMIT` is the default
@@ -259,10 +265,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
         hits: tracking::Hits::start(rt.js.clone(), &rt.common.namespace),
-        tracking: config
-            .tracking_secret
-            .as_deref()
-            .map(postmesh_shared::tracking::TrackingKey::new),
+        tracking: tracking::Tokens::new(&config),
         config,
     });
     postmesh_shared::jetstream::Stream::Tracking

@@ -1,7 +1,8 @@
 //! Open and click tracking's public paths, answered on any host that reaches the gateway
 //! (`PUBLIC_BASE_URL`, `TRACKING_BASE_URL`, a verified `track.<domain>`): `GET /t/o/{token}`
 //! a 1×1 GIF, `GET /t/c/{token}` a `302` to the signed destination; a tampered, unknown or
-//! unsigned token is a 404, never a redirect. No database is read or written: the token's
+//! unsigned token is a 404, never a redirect, and so is a token asked on a host it was not
+//! made for ([`Tokens`]): one workspace's links never redirect on another's domain. No database is read or written: the token's
 //! signature is checked and the hit published to the TRACKING stream, acknowledged before
 //! the answer (503 when it cannot be), for the sender to record; hits arriving together share
 //! a message ([`Hits`]).
@@ -23,11 +24,11 @@ use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
-use postmesh_shared::tracking::{Claims, HitKind};
+use postmesh_shared::tracking::{canonical_host, Claims, HitKind, TrackingKey};
 use postmesh_shared::{ApiError, Routes};
 
 use crate::sessions::client_ip;
-use crate::AppState;
+use crate::{AppState, Config};
 
 /// A transparent 1×1 GIF.
 const PIXEL: &[u8] = &[
@@ -60,15 +61,55 @@ pub fn truncated(addr: IpAddr) -> String {
     }
 }
 
-/// What the path's token says as a `kind` hit, or the 404 of one that is not ours (one
-/// that is not even valid percent-encoding among them).
+/// Checks tokens by the host they are asked on.
+#[derive(Clone, Debug)]
+pub struct Tokens {
+    key: TrackingKey,
+    /// The shared hosts, `PUBLIC_BASE_URL`'s and `TRACKING_BASE_URL`'s, canonical.
+    shared: Vec<String>,
+}
+
+impl Tokens {
+    /// The checker the settings make; none without `TRACKING_SECRET`.
+    pub fn new(config: &Config) -> Option<Self> {
+        let key = TrackingKey::new(config.tracking_secret.as_deref()?);
+        let shared = [&config.public_base_url, &config.tracking_base_url]
+            .into_iter()
+            .filter_map(|url| url.split_once("://"))
+            .filter_map(|(_, rest)| rest.split(['/', '?', '#']).next())
+            .filter(|host| !host.is_empty())
+            .map(canonical_host)
+            .collect();
+        Some(Self { key, shared })
+    }
+
+    /// What `token` says as a `kind` hit asked on `host`: on a shared host (or none named),
+    /// a token made for the shared hosts; on any other, a token bound to that host.
+    fn verify(&self, token: &str, kind: HitKind, host: Option<&str>) -> Option<Claims> {
+        let bound = host
+            .map(canonical_host)
+            .filter(|host| !self.shared.contains(host));
+        self.key.verify(token, kind, bound.as_deref())
+    }
+}
+
+/// The host `req` was sent to: its URI's authority (HTTP/2), else its `Host`.
+fn host_of(req: &Parts) -> Option<&str> {
+    req.uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers.get(header::HOST).and_then(|v| v.to_str().ok()))
+}
+
+/// What the path's token says as a `kind` hit on the host `req` came to, or the 404 of
+/// one that is not ours there (one that is not even valid percent-encoding among them).
 fn claims(
-    state: &AppState, token: Result<Path<String>, PathRejection>, kind: HitKind,
+    state: &AppState, token: Result<Path<String>, PathRejection>, kind: HitKind, req: &Parts,
 ) -> Result<Claims, ApiError> {
     token
         .ok()
         .zip(state.tracking.as_ref())
-        .and_then(|(Path(token), key)| key.verify(&token, kind))
+        .and_then(|(Path(token), tokens)| tokens.verify(&token, kind, host_of(req)))
         .ok_or_else(|| ApiError::NotFound("no such tracking link".into()))
 }
 
@@ -178,7 +219,7 @@ async fn publish(state: &AppState, claims: Claims, req: &Parts) -> Result<(), Ap
 async fn open(
     State(state): State<AppState>, token: Result<Path<String>, PathRejection>, req: Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let claims = claims(&state, token, HitKind::Open)?;
+    let claims = claims(&state, token, HitKind::Open, &req)?;
     publish(&state, claims, &req).await?;
     let mut res = Response::new(Body::from(PIXEL));
     let headers = res.headers_mut();
@@ -191,7 +232,7 @@ async fn open(
 async fn click(
     State(state): State<AppState>, token: Result<Path<String>, PathRejection>, req: Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let claims = claims(&state, token, HitKind::Click)?;
+    let claims = claims(&state, token, HitKind::Click, &req)?;
     let location = claims
         .url
         .as_deref()

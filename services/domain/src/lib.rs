@@ -234,11 +234,20 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     ))
     .await?;
     let recheck = config.recheck.as_secs().max(1) as i64;
+    let tracked = state.clone();
     rt.every("ownership sweep", config.recheck, move || {
         let (db, dns) = (state.db.clone(), state.dns.clone());
         async move {
             let taken = ownership::sweep(&db, &dns, recheck).await?;
             Ok::<_, ownership::LookupErrorOrDb>(taken as i64 == ownership::SWEEP_BATCH)
+        }
+    });
+    let target = dns::host_name(&config.tracking_host);
+    rt.every("tracking sweep", config.recheck, move || {
+        let (db, dns, target) = (tracked.db.clone(), tracked.dns.clone(), target.clone());
+        async move {
+            let taken = tracking::sweep(&db, &dns, &target, recheck).await?;
+            Ok::<_, sqlx::Error>(taken as i64 == tracking::SWEEP_BATCH)
         }
     });
     rt.running(None).await

@@ -1,18 +1,23 @@
 //! A domain's own tracking host: `setup-tracking` answers the CNAME to publish
 //! (`track.<domain>` → `TRACKING_HOST`), `verify-tracking` looks it up and stores the
-//! result. Once verified, mail from the domain links through `https://track.<domain>`
+//! result; a periodic sweep looks again at every host set up, so one whose CNAME went is
+//! pending again. Once verified, mail from the domain links through `https://track.<domain>`
 //! (the `sendable` RPC tells the sender), so its links are its own, not a shared host's.
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 
 use postmesh_shared::db::now_unix;
 use postmesh_shared::{ApiError, Success};
 
-use crate::dns::host_name;
-use crate::domains::{TrackingStatus, VerifiedDomain};
+use crate::dns::{host_name, Dns, LookupError};
+use crate::domains::{Domain, TrackingStatus, VerifiedDomain, COLUMNS};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
+
+/// Tracking hosts one sweep pass checks at most.
+pub const SWEEP_BATCH: i64 = 50;
 
 /// `setup-tracking` and `verify-tracking` answer.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -75,13 +80,8 @@ pub(crate) async fn verify(
     }
     let target = host_name(&state.settings.tracking_host);
     let host = domain.tracking_host();
-    let found = state.dns.cname(&host).await?;
-    let ready = found.as_deref() == Some(target.as_str());
-    let status = if ready {
-        TrackingStatus::Verified
-    } else {
-        TrackingStatus::Pending
-    };
+    let (found, status) = look(&state.dns, &domain, &target).await?;
+    let ready = status == TrackingStatus::Verified;
     store(&state, domain.id, status).await?;
     let message = match &found {
         _ if ready => format!(
@@ -99,4 +99,64 @@ pub(crate) async fn verify(
         message,
         domain: domain.name,
     }))
+}
+
+/// What `domain`'s tracking host is a CNAME of now, and the status that makes: verified
+/// when it is `target`.
+async fn look(
+    dns: &Dns, domain: &Domain, target: &str,
+) -> Result<(Option<String>, TrackingStatus), LookupError> {
+    let found = dns.cname(&domain.tracking_host()).await?;
+    let status = if found.as_deref() == Some(target) {
+        TrackingStatus::Verified
+    } else {
+        TrackingStatus::Pending
+    };
+    Ok((found, status))
+}
+
+/// One sweep pass: claims up to [`SWEEP_BATCH`] domains whose tracking is set up and was not
+/// checked for `recheck_secs` (each replica claims different ones) and stores what DNS says
+/// now — a host whose CNAME went away or elsewhere is pending again, so mail stops linking
+/// through it; a lookup that fails changes nothing. How many it took.
+pub async fn sweep(
+    db: &PgPool, dns: &Dns, target: &str, recheck_secs: i64,
+) -> Result<usize, sqlx::Error> {
+    let now = now_unix();
+    let due: Vec<Domain> = sqlx::query_as(&format!(
+        "UPDATE domains SET tracking_checked_at = $1
+         WHERE id IN (SELECT id FROM domains
+                      WHERE tracking_status <> 'not_started'
+                        AND COALESCE(tracking_checked_at, 0) <= $2
+                      ORDER BY tracking_checked_at NULLS FIRST LIMIT $3
+                      FOR UPDATE SKIP LOCKED)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(now)
+    .bind(now - recheck_secs)
+    .bind(SWEEP_BATCH)
+    .fetch_all(db)
+    .await?;
+    let taken = due.len();
+    for domain in due {
+        match look(dns, &domain, target).await {
+            Ok((found, status)) if status != domain.tracking_status => {
+                // Set up again or removed meanwhile: that stands.
+                sqlx::query(
+                    "UPDATE domains SET tracking_status = $2
+                     WHERE id = $1 AND tracking_status <> 'not_started'",
+                )
+                .bind(domain.id)
+                .bind(status)
+                .execute(db)
+                .await?;
+                tracing::info!(domain = %domain.name, ?found, ?status, "tracking host re-checked");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(domain = %domain.name, error = %e, "tracking host check failed")
+            }
+        }
+    }
+    Ok(taken)
 }

@@ -31,7 +31,7 @@ use postmesh_contracts::routes::sender as api;
 use postmesh_ses::settings::{AWS_ACCESS_KEY_ID, AWS_REGION, AWS_SECRET_ACCESS_KEY, SES_ENDPOINT};
 use postmesh_ses::SesConfig;
 use postmesh_shared::clients::billing::BillingClient;
-use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_SECRET};
+use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_BASE_URL, TRACKING_SECRET};
 use postmesh_shared::dead_letters::DEAD_LETTER_MIGRATIONS;
 use postmesh_shared::jetstream::outbox::Outbox;
 use postmesh_shared::{

@@ -16,7 +16,6 @@ settings! {
     SEND_SCHEDULE_POLL_SECS = "1", "sender: how often the scheduler releases due scheduled sends and the workflow timer pass takes due runs";
     UNSUBSCRIBE_SECRET = "" shown "unset (`make run`: `dev-unsubscribe-secret`)", "sender: signs one-click unsubscribe tokens (HMAC-SHA256); unset, marketing and lifecycle mail has no `List-Unsubscribe` and `/unsubscribe` answers 503";
     UNSUBSCRIBE_TOKEN_DAYS = "60", "sender: how long an unsubscribe link works";
-    TRACKING_BASE_URL = "" shown "`PUBLIC_BASE_URL`", "sender: where tracked links and pixels point (`{base}/t/c/…`, `{base}/t/o/…`) for mail from a domain without a verified tracking domain";
     TRACKING_SCANNER_WINDOW_SECS = "5", "sender: a click this soon after its message was sent, with no open before it, is a link scanner's (`machine: true`)";
     EMAIL_RETENTION_DAYS = "30", "sender: days after a send's release (or cancellation) that its deliveries and their events (the message log), attachments, raw message and tags are purged; a scheduled send keeps them until then; at least 1";
     AUDIENCE_MAX_RECIPIENTS = "100000", "sender: contacts an audience or campaign send may reach at most (more is a 400)";

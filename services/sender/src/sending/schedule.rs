@@ -6,16 +6,18 @@
 //! is a cc or bcc address (off every copy, rejected with its reason); their part of the
 //! charge is given back. A task left with no recipient gets its whole charge back. Each task
 //! is released in a transaction of its own; one whose release fails [`RELEASE_TRIES`] times
-//! is set aside as `failed` (its error kept) and refunded, never retried forever.
+//! is set aside as `failed` (its error kept) and refunded, never retried forever. A tracked
+//! task links through the tracking host its from-domain has at release, not at acceptance.
 
 use sqlx::types::Json;
 use sqlx::PgConnection;
 
 use postmesh_shared::db::{now_unix, DB_SECOND};
-use postmesh_shared::{email, ApiError, DeliveryId, TaskId, WorkspaceId};
+use postmesh_shared::{email, ApiError, DeliveryId, EmailAddress, TaskId, WorkspaceId};
 
 use crate::sending::events::{self, Kind};
 use crate::sending::request::EmailType;
+use crate::sending::sendable;
 use crate::sending::settle::{self, Action};
 use crate::{sending::governance, sending::tasks, AppState};
 
@@ -92,6 +94,7 @@ async fn failed_release(state: &AppState, task: TaskId, e: &ApiError) -> Result<
 /// Releases `task` if it is still scheduled and no other replica holds it: its jobs to the
 /// outbox and its status queued, in one transaction; false when there was nothing to do.
 async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
+    let retracked = tracking_base_now(state, task).await?;
     let mut tx = state.db.begin().await?;
     let Some(task): Option<Due> = sqlx::query_as(
         "SELECT id, workspace_id, email_type, topic FROM tasks
@@ -136,16 +139,57 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
         email_type: task.email_type,
     };
     jobs.enqueue(&mut tx, &state.events, &recipients).await?;
-    sqlx::query("UPDATE tasks SET status = 'queued', released_at = $2 WHERE id = $1")
-        .bind(task.id)
-        .bind(now_unix())
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "UPDATE tasks SET status = 'queued', released_at = $2,
+             message = CASE WHEN NOT $3 THEN message
+                            WHEN $4::text IS NULL THEN message - 'tracking_base'
+                            ELSE jsonb_set(message, '{tracking_base}', to_jsonb($4::text)) END
+         WHERE id = $1",
+    )
+    .bind(task.id)
+    .bind(now_unix())
+    .bind(retracked.is_some())
+    .bind(retracked.flatten())
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     if let Some(action) = refund {
         settle::now(state, task.id, action).await;
     }
     Ok(true)
+}
+
+/// The tracking base a tracked scheduled `task`'s from-domain has now, when it is not the
+/// one stored at acceptance (a tracking host verified or lost since); the stored one stands
+/// when the domain service cannot say.
+async fn tracking_base_now(
+    state: &AppState, task: TaskId,
+) -> Result<Option<Option<String>>, ApiError> {
+    let row: Option<(WorkspaceId, String, Option<String>)> = sqlx::query_as(
+        "SELECT workspace_id, message->>'from_email', message->>'tracking_base' FROM tasks
+         WHERE id = $1 AND status = 'scheduled'
+           AND (COALESCE((message->>'track_opens')::bool, false)
+                OR COALESCE((message->>'track_clicks')::bool, false))",
+    )
+    .bind(task)
+    .fetch_optional(&state.db)
+    .await?;
+    let Some((workspace, from, stored)) = row else {
+        return Ok(None);
+    };
+    let Some(from) = EmailAddress::parse(&from) else {
+        return Ok(None);
+    };
+    match sendable::sendable(state, workspace, &from).await {
+        Ok(reply) => {
+            let now = sendable::tracking_base(&reply);
+            Ok((now != stored).then_some(now))
+        }
+        Err(e) => {
+            tracing::warn!(%task, error = %e, "tracking host not asked again; the stored one stands");
+            Ok(None)
+        }
+    }
 }
 
 /// The recipients of `task` still allowed its mail; the others are taken off the task and

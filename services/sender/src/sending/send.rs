@@ -200,9 +200,7 @@ pub(crate) async fn submit(
         None => compose(state, caller, &req, &from).await?,
     };
     // Tracked through the from-domain's own verified tracking host, when it has one.
-    message.tracking_base = Some(checked.tracking_host)
-        .filter(|host| !host.is_empty())
-        .map(|host| format!("https://{host}"));
+    message.tracking_base = sendable::tracking_base(&checked);
     let (campaign_key, mut recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     sandbox_rules(state, &message, &mut recipients, &mut rejected)?;
     // A test send goes to the caller alone, whatever the rules.

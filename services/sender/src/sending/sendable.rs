@@ -1,10 +1,10 @@
 //! Whether a workspace may send from an address: the domain service's `sendable` RPC, asked
 //! at every send (and at an SMTP relay's MAIL FROM), which also names the from-domain's
-//! verified tracking host.
+//! verified tracking host (asked again when a scheduled send is released).
 
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::{SendableReply, SendableRequest};
-use postmesh_shared::{nats, ApiError, EmailAddress};
+use postmesh_shared::{nats, ApiError, EmailAddress, WorkspaceId};
 
 use crate::AppState;
 
@@ -12,19 +12,19 @@ use crate::AppState;
 pub(crate) async fn refusal(
     state: &AppState, caller: &Caller, from: &EmailAddress,
 ) -> Result<Option<String>, ApiError> {
-    let reply = sendable(state, caller, from).await?;
+    let reply = sendable(state, caller.workspace, from).await?;
     Ok((!reply.sendable).then_some(reply.reason))
 }
 
-/// What the domain service says of this workspace sending from `from`.
-async fn sendable(
-    state: &AppState, caller: &Caller, from: &EmailAddress,
+/// What the domain service says of `workspace` sending from `from`.
+pub(crate) async fn sendable(
+    state: &AppState, workspace: WorkspaceId, from: &EmailAddress,
 ) -> Result<SendableReply, ApiError> {
     nats::call(
         &state.nats,
         &state.ns,
         &SendableRequest {
-            workspace_id: caller.workspace.to_string(),
+            workspace_id: workspace.to_string(),
             from_address: from.to_string(),
             outbound: state.needs_outbound,
         },
@@ -37,7 +37,7 @@ async fn sendable(
 pub(crate) async fn check(
     state: &AppState, caller: &Caller, from: &EmailAddress, raw: bool,
 ) -> Result<SendableReply, ApiError> {
-    let reply = sendable(state, caller, from).await?;
+    let reply = sendable(state, caller.workspace, from).await?;
     if reply.sendable {
         return Ok(reply);
     }
@@ -49,4 +49,12 @@ pub(crate) async fn check(
     } else {
         ApiError::BadRequest(message)
     })
+}
+
+/// The base tracked links of mail from `from` point at: its domain's verified tracking host
+/// (`https://track.<domain>`), if the domain service named one.
+pub(crate) fn tracking_base(reply: &SendableReply) -> Option<String> {
+    Some(reply.tracking_host.as_str())
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("https://{host}"))
 }

@@ -51,6 +51,14 @@ pub struct TaskMessage {
     pub tracking_base: Option<String>,
 }
 
+impl TaskMessage {
+    /// The from-domain's own tracking host (`track.<domain>`) its links go through, if any.
+    pub fn tracking_host(&self) -> Option<&str> {
+        let base = self.tracking_base.as_deref()?;
+        Some(base.strip_prefix("https://").unwrap_or(base))
+    }
+}
+
 /// A task to store.
 pub struct NewTask<'a> {
     pub id: TaskId,

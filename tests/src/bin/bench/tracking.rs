@@ -51,7 +51,7 @@ fn rewriting() {
     };
     let instrument = Instrument {
         tracker: &tracker,
-        base: None,
+        host: None,
         delivery: Uuid::now_v7(),
         opens: true,
         clicks: true,

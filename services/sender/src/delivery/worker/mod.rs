@@ -118,12 +118,12 @@ impl Delivery {
             .unsubscribe
             .as_ref()
             .map(|u| u.url("").trim_end_matches("?token=").to_owned());
-        let (html, base) = (html.to_owned(), m.tracking_base.clone());
+        let (html, host) = (html.to_owned(), m.tracking_host().map(str::to_owned));
         Some(
             postmesh_shared::cpu::run_sized(html.len(), move || {
                 Instrument {
                     tracker: &tracker,
-                    base: base.as_deref(),
+                    host: host.as_deref(),
                     delivery,
                     opens,
                     clicks,

@@ -17,8 +17,9 @@ pub const NO_TRACK: &str = "data-pm-notrack";
 /// What to do to one message's HTML.
 pub struct Instrument<'a> {
     pub tracker: &'a Tracker,
-    /// Where the links point: the sender's tracking host, else the tracker's base.
-    pub base: Option<&'a str>,
+    /// The from-domain's own tracking host (`track.<domain>`), which links then point at
+    /// and their tokens are bound to; else the tracker's base.
+    pub host: Option<&'a str>,
     pub delivery: Uuid,
     pub opens: bool,
     pub clicks: bool,
@@ -37,30 +38,32 @@ fn is_http(link: &str) -> bool {
 
 impl Instrument<'_> {
     /// The base of the tracking URLs.
-    fn base(&self) -> &str {
-        self.base.unwrap_or(&self.tracker.base_url)
+    fn base(&self) -> String {
+        match self.host {
+            Some(host) => format!("https://{host}"),
+            None => self.tracker.base_url.clone(),
+        }
     }
 
     /// The pixel's markup.
-    fn pixel(&self) -> String {
-        format!(
-            "<img src=\"{}/t/o/{}\" width=\"1\" height=\"1\" alt=\"\" \
+    fn pixel(&self, base: &str) -> Option<String> {
+        Some(format!(
+            "<img src=\"{base}/t/o/{}\" width=\"1\" height=\"1\" alt=\"\" \
              style=\"display:block;width:1px;height:1px;border:0\">",
-            self.base(),
-            self.tracker.key.open(self.delivery)
-        )
+            self.tracker.key.open(self.delivery, self.host)?
+        ))
     }
 
     /// The tracked form of `href` as written in the markup, if it is to be tracked.
-    fn tracked(&self, href: &str) -> Option<String> {
+    fn tracked(&self, base: &str, href: &str) -> Option<String> {
         // The destination as a browser reads the attribute.
         let link = postmesh_shared::text::attribute_url(href);
         let unsubscribe = self.unsubscribe_prefix.is_some_and(|p| link.starts_with(p));
         if !is_http(&link) || unsubscribe {
             return None;
         }
-        let token = self.tracker.key.click(self.delivery, &link)?;
-        Some(format!("{}/t/c/{token}", self.base()))
+        let token = self.tracker.key.click(self.delivery, &link, self.host)?;
+        Some(format!("{base}/t/c/{token}"))
     }
 
     /// `html` with its pixel and tracked links, as asked.
@@ -70,7 +73,8 @@ impl Instrument<'_> {
         }
         // Shared with the end tag's handler, which must own what it holds.
         let placed = Rc::new(Cell::new(false));
-        let pixel = self.opens.then(|| self.pixel());
+        let base = self.base();
+        let pixel = self.opens.then(|| self.pixel(&base)).flatten();
         let mut handlers = Vec::new();
         if self.clicks {
             handlers.push(lol_html::element!("a[href], area[href]", |el| {
@@ -78,7 +82,10 @@ impl Instrument<'_> {
                     el.remove_attribute(NO_TRACK);
                     return Ok(());
                 }
-                if let Some(tracked) = el.get_attribute("href").and_then(|h| self.tracked(&h)) {
+                if let Some(tracked) = el
+                    .get_attribute("href")
+                    .and_then(|h| self.tracked(&base, &h))
+                {
                     el.set_attribute("href", &tracked)?;
                 }
                 Ok(())
@@ -124,7 +131,7 @@ mod tests {
     fn instrument(t: &Tracker, opens: bool, clicks: bool) -> Instrument<'_> {
         Instrument {
             tracker: t,
-            base: None,
+            host: None,
             delivery: Uuid::nil(),
             opens,
             clicks,
@@ -138,7 +145,11 @@ mod tests {
             .skip(1)
             .map(|rest| {
                 let token = &rest[..rest.find('"').unwrap()];
-                t.key.verify(token, HitKind::Click).unwrap().url.unwrap()
+                t.key
+                    .verify(token, HitKind::Click, None)
+                    .unwrap()
+                    .url
+                    .unwrap()
             })
             .collect()
     }
@@ -180,12 +191,33 @@ mod tests {
         assert!(out.starts_with("<p>no body</p><img"), "{out}");
         let token_at = out.find("/t/o/").unwrap() + 5;
         let token = &out[token_at..token_at + out[token_at..].find('"').unwrap()];
-        assert!(t.key.verify(token, HitKind::Open).is_some());
+        assert!(t.key.verify(token, HitKind::Open, None).is_some());
         // Nothing asked, nothing changed.
         assert_eq!(
             instrument(&t, false, false).apply("<a href=\"https://x\">"),
             "<a href=\"https://x\">"
         );
+    }
+
+    #[test]
+    fn a_domains_own_host_carries_tokens_bound_to_it() {
+        let t = tracker();
+        let mut i = instrument(&t, true, true);
+        i.host = Some("track.a.example");
+        let out = i.apply("<body><a href=\"https://x.com/p\">x</a></body>");
+        let token = |path: &str| {
+            let at = out.find(path).unwrap_or_else(|| panic!("{path} in {out}")) + path.len();
+            out[at..at + out[at..].find('"').unwrap()].to_owned()
+        };
+        let (click, open) = (
+            token("https://track.a.example/t/c/"),
+            token("https://track.a.example/t/o/"),
+        );
+        let host = Some("track.a.example");
+        assert!(t.key.verify(&click, HitKind::Click, host).is_some());
+        assert!(t.key.verify(&open, HitKind::Open, host).is_some());
+        assert_eq!(t.key.verify(&click, HitKind::Click, None), None);
+        assert_eq!(t.key.verify(&open, HitKind::Open, None), None);
     }
 
     #[test]
