@@ -1036,26 +1036,9 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         "reader-{}@example.com",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    let _: Value = world
-        .client(&key)
-        .post(
-            "/send-email",
-            &json!({ "to": to, "fromEmail": format!("news@{name}"), "subject": "Hi",
-                     "html": "<a href=\"https://example.com/x\">x</a>", "trackClicks": true }),
-            StatusCode::OK,
-        )
-        .await;
-    let eml = world
-        .stack
-        .wait_for_messages(&to, 1, Duration::from_secs(30))
-        .await;
-    let html = postmesh_tests::html_part(&eml[0]);
-    let prefix = format!("https://{host}/t/c/");
-    let at = html
-        .find(&prefix)
-        .unwrap_or_else(|| panic!("no link on {host}: {html}"));
-    let path = &html[at + prefix.len() - "/t/c/".len()..];
-    let path = &path[..path.find('"').expect("a quoted link")];
+    let from = json!({ "fromEmail": format!("news@{name}") });
+    send_tracked(world, &key, &to, from.clone()).await;
+    let path = tracked_path(world, &to, &format!("https://{host}")).await;
     // The gateway answers the tracking path on the domain's own host, and there only: not
     // on another domain's (whose brand it would lend), nor on the shared host.
     let asked = |path: String, host: Option<String>| async move {
@@ -1065,36 +1048,18 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         }
         get.send().await.unwrap()
     };
-    let answer = asked(path.to_owned(), Some(host.to_uppercase())).await;
+    let answer = asked(path.clone(), Some(host.to_uppercase())).await;
     assert_eq!(answer.status(), StatusCode::FOUND);
     assert_eq!(answer.headers()["location"], "https://example.com/x");
     let other = format!("track.{}", unique("other"));
     for elsewhere in [Some(other.clone()), None] {
-        let answer = asked(path.to_owned(), elsewhere.clone()).await;
+        let answer = asked(path.clone(), elsewhere.clone()).await;
         assert_eq!(answer.status(), StatusCode::NOT_FOUND, "on {elsewhere:?}");
     }
     // Nor does a link of the shared host redirect on the domain's.
     let shared_to = format!("shared-{to}");
-    let _: Value = world
-        .client(&key)
-        .post(
-            "/send-email",
-            &json!({ "to": shared_to, "subject": "Hi", "trackClicks": true,
-                     "html": "<a href=\"https://example.com/y\">y</a>" }),
-            StatusCode::OK,
-        )
-        .await;
-    let eml = world
-        .stack
-        .wait_for_messages(&shared_to, 1, Duration::from_secs(30))
-        .await;
-    let html = postmesh_tests::html_part(&eml[0]);
-    let shared = format!("{}/t/c/", world.stack.base);
-    let at = html
-        .find(&shared)
-        .unwrap_or_else(|| panic!("no link on the shared host: {html}"));
-    let path = &html[at + world.stack.base.len()..];
-    let path = path[..path.find('"').expect("a quoted link")].to_owned();
+    send_tracked(world, &key, &shared_to, json!({})).await;
+    let path = tracked_path(world, &shared_to, &world.stack.base).await;
     assert_eq!(asked(path.clone(), None).await.status(), StatusCode::FOUND);
     for custom in [host.clone(), other] {
         let answer = asked(path.clone(), Some(custom.clone())).await;
@@ -1104,16 +1069,9 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     // The CNAME removed, the sweep finds it gone: the host is pending again and the
     // domain's mail links through the shared host, a send scheduled before among it.
     let scheduled_to = format!("scheduled-{to}");
-    let _: Value = world
-        .client(&key)
-        .post(
-            "/send-email",
-            &json!({ "to": scheduled_to, "fromEmail": format!("news@{name}"), "subject": "Hi",
-                     "html": "<a href=\"https://example.com/s\">s</a>", "trackClicks": true,
-                     "scheduledAt": postmesh_shared::db::now_unix() + 8 }),
-            StatusCode::OK,
-        )
-        .await;
+    let mut scheduled = from.clone();
+    scheduled["scheduledAt"] = json!(postmesh_shared::db::now_unix() + 8);
+    send_tracked(world, &key, &scheduled_to, scheduled).await;
     world.dns.set_cname(&host, None);
     eventually(Duration::from_secs(15), || async {
         let page: Success<DomainPage> = world
@@ -1127,28 +1085,36 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     })
     .await;
     let later_to = format!("later-{to}");
+    send_tracked(world, &key, &later_to, from).await;
+    for to in [later_to, scheduled_to] {
+        tracked_path(world, &to, &world.stack.base).await;
+    }
+}
+
+/// Sends `to` a tracked link to `https://example.com/x`, the body's other fields `extra`.
+async fn send_tracked(world: &World, key: &str, to: &str, mut extra: Value) {
+    extra["to"] = json!(to);
+    extra["subject"] = json!("Hi");
+    extra["html"] = json!("<a href=\"https://example.com/x\">x</a>");
+    extra["trackClicks"] = json!(true);
     let _: Value = world
-        .client(&key)
-        .post(
-            "/send-email",
-            &json!({ "to": later_to, "fromEmail": format!("news@{name}"), "subject": "Hi",
-                     "html": "<a href=\"https://example.com/z\">z</a>", "trackClicks": true }),
-            StatusCode::OK,
-        )
+        .client(key)
+        .post("/send-email", &extra, StatusCode::OK)
         .await;
+}
+
+/// The path (`/t/c/…`) of the tracked link in the message delivered to `to`, which must
+/// point at `base`.
+async fn tracked_path(world: &World, to: &str, base: &str) -> String {
     let eml = world
         .stack
-        .wait_for_messages(&later_to, 1, Duration::from_secs(30))
+        .wait_for_messages(to, 1, Duration::from_secs(30))
         .await;
     let html = postmesh_tests::html_part(&eml[0]);
-    assert!(html.contains(&shared) && !html.contains(&host), "{html}");
-    let eml = world
-        .stack
-        .wait_for_messages(&scheduled_to, 1, Duration::from_secs(30))
-        .await;
-    let html = postmesh_tests::html_part(&eml[0]);
-    assert!(
-        html.contains(&shared) && !html.contains(&host),
-        "released after the host went: {html}"
-    );
+    let prefix = format!("{base}/t/c/");
+    let at = html
+        .find(&prefix)
+        .unwrap_or_else(|| panic!("no link on {base} to {to}: {html}"));
+    let path = &html[at + base.len()..];
+    path[..path.find('"').expect("a quoted link")].to_owned()
 }

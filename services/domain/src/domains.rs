@@ -42,6 +42,38 @@ pub struct Domain {
 pub const COLUMNS: &str = "id, workspace_id, name, verification_token, ownership, \
      inbound_status, outbound_status, tracking_status, dkim_tokens, created_at, verified_at";
 
+/// What a periodic sweep looks at again.
+#[derive(Clone, Copy, Debug)]
+pub enum Sweep {
+    /// Pending domains' ownership TXT.
+    Ownership,
+    /// Set-up tracking hosts' CNAME.
+    Tracking,
+}
+
+/// Claims up to `batch` domains `sweep` looks at that were not checked for `recheck_secs`
+/// (each replica claims different ones: `SKIP LOCKED`), marked checked now.
+pub async fn claim_due(
+    db: &PgPool, sweep: Sweep, recheck_secs: i64, batch: i64,
+) -> Result<Vec<Domain>, sqlx::Error> {
+    let (checked, which) = match sweep {
+        Sweep::Ownership => ("ownership_checked_at", "ownership = 'pending'"),
+        Sweep::Tracking => ("tracking_checked_at", "tracking_status <> 'not_started'"),
+    };
+    let now = now_unix();
+    sqlx::query_as(&format!(
+        "UPDATE domains SET {checked} = $1
+         WHERE id IN (SELECT id FROM domains WHERE {which} AND {checked} <= $2
+                      ORDER BY {checked} LIMIT $3 FOR UPDATE SKIP LOCKED)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(now)
+    .bind(now - recheck_secs)
+    .bind(batch)
+    .fetch_all(db)
+    .await
+}
+
 /// Where ownership is proven: TXT `_postmesh.<domain>`.
 pub const VERIFY_LABEL: &str = "_postmesh";
 

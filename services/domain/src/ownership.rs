@@ -12,7 +12,7 @@ use postmesh_shared::extract::{Caller, IdPath};
 use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{Dns, LookupError};
-use crate::domains::{Domain, DomainView, OwnedDomain, Ownership, COLUMNS};
+use crate::domains::{claim_due, Domain, DomainView, OwnedDomain, Ownership, Sweep, COLUMNS};
 use crate::AppState;
 
 pub use postmesh_contracts::answers::domain::Reviewed;
@@ -107,21 +107,9 @@ async fn reload(db: &PgPool, id: Uuid) -> Result<Domain, sqlx::Error> {
 }
 
 /// One sweep pass: claims up to [`SWEEP_BATCH`] pending domains not checked for
-/// `recheck_secs` (each replica claims different ones) and checks them; how many it took.
+/// `recheck_secs` ([`claim_due`]) and checks them; how many it took.
 pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<usize, LookupErrorOrDb> {
-    let now = now_unix();
-    let due: Vec<Domain> = sqlx::query_as(&format!(
-        "UPDATE domains SET ownership_checked_at = $1
-         WHERE id IN (SELECT id FROM domains
-                      WHERE ownership = 'pending' AND ownership_checked_at <= $2
-                      ORDER BY ownership_checked_at LIMIT $3 FOR UPDATE SKIP LOCKED)
-         RETURNING {COLUMNS}"
-    ))
-    .bind(now)
-    .bind(now - recheck_secs)
-    .bind(SWEEP_BATCH)
-    .fetch_all(db)
-    .await?;
+    let due = claim_due(db, Sweep::Ownership, recheck_secs, SWEEP_BATCH).await?;
     let taken = due.len();
     for domain in due {
         let name = domain.name.clone();

@@ -12,7 +12,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{host_name, Dns, LookupError};
-use crate::domains::{Domain, TrackingStatus, VerifiedDomain, COLUMNS};
+use crate::domains::{claim_due, Domain, Sweep, TrackingStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -116,27 +116,13 @@ async fn look(
 }
 
 /// One sweep pass: claims up to [`SWEEP_BATCH`] domains whose tracking is set up and was not
-/// checked for `recheck_secs` (each replica claims different ones) and stores what DNS says
+/// checked for `recheck_secs` ([`claim_due`]) and stores what DNS says
 /// now — a host whose CNAME went away or elsewhere is pending again, so mail stops linking
 /// through it; a lookup that fails changes nothing. How many it took.
 pub async fn sweep(
     db: &PgPool, dns: &Dns, target: &str, recheck_secs: i64,
 ) -> Result<usize, sqlx::Error> {
-    let now = now_unix();
-    let due: Vec<Domain> = sqlx::query_as(&format!(
-        "UPDATE domains SET tracking_checked_at = $1
-         WHERE id IN (SELECT id FROM domains
-                      WHERE tracking_status <> 'not_started'
-                        AND COALESCE(tracking_checked_at, 0) <= $2
-                      ORDER BY tracking_checked_at NULLS FIRST LIMIT $3
-                      FOR UPDATE SKIP LOCKED)
-         RETURNING {COLUMNS}"
-    ))
-    .bind(now)
-    .bind(now - recheck_secs)
-    .bind(SWEEP_BATCH)
-    .fetch_all(db)
-    .await?;
+    let due = claim_due(db, Sweep::Tracking, recheck_secs, SWEEP_BATCH).await?;
     let taken = due.len();
     for domain in due {
         match look(dns, &domain, target).await {
