@@ -145,14 +145,19 @@ impl TrackingKey {
     }
 }
 
-/// `host` as tokens are bound to it: without a port or a final dot, in lower case.
-pub fn canonical_host(host: &str) -> String {
+/// `host` without a port or a final dot, its case as given.
+pub fn host_name(host: &str) -> &str {
     let name = match host.strip_prefix('[') {
         // An IPv6 literal keeps its brackets.
         Some(rest) => rest.find(']').map_or(host, |end| &host[..end + 2]),
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
-    name.trim_end_matches('.').to_ascii_lowercase()
+    name.trim_end_matches('.')
+}
+
+/// `host` as tokens are bound to it: its [`host_name`] in lower case.
+pub fn canonical_host(host: &str) -> String {
+    host_name(host).to_ascii_lowercase()
 }
 
 #[cfg(test)]

@@ -265,7 +265,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
         hits: tracking::Hits::start(rt.js.clone(), &rt.common.namespace),
-        tracking: tracking::Tokens::new(&config),
+        tracking: tracking::Tokens::from_config(&config),
         config,
     });
     postmesh_shared::jetstream::Stream::Tracking

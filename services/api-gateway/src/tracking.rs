@@ -24,7 +24,7 @@ use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
-use postmesh_shared::tracking::{canonical_host, Claims, HitKind, TrackingKey};
+use postmesh_shared::tracking::{canonical_host, host_name, Claims, HitKind, TrackingKey};
 use postmesh_shared::{ApiError, Routes};
 
 use crate::sessions::client_ip;
@@ -71,25 +71,34 @@ pub struct Tokens {
 
 impl Tokens {
     /// The checker the settings make; none without `TRACKING_SECRET`.
-    pub fn new(config: &Config) -> Option<Self> {
-        let key = TrackingKey::new(config.tracking_secret.as_deref()?);
-        let shared = [&config.public_base_url, &config.tracking_base_url]
+    pub fn from_config(config: &Config) -> Option<Self> {
+        let secret = config.tracking_secret.as_deref()?;
+        Some(Self::new(
+            secret,
+            [&config.public_base_url, &config.tracking_base_url],
+        ))
+    }
+
+    /// Tokens signed with `secret`, the hosts of `shared_bases` the shared ones.
+    fn new<'a>(secret: &str, shared_bases: impl IntoIterator<Item = &'a String>) -> Self {
+        let key = TrackingKey::new(secret);
+        let shared = shared_bases
             .into_iter()
             .filter_map(|url| url.split_once("://"))
             .filter_map(|(_, rest)| rest.split(['/', '?', '#']).next())
             .filter(|host| !host.is_empty())
             .map(canonical_host)
             .collect();
-        Some(Self { key, shared })
+        Self { key, shared }
     }
 
     /// What `token` says as a `kind` hit asked on `host`: on a shared host (or none named),
     /// a token made for the shared hosts; on any other, a token bound to that host.
     fn verify(&self, token: &str, kind: HitKind, host: Option<&str>) -> Option<Claims> {
         let bound = host
-            .map(canonical_host)
-            .filter(|host| !self.shared.contains(host));
-        self.key.verify(token, kind, bound.as_deref())
+            .map(host_name)
+            .filter(|host| !self.shared.iter().any(|s| s.eq_ignore_ascii_case(host)));
+        self.key.verify(token, kind, bound)
     }
 }
 
@@ -260,5 +269,29 @@ mod tests {
         );
         // A dual-stack listener's IPv4 client, Apple's proxy among them.
         assert_eq!(truncated("::ffff:17.58.1.2".parse().unwrap()), "17.58.1.0");
+    }
+
+    #[test]
+    fn tokens_are_checked_for_the_host_they_are_asked_on() {
+        let bases = [
+            "http://127.0.0.1:8080".to_owned(),
+            "https://T.Postmesh.example/".to_owned(),
+            String::new(),
+        ];
+        let tokens = Tokens::new("k", &bases);
+        let key = TrackingKey::new("k");
+        let d = Uuid::now_v7();
+        let shared = key.click(d, "https://x.com", None).unwrap();
+        let bound = key
+            .click(d, "https://x.com", Some("track.a.example"))
+            .unwrap();
+        let ok = |token: &str, host| tokens.verify(token, HitKind::Click, host).is_some();
+        for host in [None, Some("127.0.0.1:8080"), Some("t.postmesh.EXAMPLE")] {
+            assert!(ok(&shared, host), "{host:?}");
+            assert!(!ok(&bound, host), "{host:?}");
+        }
+        assert!(ok(&bound, Some("Track.A.example:443")));
+        assert!(!ok(&shared, Some("track.a.example")));
+        assert!(!ok(&bound, Some("track.b.example")));
     }
 }
