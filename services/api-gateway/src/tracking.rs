@@ -2,10 +2,10 @@
 //! (`PUBLIC_BASE_URL`, `TRACKING_BASE_URL`, a verified `track.<domain>`): `GET /t/o/{token}`
 //! a 1×1 GIF, `GET /t/c/{token}` a `302` to the signed destination; a tampered, unknown or
 //! unsigned token is a 404, never a redirect, and so is a token asked on a host it was not
-//! made for ([`Tokens`]): one workspace's links never redirect on another's domain. No database is read or written: the token's
-//! signature is checked and the hit published to the TRACKING stream, acknowledged before
-//! the answer (503 when it cannot be), for the sender to record; hits arriving together share
-//! a message ([`Hits`]).
+//! made for ([`Tokens`]): one workspace's links never redirect on another's domain. No
+//! database is read or written: the token's signature is checked and the hit published to
+//! the TRACKING stream, acknowledged before the answer (503 when it cannot be), for the
+//! sender to record; hits arriving together share a message ([`Hits`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
