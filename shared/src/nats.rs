@@ -168,15 +168,15 @@ pub async fn ensure_bodies(
 ) -> anyhow::Result<()> {
     let bucket = bodies_bucket(ns);
     if js.get_object_store(&bucket).await.is_err() {
-        js.create_object_store(object_store::Config {
+        let config = object_store::Config {
             bucket: bucket.clone(),
             description: Some("request bodies too large for a NATS message (claim check)".into()),
             max_age: BODY_MAX_AGE,
             num_replicas: replicas,
             ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("creating the bucket {bucket}: {e}"))?;
+        };
+        let what = format!("the bucket {bucket}");
+        crate::jetstream::until_placed(&what, || js.create_object_store(config.clone())).await?;
     }
     Ok(())
 }

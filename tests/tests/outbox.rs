@@ -1,5 +1,6 @@
 //! The transactional outbox against the real Postgres and NATS: only committed messages are
-//! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it.
+//! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it; and the
+//! streams it publishes to, declared on a cluster that cannot place them yet.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -171,4 +172,71 @@ async fn a_duplicate_of_sequence_zero_is_not_taken_as_stored() {
         assert_eq!(waiting(&store).await, i64::from(!stored));
     }
     remove_namespace(&store.common).await;
+}
+
+/// The streams a service declares at its start wait for a cluster that cannot place them
+/// yet: asked for three replicas while one of three nodes is down, they are made once it is
+/// back (a cluster that had just formed answered the soak's services so, and they exited).
+#[tokio::test]
+async fn streams_wait_until_the_cluster_can_place_them() {
+    use async_nats::jetstream::context::CreateStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    use postmesh_tests::cluster::{nats_cluster, ClusterGuard};
+
+    let _cluster = ClusterGuard::start().await;
+    // Nodes 1 and 2 alone: each start waits until the running nodes are healthy, which
+    // needs the other.
+    nats_cluster(&["stop"]).await;
+    tokio::join!(
+        nats_cluster(&["start-node", "1"]),
+        nats_cluster(&["start-node", "2"])
+    );
+    let nats = postmesh_tests::ops_nats("nats://127.0.0.1:4231,nats://127.0.0.1:4232")
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let ns = postmesh_tests::fresh_namespace();
+    let refused = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: ns.stream("PROBE"),
+            subjects: vec![ns.subject("probe")],
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .expect_err("three replicas on two nodes");
+    match refused.kind() {
+        CreateStreamErrorKind::JetStream(e) => {
+            assert_eq!(e.error_code(), ErrorCode::CLUSTER_NO_PEERS, "{e}")
+        }
+        other => panic!("not a placement refusal: {other}"),
+    }
+
+    let declaring = tokio::spawn({
+        let (js, ns) = (js.clone(), ns.clone());
+        async move {
+            postmesh_shared::jetstream::ensure_streams(&js, &ns, 3).await?;
+            postmesh_shared::nats::ensure_bodies(&js, &ns, 3).await
+        }
+    });
+    nats_cluster(&["start-node", "3"]).await;
+    declaring
+        .await
+        .unwrap()
+        .expect("the streams, once node 3 is back");
+    for stream in Stream::ALL {
+        let info = js
+            .get_stream(stream.name(&ns))
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(info.config.num_replicas, 3, "{stream:?}");
+        js.delete_stream(stream.name(&ns)).await.unwrap();
+    }
+    js.delete_object_store(postmesh_shared::nats::bodies_bucket(&ns))
+        .await
+        .unwrap();
 }
