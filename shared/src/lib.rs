@@ -18,6 +18,7 @@ pub mod jetstream;
 pub mod lifecycle;
 pub mod nats;
 pub mod outside;
+pub mod placement;
 pub mod queue;
 pub mod response;
 pub mod routes;

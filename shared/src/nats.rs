@@ -176,7 +176,7 @@ pub async fn ensure_bodies(
             ..Default::default()
         };
         let what = format!("the bucket {bucket}");
-        crate::jetstream::until_placed(&what, || js.create_object_store(config.clone())).await?;
+        crate::placement::until_placed(&what, || js.create_object_store(config.clone())).await?;
     }
     Ok(())
 }
