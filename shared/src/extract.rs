@@ -192,6 +192,11 @@ fn id_in_path<T: FromStr>(raw: &str) -> Result<T, ApiError> {
         .map_err(|_| ApiError::BadRequest(format!("{raw:?} in the path is not a valid id")))
 }
 
+/// The workspace an RPC request names in its `workspace_id` field; a malformed one is a 400.
+pub fn rpc_workspace(raw: &str) -> Result<WorkspaceId, ApiError> {
+    WorkspaceId::parse(raw).ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))
+}
+
 /// The caller as established by the gateway, parsed once. Missing or malformed context is
 /// a 500, as the spec says: only the gateway sets it.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use postmesh_contracts::answers::billing::SubscriptionStatus;
-use postmesh_shared::extract::Caller;
+use postmesh_shared::extract::{rpc_workspace, Caller};
 use postmesh_shared::proto::{EntitlementsReply, EntitlementsRequest, UsageReply, UsageRequest};
 use postmesh_shared::{nats, ApiError, Namespace, Service, Success, WorkspaceId};
 
@@ -119,8 +119,7 @@ fn calendar_month(now: time::OffsetDateTime) -> (i64, i64) {
 
 /// The `entitlements` RPC.
 pub async fn rpc(state: AppState, req: EntitlementsRequest) -> Result<EntitlementsReply, ApiError> {
-    let workspace = WorkspaceId::parse(&req.workspace_id)
-        .ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     let limits = limits(&state.db, state.free, workspace).await?;
     let (plan_id, plan_status, in_force) = match &limits.plan {
         Some(p) => (

@@ -1,12 +1,13 @@
 //! The domain service's typed RPCs (`{ns}.rpc.domain.*`): `sendable`, `inbound_domain`, and
 //! its answer to billing's `usage` (custom domains).
 
+use postmesh_shared::extract::rpc_workspace;
 use postmesh_shared::nats::ServiceHost;
 use postmesh_shared::proto::{
     InboundDomainReply, InboundDomainRequest, OverviewReply, OverviewRequest, SendableReply,
     SendableRequest, UsageReply, UsageRequest,
 };
-use postmesh_shared::{ApiError, EmailAddress, WorkspaceId};
+use postmesh_shared::{ApiError, EmailAddress};
 use uuid::Uuid;
 
 use crate::domains;
@@ -26,7 +27,7 @@ async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply
     let outbound_domains: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM domains WHERE workspace_id = $1 AND outbound_status = 'verified'",
     )
-    .bind(workspace(&req.workspace_id)?)
+    .bind(rpc_workspace(&req.workspace_id)?)
     .fetch_one(&state.db)
     .await?;
     Ok(OverviewReply {
@@ -35,13 +36,9 @@ async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply
     })
 }
 
-fn workspace(raw: &str) -> Result<WorkspaceId, ApiError> {
-    WorkspaceId::parse(raw).ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))
-}
-
 /// A platform domain, or one of the workspace's whose ownership is verified.
 async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply, ApiError> {
-    let workspace = workspace(&req.workspace_id)?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     let refuse = |domain: String, reason: String| SendableReply {
         sendable: false,
         reason,
@@ -133,7 +130,7 @@ async fn inbound_domain(
 
 /// The custom domains a workspace holds; other counts belong to other services.
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
-    let workspace = workspace(&req.workspace_id)?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     Ok(UsageReply {
         custom_domains: domains::count(&state.db, workspace).await?,
         ..UsageReply::default()

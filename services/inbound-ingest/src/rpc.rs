@@ -6,12 +6,13 @@ use serde_json::Value;
 
 use postmesh_shared::text::cut_at;
 
+use postmesh_shared::extract::rpc_workspace;
 use postmesh_shared::nats::ServiceHost;
 use postmesh_shared::proto::{
     InboundAttachment, InboundMessageReply, InboundMessageRequest, InboxAddressReply,
     InboxAddressRequest, OverviewReply, OverviewRequest, UsageReply, UsageRequest,
 };
-use postmesh_shared::{AddressId, ApiError, InboundMessageId, WorkspaceId};
+use postmesh_shared::{AddressId, ApiError, InboundMessageId};
 
 use crate::mime::{Attachment, Parsed};
 use crate::threads::raw_of;
@@ -29,7 +30,7 @@ pub fn register(host: ServiceHost, state: AppState) -> ServiceHost {
 async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply, ApiError> {
     let unread_threads: i64 =
         sqlx::query_scalar("SELECT count(*) FROM threads WHERE workspace_id = $1 AND unread")
-            .bind(workspace(&req.workspace_id)?)
+            .bind(rpc_workspace(&req.workspace_id)?)
             .fetch_one(&state.db)
             .await?;
     Ok(OverviewReply {
@@ -38,13 +39,9 @@ async fn overview(state: AppState, req: OverviewRequest) -> Result<OverviewReply
     })
 }
 
-fn workspace(raw: &str) -> Result<WorkspaceId, ApiError> {
-    WorkspaceId::parse(raw).ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))
-}
-
 /// The workspace's live address `address_id`, if it is one (a malformed id is none).
 async fn address(state: AppState, req: InboxAddressRequest) -> Result<InboxAddressReply, ApiError> {
-    let workspace = workspace(&req.workspace_id)?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     let Some(id) = AddressId::parse(&req.address_id) else {
         return Ok(InboxAddressReply::default());
     };
@@ -60,7 +57,7 @@ async fn address(state: AppState, req: InboxAddressRequest) -> Result<InboxAddre
 /// The live inbox addresses of a workspace; other counts belong to other services.
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
     Ok(UsageReply {
-        mailboxes: addresses::count(&state.db, workspace(&req.workspace_id)?).await?,
+        mailboxes: addresses::count(&state.db, rpc_workspace(&req.workspace_id)?).await?,
         ..UsageReply::default()
     })
 }
@@ -92,7 +89,7 @@ struct MessageRow {
 async fn message(
     state: AppState, req: InboundMessageRequest,
 ) -> Result<InboundMessageReply, ApiError> {
-    let workspace = workspace(&req.workspace_id)?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     let Some(id) = InboundMessageId::parse(&req.message_id) else {
         return Ok(InboundMessageReply::default());
     };

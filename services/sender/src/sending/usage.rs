@@ -5,7 +5,7 @@
 use sqlx::PgConnection;
 
 use postmesh_shared::db::{take_turns, Turns};
-use postmesh_shared::extract::Caller;
+use postmesh_shared::extract::{rpc_workspace, Caller};
 use postmesh_shared::nats::{self, ServiceHost};
 use postmesh_shared::proto::{EntitlementsRequest, UsageReply, UsageRequest};
 use postmesh_shared::{ApiError, WorkspaceId};
@@ -52,8 +52,7 @@ pub async fn executions_since(
 }
 
 async fn usage(state: AppState, req: UsageRequest) -> Result<UsageReply, ApiError> {
-    let workspace = WorkspaceId::parse(&req.workspace_id)
-        .ok_or_else(|| ApiError::BadRequest("invalid workspace_id".into()))?;
+    let workspace = rpc_workspace(&req.workspace_id)?;
     let mut conn = state.db.acquire().await?;
     let emails = sent_since(&mut conn, workspace, req.period_start).await?;
     let executions = executions_since(&mut conn, workspace, req.period_start).await?;
