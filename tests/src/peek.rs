@@ -170,6 +170,31 @@ pub mod domain {
         .expect("domain aged");
     }
 
+    /// Sets the domain `name`'s tracking status and when it was last checked, as
+    /// `verify-tracking` leaves them.
+    pub async fn set_tracking(db: &PgPool, name: &str, status: &str, checked_at: i64) {
+        sqlx::query(
+            "UPDATE domains SET tracking_status = $2,
+                 tracking_checked_at = $3
+             WHERE name = $1",
+        )
+        .bind(name)
+        .bind(status)
+        .bind(checked_at)
+        .execute(db)
+        .await
+        .expect("tracking set");
+    }
+
+    /// The domain `name`'s tracking status.
+    pub async fn tracking_status(db: &PgPool, name: &str) -> String {
+        sqlx::query_scalar("SELECT tracking_status FROM domains WHERE name = $1")
+            .bind(name)
+            .fetch_one(db)
+            .await
+            .expect("a domain")
+    }
+
     /// The saved DNS provider token, as stored.
     pub async fn sealed_dns_token(db: &PgPool) -> Vec<u8> {
         sqlx::query_scalar("SELECT sealed_token FROM dns_providers")

@@ -1,6 +1,7 @@
 //! The domain service's router with only Postgres behind it: no NATS, no gateway. Its
 //! extractors answer before any handler work: a malformed id is a 400, another
-//! workspace's (or no) domain a 404, an unverified one 409, the review admins' alone.
+//! workspace's (or no) domain a 404, an unverified one 409, the review admins' alone; and
+//! the tracking sweep's writes against the same database.
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -117,4 +118,30 @@ async fn ownership_sweeps_at_once_check_each_pending_domain_once() {
     .await;
     assert_eq!(checked, 120, "each domain checked once");
     assert!(fake.queries() >= 120, "{} DNS queries", fake.queries());
+}
+
+/// The tracking sweep stores what DNS said only when nothing wrote the domain since its
+/// claim: a `verify-tracking` meanwhile has the newer answer, and keeps it.
+#[tokio::test]
+async fn a_tracking_recheck_never_overwrites_a_newer_answer() {
+    use domain::domains::{claim_due, Sweep, TrackingStatus};
+    use domain::tracking::settle;
+
+    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
+    let (db, name) = (&store.pool, "tracked.example");
+    peek::domain::insert_inbound_verified(db, uuid::Uuid::now_v7(), name).await;
+    peek::domain::set_tracking(db, name, "verified", 0).await;
+    let due = claim_due(db, Sweep::Tracking, 60, 50).await.unwrap();
+    assert_eq!(due.len(), 1);
+    // The CNAME was gone when the sweep looked; put back and verified before it stores.
+    peek::domain::set_tracking(db, name, "verified", postmesh_shared::db::now_unix()).await;
+    let stored = settle(db, &due[0], TrackingStatus::Pending).await.unwrap();
+    assert!(!stored);
+    assert_eq!(peek::domain::tracking_status(db, name).await, "verified");
+
+    // Nothing in between: the sweep's answer stands.
+    peek::domain::set_tracking(db, name, "verified", 0).await;
+    let due = claim_due(db, Sweep::Tracking, 60, 50).await.unwrap();
+    assert!(settle(db, &due[0], TrackingStatus::Pending).await.unwrap());
+    assert_eq!(peek::domain::tracking_status(db, name).await, "pending");
 }

@@ -51,11 +51,20 @@ pub enum Sweep {
     Tracking,
 }
 
+/// A domain a sweep claimed, and the version of its row the claim left (PostgreSQL's
+/// `xmin`, which every later write changes).
+#[derive(Debug, sqlx::FromRow)]
+pub struct Claimed {
+    #[sqlx(flatten)]
+    pub domain: Domain,
+    pub version: String,
+}
+
 /// Claims up to `batch` domains `sweep` looks at that were not checked for `recheck_secs`
 /// (each replica claims different ones: `SKIP LOCKED`), marked checked now.
 pub async fn claim_due(
     db: &PgPool, sweep: Sweep, recheck_secs: i64, batch: i64,
-) -> Result<Vec<Domain>, sqlx::Error> {
+) -> Result<Vec<Claimed>, sqlx::Error> {
     let (checked, which) = match sweep {
         Sweep::Ownership => ("ownership_checked_at", "ownership = 'pending'"),
         Sweep::Tracking => ("tracking_checked_at", "tracking_status <> 'not_started'"),
@@ -65,7 +74,7 @@ pub async fn claim_due(
         "UPDATE domains SET {checked} = $1
          WHERE id IN (SELECT id FROM domains WHERE {which} AND {checked} <= $2
                       ORDER BY {checked} LIMIT $3 FOR UPDATE SKIP LOCKED)
-         RETURNING {COLUMNS}"
+         RETURNING {COLUMNS}, xmin::text AS version"
     ))
     .bind(now)
     .bind(now - recheck_secs)

@@ -12,7 +12,9 @@ use postmesh_shared::extract::{Caller, IdPath};
 use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{Dns, LookupError};
-use crate::domains::{claim_due, Domain, DomainView, OwnedDomain, Ownership, Sweep, COLUMNS};
+use crate::domains::{
+    claim_due, Claimed, Domain, DomainView, OwnedDomain, Ownership, Sweep, COLUMNS,
+};
 use crate::AppState;
 
 pub use postmesh_contracts::answers::domain::Reviewed;
@@ -111,7 +113,7 @@ async fn reload(db: &PgPool, id: Uuid) -> Result<Domain, sqlx::Error> {
 pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<usize, LookupErrorOrDb> {
     let due = claim_due(db, Sweep::Ownership, recheck_secs, SWEEP_BATCH).await?;
     let taken = due.len();
-    for domain in due {
+    for Claimed { domain, .. } in due {
         let name = domain.name.clone();
         match check(db, dns, domain).await {
             Ok(d) if d.ownership == Ownership::Verified => {

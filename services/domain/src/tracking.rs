@@ -12,7 +12,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::{ApiError, Success};
 
 use crate::dns::{host_name, Dns, LookupError};
-use crate::domains::{claim_due, Domain, Sweep, TrackingStatus, VerifiedDomain};
+use crate::domains::{claim_due, Claimed, Domain, Sweep, TrackingStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
 use crate::AppState;
 
@@ -116,27 +116,20 @@ async fn look(
 }
 
 /// One sweep pass: claims up to [`SWEEP_BATCH`] domains whose tracking is set up and was not
-/// checked for `recheck_secs` ([`claim_due`]) and stores what DNS says
-/// now — a host whose CNAME went away or elsewhere is pending again, so mail stops linking
-/// through it; a lookup that fails changes nothing. How many it took.
+/// checked for `recheck_secs` ([`claim_due`]) and stores what DNS says now ([`settle`]) — a
+/// host whose CNAME went away or elsewhere is pending again, so mail stops linking through
+/// it; a lookup that fails changes nothing. How many it took.
 pub async fn sweep(
     db: &PgPool, dns: &Dns, target: &str, recheck_secs: i64,
 ) -> Result<usize, sqlx::Error> {
     let due = claim_due(db, Sweep::Tracking, recheck_secs, SWEEP_BATCH).await?;
     let taken = due.len();
-    for domain in due {
-        match look(dns, &domain, target).await {
+    for claimed in due {
+        let domain = &claimed.domain;
+        match look(dns, domain, target).await {
             Ok((found, status)) if status != domain.tracking_status => {
-                // Set up again or removed meanwhile: that stands.
-                sqlx::query(
-                    "UPDATE domains SET tracking_status = $2
-                     WHERE id = $1 AND tracking_status <> 'not_started'",
-                )
-                .bind(domain.id)
-                .bind(status)
-                .execute(db)
-                .await?;
-                tracing::info!(domain = %domain.name, ?found, ?status, "tracking host re-checked");
+                let stored = settle(db, &claimed, status).await?;
+                tracing::info!(domain = %domain.name, ?found, ?status, stored, "tracking host re-checked");
             }
             Ok(_) => {}
             Err(e) => {
@@ -145,4 +138,20 @@ pub async fn sweep(
         }
     }
     Ok(taken)
+}
+
+/// Stores `status`, what DNS said of `claimed`'s tracking host, unless its row was written
+/// since the claim (a `verify-tracking` or `setup-tracking` meanwhile has the newer
+/// answer); whether it was stored.
+pub async fn settle(
+    db: &PgPool, claimed: &Claimed, status: TrackingStatus,
+) -> Result<bool, sqlx::Error> {
+    let done =
+        sqlx::query("UPDATE domains SET tracking_status = $2 WHERE id = $1 AND xmin::text = $3")
+            .bind(claimed.domain.id)
+            .bind(status)
+            .bind(&claimed.version)
+            .execute(db)
+            .await?;
+    Ok(done.rows_affected() == 1)
 }
