@@ -78,6 +78,11 @@ nats_version() { # port
     grep -o '"version":"[^"]*"' | cut -d'"' -f4 || true
 }
 
+# The hash of the deploy/nats.conf the server on :NATS_PORT was started with, kept outside
+# the checkout: a clean clone (CI) finds a server another checkout started, and restarts it
+# when its permissions are not this checkout's.
+NATS_CONF_RECORD="${XDG_CACHE_HOME:-$HOME/.cache}/postmesh-nats/port-$NATS_PORT.conf.sha256"
+
 start_nats() {
   local conf_sum bin want pid
   conf_sum="$(sha256sum deploy/nats.conf | cut -d' ' -f1)"
@@ -85,15 +90,16 @@ start_nats() {
   if [ "$bin" = nats-server ]; then ensure_package nats-server nats-server; fi
   want="$("$bin" --version | sed 's/.* v//')"
   if listening "$NATS_PORT"; then
-    # One started here with another deploy/nats.conf restarts, so changed permissions take
-    # effect (a reload cannot: the storage directory is given on the command line); one of
-    # another version than deploy/nats-bin.sh's restarts as that version.
+    # One started with another deploy/nats.conf (by any checkout, or by hand) restarts, so
+    # changed permissions take effect (a reload cannot: the storage directory is given on
+    # the command line); one of another version than deploy/nats-bin.sh's restarts as that
+    # version.
     local running
     running="$(nats_version "$NATS_PORT")"
     if [ -n "$running" ] && [ "$running" != "$want" ]; then
       log "NATS $running answers on :$NATS_PORT: restarting it as $want"
-    elif [ -f "$VAR/nats/nats.pid" ] && [ "$(cat "$VAR/nats/conf.sha256" 2>/dev/null)" != "$conf_sum" ]; then
-      log "deploy/nats.conf changed: restarting NATS"
+    elif [ "$(cat "$NATS_CONF_RECORD" 2>/dev/null)" != "$conf_sum" ]; then
+      log "NATS on :$NATS_PORT was not started with this deploy/nats.conf: restarting it"
     else
       return 0
     fi
@@ -106,7 +112,8 @@ start_nats() {
   log "starting NATS $want with JetStream and the users of deploy/nats.conf"
   setsid "$bin" -c "$PWD/deploy/nats.conf" -a 127.0.0.1 -p "$NATS_PORT" -sd "$VAR/nats" \
     -P "$VAR/nats/nats.pid" >"$VAR/nats/nats.log" 2>&1 < /dev/null &
-  echo "$conf_sum" > "$VAR/nats/conf.sha256"
+  mkdir -p "$(dirname "$NATS_CONF_RECORD")"
+  echo "$conf_sum" > "$NATS_CONF_RECORD"
   wait_for NATS "$NATS_PORT"
 }
 

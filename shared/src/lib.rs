@@ -28,6 +28,7 @@ pub mod telemetry;
 pub mod text;
 pub mod tls;
 pub mod tracking;
+pub mod tracking_hosts;
 
 #[doc(hidden)]
 pub use mimalloc;

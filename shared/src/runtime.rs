@@ -35,6 +35,8 @@ pub struct Runtime {
     /// The connection claim-checked bodies travel on ([`crate::nats::connect_bulk`]).
     pub bulk: async_nats::Client,
     pub js: jetstream::Context,
+    /// The bucket of verified customer tracking hosts ([`crate::tracking_hosts`]).
+    pub tracking_hosts: jetstream::kv::Store,
     /// Cancelled when the service stops taking work.
     pub shutdown: CancellationToken,
     /// Work a graceful stop waits for.
@@ -56,6 +58,8 @@ impl Runtime {
         let js = jetstream::new(nats.clone());
         streams::ensure_streams(&js, &common.namespace, common.stream_replicas).await?;
         crate::nats::ensure_bodies(&js, &common.namespace, common.stream_replicas).await?;
+        let tracking_hosts =
+            crate::tracking_hosts::ensure(&js, &common.namespace, common.stream_replicas).await?;
         Ok(Self {
             service,
             common: common.clone(),
@@ -63,6 +67,7 @@ impl Runtime {
             nats,
             bulk,
             js,
+            tracking_hosts,
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             ready: Vec::new(),

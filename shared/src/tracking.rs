@@ -2,8 +2,10 @@
 //! for a click, the destination — signed with HMAC-SHA256 (`TRACKING_SECRET`). The sender
 //! makes them; the gateway checks them before it answers, so it never redirects anyone to
 //! a URL it did not sign and reads no database to do so. A token made for a domain's own
-//! tracking host (`track.<domain>`) is bound to it: its signature covers that host, so it
-//! works there only, and a token of the shared hosts works on none of the custom ones.
+//! tracking host (`track.<domain>`) is bound to it and to the domain ([`Binding`]): its
+//! signature covers both, so it works on that host only while the same domain holds it
+//! (not after the domain was removed and added again, by another workspace or the same),
+//! and a token of the shared hosts works on none of the custom ones.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -60,6 +62,14 @@ pub struct Claims {
     pub url: Option<String>,
 }
 
+/// What a token for a domain's own tracking host is bound to: the host, and the domain that
+/// verified it (its id in the domain service).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding<'a> {
+    pub host: &'a str,
+    pub domain: Uuid,
+}
+
 /// Signs and checks tracking tokens.
 #[derive(Clone)]
 pub struct TrackingKey {
@@ -80,55 +90,58 @@ impl TrackingKey {
         }
     }
 
-    /// The MAC of `payload` as a token for `host` (none: the shared hosts) has it: a bound
-    /// one covers the host's length and name before the payload.
-    fn mac(&self, payload: &[u8], host: Option<&str>) -> Option<Hmac<Sha256>> {
+    /// The MAC of `payload` as a token `bound` (none: for the shared hosts) has it: a bound
+    /// one covers the host's length and name and the domain's id before the payload.
+    fn mac(&self, payload: &[u8], bound: Option<Binding>) -> Option<Hmac<Sha256>> {
         let mut mac = self.mac.clone();
-        if let Some(host) = host {
+        if let Some(Binding { host, domain }) = bound {
             let host = canonical_host(host);
             mac.update(&u16::try_from(host.len()).ok()?.to_be_bytes());
             mac.update(host.as_bytes());
+            mac.update(domain.as_bytes());
         }
         mac.update(payload);
         Some(mac)
     }
 
-    fn sign(&self, kind: HitKind, delivery: Uuid, url: &str, host: Option<&str>) -> Option<String> {
-        let mut token = vec![kind.byte(host.is_some())];
+    fn sign(
+        &self, kind: HitKind, delivery: Uuid, url: &str, bound: Option<Binding>,
+    ) -> Option<String> {
+        let mut token = vec![kind.byte(bound.is_some())];
         token.extend_from_slice(delivery.as_bytes());
         token.extend_from_slice(url.as_bytes());
-        let mac = self.mac(&token, host)?;
+        let mac = self.mac(&token, bound)?;
         token.extend_from_slice(&mac.finalize().into_bytes()[..MAC_LEN]);
         Some(URL_SAFE_NO_PAD.encode(token))
     }
 
-    /// The pixel token of `delivery`, bound to `host` when given.
-    pub fn open(&self, delivery: Uuid, host: Option<&str>) -> Option<String> {
-        self.sign(HitKind::Open, delivery, "", host)
+    /// The pixel token of `delivery`, `bound` when given.
+    pub fn open(&self, delivery: Uuid, bound: Option<Binding>) -> Option<String> {
+        self.sign(HitKind::Open, delivery, "", bound)
     }
 
-    /// The link token of `delivery` to `url`, bound to `host` when given; none for a URL
-    /// over [`MAX_URL`] bytes.
-    pub fn click(&self, delivery: Uuid, url: &str, host: Option<&str>) -> Option<String> {
+    /// The link token of `delivery` to `url`, `bound` when given; none for a URL over
+    /// [`MAX_URL`] bytes.
+    pub fn click(&self, delivery: Uuid, url: &str, bound: Option<Binding>) -> Option<String> {
         if url.len() > MAX_URL {
             return None;
         }
-        self.sign(HitKind::Click, delivery, url, host)
+        self.sign(HitKind::Click, delivery, url, bound)
     }
 
-    /// What `token` says, if it is ours, of `kind` and for `host` (none: made for the
-    /// shared hosts); constant time in its signature.
-    pub fn verify(&self, token: &str, kind: HitKind, host: Option<&str>) -> Option<Claims> {
+    /// What `token` says, if it is ours, of `kind` and `bound` so (none: made for the shared
+    /// hosts); constant time in its signature.
+    pub fn verify(&self, token: &str, kind: HitKind, bound: Option<Binding>) -> Option<Claims> {
         if token.len() > MAX_TOKEN {
             return None;
         }
         let bytes = URL_SAFE_NO_PAD.decode(token).ok()?;
         let cut = bytes.len().checked_sub(MAC_LEN)?;
         let (payload, signature) = bytes.split_at(cut);
-        if payload.len() < 17 || payload[0] != kind.byte(host.is_some()) {
+        if payload.len() < 17 || payload[0] != kind.byte(bound.is_some()) {
             return None;
         }
-        self.mac(payload, host)?
+        self.mac(payload, bound)?
             .verify_truncated_left(signature)
             .ok()?;
         let delivery = Uuid::from_slice(&payload[1..17]).ok()?;
@@ -210,32 +223,44 @@ mod tests {
     }
 
     #[test]
-    fn a_token_bound_to_a_host_works_there_only() {
+    fn a_token_bound_to_a_host_works_there_only_for_its_domain() {
         let key = TrackingKey::new("secret");
         let d = Uuid::now_v7();
         let url = "https://x.com/a";
-        let a = key.click(d, url, Some("track.a.example")).unwrap();
-        let verify = |token: &str, host| key.verify(token, HitKind::Click, host);
+        let (domain, later_owner) = (Uuid::now_v7(), Uuid::now_v7());
+        let at = |host| Some(Binding { host, domain });
+        let a = key.click(d, url, at("track.a.example")).unwrap();
+        let verify = |token: &str, bound| key.verify(token, HitKind::Click, bound);
         assert_eq!(
-            verify(&a, Some("TRACK.a.example.:443")).and_then(|c| c.url),
+            verify(&a, at("TRACK.a.example.:443")).and_then(|c| c.url),
             Some(url.to_owned()),
             "its host in any case, with a port or a final dot"
         );
-        assert_eq!(verify(&a, Some("track.b.example")), None, "another host");
+        assert_eq!(verify(&a, at("track.b.example")), None, "another host");
+        let moved = Binding {
+            host: "track.a.example",
+            domain: later_owner,
+        };
+        assert_eq!(
+            verify(&a, Some(moved)),
+            None,
+            "the host's domain added again"
+        );
         assert_eq!(verify(&a, None), None, "the shared hosts");
         let shared = key.click(d, url, None).unwrap();
-        assert_eq!(verify(&shared, Some("track.a.example")), None);
+        assert_eq!(verify(&shared, at("track.a.example")), None);
         // A shared token's bytes, kind byte raised, are no bound token either.
         let mut raised = URL_SAFE_NO_PAD.decode(&shared).unwrap();
         raised[0] = b'C';
         let raised = URL_SAFE_NO_PAD.encode(raised);
-        assert_eq!(verify(&raised, Some("track.a.example")), None);
-        let open = key.open(d, Some("track.a.example")).unwrap();
+        assert_eq!(verify(&raised, at("track.a.example")), None);
+        let open = key.open(d, at("track.a.example")).unwrap();
         assert!(key
-            .verify(&open, HitKind::Open, Some("track.a.example"))
+            .verify(&open, HitKind::Open, at("track.a.example"))
             .is_some());
         assert_eq!(key.verify(&open, HitKind::Open, None), None);
-        assert_eq!(verify(&"A".repeat(40), Some(&"h".repeat(70_000))), None);
+        let long = "h".repeat(70_000);
+        assert_eq!(verify(&"A".repeat(40), at(&long)), None);
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub async fn remove_namespace(common: &Common) {
         let _ = js
             .delete_object_store(postmesh_shared::nats::bodies_bucket(ns))
             .await;
+        let _ = js
+            .delete_key_value(postmesh_shared::tracking_hosts::bucket(ns))
+            .await;
     }
     if let Ok(client) = redis::Client::open(common.redis_url.as_str()) {
         if let Ok(mut conn) = client.get_multiplexed_async_connection().await {

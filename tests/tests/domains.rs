@@ -979,7 +979,7 @@ async fn the_fake_ses_refuses_what_ses_refuses() {
 /// A domain's own tracking host: `setup-tracking` answers the CNAME, `verify-tracking` finds
 /// it through DNS (none, another host's, then ours), `apply-dns` writes it at the DNS host,
 /// and once verified, tracked mail from the domain links through `https://track.<domain>`,
-/// which the gateway answers.
+/// which the gateway answers while the domain holds the host, for that domain's links only.
 async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     let key = world.stack.key(10).await;
     world.stripe.subscribe(&world.stack, &key, "pro").await;
@@ -1038,7 +1038,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     );
     let from = json!({ "fromEmail": format!("news@{name}") });
     send_tracked(world, &key, &to, from.clone()).await;
-    let path = tracked_path(world, &to, &format!("https://{host}")).await;
+    let own_path = tracked_path(world, &to, &format!("https://{host}")).await;
     // The gateway answers the tracking path on the domain's own host, and there only: not
     // on another domain's (whose brand it would lend), nor on the shared host.
     let asked = |path: String, host: Option<String>| async move {
@@ -1048,12 +1048,12 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         }
         get.send().await.unwrap()
     };
-    let answer = asked(path.clone(), Some(host.to_uppercase())).await;
+    let answer = asked(own_path.clone(), Some(host.to_uppercase())).await;
     assert_eq!(answer.status(), StatusCode::FOUND);
     assert_eq!(answer.headers()["location"], "https://example.com/x");
     let other = format!("track.{}", unique("other"));
     for elsewhere in [Some(other.clone()), None] {
-        let answer = asked(path.clone(), elsewhere.clone()).await;
+        let answer = asked(own_path.clone(), elsewhere.clone()).await;
         assert_eq!(answer.status(), StatusCode::NOT_FOUND, "on {elsewhere:?}");
     }
     // Nor does a link of the shared host redirect on the domain's.
@@ -1085,10 +1085,48 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     })
     .await;
     let later_to = format!("later-{to}");
-    send_tracked(world, &key, &later_to, from).await;
+    send_tracked(world, &key, &later_to, from.clone()).await;
     for to in [later_to, scheduled_to] {
         tracked_path(world, &to, &world.stack.base).await;
     }
+    // The host answers as the gateway last heard: pending, none of its links; verified
+    // again, the domain's links again; the domain removed, none.
+    let (asked, on) = (&asked, host.as_str());
+    let answers = |path: String, expected: StatusCode| async move {
+        eventually(Duration::from_secs(10), || async {
+            let status = asked(path.clone(), Some(on.to_owned())).await.status();
+            (status == expected).then_some(()).ok_or(status)
+        })
+        .await
+    };
+    answers(own_path.clone(), StatusCode::NOT_FOUND).await;
+    world.dns.set_cname(&host, Some("track.postmesh.localhost"));
+    check(true).await;
+    answers(own_path.clone(), StatusCode::FOUND).await;
+    let _: Value = world
+        .client(&key)
+        .delete(&format!("/sender-domains/{id}"), StatusCode::OK)
+        .await;
+    answers(own_path.clone(), StatusCode::NOT_FOUND).await;
+    // Another workspace adds the name and verifies its tracking host: its links answer
+    // there, the first workspace's never again.
+    let next = world.stack.key(10).await;
+    world.stripe.subscribe(&world.stack, &next, "pro").await;
+    let next_id = world.verified(&next, &name).await;
+    let _: Value = world
+        .act(&next, &next_id, "setup-tracking", StatusCode::OK)
+        .await;
+    let _: Value = world
+        .act(&next, &next_id, "verify-tracking", StatusCode::OK)
+        .await;
+    let next_to = format!("next-{to}");
+    send_tracked(world, &next, &next_to, from).await;
+    let next_path = tracked_path(world, &next_to, &format!("https://{host}")).await;
+    answers(next_path, StatusCode::FOUND).await;
+    assert_eq!(
+        asked(own_path, Some(host.clone())).await.status(),
+        StatusCode::NOT_FOUND
+    );
 }
 
 /// Sends `to` a tracked link to `https://example.com/x`, the body's other fields `extra`.

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use inbound_ingest::mime::{base_subject, Parsed};
-use postmesh_shared::tracking::{HitKind, TrackingKey};
+use postmesh_shared::tracking::{Binding, HitKind, TrackingKey};
 use postmesh_shared::DeliveryId;
 use postmesh_shared::EmailAddress;
 use sender::audience::audiences::{Audience, AudienceBody};
@@ -198,10 +198,14 @@ pub fn webhook_url(data: &[u8]) {
 pub fn tracking(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let key = TrackingKey::new("fuzz");
+    let bound = Binding {
+        host: "t.example",
+        domain: postmesh_shared::DeliveryId::new().as_uuid(),
+    };
     for kind in [HitKind::Open, HitKind::Click] {
         assert!(
             key.verify(&text, kind, None).is_none()
-                && key.verify(&text, kind, Some("t.example")).is_none(),
+                && key.verify(&text, kind, Some(bound)).is_none(),
             "an unsigned token verified"
         );
     }
@@ -212,7 +216,7 @@ pub fn tracking(data: &[u8]) {
     let delivery = DeliveryId::new().as_uuid();
     let out = Instrument {
         tracker: &tracker,
-        host: None,
+        bound: None,
         delivery,
         opens: true,
         clicks: true,

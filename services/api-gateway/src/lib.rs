@@ -34,6 +34,7 @@ use postmesh_shared::clients::billing::BillingClient;
 
 use postmesh_shared::config::{secs, PUBLIC_BASE_URL, TRACKING_BASE_URL, TRACKING_SECRET};
 use postmesh_shared::jetstream::outbox::Outbox;
+use postmesh_shared::tracking_hosts::VerifiedHosts;
 use postmesh_shared::{db, Common, Namespace, Running, Runtime, Service};
 
 pub use codes::CodeConfig;
@@ -248,6 +249,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let mut rt = Runtime::boot(SERVICE, &config.common, &MIGRATIONS).await?;
     let redis = rt.redis().await?;
     let ns = rt.common.namespace.clone();
+    let hosts = VerifiedHosts::watch(rt.tracking_hosts.clone(), rt.shutdown.clone()).await?;
     let state = Arc::new(Gateway {
         billing: BillingClient::new(rt.nats.clone(), ns.clone(), rt.tracker.clone()),
         outbox: rt.outbox(),
@@ -265,7 +267,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
         hits: tracking::Hits::start(rt.js.clone(), &rt.common.namespace),
-        tracking: tracking::Tokens::from_config(&config),
+        tracking: tracking::Tokens::from_config(&config, hosts),
         config,
     });
     postmesh_shared::jetstream::Stream::Tracking

@@ -2,7 +2,8 @@
 //! (`PUBLIC_BASE_URL`, `TRACKING_BASE_URL`, a verified `track.<domain>`): `GET /t/o/{token}`
 //! a 1×1 GIF, `GET /t/c/{token}` a `302` to the signed destination; a tampered, unknown or
 //! unsigned token is a 404, never a redirect, and so is a token asked on a host it was not
-//! made for ([`Tokens`]): one workspace's links never redirect on another's domain. No
+//! made for, or on a customer's host for a domain that no longer holds it ([`Tokens`]): one
+//! workspace's links never redirect on another's domain. No
 //! database is read or written: the token's signature is checked and the hit published to
 //! the TRACKING stream, acknowledged before the answer (503 when it cannot be), for the
 //! sender to record; hits arriving together share a message ([`Hits`]).
@@ -24,7 +25,8 @@ use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
-use postmesh_shared::tracking::{canonical_host, host_name, Claims, HitKind, TrackingKey};
+use postmesh_shared::tracking::{canonical_host, host_name, Binding, Claims, HitKind, TrackingKey};
+use postmesh_shared::tracking_hosts::VerifiedHosts;
 use postmesh_shared::{ApiError, Routes};
 
 use crate::sessions::client_ip;
@@ -62,25 +64,31 @@ pub fn truncated(addr: IpAddr) -> String {
 }
 
 /// Checks tokens by the host they are asked on.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Tokens {
     key: TrackingKey,
     /// The shared hosts, `PUBLIC_BASE_URL`'s and `TRACKING_BASE_URL`'s, canonical.
     shared: Vec<String>,
+    /// The customers' verified hosts and the domain holding each.
+    hosts: VerifiedHosts,
 }
 
 impl Tokens {
-    /// The checker the settings make; none without `TRACKING_SECRET`.
-    pub fn from_config(config: &Config) -> Option<Self> {
+    /// The checker the settings make, customers' hosts from `hosts`; none without
+    /// `TRACKING_SECRET`.
+    pub fn from_config(config: &Config, hosts: VerifiedHosts) -> Option<Self> {
         let secret = config.tracking_secret.as_deref()?;
         Some(Self::new(
             secret,
             [&config.public_base_url, &config.tracking_base_url],
+            hosts,
         ))
     }
 
     /// Tokens signed with `secret`, the hosts of `shared_bases` the shared ones.
-    fn new<'a>(secret: &str, shared_bases: impl IntoIterator<Item = &'a String>) -> Self {
+    fn new<'a>(
+        secret: &str, shared_bases: impl IntoIterator<Item = &'a String>, hosts: VerifiedHosts,
+    ) -> Self {
         let key = TrackingKey::new(secret);
         let shared = shared_bases
             .into_iter()
@@ -89,16 +97,21 @@ impl Tokens {
             .filter(|host| !host.is_empty())
             .map(canonical_host)
             .collect();
-        Self { key, shared }
+        Self { key, shared, hosts }
     }
 
     /// What `token` says as a `kind` hit asked on `host`: on a shared host (or none named),
-    /// a token made for the shared hosts; on any other, a token bound to that host.
+    /// a token made for the shared hosts; on a customer's verified host, a token bound to it
+    /// and to the domain holding it now; on any other, none.
     fn verify(&self, token: &str, kind: HitKind, host: Option<&str>) -> Option<Claims> {
-        let bound = host
+        let Some(host) = host
             .map(host_name)
-            .filter(|host| !self.shared.iter().any(|s| s.eq_ignore_ascii_case(host)));
-        self.key.verify(token, kind, bound)
+            .filter(|host| !self.shared.iter().any(|s| s.eq_ignore_ascii_case(host)))
+        else {
+            return self.key.verify(token, kind, None);
+        };
+        let domain = self.hosts.domain(host)?;
+        self.key.verify(token, kind, Some(Binding { host, domain }))
     }
 }
 
@@ -258,6 +271,8 @@ async fn click(
 
 #[cfg(test)]
 mod tests {
+    use async_nats::jetstream::kv::Operation;
+
     use super::*;
 
     #[test]
@@ -278,13 +293,18 @@ mod tests {
             "https://T.Postmesh.example/".to_owned(),
             String::new(),
         ];
-        let tokens = Tokens::new("k", &bases);
+        let hosts = VerifiedHosts::default();
+        let (domain, later) = (Uuid::now_v7(), Uuid::now_v7());
+        hosts.apply("track.a.example".into(), Operation::Put, domain.as_bytes());
+        let tokens = Tokens::new("k", &bases, hosts.clone());
         let key = TrackingKey::new("k");
         let d = Uuid::now_v7();
         let shared = key.click(d, "https://x.com", None).unwrap();
-        let bound = key
-            .click(d, "https://x.com", Some("track.a.example"))
-            .unwrap();
+        let bound_to = |host, domain| {
+            let bound = Some(Binding { host, domain });
+            key.click(d, "https://x.com", bound).unwrap()
+        };
+        let bound = bound_to("track.a.example", domain);
         let ok = |token: &str, host| tokens.verify(token, HitKind::Click, host).is_some();
         for host in [None, Some("127.0.0.1:8080"), Some("t.postmesh.EXAMPLE")] {
             assert!(ok(&shared, host), "{host:?}");
@@ -293,5 +313,18 @@ mod tests {
         assert!(ok(&bound, Some("Track.A.example:443")));
         assert!(!ok(&shared, Some("track.a.example")));
         assert!(!ok(&bound, Some("track.b.example")));
+        assert!(!ok(
+            &bound_to("track.b.example", domain),
+            Some("track.b.example")
+        ));
+        // Removed, then added again by another domain: the old tokens are refused there.
+        hosts.apply("track.a.example".into(), Operation::Delete, &[]);
+        assert!(!ok(&bound, Some("track.a.example")));
+        hosts.apply("track.a.example".into(), Operation::Put, later.as_bytes());
+        assert!(!ok(&bound, Some("track.a.example")));
+        assert!(ok(
+            &bound_to("track.a.example", later),
+            Some("track.a.example")
+        ));
     }
 }

@@ -332,6 +332,10 @@ pub(crate) async fn remove(
     if !domain.dkim_tokens.is_empty() {
         state.ses()?.delete_identity(&domain.name).await?;
     }
+    // Its tracking host answers none of its links from now on.
+    if let Some(hosts) = &state.hosts {
+        hosts.release(&domain.tracking_host()).await?;
+    }
     sqlx::query("DELETE FROM domains WHERE id = $1")
         .bind(domain.id)
         .execute(&state.db)

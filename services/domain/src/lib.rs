@@ -33,6 +33,7 @@ use crate::dns::Dns;
 use crate::name::DomainName;
 use crate::settings::*;
 use postmesh_shared::secrets::{SecretBox, DEV_SECRETS_KEY};
+use postmesh_shared::tracking_hosts::HostsWriter;
 
 /// This service.
 pub const SERVICE: Service = Service::Domain;
@@ -145,6 +146,8 @@ pub struct AppState {
     pub secrets: SecretBox,
     /// Where billing's `entitlements` is asked; without it, submissions answer 503.
     pub billing: Option<(async_nats::Client, Namespace)>,
+    /// Where verified tracking hosts are announced to the gateway; none for the router alone.
+    pub hosts: Option<HostsWriter>,
 }
 
 impl AppState {
@@ -165,6 +168,7 @@ impl AppState {
             cloudflare: Cloudflare::new(&format!("http://{nowhere}"), DNS_TIMEOUT)?,
             secrets: SecretBox::from_hex(DEV_SECRETS_KEY)?,
             billing: None,
+            hosts: None,
         })
     }
 
@@ -227,6 +231,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         cloudflare: Cloudflare::new(&config.cloudflare_api_base, config.common.upstream_timeout)?,
         secrets: SecretBox::from_hex(&config.secrets_key)?,
         billing: Some((rt.nats.clone(), config.common.namespace.clone())),
+        hosts: Some(HostsWriter::new(rt.tracking_hosts.clone())),
     };
     rt.serve(rpc::register(
         rt.host().http(router(state.clone())),
@@ -244,9 +249,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
     let target = dns::host_name(&config.tracking_host);
     rt.every("tracking sweep", config.recheck, move || {
-        let (db, dns, target) = (tracked.db.clone(), tracked.dns.clone(), target.clone());
+        let (state, target) = (tracked.clone(), target.clone());
         async move {
-            let taken = tracking::sweep(&db, &dns, &target, recheck).await?;
+            let taken = tracking::sweep(&state, &target, recheck).await?;
             Ok::<_, sqlx::Error>(taken as i64 == tracking::SWEEP_BATCH)
         }
     });

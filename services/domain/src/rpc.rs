@@ -43,7 +43,7 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
         sendable: false,
         reason,
         domain,
-        tracking_host: String::new(),
+        ..SendableReply::default()
     };
     let Some(address) = EmailAddress::parse(&req.from_address) else {
         return Ok(refuse(
@@ -67,27 +67,32 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
             ..SendableReply::default()
         });
     }
-    let row: Option<(domains::Ownership, bool, bool)> = sqlx::query_as(
-        "SELECT ownership, outbound_status = 'verified', tracking_status = 'verified' FROM domains
-         WHERE name = $1 AND workspace_id = $2",
+    let row: Option<(domains::Ownership, bool, bool, Uuid)> = sqlx::query_as(
+        "SELECT ownership, outbound_status = 'verified', tracking_status = 'verified', id
+         FROM domains WHERE name = $1 AND workspace_id = $2",
     )
     .bind(domain.as_str())
     .bind(workspace.as_uuid())
     .fetch_optional(&state.db)
     .await?;
     Ok(match row {
-        Some((domains::Ownership::Verified, false, _)) if req.outbound => refuse(
+        Some((domains::Ownership::Verified, false, _, _)) if req.outbound => refuse(
             domain.to_string(),
             format!(
                 "{domain} is verified for ownership but not for sending: \
                  POST /sender-domains/{{id}}/setup-outbound, then verify-outbound"
             ),
         ),
-        Some((domains::Ownership::Verified, _, tracking)) => SendableReply {
+        Some((domains::Ownership::Verified, _, tracking, id)) => SendableReply {
             sendable: true,
             reason: String::new(),
             tracking_host: if tracking {
                 crate::records::tracking_host(domain.as_str())
+            } else {
+                String::new()
+            },
+            tracking_domain_id: if tracking {
+                id.to_string()
             } else {
                 String::new()
             },

@@ -35,15 +35,29 @@ pub struct TrackingSetup {
     pub message: String,
 }
 
-/// Stores `status` for domain `id`.
-async fn store(state: &AppState, id: uuid::Uuid, status: TrackingStatus) -> Result<(), ApiError> {
+/// Stores `status` for `domain`, and tells the gateway ([`announce`]).
+async fn store(state: &AppState, domain: &Domain, status: TrackingStatus) -> Result<(), ApiError> {
     sqlx::query("UPDATE domains SET tracking_status = $2, tracking_checked_at = $3 WHERE id = $1")
-        .bind(id)
+        .bind(domain.id)
         .bind(status)
         .bind(now_unix())
         .execute(&state.db)
         .await?;
-    Ok(())
+    announce(state, domain, status).await
+}
+
+/// Tells the gateway whether `domain` holds its tracking host, as `status` says: verified,
+/// its links answer there; otherwise none do.
+async fn announce(
+    state: &AppState, domain: &Domain, status: TrackingStatus,
+) -> Result<(), ApiError> {
+    let Some(hosts) = &state.hosts else {
+        return Ok(());
+    };
+    match status {
+        TrackingStatus::Verified => hosts.hold(&domain.tracking_host(), domain.id).await,
+        _ => hosts.release(&domain.tracking_host()).await,
+    }
 }
 
 pub(crate) async fn setup(
@@ -54,7 +68,7 @@ pub(crate) async fn setup(
         TrackingStatus::NotStarted => TrackingStatus::Pending,
         other => other,
     };
-    store(&state, domain.id, status).await?;
+    store(&state, &domain, status).await?;
     let record = records::tracking(&domain.name, &target);
     Ok(Success::new(TrackingSetup {
         ready: status == TrackingStatus::Verified,
@@ -82,7 +96,7 @@ pub(crate) async fn verify(
     let host = domain.tracking_host();
     let (found, status) = look(&state.dns, &domain, &target).await?;
     let ready = status == TrackingStatus::Verified;
-    store(&state, domain.id, status).await?;
+    store(&state, &domain, status).await?;
     let message = match &found {
         _ if ready => format!(
             "links of mail from {} now go through https://{host}",
@@ -118,22 +132,31 @@ async fn look(
 /// One sweep pass: claims up to [`SWEEP_BATCH`] domains whose tracking is set up and was not
 /// checked for `recheck_secs` ([`claim_due`]) and stores what DNS says now ([`settle`]) — a
 /// host whose CNAME went away or elsewhere is pending again, so mail stops linking through
-/// it; a lookup that fails changes nothing. How many it took.
+/// it; a lookup that fails changes nothing. What it found is told the gateway again
+/// ([`announce`]), so a lost announcement is made good. How many it took.
 pub async fn sweep(
-    db: &PgPool, dns: &Dns, target: &str, recheck_secs: i64,
+    state: &AppState, target: &str, recheck_secs: i64,
 ) -> Result<usize, sqlx::Error> {
-    let due = claim_due(db, Sweep::Tracking, recheck_secs, SWEEP_BATCH).await?;
+    let due = claim_due(&state.db, Sweep::Tracking, recheck_secs, SWEEP_BATCH).await?;
     let taken = due.len();
     for claimed in due {
         let domain = &claimed.domain;
-        match look(dns, domain, target).await {
+        let status = match look(&state.dns, domain, target).await {
             Ok((found, status)) if status != domain.tracking_status => {
-                let stored = settle(db, &claimed, status).await?;
+                let stored = settle(&state.db, &claimed, status).await?;
                 tracing::info!(domain = %domain.name, ?found, ?status, stored, "tracking host re-checked");
+                // Not stored: what was written meanwhile was announced with it.
+                stored.then_some(status)
             }
-            Ok(_) => {}
+            Ok(_) => Some(domain.tracking_status),
             Err(e) => {
-                tracing::warn!(domain = %domain.name, error = %e, "tracking host check failed")
+                tracing::warn!(domain = %domain.name, error = %e, "tracking host check failed");
+                None
+            }
+        };
+        if let Some(status) = status {
+            if let Err(e) = announce(state, domain, status).await {
+                tracing::warn!(domain = %domain.name, error = %e, "tracking host not announced");
             }
         }
     }

@@ -11,6 +11,7 @@
 
 use sqlx::types::Json;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use postmesh_shared::db::{now_unix, DB_SECOND};
 use postmesh_shared::{email, ApiError, DeliveryId, EmailAddress, TaskId, WorkspaceId};
@@ -139,17 +140,21 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
         email_type: task.email_type,
     };
     jobs.enqueue(&mut tx, &state.events, &recipients).await?;
+    let (base, domain) = retracked.clone().flatten().unzip();
     sqlx::query(
         "UPDATE tasks SET status = 'queued', released_at = $2,
              message = CASE WHEN NOT $3 THEN message
-                            WHEN $4::text IS NULL THEN message - 'tracking_base'
-                            ELSE jsonb_set(message, '{tracking_base}', to_jsonb($4::text)) END
+                            ELSE message - 'tracking_base' - 'tracking_domain'
+                                 || jsonb_strip_nulls(jsonb_build_object(
+                                        'tracking_base', $4::text, 'tracking_domain', $5::uuid))
+                            END
          WHERE id = $1",
     )
     .bind(task.id)
     .bind(now_unix())
     .bind(retracked.is_some())
-    .bind(retracked.flatten())
+    .bind(base)
+    .bind(domain)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -159,14 +164,15 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
     Ok(true)
 }
 
-/// The tracking base a tracked scheduled `task`'s from-domain has now, when it is not the
-/// one stored at acceptance (a tracking host verified or lost since); the stored one stands
-/// when the domain service cannot say.
+/// The tracking base, and the domain holding it, a tracked scheduled `task`'s from-domain
+/// has now, when they are not the ones stored at acceptance (a tracking host verified, lost
+/// or added again since); the stored ones stand when the domain service cannot say.
 async fn tracking_base_now(
     state: &AppState, task: TaskId,
-) -> Result<Option<Option<String>>, ApiError> {
-    let row: Option<(WorkspaceId, String, Option<String>)> = sqlx::query_as(
-        "SELECT workspace_id, message->>'from_email', message->>'tracking_base' FROM tasks
+) -> Result<Option<Option<(String, Uuid)>>, ApiError> {
+    let row: Option<(WorkspaceId, String, Option<String>, Option<Uuid>)> = sqlx::query_as(
+        "SELECT workspace_id, message->>'from_email', message->>'tracking_base',
+                (message->>'tracking_domain')::uuid FROM tasks
          WHERE id = $1 AND status = 'scheduled'
            AND (COALESCE((message->>'track_opens')::bool, false)
                 OR COALESCE((message->>'track_clicks')::bool, false))",
@@ -174,7 +180,7 @@ async fn tracking_base_now(
     .bind(task)
     .fetch_optional(&state.db)
     .await?;
-    let Some((workspace, from, stored)) = row else {
+    let Some((workspace, from, base, domain)) = row else {
         return Ok(None);
     };
     let Some(from) = EmailAddress::parse(&from) else {
@@ -183,7 +189,7 @@ async fn tracking_base_now(
     match sendable::sendable(state, workspace, &from).await {
         Ok(reply) => {
             let now = sendable::tracking_base(&reply);
-            Ok((now != stored).then_some(now))
+            Ok((now != base.zip(domain)).then_some(now))
         }
         Err(e) => {
             tracing::warn!(%task, error = %e, "tracking host not asked again; the stored one stands");

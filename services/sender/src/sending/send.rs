@@ -121,6 +121,7 @@ async fn compose(
             track_opens,
             track_clicks,
             tracking_base: None,
+            tracking_domain: None,
         },
         template,
     ))
@@ -200,7 +201,7 @@ pub(crate) async fn submit(
         None => compose(state, caller, &req, &from).await?,
     };
     // Tracked through the from-domain's own verified tracking host, when it has one.
-    message.tracking_base = sendable::tracking_base(&checked);
+    (message.tracking_base, message.tracking_domain) = sendable::tracking_base(&checked).unzip();
     let (campaign_key, mut recipients, mut rejected) = recipients_of(state, caller, &req).await?;
     sandbox_rules(state, &message, &mut recipients, &mut rejected)?;
     // A test send goes to the caller alone, whatever the rules.

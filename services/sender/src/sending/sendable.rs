@@ -5,6 +5,7 @@
 use postmesh_shared::extract::Caller;
 use postmesh_shared::proto::{SendableReply, SendableRequest};
 use postmesh_shared::{nats, ApiError, EmailAddress, WorkspaceId};
+use uuid::Uuid;
 
 use crate::AppState;
 
@@ -51,10 +52,12 @@ pub(crate) async fn check(
     })
 }
 
-/// The base tracked links of mail from `from` point at: its domain's verified tracking host
-/// (`https://track.<domain>`), if the domain service named one.
-pub(crate) fn tracking_base(reply: &SendableReply) -> Option<String> {
+/// The base tracked links of mail from `from` point at — its domain's verified tracking
+/// host (`https://track.<domain>`) — and the domain their tokens are bound to, if the domain
+/// service named them.
+pub(crate) fn tracking_base(reply: &SendableReply) -> Option<(String, Uuid)> {
+    let domain = Uuid::parse_str(&reply.tracking_domain_id).ok()?;
     Some(reply.tracking_host.as_str())
         .filter(|host| !host.is_empty())
-        .map(|host| format!("https://{host}"))
+        .map(|host| (format!("https://{host}"), domain))
 }

@@ -12,6 +12,7 @@ use postmesh_shared::extract::Caller;
 use postmesh_shared::jetstream::outbox;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{send_job, SendJob, SliceRecipient, TaskSlice};
+use postmesh_shared::tracking::Binding;
 use postmesh_shared::{DeliveryId, JobId, TaskId, WorkspaceId};
 
 use crate::model::Recipient;
@@ -49,13 +50,20 @@ pub struct TaskMessage {
     /// Where its tracked links point (`https://track.<domain>`), when not the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking_base: Option<String>,
+    /// The domain holding that tracking host, which its tokens are bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_domain: Option<Uuid>,
 }
 
 impl TaskMessage {
-    /// The from-domain's own tracking host (`track.<domain>`) its links go through, if any.
-    pub fn tracking_host(&self) -> Option<&str> {
+    /// The from-domain's own tracking host (`track.<domain>`) its links go through, and the
+    /// domain holding it, if any.
+    pub fn tracking_binding(&self) -> Option<Binding<'_>> {
         let base = self.tracking_base.as_deref()?;
-        Some(base.strip_prefix("https://").unwrap_or(base))
+        Some(Binding {
+            host: base.strip_prefix("https://").unwrap_or(base),
+            domain: self.tracking_domain?,
+        })
     }
 }
 

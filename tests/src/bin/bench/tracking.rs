@@ -51,7 +51,7 @@ fn rewriting() {
     };
     let instrument = Instrument {
         tracker: &tracker,
-        host: None,
+        bound: None,
         delivery: Uuid::now_v7(),
         opens: true,
         clicks: true,

@@ -35,6 +35,7 @@ use crate::sending::request::EmailType;
 use crate::sending::tasks::{self, LoadedTask};
 use crate::sending::tracking::links::Instrument;
 use crate::sending::tracking::Tracker;
+use postmesh_shared::tracking::Binding;
 
 /// Retry and concurrency settings of the worker.
 #[derive(Clone, Debug)]
@@ -118,12 +119,16 @@ impl Delivery {
             .unsubscribe
             .as_ref()
             .map(|u| u.url("").trim_end_matches("?token=").to_owned());
-        let (html, host) = (html.to_owned(), m.tracking_host().map(str::to_owned));
+        let html = html.to_owned();
+        let bound = m.tracking_binding().map(|b| (b.host.to_owned(), b.domain));
         Some(
             postmesh_shared::cpu::run_sized(html.len(), move || {
                 Instrument {
                     tracker: &tracker,
-                    host: host.as_deref(),
+                    bound: bound.as_ref().map(|(host, domain)| Binding {
+                        host,
+                        domain: *domain,
+                    }),
                     delivery,
                     opens,
                     clicks,

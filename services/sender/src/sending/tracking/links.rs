@@ -9,6 +9,8 @@ use std::rc::Rc;
 use lol_html::html_content::ContentType;
 use uuid::Uuid;
 
+use postmesh_shared::tracking::Binding;
+
 use crate::sending::tracking::Tracker;
 
 /// Marks a link not to track; taken out of the message.
@@ -17,9 +19,9 @@ pub const NO_TRACK: &str = "data-pm-notrack";
 /// What to do to one message's HTML.
 pub struct Instrument<'a> {
     pub tracker: &'a Tracker,
-    /// The from-domain's own tracking host (`track.<domain>`), which links then point at
-    /// and their tokens are bound to; else the tracker's base.
-    pub host: Option<&'a str>,
+    /// The from-domain's own tracking host (`track.<domain>`) and the domain, which links
+    /// then point at and their tokens are bound to; else the tracker's base.
+    pub bound: Option<Binding<'a>>,
     pub delivery: Uuid,
     pub opens: bool,
     pub clicks: bool,
@@ -39,8 +41,8 @@ fn is_http(link: &str) -> bool {
 impl Instrument<'_> {
     /// The base of the tracking URLs.
     fn base(&self) -> String {
-        match self.host {
-            Some(host) => format!("https://{host}"),
+        match self.bound {
+            Some(Binding { host, .. }) => format!("https://{host}"),
             None => self.tracker.base_url.clone(),
         }
     }
@@ -50,7 +52,7 @@ impl Instrument<'_> {
         Some(format!(
             "<img src=\"{base}/t/o/{}\" width=\"1\" height=\"1\" alt=\"\" \
              style=\"display:block;width:1px;height:1px;border:0\">",
-            self.tracker.key.open(self.delivery, self.host)?
+            self.tracker.key.open(self.delivery, self.bound)?
         ))
     }
 
@@ -62,7 +64,7 @@ impl Instrument<'_> {
         if !is_http(&link) || unsubscribe {
             return None;
         }
-        let token = self.tracker.key.click(self.delivery, &link, self.host)?;
+        let token = self.tracker.key.click(self.delivery, &link, self.bound)?;
         Some(format!("{base}/t/c/{token}"))
     }
 
@@ -131,7 +133,7 @@ mod tests {
     fn instrument(t: &Tracker, opens: bool, clicks: bool) -> Instrument<'_> {
         Instrument {
             tracker: t,
-            host: None,
+            bound: None,
             delivery: Uuid::nil(),
             opens,
             clicks,
@@ -203,7 +205,11 @@ mod tests {
     fn a_domains_own_host_carries_tokens_bound_to_it() {
         let t = tracker();
         let mut i = instrument(&t, true, true);
-        i.host = Some("track.a.example");
+        let bound = Some(Binding {
+            host: "track.a.example",
+            domain: Uuid::now_v7(),
+        });
+        i.bound = bound;
         let out = i.apply("<body><a href=\"https://x.com/p\">x</a></body>");
         let token = |path: &str| {
             let at = out.find(path).unwrap_or_else(|| panic!("{path} in {out}")) + path.len();
@@ -213,9 +219,8 @@ mod tests {
             token("https://track.a.example/t/c/"),
             token("https://track.a.example/t/o/"),
         );
-        let host = Some("track.a.example");
-        assert!(t.key.verify(&click, HitKind::Click, host).is_some());
-        assert!(t.key.verify(&open, HitKind::Open, host).is_some());
+        assert!(t.key.verify(&click, HitKind::Click, bound).is_some());
+        assert!(t.key.verify(&open, HitKind::Open, bound).is_some());
         assert_eq!(t.key.verify(&click, HitKind::Click, None), None);
         assert_eq!(t.key.verify(&open, HitKind::Open, None), None);
     }
