@@ -145,3 +145,19 @@ async fn a_tracking_recheck_never_overwrites_a_newer_answer() {
     assert!(settle(db, &due[0], TrackingStatus::Pending).await.unwrap());
     assert_eq!(peek::domain::tracking_status(db, name).await, "pending");
 }
+
+/// A tracking sweep whose DNS lookup fails changes nothing: the host stays verified (the
+/// router's state asks a name server that never answers).
+#[tokio::test]
+async fn a_tracking_recheck_that_cannot_look_changes_nothing() {
+    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
+    let (db, name) = (&store.pool, "unlooked.example");
+    peek::domain::insert_inbound_verified(db, uuid::Uuid::now_v7(), name).await;
+    peek::domain::set_tracking(db, name, "verified", 0).await;
+    let state = domain::AppState::new(store.pool.clone()).unwrap();
+    let taken = domain::tracking::sweep(&state, "track.postmesh.localhost", 60)
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
+    assert_eq!(peek::domain::tracking_status(db, name).await, "verified");
+}

@@ -1073,24 +1073,25 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     scheduled["scheduledAt"] = json!(postmesh_shared::db::now_unix() + 8);
     send_tracked(world, &key, &scheduled_to, scheduled).await;
     world.dns.set_cname(&host, None);
-    eventually(Duration::from_secs(15), || async {
-        let page: Success<DomainPage> = world
-            .client(&key)
-            .get(&format!("/sender-domains/{id}"), StatusCode::OK)
-            .await;
-        match page.body.domain.tracking_status {
-            TrackingStatus::Pending => Ok(()),
-            other => Err(other),
-        }
-    })
-    .await;
+    let swept = |expected: TrackingStatus| async move {
+        eventually(Duration::from_secs(15), || async {
+            let page: Success<DomainPage> = world
+                .client(key_ref)
+                .get(&format!("/sender-domains/{id_ref}"), StatusCode::OK)
+                .await;
+            let status = page.body.domain.tracking_status;
+            (status == expected).then_some(()).ok_or(status)
+        })
+        .await
+    };
+    swept(TrackingStatus::Pending).await;
     let later_to = format!("later-{to}");
     send_tracked(world, &key, &later_to, from.clone()).await;
     for to in [later_to, scheduled_to] {
         tracked_path(world, &to, &world.stack.base).await;
     }
     // The host answers as the gateway last heard: pending, none of its links; verified
-    // again, the domain's links again; the domain removed, none.
+    // again by the sweep, the domain's links again; the domain removed, none.
     let (asked, on) = (&asked, host.as_str());
     let answers = |path: String, expected: StatusCode| async move {
         eventually(Duration::from_secs(10), || async {
@@ -1101,7 +1102,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     };
     answers(own_path.clone(), StatusCode::NOT_FOUND).await;
     world.dns.set_cname(&host, Some("track.postmesh.localhost"));
-    check(true).await;
+    swept(TrackingStatus::Verified).await;
     answers(own_path.clone(), StatusCode::FOUND).await;
     let _: Value = world
         .client(&key)
