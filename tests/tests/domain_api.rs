@@ -120,6 +120,15 @@ async fn ownership_sweeps_at_once_check_each_pending_domain_once() {
     assert!(fake.queries() >= 120, "{} DNS queries", fake.queries());
 }
 
+/// The domain service's database with the domain `name`, its tracking host verified and
+/// due for a look.
+async fn tracked_domain(name: &str) -> ServiceDb {
+    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
+    peek::domain::insert_inbound_verified(&store.pool, uuid::Uuid::now_v7(), name).await;
+    peek::domain::set_tracking(&store.pool, name, "verified", 0).await;
+    store
+}
+
 /// The tracking sweep stores what DNS said only when nothing wrote the domain since its
 /// claim: a `verify-tracking` meanwhile has the newer answer, and keeps it.
 #[tokio::test]
@@ -127,10 +136,8 @@ async fn a_tracking_recheck_never_overwrites_a_newer_answer() {
     use domain::domains::{claim_due, Sweep, TrackingStatus};
     use domain::tracking::settle;
 
-    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
-    let (db, name) = (&store.pool, "tracked.example");
-    peek::domain::insert_inbound_verified(db, uuid::Uuid::now_v7(), name).await;
-    peek::domain::set_tracking(db, name, "verified", 0).await;
+    let (store, name) = (tracked_domain("tracked.example").await, "tracked.example");
+    let db = &store.pool;
     let due = claim_due(db, Sweep::Tracking, 60, 50).await.unwrap();
     assert_eq!(due.len(), 1);
     // The CNAME was gone when the sweep looked; put back and verified before it stores.
@@ -150,10 +157,8 @@ async fn a_tracking_recheck_never_overwrites_a_newer_answer() {
 /// router's state asks a name server that never answers).
 #[tokio::test]
 async fn a_tracking_recheck_that_cannot_look_changes_nothing() {
-    let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
-    let (db, name) = (&store.pool, "unlooked.example");
-    peek::domain::insert_inbound_verified(db, uuid::Uuid::now_v7(), name).await;
-    peek::domain::set_tracking(db, name, "verified", 0).await;
+    let (store, name) = (tracked_domain("unlooked.example").await, "unlooked.example");
+    let db = &store.pool;
     let state = domain::AppState::new(store.pool.clone()).unwrap();
     let taken = domain::tracking::sweep(&state, "track.postmesh.localhost", 60)
         .await
