@@ -113,6 +113,29 @@ impl World {
         self.client(key).post(&path, &json!({}), expected).await
     }
 
+    /// `POST /sender-domains/{id}/apply-dns` of `body` as `key`, answered `expected`.
+    async fn apply_dns<T: DeserializeOwned>(
+        &self, key: &str, id: &str, body: &Value, expected: StatusCode,
+    ) -> T {
+        let path = format!("/sender-domains/{id}/apply-dns");
+        self.client(key).post(&path, body, expected).await
+    }
+
+    /// Saves `token` as the workspace's Cloudflare token (`PUT /sender-domains/dns-provider`).
+    async fn save_dns_token(&self, key: &str, token: &str) {
+        let body = json!({"provider": "cloudflare", "apiToken": token});
+        let saved: Success<Saved> = self
+            .client(key)
+            .call(
+                Method::PUT,
+                "/sender-domains/dns-provider",
+                Some(serde_json::to_vec(&body).unwrap()),
+                StatusCode::OK,
+            )
+            .await;
+        assert!(saved.body.saved);
+    }
+
     /// `POST /sender-domains/{id}/{action}` with an empty JSON body.
     async fn act<T: DeserializeOwned>(
         &self, key: &str, id: &str, action: &str, expected: StatusCode,
@@ -687,12 +710,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         json!({"scope": "everything", "apiToken": "t"}),
     ] {
         let err: ErrorBody = world
-            .client(&key)
-            .post(
-                &format!("/sender-domains/{id}/apply-dns"),
-                &body,
-                StatusCode::BAD_REQUEST,
-            )
+            .apply_dns(&key, &id, &body, StatusCode::BAD_REQUEST)
             .await;
         assert!(!err.success, "{body}");
     }
@@ -728,9 +746,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     let stranger = format!("cf-{}", uuid::Uuid::new_v4().simple());
     world.cloudflare.add_zone(&unique("elsewhere"), &stranger);
     let err: ErrorBody = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"apiToken": stranger}),
             StatusCode::BAD_REQUEST,
         )
@@ -738,18 +756,7 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     assert!(err.error.contains("zone"), "{err:?}");
 
     // The token is saved (sealed at rest) and used when the body has none.
-    let saved: Success<Saved> = world
-        .client(&key)
-        .call(
-            Method::PUT,
-            "/sender-domains/dns-provider",
-            Some(
-                serde_json::to_vec(&json!({"provider": "cloudflare", "apiToken": token})).unwrap(),
-            ),
-            StatusCode::OK,
-        )
-        .await;
-    assert!(saved.body.saved);
+    world.save_dns_token(&key, &token).await;
     let db = world
         .stack
         .service_db(postmesh_shared::Service::Domain)
@@ -761,9 +768,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     );
 
     let applied: Success<Applied> = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"provider": "cloudflare"}),
             StatusCode::OK,
         )
@@ -794,23 +801,11 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     );
 
     // Twice is a no-op; a wrong saved token loses to the body's.
-    let saved: Success<Saved> = world
-        .client(&key)
-        .call(
-            Method::PUT,
-            "/sender-domains/dns-provider",
-            Some(
-                serde_json::to_vec(&json!({"provider": "cloudflare", "apiToken": "not-a-token"}))
-                    .unwrap(),
-            ),
-            StatusCode::OK,
-        )
-        .await;
-    assert!(saved.body.saved);
+    world.save_dns_token(&key, "not-a-token").await;
     let again: Success<Applied> = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"apiToken": token, "scope": "all"}),
             StatusCode::OK,
         )
@@ -820,9 +815,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     assert_eq!(world.cloudflare.records(&zone).len(), 2 + 4);
     // The saved token is now wrong: Cloudflare refuses it, which is the caller's 400.
     let _: ErrorBody = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"scope": "inbound"}),
             StatusCode::BAD_REQUEST,
         )
@@ -830,9 +825,9 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
     // Cloudflare down: 503.
     world.cloudflare.set_down(true);
     let _: ErrorBody = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"apiToken": token}),
             StatusCode::SERVICE_UNAVAILABLE,
         )
@@ -1022,9 +1017,9 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     let token = format!("cf-{}", uuid::Uuid::new_v4().simple());
     let zone = world.cloudflare.add_zone(&name, &token);
     let applied: Success<Applied> = world
-        .client(&key)
-        .post(
-            &format!("/sender-domains/{id}/apply-dns"),
+        .apply_dns(
+            &key,
+            &id,
             &json!({"scope": "tracking", "apiToken": token}),
             StatusCode::OK,
         )
