@@ -81,6 +81,26 @@ async fn mail_to(stack: &Stack, local: &str, subject: &str, body: &str) {
     .await;
 }
 
+/// The webhook dispatcher's database alone.
+async fn dispatcher_db() -> ServiceDb {
+    ServiceDb::create(
+        webhook_dispatcher::SERVICE,
+        &[&webhook_dispatcher::MIGRATOR],
+    )
+    .await
+}
+
+/// `POST /inbox/webhook/endpoints/{e}/replay` of every message since 0, as `key`.
+async fn replay<T: serde::de::DeserializeOwned>(
+    stack: &Stack, key: &str, e: uuid::Uuid, expected: StatusCode,
+) -> T {
+    let path = format!("/inbox/webhook/endpoints/{e}/replay");
+    stack
+        .client(key)
+        .post(&path, &json!({ "since": 0 }), expected)
+        .await
+}
+
 /// A fresh key with inbox `local` and an endpoint of it to a new receiver: the key, the
 /// endpoint's id and the receiver.
 async fn key_and_endpoint(stack: &Stack, local: &str) -> (String, uuid::Uuid, Receiver) {
@@ -474,14 +494,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     assert_eq!(got[3].id, got[0].id);
     settled(stack, &key, e, 1, Status::Succeeded).await;
     // Replayed: every message since then, as a new delivery.
-    let replayed: Success<Replayed> = stack
-        .client(&key)
-        .post(
-            &format!("/inbox/webhook/endpoints/{e}/replay"),
-            &json!({ "since": 0 }),
-            StatusCode::ACCEPTED,
-        )
-        .await;
+    let replayed: Success<Replayed> = replay(stack, &key, e, StatusCode::ACCEPTED).await;
     assert_eq!(replayed.body.queued, 1);
     let got = received(&receiver, 5, Duration::from_secs(10)).await;
     assert_ne!(got[4].id, got[0].id);
@@ -492,14 +505,7 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
     settled(stack, &key, e, 2, Status::Succeeded).await;
     // Another workspace's endpoint is 404; a malformed attempt id 400.
     let (other, _) = key_with_inbox(stack, "other").await;
-    let missing: ErrorBody = stack
-        .client(&other)
-        .post(
-            &format!("/inbox/webhook/endpoints/{e}/replay"),
-            &json!({ "since": 0 }),
-            StatusCode::NOT_FOUND,
-        )
-        .await;
+    let missing: ErrorBody = replay(stack, &other, e, StatusCode::NOT_FOUND).await;
     assert!(!missing.success);
     let _: ErrorBody = stack
         .client(&key)
@@ -779,11 +785,7 @@ async fn a_dispatcher_killed_mid_delivery_delivers_every_message_once() {
 
 #[tokio::test]
 async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass() {
-    let store = ServiceDb::create(
-        webhook_dispatcher::SERVICE,
-        &[&webhook_dispatcher::MIGRATOR],
-    )
-    .await;
+    let store = dispatcher_db().await;
     let now = postmesh_shared::db::now_unix();
     let (workspace, a, b, c) = (
         uuid::Uuid::now_v7(),
@@ -870,11 +872,7 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
 /// each attempt is taken by one of them, once.
 #[tokio::test]
 async fn two_scheduler_passes_at_once_take_each_due_attempt_once() {
-    let store = ServiceDb::create(
-        webhook_dispatcher::SERVICE,
-        &[&webhook_dispatcher::MIGRATOR],
-    )
-    .await;
+    let store = dispatcher_db().await;
     let (workspace, now) = (uuid::Uuid::now_v7(), postmesh_shared::db::now_unix());
     let targets: Vec<uuid::Uuid> = (0..30).map(|_| uuid::Uuid::now_v7()).collect();
     let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
@@ -908,11 +906,7 @@ async fn two_scheduler_passes_at_once_take_each_due_attempt_once() {
 
 #[tokio::test]
 async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_delivery_needs() {
-    let store = ServiceDb::create(
-        webhook_dispatcher::SERVICE,
-        &[&webhook_dispatcher::MIGRATOR],
-    )
-    .await;
+    let store = dispatcher_db().await;
     let db = &store.pool;
     let now = postmesh_shared::db::now_unix();
     let (old, recent, cutoff) = (now - 40 * 86_400, now - 86_400, now - 30 * 86_400);
