@@ -170,16 +170,14 @@ pub mod domain {
         .expect("domain aged");
     }
 
-    /// Sets the domain `name`'s tracking status and when it was last checked, as
-    /// `verify-tracking` leaves them.
-    pub async fn set_tracking(db: &PgPool, name: &str, status: &str, checked_at: i64) {
+    /// Marks the domain `name`'s tracking host verified, last checked at `checked_at`, as
+    /// `verify-tracking` leaves it.
+    pub async fn tracking_verified(db: &PgPool, name: &str, checked_at: i64) {
         sqlx::query(
-            "UPDATE domains SET tracking_status = $2,
-                 tracking_checked_at = $3
+            "UPDATE domains SET tracking_status = 'verified', tracking_checked_at = $2
              WHERE name = $1",
         )
         .bind(name)
-        .bind(status)
         .bind(checked_at)
         .execute(db)
         .await

@@ -125,7 +125,7 @@ async fn ownership_sweeps_at_once_check_each_pending_domain_once() {
 async fn tracked_domain(name: &str) -> ServiceDb {
     let store = ServiceDb::create(domain::SERVICE, &[&domain::MIGRATOR]).await;
     peek::domain::insert_inbound_verified(&store.pool, uuid::Uuid::now_v7(), name).await;
-    peek::domain::set_tracking(&store.pool, name, "verified", 0).await;
+    peek::domain::tracking_verified(&store.pool, name, 0).await;
     store
 }
 
@@ -141,13 +141,13 @@ async fn a_tracking_recheck_never_overwrites_a_newer_answer() {
     let due = claim_due(db, Sweep::Tracking, 60, 50).await.unwrap();
     assert_eq!(due.len(), 1);
     // The CNAME was gone when the sweep looked; put back and verified before it stores.
-    peek::domain::set_tracking(db, name, "verified", postmesh_shared::db::now_unix()).await;
+    peek::domain::tracking_verified(db, name, postmesh_shared::db::now_unix()).await;
     let stored = settle(db, &due[0], TrackingStatus::Pending).await.unwrap();
     assert!(!stored);
     assert_eq!(peek::domain::tracking_status(db, name).await, "verified");
 
     // Nothing in between: the sweep's answer stands.
-    peek::domain::set_tracking(db, name, "verified", 0).await;
+    peek::domain::tracking_verified(db, name, 0).await;
     let due = claim_due(db, Sweep::Tracking, 60, 50).await.unwrap();
     assert!(settle(db, &due[0], TrackingStatus::Pending).await.unwrap());
     assert_eq!(peek::domain::tracking_status(db, name).await, "pending");
