@@ -332,8 +332,12 @@ pub(crate) async fn remove(
     if !domain.dkim_tokens.is_empty() {
         state.ses()?.delete_identity(&domain.name).await?;
     }
-    // Its tracking host answers none of its links from now on.
-    if let Some(hosts) = &state.hosts {
+    // Its tracking host, if it ever set one up, answers none of its links from now on.
+    if let Some(hosts) = state
+        .hosts
+        .as_ref()
+        .filter(|_| domain.tracking_status != TrackingStatus::NotStarted)
+    {
         hosts.release(&domain.tracking_host()).await?;
     }
     sqlx::query("DELETE FROM domains WHERE id = $1")

@@ -83,21 +83,20 @@ async fn sendable(state: AppState, req: SendableRequest) -> Result<SendableReply
                  POST /sender-domains/{{id}}/setup-outbound, then verify-outbound"
             ),
         ),
-        Some((domains::Ownership::Verified, _, tracking, id)) => SendableReply {
-            sendable: true,
-            reason: String::new(),
-            tracking_host: if tracking {
-                crate::records::tracking_host(domain.as_str())
+        Some((domains::Ownership::Verified, _, tracking, id)) => {
+            let (tracking_host, tracking_domain_id) = if tracking {
+                (crate::records::tracking_host(domain.as_str()), id.to_string())
             } else {
-                String::new()
-            },
-            tracking_domain_id: if tracking {
-                id.to_string()
-            } else {
-                String::new()
-            },
-            domain: domain.to_string(),
-        },
+                Default::default()
+            };
+            SendableReply {
+                sendable: true,
+                reason: String::new(),
+                tracking_host,
+                tracking_domain_id,
+                domain: domain.to_string(),
+            }
+        }
         Some(_) => refuse(
             domain.to_string(),
             format!("{domain} is not verified yet: finish its ownership review"),

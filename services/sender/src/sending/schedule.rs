@@ -140,7 +140,8 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
         email_type: task.email_type,
     };
     jobs.enqueue(&mut tx, &state.events, &recipients).await?;
-    let (base, domain) = retracked.clone().flatten().unzip();
+    let changed = retracked.is_some();
+    let (base, domain) = retracked.flatten().unzip();
     sqlx::query(
         "UPDATE tasks SET status = 'queued', released_at = $2,
              message = CASE WHEN NOT $3 THEN message
@@ -152,7 +153,7 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
     )
     .bind(task.id)
     .bind(now_unix())
-    .bind(retracked.is_some())
+    .bind(changed)
     .bind(base)
     .bind(domain)
     .execute(&mut *tx)
