@@ -16,8 +16,9 @@ use domain::outbound::OutboundSetup;
 use domain::ownership::{PendingList, Reviewed};
 use domain::records::DnsRecord;
 use domain::tracking::TrackingSetup;
+use futures::StreamExt;
 use postmesh_shared::error::ErrorBody;
-use postmesh_shared::Success;
+use postmesh_shared::{Rpc, Success};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -105,6 +106,19 @@ impl World {
         id
     }
 
+    /// [`World::verified`], then its tracking host (`track.<name>`) set up and verified;
+    /// the domain's id.
+    async fn tracking_verified(&self, key: &str, name: &str) -> String {
+        let id = self.verified(key, name).await;
+        let _: Value = self.act(key, &id, "setup-tracking", StatusCode::OK).await;
+        let host = format!("track.{name}");
+        self.dns.set_cname(&host, Some("track.postmesh.localhost"));
+        let checked: Success<TrackingSetup> =
+            self.act(key, &id, "verify-tracking", StatusCode::OK).await;
+        assert!(checked.body.ready, "{checked:?}");
+        id
+    }
+
     /// `POST /admin/sender-domains/{id}/{decision}` (`approve` or `reject`) as `key`.
     async fn review<T: DeserializeOwned>(
         &self, key: &str, id: &str, decision: &str, expected: StatusCode,
@@ -177,7 +191,7 @@ fn names(domains: &[DomainView]) -> Vec<String> {
 /// The domain scenarios below, each with keys and names of their own, on one world (fake SES, whose outages would reach the others, keeps its own).
 #[tokio::test]
 async fn domains_of_one_key_each_side_by_side() {
-    let world = World::start().await;
+    let mut world = World::start().await;
     tokio::join!(
         submission_needs_a_plan_a_free_slot_and_a_free_name(&world),
         ownership_is_proven_by_txt_by_the_sweep_or_by_an_admin(&world),
@@ -187,6 +201,8 @@ async fn domains_of_one_key_each_side_by_side() {
     );
     // After the others: one of them takes the fake Cloudflare down.
     a_verified_tracking_host_carries_its_domains_links(&world).await;
+    // Last: it stops the domain service.
+    a_hung_domain_service_holds_a_release_pass_up_once(&mut world).await;
     world.stack.shutdown().await;
 }
 
@@ -1108,13 +1124,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
     // there, the first workspace's never again.
     let next = world.stack.key(10).await;
     world.stripe.subscribe(&world.stack, &next, "pro").await;
-    let next_id = world.verified(&next, &name).await;
-    let _: Value = world
-        .act(&next, &next_id, "setup-tracking", StatusCode::OK)
-        .await;
-    let _: Value = world
-        .act(&next, &next_id, "verify-tracking", StatusCode::OK)
-        .await;
+    world.tracking_verified(&next, &name).await;
     let next_to = format!("next-{to}");
     send_tracked(world, &next, &next_to, from).await;
     let next_path = tracked_path(world, &next_to, &format!("https://{host}")).await;
@@ -1123,6 +1133,48 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         asked(own_path, Some(host.clone())).await.status(),
         StatusCode::NOT_FOUND
     );
+}
+
+/// Scheduled tracked sends from three domains released while the domain service hangs:
+/// the pass asks it once, not once a send, and each goes out through the tracking host
+/// stored at acceptance.
+async fn a_hung_domain_service_holds_a_release_pass_up_once(world: &mut World) {
+    let key = world.stack.key(10).await;
+    world.stripe.subscribe(&world.stack, &key, "pro").await;
+    // Due once the domain service has stopped (a second or so), with time to spare.
+    let at = postmesh_shared::db::now_unix() + 8;
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        let name = unique("hung");
+        world.tracking_verified(&key, &name).await;
+        let to = format!("hung-{}@example.com", uuid::Uuid::new_v4().simple());
+        let body = json!({ "fromEmail": format!("news@{name}"), "scheduledAt": at });
+        send_tracked(world, &key, &to, body).await;
+        sent.push((to, format!("https://track.{name}")));
+    }
+    let nats = postmesh_tests::ops_nats(&world.stack.common.nats_url)
+        .await
+        .expect("nats");
+    let subject = SendableRequest::rpc_subject(world.stack.ns());
+    let mut hung = nats.subscribe(subject.clone()).await.expect("subscribe");
+    nats.flush().await.expect("flush");
+    world.stack.stop_domain().await;
+    assert!(
+        postmesh_shared::db::now_unix() < at,
+        "stopped after the sends were due"
+    );
+    for (to, base) in &sent {
+        tracked_path(world, to, base).await;
+    }
+    // Every ask came before the deliveries; a marker published after them arrives last.
+    nats.publish(subject, "marker".into())
+        .await
+        .expect("marker");
+    let mut asks = 0;
+    while hung.next().await.expect("the marker").payload != "marker" {
+        asks += 1;
+    }
+    assert_eq!(asks, 1, "asks of the hung domain service");
 }
 
 /// Sends `to` a tracked link to `https://example.com/x`, the body's other fields `extra`.

@@ -7,7 +7,9 @@
 //! charge is given back. A task left with no recipient gets its whole charge back. Each task
 //! is released in a transaction of its own; one whose release fails [`RELEASE_TRIES`] times
 //! is set aside as `failed` (its error kept) and refunded, never retried forever. A tracked
-//! task links through the tracking host its from-domain has at release, not at acceptance.
+//! task links through the tracking host its from-domain has at release, not at acceptance;
+//! a pass asks the domain service no more after an ask that failed, so a hung domain
+//! service holds a pass up once, not once a task.
 
 use sqlx::types::Json;
 use sqlx::PgConnection;
@@ -45,9 +47,9 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
     .bind(BATCH)
     .fetch_all(&state.db)
     .await?;
-    let mut released = 0;
+    let (mut released, mut asking) = (0, true);
     for &task in &due {
-        match release(state, task).await {
+        match release(state, task, &mut asking).await {
             Ok(true) => released += 1,
             Ok(false) => {}
             Err(e @ ApiError::Unavailable(_)) => return Err(e),
@@ -94,8 +96,9 @@ async fn failed_release(state: &AppState, task: TaskId, e: &ApiError) -> Result<
 
 /// Releases `task` if it is still scheduled and no other replica holds it: its jobs to the
 /// outbox and its status queued, in one transaction; false when there was nothing to do.
-async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
-    let retracked = tracking_base_now(state, task).await?;
+/// `asking`: whether the domain service is still asked for tracking hosts this pass.
+async fn release(state: &AppState, task: TaskId, asking: &mut bool) -> Result<bool, ApiError> {
+    let retracked = tracking_base_now(state, task, asking).await?;
     let mut tx = state.db.begin().await?;
     let Some(task): Option<Due> = sqlx::query_as(
         "SELECT id, workspace_id, email_type, topic FROM tasks
@@ -167,9 +170,10 @@ async fn release(state: &AppState, task: TaskId) -> Result<bool, ApiError> {
 
 /// The tracking base, and the domain holding it, a tracked scheduled `task`'s from-domain
 /// has now, when they are not the ones stored at acceptance (a tracking host verified, lost
-/// or added again since); the stored ones stand when the domain service cannot say.
+/// or added again since); the stored ones stand when the domain service cannot say, and
+/// once it could not, `asking` turns false and it is not asked again.
 async fn tracking_base_now(
-    state: &AppState, task: TaskId,
+    state: &AppState, task: TaskId, asking: &mut bool,
 ) -> Result<Option<Option<(String, Uuid)>>, ApiError> {
     let row: Option<(WorkspaceId, String, Option<String>, Option<Uuid>)> = sqlx::query_as(
         "SELECT workspace_id, message->>'from_email', message->>'tracking_base',
@@ -187,13 +191,17 @@ async fn tracking_base_now(
     let Some(from) = EmailAddress::parse(&from) else {
         return Ok(None);
     };
+    if !*asking {
+        return Ok(None);
+    }
     match sendable::sendable(state, workspace, &from).await {
         Ok(reply) => {
             let now = sendable::tracking_base(&reply);
             Ok((now != base.zip(domain)).then_some(now))
         }
         Err(e) => {
-            tracing::warn!(%task, error = %e, "tracking host not asked again; the stored one stands");
+            tracing::warn!(%task, error = %e, "tracking hosts not asked again this pass; the stored ones stand");
+            *asking = false;
             Ok(None)
         }
     }
