@@ -911,33 +911,22 @@ async fn the_retention_sweep_deletes_what_is_old_and_finished_and_keeps_what_a_d
     let now = postmesh_shared::db::now_unix();
     let (old, recent, cutoff) = (now - 40 * 86_400, now - 86_400, now - 30 * 86_400);
     let workspace = uuid::Uuid::now_v7();
-    let event = |at: i64| async move {
+    // A row of `sql` (its id, the workspace, the time as $1, $2, $3) made at `at`.
+    let row = |sql: &'static str, at: i64| async move {
         let id = uuid::Uuid::now_v7();
-        sqlx::query(
-            "INSERT INTO events (id, workspace_id, type, occurred_at, data)
-             VALUES ($1, $2, 'email.sent', $3, '{}')",
-        )
-        .bind(id)
-        .bind(workspace)
-        .bind(at)
-        .execute(db)
-        .await
-        .unwrap();
+        let done = sqlx::query(sql).bind(id).bind(workspace).bind(at);
+        done.execute(db).await.unwrap();
         id
     };
-    let received = |at: i64| async move {
-        let id = uuid::Uuid::now_v7();
-        sqlx::query(
-            "INSERT INTO received (message_id, workspace_id, address_id, received_at)
-             VALUES ($1, $2, $2, $3)",
-        )
-        .bind(id)
-        .bind(workspace)
-        .bind(at)
-        .execute(db)
-        .await
-        .unwrap();
-        id
+    let event = |at| {
+        let sql = "INSERT INTO events (id, workspace_id, type, occurred_at, data)
+                   VALUES ($1, $2, 'email.sent', $3, '{}')";
+        row(sql, at)
+    };
+    let received = |at| {
+        let sql = "INSERT INTO received (message_id, workspace_id, address_id, received_at)
+                   VALUES ($1, $2, $2, $3)";
+        row(sql, at)
     };
     let attempt = |message: uuid::Uuid, status: &'static str, at: i64| async move {
         let id = uuid::Uuid::now_v7();
