@@ -80,10 +80,12 @@ pub struct VerifiedHosts {
 }
 
 impl VerifiedHosts {
-    /// Reads every host of `store`, then keeps the copy current until `shutdown` (watching
-    /// again after a pause when a watch ends).
+    /// Reads every host of `store`, then keeps the copy current until `shutdown`. The watch
+    /// starts before the reading, and each (again after a pause when one ends) replays every
+    /// host's last change, its removal among them: no change is missed in between.
     pub async fn watch(store: kv::Store, shutdown: CancellationToken) -> anyhow::Result<Self> {
         let hosts = Self::default();
+        let first = store.watch_with_history(">").await?;
         let mut keys = store.keys().await?;
         while let Some(key) = keys.next().await {
             let key = key?;
@@ -93,8 +95,9 @@ impl VerifiedHosts {
         }
         let copy = hosts.clone();
         tokio::spawn(async move {
-            while !shutdown.is_cancelled() {
-                match store.watch_all().await {
+            let mut watch = Ok(first);
+            loop {
+                match watch {
                     Ok(mut entries) => loop {
                         let entry = tokio::select! {
                             _ = shutdown.cancelled() => return,
@@ -115,6 +118,7 @@ impl VerifiedHosts {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
+                watch = store.watch_with_history(">").await;
             }
         });
         Ok(hosts)

@@ -1,6 +1,7 @@
 //! The transactional outbox against the real Postgres and NATS: only committed messages are
-//! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it; and the
-//! streams it publishes to, declared on a cluster that cannot place them yet.
+//! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it; the
+//! streams it publishes to, declared on a cluster that cannot place them yet; and the
+//! tracking hosts' bucket, whose copies miss no change.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -237,6 +238,58 @@ async fn streams_wait_until_the_cluster_can_place_them() {
         js.delete_stream(stream.name(&ns)).await.unwrap();
     }
     js.delete_object_store(postmesh_shared::nats::bodies_bucket(&ns))
+        .await
+        .unwrap();
+}
+
+/// A gateway's copy of the verified tracking hosts misses no change made once it is set up,
+/// the very first ones among them: a host let go and another held, by another connection,
+/// before this test's runtime has run anything else.
+#[tokio::test]
+async fn copies_of_the_tracking_hosts_miss_no_change() {
+    use postmesh_shared::tracking_hosts::{self, HostsWriter, VerifiedHosts};
+
+    let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let ns = postmesh_tests::fresh_namespace();
+    let store = tracking_hosts::ensure(&js, &ns, 1).await.unwrap();
+    let writer = HostsWriter::new(store.clone());
+    let domain = Uuid::now_v7();
+    writer.hold("track.gone.example", domain).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let copy = VerifiedHosts::watch(store.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    assert_eq!(copy.domain("track.gone.example"), Some(domain));
+    // Blocking this runtime until done, on a runtime and connection of their own.
+    let elsewhere = ns.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
+                .await
+                .unwrap();
+            let js = async_nats::jetstream::new(nats);
+            let store = tracking_hosts::ensure(&js, &elsewhere, 1).await.unwrap();
+            let writer = HostsWriter::new(store);
+            writer.release("track.gone.example").await.unwrap();
+            writer.hold("track.held.example", domain).await.unwrap();
+        })
+    })
+    .join()
+    .unwrap();
+    // A change after the others: once the copy has it, it has had every earlier one.
+    writer.hold("track.last.example", domain).await.unwrap();
+    postmesh_tests::eventually(Duration::from_secs(10), || async {
+        copy.domain("track.last.example").ok_or("not yet")
+    })
+    .await;
+    assert_eq!(copy.domain("track.gone.example"), None);
+    assert_eq!(copy.domain("track.held.example"), Some(domain));
+    shutdown.cancel();
+    js.delete_key_value(tracking_hosts::bucket(&ns))
         .await
         .unwrap();
 }
