@@ -15,6 +15,8 @@ use uuid::Uuid;
 
 /// Bytes of a destination a click token carries at most: a longer link is not tracked.
 pub const MAX_URL: usize = 2048;
+/// Bytes of a hit's `User-Agent` kept at most.
+pub const MAX_USER_AGENT: usize = 512;
 /// Characters of a token at most (a longer one is refused before it is decoded).
 pub const MAX_TOKEN: usize = (1 + 16 + MAX_URL + MAC_LEN) * 4 / 3 + 4;
 /// Bytes of the HMAC a token keeps (128 bits).

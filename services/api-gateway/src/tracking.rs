@@ -25,7 +25,9 @@ use postmesh_contracts::routes::gateway as api;
 use postmesh_shared::db::now_unix;
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
-use postmesh_shared::tracking::{canonical_host, host_name, Binding, Claims, HitKind, TrackingKey};
+use postmesh_shared::tracking::{
+    canonical_host, host_name, Binding, Claims, HitKind, TrackingKey, MAX_USER_AGENT,
+};
 use postmesh_shared::tracking_hosts::VerifiedHosts;
 use postmesh_shared::{ApiError, Routes};
 
@@ -38,8 +40,6 @@ const PIXEL: &[u8] = &[
     0xff, 0xff, 0xff, 0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x2c, 0x00, 0x00, 0x00, 0x00,
     0x01, 0x00, 0x01, 0x00, 0x00, 0x02, 0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
-/// Bytes of a user agent kept at most.
-const MAX_USER_AGENT: usize = 512;
 
 /// The tracking routes.
 pub fn routes() -> Routes<AppState> {

@@ -6,6 +6,7 @@
 //! first hit of each kind by a person is `first`. A delivery keeps [`MAX_ENGAGEMENTS`].
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
@@ -16,6 +17,7 @@ use uuid::Uuid;
 use postmesh_shared::dead_letters::DeadLetters;
 use postmesh_shared::jetstream::{ack_pending_for, next_batch, Stream};
 use postmesh_shared::proto::{TrackingHit, TrackingHits};
+use postmesh_shared::tracking::{MAX_URL, MAX_USER_AGENT};
 use postmesh_shared::Runtime;
 
 use crate::sending::events::{self, Detail, Kind, NewEvent, Outlet};
@@ -74,11 +76,13 @@ pub struct Hit {
 
 impl Hit {
     /// The hits of one TRACKING message; one that can never be recorded fails it whole.
+    /// They are counted before they are decoded.
     pub fn decode_all(payload: &[u8]) -> Result<Vec<Self>, String> {
-        let batch = TrackingHits::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
-        if batch.hits.len() > MAX_PER_MESSAGE {
-            return Err(format!("{} hits in one message", batch.hits.len()));
+        let count = hits_in(payload)?;
+        if count > MAX_PER_MESSAGE {
+            return Err(format!("{count} hits in one message"));
         }
+        let batch = TrackingHits::decode(payload).map_err(|e| format!("undecodable: {e}"))?;
         batch.hits.into_iter().map(Self::decode).collect()
     }
 
@@ -86,22 +90,65 @@ impl Hit {
         let id = |raw: &str, what: &str| {
             Uuid::parse_str(raw).map_err(|_| format!("{what} {raw:?} is not a uuid"))
         };
+        // What PostgreSQL stores: no NUL, and no more than the gateway sends.
+        let text = |value: String, most: usize, what: &str| {
+            if value.len() > most || value.contains('\0') {
+                Err(format!(
+                    "{what} of {} bytes, over {most} or with a NUL",
+                    value.len()
+                ))
+            } else {
+                Ok(value)
+            }
+        };
         let kind = match h.kind.as_str() {
             "opened" => Kind::Opened,
             "clicked" => Kind::Clicked,
             other => return Err(format!("kind {other:?} is not opened or clicked")),
         };
+        if !h.client_ip.is_empty() && h.client_ip.parse::<IpAddr>().is_err() {
+            return Err(format!("client_ip {:?} is not an address", h.client_ip));
+        }
         Ok(Self {
             id: id(&h.hit_id, "hit_id")?,
             kind,
             delivery: id(&h.delivery_id, "delivery_id")?,
-            url: h.url,
-            user_agent: h.user_agent,
+            url: text(h.url, MAX_URL, "url")?,
+            user_agent: text(h.user_agent, MAX_USER_AGENT, "user_agent")?,
             ip: h.client_ip,
             at: h.occurred_at,
             head: h.head,
         })
     }
+}
+
+/// The `hits` (field 1) an encoded `TrackingHits` holds, counted without decoding one.
+fn hits_in(mut payload: &[u8]) -> Result<usize, String> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let undecodable = |e: prost::DecodeError| format!("undecodable: {e}");
+    let mut hits = 0;
+    while !payload.is_empty() {
+        let (tag, wire) = decode_key(&mut payload).map_err(undecodable)?;
+        let len = match wire {
+            WireType::Varint => decode_varint(&mut payload)
+                .map(|_| 0)
+                .map_err(undecodable)?,
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => {
+                let len = decode_varint(&mut payload).map_err(undecodable)?;
+                usize::try_from(len).unwrap_or(usize::MAX)
+            }
+            WireType::StartGroup | WireType::EndGroup => {
+                return Err("undecodable: a group".into());
+            }
+        };
+        payload = payload
+            .get(len..)
+            .ok_or_else(|| "undecodable: a field past the end".to_owned())?;
+        hits += usize::from(tag == 1);
+    }
+    Ok(hits)
 }
 
 /// Whether a client with `agent` at `ip` is a machine by what it says of itself.
@@ -333,6 +380,66 @@ async fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hit() -> TrackingHit {
+        TrackingHit {
+            hit_id: Uuid::now_v7().to_string(),
+            kind: "clicked".into(),
+            delivery_id: Uuid::now_v7().to_string(),
+            url: "https://example.com/x".into(),
+            user_agent: "Mozilla/5.0 (X11; Linux x86_64)".into(),
+            client_ip: "203.0.113.0".into(),
+            occurred_at: 1_700_000_000,
+            head: false,
+        }
+    }
+
+    fn decoded(hits: Vec<TrackingHit>) -> Result<Vec<Hit>, String> {
+        Hit::decode_all(&TrackingHits { hits }.encode_to_vec())
+    }
+
+    #[test]
+    fn hits_postgresql_would_refuse_or_the_gateway_never_sends_are_refused() {
+        assert_eq!(decoded(vec![hit(), hit()]).unwrap().len(), 2);
+        let bad: [fn(&mut TrackingHit); 6] = [
+            |h| h.user_agent.push('\0'),
+            |h| h.url = "https://example.com/\0".into(),
+            |h| h.user_agent = "a".repeat(MAX_USER_AGENT + 1),
+            |h| h.url = format!("https://example.com/{}", "a".repeat(MAX_URL)),
+            |h| h.client_ip = "203.0.113.0\0".into(),
+            |h| h.client_ip = "somewhere".into(),
+        ];
+        for (i, spoil) in bad.into_iter().enumerate() {
+            let mut one = hit();
+            spoil(&mut one);
+            assert!(decoded(vec![hit(), one]).is_err(), "case {i}");
+        }
+    }
+
+    #[test]
+    fn hits_are_counted_before_they_are_decoded() {
+        // Two bytes an empty hit: a message of 1 MiB would decode into half a million.
+        let empty = |n| [0x0a_u8, 0x00].repeat(n);
+        assert_eq!(
+            hits_in(&empty(MAX_PER_MESSAGE + 1)),
+            Ok(MAX_PER_MESSAGE + 1)
+        );
+        let many = Hit::decode_all(&empty(500_000)).err().unwrap();
+        assert_eq!(many, "500000 hits in one message");
+        let real = TrackingHits {
+            hits: vec![hit(), hit(), hit()],
+        }
+        .encode_to_vec();
+        assert_eq!(hits_in(&real), Ok(3));
+        for broken in [
+            &real[..real.len() - 1],
+            &[0x0a, 0x05, 0x00],
+            &[0x0b],
+            &[0x0a, 0xff],
+        ] {
+            assert!(hits_in(broken).is_err(), "{broken:?}");
+        }
+    }
 
     #[test]
     fn proxies_scanners_and_scripts_are_machines_and_browsers_are_not() {
