@@ -1,7 +1,7 @@
 //! The transactional outbox against the real Postgres and NATS: only committed messages are
 //! published, each once, with its id as `Nats-Msg-Id`, whichever relay takes it; the
-//! streams it publishes to, declared on a cluster that cannot place them yet; and the
-//! tracking hosts' bucket, whose copies miss no change.
+//! streams it publishes to, declared on a cluster that cannot place them yet; the
+//! tracking hosts' bucket, whose copies miss no change; and the gateway's hits publisher.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use postmesh_shared::jetstream::outbox::{self, Outbox, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
-use postmesh_shared::{db, Service};
+use postmesh_shared::{db, ApiError, Service};
 use postmesh_tests::{peek, remove_namespace, ServiceDb};
 
 /// A database with the kit's tables, the namespace's streams, and a core NATS subscription
@@ -292,4 +292,56 @@ async fn copies_of_the_tracking_hosts_miss_no_change() {
     js.delete_key_value(tracking_hosts::bucket(&ns))
         .await
         .unwrap();
+}
+
+/// The gateway's hits publisher: a hit JetStream has not stored within its deadline is a
+/// 503, and one answered so while it waited is left out of the next message.
+#[tokio::test]
+async fn tracking_hits_not_stored_in_time_are_refused_and_left_out() {
+    use postmesh_shared::proto::{TrackingHit, TrackingHits};
+    use prost::Message as _;
+
+    let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
+        .await
+        .unwrap();
+    let ns = postmesh_tests::fresh_namespace();
+    // No stream: the hits reach a subscriber that acknowledges only when told.
+    let mut stream = nats.subscribe(Stream::Tracking.subject(&ns)).await.unwrap();
+    nats.flush().await.unwrap();
+    let js = async_nats::jetstream::new(nats.clone());
+    let hits = api_gateway::tracking::Hits::start(js, &ns, Duration::from_millis(300));
+    let hit = |url: &str| TrackingHit {
+        url: url.into(),
+        ..Default::default()
+    };
+    let first = tokio::spawn({
+        let (hits, hit) = (hits.clone(), hit("first"));
+        async move { hits.publish(hit).await }
+    });
+    let in_flight = stream.next().await.unwrap();
+    // The next hit waits behind the first's message: past its deadline, a 503.
+    let second = tokio::time::timeout(Duration::from_secs(5), hits.publish(hit("second")))
+        .await
+        .expect("answered within its deadline");
+    assert!(
+        matches!(second, Err(ApiError::Unavailable(_))),
+        "{second:?}"
+    );
+    assert!(matches!(
+        first.await.unwrap(),
+        Err(ApiError::Unavailable(_))
+    ));
+    // The first's message stored at last: the next one carries the hits waiting now, and
+    // not the one already answered.
+    let ack = br#"{"stream":"TRACKING","seq":1}"#;
+    nats.publish(in_flight.reply.unwrap(), ack[..].into())
+        .await
+        .unwrap();
+    let _third = tokio::spawn({
+        let (hits, hit) = (hits.clone(), hit("third"));
+        async move { hits.publish(hit).await }
+    });
+    let next = TrackingHits::decode(stream.next().await.unwrap().payload).unwrap();
+    let urls: Vec<&str> = next.hits.iter().map(|h| h.url.as_str()).collect();
+    assert_eq!(urls, ["third"]);
 }

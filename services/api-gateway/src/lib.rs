@@ -266,7 +266,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         rate: ratelimit::RateLimit::new(config.rate),
         body_rate: ratelimit::BodyRate::new(config.body_rate),
         failed_auths: preauth::FailedAuths::new(config.auth_failures_per_ip_per_minute),
-        hits: tracking::Hits::start(rt.js.clone(), &rt.common.namespace),
+        hits: tracking::Hits::start(
+            rt.js.clone(),
+            &rt.common.namespace,
+            config.common.upstream_timeout,
+        ),
         tracking: tracking::Tokens::from_config(&config, hosts),
         config,
     });

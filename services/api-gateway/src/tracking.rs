@@ -10,6 +10,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -148,15 +149,20 @@ type Waiting = (TrackingHit, oneshot::Sender<Result<(), String>>);
 
 /// Publishes hits to the TRACKING stream as a group commit: the hits that arrive while
 /// [`PUBLISHERS`] messages are in flight go together in the next one (up to
-/// [`PER_MESSAGE`]), and each waits for its own message's acknowledgement.
+/// [`PER_MESSAGE`]), and each waits for its own message's acknowledgement, for `deadline`
+/// at most; a hit whose wait has ended by then is left out of the next message.
 #[derive(Clone)]
 pub struct Hits {
     queue: mpsc::Sender<Waiting>,
+    deadline: Duration,
 }
 
 impl Hits {
-    /// Starts the publishers, which end when the last sender of hits is dropped.
-    pub fn start(js: async_nats::jetstream::Context, ns: &postmesh_shared::Namespace) -> Self {
+    /// Starts the publishers, which end when the last sender of hits is dropped; a hit not
+    /// stored within `deadline` (`UPSTREAM_TIMEOUT_SECS`) is a 503.
+    pub fn start(
+        js: async_nats::jetstream::Context, ns: &postmesh_shared::Namespace, deadline: Duration,
+    ) -> Self {
         let (queue, taken) = mpsc::channel::<Waiting>(QUEUE);
         let taken = Arc::new(tokio::sync::Mutex::new(taken));
         let subject = Stream::Tracking.subject(ns);
@@ -169,15 +175,21 @@ impl Hits {
                         let Some(first) = taken.recv().await else {
                             return;
                         };
-                        let mut batch = vec![first];
-                        while batch.len() < PER_MESSAGE {
-                            match taken.try_recv() {
-                                Ok(next) => batch.push(next),
-                                Err(_) => break,
+                        let (mut batch, mut next) = (Vec::new(), Some(first));
+                        while let Some(waiting) = next {
+                            // Answered already (a 503 past its deadline): not published.
+                            if !waiting.1.is_closed() {
+                                batch.push(waiting);
                             }
+                            next = (batch.len() < PER_MESSAGE)
+                                .then(|| taken.try_recv().ok())
+                                .flatten();
                         }
                         batch
                     };
+                    if batch.is_empty() {
+                        continue;
+                    }
                     let (hits, waiting): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
                     let payload = Bytes::from(TrackingHits { hits }.encode_to_vec());
                     // No `Nats-Msg-Id`: a batch is never published twice (a failed one is
@@ -194,22 +206,23 @@ impl Hits {
                 }
             });
         }
-        Self { queue }
+        Self { queue, deadline }
     }
 
-    /// Publishes `hit`; once JetStream has stored it, or the 503 saying it could not.
-    async fn publish(&self, hit: TrackingHit) -> Result<(), ApiError> {
+    /// Publishes `hit`; once JetStream has stored it, or the 503 saying it could not (in
+    /// time).
+    pub async fn publish(&self, hit: TrackingHit) -> Result<(), ApiError> {
         let unavailable =
             |why: String| ApiError::Unavailable(format!("could not record the hit: {why}"));
         let (done, stored) = oneshot::channel();
-        self.queue
-            .send((hit, done))
+        let stored = async {
+            let gone = || unavailable("shutting down".into());
+            self.queue.send((hit, done)).await.map_err(|_| gone())?;
+            stored.await.map_err(|_| gone())?.map_err(unavailable)
+        };
+        tokio::time::timeout(self.deadline, stored)
             .await
-            .map_err(|_| unavailable("shutting down".into()))?;
-        stored
-            .await
-            .map_err(|_| unavailable("shutting down".into()))?
-            .map_err(unavailable)
+            .unwrap_or_else(|_| Err(unavailable("not stored in time".into())))
     }
 }
 
