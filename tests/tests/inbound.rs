@@ -285,6 +285,37 @@ async fn a_message_is_stored_with_its_parts_threaded_and_downloadable_byte_for_b
     assert!(threads(&other, "").await.threads.is_empty());
 }
 
+/// A subject and a Message-ID too long for an index entry (random, so nothing compresses
+/// them) are stored, never a 500 for the MTA to retry; the same message again is still
+/// the same message, and a reply still joins its thread.
+#[tokio::test]
+async fn headers_too_long_for_an_index_are_stored() {
+    let inbound = InboundRouter::new(ByteBudget::default()).await;
+    let (_, client) = inbound.inbox(&format!("support@{INBOUND_DOMAIN}")).await;
+    let mta = inbound.mta();
+    let noise = |chars: usize| {
+        let hex = (0..chars.div_ceil(32)).map(|_| uuid::Uuid::new_v4().simple().to_string());
+        hex.collect::<String>()[..chars].to_owned()
+    };
+    let subject = noise(6000);
+    let raw = message(
+        Some(&format!("{}@x.example", noise(4000))),
+        &subject,
+        "",
+        "hi",
+    );
+    let to = format!("support@{INBOUND_DOMAIN}");
+    let first = ingest_to(&mta, &raw, &[&to]).await;
+    assert_eq!((first.stored, first.duplicates), (1, 0));
+    let again = ingest_to(&mta, &raw, &[&to]).await;
+    assert_eq!((again.stored, again.duplicates), (0, 1));
+    let reply = message(None, &format!("Re: {subject}"), "", "and again");
+    assert_eq!(ingest_to(&mta, &reply, &[&to]).await.stored, 1);
+    let list = threads(&client, "").await;
+    assert_eq!(list.threads.len(), 1);
+    assert_eq!(list.threads[0].message_count, 2);
+}
+
 #[tokio::test]
 async fn a_legacy_charset_and_an_unreadable_message_are_kept() {
     let inbound = InboundRouter::new(ByteBudget::default()).await;

@@ -8,6 +8,8 @@ use mail_parser::{Address, HeaderValue, MessageParser, MimeHeaders, PartType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use postmesh_shared::text::cut_at;
+
 /// One attachment, listed (its content stays in the raw message).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = ThreadMessageAttachment)]
@@ -46,6 +48,11 @@ pub const MAX_LISTED_ATTACHMENTS: usize = 100;
 pub const MAX_LISTED_ADDRESSES: usize = 1_000;
 /// `References` kept at most: the nearest ancestors, which threading needs.
 pub const MAX_REFERENCES: usize = 100;
+/// Bytes of a Message-ID at most (a header line's limit, RFC 5322 §2.1.1); a longer one is
+/// taken as none, as PostgreSQL indexes no entry over 2,704 bytes.
+const MAX_ID: usize = 998;
+/// Bytes of a base subject threads compare at most (the same index limit).
+const MAX_SUBJECT_KEY: usize = 998;
 
 /// The largest text or HTML body stored beside the raw message; a larger one is read
 /// from the raw message when shown, so ingesting it does not hold a second copy.
@@ -138,7 +145,7 @@ impl Parsed {
             subject: msg.subject().unwrap_or_default().to_owned(),
             text: inline(text),
             html: inline(html),
-            message_id: msg.message_id().map(bare_id).filter(|id| !id.is_empty()),
+            message_id: msg.message_id().map(bare_id).filter(|id| usable_id(id)),
             in_reply_to: ids(msg.in_reply_to()).into_iter().next(),
         };
         Self {
@@ -177,7 +184,7 @@ impl Parsed {
     /// The subject as threads compare it: without reply and forward prefixes (`Re:`,
     /// `Fwd:`, `AW:`, `[list]`, ...; RFC 5256's base subject), lower case, single spaces.
     pub fn subject_key(&self) -> String {
-        base_subject(&self.content.subject)
+        cut_at(base_subject(&self.content.subject), MAX_SUBJECT_KEY).0
     }
 
     /// Message-IDs this message answers, nearest first: `In-Reply-To`, then `References`
@@ -213,8 +220,14 @@ fn ids(value: &HeaderValue<'_>) -> Vec<String> {
         _ => Vec::new(),
     }
     .into_iter()
-    .filter(|id| !id.is_empty())
+    .filter(|id| usable_id(id))
     .collect()
+}
+
+/// Whether a Message-ID (without its brackets) can stand for its message: neither empty
+/// nor longer than [`MAX_ID`] (an index holds it).
+fn usable_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID
 }
 
 fn first_address(address: &Address<'_>) -> Option<String> {
