@@ -3,7 +3,7 @@
 use postmesh_shared::settings;
 
 settings! {
-    SNS_URL_PATTERN = r"^https://sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/", "sender: what an SNS message's `SigningCertURL` and `SubscribeURL` must match before anything is fetched (else 400)";
+    SNS_URL_PATTERN = r"^https://sns\.[a-z]{2}(-gov)?-[a-z]+-[0-9]+\.amazonaws\.com(\.cn)?/", "sender: what an SNS message's `SigningCertURL` and `SubscribeURL` must match before anything is fetched (else 400): SNS's regional hosts, not an S3 bucket's (`sns.s3-…`)";
     SNS_TOPIC_ARNS = "" shown "empty (any; in production none: `/provider-events/esp` answers 503)", "sender: comma list of the SNS topics whose notifications are taken (others 400)";
     SEND_TRANSPORT = "file", "sender: `file`, `smtp` or `ses` (SES v2 `SendEmail`, raw MIME)";
     OUTBOX_DIR = "var/outbox", "sender: where `file` writes `.eml` files";

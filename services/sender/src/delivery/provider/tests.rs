@@ -18,6 +18,16 @@ fn the_canonical_string_follows_snss_field_order() {
     let pattern = Regex::new(crate::settings::SNS_URL_PATTERN.default).unwrap();
     assert!(pattern.is_match("https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-1.pem"));
     assert!(pattern.is_match("https://sns.cn-north-1.amazonaws.com.cn/x.pem"));
-    assert!(!pattern.is_match("https://sns.eu-west-1.amazonaws.com.evil.example/x.pem"));
-    assert!(!pattern.is_match("http://sns.eu-west-1.amazonaws.com/x.pem"));
+    assert!(pattern.is_match("https://sns.us-gov-west-1.amazonaws.com/x.pem"));
+    assert!(pattern.is_match("https://sns.ap-southeast-2.amazonaws.com/x.pem"));
+    for elsewhere in [
+        "https://sns.eu-west-1.amazonaws.com.evil.example/x.pem",
+        "http://sns.eu-west-1.amazonaws.com/x.pem",
+        // An S3 bucket named `sns`, whoever holds it, in its virtual-hosted forms.
+        "https://sns.s3.amazonaws.com/x.pem",
+        "https://sns.s3-us-west-2.amazonaws.com/x.pem",
+        "https://sns.s3-external-1.amazonaws.com/x.pem",
+    ] {
+        assert!(!pattern.is_match(elsewhere), "{elsewhere}");
+    }
 }
