@@ -159,22 +159,17 @@ async fn marketing_mail_unsubscribes_in_one_click_and_events_are_recorded(stack:
     })
     .await;
     let token = link.split_once("token=").unwrap().1.to_owned();
-    // Again, as a form field and as JSON: nothing more is written.
+    // Again, as a form field and as JSON, also with white space around the token: nothing
+    // more is written.
     let url = format!("{}/unsubscribe", stack.base);
-    let form = http
-        .post(&url)
-        .form(&[("token", token.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(form.status(), StatusCode::OK);
-    let as_json = http
-        .post(&url)
-        .json(&json!({ "token": token }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(as_json.status(), StatusCode::OK);
+    for token in [token.clone(), format!("{token} ")] {
+        let form = http.post(&url).form(&[("token", token)]).send().await;
+        assert_eq!(form.unwrap().status(), StatusCode::OK);
+    }
+    for token in [token.clone(), format!(" {token}\t")] {
+        let as_json = http.post(&url).json(&json!({ "token": token })).send();
+        assert_eq!(as_json.await.unwrap().status(), StatusCode::OK);
+    }
     let entries = stack.suppressions(&key, "ann@example.com").await;
     assert_eq!(entries, [(Reason::Unsubscribed, Some("news".to_owned()))]);
 

@@ -192,7 +192,8 @@ pub(crate) async fn confirm_page(
 }
 
 /// The token of a POST: the JSON body's or the form's `token`, else the query's (RFC 8058's
-/// one-click POST carries `List-Unsubscribe=One-Click` in the body and the token in the URL).
+/// one-click POST carries `List-Unsubscribe=One-Click` in the body and the token in the URL),
+/// without white space around it.
 fn posted_token(headers: &HeaderMap, body: &[u8], query: Option<String>) -> Option<String> {
     let kind = headers
         .get(CONTENT_TYPE)
@@ -210,7 +211,11 @@ fn posted_token(headers: &HeaderMap, body: &[u8], query: Option<String>) -> Opti
     } else {
         None
     };
-    from_body.or(query).filter(|t| !t.trim().is_empty())
+    // Trimmed once here: the signature written as the event's key is the one verified.
+    from_body
+        .or(query)
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
 }
 
 pub(crate) async fn unsubscribe(
