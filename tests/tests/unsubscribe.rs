@@ -266,6 +266,13 @@ async fn bad_tokens_get_an_html_page_and_change_nothing(stack: &Stack) {
         assert_eq!(posted.status(), StatusCode::BAD_REQUEST, "POST {token}");
         assert!(posted.text().await.unwrap().contains("<html"));
     }
+    // A query that is no token at all (two of them): the same page, not a plain-text error.
+    let twice = format!("{url}?token={expired}&token={forged}");
+    for request in [http.get(&twice), http.post(&twice)] {
+        let answer = request.send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
+        assert!(answer.text().await.unwrap().contains("<html"));
+    }
     let listed: Success<SuppressionPage> = stack
         .client(&key)
         .get("/suppressions", StatusCode::OK)

@@ -7,6 +7,7 @@
 //! `unsubscribed` delivery event, once however often it is posted. Both answer HTML.
 
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
@@ -165,13 +166,24 @@ pub struct TokenQuery {
     pub token: Option<String>,
 }
 
+/// The query's token; why the query does not read as one (`?token=a&token=b`), refused
+/// with the same page as a bad token.
+fn query_token(
+    query: Result<Query<TokenQuery>, QueryRejection>,
+) -> Result<Option<String>, &'static str> {
+    query.map(|Query(q)| q.token).map_err(|_| "malformed")
+}
+
 pub(crate) async fn confirm_page(
-    State(state): State<AppState>, Query(q): Query<TokenQuery>,
+    State(state): State<AppState>, query: Result<Query<TokenQuery>, QueryRejection>,
 ) -> Response {
     let Some(signer) = &state.unsubscribe else {
         return unavailable();
     };
-    let token = q.token.unwrap_or_default();
+    let token = match query_token(query) {
+        Ok(token) => token.unwrap_or_default(),
+        Err(why) => return refused(why),
+    };
     let claims = match signer.verify(&token, now_unix()) {
         Ok(claims) => claims,
         Err(why) => return refused(why),
@@ -219,12 +231,17 @@ fn posted_token(headers: &HeaderMap, body: &[u8], query: Option<String>) -> Opti
 }
 
 pub(crate) async fn unsubscribe(
-    State(state): State<AppState>, Query(q): Query<TokenQuery>, headers: HeaderMap, body: Bytes,
+    State(state): State<AppState>, query: Result<Query<TokenQuery>, QueryRejection>,
+    headers: HeaderMap, body: Bytes,
 ) -> Response {
     let Some(signer) = &state.unsubscribe else {
         return unavailable();
     };
-    let Some(token) = posted_token(&headers, &body, q.token) else {
+    let query = match query_token(query) {
+        Ok(token) => token,
+        Err(why) => return refused(why),
+    };
+    let Some(token) = posted_token(&headers, &body, query) else {
         return refused("missing its token");
     };
     let claims = match signer.verify(&token, now_unix()) {
