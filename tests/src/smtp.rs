@@ -3,12 +3,19 @@
 //! send.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf,
+    WriteHalf,
+};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 use postmesh_shared::Running;
 use smtp_submission::{Config, TlsFiles};
@@ -85,10 +92,11 @@ impl SmtpServer {
     }
 }
 
-/// An SMTP client writing what it is told and reading replies whole (multi-line joined).
-pub struct SmtpConn {
-    reader: BufReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+/// An SMTP client writing what it is told and reading replies whole (multi-line joined),
+/// over TCP or, after [`SmtpConn::starttls`], TLS.
+pub struct SmtpConn<S = TcpStream> {
+    reader: BufReader<ReadHalf<S>>,
+    writer: WriteHalf<S>,
 }
 
 /// A reply: its code and its lines' texts (after the code), joined by `\n`.
@@ -98,13 +106,40 @@ impl SmtpConn {
     /// Connects to `addr`; the connection and the server's first reply.
     pub async fn connect(addr: SocketAddr) -> (Self, SmtpReply) {
         let stream = TcpStream::connect(addr).await.expect("connects");
-        let (read, writer) = stream.into_split();
-        let mut conn = Self {
-            reader: BufReader::new(read),
-            writer,
-        };
+        let mut conn = Self::over(stream);
         let greeting = conn.reply().await;
         (conn, greeting)
+    }
+
+    /// `STARTTLS`, then the handshake for `localhost` trusting the certificate `cert`
+    /// (PEM): the connection over TLS, not greeted again.
+    pub async fn starttls(mut self, cert: &Path) -> SmtpConn<TlsStream<TcpStream>> {
+        self.expect("STARTTLS", 220).await;
+        let stream = self.reader.into_inner().unsplit(self.writer);
+        postmesh_shared::tls::install_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        for der in CertificateDer::pem_file_iter(cert).expect("the certificate") {
+            roots.add(der.expect("a PEM certificate")).expect("a root");
+        }
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").expect("a name");
+        let tls = TlsConnector::from(Arc::new(config))
+            .connect(name, stream)
+            .await
+            .expect("the TLS handshake");
+        SmtpConn::over(tls)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> SmtpConn<S> {
+    fn over(stream: S) -> Self {
+        let (read, writer) = tokio::io::split(stream);
+        Self {
+            reader: BufReader::new(read),
+            writer,
+        }
     }
 
     /// Writes `bytes` as they are.

@@ -408,6 +408,13 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
         .send(&format!("AUTH PLAIN {}", plain(&user, &key)))
         .await;
     assert_eq!(ok.0, 235, "{ok:?}");
+    // RFC 3207 §4.2: what was said before STARTTLS is forgotten, a login among it (one an
+    // attacker in the middle could slip in before the client's STARTTLS).
+    let mut before = open.connect().await;
+    before.login(&user, &key).await;
+    let mut tls = before.starttls(&open.cert).await;
+    tls.expect("EHLO client.test", 250).await;
+    tls.expect("MAIL FROM:<a@postmesh.localhost>", 530).await;
     // Hostile: a 100 KB line is answered once and dropped to its end; bytes that are no
     // command are refused; the session goes on.
     conn.write(&[b'A'; 100_000]).await;

@@ -124,9 +124,13 @@ pub(crate) async fn run(
     };
     match tokio::time::timeout(idle, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => {
-            // RFC 3207: after the handshake the client starts over, with EHLO.
+            // RFC 3207 §4.2: after the handshake the client starts over, with EHLO, and
+            // nothing said before counts, a login least of all (one slipped in by whoever
+            // sat between the client and us before TLS).
             session.tls = true;
             session.greeted = None;
+            session.login = None;
+            session.sender_ok = None;
             session.reset();
             session.serve(tls, implicit_tls).await;
         }
