@@ -423,6 +423,37 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     assert_eq!((long.0, &long.1[..5]), (500, "5.5.2"), "{long:?}");
     assert_eq!(conn.reply().await.0, 500);
     conn.expect("NOOP", 250).await;
+    // Parameters of extensions not offered are refused, never taken silently (RFC 5321
+    // §4.1.1.11); those of the ones offered are taken.
+    for param in [
+        "REQUIRETLS",
+        "BODY=BINARYMIME",
+        "RET=HDRS",
+        "ENVID=e1",
+        "HOLDFOR=600",
+        "BY=120;R",
+        "MT-PRIORITY=3",
+    ] {
+        let refused = conn
+            .send(&format!("MAIL FROM:<a@postmesh.localhost> {param}"))
+            .await;
+        assert_eq!(
+            (refused.0, &refused.1[..5]),
+            (555, "5.5.4"),
+            "{param}: {refused:?}"
+        );
+    }
+    let offered = "MAIL FROM:<a@postmesh.localhost> BODY=8BITMIME SMTPUTF8 SIZE=100 AUTH=<>";
+    conn.expect(offered, 250).await;
+    for param in ["NOTIFY=NEVER", "ORCPT=rfc822;x@example.com"] {
+        let refused = conn.send(&format!("RCPT TO:<x@example.com> {param}")).await;
+        assert_eq!(
+            (refused.0, &refused.1[..5]),
+            (555, "5.5.4"),
+            "{param}: {refused:?}"
+        );
+    }
+    conn.expect("RSET", 250).await;
     let foreign = conn.send("MAIL FROM:<me@elsewhere.example>").await;
     assert_eq!((foreign.0, &foreign.1[..5]), (550, "5.7.1"), "{foreign:?}");
     let big = conn

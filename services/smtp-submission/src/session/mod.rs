@@ -322,8 +322,14 @@ impl Session {
             } => {
                 return self.auth(mechanism, initial_response, out).await;
             }
-            Request::Mail { from } => self.mail(from.address, from.flags, from.size).await,
-            Request::Rcpt { to } => self.rcpt(to.address).await,
+            Request::Mail { from } => match address::offered_mail(&from) {
+                Ok(()) => self.mail(from.address, from.flags, from.size).await,
+                Err(reply) => reply,
+            },
+            Request::Rcpt { to } => match address::offered_rcpt(&to) {
+                Ok(()) => self.rcpt(to.address).await,
+                Err(reply) => reply,
+            },
             Request::Data => {
                 if self.mail_from.is_none() {
                     Reply::new(503, "5.5.1", "MAIL FROM first")
