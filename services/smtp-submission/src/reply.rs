@@ -1,8 +1,10 @@
-//! SMTP replies: a code, an enhanced status code (RFC 3463) and a text.
+//! SMTP replies: a code, an enhanced status code (RFC 3463) and a text, and their writing.
 
 use std::fmt;
+use std::time::Duration;
 
 use smtp_proto::Error as ProtoError;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// One reply line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,4 +62,19 @@ impl fmt::Display for Reply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {} {}\r\n", self.code, self.status, self.text)
     }
+}
+
+/// Writes `out` to `stream` within `idle` (a client that stops taking its replies is let
+/// go); false when it could not.
+pub async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8], idle: Duration) -> bool {
+    let written = async {
+        stream.write_all(out).await?;
+        stream.flush().await
+    };
+    matches!(tokio::time::timeout(idle, written).await, Ok(Ok(())))
+}
+
+/// Adds `reply` to the replies `out` holds for the next write.
+pub fn push(out: &mut Vec<u8>, reply: &Reply) {
+    out.extend_from_slice(reply.to_string().as_bytes());
 }

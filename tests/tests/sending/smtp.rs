@@ -13,6 +13,8 @@ use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use mail_parser::MimeHeaders as _;
 use reqwest::StatusCode;
 use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use postmesh_shared::TaskId;
 use postmesh_tests::smtp::{plain, SmtpConn, SmtpReply, SmtpServer};
@@ -598,6 +600,66 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
     assert_eq!(greeting.0, 421, "{greeting:?}");
     assert!(locked.closed().await);
     guarded.stop().await;
+    slow_clients_are_cut_off(stack).await;
+}
+
+/// A client that trickles a command a byte at a time is cut off as an idle one is, and one
+/// that sends and never reads once its replies stop being taken, its connection freed.
+async fn slow_clients_are_cut_off(stack: &Stack) {
+    let slow = SmtpServer::start(stack, |c| {
+        c.max_connections_per_ip = 1;
+        c.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    // A byte every 300 ms: a command never whole.
+    let stream = TcpStream::connect(slow.addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut replies = BufReader::new(read).lines();
+    let greeting = replies.next_line().await.unwrap().unwrap_or_default();
+    assert!(greeting.starts_with("220"), "{greeting}");
+    let drip = tokio::spawn(async move {
+        while write.write_all(b"N").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let cut = tokio::time::timeout(Duration::from_secs(30), replies.next_line())
+        .await
+        .expect("a reply within 30 s")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(cut.starts_with("421 4.4.2"), "{cut}");
+    drip.abort();
+    // Long EHLOs, their replies never read (a receive buffer of 4 KiB): the one connection
+    // its address may hold is given back.
+    let (unread, mut write) = eventually(Duration::from_secs(10), || async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let (read, write) = socket.connect(slow.addr).await.unwrap().into_split();
+        let mut read = BufReader::new(read);
+        let mut greeting = String::new();
+        read.read_line(&mut greeting).await.unwrap();
+        match greeting.starts_with("220") {
+            true => Ok((read, write)),
+            false => Err(greeting),
+        }
+    })
+    .await;
+    let flood = tokio::spawn(async move {
+        let ehlo = format!("EHLO {}.example\r\n", "h".repeat(200));
+        for _ in 0..20_000 {
+            if write.write_all(ehlo.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    eventually(Duration::from_secs(20), || async {
+        let (_, greeting) = SmtpConn::connect(slow.addr).await;
+        (greeting.0 == 220).then_some(()).ok_or(greeting)
+    })
+    .await;
+    flood.abort();
+    drop(unread);
+    slow.stop().await;
 }
 
 /// A workspace that tracks by default gets its SMTP messages tracked too: the HTML part's

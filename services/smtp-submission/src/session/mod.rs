@@ -16,9 +16,10 @@ use smtp_proto::request::receiver::RequestReceiver;
 use smtp_proto::{Error as ProtoError, Request, MAIL_SMTPUTF8};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::api::LoginError;
-use crate::reply::Reply;
+use crate::reply::{push, send, Reply};
 use crate::Shared;
 
 use address::address_of;
@@ -145,10 +146,6 @@ async fn refuse(mut stream: TcpStream, reply: Reply) {
     let _ = stream.shutdown().await;
 }
 
-fn push(out: &mut Vec<u8>, reply: &Reply) {
-    out.extend_from_slice(reply.to_string().as_bytes());
-}
-
 impl Session {
     /// Forgets the mail transaction (`RSET`, a new `EHLO`, the end of a message).
     fn reset(&mut self) {
@@ -172,12 +169,16 @@ impl Session {
         let mut commands = RequestReceiver::default();
         let mut mode = Mode::Commands;
         let mut closing = false;
+        // A command (a line, an AUTH answer) must be whole within the idle time of the last
+        // reply, however its bytes trickle in; a message's bytes only need to keep coming.
+        let mut deadline = Instant::now() + config.idle_timeout;
         loop {
             if !out.is_empty() {
-                if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
+                if !send(&mut stream, &out, config.idle_timeout).await {
                     return Next::Close;
                 }
                 out.clear();
+                deadline = Instant::now() + config.idle_timeout;
             }
             if closing {
                 let _ = stream.shutdown().await;
@@ -190,7 +191,10 @@ impl Session {
                     closing = true;
                     continue;
                 }
-                read = tokio::time::timeout(config.idle_timeout, stream.read(&mut chunk)) => read,
+                read = tokio::time::timeout_at(
+                    if in_message { Instant::now() + config.idle_timeout } else { deadline },
+                    stream.read(&mut chunk),
+                ) => read,
             };
             let n = match read {
                 Err(_) => {
@@ -275,9 +279,7 @@ impl Session {
                                 // Anything the client sent after STARTTLS is dropped (RFC 3207).
                                 let ready = Reply::new(220, "2.0.0", "ready to start TLS");
                                 push(&mut out, &ready);
-                                if stream.write_all(&out).await.is_err()
-                                    || stream.flush().await.is_err()
-                                {
+                                if !send(&mut stream, &out, config.idle_timeout).await {
                                     return Next::Close;
                                 }
                                 return Next::StartTls(stream);
