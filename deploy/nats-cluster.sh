@@ -4,6 +4,7 @@
 #
 #   nats-cluster.sh start          start the nodes that are not running; wait until each is current with the meta leader
 #   nats-cluster.sh stop           stop every node (their data stays under var/nats-cluster/)
+#   nats-cluster.sh clean          stop every node and remove its data: the next start forms a new cluster
 #   nats-cluster.sh stop-node N    stop node N (1-3) with SIGKILL
 #   nats-cluster.sh start-node N   start node N again
 #   nats-cluster.sh url            the NATS_URL listing every node
@@ -138,6 +139,7 @@ case "${1:-}" in
     log "three nodes up: $(url)"
     ;;
   stop) for n in "${NODES[@]}"; do stop_node "$n"; done ;;
+  clean) for n in "${NODES[@]}"; do stop_node "$n"; rm -rf "${VAR:?}/n$n"; done ;;
   stop-node) stop_node "${2:?node 1-3}" ;;
   start-node) start_node "${2:?node 1-3}"; wait_leader ;;
   url) url ;;
@@ -149,5 +151,5 @@ case "${1:-}" in
     wait_leader
     ;;
   can-partition) isolated ;;
-  *) echo "usage: $0 start|stop|stop-node N|start-node N|url|partition S|can-partition" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|clean|stop-node N|start-node N|url|partition S|can-partition" >&2; exit 2 ;;
 esac

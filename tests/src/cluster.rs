@@ -40,11 +40,13 @@ pub struct ClusterGuard {
 }
 
 impl ClusterGuard {
-    /// Starts the cluster (the nodes that are not running) and waits until every node is
-    /// current with the meta leader.
+    /// Starts a cluster formed afresh (no node's data from an earlier run: a meta group
+    /// stopped seconds after it formed sometimes elected no leader again) and waits until
+    /// every node is current with the meta leader.
     pub async fn start() -> Self {
         // Made first, so a failed start stops what did start.
         let mut guard = Self { url: String::new() };
+        nats_cluster(&["clean"]).await;
         nats_cluster(&["start"]).await;
         guard.url = nats_cluster(&["url"]).await;
         guard

@@ -185,9 +185,10 @@ async fn streams_wait_until_the_cluster_can_place_them() {
     use postmesh_tests::cluster::{nats_cluster, ClusterGuard};
 
     let _cluster = ClusterGuard::start().await;
-    // Nodes 1 and 2 alone: each start waits until the running nodes are healthy, which
-    // needs the other.
-    nats_cluster(&["stop"]).await;
+    // A cluster formed afresh by nodes 1 and 2 alone, which has never seen node 3: each
+    // start waits until the running nodes are healthy, which needs the other. (Not node 3
+    // stopped: its peers still count it and place replicas on it.)
+    nats_cluster(&["clean"]).await;
     tokio::join!(
         nats_cluster(&["start-node", "1"]),
         nats_cluster(&["start-node", "2"])
