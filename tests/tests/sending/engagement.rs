@@ -313,7 +313,7 @@ pub(crate) async fn a_tagged_tracked_send_reports_opens_and_clicks_with_its_labe
 /// Retention: a send's deliveries, events and tags go `EMAIL_RETENTION_DAYS` after its
 /// release, its row staying and its status a 404; a send accepted as long ago but still
 /// waiting for its time keeps them; an event left after its delivery went goes by its own
-/// time.
+/// time, a provider notification applied by when it came.
 pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_before(
     stack: &Stack,
 ) {
@@ -365,7 +365,32 @@ pub(crate) async fn a_sends_log_is_purged_a_retention_after_its_release_and_not_
         .await
         .unwrap();
     }
+    // Provider notifications applied: one a month ago, one now.
+    let (old_note, new_note) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    for (id, at) in [(&old_note, month_ago), (&new_note, now)] {
+        sqlx::query("INSERT INTO provider_notifications (message_id, received_at) VALUES ($1, $2)")
+            .bind(id)
+            .bind(at)
+            .execute(&db)
+            .await
+            .unwrap();
+    }
     while purge(&db, 30).await.unwrap() {}
+    let notes: Vec<String> = sqlx::query_scalar(
+        "SELECT message_id FROM provider_notifications WHERE message_id = ANY($1)",
+    )
+    .bind([&old_note, &new_note])
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(
+        notes,
+        [new_note],
+        "the notifications applied a retention ago are forgotten"
+    );
 
     let rows = |table: &'static str, task: TaskId| {
         let db = db.clone();

@@ -3,7 +3,9 @@
 //! waiting ([`ENDED`]) — never while it waits for its time — at most [`TASKS`] sends a pass and
 //! [`BATCH`] rows a statement. The task's own row stays, marked `log_purged`: frequency caps
 //! and topic exclusions look back up to a year through it. An event recorded after its send
-//! was purged (a late click) goes by its own time, its id being time-ordered (v7).
+//! was purged (a late click) goes by its own time, its id being time-ordered (v7); so do the
+//! provider notifications applied (their ids kept so that one delivered again changes
+//! nothing), by when they came: by then the deliveries they named are gone.
 
 use sqlx::PgPool;
 use uuid::{NoContext, Timestamp, Uuid};
@@ -66,6 +68,16 @@ pub async fn purge(db: &PgPool, days: i64) -> Result<bool, sqlx::Error> {
     .execute(db)
     .await?
     .rows_affected();
+    let notifications = sqlx::query(
+        "DELETE FROM provider_notifications WHERE ctid = ANY(ARRAY(
+             SELECT ctid FROM provider_notifications WHERE received_at < $1 LIMIT $2))",
+    )
+    .bind(cutoff)
+    .bind(BATCH)
+    .execute(db)
+    .await?
+    .rows_affected();
+    let late = late.max(notifications);
     let sends: Vec<Uuid> = sqlx::query_scalar(&format!(
         "SELECT id FROM tasks WHERE NOT log_purged AND {ENDED} < $1 ORDER BY {ENDED} LIMIT $2"
     ))
