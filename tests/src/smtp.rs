@@ -59,6 +59,7 @@ impl SmtpServer {
             api_url: stack.base.clone(),
             hostname: "smtp.postmesh.test".into(),
             max_connections_per_ip: 20,
+            max_connections: 1000,
             idle_timeout: Duration::from_secs(30),
             max_commands: 10_000,
             auth_failures: 10,

@@ -59,6 +59,8 @@ pub struct Config {
     pub hostname: String,
     /// `SMTP_MAX_CONNECTIONS_PER_IP`.
     pub max_connections_per_ip: usize,
+    /// `SMTP_MAX_CONNECTIONS`.
+    pub max_connections: usize,
     /// `SMTP_IDLE_TIMEOUT_SECS`.
     pub idle_timeout: Duration,
     /// `SMTP_MAX_COMMANDS`.
@@ -93,6 +95,7 @@ impl Config {
             api_url: SMTP_API_URL.string().trim_end_matches('/').to_owned(),
             hostname: SMTP_HOSTNAME.string(),
             max_connections_per_ip: SMTP_MAX_CONNECTIONS_PER_IP.parse()?,
+            max_connections: SMTP_MAX_CONNECTIONS.parse()?,
             idle_timeout: SMTP_IDLE_TIMEOUT_SECS.secs()?,
             max_commands: SMTP_MAX_COMMANDS.parse()?,
             auth_failures: SMTP_AUTH_FAILURES.parse()?,
@@ -130,6 +133,7 @@ impl Config {
             SMTP_MAX_CONNECTIONS_PER_IP.name,
             self.max_connections_per_ip.to_string(),
         ));
+        env.push((SMTP_MAX_CONNECTIONS.name, self.max_connections.to_string()));
         env.push((
             SMTP_IDLE_TIMEOUT_SECS.name,
             postmesh_shared::config::secs(self.idle_timeout),
@@ -188,7 +192,10 @@ pub async fn serve(config: Config) -> anyhow::Result<(Running, Listening)> {
             config.auth_failures,
             config.auth_failure_window,
         ),
-        connections: limits::Connections::new(config.max_connections_per_ip),
+        connections: limits::Connections::new(
+            config.max_connections_per_ip,
+            config.max_connections,
+        ),
         shutdown: shutdown.clone(),
         config,
     });

@@ -1,5 +1,5 @@
-//! What keeps one client from wearing the service down: its connections at once (per
-//! replica) and its failed logins (in Redis, across replicas).
+//! What keeps one client from wearing the service down: its connections at once, and all
+//! clients' (per replica), and its failed logins (in Redis, across replicas).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,37 +10,72 @@ use redis::aio::ConnectionManager;
 
 use postmesh_shared::Namespace;
 
-/// Open connections per client address.
+/// Open connections, per client and all together (per replica).
 pub struct Connections {
-    max: usize,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    per_client: usize,
+    total: usize,
+    open: Arc<Mutex<Open>>,
+}
+
+/// Who holds the open connections.
+#[derive(Default)]
+struct Open {
+    per_client: HashMap<IpAddr, usize>,
+    total: usize,
 }
 
 /// One open connection, counted until it is dropped.
 pub struct Slot {
-    ip: IpAddr,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    client: IpAddr,
+    open: Arc<Mutex<Open>>,
+}
+
+/// Why a connection gets no slot.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Full {
+    /// Its client holds [`Connections`]' most already.
+    Client,
+    /// The replica holds its most already.
+    Service,
+}
+
+/// The client an address is counted as: an IPv6 one by its /64, which one host is
+/// typically given whole; an IPv4 one (also as `::ffff:a.b.c.d`) by itself.
+pub fn client_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
+        }
+        v4 => v4,
+    }
 }
 
 impl Connections {
-    /// At most `max` connections per address.
-    pub fn new(max: usize) -> Self {
+    /// At most `per_client` connections per client ([`client_of`]) and `total` in all.
+    pub fn new(per_client: usize, total: usize) -> Self {
         Self {
-            max,
+            per_client,
+            total,
             open: Arc::default(),
         }
     }
 
-    /// A slot for a connection from `ip`, unless it holds the most already.
-    pub fn take(&self, ip: IpAddr) -> Option<Slot> {
+    /// A slot for a connection from `ip`, unless its client or the replica holds the most.
+    pub fn take(&self, ip: IpAddr) -> Result<Slot, Full> {
+        let client = client_of(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(ip).or_insert(0);
-        if *count >= self.max {
-            return None;
+        if open.total >= self.total {
+            return Err(Full::Service);
+        }
+        let count = open.per_client.entry(client).or_insert(0);
+        if *count >= self.per_client {
+            return Err(Full::Client);
         }
         *count += 1;
-        Some(Slot {
-            ip,
+        open.total += 1;
+        Ok(Slot {
+            client,
             open: self.open.clone(),
         })
     }
@@ -49,10 +84,11 @@ impl Connections {
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&self.ip) {
+        open.total -= 1;
+        if let Some(count) = open.per_client.get_mut(&self.client) {
             *count -= 1;
             if *count == 0 {
-                open.remove(&self.ip);
+                open.per_client.remove(&self.client);
             }
         }
     }
@@ -114,5 +150,40 @@ impl FailedLogins {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clients_connections_and_the_replicas_are_bounded() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let limits = Connections::new(2, 3);
+        let (a, b) = (
+            limits.take(ip("192.0.2.1")),
+            limits.take(ip("::ffff:192.0.2.1")),
+        );
+        assert!(a.is_ok() && b.is_ok());
+        assert_eq!(limits.take(ip("192.0.2.1")).err(), Some(Full::Client));
+        // One /64 is one client; the next /64 another.
+        let c = limits.take(ip("2001:db8::1"));
+        assert!(c.is_ok());
+        assert_eq!(limits.take(ip("2001:db8::2")).err(), Some(Full::Service));
+        drop(a);
+        let d = limits.take(ip("2001:db8::ffff:1"));
+        assert!(d.is_ok());
+        drop(b);
+        assert_eq!(limits.take(ip("2001:db8::3")).err(), Some(Full::Client));
+        assert!(limits.take(ip("2001:db8:0:1::1")).is_ok());
+        assert_eq!(
+            client_of(ip("2001:db8::1")),
+            client_of(ip("2001:db8::ffff:ffff"))
+        );
+        assert_ne!(
+            client_of(ip("2001:db8::1")),
+            client_of(ip("2001:db8:0:1::1"))
+        );
     }
 }

@@ -11,7 +11,8 @@ settings! {
     SMTP_MAX_MESSAGE_BYTES = "26214400", "smtp-submission: the largest message (advertised as `SIZE`; larger ones get 552 5.3.4), at most 33554432";
     SMTP_API_URL = "http://127.0.0.1:8080", "smtp-submission: the gateway's HTTP API, through which logins are checked and messages sent";
     SMTP_HOSTNAME = "localhost", "smtp-submission: the name the server greets with";
-    SMTP_MAX_CONNECTIONS_PER_IP = "20", "smtp-submission: connections one client address may hold at once (per replica); beyond, 421";
+    SMTP_MAX_CONNECTIONS_PER_IP = "20", "smtp-submission: connections one client (an address; for IPv6, its /64) may hold at once (per replica); beyond, 421";
+    SMTP_MAX_CONNECTIONS = "1000", "smtp-submission: connections open at once, all clients together (per replica); beyond, 421";
     SMTP_IDLE_TIMEOUT_SECS = "300", "smtp-submission: how long a command may take to arrive whole after the last reply, however its bytes trickle in (within a message: between reads), before 421 and close; and how long a reply may wait to be taken before the connection is closed";
     SMTP_MAX_COMMANDS = "10000", "smtp-submission: commands one connection may send; beyond, 421 and close";
     SMTP_AUTH_FAILURES = "10" | SMTP_AUTH_FAILURE_WINDOW_SECS = "600",

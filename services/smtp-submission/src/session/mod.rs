@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::api::LoginError;
+use crate::limits::Full;
 use crate::reply::{push, send, Reply};
 use crate::Shared;
 
@@ -81,13 +82,16 @@ pub(crate) async fn run(
     shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, implicit_tls: bool,
 ) {
     let ip = peer.ip();
-    let Some(_slot) = shared.connections.take(ip) else {
-        refuse(
-            stream,
-            Reply::new(421, "4.7.0", "too many connections from your address"),
-        )
-        .await;
-        return;
+    let _slot = match shared.connections.take(ip) {
+        Ok(slot) => slot,
+        Err(full) => {
+            let reply = match full {
+                Full::Client => Reply::new(421, "4.7.0", "too many connections from your address"),
+                Full::Service => Reply::new(421, "4.3.2", "too many connections; try again later"),
+            };
+            refuse(stream, reply).await;
+            return;
+        }
     };
     if shared.logins.locked(ip).await {
         let reply = Reply::new(

@@ -35,6 +35,7 @@ pub async fn run(stack: &Stack, s: &Settings) -> anyhow::Result<()> {
     let server = SmtpServer::start(stack, |c| {
         c.allow_plaintext_auth = true;
         c.max_connections_per_ip = 1000;
+        c.max_connections = 10_000;
         c.max_commands = usize::MAX;
     })
     .await;

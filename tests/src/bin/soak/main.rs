@@ -405,6 +405,7 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr], ports: &Ports)
             api_url: format!("http://{}", gateway.expect("the gateway's address").1),
             hostname: "soak.postmesh.test".into(),
             max_connections_per_ip: 100,
+            max_connections: 1000,
             idle_timeout: Duration::from_secs(30),
             max_commands: 1_000_000,
             auth_failures: 10,
