@@ -36,6 +36,13 @@ async fn setup() -> (
     (store, sub, js)
 }
 
+/// The operator's connection to the tests' NATS server.
+async fn ops() -> async_nats::Client {
+    postmesh_tests::ops_nats(&postmesh_tests::nats_url())
+        .await
+        .unwrap()
+}
+
 async fn write(store: &ServiceDb, n: usize, commit: bool) -> Vec<Uuid> {
     let mut tx = store.pool.begin().await.unwrap();
     let mut ids = Vec::new();
@@ -250,9 +257,7 @@ async fn streams_wait_until_the_cluster_can_place_them() {
 async fn copies_of_the_tracking_hosts_miss_no_change() {
     use postmesh_shared::tracking_hosts::{self, HostsWriter, VerifiedHosts};
 
-    let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
-        .await
-        .unwrap();
+    let nats = ops().await;
     let js = async_nats::jetstream::new(nats);
     let ns = postmesh_tests::fresh_namespace();
     let store = tracking_hosts::ensure(&js, &ns, 1).await.unwrap();
@@ -269,9 +274,7 @@ async fn copies_of_the_tracking_hosts_miss_no_change() {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
-                .await
-                .unwrap();
+            let nats = ops().await;
             let js = async_nats::jetstream::new(nats);
             let store = tracking_hosts::ensure(&js, &elsewhere, 1).await.unwrap();
             let writer = HostsWriter::new(store);
@@ -302,9 +305,7 @@ async fn tracking_hits_not_stored_in_time_are_refused_and_left_out() {
     use postmesh_shared::proto::{TrackingHit, TrackingHits};
     use prost::Message as _;
 
-    let nats = postmesh_tests::ops_nats(&postmesh_tests::nats_url())
-        .await
-        .unwrap();
+    let nats = ops().await;
     let ns = postmesh_tests::fresh_namespace();
     // No stream: the hits reach a subscriber that acknowledges only when told.
     let mut stream = nats.subscribe(Stream::Tracking.subject(&ns)).await.unwrap();
