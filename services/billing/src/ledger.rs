@@ -21,7 +21,7 @@ pub struct LedgerKey(String);
 impl LedgerKey {
     /// Parses a key sent by a caller.
     pub fn parse(raw: &str) -> Result<Self, LedgerError> {
-        if raw.is_empty() || raw.len() > 200 {
+        if raw.is_empty() || raw.chars().count() > 200 {
             return Err(LedgerError::Invalid(
                 "idempotency key must be 1-200 chars".into(),
             ));
@@ -515,5 +515,15 @@ mod tests {
         assert_eq!(status(lost), axum::http::StatusCode::SERVICE_UNAVAILABLE);
         let spent = LedgerError::InsufficientBalance;
         assert_eq!(status(spent), axum::http::StatusCode::PAYMENT_REQUIRED);
+    }
+
+    #[test]
+    fn keys_are_counted_in_characters() {
+        // `/deduct` takes 100 characters and stores them as `deduct:<key>`.
+        let accented = format!("deduct:{}", "é".repeat(100));
+        assert!(accented.len() > 200 && LedgerKey::parse(&accented).is_ok());
+        assert!(LedgerKey::parse(&"é".repeat(200)).is_ok());
+        assert!(LedgerKey::parse(&"é".repeat(201)).is_err());
+        assert!(LedgerKey::parse("").is_err());
     }
 }

@@ -402,7 +402,8 @@ pub fn verify_signature(
     if signatures.is_empty() {
         return Err(SignatureError::Malformed);
     }
-    if (now - timestamp).abs() > SIGNATURE_TOLERANCE_SECS {
+    // `abs_diff`: a timestamp near i64::MIN must not overflow the subtraction.
+    if now.abs_diff(timestamp) > SIGNATURE_TOLERANCE_SECS.unsigned_abs() {
         return Err(SignatureError::Stale);
     }
     let signed = signer(secret, timestamp, payload);
@@ -463,6 +464,14 @@ mod tests {
             verify_signature(&header, body, SECRET, now + SIGNATURE_TOLERANCE_SECS + 1),
             Err(SignatureError::Stale)
         );
+        for far in [i64::MIN, i64::MAX] {
+            let stale = format!("t={far},v1={}", "00".repeat(32));
+            assert_eq!(
+                verify_signature(&stale, body, SECRET, now),
+                Err(SignatureError::Stale),
+                "{far}"
+            );
+        }
         for bad in [
             "",
             "t=abc,v1=00",
