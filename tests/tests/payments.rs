@@ -836,3 +836,38 @@ async fn plan_checkouts_opened_at_once_leave_one_session_open() {
     statuses.sort();
     assert_eq!(statuses, ["expired", "open"]);
 }
+
+/// A plan checkout retried (its first try met Stripe down) after the workspace got its plan
+/// through another checkout is a 409: no second session to pay, no second subscription.
+#[tokio::test]
+async fn a_plan_checkout_retried_after_a_plan_arrived_is_refused() {
+    let stripe = FakeStripe::start().await;
+    let alone = BillingAlone::with_stripe(stripe.config()).await;
+    let billing = &alone.billing;
+    let (_, client) = billing.key(0).await;
+    let starter = json!({"plan_id": "starter"});
+    let first = keyed(&client, &idem());
+    stripe.set_down(true);
+    let path = "/billing/subscription/checkout";
+    let _: ErrorBody = first
+        .post(path, &starter, StatusCode::SERVICE_UNAVAILABLE)
+        .await;
+    stripe.set_down(false);
+    let opened: Success<Opened> = subscribe(&client, "starter", StatusCode::OK).await;
+    let session = stripe.session_by_url(&opened.body.url);
+    let completed = stripe.complete(&session, true);
+    let anyone = billing.anonymous();
+    assert_eq!(
+        FakeStripe::deliver_to(&anyone, &completed).await,
+        StatusCode::OK
+    );
+    let reconcile = format!(
+        "/billing/subscription/checkouts/{}/reconcile",
+        opened.body.id
+    );
+    let _: Success<CheckoutView> = client.act(&reconcile, StatusCode::OK).await;
+    assert!(entitlements(&client).await.entitlements.plan.is_some());
+    let sessions = stripe.requests().len();
+    let _: ErrorBody = first.post(path, &starter, StatusCode::CONFLICT).await;
+    assert_eq!(stripe.requests().len(), sessions, "nothing asked of Stripe");
+}

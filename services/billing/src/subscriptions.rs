@@ -158,6 +158,13 @@ pub(crate) async fn create_checkout(
         .bind(caller.workspace.to_string())
         .execute(&mut *turn)
         .await?;
+    // Asked again in turn: a checkout retried (its first try met Stripe down), or one that
+    // waited for another, may come after the workspace got its plan.
+    if current(&mut *turn, caller.workspace).await?.is_some() {
+        return Err(ApiError::Conflict(
+            "the workspace already has a plan".into(),
+        ));
+    }
     expire_others(&state.db, payments, caller.workspace, id).await?;
     let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
     turn.commit().await?;
