@@ -829,7 +829,7 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
         .unwrap();
         ids.push(id);
     }
-    let taken = |list: Vec<(uuid::Uuid, i32)>| -> HashSet<uuid::Uuid> {
+    let taken = |list: Vec<(uuid::Uuid, i64)>| -> HashSet<uuid::Uuid> {
         list.into_iter().map(|(id, _)| id).collect()
     };
     // Two of each target, the earliest first.
@@ -866,6 +866,49 @@ async fn the_scheduler_takes_due_attempts_once_and_a_few_of_each_target_per_pass
         (now + 299..=now + 302).contains(&requeue),
         "{requeue} vs {now}"
     );
+}
+
+/// An attempt the scheduler takes again after a busy target's pause (its attempt count as
+/// it was) is queued as a new job, not dropped as a repeat of the first within JetStream's
+/// duplicate window (it waited five minutes more).
+#[tokio::test]
+async fn an_attempt_taken_again_after_a_pause_is_a_new_job() {
+    use webhook_dispatcher::delivery::worker::queue_each;
+    use webhook_dispatcher::routes::attempts::due;
+    let store = dispatcher_db().await;
+    let nats = postmesh_tests::ops_nats(&store.common.nats_url)
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let ns = &store.common.namespace;
+    let mut stream = Stream::Webhook.ensure(&js, ns, 1).await.unwrap();
+    let (id, now) = (uuid::Uuid::now_v7(), postmesh_shared::db::now_unix());
+    sqlx::query(
+        "INSERT INTO attempts (id, workspace_id, endpoint_id, message_id, origin, status,
+                               created_at, updated_at, requeue_at, leased_until_ms)
+         VALUES ($1, $1, $1, $1, 'inbound', 'pending', $2, $2, $2 - 10, 0)",
+    )
+    .bind(id)
+    .bind(now)
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    for pause in [now - 5, now - 4] {
+        let taken = due(&store.pool, 3, 10).await.unwrap();
+        assert_eq!(taken.iter().map(|(a, _)| *a).collect::<Vec<_>>(), [id]);
+        queue_each(&js, ns, &taken, "due").await.unwrap();
+        // The worker finds the target busy: the attempt waits a pause, its count unchanged.
+        sqlx::query("UPDATE attempts SET requeue_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(pause)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    }
+    let taken = due(&store.pool, 3, 10).await.unwrap();
+    queue_each(&js, ns, &taken, "due").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 3, "three jobs");
+    postmesh_tests::remove_namespace(&store.common).await;
 }
 
 /// Two dispatcher replicas' scheduler passes at once over 300 due attempts of 30 targets:

@@ -192,7 +192,10 @@ pub(crate) async fn retry<O: Owned>(
         false => e.into(),
     })?
     .ok_or_else(|| ApiError::NotFound("no such attempt".into()))?;
-    queue_each(&js, &state.ns, &[(view.id, view.attempt_count)]).await?;
+    // Each retry a job of its own, however soon after the last one.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let turn = now.map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    queue_each(&js, &state.ns, &[(view.id, turn)], "retry").await?;
     Ok((
         StatusCode::ACCEPTED,
         Success::new(Retried { attempt: view }),
@@ -437,7 +440,7 @@ pub fn schedule(rt: &Runtime) {
             if !due.is_empty() {
                 tracing::debug!(count = due.len(), "queueing due webhook attempts");
                 // A publish that fails leaves them to a later pass (their default time).
-                queue_each(&js, &ns, &due)
+                queue_each(&js, &ns, &due, "due")
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -517,18 +520,18 @@ pub async fn prune(db: &PgPool, cutoff: i64, batch: i64) -> Result<Pruned, sqlx:
 /// Takes the pending, unleased attempts whose `requeue_at` has passed (a retry's time came,
 /// a busy target's pause ended, or a job was lost), the earliest first, at most
 /// `per_target` of each target and `limit` in all, and gives each its column's default
-/// `requeue_at` again (if still pending five minutes on, its job was lost); answers
-/// `(id, attempt_count)` of each, to be queued. Replicas may take at once: the update
-/// re-checks each row, so each is taken once.
+/// `requeue_at` again (if still pending five minutes on, its job was lost); answers each
+/// one's id and the `requeue_at` it was taken at, which names its job ([`queue_each`]).
+/// Replicas may take at once: the update re-checks each row, so each is taken once.
 pub async fn due(
     db: &PgPool, per_target: usize, limit: i64,
-) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
     // `<`: seconds are whole, so a retry due at second t waits until t + 1 has begun and
     // never comes early.
     sqlx::query_as(&format!(
         "UPDATE attempts a SET requeue_at = DEFAULT
          FROM (
-             SELECT id FROM (
+             SELECT id, requeue_at FROM (
                  SELECT id, requeue_at, row_number() OVER (
                      PARTITION BY COALESCE(endpoint_id, webhook_id, workspace_id)
                      ORDER BY requeue_at, id) AS nth
@@ -538,7 +541,7 @@ pub async fn due(
              WHERE nth <= $1 ORDER BY requeue_at LIMIT $2
          ) due
          WHERE a.id = due.id AND a.status = 'pending' AND a.requeue_at < {second}
-         RETURNING a.id, a.attempt_count",
+         RETURNING a.id, due.requeue_at",
         now_ms = postmesh_shared::queue::DB_NOW_MS,
         second = postmesh_shared::db::DB_SECOND,
     ))

@@ -445,13 +445,16 @@ pub async fn queue(
     postmesh_shared::jetstream::publish(js, subject, msg_id, job.encode_to_vec().into()).await
 }
 
-/// Publishes a job of its own for each attempt (`(id, attempt_count)`: the count makes a
-/// new job of an attempt tried again).
+/// Publishes a job of its own for each attempt, `(id, turn)`, under `{id}:{why}:{turn}`:
+/// the turn (the `requeue_at` it was taken at, or a manual retry's time) makes a new job of
+/// an attempt queued again — after a retry's delay, and after a busy target's pause, which
+/// leaves its attempt count as it was, so that a job named by the count would be dropped
+/// as a repeat within the duplicate window.
 pub async fn queue_each(
-    js: &async_nats::jetstream::Context, ns: &Namespace, attempts: &[(Uuid, i32)],
+    js: &async_nats::jetstream::Context, ns: &Namespace, attempts: &[(Uuid, i64)], why: &str,
 ) -> Result<(), postmesh_shared::ApiError> {
-    let publishes = attempts
-        .iter()
-        .map(|(id, count)| async move { queue(js, ns, &[*id], &format!("{id}:{count}")).await });
+    let publishes = attempts.iter().map(|(id, turn)| async move {
+        queue(js, ns, &[*id], &format!("{id}:{why}:{turn}")).await
+    });
     futures::future::try_join_all(publishes).await.map(drop)
 }
