@@ -19,7 +19,8 @@ const ERROR_BODY_BYTES: usize = 200;
 /// How much of a receiver's error answer is read at most.
 const ERROR_READ_BYTES: usize = 4096;
 
-/// Makes signed POSTs: one HTTP client whose lookups go through [`Reach`], no redirects.
+/// Makes signed POSTs: one HTTP client whose lookups go through [`Reach`], no redirects and
+/// no proxy.
 #[derive(Clone)]
 pub struct Sender {
     client: reqwest::Client,
@@ -44,6 +45,8 @@ impl Sender {
             .timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(reach.clone())
+            // A proxy would look receivers' hosts up itself, past `Reach`.
+            .no_proxy()
             .user_agent("Postmesh-Webhooks/1")
             .build()?;
         Ok(Self { client, reach })
@@ -131,4 +134,33 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A proxy named by the environment is not used: it would look the receiver's host up
+    /// itself, past [`Reach`]. (nextest runs each test in a process of its own.)
+    #[tokio::test]
+    async fn the_environments_proxy_is_never_asked() {
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = format!("http://{}", proxy.local_addr().unwrap());
+        for name in ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "HTTP_PROXY"] {
+            std::env::set_var(name, &at);
+        }
+        // No name server answers: the receiver's host is never found.
+        let reach = Reach::new(&["127.0.0.1:9".parse().unwrap()], false).unwrap();
+        let config = DeliveryConfig {
+            timeout: Duration::from_secs(2),
+            ..DeliveryConfig::default()
+        };
+        let sender = Sender::new(reach, &config).unwrap();
+        let url = Url::parse("https://internal.invalid/hook").unwrap();
+        let answer = sender.post(&url, "msg_1", &[b"key"], b"{}".to_vec()).await;
+        assert!(answer.error.is_some(), "{answer:?}");
+        // Any connection to the proxy was made before the answer came.
+        let asked = tokio::time::timeout(Duration::from_millis(100), proxy.accept()).await;
+        assert!(asked.is_err(), "the proxy was asked");
+    }
 }
