@@ -252,6 +252,9 @@ async fn unsafe_urls_are_refused_without_the_insecure_flag() {
         "https://[::ffff:127.0.0.1]/hook",
         "https://[fd00:ec2::254]/hook",
         "https://localhost/hook",
+        // Over 2,048 bytes, as given or once its path is percent-encoded.
+        &format!("https://93.184.216.34/{}", "a".repeat(2100)),
+        &format!("https://93.184.216.34/{}", "é".repeat(400)),
     ] {
         let refused: ErrorBody = client
             .post(

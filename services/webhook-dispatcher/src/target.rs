@@ -40,6 +40,7 @@ fn url_schema() -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .format(Some(SchemaFormat::Custom("uri".into())))
+        .max_length(Some(MAX_URL))
         .pattern(Some(url_pattern()))
 }
 
@@ -122,10 +123,22 @@ impl Reach {
     }
 }
 
-/// The checks of a webhook URL that need no lookup: a URL, https (http too when insecure
-/// targets are allowed), no credentials, and no literal address that is not public.
+/// Bytes of a webhook URL at most, as given and as stored (percent-encoded): one that the
+/// indexes over `url` can hold, and that every failed delivery's error can quote.
+pub const MAX_URL: usize = 2048;
+
+/// The checks of a webhook URL that need no lookup: at most [`MAX_URL`] bytes, a URL, https
+/// (http too when insecure targets are allowed), no credentials, and no literal address
+/// that is not public.
 pub fn admit(raw: &str, allow_insecure: bool) -> Result<Url, String> {
+    let too_long = || format!("url is over {MAX_URL} bytes");
+    if raw.trim().len() > MAX_URL {
+        return Err(too_long());
+    }
     let url = Url::parse(raw.trim()).map_err(|e| format!("url {raw:?} is not a URL: {e}"))?;
+    if url.as_str().len() > MAX_URL {
+        return Err(too_long());
+    }
     match url.scheme() {
         "https" => {}
         "http" if allow_insecure => {}
