@@ -871,3 +871,34 @@ async fn a_plan_checkout_retried_after_a_plan_arrived_is_refused() {
     let _: ErrorBody = first.post(path, &starter, StatusCode::CONFLICT).await;
     assert_eq!(stripe.requests().len(), sessions, "nothing asked of Stripe");
 }
+
+/// Plan checkouts of one workspace opened at once, more of them than the pool has
+/// connections, take their turns without holding a connection while they wait: each opens,
+/// and a charge made meanwhile is answered.
+#[tokio::test]
+async fn plan_checkouts_waiting_their_turn_hold_no_connection() {
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(5).await;
+    stripe.set_session_latency(Duration::from_millis(300));
+    let body = serde_json::to_vec(&json!({"plan_id": "starter"})).unwrap();
+    let open = |_| {
+        let (client, body) = (keyed(&client, &idem()), body.clone());
+        async move {
+            let path = "/billing/subscription/checkout";
+            client.send(Method::POST, path, Some(body)).await.status
+        }
+    };
+    // More than the pool's ten connections.
+    let checkouts = join_all((0..12).map(open));
+    let charge = async {
+        // Once the checkouts are waiting.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let once = json!({"idempotencyKey": "during-checkouts"});
+        let _: Value = client.post("/deduct", &once, StatusCode::OK).await;
+    };
+    let (statuses, ()) = tokio::join!(checkouts, charge);
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+}

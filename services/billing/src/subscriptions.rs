@@ -2,9 +2,11 @@
 //! reconcile re-checks it, the portal manages the subscription; the subscription itself
 //! follows what Stripe reports (status, period, cancel at period end; deleted means no plan).
 
+use std::time::Duration;
+
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use postmesh_contracts::answers::billing::SubscriptionStatus;
@@ -153,11 +155,7 @@ pub(crate) async fn create_checkout(
     };
     // One plan checkout of a workspace opens at a time: the next one waits for this one's
     // session, so it sees it and expires it (two opening at once could both be paid).
-    let mut turn = state.db.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('plan checkout ' || $1, 0))")
-        .bind(caller.workspace.to_string())
-        .execute(&mut *turn)
-        .await?;
+    let mut turn = plan_turn(&state.db, caller.workspace).await?;
     // Asked again in turn: a checkout retried (its first try met Stripe down), or one that
     // waited for another, may come after the workspace got its plan.
     if current(&mut *turn, caller.workspace).await?.is_some() {
@@ -169,6 +167,40 @@ pub(crate) async fn create_checkout(
     let opened = checkout::open(&state.db, payments, id, caller.key, &idem, &params).await?;
     turn.commit().await?;
     Ok(Success::new(opened))
+}
+
+/// How long a plan checkout waits for its workspace's turn before it is a 409.
+const TURN_WAIT: Duration = Duration::from_secs(30);
+/// The pause between two asks for the turn.
+const TURN_POLL: Duration = Duration::from_millis(50);
+
+/// The transaction that holds `workspace`'s plan-checkout lock, once no other does. It is
+/// asked for with `pg_try_advisory_xact_lock`, the connection given back between asks: a
+/// wait in `pg_advisory_xact_lock` held one, so a dozen checkouts of one workspace at once
+/// took the whole pool, and every charge waited for one in vain.
+async fn plan_turn(
+    db: &PgPool, workspace: WorkspaceId,
+) -> Result<Transaction<'static, Postgres>, ApiError> {
+    let deadline = tokio::time::Instant::now() + TURN_WAIT;
+    loop {
+        let mut turn = db.begin().await?;
+        let taken: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('plan checkout ' || $1, 0))",
+        )
+        .bind(workspace.to_string())
+        .fetch_one(&mut *turn)
+        .await?;
+        if taken {
+            return Ok(turn);
+        }
+        drop(turn);
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::Conflict(
+                "another plan checkout of this workspace is opening; try again".into(),
+            ));
+        }
+        tokio::time::sleep(TURN_POLL).await;
+    }
 }
 
 /// Expires at Stripe the workspace's other plan checkouts still open, so that only the
