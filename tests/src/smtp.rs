@@ -197,6 +197,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> SmtpConn<S> {
         assert_eq!(reply.0, 235, "{reply:?}");
     }
 
+    /// Whether the server ended the connection, closing or resetting it (within 10 s).
+    pub async fn ended(&mut self) -> bool {
+        let mut rest = Vec::new();
+        let read = self.reader.read_to_end(&mut rest);
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .is_ok()
+    }
+
     /// Whether the server closed the connection (within 10 s).
     pub async fn closed(&mut self) -> bool {
         let mut rest = Vec::new();

@@ -78,3 +78,9 @@ pub async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8], idle: Durat
 pub fn push(out: &mut Vec<u8>, reply: &Reply) {
     out.extend_from_slice(reply.to_string().as_bytes());
 }
+
+/// Answers `reply` on a connection just taken, and closes it.
+pub async fn refuse(mut stream: tokio::net::TcpStream, reply: Reply) {
+    let _ = stream.write_all(reply.to_string().as_bytes()).await;
+    let _ = stream.shutdown().await;
+}

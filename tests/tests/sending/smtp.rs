@@ -495,6 +495,23 @@ pub(crate) async fn each_refusal_has_its_smtp_answer(stack: &Stack) {
     .await;
     let large = conn.send(".").await;
     assert_eq!((large.0, &large.1[..5]), (552, "5.3.4"), "{large:?}");
+    // A message that never ends: past twice the limit the connection is ended.
+    let mut endless = open.connect().await;
+    endless.login(&user, &key).await;
+    endless
+        .expect("MAIL FROM:<a@postmesh.localhost>", 250)
+        .await;
+    endless
+        .expect(&format!("RCPT TO:<{}>", at("refusal-to")), 250)
+        .await;
+    endless.expect("DATA", 354).await;
+    // 150,000 bytes in lines of 100, the limit 64 KiB.
+    let lines = format!("{}\r\n", "x".repeat(98)).repeat(1500);
+    endless.write(lines.as_bytes()).await;
+    assert!(
+        endless.ended().await,
+        "still reading a message that never ends"
+    );
     // The 1,001st recipient.
     conn.expect("MAIL FROM:<a@postmesh.localhost>", 250).await;
     let rcpts: String = (0..1001)

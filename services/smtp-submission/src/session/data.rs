@@ -1,5 +1,6 @@
 //! A message being read after `DATA`: smtp-proto's receiver (the line `.` ends it, stuffed
-//! dots are removed), at most `max` bytes kept; past that the rest is read and dropped.
+//! dots are removed), at most `max` bytes kept; past that the rest is read and dropped, up
+//! to twice `max` in all ([`DataIn::hopeless`]).
 
 use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
 
@@ -7,6 +8,8 @@ use smtp_proto::request::receiver::{DataReceiver, DummyDataReceiver};
 pub struct DataIn {
     receiver: DataReceiver,
     discard: Option<DummyDataReceiver>,
+    /// Bytes read and dropped, once past the limit.
+    dropped: usize,
     bytes: Vec<u8>,
     max: usize,
 }
@@ -21,6 +24,7 @@ impl DataIn {
         Self {
             receiver,
             discard: None,
+            dropped: 0,
             bytes: Vec::new(),
             max,
         }
@@ -30,11 +34,15 @@ impl DataIn {
     /// left in `bytes`).
     pub fn ingest(&mut self, bytes: &mut std::slice::Iter<'_, u8>) -> bool {
         if let Some(discard) = &mut self.discard {
-            return discard.ingest(bytes);
+            let before = bytes.len();
+            let done = discard.ingest(bytes);
+            self.dropped += before - bytes.len();
+            return done;
         }
         let done = self.receiver.ingest(bytes, &mut self.bytes);
         if !done && self.bytes.len() > self.max {
             self.discard = Some(DummyDataReceiver::new_data(&self.receiver));
+            self.dropped = self.bytes.len();
             self.bytes = Vec::new();
         }
         done
@@ -43,6 +51,12 @@ impl DataIn {
     /// Whether it was larger than `max`.
     pub fn too_large(&self) -> bool {
         self.discard.is_some() || self.bytes.len() > self.max
+    }
+
+    /// Whether twice the bytes a message may hold were read with no end in sight: the
+    /// client is streaming, not sending a message, and is let go.
+    pub fn hopeless(&self) -> bool {
+        self.dropped > self.max.saturating_mul(2)
     }
 
     /// The message as read.
@@ -86,5 +100,14 @@ mod tests {
         let mut rest = b".\r\nNOOP\r\n".iter();
         assert!(data.ingest(&mut rest) && data.too_large());
         assert_eq!(rest.as_slice(), b"NOOP\r\n");
+    }
+
+    #[test]
+    fn a_stream_twice_the_limit_with_no_end_is_hopeless() {
+        let mut data = DataIn::new(10);
+        assert!(!read_all(&mut data, &[b'x'; 15]));
+        assert!(data.too_large() && !data.hopeless());
+        assert!(!read_all(&mut data, &[b'x'; 10]));
+        assert!(data.hopeless());
     }
 }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::api::LoginError;
 use crate::limits::Full;
-use crate::reply::{push, send, Reply};
+use crate::reply::{push, refuse, send, Reply};
 use crate::Shared;
 
 use address::address_of;
@@ -144,12 +144,6 @@ pub(crate) async fn run(
     }
 }
 
-/// Answers `reply` and closes.
-async fn refuse(mut stream: TcpStream, reply: Reply) {
-    let _ = stream.write_all(reply.to_string().as_bytes()).await;
-    let _ = stream.shutdown().await;
-}
-
 impl Session {
     /// Forgets the mail transaction (`RSET`, a new `EHLO`, the end of a message).
     fn reset(&mut self) {
@@ -217,6 +211,12 @@ impl Session {
                 match &mut mode {
                     Mode::Data(data) => {
                         if !data.ingest(&mut bytes) {
+                            if data.hopeless() {
+                                let reply =
+                                    Reply::new(552, "5.3.4", "the message never ends; closing");
+                                push(&mut out, &reply);
+                                closing = true;
+                            }
                             break;
                         }
                         let Mode::Data(data) = std::mem::replace(&mut mode, Mode::Commands) else {
