@@ -127,6 +127,11 @@ wait_leader() {
     sleep 0.1
   done
   log "the nodes were not all healthy within 30 s"
+  for n in "${NODES[@]}"; do
+    running "$n" || continue
+    log "node $n /healthz: $(curl -s "http://$(addr "$n"):$(monitor_port "$n")/healthz" 2>&1)"
+    grep -v "Healthcheck failed" "$VAR/n$n.log" | tail -n 15 | sed "s/^/  n$n: /" >&2
+  done
   exit 1
 }
 

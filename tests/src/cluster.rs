@@ -12,16 +12,24 @@ pub fn deploy_script(script: &str, args: &[&str]) -> tokio::process::Command {
 
 /// Runs `deploy/nats-cluster.sh` with `args`; what it printed.
 pub async fn nats_cluster(args: &[&str]) -> String {
+    try_nats_cluster(args)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `deploy/nats-cluster.sh` with `args`; what it printed, or why it failed.
+pub async fn try_nats_cluster(args: &[&str]) -> Result<String, String> {
     let out = deploy_script("nats-cluster.sh", args)
         .output()
         .await
         .expect("nats-cluster.sh runs");
-    assert!(
-        out.status.success(),
-        "nats-cluster.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    if !out.status.success() {
+        return Err(format!(
+            "nats-cluster.sh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Whether `deploy/nats-cluster.sh` can cut node 3 off (it runs in a namespace of its own).
