@@ -210,6 +210,13 @@ pub fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
+/// Microseconds since the Unix epoch.
+pub fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// What a transaction-scoped advisory lock serializes; each has its own key space.
 #[derive(Clone, Copy, Debug)]
 pub enum Turns {

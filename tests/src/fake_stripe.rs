@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rand::Rng;
 use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
 /// The test secret key billing must present.
 pub const SECRET_KEY: &str = "sk_test_postmesh_fake";
@@ -53,6 +54,15 @@ pub struct Books {
     down: bool,
     /// How long creating a checkout session takes (Stripe answers in a few hundred ms).
     session_latency: std::time::Duration,
+    /// The next subscription read's signal that it has been read, and its release.
+    held_read: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
+}
+
+/// A subscription read held back: `arrived` fires once it has read the subscription, and its
+/// answer (the subscription as it was then) goes out when `release` is sent or dropped.
+pub struct HeldRead {
+    pub arrived: oneshot::Receiver<()>,
+    pub release: oneshot::Sender<()>,
 }
 
 /// The fake: its `base` is billing's `STRIPE_API_BASE`.
@@ -164,6 +174,14 @@ impl FakeStripe {
     /// Makes each checkout session's creation take `latency` before it is made.
     pub fn set_session_latency(&self, latency: std::time::Duration) {
         self.books().session_latency = latency;
+    }
+
+    /// Holds back the answer of the next subscription read, as a slow network would.
+    pub fn hold_next_subscription_read(&self) -> HeldRead {
+        let (arrived_tx, arrived) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        self.books().held_read = Some((arrived_tx, release_rx));
+        HeldRead { arrived, release }
     }
 
     /// Every request received so far.
@@ -751,9 +769,15 @@ async fn retrieve_subscription(
     State(fake): State<FakeStripe>, headers: HeaderMap, Path(id): Path<String>,
 ) -> Response {
     let path = format!("/v1/subscriptions/{id}");
-    retrieve(&fake, &headers, &path, "subscription", &id, |books| {
+    let answer = retrieve(&fake, &headers, &path, "subscription", &id, |books| {
         books.subscriptions.get(&id).cloned()
-    })
+    });
+    let held = fake.books().held_read.take();
+    if let Some((arrived, release)) = held {
+        let _ = arrived.send(());
+        let _ = release.await;
+    }
+    answer
 }
 
 /// A GET of one `object` by `id`: admitted and recorded, then found in the books or 404.

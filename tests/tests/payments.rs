@@ -757,6 +757,8 @@ async fn a_plan_follows_stripe_from_checkout_to_deletion() {
         FakeStripe::deliver_to(&anyone, &deleted).await,
         StatusCode::OK
     );
+    // The event's own object ends it, though read before the stored state was.
+    assert_eq!(entitlements(&client).await.entitlements.plan, None);
     let mut late = cancelling.clone();
     late["id"] = json!("evt_late_update_after_deletion");
     assert_eq!(FakeStripe::deliver_to(&anyone, &late).await, StatusCode::OK);
@@ -901,4 +903,47 @@ async fn plan_checkouts_waiting_their_turn_hold_no_connection() {
         statuses.iter().all(|s| *s == StatusCode::OK),
         "{statuses:?}"
     );
+}
+
+/// Two events of one subscription handled at once: a read of Stripe asked first and answered
+/// last does not overwrite what a read asked after it found (the renewal's read, held on the
+/// way back, answers the subscription as it was before the cancellation).
+#[tokio::test]
+async fn a_subscription_read_answered_late_leaves_the_later_one() {
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
+    let anyone = billing.anonymous();
+    let opened: Success<Opened> = subscribe(&client, "starter", StatusCode::OK).await;
+    let session = stripe.session_by_url(&opened.body.url);
+    let completed = stripe.complete(&session, true);
+    assert_eq!(
+        FakeStripe::deliver_to(&anyone, &completed).await,
+        StatusCode::OK
+    );
+    let sub_id = stripe.session(&session)["subscription"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first = entitlements(&client).await.entitlements.plan.unwrap();
+
+    let renewed = stripe.renew(&sub_id);
+    let held = stripe.hold_next_subscription_read();
+    let meanwhile = async {
+        held.arrived
+            .await
+            .expect("the renewal reads the subscription");
+        let cancelling = stripe.cancel_at_period_end(&sub_id);
+        assert_eq!(
+            FakeStripe::deliver_to(&anyone, &cancelling).await,
+            StatusCode::OK
+        );
+        let plan = entitlements(&client).await.entitlements.plan.unwrap();
+        assert!(plan.cancel_at_period_end);
+        held.release.send(()).unwrap();
+    };
+    let (late, ()) = tokio::join!(FakeStripe::deliver_to(&anyone, &renewed), meanwhile);
+    assert_eq!(late, StatusCode::OK);
+    let plan = entitlements(&client).await.entitlements.plan.unwrap();
+    assert!(plan.cancel_at_period_end, "the later read stands");
+    assert_eq!(plan.period_start, first.period_end, "the period moved on");
 }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use sha2::Sha256;
 
 use postmesh_contracts::answers::billing::SubscriptionStatus;
+use postmesh_shared::db::now_micros;
 use postmesh_shared::{outside, ApiError};
 
 /// How far a webhook's signed timestamp may be from our clock (Stripe's default tolerance).
@@ -205,6 +206,9 @@ pub struct Subscription {
     #[serde(default)]
     pub metadata: HashMap<String, String>,
     pub items: List<SubscriptionItem>,
+    /// When billing asked Stripe for it, in µs since the epoch (0 when read from an event).
+    #[serde(skip)]
+    pub asked_at: i64,
 }
 
 impl Subscription {
@@ -360,7 +364,14 @@ impl PaymentProvider for StripeClient {
     }
 
     fn subscription<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Subscription, StripeError>> {
-        Box::pin(self.send(self.get(&format!("/v1/subscriptions/{id}"))))
+        Box::pin(async move {
+            let asked_at = now_micros();
+            let mut sub: Subscription = self
+                .send(self.get(&format!("/v1/subscriptions/{id}")))
+                .await?;
+            sub.asked_at = asked_at;
+            Ok(sub)
+        })
     }
 
     fn create_portal_session<'a>(

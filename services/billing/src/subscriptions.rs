@@ -337,7 +337,8 @@ pub async fn apply_checkout(
 
 /// Stores `sub` as Stripe reports it now. Its workspace comes from its metadata, else from
 /// `workspace`, else from the row already stored; a subscription of no workspace is ignored.
-/// An ended subscription never comes back.
+/// An ended subscription never comes back, and a read asked before the stored one (answered
+/// late) leaves it, unless it ends the subscription.
 pub async fn record(
     tx: &mut PgConnection, sub: &Subscription, workspace: Option<WorkspaceId>,
 ) -> Result<(), ApiError> {
@@ -375,11 +376,14 @@ pub async fn record(
     let now = now_unix();
     sqlx::query(
         "INSERT INTO subscriptions (id, workspace_id, customer_id, plan_id, status, period_start,
-                                    period_end, cancel_at_period_end, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+                                    period_end, cancel_at_period_end, created_at, updated_at,
+                                    asked_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $11)
          ON CONFLICT (id) DO UPDATE SET customer_id = $3, plan_id = COALESCE($4, subscriptions.plan_id),
-             status = $5, period_start = $6, period_end = $7, cancel_at_period_end = $8, updated_at = $9
-         WHERE subscriptions.status <> ALL($10)",
+             status = $5, period_start = $6, period_end = $7, cancel_at_period_end = $8, updated_at = $9,
+             asked_at = GREATEST(subscriptions.asked_at, $11)
+         WHERE subscriptions.status <> ALL($10)
+           AND (subscriptions.asked_at <= $11 OR $5 = ANY($10))",
     )
     .bind(&sub.id)
     .bind(workspace)
@@ -391,6 +395,7 @@ pub async fn record(
     .bind(sub.cancel_at_period_end)
     .bind(now)
     .bind(&ended()[..])
+    .bind(sub.asked_at)
     .execute(&mut *tx)
     .await?;
     Ok(())

@@ -193,8 +193,7 @@ pub(crate) async fn retry<O: Owned>(
     })?
     .ok_or_else(|| ApiError::NotFound("no such attempt".into()))?;
     // Each retry a job of its own, however soon after the last one.
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let turn = now.map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let turn = postmesh_shared::db::now_micros();
     queue_each(&js, &state.ns, &[(view.id, turn)], "retry").await?;
     Ok((
         StatusCode::ACCEPTED,
