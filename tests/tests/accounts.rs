@@ -283,9 +283,35 @@ async fn keys_and_gateways_side_by_side() {
             polls_of_unknown_device_tokens_count_as_failed_authentications,
             login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end,
             five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404,
-            a_session_ends_30_days_after_sign_in_however_it_is_used
+            a_session_ends_30_days_after_sign_in_however_it_is_used,
+            an_address_lowered_unlike_the_database_signs_in_again
         ]
     );
+}
+
+/// An address whose lowercase the database's `lower()` makes otherwise (a final sigma) signs
+/// up, then in again to the same account: one key, no 500.
+async fn an_address_lowered_unlike_the_database_signs_in_again(stack: &Stack) {
+    let email = format!("ΟΔΟΣ-{}@example.com", uuid::Uuid::new_v4().simple());
+    for round in 1..=2 {
+        let mut user = WebUser::new(&stack.base, &email);
+        let asked = user
+            .json(Method::POST, "/login/code", &json!({ "email": email }))
+            .await;
+        let _: Value = asked.expect(StatusCode::OK, "login code");
+        let code = stack.code_sent_to(&email.to_lowercase(), round).await;
+        let signed = verify_login(&mut user, &email, &code).await;
+        let _: Value = signed.expect(StatusCode::OK, "verify-code-login");
+        let keys: Value = user
+            .json(Method::GET, "/api-keys", &json!({}))
+            .await
+            .expect(StatusCode::OK, "keys");
+        assert_eq!(keys["keys"].as_array().map(Vec::len), Some(1), "{keys}");
+        // The next code is past the per-address cooldown.
+        let cooldown = format!("code:cooldown:{{login:{}}}", email.to_lowercase());
+        set_ttl(stack, &cooldown, 1).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
 }
 
 async fn every_key_bills_to_the_primary_and_revocation_reaches_both_gateways(stack: &Stack) {

@@ -42,12 +42,10 @@ pub async fn find_or_register(
     if let Some(id) = find(state, email).await? {
         return Ok(id);
     }
-    let lower = EmailAddress::parse(&email.as_str().to_lowercase())
-        .ok_or_else(|| ApiError::BadRequest("invalid email address".into()))?;
     keys::create_key(
         &state.db,
         &state.billing,
-        &lower,
+        email,
         Role::Member,
         0,
         "primary",
@@ -60,10 +58,14 @@ pub async fn find_or_register(
         .ok_or_else(|| ApiError::Internal("account missing after sign-up".into()))
 }
 
+/// The account stored under `email`'s key, else (a row stored as given, by an operator's
+/// `create-key` before keys were stored) one the database's `lower()` matches.
 async fn find(state: &AppState, email: &EmailAddress) -> Result<Option<(Uuid, String)>, ApiError> {
     Ok(sqlx::query_as(
-        "SELECT id, email FROM accounts WHERE lower(email) = lower($1) ORDER BY created_at LIMIT 1",
+        "SELECT id, email FROM accounts WHERE email = $1 OR lower(email) = lower($2)
+         ORDER BY email = $1 DESC, created_at LIMIT 1",
     )
+    .bind(email.key())
     .bind(email.as_str())
     .fetch_optional(&state.db)
     .await?)

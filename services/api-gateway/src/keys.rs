@@ -211,8 +211,8 @@ impl KeyStore {
     }
 }
 
-/// Creates the account for `email` if needed and a new API key named `name` with `role` in
-/// `mode`.
+/// Creates the account for `email` (stored under its [`EmailAddress::key`]) if needed and a
+/// new API key named `name` with `role` in `mode`.
 /// The account's first key is its primary key; every later key bills to it. `credits` are
 /// granted to the primary key through billing, and the key row commits only after billing
 /// confirmed the grant.
@@ -229,7 +229,7 @@ pub async fn create_key(
          RETURNING id, primary_key_id",
     )
     .bind(Uuid::now_v7())
-    .bind(email.as_str())
+    .bind(email.key())
     .bind(now_unix())
     .fetch_one(&mut *tx)
     .await?;
