@@ -110,7 +110,8 @@ async fn governance_of_one_key_each_side_by_side() {
             the_suppression_list_is_listed_added_to_and_removed_from,
             a_scheduled_send_leaves_off_who_unsubscribed_before_its_release,
             a_part_refund_comes_from_the_charge_that_stands,
-            a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them
+            a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them,
+            a_recipient_left_off_beside_a_sandbox_address_is_given_back
         ]
     );
 }
@@ -501,6 +502,30 @@ async fn a_scheduled_send_leaves_off_who_unsubscribed_before_its_release(stack: 
     })
     .await;
     assert_eq!(stack.settled_balance(&key).await, 9);
+}
+
+/// A scheduled send to a paying address and a sandbox one (free) costs 1; the paying one
+/// left off at its release is given back, since what is kept costs nothing.
+async fn a_recipient_left_off_beside_a_sandbox_address_is_given_back(stack: &Stack) {
+    let key = stack.key(10).await;
+    let db = stack.service_db(sender::SERVICE).await;
+    let workspace = stack.workspace_of(&key).await;
+    let at = postmesh_shared::db::now_unix() + RELEASE_AFTER;
+    let to = ["pays@example.com", "delivered@sandbox.postmesh.test"];
+    let later = json!({ "scheduledAt": at });
+    let answer = send(stack, &key, &mail(&to, "marketing", Some("news"), later)).await;
+    assert_eq!(answer.cost, 1);
+    assert_eq!(stack.balance(&key).await, 9);
+    unsubscribe_from_news(&db, workspace, &["pays@example.com"]).await;
+    let released = sent_task(stack, &key, answer.task_id.unwrap()).await;
+    assert_eq!(released.rejected.len(), 1, "{released:?}");
+    postmesh_tests::eventually(Duration::from_secs(20), || async {
+        match stack.balance(&key).await {
+            10 => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
 }
 
 async fn a_part_refund_comes_from_the_charge_that_stands(stack: &Stack) {

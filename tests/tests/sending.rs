@@ -362,6 +362,19 @@ async fn a_scheduled_task_that_keeps_failing_is_set_aside_while_the_others_go_ou
     // What the release answered (the details are in the sender's log).
     assert_eq!(error.as_deref(), Some("database error"));
     assert!(stack.messages_to("poisoned@example.com").is_empty());
+    // Set aside like a cancelled send: no quota or cap counts it, its recipient failed.
+    let (unfinished, capped): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM unfinished_deliveries WHERE delivery_id IN
+                     (SELECT delivery_id FROM task_recipients WHERE task_id = $1)),
+                (SELECT count(*) FROM sends_to WHERE task_id = $1)",
+    )
+    .bind(poisoned)
+    .fetch_one(&db)
+    .await
+    .expect("the counts");
+    assert_eq!((unfinished, capped), (0, 0));
+    let kinds: Vec<Kind> = failed.recipients[0].events.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [Kind::Failed], "{failed:?}");
     eventually(Duration::from_secs(30), || async {
         match stack.balance(&key).await {
             9 => Ok(()),

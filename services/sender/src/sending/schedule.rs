@@ -6,7 +6,8 @@
 //! is a cc or bcc address (off every copy, rejected with its reason); their part of the
 //! charge is given back. A task left with no recipient gets its whole charge back. Each task
 //! is released in a transaction of its own; one whose release fails [`RELEASE_TRIES`] times
-//! is set aside as `failed` (its error kept) and refunded, never retried forever. A tracked
+//! is set aside as `failed` (its error kept) and refunded, never retried forever, and like a
+//! cancelled one counts against no quota or cap, each recipient a `failed` event. A tracked
 //! task links through the tracking host its from-domain has at release, not at acceptance;
 //! a pass asks the domain service no more after an ask that failed, so a hung domain
 //! service holds a pass up once, not once a task.
@@ -67,20 +68,33 @@ pub async fn release_due(state: &AppState) -> Result<bool, ApiError> {
 /// given back.
 async fn failed_release(state: &AppState, task: TaskId, e: &ApiError) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
-    let failed: Option<bool> = sqlx::query_scalar(
+    let failed: Option<(bool, WorkspaceId)> = sqlx::query_as(
         "UPDATE tasks SET release_failures = release_failures + 1, last_error = $2,
              status = CASE WHEN release_failures + 1 >= $3 THEN 'failed' ELSE status END
          WHERE id = $1 AND status = 'scheduled'
-         RETURNING status = 'failed'",
+         RETURNING status = 'failed', workspace_id",
     )
     .bind(task)
     .bind(e.to_string())
     .bind(RELEASE_TRIES)
     .fetch_optional(&mut *tx)
     .await?;
-    let refund = match failed {
-        Some(true) => settle::owe_refund_of(&mut tx, task).await?,
-        _ => false,
+    let (failed, refund) = match failed {
+        Some((true, workspace)) => {
+            let reason = Some("the scheduled send could not be released".to_owned());
+            let detail = events::Detail::Reason { reason };
+            tasks::withdraw(
+                &mut tx,
+                &state.events,
+                workspace,
+                task,
+                Kind::Failed,
+                detail,
+            )
+            .await?;
+            (Some(true), settle::owe_refund_of(&mut tx, task).await?)
+        }
+        other => (other.map(|(failed, _)| failed), false),
     };
     tx.commit().await?;
     if failed == Some(true) {
@@ -126,8 +140,12 @@ async fn release(state: &AppState, task: TaskId, asking: &mut bool) -> Result<bo
         }
     } else {
         let copies = leave_off_copies(&mut tx, task).await?;
-        // Each recipient left costs its message and its copies.
-        let kept_cost = (rows.len() * (1 + copies.kept)) as i64;
+        // Each recipient left costs its message and its copies; a sandbox address nothing.
+        let paid = rows
+            .iter()
+            .filter(|(_, email)| !state.sandbox.holds(email))
+            .count();
+        let kept_cost = (paid * (1 + copies.kept)) as i64;
         let changed = rows.len() < of || copies.left_off > 0;
         if changed && settle::owe_part_of(&mut tx, task.id, kept_cost).await? {
             refund = Some(Action::RefundPart);

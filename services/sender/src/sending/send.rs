@@ -505,40 +505,16 @@ pub(crate) async fn cancel(
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(cost) = cancelled {
-        sqlx::query(
-            "DELETE FROM unfinished_deliveries WHERE delivery_id IN
-                 (SELECT delivery_id FROM task_recipients WHERE task_id = $1)",
+        let (kind, detail) = (events::Kind::Cancelled, events::Detail::Empty {});
+        tasks::withdraw(
+            &mut tx,
+            &state.events,
+            caller.workspace,
+            task_id,
+            kind,
+            detail,
         )
-        .bind(task_id)
-        .execute(&mut *tx)
         .await?;
-        // A cancelled send counts against no cap.
-        sqlx::query("DELETE FROM sends_to WHERE task_id = $1")
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
-        // Each recipient's message is a `cancelled` delivery event.
-        let recipients: Vec<(uuid::Uuid, String)> = sqlx::query_as(
-            "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
-        )
-        .bind(task_id)
-        .fetch_all(&mut *tx)
-        .await?;
-        let now = now_unix();
-        let cancelled_events: Vec<events::NewEvent> = recipients
-            .into_iter()
-            .map(|(delivery, email)| events::NewEvent {
-                workspace: caller.workspace.as_uuid(),
-                task: Some(task_id.as_uuid()),
-                delivery: Some(delivery),
-                email,
-                kind: events::Kind::Cancelled,
-                detail: events::Detail::Empty {},
-                occurred_at: now,
-                source_key: format!("cancelled:{delivery}"),
-            })
-            .collect();
-        events::record(&mut tx, &state.events, &cancelled_events).await?;
         if cost > 0 {
             settle::owe(&mut tx, &charge(&caller, task_id, Action::Refund, cost)).await?;
         }

@@ -431,3 +431,45 @@ pub async fn load(db: &PgPool, id: TaskId) -> Result<Option<LoadedTask>, sqlx::E
         test,
     }))
 }
+
+/// Takes a task that will never go out (cancelled, or set aside after its releases failed)
+/// off every count: its deliveries leave the quota's unfinished ones and its sends the
+/// caps', and each recipient gets a final `kind` event carrying `detail`.
+pub async fn withdraw(
+    tx: &mut PgConnection, outlet: &Outlet, workspace: WorkspaceId, task: TaskId, kind: Kind,
+    detail: events::Detail,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "DELETE FROM unfinished_deliveries WHERE delivery_id IN
+             (SELECT delivery_id FROM task_recipients WHERE task_id = $1)",
+    )
+    .bind(task)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM sends_to WHERE task_id = $1")
+        .bind(task)
+        .execute(&mut *tx)
+        .await?;
+    let recipients: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT delivery_id, email FROM task_recipients WHERE task_id = $1 ORDER BY idx",
+    )
+    .bind(task)
+    .fetch_all(&mut *tx)
+    .await?;
+    let now = postmesh_shared::db::now_unix();
+    let finals: Vec<events::NewEvent> = recipients
+        .into_iter()
+        .map(|(delivery, email)| events::NewEvent {
+            workspace: workspace.as_uuid(),
+            task: Some(task.as_uuid()),
+            delivery: Some(delivery),
+            email,
+            kind,
+            detail: detail.clone(),
+            occurred_at: now,
+            source_key: format!("{}:{delivery}", kind.as_str()),
+        })
+        .collect();
+    events::record(tx, outlet, &finals).await?;
+    Ok(())
+}
