@@ -28,8 +28,9 @@ pub const SECRET_ACCESS_KEY: &str = "fake-ses-secret-key-for-tests-only";
 /// The region it serves.
 pub const REGION: &str = "eu-west-1";
 
-/// SES v2's largest message: 40 MB after base64 (the SES quotas page).
-pub const MAX_RAW_MESSAGE: usize = 40 << 20;
+/// SES v2's largest message: 40 MB after base64 (the SES quotas page), counted in decimal
+/// megabytes, the stricter reading.
+pub const MAX_RAW_MESSAGE: usize = 40_000_000;
 /// The largest request body read: a largest message plus room for the rest of the JSON.
 const MAX_BODY: usize = MAX_RAW_MESSAGE + (8 << 20);
 /// SES's limit of recipients per message (To, Cc and Bcc together).

@@ -894,6 +894,35 @@ async fn the_ses_transport_sends_raw_mime_and_records_provider_ids() {
         let copies = sent.iter().filter(|m| m.destinations == [t.as_str()]);
         assert_eq!(copies.count(), 1, "{t} sent once");
     }
+    // The largest raw message taken is one SES takes; a byte more is refused before it is
+    // charged.
+    let max = sender::sending::raw_mime::MAX_RAW_BYTES;
+    let raw = |size: usize| {
+        let head = "From: s@postmesh.localhost\r\nTo: big@example.com\r\nSubject: Big\r\n\r\n";
+        let mut mime = head.as_bytes().to_vec();
+        let line = [b"a".repeat(996), b"\r\n".to_vec()].concat();
+        while mime.len() + line.len() <= size {
+            mime.extend_from_slice(&line);
+        }
+        mime.resize(size, b'a');
+        base64::engine::general_purpose::STANDARD.encode(mime)
+    };
+    let body = |size| json!({"mailFrom": "s@postmesh.localhost", "rcptTo": ["big@example.com"], "raw": raw(size)});
+    let balance = stack.balance(&key).await;
+    let _: ErrorBody = stack
+        .client(&key)
+        .post("/send-raw", &body(max + 1), StatusCode::PAYLOAD_TOO_LARGE)
+        .await;
+    assert_eq!(stack.balance(&key).await, balance, "nothing charged");
+    // Another account: each may send 4 MiB of large bodies a second.
+    let other = stack.key(10).await;
+    let taken: Success<SendAnswer> = stack
+        .client(&other)
+        .post("/send-raw", &body(max), StatusCode::OK)
+        .await;
+    let task = taken.body.task_id.expect("a task id");
+    let done = wait_finished(&stack, &other, task).await;
+    assert_eq!(done.status, Progress::Sent, "{done:?}");
     // SES refuses the next message for good: the recipient is failed, with the reason.
     ses.fail_next(
         StatusCode::BAD_REQUEST,

@@ -30,7 +30,7 @@ use crate::settings::*;
 pub const SERVICE: Service = Service::SmtpSubmission;
 
 /// The largest `SMTP_MAX_MESSAGE_BYTES`: what `/send-raw` takes.
-pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+pub const MAX_MESSAGE_BYTES: usize = 28 * 1024 * 1024;
 
 /// The certificate chain and key of TLS (PEM files).
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@ settings! {
     SMTP_TLS_CERT / SMTP_TLS_KEY = "" shown "none (`make run` makes a self-signed pair under `var/`)",
         "smtp-submission: the certificate chain and private key (PEM) of STARTTLS and the implicit-TLS listener; without them neither is offered";
     SMTP_ALLOW_PLAINTEXT_AUTH = "0", "smtp-submission: `1` lets clients sign in without TLS (tests, a private network); else `AUTH` before `STARTTLS` is answered 530";
-    SMTP_MAX_MESSAGE_BYTES = "26214400", "smtp-submission: the largest message (advertised as `SIZE`; larger ones get 552 5.3.4), at most 33554432";
+    SMTP_MAX_MESSAGE_BYTES = "26214400", "smtp-submission: the largest message (advertised as `SIZE`; larger ones get 552 5.3.4), at most 29360128";
     SMTP_API_URL = "http://127.0.0.1:8080", "smtp-submission: the gateway's HTTP API, through which logins are checked and messages sent";
     SMTP_HOSTNAME = "localhost", "smtp-submission: the name the server greets with";
     SMTP_MAX_CONNECTIONS_PER_IP = "20", "smtp-submission: connections one client (an address; for IPv6, its /64) may hold at once (per replica); beyond, 421";

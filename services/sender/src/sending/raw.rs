@@ -42,7 +42,7 @@ pub(crate) struct RawBody {
     /// is a blind copy.
     #[schema(required = true, nullable = false, min_items = 1, max_items = 1000)]
     rcpt_to: Option<Vec<EnvelopeAddress>>,
-    /// The message (RFC 5322) in base64, at most 32 MiB once decoded.
+    /// The message (RFC 5322) in base64, at most 28 MiB once decoded.
     #[schema(required = true, nullable = false)]
     raw: Option<Base64Text>,
 }

@@ -13,8 +13,9 @@ use crate::sending::request::{EmailType, HeaderText, SendBody, To, ToItem};
 use crate::sending::tags::{self, Tag, METADATA_FIELD, TAGS_FIELD};
 use crate::sending::tasks::TaskMessage;
 
-/// Largest message taken, in bytes of MIME.
-pub const MAX_RAW_BYTES: usize = 32 * 1024 * 1024;
+/// Largest message taken, in bytes of MIME: SES v2 takes 40 MB of base64 (30 MB of MIME), and
+/// what the sender adds to a message (its own headers) must fit beside it.
+pub const MAX_RAW_BYTES: usize = 28 * 1024 * 1024;
 /// Envelope recipients of one message at most (as `/send-email`'s).
 pub(crate) const MAX_RCPT: usize = crate::sending::request::MAX_RECIPIENTS;
 /// A repeat of a message (same workspace, same Message-ID) within this many seconds is the
