@@ -64,12 +64,29 @@ impl HostsWriter {
             .map_err(|e| ApiError::unavailable("could not record the tracking host", e))
     }
 
-    /// `host` is no domain's verified tracking host (any more): no token answers there.
-    pub async fn release(&self, host: &str) -> Result<(), ApiError> {
-        self.store
-            .delete(canonical_host(host))
+    /// `host` is not `domain`'s verified tracking host (any more): no token of it answers
+    /// there. A host another domain holds now stays held (a release of a domain removed,
+    /// coming after the name was added again elsewhere, never takes it away).
+    pub async fn release(&self, host: &str, domain: Uuid) -> Result<(), ApiError> {
+        let failed = "could not withdraw the tracking host";
+        let host = canonical_host(host);
+        let entry = self.store.entry(host.as_str()).await;
+        let Some(entry) = entry.map_err(|e| ApiError::unavailable(failed, e))? else {
+            return Ok(());
+        };
+        if entry.operation != Operation::Put || entry.value.as_ref() != domain.as_bytes() {
+            return Ok(());
+        }
+        match self
+            .store
+            .delete_expect_revision(host.as_str(), Some(entry.revision))
             .await
-            .map_err(|e| ApiError::unavailable("could not withdraw the tracking host", e))
+        {
+            Ok(()) => Ok(()),
+            // Written meanwhile: by a hold of another domain, or a release.
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+            Err(e) => Err(ApiError::unavailable(failed, e)),
+        }
     }
 }
 

@@ -18,6 +18,8 @@ struct Zones {
     apexes: HashSet<String>,
     records: HashMap<String, Vec<RData>>,
     queries: usize,
+    /// How long each answer takes.
+    delay: std::time::Duration,
 }
 
 impl Zones {
@@ -49,15 +51,22 @@ impl FakeDns {
         let addr = socket.local_addr().expect("address");
         let zones = Arc::new(Mutex::new(Zones::default()));
         let served = zones.clone();
+        let socket = Arc::new(socket);
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             loop {
                 let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
                     return;
                 };
-                if let Some(reply) = answer(&served, &buf[..n]) {
+                let Some(reply) = answer(&served, &buf[..n]) else {
+                    continue;
+                };
+                let delay = served.lock().unwrap().delay;
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
                     let _ = socket.send_to(&reply, peer).await;
-                }
+                });
             }
         });
         Self { addr, zones }
@@ -68,11 +77,22 @@ impl FakeDns {
         self.zones.lock().unwrap().apexes.insert(key(apex));
     }
 
+    /// Makes each answer wait `delay` before it is sent, as a slow name server would.
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        self.zones.lock().unwrap().delay = delay;
+    }
+
     fn set(&self, name: &str, kind: RecordType, data: Vec<RData>) {
         let mut zones = self.zones.lock().unwrap();
         let name = key(name);
         assert!(zones.serves(&name), "{name} is outside the fake's zones");
-        let records = zones.records.entry(name).or_default();
+        let records = zones.records.entry(name.clone()).or_default();
+        assert!(
+            kind == RecordType::CNAME
+                || data.is_empty()
+                || records.iter().all(|r| r.record_type() != RecordType::CNAME),
+            "{name} is a CNAME: no other record may sit beside it"
+        );
         records.retain(|r| r.record_type() != kind);
         records.extend(data);
     }
@@ -91,11 +111,16 @@ impl FakeDns {
         self.set(name, RecordType::MX, data);
     }
 
-    /// Sets the TXT records of `name`, one string each; empty removes them.
+    /// Sets the TXT records of `name`, one each; a value over 255 bytes is split into
+    /// character-strings of 255, as a zone file holds it; empty removes them.
     pub fn set_txt(&self, name: &str, values: &[&str]) {
         let data = values
             .iter()
-            .map(|v| RData::TXT(TXT::new(vec![(*v).to_owned()])))
+            .map(|v| {
+                let strings = v.as_bytes().chunks(255);
+                let strings = strings.map(|s| String::from_utf8(s.to_vec()).expect("ASCII"));
+                RData::TXT(TXT::new(strings.collect()))
+            })
             .collect();
         self.set(name, RecordType::TXT, data);
     }

@@ -201,6 +201,8 @@ async fn domains_of_one_key_each_side_by_side() {
     );
     // After the others: one of them takes the fake Cloudflare down.
     a_verified_tracking_host_carries_its_domains_links(&world).await;
+    // Alone: it slows every DNS answer.
+    checks_answered_after_a_removal_leave_nothing_behind(&world).await;
     // Last: it stops the domain service.
     a_hung_domain_service_holds_a_release_pass_up_once(&mut world).await;
     world.stack.shutdown().await;
@@ -985,6 +987,56 @@ async fn the_fake_ses_refuses_what_ses_refuses() {
         unsigned.headers()["x-amzn-errortype"],
         "MissingAuthenticationTokenException"
     );
+}
+
+/// Checks whose DNS answers come after their domain was removed: `verify-ownership` and
+/// `verify-tracking` are 404s (not a 500, not a success), and the removed domain's tracking
+/// host is held by no domain, so the gateway answers none of its links.
+async fn checks_answered_after_a_removal_leave_nothing_behind(world: &World) {
+    use postmesh_shared::tracking_hosts;
+
+    let key = world.stack.key(10).await;
+    world.stripe.subscribe(&world.stack, &key, "pro").await;
+    let key = key.as_str();
+    let removed = |id: String| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let path = format!("/sender-domains/{id}");
+        let _: Value = world.client(key).delete(&path, StatusCode::OK).await;
+    };
+    let slow = Duration::from_millis(1500);
+
+    let name = unique("race");
+    let domain = world.submit(key, &name).await;
+    let id = domain.id.expect("an id").to_string();
+    world.dns.zone(&name);
+    let txt = domain.verification.expect("the TXT record");
+    world.dns.set_txt(&txt.name, &[txt.value.as_str()]);
+    world.dns.set_delay(slow);
+    let (_, ()): (ErrorBody, ()) = tokio::join!(
+        world.act(key, &id, "verify-ownership", StatusCode::NOT_FOUND),
+        removed(id.clone())
+    );
+    world.dns.set_delay(Duration::ZERO);
+
+    let name = unique("race-track");
+    let id = world.verified(key, &name).await;
+    let _: Value = world.act(key, &id, "setup-tracking", StatusCode::OK).await;
+    let host = format!("track.{name}");
+    world.dns.set_cname(&host, Some("track.postmesh.localhost"));
+    world.dns.set_delay(slow);
+    let (_, ()): (ErrorBody, ()) = tokio::join!(
+        world.act(key, &id, "verify-tracking", StatusCode::NOT_FOUND),
+        removed(id.clone())
+    );
+    world.dns.set_delay(Duration::ZERO);
+    let nats = postmesh_tests::ops_nats(&world.stack.common.nats_url)
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let hosts = tracking_hosts::ensure(&js, world.stack.ns(), 1)
+        .await
+        .unwrap();
+    assert_eq!(hosts.get(host.as_str()).await.unwrap(), None, "{host} held");
 }
 
 /// A domain's own tracking host: `setup-tracking` answers the CNAME, `verify-tracking` finds

@@ -287,7 +287,7 @@ async fn copies_of_the_tracking_hosts_miss_no_change() {
             let js = async_nats::jetstream::new(nats);
             let store = tracking_hosts::ensure(&js, &elsewhere, 1).await.unwrap();
             let writer = HostsWriter::new(store);
-            writer.release("track.gone.example").await.unwrap();
+            writer.release("track.gone.example", domain).await.unwrap();
             writer.hold("track.held.example", domain).await.unwrap();
         })
     })
@@ -302,6 +302,30 @@ async fn copies_of_the_tracking_hosts_miss_no_change() {
     assert_eq!(copy.domain("track.gone.example"), None);
     assert_eq!(copy.domain("track.held.example"), Some(domain));
     shutdown.cancel();
+    js.delete_key_value(tracking_hosts::bucket(&ns))
+        .await
+        .unwrap();
+}
+
+/// A release takes back only its own domain's hold: a late release of a removed domain
+/// leaves the host to the domain that holds it now.
+#[tokio::test]
+async fn a_tracking_host_is_released_only_by_the_domain_holding_it() {
+    use postmesh_shared::tracking_hosts::{self, HostsWriter};
+
+    let js = async_nats::jetstream::new(ops().await);
+    let ns = postmesh_tests::fresh_namespace();
+    let store = tracking_hosts::ensure(&js, &ns, 1).await.unwrap();
+    let writer = HostsWriter::new(store.clone());
+    let (before, now) = (Uuid::now_v7(), Uuid::now_v7());
+    writer.hold("track.again.example", now).await.unwrap();
+    writer.release("track.again.example", before).await.unwrap();
+    let held = store.get("track.again.example").await.unwrap();
+    assert_eq!(held.as_deref(), Some(now.as_bytes().as_slice()));
+    writer.release("track.again.example", now).await.unwrap();
+    assert_eq!(store.get("track.again.example").await.unwrap(), None);
+    // Released already: nothing to do, no error.
+    writer.release("track.again.example", now).await.unwrap();
     js.delete_key_value(tracking_hosts::bucket(&ns))
         .await
         .unwrap();

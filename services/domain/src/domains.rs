@@ -332,18 +332,26 @@ pub(crate) async fn remove(
     if !domain.dkim_tokens.is_empty() {
         state.ses()?.delete_identity(&domain.name).await?;
     }
-    // Its tracking host, if it ever set one up, answers none of its links from now on.
-    if let Some(hosts) = state
+    // Its tracking host, if it ever set one up, answers none of its links from now on:
+    // released before the row goes (a failure leaves the record to retry with) and again
+    // after, since a check under way may have held it in between (and, coming later,
+    // finds the row gone and releases it itself).
+    let hosts = state
         .hosts
         .as_ref()
-        .filter(|_| domain.tracking_status != TrackingStatus::NotStarted)
-    {
-        hosts.release(&domain.tracking_host()).await?;
+        .filter(|_| domain.tracking_status != TrackingStatus::NotStarted);
+    if let Some(hosts) = hosts {
+        hosts.release(&domain.tracking_host(), domain.id).await?;
     }
     sqlx::query("DELETE FROM domains WHERE id = $1")
         .bind(domain.id)
         .execute(&state.db)
         .await?;
+    if let Some(hosts) = hosts {
+        if let Err(e) = hosts.release(&domain.tracking_host(), domain.id).await {
+            tracing::warn!(domain = %domain.name, error = %e, "tracking host not released again");
+        }
+    }
     Ok(Success::new(Deleted {
         deleted: true,
         domain: domain.name,

@@ -33,7 +33,9 @@ pub(crate) async fn verify(
     State(state): State<AppState>, OwnedDomain(domain): OwnedDomain,
 ) -> Result<Success<Reviewed>, ApiError> {
     let domain = match domain.ownership {
-        Ownership::Pending => check(&state.db, &state.dns, domain).await?,
+        Ownership::Pending => check(&state.db, &state.dns, domain)
+            .await?
+            .ok_or_else(|| ApiError::NotFound("domain not found".into()))?,
         Ownership::Verified => domain,
         Ownership::Rejected => domain.require_verified().map(|_| domain)?,
     };
@@ -57,8 +59,9 @@ pub(crate) async fn verify(
     }))
 }
 
-/// Looks for the domain's TXT token; found, the domain becomes verified.
-async fn check(db: &PgPool, dns: &Dns, domain: Domain) -> Result<Domain, LookupErrorOrDb> {
+/// Looks for the domain's TXT token; found, the domain becomes verified. The domain as stored
+/// then; none when it was removed meanwhile.
+async fn check(db: &PgPool, dns: &Dns, domain: Domain) -> Result<Option<Domain>, LookupErrorOrDb> {
     let found = dns
         .txt(&domain.verification_name())
         .await?
@@ -76,9 +79,9 @@ async fn check(db: &PgPool, dns: &Dns, domain: Domain) -> Result<Domain, LookupE
     .bind(found)
     .fetch_optional(db)
     .await?;
-    // Reviewed meanwhile (an admin): the stored state stands.
+    // Reviewed (an admin) or removed meanwhile: the stored state stands.
     match updated {
-        Some(d) => Ok(d),
+        Some(d) => Ok(Some(d)),
         None => Ok(reload(db, domain.id).await?),
     }
 }
@@ -101,10 +104,10 @@ impl From<LookupErrorOrDb> for ApiError {
     }
 }
 
-async fn reload(db: &PgPool, id: Uuid) -> Result<Domain, sqlx::Error> {
+async fn reload(db: &PgPool, id: Uuid) -> Result<Option<Domain>, sqlx::Error> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM domains WHERE id = $1"))
         .bind(id)
-        .fetch_one(db)
+        .fetch_optional(db)
         .await
 }
 
@@ -116,7 +119,7 @@ pub async fn sweep(db: &PgPool, dns: &Dns, recheck_secs: i64) -> Result<usize, L
     for Claimed { domain, .. } in due {
         let name = domain.name.clone();
         match check(db, dns, domain).await {
-            Ok(d) if d.ownership == Ownership::Verified => {
+            Ok(Some(d)) if d.ownership == Ownership::Verified => {
                 tracing::info!(domain = %name, "ownership verified by the sweep")
             }
             Ok(_) => {}

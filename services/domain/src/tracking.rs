@@ -35,29 +35,47 @@ pub struct TrackingSetup {
     pub message: String,
 }
 
-/// Stores `status` for `domain`, and tells the gateway ([`announce`]).
+/// Stores `status` for `domain`, and tells the gateway ([`announce`]); 404 when the domain
+/// was removed meanwhile.
 async fn store(state: &AppState, domain: &Domain, status: TrackingStatus) -> Result<(), ApiError> {
-    sqlx::query("UPDATE domains SET tracking_status = $2, tracking_checked_at = $3 WHERE id = $1")
-        .bind(domain.id)
-        .bind(status)
-        .bind(now_unix())
-        .execute(&state.db)
-        .await?;
+    let stored = sqlx::query(
+        "UPDATE domains SET tracking_status = $2, tracking_checked_at = $3 WHERE id = $1",
+    )
+    .bind(domain.id)
+    .bind(status)
+    .bind(now_unix())
+    .execute(&state.db)
+    .await?;
+    if stored.rows_affected() == 0 {
+        return Err(ApiError::NotFound("domain not found".into()));
+    }
     announce(state, domain, status).await
 }
 
 /// Tells the gateway whether `domain` holds its tracking host, as `status` says: verified,
-/// its links answer there; otherwise none do.
+/// its links answer there; otherwise none do. A hold is taken back when, once made, the
+/// domain's row no longer says verified: a removal, or a check that found the CNAME gone,
+/// whose release may have come before the hold.
 async fn announce(
     state: &AppState, domain: &Domain, status: TrackingStatus,
 ) -> Result<(), ApiError> {
     let Some(hosts) = &state.hosts else {
         return Ok(());
     };
-    match status {
-        TrackingStatus::Verified => hosts.hold(&domain.tracking_host(), domain.id).await,
-        _ => hosts.release(&domain.tracking_host()).await,
+    let host = domain.tracking_host();
+    if status != TrackingStatus::Verified {
+        return hosts.release(&host, domain.id).await;
     }
+    hosts.hold(&host, domain.id).await?;
+    let still: Option<TrackingStatus> =
+        sqlx::query_scalar("SELECT tracking_status FROM domains WHERE id = $1")
+            .bind(domain.id)
+            .fetch_optional(&state.db)
+            .await?;
+    if still != Some(TrackingStatus::Verified) {
+        hosts.release(&host, domain.id).await?;
+    }
+    Ok(())
 }
 
 pub(crate) async fn setup(
