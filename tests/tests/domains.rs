@@ -225,6 +225,8 @@ async fn submission_needs_a_plan_a_free_slot_and_a_free_name(world: &World) {
         json!({"domain": "-bad.example"}),
         json!({"domain": "10.0.0.1"}),
         json!({"domain": format!("{}.example", "a".repeat(64))}),
+        // 214 characters: its DKIM records' names would be longer than DNS's 253.
+        json!({"domain": format!("{0}.{0}.{0}.{1}.example", "a".repeat(63), "d".repeat(14))}),
         json!({"domain": "postmesh.localhost"}),
         json!({"domain": "team.postmesh.localhost"}),
     ] {
@@ -721,11 +723,14 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         world.act(&key, &id, "setup-outbound", StatusCode::OK).await;
     let wanted = setup.body.records;
 
-    // No token anywhere, an unknown provider, a bad scope: 400.
+    // No token anywhere, an unknown provider, a bad scope, a token no HTTP header can
+    // carry: 400.
     for body in [
         json!({}),
         json!({"provider": "route53", "apiToken": "t"}),
         json!({"scope": "everything", "apiToken": "t"}),
+        json!({"apiToken": "ab\ncd"}),
+        json!({"apiToken": "é".repeat(10)}),
     ] {
         let err: ErrorBody = world
             .apply_dns(&key, &id, &body, StatusCode::BAD_REQUEST)
@@ -746,6 +751,18 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         StatusCode::BAD_REQUEST,
         "an empty body has no token either"
     );
+    let _: ErrorBody = world
+        .client(&key)
+        .call(
+            Method::PUT,
+            "/sender-domains/dns-provider",
+            Some(
+                serde_json::to_vec(&json!({"provider": "cloudflare", "apiToken": "ab\ncd"}))
+                    .unwrap(),
+            ),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
 
     // The zone already holds one of the DKIM CNAMEs and another SPF at the MAIL FROM name.
     let token = format!("cf-{}", uuid::Uuid::new_v4().simple());

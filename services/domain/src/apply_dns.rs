@@ -110,16 +110,26 @@ impl ProviderName {
     }
 }
 
+/// `raw` trimmed, if it is a token an `Authorization` header can carry: 1 to
+/// [`MAX_TOKEN_LEN`] visible ASCII characters; else a 400.
+fn checked_token(raw: &str) -> Result<&str, ApiError> {
+    let token = raw.trim();
+    if token.is_empty()
+        || token.len() > MAX_TOKEN_LEN
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::BadRequest(format!(
+            "apiToken must be 1-{MAX_TOKEN_LEN} visible ASCII characters"
+        )));
+    }
+    Ok(token)
+}
+
 pub(crate) async fn save_token(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<SaveToken>,
 ) -> Result<Success<Saved>, ApiError> {
     ProviderName::check(Some(&body.provider))?;
-    let token = body.api_token.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-        return Err(ApiError::BadRequest(format!(
-            "apiToken must be 1-{MAX_TOKEN_LEN} characters"
-        )));
-    }
+    let token = checked_token(&body.api_token)?;
     let sealed = state
         .secrets
         .seal(caller.workspace.as_uuid().as_bytes(), token.as_bytes());
@@ -145,8 +155,8 @@ pub(crate) async fn save_token(
 async fn token_for(
     state: &AppState, workspace: WorkspaceId, given: Option<String>,
 ) -> Result<String, ApiError> {
-    if let Some(token) = given.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) {
-        return Ok(token);
+    if let Some(given) = given.filter(|t| !t.trim().is_empty()) {
+        return checked_token(&given).map(str::to_owned);
     }
     let sealed: Option<Vec<u8>> = sqlx::query_scalar(
         "SELECT sealed_token FROM dns_providers WHERE workspace_id = $1 AND provider = $2",

@@ -194,6 +194,13 @@ pub(crate) async fn submit(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<Submission>,
 ) -> Result<Success<Submitted>, ApiError> {
     let name = DomainName::parse(&body.domain).map_err(ApiError::BadRequest)?;
+    if name.as_str().len() > records::MAX_DOMAIN_LEN {
+        return Err(ApiError::BadRequest(format!(
+            "a sender domain is at most {} characters: its DKIM records' names, \
+             <token>._domainkey.{name}, must fit DNS's 253",
+            records::MAX_DOMAIN_LEN
+        )));
+    }
     if state
         .settings
         .platform_domains

@@ -10,6 +10,11 @@ pub const MX_PRIORITY: u16 = 10;
 pub const MAIL_FROM_LABEL: &str = "mail";
 /// The SPF record of the MAIL FROM domain.
 pub const SPF: &str = "v=spf1 include:amazonses.com ~all";
+/// Characters of an SES Easy DKIM token.
+const DKIM_TOKEN_LEN: usize = 32;
+/// The longest sender domain: its longest record name, `<DKIM token>._domainkey.<domain>`,
+/// must fit DNS's 253 characters.
+pub const MAX_DOMAIN_LEN: usize = 253 - DKIM_TOKEN_LEN - "._domainkey.".len();
 
 /// One record to publish.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
