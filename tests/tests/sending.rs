@@ -1134,6 +1134,54 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
     stack.shutdown().await;
 }
 
+/// A send cancelled while its charge's confirm is still owed (billing was out when it was
+/// tried) is never charged: the refund waits for the confirm, and a confirm that finds the
+/// charge given back makes no late charge for a send that was withdrawn.
+#[tokio::test]
+async fn a_send_cancelled_before_its_confirm_is_settled_is_never_charged() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let body = json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600});
+    let task = accepted(&stack, &key, body)
+        .await
+        .task_id
+        .expect("a task id");
+    assert_eq!(stack.balance(&key).await, 8);
+    // As if the confirm had met billing out: owed still, its next try later.
+    let db = stack.sender_db().await;
+    let owed = "UPDATE settlements SET done_at = NULL, outcome = NULL, next_at = $2
+                WHERE task_id = $1 AND action = 'confirm'";
+    sqlx::query(owed)
+        .bind(task.as_uuid())
+        .bind(now() + 3)
+        .execute(&db)
+        .await
+        .unwrap();
+    let cancelled: Success<Cancelled> = stack
+        .client(&key)
+        .delete(&format!("/send-email/{task}"), StatusCode::OK)
+        .await;
+    assert_eq!(cancelled.body.refunded, 2);
+    let db_ref = &db;
+    eventually(Duration::from_secs(30), || async move {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM settlements WHERE task_id = $1 AND done_at IS NULL",
+        )
+        .bind(task.as_uuid())
+        .fetch_one(db_ref)
+        .await
+        .unwrap();
+        (open == 0).then_some(()).ok_or(open)
+    })
+    .await;
+    assert_eq!(
+        stack.balance(&key).await,
+        10,
+        "the cancelled send costs nothing"
+    );
+    stack.shutdown().await;
+}
+
 /// `POST /send-email` with `key` and an `Idempotency-Key`; the whole answer.
 async fn send_keyed(stack: &Stack, key: &str, idem: &str, body: &Value) -> Answer {
     stack

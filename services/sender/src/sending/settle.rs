@@ -3,7 +3,8 @@
 //! its release are rows written in the transaction that owes them, tried at once and
 //! retried by a sweep until billing answers. A confirm that comes after the hold
 //! ran out (billing gave the credits back) charges the send again, under its own key, since
-//! its messages are on their way.
+//! its messages are on their way; so a refund, whole or part, waits for the confirm and
+//! gives back the charge that stands.
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
@@ -98,8 +99,8 @@ pub async fn owe_part_of(
 
 /// The key of `task`'s charge that stands once its confirm is settled: the send's own, or
 /// `{task}:late` when its hold had run out (and, unpaid, no charge at all); an error while
-/// the confirm is not settled, so a part refund waits for it and is taken from the charge
-/// that stands.
+/// the confirm is not settled, so a refund waits for it and is taken from the charge that
+/// stands.
 async fn standing_charge(state: &AppState, task: TaskId) -> Result<String, ApiError> {
     let confirm: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
         "SELECT done_at, outcome FROM settlements WHERE task_id = $1 AND action = 'confirm'",
@@ -129,18 +130,13 @@ async fn attempt(state: &AppState, c: &Charge) -> Result<String, ApiError> {
     let (key, task) = (c.api_key_id.to_string(), c.task_id.to_string());
     match c.action {
         Action::Refund | Action::RefundPart => {
-            let (reason, credits, charge) = if c.action == Action::Refund {
-                (
-                    "scheduled send cancelled or left with no recipient",
-                    0,
-                    task,
-                )
+            // Both wait for the confirm: refunded before it, the charge would be made again
+            // by a confirm that finds it given back.
+            let charge = standing_charge(state, c.task_id).await?;
+            let (reason, credits) = if c.action == Action::Refund {
+                ("scheduled send cancelled or left with no recipient", 0)
             } else {
-                (
-                    "recipients left off at a scheduled send's release",
-                    c.cost,
-                    standing_charge(state, c.task_id).await?,
-                )
+                ("recipients left off at a scheduled send's release", c.cost)
             };
             let reply = nats::call(
                 &state.nats,
