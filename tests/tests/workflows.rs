@@ -436,6 +436,47 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
     }
 }
 
+/// A send step that outlives its run's lease (here: storing its task takes 12 s) is taken
+/// up by a second pass while the first still stores the task. The second's charge is the
+/// first's (one key, the step's task id), so the second, finding the task stored when its
+/// own store fails, gives nothing back: the send goes out once and is paid once.
+#[tokio::test]
+async fn a_slow_send_step_taken_up_twice_is_paid_once() {
+    let stack = Stack::start().await;
+    let key = stack.key(10).await;
+    let client = stack.client(&key);
+    let subject = format!("slow {}", uuid::Uuid::new_v4().simple());
+    template(&client, "slow", &subject).await;
+    let db = stack.sender_db().await;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION slow_task() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.message->>'subject' = '{subject}' THEN PERFORM pg_sleep(12); END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow_task BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION slow_task();"
+    ))
+    .execute(&db)
+    .await
+    .expect("the trigger");
+    let steps = json!([{ "type": "send", "templateKey": "slow" }]);
+    let body = json!({ "name": "slow", "trigger": { "event_name": "slowed" }, "steps": steps });
+    workflow(&client, body).await;
+    let to = fresh("slow");
+    emit(&client, "sl-1", "slowed", &to, json!({})).await;
+    let client = &client;
+    eventually(Duration::from_secs(60), || async move {
+        let shown: Value = client.get("/events/sl-1", StatusCode::OK).await;
+        let status = shown["runs"][0]["status"].clone();
+        (status == "completed").then_some(()).ok_or(status)
+    })
+    .await;
+    stack.sends_done().await;
+    assert_eq!(stack.messages_to(&to).len(), 1, "sent once");
+    assert_eq!(stack.balance(&key).await, 9, "paid once");
+    stack.shutdown().await;
+}
+
 /// Two sender processes: one killed during a wait and started again, then a second
 /// replica beside it.
 #[tokio::test]

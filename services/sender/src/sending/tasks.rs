@@ -473,3 +473,11 @@ pub async fn withdraw(
     events::record(tx, outlet, &finals).await?;
     Ok(())
 }
+
+/// Whether a task with id `task` is stored.
+pub async fn stored(db: &PgPool, task: TaskId) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)")
+        .bind(task)
+        .fetch_one(db)
+        .await
+}
