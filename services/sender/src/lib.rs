@@ -476,6 +476,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_message_is_tried_for_hours_before_it_fails_for_good() {
+        let worker = Config::from_env().unwrap().worker;
+        let waited: Duration = (1..worker.max_deliver)
+            .map(|attempt| postmesh_shared::queue::retry_delay(worker.retry_base, attempt))
+            .sum();
+        // A provider's outage (SES throttling or answering 5xx) of three hours fails no mail.
+        assert!(waited >= Duration::from_secs(3 * 3600), "{waited:?}");
+    }
+
+    #[test]
     fn a_child_process_reads_back_the_same_settings() {
         let mut config = Config::from_env().unwrap();
         config.transport = TransportKind::Smtp;

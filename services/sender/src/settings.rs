@@ -8,8 +8,8 @@ settings! {
     SEND_TRANSPORT = "file", "sender: `file`, `smtp` or `ses` (SES v2 `SendEmail`, raw MIME)";
     OUTBOX_DIR = "var/outbox", "sender: where `file` writes `.eml` files";
     SMTP_URL = "smtp://127.0.0.1:25", "sender: lettre relay URL, e.g. `smtps://user:pass@host:465`";
-    SEND_ACK_WAIT_SECS = "30" | SEND_MAX_DELIVER = "8" | SEND_RETRY_BASE_SECS = "5" | SEND_CONCURRENCY = "16",
-        "sender: redelivery and retry schedule; messages in the transport's hands at once";
+    SEND_ACK_WAIT_SECS = "30" | SEND_MAX_DELIVER = "20" | SEND_RETRY_BASE_SECS = "5" | SEND_CONCURRENCY = "16",
+        "sender: redelivery and retry schedule (a message failing for a passing reason is tried `SEND_MAX_DELIVER` times, `SEND_RETRY_BASE_SECS` apart doubling to 15 minutes: about 3 hours by default, so a provider outage that long fails no mail); messages in the transport's hands at once";
     SANDBOX_DOMAIN = "sandbox.postmesh.test", "sender: the sandbox domain: `delivered@`, `bounced@`, `complained@`, `delayed@` and `suppressed@` it (with an optional `+label`) are never handed to a transport, cost nothing and behave at once as their names say; other local parts are a 400";
     MESSAGE_ID_DOMAIN = "postmesh.localhost", "sender: domain of the Message-IDs it makes (`<delivery id@domain>`)";
     SEND_DEFAULT_FROM = "no-reply@postmesh.localhost", "sender: from-address of a `/send-email` without `fromEmail`";
