@@ -472,7 +472,8 @@ async fn sends_of_one_key_each_side_by_side() {
             test_keys::a_test_key_prices_stores_and_shows_but_delivers_and_charges_nothing,
             engagement::a_tagged_tracked_send_reports_opens_and_clicks_with_its_labels,
             engagement::a_sends_log_is_purged_a_retention_after_its_release_and_not_before,
-            engagement::a_hit_recorded_twice_at_once_is_one_event_counted_once
+            engagement::a_hit_recorded_twice_at_once_is_one_event_counted_once,
+            a_send_cancelled_before_its_confirm_is_settled_is_never_charged
         ]
     );
 }
@@ -1137,12 +1138,10 @@ async fn a_cancel_while_billing_is_down_is_refunded_once_billing_is_back() {
 /// A send cancelled while its charge's confirm is still owed (billing was out when it was
 /// tried) is never charged: the refund waits for the confirm, and a confirm that finds the
 /// charge given back makes no late charge for a send that was withdrawn.
-#[tokio::test]
-async fn a_send_cancelled_before_its_confirm_is_settled_is_never_charged() {
-    let stack = Stack::start().await;
+async fn a_send_cancelled_before_its_confirm_is_settled_is_never_charged(stack: &Stack) {
     let key = stack.key(10).await;
     let body = json!({"to": ["c1@example.com", "c2@example.com"], "subject": "s", "text": "t", "scheduledAt": now() + 3600});
-    let task = accepted(&stack, &key, body)
+    let task = accepted(stack, &key, body)
         .await
         .task_id
         .expect("a task id");
@@ -1179,7 +1178,6 @@ async fn a_send_cancelled_before_its_confirm_is_settled_is_never_charged() {
         10,
         "the cancelled send costs nothing"
     );
-    stack.shutdown().await;
 }
 
 /// `POST /send-email` with `key` and an `Idempotency-Key`; the whole answer.
