@@ -284,9 +284,52 @@ async fn keys_and_gateways_side_by_side() {
             login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end,
             five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404,
             a_session_ends_30_days_after_sign_in_however_it_is_used,
-            an_address_lowered_unlike_the_database_signs_in_again
+            an_address_lowered_unlike_the_database_signs_in_again,
+            wrong_codes_at_once_get_no_more_tries_than_one_after_another
         ]
     );
+}
+
+/// An address's five wrong codes an hour hold for codes tried at once: four wrong one after
+/// another, then five at once against a new code, and only one of the five is tried.
+async fn wrong_codes_at_once_get_no_more_tries_than_one_after_another(stack: &Stack) {
+    let email = fresh_email();
+    let mut user = WebUser::new(&stack.base, &email);
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "login code");
+    let code = stack.code_sent_to(&email, 1).await;
+    let wrong = if code == "000000" { "111111" } else { "000000" };
+    for attempt in 1..=4 {
+        let answer = verify_login(&mut user, &email, wrong).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
+    }
+    set_ttl(stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "a second login code");
+    let fresh = stack.code_sent_to(&email, 2).await;
+    let wrong = if fresh == "000000" {
+        "111111"
+    } else {
+        "000000"
+    };
+    let guesses = (0..5).map(|_| {
+        let (base, email) = (stack.base.clone(), email.clone());
+        async move {
+            verify_login(&mut WebUser::new(&base, &email), &email, wrong)
+                .await
+                .status
+        }
+    });
+    let mut answers = futures::future::join_all(guesses).await;
+    answers.sort();
+    let mut expected = vec![StatusCode::BAD_REQUEST];
+    expected.extend([StatusCode::TOO_MANY_REQUESTS; 4]);
+    assert_eq!(answers, expected);
 }
 
 /// An address whose lowercase the database's `lower()` makes otherwise (a final sigma) signs
@@ -446,7 +489,7 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages(stack: &Stac
 
 async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(stack: &Stack) {
     let key = stack.key(1).await;
-    let (gateway, base) = five_failures_a_minute(stack).await;
+    let (gateway, base) = stack.five_failures_a_minute().await;
     let call = |key: String| {
         let base = base.clone();
         async move {
@@ -476,7 +519,7 @@ async fn an_address_failing_to_authenticate_is_refused_before_any_key_lookup(sta
 /// Polling `/cli/auth/poll` with device tokens no one started is guessing, as made-up keys
 /// are: each counts against the address, and past the limit even a real poll waits.
 async fn polls_of_unknown_device_tokens_count_as_failed_authentications(stack: &Stack) {
-    let (gateway, base) = five_failures_a_minute(stack).await;
+    let (gateway, base) = stack.five_failures_a_minute().await;
     let post = |path: &'static str, token: String| {
         let base = base.clone();
         async move {
@@ -547,17 +590,4 @@ async fn a_session_ends_30_days_after_sign_in_however_it_is_used(stack: &Stack) 
         stack.redis_keys(&own).await.is_empty(),
         "ended, not left to expire"
     );
-}
-
-/// Another gateway that refuses an address after five failed authentications a minute, once
-/// at least ten seconds of the minute are left (the count starts afresh with each).
-async fn five_failures_a_minute(stack: &Stack) -> (postmesh_shared::Running, String) {
-    let (gateway, base) = stack
-        .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
-        .await;
-    let second = postmesh_shared::db::now_unix() % 60;
-    if second > 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
-    }
-    (gateway, base)
 }

@@ -235,9 +235,40 @@ async fn web_pages_side_by_side() {
         [
             the_approval_page_checks_the_user_code_denies_and_refuses_forged_forms,
             key_pages_create_and_revoke_with_csrf,
-            two_gateways_share_device_logins_and_sessions
+            two_gateways_share_device_logins_and_sessions,
+            typed_codes_that_match_no_sign_in_count_as_failed_authentications
         ]
     );
+}
+
+/// Typing codes that match no pending sign-in into `/app/device` is guessing another's code,
+/// as polling made-up device tokens is: each miss counts against the address, and past the
+/// limit even the right code waits.
+async fn typed_codes_that_match_no_sign_in_count_as_failed_authentications(stack: &Stack) {
+    let (gateway, base) = stack.five_failures_a_minute().await;
+    let mut user = WebUser::login(stack, &fresh_email(), 0).await;
+    user.base = base;
+    assert_eq!(user.page("/app/device").await.status, StatusCode::OK);
+    for _ in 0..5 {
+        let missed = user
+            .form("/app/device", &[("user_code", "ZZZZ-ZZZZ")])
+            .await;
+        assert_eq!(missed.status, StatusCode::NOT_FOUND);
+    }
+    let t = token();
+    let started: Value = init(&stack.anonymous(), &t)
+        .await
+        .expect(StatusCode::OK, "init");
+    let code = started["userCode"].as_str().expect("userCode").to_owned();
+    let refused = user.form("/app/device", &[("user_code", &code)]).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        text(&refused)
+    );
+    assert!(!text(&refused).contains(&code), "{}", text(&refused));
+    gateway.stop().await;
 }
 
 /// A second gateway replica shares device-login requests, their poll pace and their one

@@ -160,6 +160,19 @@ impl Stack {
         (running, base)
     }
 
+    /// Another gateway that refuses an address after five failed authentications a minute,
+    /// once at least ten seconds of the minute are left (the count starts afresh with each).
+    pub async fn five_failures_a_minute(&self) -> (Running, String) {
+        let (gateway, base) = self
+            .another_gateway(|c| c.auth_failures_per_ip_per_minute = 5)
+            .await;
+        let second = postmesh_shared::db::now_unix() % 60;
+        if second > 50 {
+            tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
+        }
+        (gateway, base)
+    }
+
     /// The webhook dispatcher's settings in this stack.
     pub fn dispatcher_config(&self) -> webhook_dispatcher::Config {
         dispatcher_config(&self.common)

@@ -177,15 +177,23 @@ pub(crate) async fn check_login_code(
     let code = Code::parse(code.trim())
         .ok_or_else(|| ApiError::BadRequest("code must be 6 digits".into()))?;
     // Wrong codes count per address across all its codes: a new code is no new guesses.
+    // Each try takes its place in the count before the code is compared, and gives it back
+    // unless it was wrong, so tries made at once get no more guesses than one after another.
     let wrong = state.ns.redis_key(&format!("login:wrong:{}", email.key()));
     let mut redis = state.redis.clone();
-    let (count, ttl): (Option<u64>, i64) = redis::pipe()
-        .get(&wrong)
+    let unavailable = |e| ApiError::redis("login limit unavailable", e);
+    let (count, ttl): (u64, i64) = redis::pipe()
+        .incr(&wrong, 1)
+        .cmd("EXPIRE")
+        .arg(&wrong)
+        .arg(3600)
+        .arg("NX")
+        .ignore()
         .ttl(&wrong)
         .query_async(&mut redis)
         .await
-        .map_err(|e| ApiError::redis("login limit unavailable", e))?;
-    if count.unwrap_or(0) >= WRONG_LOGIN_CODES_PER_HOUR {
+        .map_err(unavailable)?;
+    if count > WRONG_LOGIN_CODES_PER_HOUR {
         return Err(ApiError::TooManyRequests {
             message: "too many wrong codes for this address this hour".into(),
             retry_after: u64::try_from(ttl).unwrap_or(3600).max(1),
@@ -193,20 +201,15 @@ pub(crate) async fn check_login_code(
     }
     let check = CodeStore::new(state, LOGIN_SCOPE.into(), email)
         .check(&code)
-        .await?;
-    if matches!(check, Check::Mismatch | Check::Voided) {
-        let _: () = redis::pipe()
-            .incr(&wrong, 1)
-            .ignore()
-            .cmd("EXPIRE")
+        .await;
+    if !matches!(check, Ok(Check::Mismatch | Check::Voided)) {
+        let _: () = redis::cmd("DECR")
             .arg(&wrong)
-            .arg(3600)
-            .arg("NX")
-            .ignore()
             .query_async(&mut redis)
             .await
-            .map_err(|e| ApiError::redis("login limit unavailable", e))?;
+            .map_err(unavailable)?;
     }
+    let check = check?;
     metrics::counter!("postmesh_login_codes_verified_total", "outcome" => check.name())
         .increment(1);
     outcome(check)

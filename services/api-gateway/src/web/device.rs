@@ -3,7 +3,7 @@
 //! (a POST, so no link can arrive with a code filled in).
 
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Form};
 use maud::{html, Markup};
@@ -13,7 +13,7 @@ use postmesh_shared::ApiError;
 
 use super::{csrf_refusal, layout, when, Csrf};
 use crate::device::{self, display_user_code, normalize_user_code, Decided, Lookup, Request};
-use crate::sessions::Session;
+use crate::sessions::{self, Session};
 use crate::AppState;
 
 const TITLE: &str = "Approve a device";
@@ -100,33 +100,47 @@ pub struct DecideForm {
     decision: String,
 }
 
-/// `POST /app/device`: approve (the typed code must match) or deny.
+/// `POST /app/device`: approve (the typed code must match) or deny. A typed code that
+/// matches no pending sign-in is a failed authentication of the address (a guess at
+/// another's code), and past `AUTH_FAILURES_PER_IP_PER_MINUTE` none is looked up.
 pub async fn decide(
-    State(state): State<AppState>, headers: HeaderMap, Extension(session): Extension<Session>,
+    State(state): State<AppState>, parts: Parts, Extension(session): Extension<Session>,
     Form(form): Form<DecideForm>,
 ) -> Result<Response, ApiError> {
-    if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
+    let headers = &parts.headers;
+    if let Some(res) = csrf_refusal(&state, headers, &form.csrf) {
         return Ok(res);
     }
-    let csrf = Csrf::of(&state, &headers);
+    let csrf = Csrf::of(&state, headers);
     let render =
         |status, body| csrf.page(&state, status, layout(TITLE, Some(&session), &csrf, body));
     let expired = "This sign-in request expired or was already handled. Run postmesh login again.";
     if form.request.is_empty() {
         // A typed code: show its request, with the code, to approve or deny.
+        let ip = sessions::client_ip(&state, &parts);
+        if state.failed_auths.check(ip).is_err() {
+            let wait = "Too many codes from this address matched no sign-in. Wait a minute, then try again.";
+            return Ok(render(
+                StatusCode::TOO_MANY_REQUESTS,
+                code_entry(&csrf, Some(wait)),
+            ));
+        }
         let found = device::find(&state, Lookup::UserCode(&form.user_code)).await?;
         return Ok(match found {
             Some(request) => render(
                 StatusCode::OK,
                 request_form(&csrf, &request, &request.rid, false, None),
             ),
-            None => render(
-                StatusCode::NOT_FOUND,
-                code_entry(
-                    &csrf,
-                    Some("No pending sign-in has that code. Check it and try again."),
-                ),
-            ),
+            None => {
+                state.failed_auths.failed(ip);
+                render(
+                    StatusCode::NOT_FOUND,
+                    code_entry(
+                        &csrf,
+                        Some("No pending sign-in has that code. Check it and try again."),
+                    ),
+                )
+            }
         });
     }
     let Some(request) = device::find(&state, Lookup::Request(&form.request)).await? else {
