@@ -3,9 +3,10 @@
 
 use std::io::{self, Write};
 
-/// Writes `text` to stdout, ending it with a newline; a reader that went away (`| head`) is
-/// not an error.
+/// Writes `text` to stdout, ending it with a newline, its control characters made
+/// [`printable`]; a reader that went away (`| head`) is not an error.
 pub fn print(text: &str) -> anyhow::Result<()> {
+    let text = printable(text);
     let mut out = io::stdout().lock();
     let written = out
         .write_all(text.as_bytes())
@@ -23,10 +24,24 @@ pub fn print(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Writes `text` to stderr as a line (a message for the person, not the answer).
+/// Writes `text` to stderr as a line (a message for the person, not the answer), its control
+/// characters made [`printable`].
 pub fn note(text: &str) {
     // Nothing better to do when stderr itself is gone.
-    let _ = writeln!(io::stderr().lock(), "{text}");
+    let _ = writeln!(io::stderr().lock(), "{}", printable(text));
+}
+
+/// `text` with each control character but a newline or a tab shown as U+FFFD: what a server
+/// sent (an email, a key's name, an error) cannot move the cursor, retitle the terminal or
+/// write to the clipboard with escape sequences.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c,
+            c if c.is_control() => '\u{fffd}',
+            c => c,
+        })
+        .collect()
 }
 
 /// The line an error is reported with: `error: ` and its causes, on one line.
@@ -36,7 +51,7 @@ pub fn error_line(error: &anyhow::Error) -> String {
 }
 
 /// `text` with each control character (a newline, a tab) as a space.
-fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
@@ -106,6 +121,18 @@ mod tests {
     use super::*;
     use crate::api::ApiError;
     use reqwest::StatusCode;
+
+    #[test]
+    fn escape_sequences_from_a_server_are_shown_not_obeyed() {
+        // OSC 52 (write the clipboard), a CSI cursor move, a C1 CSI and DEL.
+        let hostile = "ann\x1b]52;c;cm0gLXJmIC8=\x07@example.com\x1b[2J\u{9b}31m\x7f\r";
+        let shown = printable(&format!("{hostile}\n\tkey"));
+        assert_eq!(
+            shown,
+            "ann\u{fffd}]52;c;cm0gLXJmIC8=\u{fffd}@example.com\u{fffd}[2J\u{fffd}31m\u{fffd}\u{fffd}\n\tkey"
+        );
+        assert!(!one_line(hostile).chars().any(char::is_control));
+    }
 
     #[test]
     fn tables_align_columns_without_trailing_spaces() {

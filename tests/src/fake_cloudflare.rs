@@ -69,6 +69,28 @@ fn ok(result: Value) -> axum::Json<Value> {
     axum::Json(json!({ "success": true, "errors": [], "messages": [], "result": result }))
 }
 
+/// Page `page` (from 1) of `items`, `per_page` a page, with Cloudflare's `result_info`.
+fn ok_paged(items: Vec<Value>, page: Option<u32>, per_page: u32) -> Answer {
+    let page = page.unwrap_or(1);
+    if page == 0 {
+        return Err(bad(1004, "page must be at least 1"));
+    }
+    let total = items.len();
+    let per = per_page as usize;
+    let shown: Vec<Value> = items
+        .into_iter()
+        .skip((page as usize - 1).saturating_mul(per))
+        .take(per)
+        .collect();
+    let info = json!({
+        "page": page, "per_page": per_page, "count": shown.len(),
+        "total_count": total, "total_pages": total.div_ceil(per),
+    });
+    let mut body = ok(Value::Array(shown)).0;
+    body["result_info"] = info;
+    Ok(axum::Json(body))
+}
+
 type Answer = Result<axum::Json<Value>, CfFailure>;
 
 fn record_json(zone_id: &str, zone: &str, r: &CfRecord) -> Value {
@@ -137,6 +159,14 @@ impl FakeCloudflare {
             priority,
             proxied: false,
         });
+    }
+
+    /// Adds a proxied CNAME directly, as the dashboard makes one by default.
+    pub fn add_proxied_cname(&self, zone: &str, name: &str, content: &str) {
+        self.add_record(zone, "CNAME", name, content, None);
+        let mut books = self.books();
+        let zone = books.zones.get_mut(zone).expect("zone exists");
+        zone.records.last_mut().expect("just added").proxied = true;
     }
 
     /// The zone's records.
@@ -217,7 +247,10 @@ async fn list_zones(
             "Invalid access token".into(),
         ));
     }
-    let _ = (q.page, q.per_page);
+    let per_page = q.per_page.unwrap_or(20);
+    if !(5..=50).contains(&per_page) {
+        return Err(bad(1001, "per_page must be between 5 and 50"));
+    }
     let zones: Vec<Value> = books
         .zones
         .iter()
@@ -225,7 +258,7 @@ async fn list_zones(
         .filter(|(_, z)| q.name.as_ref().is_none_or(|n| *n == z.name))
         .map(|(id, z)| json!({ "id": id, "name": z.name, "status": "active", "paused": false, "type": "full" }))
         .collect();
-    Ok(ok(Value::Array(zones)))
+    ok_paged(zones, q.page, per_page)
 }
 
 #[derive(Deserialize)]
@@ -245,12 +278,10 @@ async fn list_records(
     let token = token(&headers)?;
     let mut books = fake.books();
     outage(&books)?;
-    if let Some(per_page) = q.per_page {
-        if !(5..=5_000_000).contains(&per_page) {
-            return Err(bad(1004, "per_page must be between 5 and 5000000"));
-        }
+    let per_page = q.per_page.unwrap_or(100);
+    if !(5..=5_000_000).contains(&per_page) {
+        return Err(bad(1004, "per_page must be between 5 and 5000000"));
     }
-    let _ = q.page;
     let zone = zone_for(&mut books, &zone_id, &token)?;
     let records: Vec<Value> = zone
         .records
@@ -263,7 +294,7 @@ async fn list_records(
         .filter(|r| q.kind.as_ref().is_none_or(|k| *k == r.kind))
         .map(|r| record_json(&zone_id, &zone.name, r))
         .collect();
-    Ok(ok(Value::Array(records)))
+    ok_paged(records, q.page, per_page)
 }
 
 #[derive(Deserialize)]

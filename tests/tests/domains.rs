@@ -764,12 +764,25 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         )
         .await;
 
-    // The zone already holds one of the DKIM CNAMEs and another SPF at the MAIL FROM name.
+    // The zone already holds one of the DKIM CNAMEs, another proxied (Cloudflare answers
+    // for it with its own addresses: no CNAME is published) and another SPF at the MAIL
+    // FROM name.
     let token = format!("cf-{}", uuid::Uuid::new_v4().simple());
     let zone = world.cloudflare.add_zone(&name, &token);
     world
         .cloudflare
         .add_record(&zone, "CNAME", &wanted[0].name, &wanted[0].value, None);
+    world
+        .cloudflare
+        .add_proxied_cname(&zone, &wanted[1].name, &wanted[1].value);
+    // Many other TXT records before it: the SPF is on the second page of that name's list.
+    for i in 0..110 {
+        let text = format!("\"site-verification={i}\"");
+        let name = format!("mail.{name}");
+        world
+            .cloudflare
+            .add_record(&zone, "TXT", &name, &text, None);
+    }
     world.cloudflare.add_record(
         &zone,
         "TXT",
@@ -812,22 +825,24 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         .await;
     let applied = applied.body;
     assert_eq!(applied.zone, name);
-    // Created: two CNAMEs, the MAIL FROM MX and the inbound MX; unchanged: the first CNAME;
-    // left alone: the SPF, reported with what is there.
+    // Created: a CNAME, the MAIL FROM MX and the inbound MX; unchanged: the first CNAME;
+    // left alone: the proxied CNAME and the SPF, reported with what is there.
     let created = kinds(&applied.created);
-    assert_eq!(created, ["MX", "CNAME", "CNAME", "MX"], "{applied:?}");
+    assert_eq!(created, ["MX", "CNAME", "MX"], "{applied:?}");
     assert_eq!(applied.unchanged.len(), 1);
     assert_eq!(applied.unchanged[0].name, wanted[0].name);
     let conflicts = &applied.conflicts;
-    assert_eq!(conflicts.len(), 1);
-    assert_eq!(conflicts[0].record.kind, "TXT");
-    assert!(conflicts[0].existing[0].value.contains("elsewhere"));
-    assert_eq!(world.cloudflare.records(&zone).len(), 2 + 4);
+    assert_eq!(conflicts.len(), 2, "{conflicts:?}");
+    assert_eq!(conflicts[0].record, wanted[1]);
+    assert!(conflicts[0].existing[0].proxied, "{conflicts:?}");
+    assert_eq!(conflicts[1].record.kind, "TXT");
+    assert!(conflicts[1].existing[0].value.contains("elsewhere"));
+    assert_eq!(world.cloudflare.records(&zone).len(), 3 + 110 + 3);
     let spf: Vec<_> = world
         .cloudflare
         .records(&zone)
         .into_iter()
-        .filter(|r| r.kind == "TXT")
+        .filter(|r| r.kind == "TXT" && r.content.contains("v=spf1"))
         .collect();
     assert_eq!(
         spf.len(),
@@ -846,8 +861,8 @@ async fn apply_dns_creates_exactly_the_missing_records_and_never_overwrites(worl
         )
         .await;
     assert!(again.body.created.is_empty());
-    assert_eq!(again.body.unchanged.len(), 5);
-    assert_eq!(world.cloudflare.records(&zone).len(), 2 + 4);
+    assert_eq!(again.body.unchanged.len(), 4);
+    assert_eq!(world.cloudflare.records(&zone).len(), 3 + 110 + 3);
     // The saved token is now wrong: Cloudflare refuses it, which is the caller's 400.
     let _: ErrorBody = world
         .apply_dns(
@@ -1076,6 +1091,7 @@ async fn a_verified_tracking_host_carries_its_domains_links(world: &World) {
         name: host.clone(),
         value: "track.postmesh.localhost".into(),
         priority: None,
+        proxied: false,
     };
     assert_eq!(setup.body.record, record);
     assert_eq!(setup.body.tracking_status, TrackingStatus::Pending);

@@ -198,9 +198,10 @@ pub async fn login(
         match polled {
             Ok(Poll::Pending) => {}
             Ok(Poll::SlowDown) => interval = (interval + SLOW_DOWN_STEP).min(MAX_INTERVAL),
-            Ok(Poll::Unavailable(why)) => {
-                spinner.set_message(format!("Waiting for approval ({why}; retrying)…"))
-            }
+            Ok(Poll::Unavailable(why)) => spinner.set_message(format!(
+                "Waiting for approval ({}; retrying)…",
+                output::one_line(&why)
+            )),
             Ok(Poll::Approved(credentials)) => break credentials,
             Err(e) => {
                 spinner.finish_and_clear();

@@ -274,11 +274,14 @@ enum Outcome {
     Conflict(Vec<DnsRecord>),
 }
 
-/// Identical → present. A CNAME excludes every other record at its name; an MX, or an SPF
-/// TXT, excludes another of its kind; anything else coexists.
+/// Identical (and not proxied) → present. A CNAME excludes every other record at its name;
+/// an MX, or an SPF TXT, excludes another of its kind; anything else coexists.
 fn compare(wanted: &DnsRecord, existing: &[DnsRecord]) -> Outcome {
     let same = |r: &DnsRecord| {
-        r.kind == wanted.kind && normalize(r) == normalize(wanted) && r.priority == wanted.priority
+        r.kind == wanted.kind
+            && normalize(r) == normalize(wanted)
+            && r.priority == wanted.priority
+            && !r.proxied
     };
     if existing.iter().any(same) {
         return Outcome::Present;
@@ -323,6 +326,7 @@ fn from_cloudflare(r: Record) -> DnsRecord {
         name: host_name(&r.name),
         value: r.content,
         priority: r.priority,
+        proxied: r.proxied,
     }
 }
 
@@ -336,6 +340,7 @@ fn to_cloudflare(r: &DnsRecord) -> Record {
             r.value.clone()
         },
         priority: r.priority,
+        proxied: false,
     }
 }
 
@@ -349,6 +354,7 @@ mod tests {
             name: "mail.example.com".into(),
             value: value.into(),
             priority,
+            proxied: false,
         }
     }
 

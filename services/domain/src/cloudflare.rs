@@ -58,6 +58,9 @@ pub struct Record {
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u16>,
+    /// Whether Cloudflare answers for it with its own addresses (a proxied CNAME is no CNAME).
+    #[serde(default, skip_serializing)]
+    pub proxied: bool,
 }
 
 /// A record to create: `ttl` 1 is "automatic"; CNAMEs are never proxied (DKIM must resolve).
@@ -80,7 +83,19 @@ struct Envelope<T> {
     #[serde(default)]
     errors: Vec<ErrorItem>,
     result: Option<T>,
+    #[serde(default)]
+    result_info: Option<ResultInfo>,
 }
+
+/// Where a page of a list stands.
+#[derive(Clone, Copy, Deserialize)]
+struct ResultInfo {
+    #[serde(default)]
+    total_pages: u32,
+}
+
+/// Pages of records at one name read at most (100 a page).
+const MAX_RECORD_PAGES: u32 = 10;
 
 #[derive(Deserialize)]
 struct ErrorItem {
@@ -129,17 +144,27 @@ impl Cloudflare {
         Ok(None)
     }
 
-    /// Every record at `name` in the zone.
+    /// Every record at `name` in the zone, page after page (at most [`MAX_RECORD_PAGES`]).
     pub async fn records(
         &self, token: &str, zone: &str, name: &str,
     ) -> Result<Vec<Record>, CloudflareError> {
-        self.send(
-            token,
-            self.http
-                .get(format!("{}/zones/{zone}/dns_records", self.base))
-                .query(&[("name", name), ("per_page", "100")]),
-        )
-        .await
+        let mut all = Vec::new();
+        for page in 1..=MAX_RECORD_PAGES {
+            let page_text = page.to_string();
+            let query = [("name", name), ("per_page", "100"), ("page", &page_text)];
+            let url = format!("{}/zones/{zone}/dns_records", self.base);
+            let (records, info): (Vec<Record>, _) = self
+                .send_paged(token, self.http.get(url).query(&query))
+                .await?;
+            all.extend(records);
+            if info.is_none_or(|i| page >= i.total_pages) {
+                return Ok(all);
+            }
+        }
+        Err(CloudflareError::Rejected {
+            status: 200,
+            message: format!("more than {} records at {name}", MAX_RECORD_PAGES * 100),
+        })
     }
 
     /// Creates a record; `content` as Cloudflare wants it (TXT quoted).
@@ -166,6 +191,13 @@ impl Cloudflare {
     async fn send<T: DeserializeOwned>(
         &self, token: &str, req: reqwest::RequestBuilder,
     ) -> Result<T, CloudflareError> {
+        self.send_paged(token, req).await.map(|(result, _)| result)
+    }
+
+    /// [`Self::send`], with where the page stands in its list when the answer says.
+    async fn send_paged<T: DeserializeOwned>(
+        &self, token: &str, req: reqwest::RequestBuilder,
+    ) -> Result<(T, Option<ResultInfo>), CloudflareError> {
         let reply = outside::exchange(req.bearer_auth(token))
             .await
             .map_err(CloudflareError::Unavailable)?;
@@ -194,8 +226,9 @@ impl Cloudflare {
             Some(Envelope {
                 success: true,
                 result: Some(result),
+                result_info,
                 ..
-            }) if status.is_success() => Ok(result),
+            }) if status.is_success() => Ok((result, result_info)),
             _ => Err(CloudflareError::Rejected {
                 status: status.as_u16(),
                 message,

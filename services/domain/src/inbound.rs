@@ -77,6 +77,7 @@ pub(crate) async fn verify(
                 name: domain.name.clone(),
                 value: r.host,
                 priority: Some(r.priority),
+                proxied: false,
             })
             .collect(),
         domain: domain.name,

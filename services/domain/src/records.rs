@@ -27,6 +27,10 @@ pub struct DnsRecord {
     pub value: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<u16>,
+    /// True for a record found at the DNS host that the host proxies: it answers with its
+    /// own addresses instead, so a proxied CNAME publishes no CNAME.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxied: bool,
 }
 
 impl DnsRecord {
@@ -36,6 +40,7 @@ impl DnsRecord {
             name,
             value,
             priority,
+            proxied: false,
         }
     }
 }
