@@ -102,6 +102,32 @@ async fn only_committed_messages_are_published_and_a_relay_after_a_crash_sends_t
     remove_namespace(&store.common).await;
 }
 
+/// A message larger than NATS carries can never be published: the relay drops it, and the
+/// messages after it go out (it stayed first in line, and held up every later one).
+#[tokio::test]
+async fn a_message_nats_cannot_carry_holds_up_no_other() {
+    let (store, mut sub, js) = setup().await;
+    let mut tx = store.pool.begin().await.unwrap();
+    let huge = OutboxMessage {
+        id: Uuid::now_v7(),
+        subject: Stream::Send.subject(&store.common.namespace),
+        payload: Bytes::from(vec![b'x'; 2 << 20]),
+    };
+    outbox::enqueue(&mut tx, &huge).await.unwrap();
+    tx.commit().await.unwrap();
+    let after = write(&store, 2, true).await;
+    let relay = Outbox::new(store.pool.clone(), js.clone());
+    relay
+        .relay_once()
+        .await
+        .expect("a pass that publishes the others");
+    let ids = seen(&mut sub, Duration::from_millis(300)).await;
+    let expected: Vec<String> = after.iter().map(Uuid::to_string).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(waiting(&store).await, 0);
+    remove_namespace(&store.common).await;
+}
+
 #[tokio::test]
 async fn relays_of_several_replicas_publish_each_message_once() {
     let (store, mut sub, js) = setup().await;

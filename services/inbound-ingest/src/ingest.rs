@@ -22,10 +22,11 @@ use postmesh_shared::extract::{holds_nul, JsonBody};
 use postmesh_shared::jetstream::outbox::{self, OutboxMessage};
 use postmesh_shared::jetstream::Stream;
 use postmesh_shared::proto::InboundReceived;
+use postmesh_shared::text::cut_at;
 use postmesh_shared::{cpu, AddressId, ApiError, InboundMessageId, Success, WorkspaceId};
 
 use crate::addresses::{self, InboxAddress};
-use crate::mime::Parsed;
+use crate::mime::{self, Parsed};
 use crate::threads;
 use crate::AppState;
 
@@ -383,7 +384,8 @@ async fn store(
             address: address.as_str().to_owned(),
             thread_id: thread.to_string(),
             envelope_from: envelope_from.to_owned(),
-            subject: parsed.content.subject.clone(),
+            // Whole, a subject of a megabyte would make an announcement NATS refuses.
+            subject: cut_at(parsed.content.subject.clone(), mime::MAX_HEADER_TEXT).0,
             received_at: now,
             size: raw.len() as i64,
         };

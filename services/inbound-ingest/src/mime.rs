@@ -52,7 +52,10 @@ pub const MAX_REFERENCES: usize = 100;
 /// taken as none, as PostgreSQL indexes no entry over 2,704 bytes.
 const MAX_ID: usize = 998;
 /// Bytes of a base subject threads compare at most (the same index limit).
-const MAX_SUBJECT_KEY: usize = 998;
+const MAX_SUBJECT_KEY: usize = MAX_HEADER_TEXT;
+/// Bytes of a header's text kept where it is indexed or announced: a line's length at most
+/// (RFC 5322 §2.1.1).
+pub const MAX_HEADER_TEXT: usize = 998;
 
 /// The largest text or HTML body stored beside the raw message; a larger one is read
 /// from the raw message when shown, so ingesting it does not hold a second copy.

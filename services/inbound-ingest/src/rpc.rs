@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use postmesh_shared::text::cut_at;
+use prost::Message as _;
 
 use postmesh_shared::extract::rpc_workspace;
 use postmesh_shared::nats::ServiceHost;
@@ -129,7 +130,7 @@ async fn message(
             .unwrap_or_default()
             .to_owned()
     };
-    Ok(InboundMessageReply {
+    let mut reply = InboundMessageReply {
         found: true,
         email_id: row.message_id.unwrap_or_default(),
         address_id: row.address_id.to_string(),
@@ -158,7 +159,65 @@ async fn message(
         spf: verdict("spf"),
         dkim: verdict("dkim"),
         dmarc: verdict("dmarc"),
-    })
+    };
+    fit(&mut reply);
+    Ok(reply)
+}
+
+/// The largest `message` reply: NATS carries 1 MiB at most, the envelope included.
+const MAX_REPLY_BYTES: usize = 960 * 1024;
+/// Bytes of one header value (the subject, an address, a reference, a file name) kept.
+const MAX_FIELD_BYTES: usize = 998;
+/// Addresses of `to`, of `cc`, and references kept.
+const MAX_LIST: usize = 100;
+
+/// `text` cut to [`MAX_FIELD_BYTES`]; whether it was.
+fn cut_field(text: &mut String) -> bool {
+    let (kept, cut) = cut_at(std::mem::take(text), MAX_FIELD_BYTES);
+    *text = kept;
+    cut
+}
+
+/// Cuts `reply` to fit one NATS message, whatever its sender put in it: each header value
+/// to [`MAX_FIELD_BYTES`], each list to [`MAX_LIST`], then both bodies to what is left of
+/// [`MAX_REPLY_BYTES`]; `truncated` says so. Too large, the reply could never be sent, and
+/// the message's webhook would wait for it until it went to the dead letters.
+fn fit(reply: &mut InboundMessageReply) {
+    let mut cut = false;
+    for text in [
+        &mut reply.subject,
+        &mut reply.from_name,
+        &mut reply.from_address,
+        &mut reply.in_reply_to,
+    ] {
+        cut |= cut_field(text);
+    }
+    for list in [&mut reply.to, &mut reply.cc, &mut reply.references] {
+        if list.len() > MAX_LIST {
+            list.truncate(MAX_LIST);
+            cut = true;
+        }
+        for text in list.iter_mut() {
+            cut |= cut_field(text);
+        }
+    }
+    for attachment in &mut reply.attachments {
+        cut |= cut_field(&mut attachment.filename);
+        cut |= cut_field(&mut attachment.content_type);
+    }
+    let body_len = |b: &Option<String>| b.as_ref().map_or(0, String::len);
+    let bodies = body_len(&reply.text) + body_len(&reply.html);
+    // Less a few bytes: the bodies' length prefixes may grow or shrink as they are cut.
+    let room = MAX_REPLY_BYTES.saturating_sub(reply.encoded_len() - bodies + 16);
+    if bodies > room {
+        for body in [&mut reply.text, &mut reply.html] {
+            if let Some(b) = body.take() {
+                *body = Some(cut_at(b, room / 2).0);
+            }
+        }
+        cut = true;
+    }
+    reply.truncated |= cut;
 }
 
 /// `Name <addr>` as (name, address); a bare address has no name.
@@ -175,6 +234,49 @@ fn split_from(from: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_of_any_message_fits_one_nats_message() {
+        let long = |n: usize| "x".repeat(n);
+        let mut reply = InboundMessageReply {
+            found: true,
+            subject: long(300_000),
+            to: vec![long(400); 1000],
+            cc: vec![long(400); 1000],
+            references: vec![long(2000); 1000],
+            text: Some(long(400_000)),
+            html: Some(long(400_000)),
+            attachments: vec![
+                InboundAttachment {
+                    filename: long(6000),
+                    content_type: long(6000),
+                    size: 1,
+                };
+                100
+            ],
+            ..Default::default()
+        };
+        fit(&mut reply);
+        assert!(
+            reply.encoded_len() <= MAX_REPLY_BYTES,
+            "{}",
+            reply.encoded_len()
+        );
+        assert!(reply.truncated);
+        assert_eq!(
+            (reply.to.len(), reply.subject.len()),
+            (MAX_LIST, MAX_FIELD_BYTES)
+        );
+        // A message of ordinary size is left whole.
+        let mut small = InboundMessageReply {
+            subject: "Hello".into(),
+            text: Some(long(200_000)),
+            ..Default::default()
+        };
+        fit(&mut small);
+        assert_eq!(small.text.as_ref().map(String::len), Some(200_000));
+        assert!(!small.truncated);
+    }
 
     #[test]
     fn a_from_header_splits_into_name_and_address() {

@@ -182,7 +182,13 @@ async fn publish_with(
     let ack = js
         .publish_with_headers(subject, headers, payload)
         .await
-        .map_err(|e| ApiError::unavailable("could not queue the message", e))?;
+        .map_err(|e| match e.kind() {
+            // Never carried, however often tried.
+            jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                ApiError::PayloadTooLarge(format!("the message is larger than NATS carries: {e}"))
+            }
+            _ => ApiError::unavailable("could not queue the message", e),
+        })?;
     let ack = ack
         .await
         .map_err(|e| ApiError::unavailable("the message queue did not confirm", e))?;

@@ -122,7 +122,8 @@ impl Outbox {
     /// Publishes up to [`RELAY_BATCH`] waiting messages, oldest first, and deletes long
     /// published ones; true when more may be waiting. Relays of several replicas take
     /// different rows (`SKIP LOCKED`). A message whose publish failed stays waiting for the
-    /// next pass.
+    /// next pass, unless it never can be published (larger than NATS carries): that one is
+    /// logged and dropped, so it cannot hold up every later message.
     pub async fn relay_once(&self) -> Result<bool, ApiError> {
         let mut tx = self.db.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(
@@ -139,14 +140,25 @@ impl Outbox {
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let acks = futures::future::join_all(rows.into_iter().map(|row| self.publish(row))).await;
         let mut published = Vec::with_capacity(ids.len());
-        let mut failed = None;
+        let (mut refused, mut failed) = (Vec::new(), None);
         for (id, ack) in ids.into_iter().zip(acks) {
             match ack {
                 Ok(()) => published.push(id),
+                Err(ApiError::PayloadTooLarge(why)) => {
+                    tracing::error!(%id, %why, "an outbox message NATS can never carry is dropped");
+                    refused.push(id);
+                }
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
         mark_published(&mut tx, &published).await?;
+        if !refused.is_empty() {
+            metrics::counter!("postmesh_outbox_refused_total").increment(refused.len() as u64);
+            sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+                .bind(&refused)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         if !published.is_empty() {
             metrics::counter!("postmesh_outbox_relayed_total").increment(published.len() as u64);
