@@ -178,7 +178,8 @@ pub mod sender {
         EMAILS = Get "/emails" Key;
         EMAIL = Get "/emails/{delivery_id}" Key;
         EMAIL_STATS = Get "/email-stats" Key;
-        TEMPLATE_CREATE = Post "/templates" Key;
+        // An html and a text of 512 KiB each, with room for their JSON escapes.
+        TEMPLATE_CREATE = Post "/templates" Key, limit 3 * 1024 * 1024;
         TEMPLATES = Get "/templates" Key;
         TEMPLATE = Get "/templates/{key}" Key;
         TEMPLATE_DELETE = Delete "/templates/{key}" Key;

@@ -4,7 +4,7 @@
 //! among the sending scenarios).
 
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::Success;
@@ -193,6 +193,57 @@ async fn imports_keep_the_good_rows_and_name_the_bad_ones() {
             StatusCode::BAD_REQUEST,
         )
         .await;
+}
+
+/// Hostile imports stay bounded: a header of too many columns is refused whole, a row's tags
+/// stop at one past the cap, an error quotes no more than the start of a cell, and rows of
+/// new attributes for one contact stop at its bounds instead of growing it without end.
+#[tokio::test]
+async fn hostile_imports_are_bounded_and_quote_little() {
+    let (_store, client, _) = sender_router(Quotas::default()).await;
+    let csv = |body: String| {
+        let client = client.clone().with_header("content-type", "text/csv");
+        async move {
+            client
+                .send(Method::POST, "/contacts/import", Some(body.into_bytes()))
+                .await
+        }
+    };
+    let wide: Vec<String> = (0..300).map(|i| format!("c{i}")).collect();
+    let answer = csv(format!("email,{}\nwide@example.com\n", wide.join(","))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    let long_email = "x".repeat(100_000);
+    let tags = ";".repeat(2_000_000);
+    let body = format!("email,tags,topic:news\n{long_email},,\nt@example.com,{tags},\nn@example.com,,{long_email}\n");
+    let answer = csv(body).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let imported: Success<Imported> = serde_json::from_slice(&answer.body).unwrap();
+    let errors: Vec<(usize, usize)> = imported
+        .body
+        .errors
+        .iter()
+        .map(|e| (e.row, e.error.len()))
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors.iter().all(|(_, len)| *len < 200), "{errors:?}");
+
+    // One contact, 150 rows of 100 new attributes each: the first holds, the rest refused.
+    let rows: Vec<Value> = (0..150)
+        .map(|r| {
+            let attributes: serde_json::Map<String, Value> =
+                (0..100).map(|k| (format!("a{r}_{k}"), json!(1))).collect();
+            json!({"email": "grows@example.com", "attributes": attributes})
+        })
+        .collect();
+    let imported: Success<Imported> = client
+        .post("/contacts/import", &json!(rows), StatusCode::OK)
+        .await;
+    assert_eq!((imported.body.created, imported.body.updated), (1, 0));
+    assert_eq!(imported.body.errors.len(), 149);
+    let found: Success<ContactPage> = client
+        .get("/contacts?email=grows@example.com", StatusCode::OK)
+        .await;
+    assert_eq!(found.body.contacts[0].attributes.0.len(), 100);
 }
 
 #[tokio::test]

@@ -110,6 +110,18 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
     let _: Value = mine
         .post("/templates", &template("a"), StatusCode::OK)
         .await;
+    // Bodies up to 512 KiB each are taken.
+    let big = "x".repeat(500 * 1024);
+    let full = json!({"key": "a", "subject": "s", "html": big, "text": big});
+    let _: Value = mine.post("/templates", &full, StatusCode::OK).await;
+    // A key deleted, another made in its place: the deleted key is no longer one to write.
+    let _: Value = mine.delete("/templates/c", StatusCode::OK).await;
+    let _: Value = mine
+        .post("/templates", &template("e"), StatusCode::OK)
+        .await;
+    let _: ErrorBody = mine
+        .post("/templates", &template("c"), StatusCode::FORBIDDEN)
+        .await;
     let _: Value = theirs
         .post("/templates", &template("d"), StatusCode::OK)
         .await;
@@ -157,7 +169,7 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
         .iter()
         .map(|t| t["key"].as_str().unwrap())
         .collect();
-    assert_eq!(keys, ["b", "c"]);
+    assert_eq!(keys, ["b", "e"]);
     assert_eq!(
         (page["limit"].clone(), page["offset"].clone()),
         (json!(2), json!(1))

@@ -105,16 +105,18 @@ pub(crate) async fn create(
     // A workspace's template writes take turns: the quotas are counted, then kept.
     let mut tx = state.db.begin().await?;
     db::take_turns(&mut tx, Turns::Workspace, caller.workspace).await?;
-    let (keys, versions): (i64, i64) = sqlx::query_as(
+    let (keys, versions, live): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(DISTINCT key) FILTER (WHERE deleted_at IS NULL),
-                count(*) FILTER (WHERE key = $2)
+                count(*) FILTER (WHERE key = $2),
+                count(*) FILTER (WHERE key = $2 AND deleted_at IS NULL)
          FROM templates WHERE workspace_id = $1",
     )
     .bind(caller.workspace)
     .bind(&key)
     .fetch_one(&mut *tx)
     .await?;
-    if versions == 0 {
+    // A key new or deleted before is one more live template: the quota is asked.
+    if live == 0 {
         let quota = state.quotas.templates;
         Quotas::check(keys, quota, "templates", "TEMPLATES_PER_WORKSPACE")?;
     }

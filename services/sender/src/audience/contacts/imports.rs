@@ -12,7 +12,11 @@ use serde_json::{Map, Value};
 use postmesh_shared::extract::{holds_nul, Caller};
 use postmesh_shared::{cpu, ApiError, Success};
 
-use super::{upsert, ContactBody, ContactError, ContactInput, Subscription, MAX_IMPORT_ROWS};
+use super::input::shown;
+use super::{
+    upsert, ContactBody, ContactError, ContactInput, Subscription, MAX_ATTRIBUTES, MAX_IMPORT_ROWS,
+    MAX_TAGS,
+};
 use crate::AppState;
 
 /// A row of an import that was not written.
@@ -33,6 +37,10 @@ pub struct Imported {
     pub errors: Vec<RowError>,
 }
 
+/// Columns of a CSV import at most: `email`, `externalId`, `tags`, and as many attributes and
+/// topics as a contact holds.
+const MAX_COLUMNS: usize = 3 + MAX_ATTRIBUTES + MAX_TAGS;
+
 /// The rows of a CSV file with a header row: `email`, `externalId` (or `external_id`),
 /// `tags` (separated by `;`), `topic:<name>` (`subscribed` / `unsubscribed`); any other
 /// column is an attribute (its text; an empty cell sets nothing).
@@ -44,6 +52,12 @@ pub fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiErro
         .headers()
         .map_err(|e| ApiError::BadRequest(format!("the CSV header row: {e}")))?
         .clone();
+    if headers.len() > MAX_COLUMNS {
+        return Err(ApiError::BadRequest(format!(
+            "the CSV header row has {} columns; at most {MAX_COLUMNS}",
+            headers.len()
+        )));
+    }
     let mut rows = Vec::new();
     for record in reader.records() {
         // Read no further than one row past the cap: the rest is never parsed.
@@ -61,7 +75,9 @@ pub fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiErro
                     "email" => body.email = Some(cell.into()),
                     "externalId" | "external_id" => body.external_id = Some(cell.into()),
                     "tags" => {
-                        body.tags = Some(cell.split(';').map(str::to_owned).collect());
+                        // One past the cap is enough to refuse the row.
+                        let tags = cell.split(';').take(MAX_TAGS + 1);
+                        body.tags = Some(tags.map(str::to_owned).collect());
                     }
                     other => match other.strip_prefix("topic:") {
                         Some(topic) => {
@@ -70,7 +86,9 @@ pub fn csv_rows(body: &[u8]) -> Result<Vec<Result<ContactBody, String>>, ApiErro
                                 "unsubscribed" => Subscription::Unsubscribed,
                                 _ => {
                                     return Err(format!(
-                                        "{other}: {cell:?} is not subscribed or unsubscribed"
+                                        "{}: {} is not subscribed or unsubscribed",
+                                        shown(other),
+                                        shown(cell)
                                     ))
                                 }
                             };

@@ -103,6 +103,17 @@ pub(crate) fn name_schema() -> ObjectBuilder {
         .description(Some(format!("1-{MAX_NAME_LEN} characters on one line")))
 }
 
+/// `raw` quoted for an error, its first 64 characters at most: an answer never repeats a
+/// whole field of a 16 MiB import back.
+pub(crate) fn shown(raw: &str) -> String {
+    let head: String = raw.chars().take(64).collect();
+    if head.len() < raw.len() {
+        format!("{head:?}…")
+    } else {
+        format!("{head:?}")
+    }
+}
+
 /// What [`name`] takes and leaves as it is: with no white space around it.
 fn exact_name_schema() -> ObjectBuilder {
     schema::string(format!("^{}$", trimmed_name()))
@@ -114,7 +125,8 @@ impl ContactInput {
         let email = match body.email.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(raw) => Some(
-                EmailAddress::parse(raw).ok_or_else(|| format!("invalid email address {raw:?}"))?,
+                EmailAddress::parse(raw)
+                    .ok_or_else(|| format!("invalid email address {}", shown(raw)))?,
             ),
         };
         let external_id = body

@@ -91,7 +91,10 @@ impl From<ContactError> for ApiError {
 
 const COLUMNS: &str = "id, email, external_id, attributes, tags, topics, created_at, updated_at";
 
-/// Writes `input` over contact `id` (merging attributes and topics, replacing tags).
+/// Writes `input` over contact `id` (merging attributes and topics, replacing tags). What
+/// the merge leaves is held to a contact's bounds as one request is ([`MAX_ATTRIBUTES`] in
+/// [`MAX_ATTRIBUTES_BYTES`], [`MAX_TAGS`] topics): a 400 beyond them, or rows of new keys
+/// would grow one contact without end, each write rewriting it whole.
 async fn update(
     conn: &mut PgConnection, workspace: WorkspaceId, id: Uuid, input: &ContactInput,
 ) -> Result<Contact, ContactError> {
@@ -106,6 +109,12 @@ async fn update(
              tags = COALESCE($6, tags), topics = topics || COALESCE($7::jsonb, '{{}}'),
              updated_at = $8
          WHERE workspace_id = $1 AND id = $2
+           AND ($5::jsonb IS NULL
+                OR (SELECT count(*) <= $10 FROM jsonb_each(attributes || $5::jsonb)
+                    WHERE value <> 'null'::jsonb))
+           AND ($5::jsonb IS NULL OR octet_length((attributes || $5::jsonb)::text) <= $11)
+           AND ($7::jsonb IS NULL
+                OR (SELECT count(*) <= $12 FROM jsonb_object_keys(topics || $7::jsonb)))
          RETURNING {COLUMNS}"
     ))
     .bind(workspace)
@@ -117,11 +126,31 @@ async fn update(
     .bind(input.topics.as_ref().map(Json))
     .bind(now_unix())
     .bind(input.email.as_ref().map(EmailAddress::key))
-    .fetch_optional(conn)
+    .bind(MAX_ATTRIBUTES as i64)
+    // The stored text puts a space after each colon and comma: two bytes a key more.
+    .bind((MAX_ATTRIBUTES_BYTES + 2 * MAX_ATTRIBUTES) as i32)
+    .bind(MAX_TAGS as i64)
+    .fetch_optional(&mut *conn)
     .await;
     match changed {
         Ok(Some(contact)) => Ok(contact),
-        Ok(None) => Err(ContactError::NotFound),
+        Ok(None) => {
+            let exists: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM contacts WHERE workspace_id = $1 AND id = $2)",
+            )
+            .bind(workspace)
+            .bind(id)
+            .fetch_one(conn)
+            .await?;
+            Err(match exists {
+                true => ContactError::Invalid(format!(
+                    "with these, the contact would hold more than {MAX_ATTRIBUTES} attributes \
+                     ({} KiB) or {MAX_TAGS} topics",
+                    MAX_ATTRIBUTES_BYTES / 1024
+                )),
+                false => ContactError::NotFound,
+            })
+        }
         Err(e) if is_unique_violation(&e) => Err(ContactError::Conflict(
             "another contact has that email or externalId".into(),
         )),
