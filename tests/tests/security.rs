@@ -66,9 +66,43 @@ async fn attacks_of_one_key_each_side_by_side() {
             another_workspace_s_key_never_reaches_this_workspace_s_data,
             deep_json_is_a_400,
             malformed_wrong_and_oversized_bodies_are_refused_never_a_500,
-            cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused
+            cr_lf_and_nul_in_any_header_bound_field_of_a_send_are_refused,
+            a_nul_in_any_path_is_a_400,
+            a_template_of_the_largest_bodies_passes_the_gateway
         ]
     );
+}
+
+/// A template of an html and a text of 500 KiB each, within its 512 KiB bounds, passes the
+/// gateway (its body limit was the default 256 KiB: a 413).
+async fn a_template_of_the_largest_bodies_passes_the_gateway(stack: &Stack) {
+    let key = stack.key(1).await;
+    let big = "x".repeat(500 * 1024);
+    let full = json!({"key": "large", "subject": "s", "html": big, "text": big});
+    let _: serde_json::Value = stack
+        .client(&key)
+        .post("/templates", &full, StatusCode::OK)
+        .await;
+}
+
+/// A NUL in a path (`%00`) is a 400 on every route: no text column holds one, and a
+/// parameter bound as it came was a 500 from the database.
+async fn a_nul_in_any_path_is_a_400(stack: &Stack) {
+    let key = stack.key(1).await;
+    let mut checked = 0;
+    for route in all_routes().iter().filter(|r| r.path.contains('{')) {
+        // Every parameter, whatever its name.
+        let path: Vec<&str> = route
+            .path
+            .split('/')
+            .map(|s| if s.starts_with('{') { "a%00b" } else { s })
+            .collect();
+        let path = path.join("/");
+        let (status, text) = call(stack, route, &path, Some(&key), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {text}");
+        checked += 1;
+    }
+    assert!(checked > 20, "{checked} routes");
 }
 
 async fn no_key_or_a_wrong_key_gets_nothing_anywhere(stack: &Stack) {

@@ -241,7 +241,23 @@ pub fn app(state: AppState) -> axum::Router {
     let limit = state.config.body_limit;
     routes::router(state)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(refuse_nul_paths))
         .layer(axum::middleware::from_fn(observe::observe))
+}
+
+/// 400 for a path holding a NUL (`%00`): no text column holds one, and a path parameter
+/// bound as it came was a 500 from the database.
+async fn refuse_nul_paths(
+    req: axum::extract::Request, next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if req.uri().path().as_bytes().windows(3).any(|w| w == b"%00") {
+        return postmesh_shared::ApiError::BadRequest(
+            "invalid path: it holds a NUL character".into(),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Starts the gateway: its public listener, the outbox relay, Redis in readiness.
