@@ -185,21 +185,38 @@ async fn login_codes_sign_up_sign_in_and_sessions_slide_expire_and_end(stack: &S
     assert_eq!(again.status, StatusCode::UNAUTHORIZED);
 }
 
+/// Asks a login code for `email` and enters `wrong` wrong ones, each a 400; the right code.
+async fn code_then_wrong(stack: &Stack, user: &mut WebUser, email: &str, wrong: u32) -> String {
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "login code");
+    let code = stack.code_sent_to(email, 1).await;
+    let other = if code == "000000" { "111111" } else { "000000" };
+    for attempt in 1..=wrong {
+        let answer = verify_login(user, email, other).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
+    }
+    code
+}
+
+/// Past the per-address cooldown, a second login code for `email`; that code.
+async fn second_code(stack: &Stack, user: &mut WebUser, email: &str) -> String {
+    set_ttl(stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _: Value = user
+        .json(Method::POST, "/login/code", &json!({ "email": email }))
+        .await
+        .expect(StatusCode::OK, "a second login code");
+    stack.code_sent_to(email, 2).await
+}
+
 async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_code_is_404(
     stack: &Stack,
 ) {
     let email = fresh_email();
     let mut user = WebUser::new(&stack.base, &email);
-    let _: Value = user
-        .json(Method::POST, "/login/code", &json!({ "email": email }))
-        .await
-        .expect(StatusCode::OK, "login code");
-    let code = stack.code_sent_to(&email, 1).await;
-    let wrong = if code == "000000" { "111111" } else { "000000" };
-    for attempt in 1..=5 {
-        let answer = verify_login(&mut user, &email, wrong).await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
-    }
+    let code = code_then_wrong(stack, &mut user, &email, 5).await;
     let late = verify_login(&mut user, &email, &code).await;
     assert_eq!(
         late.status,
@@ -207,13 +224,7 @@ async fn five_wrong_login_codes_stop_the_address_for_the_hour_and_an_expired_cod
         "five wrong codes this hour: not even the right one is tried"
     );
     // Nor a new code: the wrong ones count per address, across its codes.
-    set_ttl(stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let _: Value = user
-        .json(Method::POST, "/login/code", &json!({ "email": email }))
-        .await
-        .expect(StatusCode::OK, "a second login code");
-    let fresh = stack.code_sent_to(&email, 2).await;
+    let fresh = second_code(stack, &mut user, &email).await;
     let refused = verify_login(&mut user, &email, &fresh).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     let wait = retry_after(&refused.headers);
@@ -295,23 +306,8 @@ async fn keys_and_gateways_side_by_side() {
 async fn wrong_codes_at_once_get_no_more_tries_than_one_after_another(stack: &Stack) {
     let email = fresh_email();
     let mut user = WebUser::new(&stack.base, &email);
-    let _: Value = user
-        .json(Method::POST, "/login/code", &json!({ "email": email }))
-        .await
-        .expect(StatusCode::OK, "login code");
-    let code = stack.code_sent_to(&email, 1).await;
-    let wrong = if code == "000000" { "111111" } else { "000000" };
-    for attempt in 1..=4 {
-        let answer = verify_login(&mut user, &email, wrong).await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "attempt {attempt}");
-    }
-    set_ttl(stack, &format!("code:cooldown:{{login:{email}}}"), 1).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let _: Value = user
-        .json(Method::POST, "/login/code", &json!({ "email": email }))
-        .await
-        .expect(StatusCode::OK, "a second login code");
-    let fresh = stack.code_sent_to(&email, 2).await;
+    code_then_wrong(stack, &mut user, &email, 4).await;
+    let fresh = second_code(stack, &mut user, &email).await;
     let wrong = if fresh == "000000" {
         "111111"
     } else {
