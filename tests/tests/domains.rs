@@ -541,6 +541,41 @@ async fn inbound_is_ready_only_when_the_best_mx_is_ours(world: &World) {
         .await
         .unwrap();
     assert!(!gone.found, "no longer routed to us");
+
+    // The domain changes hands: removed by this workspace, verified by another, whose inbox
+    // of the same address is made (the first one's is let go) and receives.
+    let _: Value = world
+        .client(&key)
+        .delete(&format!("/sender-domains/{id}"), StatusCode::OK)
+        .await;
+    let next = world.subscribed("pro").await;
+    let next_id = world.verified(&next, &name).await;
+    world.dns.set_mx(&name, &[(10, ours)]);
+    let check: Success<InboundCheck> = world
+        .act(&next, &next_id, "verify-inbound", StatusCode::OK)
+        .await;
+    assert!(check.body.ready, "{check:?}");
+    let _: Value = world
+        .client(&next)
+        .post(
+            "/inbox/addresses",
+            &json!({ "address": address }),
+            StatusCode::CREATED,
+        )
+        .await;
+    assert_eq!(validate().await, json!(true));
+    // A platform address held by another workspace stays its own.
+    let platform = format!("taken-{}@{}", &next_id[..8], postmesh_tests::INBOUND_DOMAIN);
+    for (who, expected) in [(&next, StatusCode::CREATED), (&key, StatusCode::CONFLICT)] {
+        let _: Value = world
+            .client(who)
+            .post(
+                "/inbox/addresses",
+                &json!({ "address": platform }),
+                expected,
+            )
+            .await;
+    }
 }
 
 fn kinds(records: &[DnsRecord]) -> Vec<&str> {

@@ -160,25 +160,41 @@ pub(crate) async fn create(
     )
     .await?
     .mailboxes;
-    let view = insert(&state.db, caller.workspace, &address, limit).await?;
+    // On a custom domain the caller holds now, an inbox another workspace left on it (it held
+    // the domain before) is let go: the name is the new holder's to use.
+    let takes_over = address.domain() != state.inbound_domain.0;
+    let view = insert(&state.db, caller.workspace, &address, limit, takes_over).await?;
     Ok((StatusCode::CREATED, Success::new(Created { address: view })))
 }
 
 /// Inserts `address` unless it is taken (409) or the workspace holds `limit` addresses
 /// (403). A workspace's creations take turns, so two at once cannot both fit the limit.
+/// `takes_over`: the workspace holds the address's domain now, so another workspace's live
+/// inbox of the address (from when it held the domain) is deleted instead of a 409.
 async fn insert(
-    db: &PgPool, workspace: WorkspaceId, address: &InboxAddress, limit: i64,
+    db: &PgPool, workspace: WorkspaceId, address: &InboxAddress, limit: i64, takes_over: bool,
 ) -> Result<AddressView, ApiError> {
     let mut tx = db.begin().await?;
     db::take_turns(&mut tx, Turns::Workspace, workspace).await?;
-    let taken: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM addresses WHERE address = $1 AND deleted_at IS NULL)",
+    let holder: Option<Uuid> = sqlx::query_scalar(
+        "SELECT workspace_id FROM addresses WHERE address = $1 AND deleted_at IS NULL FOR UPDATE",
     )
     .bind(address.as_str())
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    if taken {
-        return Err(taken_error(address));
+    match holder {
+        None => {}
+        Some(other) if takes_over && other != workspace.as_uuid() => {
+            sqlx::query(
+                "UPDATE addresses SET deleted_at = $2 WHERE address = $1 AND deleted_at IS NULL",
+            )
+            .bind(address.as_str())
+            .bind(now_unix())
+            .execute(&mut *tx)
+            .await?;
+            tracing::info!(address = %address.as_str(), former = %other, "an inbox left on a domain that changed hands is let go");
+        }
+        Some(_) => return Err(taken_error(address)),
     }
     ApiError::within_plan(count(&mut *tx, workspace).await?, limit, "mailboxes")?;
     let inserted = sqlx::query_as(
