@@ -964,5 +964,17 @@ async fn a_workspaces_inbound_mail_spends_a_byte_budget_then_waits() {
     // A message over the burst passes on a full budget, and empties it.
     assert_eq!(send(&[&c], 1500).await.status, StatusCode::OK);
     assert_eq!(send(&[&c], 100).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(peek::inbound::messages(&db.pool).await, 5);
+    // A message to two inboxes of one workspace is stored twice, and costs twice: two of
+    // 300 bytes fit in 1,000 alone, not together.
+    let [d1, d2] = ["budget-d1", "budget-d2"].map(|l| format!("{l}@{INBOUND_DOMAIN}"));
+    let workspace = uuid::Uuid::now_v7();
+    for to in [&d1, &d2] {
+        peek::inbound::insert_address(&db.pool, workspace, to).await;
+    }
+    assert_eq!(send(&[&d1, &d2], 300).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&[&d1, &d2], 300).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(peek::inbound::messages(&db.pool).await, 7);
 }

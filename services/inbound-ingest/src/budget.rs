@@ -53,21 +53,27 @@ impl ByteBudget {
         ]
     }
 
-    /// Spends `bytes` in the budget of each of `workspaces`, all or none: 429 with the
-    /// seconds until every one of them has room when one has not. A message larger than the
-    /// burst costs the whole burst, so every message the size limit takes can pass.
+    /// Spends `bytes` in the budget of each of `workspaces` once for each time it is named
+    /// (each inbox of it stores a copy), all or none: 429 with the seconds until every one
+    /// of them has room when one has not. A spend larger than the burst costs the whole
+    /// burst, so every message the size limit takes can pass.
     pub async fn spend(
         self, db: &PgPool, workspaces: &[WorkspaceId], bytes: usize,
     ) -> Result<(), ApiError> {
         if self.bytes_per_sec == 0 || workspaces.is_empty() {
             return Ok(());
         }
-        let mut ids: Vec<_> = workspaces.iter().map(|w| w.as_uuid()).collect();
-        ids.sort_unstable();
-        ids.dedup();
+        let mut copies: std::collections::BTreeMap<uuid::Uuid, u64> = Default::default();
+        for w in workspaces {
+            *copies.entry(w.as_uuid()).or_default() += 1;
+        }
+        let ids: Vec<_> = copies.keys().copied().collect();
         let rate = self.bytes_per_sec as f64;
         let tolerance = self.burst_bytes as f64 / rate;
-        let cost = (bytes as u64).min(self.burst_bytes) as f64 / rate;
+        let cost = |workspace: &uuid::Uuid| {
+            let spent = (bytes as u64).saturating_mul(copies[workspace]);
+            spent.min(self.burst_bytes) as f64 / rate
+        };
         let mut tx = db.begin().await?;
         // Rows in id order, so two messages to the same workspaces never wait on each other.
         sqlx::query(
@@ -87,8 +93,8 @@ impl ByteBudget {
         .await?;
         let mut wait: f64 = 0.0;
         let mut tats = Vec::with_capacity(rows.len());
-        for (_, tat, now) in &rows {
-            let tat = tat.max(*now) + cost;
+        for (workspace, tat, now) in &rows {
+            let tat = tat.max(*now) + cost(workspace);
             wait = wait.max(tat - tolerance - now);
             tats.push(tat);
         }
