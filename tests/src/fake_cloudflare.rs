@@ -37,6 +37,8 @@ struct Zone {
 pub struct Books {
     zones: HashMap<String, Zone>,
     down: bool,
+    /// Creates still to find their record made just before them, by a request that raced.
+    beaten: usize,
 }
 
 /// The fake: its `base` is the `CLOUDFLARE_API_BASE`.
@@ -159,6 +161,12 @@ impl FakeCloudflare {
             priority,
             proxied: false,
         });
+    }
+
+    /// The next `n` creates find their record made just before them, as when two apply-dns
+    /// of one domain run at once: each is refused as an identical record (81058).
+    pub fn beat_next_creates(&self, n: usize) {
+        self.books().beaten = n;
     }
 
     /// Adds a proxied CNAME directly, as the dashboard makes one by default.
@@ -331,8 +339,20 @@ async fn create_record(
     let _ = (&req.comment, &req.tags);
     let mut books = fake.books();
     outage(&books)?;
+    let beaten = books.beaten > 0;
+    books.beaten = books.beaten.saturating_sub(1);
     let zone = zone_for(&mut books, &zone_id, &token)?;
     let name = req.name.trim_end_matches('.').to_ascii_lowercase();
+    if beaten {
+        zone.records.push(CfRecord {
+            id: format!("{:032x}", rand::random::<u128>()),
+            kind: req.kind.clone(),
+            name: name.clone(),
+            content: req.content.clone(),
+            priority: req.priority,
+            proxied: req.proxied.unwrap_or(false),
+        });
+    }
     if name != zone.name && !name.ends_with(&format!(".{}", zone.name)) {
         return Err(bad(
             9005,

@@ -11,7 +11,7 @@ use postmesh_shared::db::now_unix;
 use postmesh_shared::extract::{Caller, JsonBody};
 use postmesh_shared::{ApiError, Success, WorkspaceId};
 
-use crate::cloudflare::Record;
+use crate::cloudflare::{CloudflareError, Record};
 use crate::dns::host_name;
 use crate::domains::{TrackingStatus, VerifiedDomain};
 use crate::records::{self, DnsRecord};
@@ -257,10 +257,12 @@ pub(crate) async fn apply(
         match compare(&record, &existing) {
             Outcome::Present => applied.unchanged.push(record),
             Outcome::Conflict(existing) => applied.conflicts.push(Conflict { record, existing }),
-            Outcome::Missing => {
-                cf.create(&token, &zone.id, &to_cloudflare(&record)).await?;
-                applied.created.push(record);
-            }
+            Outcome::Missing => match cf.create(&token, &zone.id, &to_cloudflare(&record)).await {
+                Ok(_) => applied.created.push(record),
+                // Made meanwhile by an apply-dns that raced this one (a retry, say).
+                Err(CloudflareError::Exists) => applied.unchanged.push(record),
+                Err(e) => return Err(e.into()),
+            },
         }
     }
     Ok(Success::new(applied))

@@ -21,6 +21,9 @@ pub enum CloudflareError {
     /// Cloudflare refused the request.
     #[error("Cloudflare refused the request ({status}): {message}")]
     Rejected { status: u16, message: String },
+    /// The record to create exists already (81058): made meanwhile, by a request that raced.
+    #[error("Cloudflare holds an identical record already")]
+    Exists,
 }
 
 impl From<CloudflareError> for ApiError {
@@ -31,13 +34,16 @@ impl From<CloudflareError> for ApiError {
                 ApiError::Unavailable("the DNS host cannot be reached now; retry later".into())
             }
             CloudflareError::Unauthorized(_) => ApiError::BadRequest(e.to_string()),
-            CloudflareError::Rejected { .. } => {
+            CloudflareError::Rejected { .. } | CloudflareError::Exists => {
                 tracing::error!(error = %e, "cloudflare refused a request");
                 ApiError::BadGateway(e.to_string())
             }
         }
     }
 }
+
+/// Cloudflare's error code for a record identical to one it holds.
+const IDENTICAL_RECORD: i64 = 81058;
 
 /// Cloudflare's error codes for a missing, malformed or invalid token.
 const AUTH_ERROR_CODES: [i64; 5] = [6003, 6111, 9106, 9109, 10000];
@@ -221,6 +227,12 @@ impl Cloudflare {
             .is_some_and(|e| e.errors.iter().any(|i| AUTH_ERROR_CODES.contains(&i.code)));
         if status.as_u16() == 401 || status.as_u16() == 403 || auth_code {
             return Err(CloudflareError::Unauthorized(message));
+        }
+        let identical = envelope
+            .as_ref()
+            .is_some_and(|e| e.errors.iter().any(|i| i.code == IDENTICAL_RECORD));
+        if identical {
+            return Err(CloudflareError::Exists);
         }
         match envelope {
             Some(Envelope {
