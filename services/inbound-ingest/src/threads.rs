@@ -11,10 +11,11 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use postmesh_shared::extract::{Caller, IdPath, Page, PageQuery, QueryParams};
-use postmesh_shared::{AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
+use postmesh_shared::text::cut_at;
+use postmesh_shared::{cpu, AddressId, ApiError, InboundMessageId, Success, ThreadId, WorkspaceId};
 
 use crate::addresses;
-use crate::mime::{Attachment, Content, Parsed};
+use crate::mime::{Attachment, Content, Parsed, INLINE_BODY_BYTES};
 use crate::AppState;
 
 /// How long a thread takes in messages by subject alone.
@@ -126,6 +127,10 @@ pub struct MessageView {
     /// Whether a body is only in the raw message (read from it before answering).
     #[serde(skip)]
     pub bodies_in_raw: bool,
+    /// Whether a body was cut to 1 MiB (the whole message: `GET /inbox/messages/{id}/raw`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[sqlx(default)]
+    pub truncated: bool,
 }
 
 /// `GET /inbox/threads/{id}` answer: the thread and a page of its messages, oldest first.
@@ -227,10 +232,19 @@ pub(crate) async fn show(
         .bind(id)
         .fetch_one(&state.db)
         .await?;
+    // A message too large for its bodies to be stored apart: read from its raw copy on the
+    // CPU pool, each body cut to what a stored one holds, so a page of them stays bounded.
     for m in messages.iter_mut().filter(|m| m.bodies_in_raw) {
         let raw = raw_of(&state.db, m.id).await?;
-        let whole = Parsed::whole(&raw).content;
-        (m.content.text, m.content.html) = (whole.text, whole.html);
+        let whole = cpu::run_sized(raw.len(), move || Parsed::whole(&raw).content).await;
+        let mut cut = |body: Option<String>| {
+            body.map(|b| {
+                let (b, was_cut) = cut_at(b, INLINE_BODY_BYTES);
+                m.truncated |= was_cut;
+                b
+            })
+        };
+        (m.content.text, m.content.html) = (cut(whole.text), cut(whole.html));
     }
     Ok(Success::new(ThreadPage {
         thread,
