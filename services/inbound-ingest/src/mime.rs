@@ -73,6 +73,9 @@ pub struct Parsed {
     pub attachments: Vec<Attachment>,
     /// False when mail-parser could not read the message.
     pub readable: bool,
+    /// SHA-256 of its decoded parts' contents: what a relay that adds headers or changes a
+    /// transfer encoding leaves as it was.
+    pub parts_digest: [u8; 32],
 }
 
 impl Parsed {
@@ -172,14 +175,16 @@ impl Parsed {
                 })
                 .collect(),
             readable: true,
+            parts_digest: parts_digest(msg),
         }
     }
 
-    /// What makes this message the same message again in one inbox: its Message-ID, else
-    /// the SHA-256 of its raw bytes.
+    /// What makes this message the same message again in one inbox: its Message-ID with
+    /// the digest of its parts (a relay's retry adds headers; another message under a
+    /// reused or guessed id is not taken for a repeat), else the SHA-256 of its raw bytes.
     pub fn dedup_key(&self, raw: &[u8]) -> String {
         match &self.content.message_id {
-            Some(id) => format!("mid:{id}"),
+            Some(id) => format!("mid:{id}#{}", hex::encode(&self.parts_digest[..16])),
             None => format!("sha256:{}", hex::encode(Sha256::digest(raw))),
         }
     }
@@ -198,6 +203,17 @@ impl Parsed {
         ids.dedup();
         ids
     }
+}
+
+/// SHA-256 over each part's decoded contents, each after its length.
+fn parts_digest(msg: &mail_parser::Message<'_>) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    for part in &msg.parts {
+        let contents = part.contents();
+        digest.update((contents.len() as u64).to_le_bytes());
+        digest.update(contents);
+    }
+    digest.finalize().into()
 }
 
 /// RFC 5256's base subject, lower case, with runs of white space as one space.
@@ -323,7 +339,7 @@ References: <m0@x.io> <m1@x.io>\r\n\r\nHi\r\n";
         assert_eq!((c.to.len(), c.cc.len()), (2, 1));
         assert_eq!(c.message_id.as_deref(), Some("m2@example.com"));
         assert_eq!(p.ancestors(), ["m1@x.io", "m0@x.io"]);
-        assert_eq!(p.dedup_key(raw), "mid:m2@example.com");
+        assert!(p.dedup_key(raw).starts_with("mid:m2@example.com#"));
         assert_eq!(c.text.as_deref().map(str::trim), Some("Hi"));
     }
 
@@ -338,6 +354,17 @@ References: <m0@x.io> <m1@x.io>\r\n\r\nHi\r\n";
             whole.content.text.as_deref().map(str::trim),
             Some("0123456789")
         );
+    }
+
+    #[test]
+    fn a_message_id_is_a_repeat_only_with_the_same_parts() {
+        let key = |raw: &[u8]| Parsed::of(raw).dedup_key(raw);
+        let sent = b"Message-ID: <m@x.io>\r\nSubject: a\r\n\r\nHello\r\n";
+        let relayed = b"Received: from relay\r\nMessage-ID: <m@x.io>\r\nSubject: a\r\n\
+Content-Transfer-Encoding: base64\r\n\r\nSGVsbG8NCg==\r\n";
+        let other = b"Message-ID: <m@x.io>\r\nSubject: a\r\n\r\nGoodbye\r\n";
+        assert_eq!(key(sent), key(relayed));
+        assert_ne!(key(sent), key(other));
     }
 
     #[test]
