@@ -78,8 +78,8 @@ fn recipients(list: &[EnvelopeAddress]) -> Result<Vec<EmailAddress>, ApiError> {
 }
 
 /// `POST /send-raw`: the message to each envelope recipient. A repeat of a message with the
-/// same Message-ID within a day answers the first's task and sends and charges nothing
-/// more.
+/// same Message-ID and envelope within a day answers the first's task and sends and charges
+/// nothing more.
 pub(crate) async fn send_raw(
     State(state): State<AppState>, caller: Caller, JsonBody(body): JsonBody<RawBody>,
 ) -> Result<Success<SendAnswer>, ApiError> {
@@ -105,8 +105,8 @@ pub(crate) async fn send_raw(
         .decode(compact)
         .map_err(|_| bad("raw is not valid base64"))?;
     let message = RawMessage::parse(mail_from, mime)?;
+    let keyed = message.keyed(&rcpt_to, caller.test);
     let body = message.send_body(rcpt_to);
-    let keyed = message.keyed();
     send::once(&state, &caller, body, keyed, Some(&message))
         .await
         .map(Success::new)

@@ -18,8 +18,8 @@ use crate::sending::tasks::TaskMessage;
 pub const MAX_RAW_BYTES: usize = 28 * 1024 * 1024;
 /// Envelope recipients of one message at most (as `/send-email`'s).
 pub(crate) const MAX_RCPT: usize = crate::sending::request::MAX_RECIPIENTS;
-/// A repeat of a message (same workspace, same Message-ID) within this many seconds is the
-/// same send.
+/// A repeat of a message (same workspace, Message-ID and envelope) within this many seconds
+/// is the same send.
 const REPEAT_WINDOW_SECS: i64 = 24 * 3600;
 /// Sets the send's `emailType`; taken out before delivery.
 pub const EMAIL_TYPE_FIELD: &str = "X-Postmesh-Email-Type";
@@ -171,12 +171,27 @@ impl RawMessage {
         }
     }
 
-    /// A repeat within a day of a message with the client's own Message-ID is the same send.
-    pub(crate) fn keyed(&self) -> Option<Keyed> {
+    /// A repeat within a day of a message with the client's own Message-ID, from the same
+    /// envelope sender to the same envelope recipients and under the same kind of key, is
+    /// the same send (a relay that splits a message's recipients into several transactions
+    /// sends each part, and a retry of the recipients refused before is no repeat).
+    pub(crate) fn keyed(&self, rcpt_to: &[EmailAddress], test: bool) -> Option<Keyed> {
         if !self.client_message_id {
             return None;
         }
-        let digest = Sha256::digest(self.message_id.as_bytes());
+        let mut recipients: Vec<String> = rcpt_to.iter().map(EmailAddress::key).collect();
+        recipients.sort_unstable();
+        recipients.dedup();
+        let mut digest = Sha256::new();
+        for part in [self.message_id.clone(), self.envelope_from.key()]
+            .into_iter()
+            .chain(recipients)
+        {
+            digest.update(part.as_bytes());
+            digest.update([0]);
+        }
+        digest.update([u8::from(test)]);
+        let digest = digest.finalize();
         let key = IdempotencyKey::parse(&format!("mid_{digest:x}")).ok()?;
         Some(Keyed::within(key, REPEAT_WINDOW_SECS))
     }
@@ -262,7 +277,7 @@ X-Postmesh-Email-Type: marketing\r\nList-Unsubscribe: <https://x>\r\n\r\nbody\r\
         assert_eq!(m.from.as_str(), "ann@example.org");
         assert_eq!(m.subject, "Grüße");
         assert_eq!(m.email_type.as_deref(), Some("marketing"));
-        assert!(!m.client_message_id && m.keyed().is_none());
+        assert!(!m.client_message_id && m.keyed(&[], false).is_none());
         assert!(m.message_id.ends_with("@example.org"), "{}", m.message_id);
         let text = String::from_utf8(m.mime).unwrap();
         assert!(text.starts_with(&format!("Message-ID: <{}>\r\n", m.message_id)));
@@ -280,5 +295,36 @@ X-Postmesh-Email-Type: marketing\r\nList-Unsubscribe: <https://x>\r\n\r\nbody\r\
         let m = RawMessage::parse(from, id.to_vec()).unwrap();
         assert_eq!((m.message_id.as_str(), m.client_message_id), ("x@y", true));
         assert_eq!(m.mime, id);
+    }
+
+    #[test]
+    fn a_repeat_is_the_same_message_to_the_same_envelope() {
+        let address = |a: &str| EmailAddress::parse(a).unwrap();
+        let raw = b"From: a@example.com\r\nMessage-ID: <x@y>\r\n\r\nbody".to_vec();
+        let message = |from: &str| RawMessage::parse(address(from), raw.clone()).unwrap();
+        let key = |m: &RawMessage, to: &[&str], test: bool| {
+            let to: Vec<EmailAddress> = to.iter().map(|a| address(a)).collect();
+            m.keyed(&to, test).unwrap().key.as_str().to_owned()
+        };
+        let m = message("env@example.com");
+        let first = key(&m, &["b@x.io", "c@x.io"], false);
+        assert_eq!(first, key(&m, &["C@x.io", "b@x.io", "b@x.io"], false));
+        assert_ne!(
+            first,
+            key(&m, &["d@x.io"], false),
+            "a relay's next transaction"
+        );
+        assert_ne!(
+            first,
+            key(&m, &["b@x.io"], false),
+            "the refused part retried"
+        );
+        assert_ne!(
+            first,
+            key(&m, &["b@x.io", "c@x.io"], true),
+            "a test key's send"
+        );
+        let other_sender = message("bounce@example.com");
+        assert_ne!(first, key(&other_sender, &["b@x.io", "c@x.io"], false));
     }
 }
