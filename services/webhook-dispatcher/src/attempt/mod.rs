@@ -30,6 +30,12 @@ pub enum Status {
 /// `attempts_due` index (the scheduler's: every pending attempt), whatever the statistics.
 pub const UNFINISHED: &str = "status NOT IN ('succeeded', 'failed')";
 
+/// An attempt whose time has come (`next_attempt_at`, give or take two seconds of clocks
+/// between replicas): a job that comes for it earlier — a redelivery, a repeat — takes
+/// nothing, so a retry is never made before its schedule or a `Retry-After` says.
+pub const DUE: &str = "COALESCE(next_attempt_at, 0)
+    <= floor(extract(epoch FROM statement_timestamp()))::bigint + 2";
+
 /// Where an attempt goes and how, and what it carries, read with it.
 #[derive(sqlx::FromRow)]
 pub(crate) struct AttemptRow {

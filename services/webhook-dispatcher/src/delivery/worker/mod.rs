@@ -31,7 +31,7 @@ use postmesh_shared::secrets::SecretBox;
 use postmesh_shared::{cpu, nats, Namespace, Runtime};
 
 use crate::attempt::owner::Owner;
-use crate::attempt::{target_of, AttemptRow, Status, ATTEMPTS_WITH_TARGETS, UNFINISHED};
+use crate::attempt::{target_of, AttemptRow, Status, ATTEMPTS_WITH_TARGETS, DUE, UNFINISHED};
 use crate::content::payload::{self, Event, Shape};
 use crate::{AppState, DeliveryConfig};
 
@@ -369,6 +369,7 @@ impl Stages for Deliveries {
                  leased_until_ms = {DB_NOW_MS} + $3, updated_at = $4
              FROM UNNEST($1::uuid[], $2::uuid[]) AS u(id, lease)
              WHERE a.id = u.id AND a.{UNFINISHED} AND a.leased_until_ms <= {DB_NOW_MS}
+               AND {DUE}
              RETURNING a.id, a.attempt_count"
         ))
         .bind(&ids)
@@ -382,16 +383,18 @@ impl Stages for Deliveries {
     }
 
     async fn standing(&self, item: Uuid) -> Result<Standing, StageError> {
-        let row: Option<(Status, i64)> = sqlx::query_as(&format!(
-            "SELECT status, leased_until_ms - {DB_NOW_MS} FROM attempts WHERE id = $1"
+        let row: Option<(Status, i64, bool)> = sqlx::query_as(&format!(
+            "SELECT status, leased_until_ms - {DB_NOW_MS}, {DUE} FROM attempts WHERE id = $1"
         ))
         .bind(item)
         .fetch_optional(&self.state.db)
         .await?;
         Ok(match row {
-            Some((Status::Pending, left_ms)) => {
+            Some((Status::Pending, left_ms, due)) if left_ms > 0 || due => {
                 Standing::Held(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
             }
+            // Not due yet: an early job's (a redelivery, a repeat); the scheduler queues the
+            // attempt at its time.
             _ => Standing::Finished,
         })
     }

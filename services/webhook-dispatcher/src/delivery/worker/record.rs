@@ -159,11 +159,13 @@ pub(crate) fn health(now: u8, disable_after: u8) -> String {
     )
 }
 
-/// Leaves pending attempt `id` to the scheduler, due `pause` from now.
+/// Leaves pending attempt `id` to the scheduler, due `pause` from now or at its retry's
+/// time, whichever is later.
 pub(super) async fn defer(db: &PgPool, id: Uuid, pause: Duration) -> Result<(), sqlx::Error> {
     let pause = i64::try_from(pause.as_secs()).unwrap_or(i64::MAX / 2);
     sqlx::query(&format!(
-        "UPDATE attempts SET requeue_at = $2 WHERE id = $1 AND {UNFINISHED}"
+        "UPDATE attempts SET requeue_at = GREATEST($2, COALESCE(next_attempt_at, 0))
+         WHERE id = $1 AND {UNFINISHED}"
     ))
     .bind(id)
     .bind(now_unix() + pause)
