@@ -254,6 +254,18 @@ pub mod sender {
         .expect("deliveries")
     }
 
+    /// The provider's id of the message to `to`, once the transport gave it one.
+    pub async fn provider_id_to(db: &PgPool, to: &str) -> Option<String> {
+        sqlx::query_scalar(
+            "SELECT provider_message_id FROM deliveries
+             WHERE $1 = ANY(recipients) AND provider_message_id IS NOT NULL",
+        )
+        .bind(to)
+        .fetch_optional(db)
+        .await
+        .expect("deliveries")
+    }
+
     /// Settlements with billing not yet done, whatever their action: while there are
     /// none, no balance changes on the sender's account.
     pub async fn unsettled(db: &PgPool) -> i64 {

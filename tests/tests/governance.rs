@@ -110,7 +110,7 @@ async fn governance_of_one_key_each_side_by_side() {
             the_suppression_list_is_listed_added_to_and_removed_from,
             a_scheduled_send_leaves_off_who_unsubscribed_before_its_release,
             a_part_refund_comes_from_the_charge_that_stands,
-            a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them,
+            a_scheduled_send_leaves_off_copies_suppressed_before_its_release_and_refunds_them,
             a_recipient_left_off_beside_a_sandbox_address_is_given_back
         ]
     );
@@ -250,22 +250,34 @@ async fn each_suppression_rule_blocks_what_it_says_and_filtered_recipients_cost_
     // rejected with its reason, and not charged.
     let copies = json!({
         "cc": ["bounced@example.com", "cc-fine@example.com"],
-        "bcc": ["unsub-news@example.com", "bcc-fine@example.com"],
+        "bcc": ["bcc-fine@example.com"],
     });
     let copied = send(
         stack,
         &key,
-        &mail(&["copied@example.com"], "marketing", Some("news"), copies),
+        &mail(
+            &["copied@example.com"],
+            "transactional",
+            None,
+            copies.clone(),
+        ),
     )
     .await;
     assert_eq!(
         rejected(&copied),
-        pairs(&[
-            ("bounced@example.com", "suppressed:bounce"),
-            ("unsub-news@example.com", "unsubscribed:news"),
-        ])
+        pairs(&[("bounced@example.com", "suppressed:bounce")])
     );
     assert_eq!((copied.recipients.accepted, copied.cost), (1, 3));
+    // Mail with an unsubscribe link takes no copies: each would carry the recipient's link.
+    let marketing = mail(&["copied@example.com"], "marketing", Some("news"), copies);
+    let refused: ErrorBody = stack
+        .client(&key)
+        .post("/send-email", &marketing, StatusCode::BAD_REQUEST)
+        .await;
+    assert!(
+        refused.error.contains("only with transactional"),
+        "{refused:?}"
+    );
     assert_eq!(stack.balance(&key).await, balance - 12);
     let cc = cc_of(stack, "copied@example.com").await;
     assert!(
@@ -598,12 +610,11 @@ async fn a_part_refund_comes_from_the_charge_that_stands(stack: &Stack) {
     assert_eq!(stack.balance(&key).await, 9);
 }
 
-async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_refunds_them(
+async fn a_scheduled_send_leaves_off_copies_suppressed_before_its_release_and_refunds_them(
     stack: &Stack,
 ) {
     let key = stack.key(10).await;
     let db = stack.service_db(sender::SERVICE).await;
-    let workspace = stack.workspace_of(&key).await;
     let at = postmesh_shared::db::now_unix() + RELEASE_AFTER;
     let extra = json!({
         "scheduledAt": at,
@@ -611,16 +622,13 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
         "bcc": ["bcc-leaves@example.com"],
     });
     let to = ["one@example.com", "two@example.com"];
-    let answer = send(stack, &key, &mail(&to, "marketing", Some("news"), extra)).await;
+    let answer = send(stack, &key, &mail(&to, "transactional", None, extra)).await;
     // Each recipient's message and its three copies.
     assert_eq!(answer.cost, 8);
     assert_eq!(stack.balance(&key).await, 2);
-    unsubscribe_from_news(
-        &db,
-        workspace,
-        &["cc-leaves@example.com", "BCC-leaves@example.com"],
-    )
-    .await;
+    for copy in ["cc-leaves@example.com", "BCC-leaves@example.com"] {
+        suppress(stack, &key, copy).await;
+    }
     let task = answer.task_id.unwrap();
     let progress = sent_task(stack, &key, task).await;
     assert_eq!((progress.total, progress.sent), (2, 2));
@@ -633,8 +641,8 @@ async fn a_scheduled_send_leaves_off_copies_unsubscribed_before_its_release_and_
     assert_eq!(
         left_off,
         [
-            ("bcc-leaves@example.com", "unsubscribed:news"),
-            ("cc-leaves@example.com", "unsubscribed:news"),
+            ("bcc-leaves@example.com", "suppressed:manual"),
+            ("cc-leaves@example.com", "suppressed:manual"),
         ]
     );
     for recipient in to {

@@ -4,7 +4,7 @@
 //! both signature versions, a duplicate, an unknown message, the provider secret, bad
 //! payloads; and a complaint stopping the next marketing send.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use postmesh_shared::{Success, TaskId};
@@ -292,6 +292,53 @@ async fn ses_events_become_delivery_events_and_suppressions(stack: &Stack) {
     assert!(
         page.body.suppressions.is_empty(),
         "the recipient is not suppressed"
+    );
+    // The copy's bounce is the send's event, not the recipient's message's.
+    let main = stack
+        .first_recipient(&key, copied.body.task_id.unwrap(), |_| true)
+        .await;
+    assert!(!kinds(&main).contains(&Kind::Bounced), "{:?}", kinds(&main));
+
+    // A recipient saying the message is not spam makes no complaint and no suppression.
+    let (_, r) = delivered(stack, &key, "fan@example.com", "marketing").await;
+    let not_spam = ses_event(
+        "Complaint",
+        r.provider_message_id.as_deref().unwrap(),
+        "fan@example.com",
+        json!({"complainedRecipients": [{"emailAddress": "fan@example.com"}], "complaintFeedbackType": "not-spam"}),
+    );
+    let (status, body) = post(stack, &sns.notification("sns-12", &not_spam, 2)).await;
+    assert_eq!(
+        (status, body["matched"].clone()),
+        (StatusCode::OK, json!(1))
+    );
+    assert!(stack.suppressions(&key, "fan@example.com").await.is_empty());
+
+    // A sign-in code's message belongs to no workspace: its events are taken and ignored,
+    // not asked for again.
+    let mut user = postmesh_tests::web::WebUser::new(&stack.base, "code@example.com");
+    let asked = user
+        .json(
+            Method::POST,
+            "/login/code",
+            &json!({"email": "code@example.com"}),
+        )
+        .await;
+    let _: Value = asked.expect(StatusCode::OK, "login code");
+    let db = stack.sender_db().await;
+    let code_id = postmesh_tests::eventually(std::time::Duration::from_secs(20), || async {
+        postmesh_tests::peek::sender::provider_id_to(&db, "code@example.com")
+            .await
+            .ok_or("not sent yet")
+    })
+    .await;
+    let mut code_delivered = ses_event("Delivery", &code_id, "code@example.com", json!({}));
+    code_delivered["mail"]["timestamp"] =
+        json!(webhook_dispatcher::delivery::worker::now_rfc3339());
+    let (status, body) = post(stack, &sns.notification("sns-13", &code_delivered, 2)).await;
+    assert_eq!(
+        (status, body["ignored"].clone(), body["matched"].clone()),
+        (StatusCode::OK, json!(true), json!(1))
     );
 
     // A complaint stops the next marketing send to that address.

@@ -128,7 +128,7 @@ async fn every_field_reaches_the_delivered_message() {
             "contentType": "application/pdf"
         }],
         "utm": {"source": "newsletter", "utm_campaign": "nov"},
-        "emailType": "lifecycle",
+        "emailType": "transactional",
         "topic": "billing",
         "sourceApp": "crm",
         "businessGoal": "retention",
@@ -218,7 +218,7 @@ async fn every_field_reaches_the_delivered_message() {
     assert_eq!(
         stored,
         (
-            "lifecycle".into(),
+            "transactional".into(),
             Some("billing".into()),
             Some("crm".into()),
             Some("retention".into()),

@@ -289,7 +289,8 @@ pub(crate) async fn receive(
 #[derive(sqlx::FromRow)]
 struct Ours {
     delivery_id: Uuid,
-    workspace_id: Uuid,
+    /// None for a sign-in code's message, which belongs to no workspace.
+    workspace_id: Option<Uuid>,
     task_id: Option<Uuid>,
     email: String,
 }
@@ -399,6 +400,10 @@ fn effects(event: &SesEvent, kind: &str) -> Result<Vec<Effect>, String> {
                 .as_ref()
                 .ok_or("a Complaint without complaint")?;
             let feedback = complaint["complaintFeedbackType"].as_str();
+            // The recipient said the message is not spam: no complaint at all.
+            if feedback == Some("not-spam") {
+                return Ok(Vec::new());
+            }
             let detail = Detail::Complaint {
                 reason: format!("complaint ({})", feedback.unwrap_or("unspecified")),
                 feedback_type: feedback.map(str::to_owned),
@@ -491,7 +496,7 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
     let mut tx = state.db.begin().await.map_err(unavailable)?;
     let ours: Option<Ours> = sqlx::query_as(
         "SELECT delivery_id, workspace_id, task_id, recipients[1] AS email FROM deliveries
-         WHERE provider_message_id = $1 AND workspace_id IS NOT NULL LIMIT 1",
+         WHERE provider_message_id = $1 LIMIT 1",
     )
     .bind(&mail.message_id)
     .fetch_optional(&mut *tx)
@@ -508,6 +513,12 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
             "no message of ours has SES id {}",
             mail.message_id
         )));
+    };
+    let Some(workspace) = ours.workspace_id else {
+        return Ok(Handled {
+            matched: 1,
+            ..ignored("a sign-in code's message belongs to no workspace")
+        });
     };
     let first: Option<String> = sqlx::query_scalar(
         "INSERT INTO provider_notifications (message_id, received_at) VALUES ($1, $2)
@@ -532,7 +543,7 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
             ..ignored(format!("{kind} events are not acted on"))
         });
     }
-    apply(&mut tx, state, &ours, env, &effects)
+    apply(&mut tx, state, &ours, workspace, env, &effects)
         .await
         .map_err(unavailable)?;
     tx.commit().await.map_err(unavailable)?;
@@ -543,34 +554,51 @@ async fn notification(state: &AppState, env: &Envelope) -> Result<Handled, ApiEr
     })
 }
 
-/// Writes the effects' events and suppressions for our message's recipient.
+/// Writes the effects' events and suppressions for our message's recipient, and for the
+/// copies an event lists without the recipient an event of the send, not of the delivery.
 async fn apply(
-    tx: &mut PgConnection, state: &AppState, ours: &Ours, env: &Envelope, effects: &[Effect],
+    tx: &mut PgConnection, state: &AppState, ours: &Ours, workspace: Uuid, env: &Envelope,
+    effects: &[Effect],
 ) -> Result<(), sqlx::Error> {
     let now = now_unix();
     let mut events = Vec::with_capacity(effects.len());
+    let recipient = EmailAddress::parse(&ours.email).map(|e| e.key());
     for (i, effect) in effects.iter().enumerate() {
+        let listed: Vec<EmailAddress> = effect
+            .addresses
+            .iter()
+            .filter_map(|e| EmailAddress::parse(e))
+            .collect();
         if let Some((reason, topic)) = &effect.suppress {
-            let workspace = WorkspaceId::from(ours.workspace_id);
-            let whom = if effect.addresses.is_empty() {
-                std::slice::from_ref(&ours.email)
-            } else {
-                effect.addresses.as_slice()
+            let whom = match listed.is_empty() {
+                true => EmailAddress::parse(&ours.email).into_iter().collect(),
+                false => listed.clone(),
             };
-            for email in whom.iter().filter_map(|e| EmailAddress::parse(e)) {
-                suppressions::add(&mut *tx, workspace, &email, *reason, topic.as_deref()).await?;
+            for email in &whom {
+                let at = WorkspaceId::from(workspace);
+                suppressions::add(&mut *tx, at, email, *reason, topic.as_deref()).await?;
             }
         }
-        events.push(NewEvent {
-            workspace: ours.workspace_id,
+        let event = |delivery, email: String, source_key| NewEvent {
+            workspace,
             task: ours.task_id,
-            delivery: Some(ours.delivery_id),
-            email: ours.email.clone(),
+            delivery,
+            email,
             kind: effect.kind,
             detail: effect.detail.clone(),
             occurred_at: now,
-            source_key: format!("sns:{}:{i}", env.message_id),
-        });
+            source_key,
+        };
+        let copies_only = !listed.is_empty() && listed.iter().all(|e| Some(e.key()) != recipient);
+        if !copies_only {
+            let key = format!("sns:{}:{i}", env.message_id);
+            events.push(event(Some(ours.delivery_id), ours.email.clone(), key));
+            continue;
+        }
+        for (j, copy) in listed.iter().enumerate() {
+            let key = format!("sns:{}:{i}:{j}", env.message_id);
+            events.push(event(None, copy.to_string(), key));
+        }
     }
     events::record(tx, &state.events, &events).await.map(drop)
 }

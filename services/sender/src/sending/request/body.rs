@@ -252,7 +252,9 @@ pub struct SendBody {
     pub from_email: Option<EmailOrBlank>,
     pub from_name: Option<HeaderText>,
     pub reply_to: Option<EmailOrBlank>,
+    /// Copies on every recipient's message; transactional mail only.
     pub cc: Option<Addresses>,
+    /// Blind copies on every recipient's message; transactional mail only.
     pub bcc: Option<Addresses>,
     pub topic: Option<HeaderText>,
     pub email_type: Option<EmailTypeText>,

@@ -494,6 +494,14 @@ impl SendRequest {
                 "cc and bcc have more than {MAX_COPIES} addresses together"
             )));
         }
+        // A copy would carry the recipient's own unsubscribe link, and unsubscribe them.
+        if email_type != EmailType::Transactional && !(cc.is_empty() && bcc.is_empty()) {
+            return Err(bad(format!(
+                "cc and bcc go only with transactional mail: {} mail goes to each recipient \
+                 alone, with their own unsubscribe link",
+                email_type.as_str()
+            )));
+        }
         if body.message_id.is_some() && (recipients.len() > 1 || !matches!(target, Target::To)) {
             return Err(bad(
                 "messageId names one message: give it only on a send to one recipient",

@@ -146,6 +146,21 @@ fn a_message_goes_to_fifty_addresses_at_most() {
 }
 
 #[test]
+fn copies_go_only_with_transactional_mail() {
+    let body = |kind: &str, copy: &str| serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t", "emailType": kind, copy: "c@x.com"});
+    assert_eq!(parse(body("transactional", "cc")).unwrap().cc.len(), 1);
+    for kind in ["lifecycle", "marketing"] {
+        for copy in ["cc", "bcc"] {
+            let err = parse(body(kind, copy)).unwrap_err();
+            assert!(
+                err.contains("only with transactional"),
+                "{kind} {copy}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
 fn filenames_are_counted_in_characters_as_documented() {
     let with = |name: String| {
         serde_json::json!({"to": "a@x.com", "subject": "s", "text": "t",
