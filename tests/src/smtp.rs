@@ -112,6 +112,19 @@ impl SmtpConn {
         (conn, greeting)
     }
 
+    /// Connects to `addr` from the loopback address `local` (any of 127.0.0.0/8): a
+    /// client at another address; the connection and the server's first reply.
+    pub async fn connect_from(addr: SocketAddr, local: std::net::Ipv4Addr) -> (Self, SmtpReply) {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(SocketAddr::from((local, 0)))
+            .expect("binds a loopback address");
+        let stream = socket.connect(addr).await.expect("connects");
+        let mut conn = Self::over(stream);
+        let greeting = conn.reply().await;
+        (conn, greeting)
+    }
+
     /// `STARTTLS`, then the handshake for `localhost` trusting the certificate `cert`
     /// (PEM): the connection over TLS, not greeted again.
     pub async fn starttls(mut self, cert: &Path) -> SmtpConn<TlsStream<TcpStream>> {

@@ -106,13 +106,14 @@ pub fn quotes(data: &[u8]) {
 /// taking them out again changes nothing.
 pub fn raw_message(data: &[u8]) {
     let from = EmailAddress::parse("fuzz@example.com").expect("an address");
-    if let Ok(m) = RawMessage::parse(from, data.to_vec()) {
+    if let Ok(m) = RawMessage::parse(from, data.to_vec(), true) {
         assert!(
             m.mime.len() <= data.len() + m.message_id.len() + 16,
             "the message grew"
         );
         let private = [
             "Bcc",
+            "Resent-Bcc",
             "X-Postmesh-Email-Type",
             "X-Postmesh-Topic",
             "X-Postmesh-Tags",

@@ -2,6 +2,7 @@
 //! at `MAIL FROM` and `RCPT TO`, `/send-raw` at the end of `DATA`. Each of its refusals is
 //! mapped here, once, to the SMTP reply a client gets.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -12,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use postmesh_contracts::answers::sender::{EnvelopeCheck, SendAnswer};
 
 use crate::reply::Reply;
+
+/// The header that names the SMTP client to the gateway, whose limit on failed
+/// authentications counts each client apart (with `GATEWAY_TRUST_FORWARDED_FOR`), not every
+/// client of this service as one.
+const FORWARDED_FOR: &str = "x-forwarded-for";
 
 /// Where a call was made: the same refusal means different things at each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,12 +81,17 @@ impl Api {
         })
     }
 
-    /// Whether `key` is an API key of the account whose email is `username`.
-    pub async fn login(&self, username: &str, key: &str) -> Result<(), LoginError> {
+    /// Whether `key` is an API key of the account whose email is `username`, for a client
+    /// at `client`. A key with a character no key has is refused without asking.
+    pub async fn login(&self, client: IpAddr, username: &str, key: &str) -> Result<(), LoginError> {
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(LoginError::Refused);
+        }
         let answer = self
             .http
             .post(format!("{}/smtp-auth", self.base))
             .bearer_auth(key)
+            .header(FORWARDED_FOR, client.to_string())
             .json(&Login { username })
             .send()
             .await
@@ -101,11 +112,11 @@ impl Api {
     }
 
     /// Refused unless the key's workspace may send from `from`.
-    pub async fn check_sender(&self, key: &str, from: &str) -> Result<(), Reply> {
+    pub async fn check_sender(&self, client: IpAddr, key: &str, from: &str) -> Result<(), Reply> {
         let check: EnvelopeCheck = self
             .call(
                 Stage::MailFrom,
-                key,
+                (client, key),
                 "/smtp-envelope",
                 &Envelope {
                     mail_from: Some(from),
@@ -126,11 +137,11 @@ impl Api {
     }
 
     /// Refused when no message may go to `to` (suppressed), with why.
-    pub async fn check_recipient(&self, key: &str, to: &str) -> Result<(), Reply> {
+    pub async fn check_recipient(&self, client: IpAddr, key: &str, to: &str) -> Result<(), Reply> {
         let check: EnvelopeCheck = self
             .call(
                 Stage::RcptTo,
-                key,
+                (client, key),
                 "/smtp-envelope",
                 &Envelope {
                     mail_from: None,
@@ -151,7 +162,7 @@ impl Api {
 
     /// Sends `mime` from `mail_from` to `rcpt_to`; answers the send.
     pub async fn send(
-        &self, key: &str, mail_from: &str, rcpt_to: &[String], mime: &[u8],
+        &self, client: IpAddr, key: &str, mail_from: &str, rcpt_to: &[String], mime: &[u8],
     ) -> Result<SendAnswer, Reply> {
         let raw = base64::engine::general_purpose::STANDARD.encode(mime);
         let body = Envelope {
@@ -159,12 +170,14 @@ impl Api {
             rcpt_to,
             raw: Some(raw),
         };
-        self.call(Stage::Data, key, "/send-raw", &body).await
+        self.call(Stage::Data, (client, key), "/send-raw", &body)
+            .await
     }
 
-    /// POSTs `body` to `path` with `key`; its answer, or the reply its refusal makes.
+    /// POSTs `body` to `path` with `key` for a client at `client`; its answer, or the reply
+    /// its refusal makes.
     async fn call<T: DeserializeOwned>(
-        &self, stage: Stage, key: &str, path: &str, body: &Envelope<'_>,
+        &self, stage: Stage, (client, key): (IpAddr, &str), path: &str, body: &Envelope<'_>,
     ) -> Result<T, Reply> {
         let unavailable =
             |what: &str| Reply::new(451, "4.3.0", format!("{what}; please try again later"));
@@ -172,6 +185,7 @@ impl Api {
             .http
             .post(format!("{}{path}", self.base))
             .bearer_auth(key)
+            .header(FORWARDED_FOR, client.to_string())
             .json(body)
             .send()
             .await

@@ -94,7 +94,7 @@ impl Drop for Slot {
     }
 }
 
-/// Failed logins per client address within a window, all replicas together: the window
+/// Failed logins per client ([`client_of`]) within a window, all replicas together: the window
 /// starts at an address's first failure and its count expires with it.
 pub struct FailedLogins {
     redis: ConnectionManager,
@@ -114,12 +114,17 @@ impl FailedLogins {
         }
     }
 
+    /// The Redis key counting `ip`'s client's failures.
+    fn key(&self, ip: IpAddr) -> String {
+        failures_key(&self.prefix, ip)
+    }
+
     /// Whether `ip` has failed too often within its window. Redis unreachable: not locked
     /// (the login itself is still checked).
     pub async fn locked(&self, ip: IpAddr) -> bool {
         let mut redis = self.redis.clone();
         let count: Option<u32> = redis::cmd("GET")
-            .arg(format!("{}{ip}", self.prefix))
+            .arg(self.key(ip))
             .query_async(&mut redis)
             .await
             .unwrap_or_else(|e| {
@@ -132,7 +137,7 @@ impl FailedLogins {
     /// Counts a failure of `ip`; answers whether it is now locked out.
     pub async fn fail(&self, ip: IpAddr) -> bool {
         let mut redis = self.redis.clone();
-        let key = format!("{}{ip}", self.prefix);
+        let key = self.key(ip);
         let counted: Result<(u32, i64), _> = redis::pipe()
             .atomic()
             .cmd("INCR")
@@ -153,9 +158,23 @@ impl FailedLogins {
     }
 }
 
+/// The key under `prefix` counting the failed logins of `ip`'s client ([`client_of`]): one
+/// host rotating through its /64 is counted once.
+fn failures_key(prefix: &str, ip: IpAddr) -> String {
+    format!("{prefix}{}", client_of(ip))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_logins_are_counted_per_client() {
+        let key = |s: &str| failures_key("p:", s.parse().unwrap());
+        assert_eq!(key("2001:db8::1"), key("2001:db8::ffff:2"));
+        assert_ne!(key("2001:db8::1"), key("2001:db8:0:1::1"));
+        assert_eq!(key("192.0.2.1"), key("::ffff:192.0.2.1"));
+    }
 
     #[test]
     fn a_clients_connections_and_the_replicas_are_bounded() {

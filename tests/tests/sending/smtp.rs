@@ -618,6 +618,48 @@ pub(crate) async fn a_client_that_misbehaves_is_cut_off(stack: &Stack) {
     assert!(locked.closed().await);
     guarded.stop().await;
     slow_clients_are_cut_off(stack).await;
+    each_client_fails_its_logins_alone_at_the_gateway(stack).await;
+}
+
+/// The gateway counts failed authentications per SMTP client, not per SMTP service: one
+/// client's wrong keys leave another's login alone.
+async fn each_client_fails_its_logins_alone_at_the_gateway(stack: &Stack) {
+    let (gateway, base) = stack
+        .another_gateway(|c| {
+            c.auth_failures_per_ip_per_minute = 5;
+            c.trust_forwarded_for = true;
+        })
+        .await;
+    let second = postmesh_shared::db::now_unix() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second as u64)).await;
+    }
+    let smtp = SmtpServer::start(stack, |c| {
+        c.allow_plaintext_auth = true;
+        c.api_url = base;
+        c.auth_failures = 100;
+    })
+    .await;
+    let (key, user) = account(stack, 0).await;
+    let (mut guesser, _) = SmtpConn::connect_from(smtp.addr, [127, 0, 0, 2].into()).await;
+    guesser.expect("EHLO guesser.test", 250).await;
+    for _ in 0..6 {
+        let reply = guesser
+            .send(&format!("AUTH PLAIN {}", plain(&user, "pm_wrong")))
+            .await;
+        assert!([535, 454].contains(&reply.0), "{reply:?}");
+    }
+    let (mut other, _) = SmtpConn::connect_from(smtp.addr, [127, 0, 0, 3].into()).await;
+    other.login(&user, &key).await;
+    // A key no key could be is refused for good, not "try again later".
+    let (mut odd, _) = SmtpConn::connect_from(smtp.addr, [127, 0, 0, 4].into()).await;
+    odd.expect("EHLO odd.test", 250).await;
+    let reply = odd
+        .send(&format!("AUTH PLAIN {}", plain(&user, "pm_\u{1}x")))
+        .await;
+    assert_eq!(reply.0, 535, "{reply:?}");
+    smtp.stop().await;
+    gateway.stop().await;
 }
 
 /// A client that trickles a command a byte at a time is cut off as an idle one is, and one

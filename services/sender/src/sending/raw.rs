@@ -104,7 +104,7 @@ pub(crate) async fn send_raw(
     let mime = base64::engine::general_purpose::STANDARD
         .decode(compact)
         .map_err(|_| bad("raw is not valid base64"))?;
-    let message = RawMessage::parse(mail_from, mime)?;
+    let message = RawMessage::parse(mail_from, mime, state.unsubscribe.is_some())?;
     let keyed = message.keyed(&rcpt_to, caller.test);
     let body = message.send_body(rcpt_to);
     send::once(&state, &caller, body, keyed, Some(&message))

@@ -25,10 +25,11 @@ const REPEAT_WINDOW_SECS: i64 = 24 * 3600;
 pub const EMAIL_TYPE_FIELD: &str = "X-Postmesh-Email-Type";
 /// Sets the send's `topic`; taken out before delivery.
 pub const TOPIC_FIELD: &str = "X-Postmesh-Topic";
-/// Fields no recipient sees: the copies' list, our own, and (for mail with an unsubscribe
+/// Fields no recipient sees: the blind copies' lists, our own, and (for mail with an unsubscribe
 /// link of ours) the client's unsubscribe fields, which ours replace.
-pub(crate) const PRIVATE_FIELDS: [&str; 5] = [
+pub(crate) const PRIVATE_FIELDS: [&str; 6] = [
     "Bcc",
+    "Resent-Bcc",
     EMAIL_TYPE_FIELD,
     TOPIC_FIELD,
     TAGS_FIELD,
@@ -58,8 +59,11 @@ pub struct RawMessage {
 }
 
 impl RawMessage {
-    /// Reads `mime`, sent from `envelope_from`.
-    pub fn parse(envelope_from: EmailAddress, mime: Vec<u8>) -> Result<Self, ApiError> {
+    /// Reads `mime`, sent from `envelope_from`; `our_unsubscribe`: lifecycle and marketing
+    /// mail gets our `List-Unsubscribe`, which replaces the client's.
+    pub fn parse(
+        envelope_from: EmailAddress, mime: Vec<u8>, our_unsubscribe: bool,
+    ) -> Result<Self, ApiError> {
         if mime.len() > MAX_RAW_BYTES {
             return Err(ApiError::PayloadTooLarge(format!(
                 "the message is larger than {} MiB",
@@ -82,10 +86,11 @@ impl RawMessage {
         } else {
             subject
         };
+        // Unfolded (RFC 5322 §2.2.3): a client folds a long value over lines.
         let field = |name: &str| {
             parsed
                 .header_raw(name)
-                .map(|v| v.trim().to_owned())
+                .map(|v| v.replace(['\r', '\n'], "").trim().to_owned())
                 .filter(|v| !v.is_empty())
         };
         let (email_type, topic) = (field(EMAIL_TYPE_FIELD), field(TOPIC_FIELD));
@@ -108,7 +113,7 @@ impl RawMessage {
             .unwrap_or_else(|| format!("{}@{}", uuid::Uuid::now_v7().simple(), from.domain()));
         let kind = EmailType::parse(email_type.as_deref());
         let mut drop: Vec<&str> = PRIVATE_FIELDS.to_vec();
-        if kind.is_some_and(|k| k != EmailType::Transactional) {
+        if our_unsubscribe && kind.is_some_and(|k| k != EmailType::Transactional) {
             drop.extend(UNSUBSCRIBE_FIELDS);
         }
         let mut kept = without_fields(&mime, &drop);
@@ -246,7 +251,7 @@ mod tests {
     #[test]
     fn private_fields_go_with_their_folded_lines_and_the_body_stays() {
         let mime = b"From: a@example.com\r\nBcc: x@example.com,\r\n y@example.com\r\n\
-X-POSTMESH-TOPIC: news\r\nSubject: hi\r\n\r\nBcc: not a header\r\n";
+X-POSTMESH-TOPIC: news\r\nSubject: hi\r\nResent-Bcc: z@example.com\r\n\r\nBcc: not a header\r\n";
         let kept = without_fields(mime, &PRIVATE_FIELDS);
         assert_eq!(
             kept,
@@ -273,7 +278,7 @@ X-POSTMESH-TOPIC: news\r\nSubject: hi\r\n\r\nBcc: not a header\r\n";
         let from = EmailAddress::parse("env@example.com").unwrap();
         let raw = b"From: Ann <ann@example.org>\r\nSubject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=\r\n\
 X-Postmesh-Email-Type: marketing\r\nList-Unsubscribe: <https://x>\r\n\r\nbody\r\n";
-        let m = RawMessage::parse(from, raw.to_vec()).unwrap();
+        let m = RawMessage::parse(from, raw.to_vec(), true).unwrap();
         assert_eq!(m.from.as_str(), "ann@example.org");
         assert_eq!(m.subject, "Grüße");
         assert_eq!(m.email_type.as_deref(), Some("marketing"));
@@ -286,13 +291,34 @@ X-Postmesh-Email-Type: marketing\r\nList-Unsubscribe: <https://x>\r\n\r\nbody\r\
     }
 
     #[test]
+    fn folded_fields_are_read_unfolded_and_a_clients_unsubscribe_stays_without_ours() {
+        let from = EmailAddress::parse("env@example.com").unwrap();
+        let raw = b"From: a@example.com\r\nX-Postmesh-Email-Type: marketing\r\n\
+X-Postmesh-Metadata: {\"customer\": \"Jane\r\n Doe\"}\r\nX-Postmesh-Topic: weekly\r\n news\r\n\
+List-Unsubscribe: <https://client.example/u>\r\n\r\nbody\r\n";
+        let m = RawMessage::parse(from.clone(), raw.to_vec(), false).unwrap();
+        let metadata = m.metadata.as_ref().unwrap();
+        assert_eq!(metadata["customer"], "Jane Doe");
+        assert_eq!(m.topic.as_deref(), Some("weekly news"));
+        let text = String::from_utf8(m.mime).unwrap();
+        assert!(
+            text.contains("List-Unsubscribe: <https://client.example/u>"),
+            "{text}"
+        );
+        let ours = RawMessage::parse(from, raw.to_vec(), true).unwrap();
+        assert!(!String::from_utf8(ours.mime)
+            .unwrap()
+            .contains("List-Unsubscribe"));
+    }
+
+    #[test]
     fn a_message_without_from_or_with_a_bad_id_is_refused() {
         let from = EmailAddress::parse("env@example.com").unwrap();
-        assert!(RawMessage::parse(from.clone(), b"Subject: x\r\n\r\nbody".to_vec()).is_err());
+        assert!(RawMessage::parse(from.clone(), b"Subject: x\r\n\r\nbody".to_vec(), true).is_err());
         let bad_id = b"From: a@example.com\r\nMessage-ID: <no-at-sign>\r\n\r\n";
-        assert!(RawMessage::parse(from.clone(), bad_id.to_vec()).is_err());
+        assert!(RawMessage::parse(from.clone(), bad_id.to_vec(), true).is_err());
         let id = b"From: a@example.com\r\nMessage-ID: <x@y>\r\n\r\n";
-        let m = RawMessage::parse(from, id.to_vec()).unwrap();
+        let m = RawMessage::parse(from, id.to_vec(), true).unwrap();
         assert_eq!((m.message_id.as_str(), m.client_message_id), ("x@y", true));
         assert_eq!(m.mime, id);
     }
@@ -301,7 +327,7 @@ X-Postmesh-Email-Type: marketing\r\nList-Unsubscribe: <https://x>\r\n\r\nbody\r\
     fn a_repeat_is_the_same_message_to_the_same_envelope() {
         let address = |a: &str| EmailAddress::parse(a).unwrap();
         let raw = b"From: a@example.com\r\nMessage-ID: <x@y>\r\n\r\nbody".to_vec();
-        let message = |from: &str| RawMessage::parse(address(from), raw.clone()).unwrap();
+        let message = |from: &str| RawMessage::parse(address(from), raw.clone(), true).unwrap();
         let key = |m: &RawMessage, to: &[&str], test: bool| {
             let to: Vec<EmailAddress> = to.iter().map(|a| address(a)).collect();
             m.keyed(&to, test).unwrap().key.as_str().to_owned()

@@ -435,7 +435,7 @@ impl Session {
             }
             Step::Credentials { username, key } => (username, key),
         };
-        match self.shared.api.login(&username, &key).await {
+        match self.shared.api.login(self.ip, &username, &key).await {
             Ok(()) => {
                 self.login = Some(Login { key });
                 push(out, &Reply::new(235, "2.7.0", "authentication succeeded"));
@@ -508,7 +508,7 @@ impl Session {
             return reply;
         }
         if self.sender_ok.as_deref() != Some(address.as_str()) {
-            if let Err(reply) = self.shared.api.check_sender(&key, &address).await {
+            if let Err(reply) = self.shared.api.check_sender(self.ip, &key, &address).await {
                 return reply;
             }
             self.sender_ok = Some(address.clone());
@@ -536,7 +536,12 @@ impl Session {
             Ok(key) => key,
             Err(reply) => return reply,
         };
-        if let Err(reply) = self.shared.api.check_recipient(&key, &address).await {
+        if let Err(reply) = self
+            .shared
+            .api
+            .check_recipient(self.ip, &key, &address)
+            .await
+        {
             return reply;
         }
         self.rcpt_to.push(address);
@@ -561,7 +566,7 @@ impl Session {
         match self
             .shared
             .api
-            .send(&key, &from, &rcpt_to, data.bytes())
+            .send(self.ip, &key, &from, &rcpt_to, data.bytes())
             .await
         {
             Ok(answer) => {
