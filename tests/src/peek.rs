@@ -405,6 +405,15 @@ pub mod dispatcher {
         .expect("an endpoint")
     }
 
+    /// Since when endpoint `id`'s deliveries have all failed, if they have.
+    pub async fn failing_since(db: &PgPool, id: Uuid) -> Option<i64> {
+        sqlx::query_scalar("SELECT failing_since FROM endpoints WHERE id = $1")
+            .bind(id)
+            .fetch_one(db)
+            .await
+            .expect("an endpoint")
+    }
+
     /// The signing secret of endpoint `id`, as stored.
     pub async fn sealed_secret(db: &PgPool, id: Uuid) -> Vec<u8> {
         sqlx::query_scalar("SELECT secret_sealed FROM endpoints WHERE id = $1")

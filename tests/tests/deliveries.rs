@@ -487,6 +487,17 @@ async fn a_dead_receiver_ends_failed_then_retry_and_replay_send_again_and_410_di
         .get(&format!("/inbox/webhook/endpoints/{g}"), StatusCode::OK)
         .await;
     assert!(!page.body.endpoint.active, "a 410 disables the endpoint");
+    // A disabled endpoint takes no retry or replay, which could only fail: 409.
+    let disabled: ErrorBody = replay(stack, &key, g, StatusCode::CONFLICT).await;
+    assert!(disabled.error.contains("disabled"), "{disabled:?}");
+    let retry_gone = format!(
+        "/inbox/webhook/endpoints/{g}/attempts/{}/retry",
+        dropped[0].id
+    );
+    let _: ErrorBody = stack
+        .client(&key)
+        .act(&retry_gone, StatusCode::CONFLICT)
+        .await;
 
     // Retried by hand: the same delivery (webhook-id) again, now answered.
     receiver.answer(Reply::Status(200));
@@ -570,6 +581,19 @@ async fn an_endpoint_failing_for_the_disable_period_is_disabled(stack: &Stack) {
     mail_to(stack, "failing", "After", "a").await;
     stack.handled(&[Stream::Inbound, Stream::Webhook]).await;
     assert_eq!(attempts(stack, &key, e).await.len(), 1);
+    // A new URL is a new receiver: the old one's failures are not held against it.
+    let db = stack.service_db(webhook_dispatcher::SERVICE).await;
+    assert!(peek::dispatcher::failing_since(&db, e).await.is_some());
+    let fixed = Receiver::start().await;
+    let _: Success<EndpointPage> = stack
+        .client(&key)
+        .patch(
+            &format!("/inbox/webhook/endpoints/{e}"),
+            &json!({"url": fixed.url("/fixed")}),
+            StatusCode::OK,
+        )
+        .await;
+    assert_eq!(peek::dispatcher::failing_since(&db, e).await, None);
 }
 
 async fn long_bodies_are_cut_and_redirects_are_not_followed(stack: &Stack) {

@@ -115,20 +115,29 @@ pub(crate) struct ListQuery {
     status: Option<Status>,
 }
 
-/// 404 unless `id` is an `owner` of the caller's workspace.
-async fn require(db: &PgPool, owner: Owner, caller: &Caller, id: Uuid) -> Result<(), ApiError> {
+/// 404 unless `id` is an `owner` of the caller's workspace; whether it is active.
+async fn require(db: &PgPool, owner: Owner, caller: &Caller, id: Uuid) -> Result<bool, ApiError> {
     let (table, _) = owner.table();
-    let found: bool = sqlx::query_scalar(&format!(
-        "SELECT EXISTS (SELECT 1 FROM {table} WHERE id = $1 AND workspace_id = $2)"
+    let active: Option<bool> = sqlx::query_scalar(&format!(
+        "SELECT active FROM {table} WHERE id = $1 AND workspace_id = $2"
     ))
     .bind(id)
     .bind(caller.workspace)
-    .fetch_one(db)
+    .fetch_optional(db)
     .await?;
-    if found {
-        Ok(())
-    } else {
-        Err(owner.not_found())
+    active.ok_or_else(|| owner.not_found())
+}
+
+/// 409 unless `id`, an `owner` of the caller's workspace, is active: a disabled target gets
+/// no new attempts, which could only fail.
+async fn require_active(
+    db: &PgPool, owner: Owner, caller: &Caller, id: Uuid,
+) -> Result<(), ApiError> {
+    match require(db, owner, caller, id).await? {
+        true => Ok(()),
+        false => Err(ApiError::Conflict(
+            "the target is disabled: enable it (active: true) to send to it again".into(),
+        )),
     }
 }
 
@@ -171,7 +180,7 @@ pub(crate) async fn retry<O: Owned>(
     State(state): State<AppState>, caller: Caller,
     IdPairPath(owner, attempt): IdPairPath<Uuid, Uuid>,
 ) -> Result<(StatusCode, Success<Retried>), ApiError> {
-    require(&state.db, O::OWNER, &caller, owner).await?;
+    require_active(&state.db, O::OWNER, &caller, owner).await?;
     let js = jetstream(&state)?;
     let (_, column) = O::OWNER.table();
     let view: AttemptView = sqlx::query_as(&format!(
@@ -247,7 +256,7 @@ pub(crate) async fn replay<O: Owned>(
         .types
         .map(crate::routes::webhooks::event_types)
         .transpose()?;
-    require(&state.db, O::OWNER, &caller, id).await?;
+    require_active(&state.db, O::OWNER, &caller, id).await?;
     let js = jetstream(&state)?;
     let now = now_unix();
     let what = match O::OWNER {

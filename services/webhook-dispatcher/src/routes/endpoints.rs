@@ -250,7 +250,8 @@ async fn apply(
         .await?;
     let updated = sqlx::query_as(&format!(
         "UPDATE endpoints SET url = $3, active = $4, body_format = $5, strip_quotes = $6,
-             failing_since = CASE WHEN $4 AND NOT active THEN NULL ELSE failing_since END
+             failing_since = CASE WHEN ($4 AND NOT active) OR url <> $3 THEN NULL
+                 ELSE failing_since END
          WHERE id = $1 AND workspace_id = $2 RETURNING {COLUMNS}"
     ))
     .bind(current.id)

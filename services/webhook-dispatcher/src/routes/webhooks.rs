@@ -289,7 +289,8 @@ pub(crate) async fn update(
         .await?;
     let updated = sqlx::query_as(&format!(
         "UPDATE webhooks SET url = $3, events = $4, active = $5,
-             failing_since = CASE WHEN $5 AND NOT active THEN NULL ELSE failing_since END
+             failing_since = CASE WHEN ($5 AND NOT active) OR url <> $3 THEN NULL
+                 ELSE failing_since END
          WHERE id = $1 AND workspace_id = $2 RETURNING {COLUMNS}"
     ))
     .bind(id)
