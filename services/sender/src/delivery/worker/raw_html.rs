@@ -17,11 +17,30 @@ pub(super) struct HtmlPart {
 }
 
 /// The HTML parts of `mime` tracking may rewrite: `text/html` that is no attachment, in
-/// UTF-8 or ASCII (another charset is left as written), outside attached messages.
+/// UTF-8 or ASCII (another charset is left as written), outside attached messages; none in
+/// a signed or encrypted message (S/MIME, PGP/MIME), whose signature a rewrite would break.
 pub(super) fn html_parts(mime: &[u8]) -> Vec<HtmlPart> {
     let Some(message) = MessageParser::default().parse(mime) else {
         return Vec::new();
     };
+    let sealed = message.parts.iter().any(|part| {
+        part.content_type().is_some_and(|t| {
+            let sub = t.subtype().unwrap_or_default();
+            match t.ctype() {
+                kind if kind.eq_ignore_ascii_case("multipart") => {
+                    sub.eq_ignore_ascii_case("signed") || sub.eq_ignore_ascii_case("encrypted")
+                }
+                kind if kind.eq_ignore_ascii_case("application") => {
+                    sub.eq_ignore_ascii_case("pkcs7-mime")
+                        || sub.eq_ignore_ascii_case("x-pkcs7-mime")
+                }
+                _ => false,
+            }
+        })
+    });
+    if sealed {
+        return Vec::new();
+    }
     message
         .parts
         .iter()
@@ -138,6 +157,17 @@ Content-Type: text/html; charset=iso-8859-1\r\n\r\n<a href=\"https://example.com
         let parsed = MessageParser::default().parse(&out).unwrap();
         assert_eq!(parsed.subject(), Some("One"));
         assert_eq!(parsed.body_html(0).unwrap(), "<b>new</b>");
+    }
+
+    #[test]
+    fn a_signed_message_is_left_whole() {
+        let signed = "From: a@example.com\r\nContent-Type: multipart/signed; \
+protocol=\"application/pkcs7-signature\"; micalg=sha-256; boundary=s\r\n\r\n--s\r\n\
+Content-Type: text/html; charset=utf-8\r\n\r\n<a href=\"https://example.com/\">x</a>\r\n--s\r\n\
+Content-Type: application/pkcs7-signature; name=smime.p7s\r\n\r\nMIIB\r\n--s--\r\n";
+        assert!(html_parts(signed.as_bytes()).is_empty());
+        let plain = signed.replace("multipart/signed", "multipart/mixed");
+        assert_eq!(html_parts(plain.as_bytes()).len(), 1);
     }
 
     #[test]

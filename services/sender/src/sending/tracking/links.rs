@@ -58,8 +58,9 @@ impl Instrument<'_> {
 
     /// The tracked form of `href` as written in the markup, if it is to be tracked.
     fn tracked(&self, base: &str, href: &str) -> Option<String> {
-        // The destination as a browser reads the attribute.
-        let link = postmesh_shared::text::attribute_url(href);
+        // The destination as a browser reads the attribute (one we cannot read stays as
+        // written, untracked).
+        let link = postmesh_shared::text::attribute_url(href)?;
         let unsubscribe = self.unsubscribe_prefix.is_some_and(|p| link.starts_with(p));
         if !is_http(&link) || unsubscribe {
             return None;
