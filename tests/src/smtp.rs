@@ -64,6 +64,7 @@ impl SmtpServer {
             max_commands: 10_000,
             auth_failures: 10,
             auth_failure_window: Duration::from_secs(600),
+            message_memory: smtp_submission::settings::SMTP_MESSAGE_MEMORY_BYTES.default_of(),
         };
         adjust(&mut config);
         let (running, listening) = smtp_submission::serve(config)

@@ -16,7 +16,7 @@ use sender::sending::tracking::links::Instrument;
 use sender::sending::tracking::Tracker;
 use smtp_proto::{AUTH_LOGIN, AUTH_PLAIN};
 use smtp_submission::session::auth::{self, Step};
-use smtp_submission::session::data::DataIn;
+use smtp_submission::session::data::{Budget, DataIn};
 use webhook_dispatcher::content::quotes::{render, strip_html, strip_text, BodyFormat};
 use webhook_dispatcher::target::{admit, is_public};
 
@@ -135,7 +135,7 @@ pub fn smtp_input(data: &[u8]) {
         return;
     };
     let read = usize::from(cut % 64) + 1;
-    let mut message = DataIn::new(256);
+    let mut message = DataIn::new(256, Budget::new(1 << 20));
     'reads: for piece in rest.chunks(read) {
         let mut bytes = piece.iter();
         while !bytes.as_slice().is_empty() {

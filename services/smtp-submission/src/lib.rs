@@ -65,6 +65,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// `SMTP_MAX_COMMANDS`.
     pub max_commands: usize,
+    /// `SMTP_MESSAGE_MEMORY_BYTES`.
+    pub message_memory: usize,
     /// `SMTP_AUTH_FAILURES` within `SMTP_AUTH_FAILURE_WINDOW_SECS`.
     pub auth_failures: u32,
     pub auth_failure_window: Duration,
@@ -98,6 +100,7 @@ impl Config {
             max_connections: SMTP_MAX_CONNECTIONS.parse()?,
             idle_timeout: SMTP_IDLE_TIMEOUT_SECS.secs()?,
             max_commands: SMTP_MAX_COMMANDS.parse()?,
+            message_memory: SMTP_MESSAGE_MEMORY_BYTES.parse()?,
             auth_failures: SMTP_AUTH_FAILURES.parse()?,
             auth_failure_window: SMTP_AUTH_FAILURE_WINDOW_SECS.secs()?,
         };
@@ -139,6 +142,10 @@ impl Config {
             postmesh_shared::config::secs(self.idle_timeout),
         ));
         env.push((SMTP_MAX_COMMANDS.name, self.max_commands.to_string()));
+        env.push((
+            SMTP_MESSAGE_MEMORY_BYTES.name,
+            self.message_memory.to_string(),
+        ));
         env.push((SMTP_AUTH_FAILURES.name, self.auth_failures.to_string()));
         env.push((
             SMTP_AUTH_FAILURE_WINDOW_SECS.name,
@@ -164,6 +171,8 @@ pub(crate) struct Shared {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub logins: limits::FailedLogins,
     pub connections: limits::Connections,
+    /// What the messages in hand may hold (`SMTP_MESSAGE_MEMORY_BYTES`).
+    pub memory: session::data::Budget,
     pub shutdown: CancellationToken,
 }
 
@@ -196,6 +205,7 @@ pub async fn serve(config: Config) -> anyhow::Result<(Running, Listening)> {
             config.max_connections_per_ip,
             config.max_connections,
         ),
+        memory: session::data::Budget::new(config.message_memory),
         shutdown: shutdown.clone(),
         config,
     });

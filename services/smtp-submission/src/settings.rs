@@ -14,6 +14,7 @@ settings! {
     SMTP_MAX_CONNECTIONS_PER_IP = "20", "smtp-submission: connections one client (an address; for IPv6, its /64) may hold at once (per replica); beyond, 421";
     SMTP_MAX_CONNECTIONS = "1000", "smtp-submission: connections open at once, all clients together (per replica); beyond, 421";
     SMTP_IDLE_TIMEOUT_SECS = "300", "smtp-submission: how long a command may take to arrive whole after the last reply, however its bytes trickle in (within a message: between reads), before 421 and close; and how long a reply may wait to be taken before the connection is closed";
+    SMTP_MESSAGE_MEMORY_BYTES = "536870912" shown "`536870912` (512 MiB)", "smtp-submission: memory the messages being read and sent may hold at once, all connections together (per replica; a message's byte counts five times: its growing buffer, its base64, the request); a message that finds none left is read to its end and answered 452 4.3.1, to be sent again later";
     SMTP_MAX_COMMANDS = "10000", "smtp-submission: commands one connection may send; beyond, 421 and close";
     SMTP_AUTH_FAILURES = "10" | SMTP_AUTH_FAILURE_WINDOW_SECS = "600",
         "smtp-submission: failed logins from one client address, all replicas together, after which its connections get 421 until the window has passed";

@@ -277,7 +277,10 @@ impl Session {
                         match then {
                             Then::Continue => {}
                             Then::Close => closing = true,
-                            Then::Data => mode = Mode::Data(DataIn::new(config.max_message_bytes)),
+                            Then::Data => {
+                                let memory = self.shared.memory.clone();
+                                mode = Mode::Data(DataIn::new(config.max_message_bytes, memory));
+                            }
                             Then::Auth(auth) => mode = Mode::Auth(auth),
                             Then::StartTls => {
                                 // Anything the client sent after STARTTLS is dropped (RFC 3207).
@@ -551,14 +554,9 @@ impl Session {
     /// The end of `DATA`: the message sent, once, or why not.
     async fn message(&mut self, data: DataIn) -> Reply {
         let (from, rcpt_to) = (self.mail_from.take(), std::mem::take(&mut self.rcpt_to));
-        if data.too_large() {
+        if let Some(reply) = data.refusal() {
             metrics::counter!("postmesh_smtp_messages_total", "outcome" => "refused").increment(1);
-            let max = self.shared.config.max_message_bytes;
-            return Reply::new(
-                552,
-                "5.3.4",
-                format!("the message is larger than the {max} bytes allowed"),
-            );
+            return reply;
         }
         let (Some((from, _)), Ok(key)) = (from, self.key()) else {
             return Reply::new(503, "5.5.1", "no mail transaction");

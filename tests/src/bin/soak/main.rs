@@ -410,6 +410,7 @@ fn fleet(common: &Common, stack: &Stack, gateways: &[SocketAddr], ports: &Ports)
             max_commands: 1_000_000,
             auth_failures: 10,
             auth_failure_window: Duration::from_secs(600),
+            message_memory: smtp_submission::settings::SMTP_MESSAGE_MEMORY_BYTES.default_of(),
         };
         (smtp_submission::SERVICE, config.to_env())
     });
