@@ -2,6 +2,7 @@
 //! `smtp` hands it to any relay through lettre's pool, `ses` sends it raw through Amazon
 //! SES v2 (`SendEmail`). Each answers the provider's id of the delivered message.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 
 use lettre::address::Envelope;
@@ -150,7 +151,10 @@ impl Transport {
                 tokio::fs::rename(&tmp, &path).await.map_err(io)?;
                 Ok(message.message_id)
             }
-            Self::Smtp(smtp) => match smtp.send_raw(&message.envelope, &message.bytes).await {
+            Self::Smtp(smtp) => match smtp
+                .send_raw(&message.envelope, &crlf_lines(&message.bytes))
+                .await
+            {
                 Ok(_) => Ok(message.message_id),
                 Err(e) if e.is_permanent() => Err(TransportError::Permanent(e.to_string())),
                 Err(e) => Err(TransportError::Transient(e.to_string())),
@@ -168,5 +172,48 @@ impl Transport {
                 }
             }
         }
+    }
+}
+
+/// `bytes` with every line ended by CRLF: a bare LF gets a CR before it, a bare CR an LF
+/// after it. The relay's client stuffs dots only after CRLF, so a client's `\n.\r\n`
+/// would end the message early for a relay that takes a bare LF as a line end, and what
+/// followed would be read as commands (SMTP smuggling). One pass.
+fn crlf_lines(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let bare = bytes.iter().enumerate().any(|(i, &b)| match b {
+        b'\n' => i == 0 || bytes[i - 1] != b'\r',
+        b'\r' => bytes.get(i + 1) != Some(&b'\n'),
+        _ => false,
+    });
+    if !bare {
+        return Cow::Borrowed(bytes);
+    }
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 16);
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'\n' if i == 0 || bytes[i - 1] != b'\r' => out.extend_from_slice(b"\r\n"),
+            b'\r' if bytes.get(i + 1) != Some(&b'\n') => out.extend_from_slice(b"\r\n"),
+            _ => out.push(b),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_line_ends_in_crlf_so_no_bare_line_end_can_end_a_message() {
+        assert_eq!(&*crlf_lines(b"a\r\nb\r\n"), b"a\r\nb\r\n");
+        assert!(matches!(crlf_lines(b"a\r\nb"), Cow::Borrowed(_)));
+        assert_eq!(
+            &*crlf_lines(b"body\n.\r\nMAIL FROM:<x@y>\r\n\rz\n"),
+            b"body\r\n.\r\nMAIL FROM:<x@y>\r\n\r\nz\r\n"
+        );
+        assert_eq!(&*crlf_lines(b"\n\r"), b"\r\n\r\n");
+        // Hostile: a megabyte of bare line ends is read once.
+        let hostile = vec![b'\n'; 1 << 20];
+        assert_eq!(crlf_lines(&hostile).len(), 2 << 20);
     }
 }
