@@ -405,6 +405,20 @@ pub mod dispatcher {
         .expect("an endpoint")
     }
 
+    /// Leases attempt `id` to another try for `ms`, as one in flight holds it.
+    pub async fn lease_attempt(db: &PgPool, id: Uuid, ms: i64) {
+        sqlx::query(
+            "UPDATE attempts SET lease_owner = gen_random_uuid(),
+                 leased_until_ms = (extract(epoch from clock_timestamp()) * 1000)::bigint + $2
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(ms)
+        .execute(db)
+        .await
+        .expect("an attempt");
+    }
+
     /// Since when endpoint `id`'s deliveries have all failed, if they have.
     pub async fn failing_since(db: &PgPool, id: Uuid) -> Option<i64> {
         sqlx::query_scalar("SELECT failing_since FROM endpoints WHERE id = $1")

@@ -175,7 +175,9 @@ fn jetstream(state: &AppState) -> Result<async_nats::jetstream::Context, ApiErro
     Ok(async_nats::jetstream::new(client.clone()))
 }
 
-/// Sends attempt `attemptId` again now, whatever it came to; 202.
+/// Sends attempt `attemptId` again now, whatever it came to; 202. A try in flight loses its
+/// lease: a failure it records later would end the attempt the retry was asked of (a success
+/// still counts).
 pub(crate) async fn retry<O: Owned>(
     State(state): State<AppState>, caller: Caller,
     IdPairPath(owner, attempt): IdPairPath<Uuid, Uuid>,
@@ -186,7 +188,7 @@ pub(crate) async fn retry<O: Owned>(
     let view: AttemptView = sqlx::query_as(&format!(
         "WITH a AS (
              UPDATE attempts SET status = 'pending', next_attempt_at = $3, updated_at = $3,
-                 requeue_at = DEFAULT
+                 requeue_at = DEFAULT, lease_owner = NULL, leased_until_ms = 0
              WHERE id = $1 AND {column} = $2 RETURNING *
          )
          SELECT {COLUMNS} FROM a LEFT JOIN events ev ON ev.id = a.message_id"
