@@ -158,6 +158,15 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
         "WORKFLOWS_PER_WORKSPACE = 1",
     )
     .await;
+    // A deleted workflow (kept for its runs' history) leaves its place to a new one.
+    let list: Value = mine.get("/workflows", StatusCode::OK).await;
+    let held = list["workflows"][0]["id"].as_str().unwrap().to_owned();
+    let _: Value = mine
+        .delete(&format!("/workflows/{held}"), StatusCode::OK)
+        .await;
+    let _: Value = mine
+        .post("/workflows", &workflow, StatusCode::CREATED)
+        .await;
 
     // Pages: templates by key, audiences oldest first.
     let page: Value = mine

@@ -129,15 +129,16 @@ impl Default for Quotas {
 }
 
 impl Quotas {
-    /// Takes the workspace's turn in `tx` and counts its rows of `table`: 403 when they
+    /// Takes the workspace's turn in `tx` and counts its rows of `table` that are `kept`
+    /// (a condition: a deleted row kept for its history counts for nothing): 403 when they
     /// already fill `quota` (named by its setting), so the caller's insert keeps it.
     pub async fn hold(
-        tx: &mut sqlx::PgConnection, table: &str, workspace: postmesh_shared::WorkspaceId,
-        quota: i64, setting: &str,
+        tx: &mut sqlx::PgConnection, (table, kept): (&str, &str),
+        workspace: postmesh_shared::WorkspaceId, quota: i64, setting: &str,
     ) -> Result<(), ApiError> {
         db::take_turns(tx, db::Turns::Workspace, workspace).await?;
         let held: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {table} WHERE workspace_id = $1"
+            "SELECT count(*) FROM {table} WHERE workspace_id = $1 AND {kept}"
         ))
         .bind(workspace)
         .fetch_one(&mut *tx)

@@ -187,7 +187,7 @@ pub(crate) async fn create(
     let quota = state.quotas.workflows;
     Quotas::hold(
         &mut tx,
-        "workflows",
+        ("workflows", "deleted_at IS NULL"),
         caller.workspace,
         quota,
         "WORKFLOWS_PER_WORKSPACE",

@@ -162,7 +162,7 @@ pub(crate) async fn create(
     let quota = state.quotas.audiences;
     Quotas::hold(
         &mut tx,
-        "audiences",
+        ("audiences", "true"),
         caller.workspace,
         quota,
         "AUDIENCES_PER_WORKSPACE",
