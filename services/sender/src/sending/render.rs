@@ -32,13 +32,21 @@ fn value_text(name: &str, v: &Value) -> Result<String, ApiError> {
 /// The placeholder of a recipient's unsubscribe link, filled per message by the worker.
 pub const UNSUBSCRIBE_URL: &str = "unsubscribe_url";
 
+/// The most bytes a body may fill to: as much as a send's whole request may carry. Each
+/// placeholder may repeat a variable, so the filled size is their product, not their sum.
+pub const MAX_FILLED_BYTES: usize = 16 * 1024 * 1024;
+
 /// Replaces each `{{ name }}` of `template` with its variable (escaped when `html`). A
 /// placeholder without a variable is a 400 naming it, except `{{unsubscribe_url}}`, kept
 /// for the worker; text that is not a placeholder (a lone `{{`, `{{#if}}`) stays as it is.
+/// A body that would fill past [`MAX_FILLED_BYTES`] is a 400, found before it is made.
 pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<String, ApiError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some((start, end, inner)) = next_placeholder(rest) {
+        if out.len() > MAX_FILLED_BYTES {
+            return Err(filled_too_large());
+        }
         out.push_str(&rest[..start]);
         let (whole, name) = (&rest[start..end], inner.trim());
         if name == UNSUBSCRIBE_URL && !vars.contains_key(name) {
@@ -58,7 +66,17 @@ pub fn fill(template: &str, vars: &Map<String, Value>, html: bool) -> Result<Str
         rest = &rest[end..];
     }
     out.push_str(rest);
+    if out.len() > MAX_FILLED_BYTES {
+        return Err(filled_too_large());
+    }
     Ok(out)
+}
+
+fn filled_too_large() -> ApiError {
+    ApiError::BadRequest(format!(
+        "the body filled with its variables is larger than {} MiB",
+        MAX_FILLED_BYTES >> 20
+    ))
 }
 
 /// The next `{{ … }}` of `s`: where it starts and ends, and what it holds. A `{{` that
@@ -311,6 +329,20 @@ mod tests {
         assert!(err.contains("\"missing\""), "{err}");
         let err = fill("{{o}}", &vars(serde_json::json!({"o": {}})), false).unwrap_err();
         assert!(err.to_string().contains("string, number or boolean"));
+    }
+
+    #[test]
+    fn a_body_filling_past_its_bound_is_refused_before_it_is_made() {
+        let template = "{{a}}".repeat(300);
+        let vars: Map<String, Value> = [("a".to_owned(), Value::String("&".repeat(64 * 1024)))]
+            .into_iter()
+            .collect();
+        let err = fill(&template, &vars, true).unwrap_err();
+        assert!(err.to_string().contains("larger than 16 MiB"), "{err}");
+        let small: Map<String, Value> = [("a".to_owned(), Value::String("x".into()))]
+            .into_iter()
+            .collect();
+        assert_eq!(fill(&template, &small, true).unwrap().len(), 300);
     }
 
     #[test]
