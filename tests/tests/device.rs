@@ -502,6 +502,9 @@ async fn key_pages_create_and_revoke_with_csrf(stack: &Stack) {
     assert_eq!(tossed.status, StatusCode::FORBIDDEN);
     assert_eq!(user.page("/app/keys").await.status, StatusCode::OK);
     assert_ne!(user.csrf, planted, "the page set the session's token again");
+    // A name with a NUL (a form's `%00`) is refused as any bad name is, not a 500.
+    let nul = user.form("/app/keys", &[("name", "a\0b")]).await;
+    assert_eq!(nul.status, StatusCode::BAD_REQUEST, "{}", text(&nul));
     let created = user.form("/app/keys", &[("name", "laptop")]).await;
     assert_eq!(created.status, StatusCode::CREATED);
     let html = text(&created);

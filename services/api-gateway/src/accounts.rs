@@ -181,13 +181,19 @@ pub async fn revoke_key(state: &AppState, account: Uuid, key: Uuid) -> Result<()
     Ok(())
 }
 
-/// A key name from a request: trimmed, 1-100 characters.
+/// A key name from a request: trimmed, 1-100 characters, none of them a control character
+/// (a form decodes `%00` to the NUL PostgreSQL text cannot hold).
 pub fn parse_name(raw: &str) -> Result<String, ApiError> {
     let name = raw.trim();
     if name.is_empty() || name.chars().count() > NAME_MAX {
         return Err(ApiError::BadRequest(format!(
             "name must be 1-{NAME_MAX} characters"
         )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ApiError::BadRequest(
+            "name must not hold control characters".into(),
+        ));
     }
     Ok(name.to_owned())
 }
