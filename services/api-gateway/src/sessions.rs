@@ -176,8 +176,20 @@ pub async fn require_session(
     let session = load(&state, req.headers())
         .await?
         .ok_or_else(|| ApiError::Unauthorized("not logged in".into()))?;
+    spend(&state, &session).await?;
     req.extensions_mut().insert(session);
     Ok(next.run(req).await)
+}
+
+/// Counts a signed-in request against its account's rate, as a key's request is: a
+/// session buys no more requests than the account's keys.
+async fn spend(state: &AppState, session: &Session) -> Result<(), ApiError> {
+    let mut redis = state.redis.clone();
+    let account = session.account.to_string();
+    state
+        .rate
+        .check_account(&mut redis, &state.ns, &account)
+        .await
 }
 
 /// The `Page` policy: the request's session is attached, or the browser goes to
@@ -195,6 +207,7 @@ pub async fn require_page_session(
         };
         return Ok(see_other(&format!("/app/login{back}")));
     };
+    spend(&state, &session).await?;
     req.extensions_mut().insert(session);
     Ok(next.run(req).await)
 }
