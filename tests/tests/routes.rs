@@ -662,3 +662,34 @@ fn every_paged_list_documents_the_bounds_it_enforces() {
         "paging parameters documented without the minimum the list enforces: {unbounded:?}"
     );
 }
+
+/// The ingress in front of the gateway lets the largest body any route takes through, so a
+/// body too large gets the gateway's JSON 413, and a body a route takes is never refused by
+/// the proxy first.
+#[test]
+fn the_ingress_lets_the_largest_route_body_through() {
+    let ingress = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../k8s/base/ingress.yaml"
+    ))
+    .expect("the ingress");
+    let size = ingress
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("nginx.ingress.kubernetes.io/proxy-body-size:")
+        })
+        .expect("a proxy-body-size annotation")
+        .trim();
+    let mib: usize = size
+        .strip_suffix('m')
+        .and_then(|n| n.parse().ok())
+        .expect("a size in megabytes");
+    let largest = Service::ALL
+        .iter()
+        .flat_map(|s| s.routes())
+        .filter_map(|r| r.body_limit)
+        .max()
+        .expect("routes with body limits");
+    assert!(mib << 20 >= largest, "{size} < {largest} bytes");
+}
