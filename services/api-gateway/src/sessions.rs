@@ -93,11 +93,13 @@ pub async fn start(state: &AppState, account: Uuid, email: &str) -> Result<Heade
         .query_async::<()>(&mut redis)
         .await
         .map_err(redis_err)?;
+    // The cookie lives as long as a session may; the store's expiry, pushed back at each
+    // use, ends one left unused for 7 days.
     Ok(set_cookie(
         state,
         session_cookie(state),
         &id,
-        SESSION_TTL_SECS,
+        SESSION_MAX_SECS.unsigned_abs(),
         "Lax",
     ))
 }
