@@ -410,6 +410,7 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
     // Without reentry a contact with an active run starts no second one; with it, it does.
     let waiting = |name: &str, event_name: &str, reentry: bool| {
         json!({ "name": name, "trigger": { "event_name": event_name }, "reentry": reentry,
+                "exit": [{ "event_name": "left" }],
                 "steps": [{ "type": "wait", "seconds": 3600 }, { "type": "send", "templateKey": "small" }] })
     };
     workflow(&client, waiting("once", "visited", false)).await;
@@ -434,6 +435,33 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
             "{id}: {made}"
         );
     }
+
+    // A test key's runs stand apart from live ones: its run keeps no live run from
+    // starting, and its exit event ends no live run.
+    let test = stack.client(&stack.test_key_of(&key).await);
+    let dee = fresh("dee");
+    for (client, id, name, expected) in [
+        (&test, "t-1", "visited", 1),
+        (&client, "v-3", "visited", 1),
+        (&test, "t-2", "left", 0),
+    ] {
+        let made: Value = client
+            .post(
+                "/events",
+                &event(id, name, &dee, json!({})),
+                StatusCode::CREATED,
+            )
+            .await;
+        assert_eq!(
+            made["runs"].as_array().map(Vec::len),
+            Some(expected),
+            "{id}: {made}"
+        );
+    }
+    let live: Value = client.get("/events/v-3", StatusCode::OK).await;
+    assert_eq!(live["runs"][0]["status"], "active", "{live}");
+    let tried: Value = test.get("/events/t-1", StatusCode::OK).await;
+    assert_eq!(tried["runs"][0]["status"], "exited", "{tried}");
 }
 
 /// A send step that outlives its run's lease (here: storing its task takes 12 s) is taken

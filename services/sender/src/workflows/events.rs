@@ -277,7 +277,7 @@ pub(crate) async fn report(
     };
     runs::exit_for(
         &mut tx,
-        caller.workspace,
+        &caller,
         &event.event_name,
         &contact,
         &ev.properties,

@@ -66,21 +66,22 @@ pub async fn definition(
 }
 
 /// Ends the contact's active runs of workflows that `event_name` exits, when an exit rule's
-/// conditions hold.
+/// conditions hold: a test key's event only test runs, a live key's only live ones.
 pub async fn exit_for(
-    tx: &mut PgConnection, workspace: WorkspaceId, event_name: &str, contact: &Contact,
+    tx: &mut PgConnection, caller: &Caller, event_name: &str, contact: &Contact,
     properties: &Map<String, Value>,
 ) -> Result<(), ApiError> {
     let active: Vec<(Uuid, Uuid, i32)> = sqlx::query_as(
         "SELECT r.id, r.workflow_id, r.version FROM workflow_runs r
          JOIN workflow_versions v ON v.workflow_id = r.workflow_id AND v.version = r.version
          WHERE r.workspace_id = $1 AND r.contact_id = $2 AND r.status = 'active'
-           AND $3 = ANY (v.exit_events)
+           AND $3 = ANY (v.exit_events) AND r.test_mode = $4
          ORDER BY r.id FOR UPDATE OF r",
     )
-    .bind(workspace)
+    .bind(caller.workspace)
     .bind(contact.id)
     .bind(event_name)
+    .bind(caller.test)
     .fetch_all(&mut *tx)
     .await?;
     for (run, workflow, version) in active {
