@@ -328,6 +328,8 @@ pub struct AppState {
     /// The transport sends through the provider (SES): a custom from-domain must be
     /// verified for outbound there, or the send is a 400 at once.
     pub needs_outbound: bool,
+    /// Passes over due workflow runs asked for by new runs: one at a time.
+    pub wakes: Arc<workflows::wake::Wakes>,
 }
 
 impl AppState {
@@ -355,6 +357,7 @@ impl AppState {
             sns: None,
             quotas: Quotas::default(),
             needs_outbound: false,
+            wakes: Arc::default(),
         }
     }
 }

@@ -302,7 +302,7 @@ pub(crate) async fn report(
     tx.commit().await?;
     crate::sending::send::publish_soon(&state);
     if !started.is_empty() {
-        super::runs::wake(&state);
+        super::wake::wake(&state);
     }
     metrics::counter!("postmesh_workflow_events_total").increment(1);
     Ok((

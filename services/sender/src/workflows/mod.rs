@@ -6,6 +6,7 @@ pub mod definition;
 pub mod event;
 pub mod events;
 pub mod runs;
+pub mod wake;
 
 use std::borrow::Cow;
 

@@ -169,16 +169,6 @@ pub async fn start_for(
     Ok(started)
 }
 
-/// Advances due runs in the background now (a new run's first steps).
-pub fn wake(state: &AppState) {
-    let state = state.clone();
-    state.tracker.clone().spawn(async move {
-        if let Err(e) = advance_due(&state).await {
-            tracing::warn!(error = %e, "workflow runs");
-        }
-    });
-}
-
 /// A leased run.
 #[derive(sqlx::FromRow)]
 struct Due {
