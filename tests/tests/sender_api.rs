@@ -164,9 +164,16 @@ async fn quotas_are_403_naming_their_setting_and_lists_are_paged() {
     let _: Value = mine
         .delete(&format!("/workflows/{held}"), StatusCode::OK)
         .await;
-    let _: Value = mine
+    let made: Value = mine
         .post("/workflows", &workflow, StatusCode::CREATED)
         .await;
+    // Versions per workflow: 100, as per template.
+    let path = format!("/workflows/{}", made["workflow"]["id"].as_str().unwrap());
+    for _ in 2..=sender::workflows::MAX_VERSIONS {
+        let _: Value = mine.patch(&path, &workflow, StatusCode::OK).await;
+    }
+    let over: ErrorBody = mine.patch(&path, &workflow, StatusCode::FORBIDDEN).await;
+    assert!(over.error.contains("100 versions"), "{}", over.error);
 
     // Pages: templates by key, audiences oldest first.
     let page: Value = mine

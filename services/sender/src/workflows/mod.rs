@@ -253,6 +253,10 @@ pub(crate) async fn read(
     Ok(Success::new(One { workflow }))
 }
 
+/// Versions a workflow keeps at most (each up to 256 KiB, kept while runs may use it), as a
+/// template does.
+pub const MAX_VERSIONS: i64 = crate::sending::templates::MAX_VERSIONS;
+
 /// `PATCH /workflows/{id}` with a whole workflow: a new version, for new runs only.
 pub(crate) async fn change(
     State(state): State<AppState>, caller: Caller, IdPath(id): IdPath<Uuid>,
@@ -274,6 +278,12 @@ pub(crate) async fn change(
     .fetch_optional(&mut *tx)
     .await?;
     let version = version.ok_or_else(|| ApiError::NotFound("workflow not found".into()))?;
+    if i64::from(version) > MAX_VERSIONS {
+        return Err(ApiError::Forbidden(format!(
+            "the workflow holds {MAX_VERSIONS} versions, the most a workflow keeps; create \
+             another"
+        )));
+    }
     save_version(&mut tx, id, version, &body, &exits).await?;
     let workflow = one(&mut tx, caller.workspace, id).await?;
     tx.commit().await?;
