@@ -54,6 +54,19 @@ async fn workflow(client: &TestClient, body: Value) -> String {
     made["workflow"]["id"].as_str().expect("id").to_owned()
 }
 
+/// Posts event `id` named `name` of contact `email`: it starts `expected` runs.
+async fn starts(client: &TestClient, id: &str, name: &str, email: &str, expected: usize) {
+    let made: Value = client
+        .post(
+            "/events",
+            &event(id, name, email, json!({})),
+            StatusCode::CREATED,
+        )
+        .await;
+    let started = made["runs"].as_array().map(Vec::len);
+    assert_eq!(started, Some(expected), "{id}: {made}");
+}
+
 /// The runs of event `id`, once `done` holds for them.
 async fn runs_when(client: &TestClient, id: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     eventually(Duration::from_secs(30), || async {
@@ -422,18 +435,7 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
         ("k-1", "clicked", 1),
         ("k-2", "clicked", 1),
     ] {
-        let made: Value = client
-            .post(
-                "/events",
-                &event(id, name, &cy, json!({})),
-                StatusCode::CREATED,
-            )
-            .await;
-        assert_eq!(
-            made["runs"].as_array().map(Vec::len),
-            Some(expected),
-            "{id}: {made}"
-        );
+        starts(&client, id, name, &cy, expected).await;
     }
 
     // A test key's runs stand apart from live ones: its run keeps no live run from
@@ -445,18 +447,7 @@ async fn branches_go_each_way_and_reentry_is_honoured(stack: &Stack) {
         (&client, "v-3", "visited", 1),
         (&test, "t-2", "left", 0),
     ] {
-        let made: Value = client
-            .post(
-                "/events",
-                &event(id, name, &dee, json!({})),
-                StatusCode::CREATED,
-            )
-            .await;
-        assert_eq!(
-            made["runs"].as_array().map(Vec::len),
-            Some(expected),
-            "{id}: {made}"
-        );
+        starts(client, id, name, &dee, expected).await;
     }
     let live: Value = client.get("/events/v-3", StatusCode::OK).await;
     assert_eq!(live["runs"][0]["status"], "active", "{live}");
