@@ -171,6 +171,20 @@ async fn checkouts_open_stripe_sessions_for_packs_and_custom_amounts() {
     let list: Success<PurchaseList> = client.get("/billing/purchases", StatusCode::OK).await;
     let ids: Vec<_> = list.body.purchases.iter().map(|p| p.id).collect();
     assert_eq!(ids, [custom.id, opened.body.id], "newest first");
+
+    // Reconciles in a loop ask Stripe once in a while, not once each.
+    let sid = stripe.session_by_url(&custom.url);
+    let reconcile = format!("/billing/purchases/{}/reconcile", custom.id);
+    for _ in 0..5 {
+        let shown: Success<PurchaseView> = client.act(&reconcile, StatusCode::OK).await;
+        assert_eq!(shown.body.purchase.status, PurchaseStatus::Pending);
+    }
+    let asked = stripe
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == format!("/v1/checkout/sessions/{sid}"))
+        .count();
+    assert_eq!(asked, 1);
 }
 
 #[tokio::test]

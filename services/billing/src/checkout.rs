@@ -204,13 +204,34 @@ pub async fn expire_unopened(db: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(expired.len() as u64)
 }
 
-/// The recorded Stripe session of checkout `id`.
-pub async fn session_of(db: &PgPool, id: Uuid) -> Result<Option<String>, sqlx::Error> {
-    Ok(
-        sqlx::query_scalar("SELECT session_id FROM checkouts WHERE id = $1")
-            .bind(id)
-            .fetch_optional(db)
-            .await?
-            .flatten(),
+/// Seconds between two reconciles of a checkout that ask Stripe; one sooner answers what is
+/// stored.
+pub const RECONCILE_EVERY_SECS: i64 = 5;
+
+/// The session of checkout `id` for a reconcile to ask Stripe about, unless it has none or
+/// one was asked about within [`RECONCILE_EVERY_SECS`] (all replicas together): a client
+/// looping reconciles must not spend the platform's Stripe rate limit, which every other
+/// customer's checkouts and webhooks share.
+pub async fn session_to_ask(db: &PgPool, id: Uuid) -> Result<Option<String>, sqlx::Error> {
+    let now = now_unix();
+    sqlx::query_scalar(
+        "UPDATE checkouts SET asked_at = $2
+         WHERE id = $1 AND session_id IS NOT NULL
+           AND (asked_at IS NULL OR asked_at <= $2 - $3)
+         RETURNING session_id",
     )
+    .bind(id)
+    .bind(now)
+    .bind(RECONCILE_EVERY_SECS)
+    .fetch_optional(db)
+    .await
+}
+
+/// Lets the next reconcile of checkout `id` ask Stripe at once: this one's asking failed.
+pub async fn unask(db: &PgPool, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE checkouts SET asked_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(db)
+        .await
+        .map(drop)
 }

@@ -242,11 +242,18 @@ pub(crate) async fn reconcile(
     if purchase.status != PurchaseStatus::Pending {
         return Ok(Success::new(PurchaseView { purchase }));
     }
-    // No session yet: its creation failed, and nothing can have been paid.
-    let Some(session_id) = checkout::session_of(&state.db, id).await? else {
+    // No session yet (its creation failed, and nothing can have been paid), or Stripe was
+    // asked a moment ago.
+    let Some(session_id) = checkout::session_to_ask(&state.db, id).await? else {
         return Ok(Success::new(PurchaseView { purchase }));
     };
-    let session = payments.stripe.checkout_session(&session_id).await?;
+    let session = match payments.stripe.checkout_session(&session_id).await {
+        Ok(session) => session,
+        Err(e) => {
+            checkout::unask(&state.db, id).await?;
+            return Err(e.into());
+        }
+    };
     if let Some(outcome) = Outcome::of_session(&session) {
         let mut tx = state.db.begin().await?;
         apply(&mut tx, &session, outcome).await?;

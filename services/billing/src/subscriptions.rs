@@ -277,13 +277,23 @@ pub(crate) async fn reconcile(
     if checkout.status != CheckoutStatus::Pending {
         return Ok(Success::new(CheckoutView { checkout }));
     }
-    let Some(session_id) = checkout::session_of(&state.db, id).await? else {
+    let Some(session_id) = checkout::session_to_ask(&state.db, id).await? else {
         return Ok(Success::new(CheckoutView { checkout }));
     };
-    let session = payments.stripe.checkout_session(&session_id).await?;
-    let subscription = match (&session.subscription, session.status.as_deref()) {
-        (Some(sub), Some("complete")) => Some(payments.stripe.subscription(sub).await?),
-        _ => None,
+    let asked = async {
+        let session = payments.stripe.checkout_session(&session_id).await?;
+        let subscription = match (&session.subscription, session.status.as_deref()) {
+            (Some(sub), Some("complete")) => Some(payments.stripe.subscription(sub).await?),
+            _ => None,
+        };
+        Ok::<_, crate::stripe::StripeError>((session, subscription))
+    };
+    let (session, subscription) = match asked.await {
+        Ok(asked) => asked,
+        Err(e) => {
+            checkout::unask(&state.db, id).await?;
+            return Err(e.into());
+        }
     };
     let mut tx = state.db.begin().await?;
     apply_checkout(&mut tx, &session, subscription.as_ref()).await?;
