@@ -220,6 +220,11 @@ impl FakeStripe {
         assert_eq!(session["status"], "open", "only an open session completes");
         session["status"] = json!("complete");
         session["payment_status"] = json!(if paid { "paid" } else { "unpaid" });
+        if session["mode"] == "payment" {
+            // The payment's intent exists once the buyer confirms; its charge is what
+            // refunds and disputes name.
+            session["payment_intent"] = json!(random_id("pi"));
+        }
         if session["mode"] == "subscription" {
             let customer = match session["customer"].as_str() {
                 Some(c) => c.to_owned(),
@@ -280,6 +285,58 @@ impl FakeStripe {
                 public_session(session),
             )
         }
+    }
+
+    /// `amount` more cents of a paid session's charge are refunded (from the dashboard).
+    /// Returns the `charge.refunded` event, its charge's `amount_refunded` the running total.
+    pub fn refund(&self, session_id: &str, amount: i64) -> Value {
+        let mut books = self.books();
+        let session = books.sessions.get_mut(session_id).expect("session exists");
+        assert_eq!(
+            session["payment_status"], "paid",
+            "only a paid session refunds"
+        );
+        let refunded = session["amount_refunded"].as_i64().unwrap_or(0) + amount;
+        let total = session["amount_total"].as_i64().expect("an amount");
+        assert!(refunded <= total, "a refund takes at most what was paid");
+        session["amount_refunded"] = json!(refunded);
+        let charge = json!({
+            "id": charge_of(session),
+            "object": "charge",
+            "amount": total,
+            "amount_captured": total,
+            "amount_refunded": refunded,
+            "currency": session["currency"].clone(),
+            "paid": true,
+            "payment_intent": session["payment_intent"].clone(),
+            "refunded": refunded == total,
+            "status": "succeeded",
+            "livemode": false,
+        });
+        event("charge.refunded", charge)
+    }
+
+    /// The buyer's bank disputes a paid session's whole charge (a chargeback). Returns the
+    /// `charge.dispute.created` event.
+    pub fn dispute(&self, session_id: &str) -> Value {
+        let books = self.books();
+        let session = books.sessions.get(session_id).expect("session exists");
+        assert_eq!(
+            session["payment_status"], "paid",
+            "only a paid session is disputed"
+        );
+        let dispute = json!({
+            "id": random_id("dp"),
+            "object": "dispute",
+            "amount": session["amount_total"].clone(),
+            "charge": charge_of(session),
+            "currency": session["currency"].clone(),
+            "payment_intent": session["payment_intent"].clone(),
+            "reason": "fraudulent",
+            "status": "needs_response",
+            "livemode": false,
+        });
+        event("charge.dispute.created", dispute)
     }
 
     /// The session runs out unpaid. Returns the `checkout.session.expired` event.
@@ -395,8 +452,18 @@ impl FakeStripe {
 /// The session as the API shows it (without the fake's own bookkeeping fields).
 fn public_session(session: &Value) -> Value {
     let mut s = session.clone();
-    s.as_object_mut().expect("object").remove("price");
+    let fields = s.as_object_mut().expect("object");
+    fields.remove("price");
+    fields.remove("amount_refunded");
     s
+}
+
+/// The id of the charge of a session's payment intent.
+fn charge_of(session: &Value) -> String {
+    let intent = session["payment_intent"]
+        .as_str()
+        .expect("a payment intent");
+    format!("ch_{}", intent.trim_start_matches("pi_"))
 }
 
 /// An event wrapping `object`.
@@ -706,6 +773,7 @@ fn new_session(fake: &FakeStripe, params: &[(String, String)]) -> Result<Value, 
         "currency": currency,
         "customer": customer,
         "subscription": null,
+        "payment_intent": null,
         "success_url": fields.get("success_url"),
         "cancel_url": fields.get("cancel_url"),
         "created": now(),

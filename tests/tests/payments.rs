@@ -961,3 +961,54 @@ async fn a_subscription_read_answered_late_leaves_the_later_one() {
     assert!(plan.cancel_at_period_end, "the later read stands");
     assert_eq!(plan.period_start, first.period_end, "the period moved on");
 }
+
+/// A refund or chargeback takes back what its payment bought, in proportion and as far as
+/// it is left (never below zero), once however often Stripe tells it, even when Stripe
+/// tells it before the payment itself.
+#[tokio::test]
+async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
+    let anyone = billing.anonymous();
+    let deliver = |event: Value| {
+        let anyone = &anyone;
+        async move {
+            let status = FakeStripe::deliver_to(anyone, &event).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    };
+    let bought = top_up(&client, json!({"pack_id": "credits-1k"})).await;
+    let session = stripe.session_by_url(&bought.url);
+    deliver(stripe.complete(&session, true)).await;
+    assert_eq!(balance_of(&client).await, 1000);
+    // A partial refund takes its part back, once however often it is delivered.
+    let refund = stripe.refund(&session, 999);
+    deliver(refund.clone()).await;
+    deliver(refund).await;
+    assert_eq!(balance_of(&client).await, 1);
+    // The last credit spent: the chargeback of the whole payment takes what is left.
+    let spend = json!({"idempotencyKey": "spent"});
+    let _: Value = client.post("/deduct", &spend, StatusCode::OK).await;
+    deliver(stripe.dispute(&session)).await;
+    assert_eq!(balance_of(&client).await, 0);
+
+    // A refund heard of before its payment: the payment's credits come and go together.
+    let second = top_up(&client, json!({"pack_id": "credits-1k"})).await;
+    let session = stripe.session_by_url(&second.url);
+    let paid = stripe.complete(&session, true);
+    deliver(stripe.refund(&session, 1000)).await;
+    deliver(paid).await;
+    assert_eq!(balance_of(&client).await, 0);
+
+    // Usage money likewise.
+    let usage = top_up(&client, json!({"amount": 2500})).await;
+    let session = stripe.session_by_url(&usage.url);
+    deliver(stripe.complete(&session, true)).await;
+    let model = entitlements(&client).await.entitlements.model;
+    assert_eq!(model.balance_nano, 2500 * 10_000_000);
+    deliver(stripe.dispute(&session)).await;
+    assert_eq!(
+        entitlements(&client).await.entitlements.model.balance_nano,
+        0
+    );
+}

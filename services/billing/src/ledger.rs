@@ -489,6 +489,64 @@ pub async fn grant_usage(
     Ok(())
 }
 
+/// Nano-USD per USD cent.
+pub const NANO_PER_CENT: i64 = 10_000_000;
+
+/// Takes back up to `credits` of `key`'s balance, once per `idempotency_key`: as many as are
+/// left, never below zero (a reversal of a payment, logged as `reversal`). Answers what it
+/// took (0 for a repeat).
+pub async fn reverse(
+    db: &mut PgConnection, key: ApiKeyId, idempotency_key: &str, credits: i64, email: &str,
+) -> Result<i64, sqlx::Error> {
+    let taken: Option<i64> = sqlx::query_scalar(
+        "WITH held AS (SELECT LEAST($4, balance) AS take FROM balances
+                       WHERE api_key_id = $1 FOR UPDATE),
+              ins AS (
+                 INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at,
+                                     caller_email)
+                 SELECT $2, $1, $3, 'reversal', -take, $5, $6 FROM held WHERE take > 0
+                 ON CONFLICT DO NOTHING
+                 RETURNING delta)
+         UPDATE balances b SET balance = b.balance + ins.delta, updated_at = $5 FROM ins
+         WHERE b.api_key_id = $1 RETURNING -ins.delta",
+    )
+    .bind(key)
+    .bind(Uuid::now_v7())
+    .bind(idempotency_key)
+    .bind(credits)
+    .bind(now_unix())
+    .bind(email)
+    .fetch_optional(&mut *db)
+    .await?;
+    Ok(taken.unwrap_or(0))
+}
+
+/// [`reverse`] for a usage balance, in nano-USD.
+pub async fn reverse_usage(
+    db: &mut PgConnection, key: ApiKeyId, idempotency_key: &str, nano: i64,
+) -> Result<i64, sqlx::Error> {
+    let taken: Option<i64> = sqlx::query_scalar(
+        "WITH held AS (SELECT LEAST($4, balance_nano) AS take FROM usage_balances
+                       WHERE api_key_id = $1 FOR UPDATE),
+              ins AS (
+                 INSERT INTO usage_ledger (id, api_key_id, idempotency_key, delta_nano, created_at)
+                 SELECT $2, $1, $3, -take, $5 FROM held WHERE take > 0
+                 ON CONFLICT DO NOTHING
+                 RETURNING delta_nano)
+         UPDATE usage_balances b SET balance_nano = b.balance_nano + ins.delta_nano,
+             updated_at = $5
+         FROM ins WHERE b.api_key_id = $1 RETURNING -ins.delta_nano",
+    )
+    .bind(key)
+    .bind(Uuid::now_v7())
+    .bind(idempotency_key)
+    .bind(nano)
+    .bind(now_unix())
+    .fetch_optional(&mut *db)
+    .await?;
+    Ok(taken.unwrap_or(0))
+}
+
 /// The key's usage balance in nano-USD, and what its usage took since `since` (Unix seconds).
 pub async fn usage_position(
     db: &PgPool, key: ApiKeyId, since: i64,
@@ -496,7 +554,8 @@ pub async fn usage_position(
     sqlx::query_as(
         "SELECT COALESCE((SELECT balance_nano FROM usage_balances WHERE api_key_id = $1), 0),
                 COALESCE((SELECT -SUM(delta_nano) FROM usage_ledger
-                          WHERE api_key_id = $1 AND delta_nano < 0 AND created_at >= $2), 0)::bigint",
+                          WHERE api_key_id = $1 AND delta_nano < 0 AND created_at >= $2
+                            AND idempotency_key NOT LIKE 'reversal:%'), 0)::bigint",
     )
     .bind(key)
     .bind(since)

@@ -11,6 +11,7 @@ pub mod entitlements;
 pub mod ledger;
 pub mod logs;
 pub mod purchases;
+pub mod reversals;
 pub mod rpc;
 pub mod settings;
 pub mod stripe;

@@ -21,9 +21,6 @@ use crate::AppState;
 /// Smallest and largest custom top-up, USD cents (spec §8).
 pub const CUSTOM_AMOUNT: std::ops::RangeInclusive<i64> = 500..=100_000;
 
-/// Nano-USD per USD cent.
-pub const NANO_PER_CENT: i64 = 10_000_000;
-
 /// Purchases listed by `GET /billing/purchases`.
 pub const LISTED: i64 = 50;
 
@@ -303,7 +300,8 @@ pub async fn apply(
         return Ok(());
     };
     let settled: Option<(ApiKeyId, Uuid, String, PackKind, i64, i64)> = sqlx::query_as(
-        "UPDATE purchases SET status = $2, paid_at = CASE WHEN $2 = 'paid' THEN $3 END
+        "UPDATE purchases SET status = $2, paid_at = CASE WHEN $2 = 'paid' THEN $3 END,
+             payment_intent = CASE WHEN $2 = 'paid' THEN $6 END
          WHERE id = $1 AND status = 'pending'
            AND ($2 <> 'paid' OR (amount = $4 AND currency = $5))
          RETURNING api_key_id, account_id, email, kind, credits, amount",
@@ -313,6 +311,7 @@ pub async fn apply(
     .bind(now_unix())
     .bind(session.amount_total.unwrap_or(-1))
     .bind(session.currency.as_deref().unwrap_or_default())
+    .bind(session.payment_intent.as_deref())
     .fetch_optional(&mut *tx)
     .await?;
     let Some((key, account, email, kind, credits, amount)) = settled else {
@@ -341,8 +340,12 @@ pub async fn apply(
             .await?;
         }
         PackKind::Usage => {
-            ledger::grant_usage(tx, key, &grant_key, amount * NANO_PER_CENT).await?;
+            ledger::grant_usage(tx, key, &grant_key, amount * ledger::NANO_PER_CENT).await?;
         }
+    }
+    // A refund or dispute heard of before the payment itself takes its part back now.
+    if let Some(intent) = &session.payment_intent {
+        crate::reversals::settle(tx, intent).await?;
     }
     Ok(())
 }

@@ -160,6 +160,9 @@ pub struct CheckoutSession {
     pub currency: Option<String>,
     pub subscription: Option<String>,
     pub customer: Option<String>,
+    /// The payment (mode `payment`, once confirmed), which refunds and disputes name.
+    #[serde(default)]
+    pub payment_intent: Option<String>,
 }
 
 impl CheckoutSession {

@@ -13,7 +13,7 @@ use postmesh_shared::{ApiError, Success};
 
 use crate::purchases::{self, Outcome};
 use crate::stripe::{self, CheckoutSession, Subscription};
-use crate::{subscriptions, AppState};
+use crate::{reversals, subscriptions, AppState};
 
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -44,6 +44,8 @@ enum Change {
     Purchase(CheckoutSession, Outcome),
     SubscriptionCheckout(CheckoutSession, Option<Subscription>),
     Subscription(Subscription),
+    /// Cents of a payment given back to its buyer.
+    Reversal(String, i64),
     Nothing,
 }
 
@@ -93,6 +95,7 @@ pub(crate) async fn receive(
             subscriptions::apply_checkout(&mut tx, &session, sub.as_ref()).await?
         }
         Change::Subscription(sub) => subscriptions::record(&mut tx, &sub, None).await?,
+        Change::Reversal(intent, cents) => reversals::record(&mut tx, &intent, cents).await?,
         Change::Nothing => tracing::debug!(event = %event.id, kind = %event.kind, "event ignored"),
     }
     tx.commit().await?;
@@ -152,6 +155,21 @@ async fn prepare(state: &AppState, kind: &str, object: Value) -> Result<Change, 
                 .or(object["parent"]["subscription_details"]["subscription"].as_str());
             match id {
                 Some(id) => Change::Subscription(fetch(id.to_owned()).await?),
+                None => Change::Nothing,
+            }
+        }
+        // Money given back: a refund's running total, a dispute's amount.
+        "charge.refunded" => {
+            let charge: reversals::Charge = parse(object)?;
+            match charge.payment_intent {
+                Some(intent) => Change::Reversal(intent, charge.amount_refunded),
+                None => Change::Nothing,
+            }
+        }
+        "charge.dispute.created" => {
+            let dispute: reversals::Dispute = parse(object)?;
+            match dispute.payment_intent {
+                Some(intent) => Change::Reversal(intent, dispute.amount),
                 None => Change::Nothing,
             }
         }

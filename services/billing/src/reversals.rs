@@ -1,0 +1,97 @@
+//! Money Stripe gave back to a buyer — a refund, a chargeback — takes back what it paid for:
+//! its purchase's credits (or usage money) in proportion, as far as the key has them left.
+
+use serde::Deserialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use postmesh_shared::db::now_unix;
+use postmesh_shared::ApiKeyId;
+
+use crate::catalog::PackKind;
+use crate::ledger;
+
+/// A `charge.refunded` event's charge: the running total refunded of its payment.
+#[derive(Deserialize)]
+pub struct Charge {
+    pub payment_intent: Option<String>,
+    pub amount_refunded: i64,
+}
+
+/// A `charge.dispute.created` event's dispute: what the buyer's bank took back.
+#[derive(Deserialize)]
+pub struct Dispute {
+    pub payment_intent: Option<String>,
+    pub amount: i64,
+}
+
+/// Records that `cents` of payment `intent` went back to its buyer (the most said so far
+/// counts: a refund and a dispute of the same money take it once), and takes back what its
+/// purchase paid for once the purchase is known here.
+pub async fn record(tx: &mut PgConnection, intent: &str, cents: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO stripe_reversals (payment_intent, cents, updated_at) VALUES ($1, $2, $3)
+         ON CONFLICT (payment_intent) DO UPDATE
+             SET cents = GREATEST(stripe_reversals.cents, EXCLUDED.cents),
+                 updated_at = EXCLUDED.updated_at",
+    )
+    .bind(intent)
+    .bind(cents.max(0))
+    .bind(now_unix())
+    .execute(&mut *tx)
+    .await?;
+    settle(tx, intent).await
+}
+
+/// A paid purchase with what was given back of its payment.
+#[derive(sqlx::FromRow)]
+struct Reversed {
+    id: Uuid,
+    api_key_id: ApiKeyId,
+    email: String,
+    kind: PackKind,
+    credits: i64,
+    amount: i64,
+    /// Cents taken back before.
+    reversed_amount: i64,
+    /// Cents given back now, at most what was paid.
+    given_back: i64,
+}
+
+/// Takes back from the paid purchase of payment `intent` what was given back of it beyond
+/// what was taken before, in proportion to what it cost.
+pub async fn settle(tx: &mut PgConnection, intent: &str) -> Result<(), sqlx::Error> {
+    let row: Option<Reversed> = sqlx::query_as(
+        "SELECT p.id, p.api_key_id, p.email, p.kind, p.credits, p.amount, p.reversed_amount,
+                LEAST(r.cents, p.amount) AS given_back
+         FROM purchases p JOIN stripe_reversals r ON r.payment_intent = p.payment_intent
+         WHERE p.payment_intent = $1 AND p.status = 'paid'
+         FOR UPDATE OF p",
+    )
+    .bind(intent)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(p) = row.filter(|p| p.given_back > p.reversed_amount && p.amount > 0) else {
+        return Ok(());
+    };
+    let key = format!("reversal:{}:{}", p.id, p.given_back);
+    let taken = match p.kind {
+        PackKind::Credits => {
+            let due =
+                p.credits * p.given_back / p.amount - p.credits * p.reversed_amount / p.amount;
+            ledger::reverse(tx, p.api_key_id, &key, due, &p.email).await?
+        }
+        PackKind::Usage => {
+            let due = (p.given_back - p.reversed_amount) * ledger::NANO_PER_CENT;
+            ledger::reverse_usage(tx, p.api_key_id, &key, due).await?
+        }
+    };
+    sqlx::query("UPDATE purchases SET reversed_amount = $2 WHERE id = $1")
+        .bind(p.id)
+        .bind(p.given_back)
+        .execute(&mut *tx)
+        .await?;
+    tracing::warn!(purchase = %p.id, cents = p.given_back - p.reversed_amount, taken,
+        "a payment went back to its buyer: what it bought is taken back, as far as it is left");
+    Ok(())
+}
