@@ -467,6 +467,15 @@ async fn an_account_holds_at_most_its_quota_of_keys_listed_in_pages(stack: &Stac
             .contains("API_KEYS_PER_ACCOUNT = 50"),
         "{error}"
     );
+    // The web form says so on its page.
+    assert_eq!(user.page("/app/keys").await.status, StatusCode::OK);
+    let refused = user.form("/app/keys", &[("name", "one more")]).await;
+    let html = String::from_utf8_lossy(&refused.body);
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{html}");
+    assert!(
+        html.contains("<html") && html.contains("API_KEYS_PER_ACCOUNT = 50"),
+        "{html}"
+    );
     let page: Value = user
         .json(Method::GET, "/api-keys?limit=10&offset=45", &json!({}))
         .await

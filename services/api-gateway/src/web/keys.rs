@@ -115,17 +115,23 @@ pub async fn create(
     if let Some(res) = csrf_refusal(&state, &headers, &form.csrf) {
         return Ok(res);
     }
-    let name = match accounts::parse_name(&form.name) {
-        Ok(name) => name,
-        Err(e) => {
-            let text = e.to_string();
-            return render(&state, &headers, &session, e.status(), Notice::Error(&text)).await;
-        }
-    };
     let mode = form.mode.unwrap_or_default();
-    let (text, key) = accounts::mint(&state, session.account, &name, mode).await?;
-    let notice = Notice::Created(&key.name, &text);
-    render(&state, &headers, &session, StatusCode::CREATED, notice).await
+    let minted = match accounts::parse_name(&form.name) {
+        Ok(name) => accounts::mint(&state, session.account, &name, mode).await,
+        Err(e) => Err(e),
+    };
+    match minted {
+        Ok((text, key)) => {
+            let notice = Notice::Created(&key.name, &text);
+            render(&state, &headers, &session, StatusCode::CREATED, notice).await
+        }
+        // A refusal the user can act on (a bad name, the quota) is shown on the page.
+        Err(e) if e.status().is_client_error() => {
+            let text = e.to_string();
+            render(&state, &headers, &session, e.status(), Notice::Error(&text)).await
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `POST /app/keys/{id}/revoke`.
