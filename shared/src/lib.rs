@@ -14,6 +14,7 @@ pub mod dns;
 pub mod email;
 pub mod error;
 pub mod extract;
+pub mod http_server;
 pub mod jetstream;
 pub mod lifecycle;
 pub mod nats;

@@ -192,16 +192,13 @@ impl Runtime {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
         let stop = self.shutdown.clone();
-        self.tracker.spawn(async move {
-            // The peer address is the client IP for per-IP limits (`ConnectInfo`).
-            let app = app.into_make_service_with_connect_info::<SocketAddr>();
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "HTTP server failed");
-            }
-        });
+        // The peer address is the client IP for per-IP limits (`ConnectInfo`).
+        self.tracker.spawn(crate::http_server::serve(
+            listener,
+            app,
+            crate::http_server::HEADER_READ,
+            stop,
+        ));
         Ok(bound)
     }
 
