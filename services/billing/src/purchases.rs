@@ -316,7 +316,9 @@ pub async fn apply(
     .await?;
     let Some((key, account, email, kind, credits, amount)) = settled else {
         if outcome == Outcome::Paid {
-            tracing::info!(purchase = %id, session = %session.id, "paid session for a purchase no longer pending, or with another amount; nothing changed");
+            // Money taken that buys nothing (another amount or currency, or a purchase
+            // already ended): an operator refunds or grants by hand.
+            tracing::error!(purchase = %id, session = %session.id, amount = ?session.amount_total, currency = ?session.currency, "a paid session matches no pending purchase of its amount; nothing granted");
         }
         return Ok(());
     };
