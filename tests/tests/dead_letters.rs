@@ -26,6 +26,8 @@ struct Book {
     /// Per item: its attempts, and whether it is finished.
     items: Arc<Mutex<HashMap<Uuid, (i32, bool)>>>,
     done: Arc<Mutex<HashSet<String>>>,
+    /// Outcome writes still to fail as with the database out of reach.
+    record_outage: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn item_of(payload: &str) -> Uuid {
@@ -79,6 +81,14 @@ impl Stages for Book {
     }
 
     async fn record(&self, rows: Vec<RecordRow>) -> Result<Vec<bool>, StageError> {
+        use std::sync::atomic::Ordering;
+        let down = self.record_outage.load(Ordering::SeqCst);
+        if down > 0 {
+            self.record_outage.store(down - 1, Ordering::SeqCst);
+            return Err(StageError::Unavailable(
+                "the database is failing over".into(),
+            ));
+        }
         let mut items = self.items.lock().unwrap();
         for row in &rows {
             let finished = !matches!(row.verdict, Verdict::Retry(..));
@@ -246,4 +256,45 @@ async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
     })
     .await;
     stack.shutdown().await;
+}
+
+/// An outcome whose write meets a database out of reach for some seconds (a failover) is
+/// written once it answers: the job is neither acked with its outcome lost nor done again.
+#[tokio::test]
+async fn an_outcome_is_written_once_the_database_answers_again() {
+    let common = common(fresh_namespace());
+    let rt = Runtime::boot(Service::Sender, &common, &[&DEAD_LETTER_MIGRATIONS])
+        .await
+        .expect("runtime");
+    let book = Book::default();
+    // About 6.6 s of failed writes: past the first retries (2.6 s) and the ack wait.
+    book.record_outage
+        .store(6, std::sync::atomic::Ordering::SeqCst);
+    let config = QueueConfig {
+        name: "record-outage-test",
+        ack_wait: Duration::from_secs(2),
+        max_deliver: 5,
+        retry_base: Duration::from_millis(50),
+        concurrency: 4,
+        claim_ahead: 8,
+        timers: Timers::Redelivery,
+    };
+    queue::spawn(&rt, Stream::Send, config, book.clone())
+        .await
+        .expect("worker");
+    let subject = Stream::Send.subject(&common.namespace);
+    publish(&rt.js, subject, "one", b"job".to_vec().into())
+        .await
+        .expect("published");
+    let item = item_of("job");
+    eventually(Duration::from_secs(20), || async {
+        match book.items.lock().unwrap().get(&item) {
+            Some(&(attempts, true)) => Ok(attempts),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(book.items.lock().unwrap()[&item], (1, true), "done once");
+    rt.shutdown.cancel();
+    remove_namespace(&common).await;
 }

@@ -77,6 +77,8 @@ const LEASE_WAITS: u32 = 5;
 
 /// Pauses between attempts to record an outcome while the database does not answer.
 const RECORD_RETRIES: [u64; 4] = [0, 100, 500, 2000];
+/// How often an outcome is written again while the database is unavailable.
+const RECORD_RETRY_EVERY: Duration = Duration::from_secs(2);
 
 /// A running queue worker: the service's stages and the kit's equipment.
 struct Worker<S: Stages> {
@@ -410,8 +412,10 @@ impl<S: Stages> Worker<S> {
     }
 
     /// Records `verdict` for the item and releases its lease. The work is done (or given up
-    /// on), so a database error is retried briefly but never turns done work into a retry
-    /// that would do it again.
+    /// on), so a database error never turns done work into a retry that would do it again:
+    /// a refused write is retried briefly, an unavailable database (a failover) every
+    /// [`RECORD_RETRY_EVERY`] until it answers or the service stops, the job's heartbeat
+    /// keeping its lease and message meanwhile.
     async fn record(&self, item: Uuid, lease: Uuid, verdict: Verdict, tried_at: i64) -> Outcome {
         let outcome = match &verdict {
             Verdict::Done(_) => Outcome::Done,
@@ -426,8 +430,21 @@ impl<S: Stages> Worker<S> {
             tried_at,
         };
         let mut recorded = Err(StageError::Unavailable(String::new()));
-        for pause in RECORD_RETRIES {
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+        let pauses = RECORD_RETRIES.map(Duration::from_millis);
+        for (tries, pause) in pauses
+            .into_iter()
+            .chain(std::iter::repeat(RECORD_RETRY_EVERY))
+            .enumerate()
+        {
+            let given_up = tries >= RECORD_RETRIES.len()
+                && !matches!(recorded, Err(StageError::Unavailable(_)));
+            if given_up || self.shutdown.is_cancelled() {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = self.shutdown.cancelled() => break,
+            }
             recorded = self.records.call(row.clone()).await;
             if recorded.is_ok() {
                 break;
@@ -500,6 +517,21 @@ impl<S: Stages> Worker<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verdicts_text_holds_no_nul_for_the_database_to_refuse() {
+        let failed = Failure::Permanent("550 no\0such".into());
+        let verdict = Verdict::of(Err(failed), false, Duration::ZERO);
+        assert!(
+            matches!(&verdict, Verdict::Failed(e) if e == "550 no\u{FFFD}such"),
+            "{verdict:?}"
+        );
+        let later = Verdict::of(Err(Failure::Transient("a\0".into())), false, Duration::ZERO);
+        assert!(
+            matches!(&later, Verdict::Retry(e, _) if !e.contains('\0')),
+            "{later:?}"
+        );
+    }
 
     #[test]
     fn a_lost_connection_is_unavailable_and_a_bad_statement_refused() {

@@ -100,14 +100,20 @@ pub enum Verdict {
 
 impl Verdict {
     /// The verdict on a piece of work; a transient failure of the `last` attempt is final,
-    /// another is retried after the pause it asked for, else after `backoff`.
+    /// another is retried after the pause it asked for, else after `backoff`. Its text holds
+    /// no NUL (an outside system's error may), which PostgreSQL text cannot store: one such
+    /// text would fail the write of every outcome batched with it.
     pub fn of(result: Result<String, Failure>, last: bool, backoff: Duration) -> Self {
+        let text = |e: String| match e.contains('\0') {
+            true => e.replace('\0', "\u{FFFD}"),
+            false => e,
+        };
         match result {
-            Ok(detail) => Self::Done(detail),
-            Err(Failure::Permanent(e)) => Self::Failed(e),
-            Err(Failure::Transient(e) | Failure::Later(e, _)) if last => Self::Failed(e),
-            Err(Failure::Transient(e)) => Self::Retry(e, backoff),
-            Err(Failure::Later(e, after)) => Self::Retry(e, after),
+            Ok(detail) => Self::Done(text(detail)),
+            Err(Failure::Permanent(e)) => Self::Failed(text(e)),
+            Err(Failure::Transient(e) | Failure::Later(e, _)) if last => Self::Failed(text(e)),
+            Err(Failure::Transient(e)) => Self::Retry(text(e), backoff),
+            Err(Failure::Later(e, after)) => Self::Retry(text(e), after),
         }
     }
 }
