@@ -114,9 +114,10 @@ stop_node() {
 }
 
 # Waits until every running node is healthy: in contact with a JetStream meta leader and
-# current with it, so that a stream of three replicas finds its three peers.
+# current with it, so that a stream of three replicas finds its three peers. A node back
+# from a kill under load may take tens of seconds to bring each of its consumers current.
 wait_leader() {
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 600); do
     local all=1
     for n in "${NODES[@]}"; do
       if running "$n" && ! curl -sf "http://$(addr "$n"):$(monitor_port "$n")/healthz" >/dev/null 2>&1; then
@@ -126,7 +127,7 @@ wait_leader() {
     [ "$all" = 1 ] && return
     sleep 0.1
   done
-  log "the nodes were not all healthy within 30 s"
+  log "the nodes were not all healthy within 60 s"
   for n in "${NODES[@]}"; do
     running "$n" || continue
     log "node $n /healthz: $(curl -s "http://$(addr "$n"):$(monitor_port "$n")/healthz" 2>&1)"
