@@ -102,6 +102,22 @@ impl Stages for Book {
     }
 }
 
+/// The kit's worker over `book` on the SEND stream, as queue `name`: five tries a job.
+async fn worker(rt: &Runtime, book: &Book, name: &'static str, ack_wait: Duration) {
+    let config = QueueConfig {
+        name,
+        ack_wait,
+        max_deliver: 5,
+        retry_base: Duration::from_millis(50),
+        concurrency: 4,
+        claim_ahead: 8,
+        timers: Timers::Redelivery,
+    };
+    queue::spawn(rt, Stream::Send, config, book.clone())
+        .await
+        .expect("worker");
+}
+
 #[tokio::test]
 async fn a_job_that_panics_goes_aside_after_its_tries_while_the_others_flow() {
     let common = common(fresh_namespace());
@@ -109,18 +125,7 @@ async fn a_job_that_panics_goes_aside_after_its_tries_while_the_others_flow() {
         .await
         .expect("runtime");
     let book = Book::default();
-    let config = QueueConfig {
-        name: "dead-letter-test",
-        ack_wait: Duration::from_secs(5),
-        max_deliver: 5,
-        retry_base: Duration::from_millis(50),
-        concurrency: 4,
-        claim_ahead: 8,
-        timers: Timers::Redelivery,
-    };
-    queue::spawn(&rt, Stream::Send, config, book.clone())
-        .await
-        .expect("worker");
+    worker(&rt, &book, "dead-letter-test", Duration::from_secs(5)).await;
     let subject = Stream::Send.subject(&common.namespace);
     let publish_one = |payload: String| {
         let (js, subject) = (rt.js.clone(), subject.clone());
@@ -270,18 +275,7 @@ async fn an_outcome_is_written_once_the_database_answers_again() {
     // About 6.6 s of failed writes: past the first retries (2.6 s) and the ack wait.
     book.record_outage
         .store(6, std::sync::atomic::Ordering::SeqCst);
-    let config = QueueConfig {
-        name: "record-outage-test",
-        ack_wait: Duration::from_secs(2),
-        max_deliver: 5,
-        retry_base: Duration::from_millis(50),
-        concurrency: 4,
-        claim_ahead: 8,
-        timers: Timers::Redelivery,
-    };
-    queue::spawn(&rt, Stream::Send, config, book.clone())
-        .await
-        .expect("worker");
+    worker(&rt, &book, "record-outage-test", Duration::from_secs(2)).await;
     let subject = Stream::Send.subject(&common.namespace);
     publish(&rt.js, subject, "one", b"job".to_vec().into())
         .await
