@@ -196,7 +196,7 @@ impl Runtime {
         self.tracker.spawn(crate::http_server::serve(
             listener,
             app,
-            crate::http_server::HEADER_READ,
+            crate::http_server::Limits::default(),
             stop,
         ));
         Ok(bound)
