@@ -24,6 +24,10 @@ use crate::service::Service;
 /// The `dead_letters` table, for services that consume streams (versions 9101 on).
 pub static DEAD_LETTER_MIGRATIONS: Migrator = sqlx::migrate!("./migrations-dead-letters");
 
+/// How much of each letter's payload a listing carries: a page of the most letters (100),
+/// each with its error, stays well within NATS's 1 MiB `max_payload`.
+pub const PAYLOAD_PREVIEW: i32 = 4096;
+
 /// The pause before a message whose failure could not be counted is tried again.
 pub const UNCOUNTED_RETRY: Duration = Duration::from_secs(2);
 
@@ -145,16 +149,19 @@ impl DeadLetters {
         }
     }
 
-    /// Dead letters not requeued, newest first: `limit` from `offset`, and how many in all.
+    /// Dead letters not requeued, newest first: `limit` from `offset`, and how many in all;
+    /// each with its payload's first [`PAYLOAD_PREVIEW`] bytes and its whole size.
     pub async fn list(&self, limit: i64, offset: i64) -> Result<(Vec<DeadLetter>, i64), ApiError> {
-        type Row = (Uuid, String, String, Vec<u8>, String, i32, i64, i64);
+        type Row = (Uuid, String, String, Vec<u8>, i32, String, i32, i64, i64);
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT id, stream, subject, payload, last_error, count, created_at, dead_at
+            "SELECT id, stream, subject, substring(payload FROM 1 FOR $3), length(payload),
+                    last_error, count, created_at, dead_at
              FROM dead_letters WHERE dead_at IS NOT NULL AND requeued_at IS NULL
              ORDER BY dead_at DESC, id DESC LIMIT $1 OFFSET $2",
         )
         .bind(limit)
         .bind(offset)
+        .bind(PAYLOAD_PREVIEW)
         .fetch_all(&self.db)
         .await?;
         let total: i64 = sqlx::query_scalar(
@@ -165,13 +172,14 @@ impl DeadLetters {
         let letters = rows
             .into_iter()
             .map(
-                |(id, stream, subject, payload, last_error, count, created_at, dead_at)| {
+                |(id, stream, subject, payload, size, last_error, count, created_at, dead_at)| {
                     DeadLetter {
                         id: id.to_string(),
                         service: self.service.name().to_owned(),
                         stream,
                         subject,
                         payload: payload.into(),
+                        payload_bytes: size.into(),
                         last_error,
                         count,
                         created_at,

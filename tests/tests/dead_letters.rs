@@ -230,6 +230,7 @@ async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
     let letter = &listed["services"][1]["deadLetters"][0];
     assert_eq!(letter["subject"], json!(Stream::Inbound.subject(&ns)));
     assert_eq!(letter["payload"], json!("Z2FyYmFnZQ=="));
+    assert_eq!(letter["payloadBytes"], json!(7));
     assert!(letter["lastError"]
         .as_str()
         .unwrap()
@@ -260,6 +261,33 @@ async fn undecodable_messages_are_kept_aside_listed_for_admins_and_requeued() {
         }
     })
     .await;
+
+    // Letters larger together than NATS carries in one reply are listed by their first bytes.
+    let big = "garbage".repeat(60_000);
+    for _ in 0..3 {
+        publish(
+            &js,
+            Stream::Inbound.subject(&ns),
+            &Uuid::now_v7().to_string(),
+            big.clone().into(),
+        )
+        .await
+        .expect("published");
+    }
+    let page: Value = eventually(Duration::from_secs(20), || async {
+        let page: Value = admin.get("/admin/dead-letters", StatusCode::OK).await;
+        if page["services"][1]["total"] == json!(4) {
+            Ok(page)
+        } else {
+            Err(page)
+        }
+    })
+    .await;
+    for letter in page["services"][1]["deadLetters"].as_array().unwrap()[..3].iter() {
+        assert_eq!(letter["payloadBytes"], json!(big.len()));
+        let preview = letter["payload"].as_str().unwrap();
+        assert_eq!(preview.len(), 4096_usize.div_ceil(3) * 4, "{letter}");
+    }
     stack.shutdown().await;
 }
 

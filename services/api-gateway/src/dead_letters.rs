@@ -50,8 +50,11 @@ pub struct Letter {
     pub id: String,
     pub stream: String,
     pub subject: String,
-    /// The message as it was, base64.
+    /// The message as it was, base64: its first 4096 bytes (all of it when `payloadBytes`
+    /// is no more).
     pub payload: String,
+    /// The whole message's size.
+    pub payload_bytes: i64,
     pub last_error: String,
     /// Failures before it was kept aside.
     pub count: i32,
@@ -107,6 +110,7 @@ fn letter(l: DeadLetter) -> Letter {
         stream: l.stream,
         subject: l.subject,
         payload: base64::engine::general_purpose::STANDARD.encode(&l.payload),
+        payload_bytes: l.payload_bytes,
         last_error: l.last_error,
         count: l.count,
         created_at: l.created_at,
