@@ -45,7 +45,7 @@ pub use stack::{
     extract_code, free_port, html_part, no_redirects, spawn_service, spawn_service_to,
     workspace_binary, Stack,
 };
-pub use wait::{eventually, passes_at_once};
+pub use wait::{eventually, lock_waiters, lock_waiters_reach, passes_at_once};
 
 /// Runs `scenarios` (async fns of `&Stack`, each with keys, recipients and addresses of its
 /// own) side by side on `stack`, then shuts the stack down.

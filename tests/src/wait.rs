@@ -53,3 +53,25 @@ pub(crate) fn on_a_fresh_runtime<T: Send + 'static, F: Future<Output = T>>(
     });
     cleanup.join().ok().flatten()
 }
+
+/// Statements of `pool`'s database waiting for a lock now.
+pub async fn lock_waiters(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// Waits until `n` statements of `pool`'s database wait for a lock.
+pub async fn lock_waiters_reach(pool: &sqlx::PgPool, n: i64) {
+    eventually(Duration::from_secs(10), || async {
+        match lock_waiters(pool).await {
+            waiting if waiting == n => Ok(()),
+            waiting => Err(waiting),
+        }
+    })
+    .await;
+}

@@ -9,7 +9,9 @@ use postmesh_contracts::answers::sender::{DeliveryEvent, TaskProgress};
 use postmesh_shared::error::ErrorBody;
 use postmesh_shared::proto::Role;
 use postmesh_shared::Success;
-use postmesh_tests::{caller, sender_router, sender_state, ServiceDb, TestClient};
+use postmesh_tests::{
+    caller, lock_waiters_reach, sender_router, sender_state, ServiceDb, TestClient,
+};
 use sender::sending::events::Kind;
 use sender::sending::log::Detail;
 use sender::sending::templates::{Template, TemplateList};
@@ -284,4 +286,43 @@ async fn a_messages_sending_is_listed_before_its_reading_within_a_second() {
         .await;
     let events = &status.body.recipients[0].events;
     assert_eq!(kinds(events), [Kind::Sent, Kind::Opened]);
+}
+
+#[tokio::test]
+async fn deleting_a_workflow_while_its_exit_event_arrives_never_deadlocks() {
+    let (store, mine, _) = sender_router(sender::Quotas::default()).await;
+    let body = json!({
+        "name": "loop",
+        "trigger": { "event_name": "ping" },
+        "exit": [{ "event_name": "ping" }],
+        "steps": [{ "type": "wait", "seconds": 3600 }]
+    });
+    let made: Value = mine.post("/workflows", &body, StatusCode::CREATED).await;
+    let workflow = made["workflow"]["id"].as_str().unwrap().to_owned();
+    let event = |id: &str| json!({"event_id": id, "event_name": "ping", "occurred_at": "2026-12-02T10:00:00Z",
+               "contact": {"email": "ann@example.com"}});
+    let first: Value = mine
+        .post("/events", &event("e1"), StatusCode::CREATED)
+        .await;
+    let run: Uuid = first["runs"][0]["id"].as_str().unwrap().parse().unwrap();
+    // The run held by another transaction: the event waits for it, then the delete does.
+    // Released, the event ends the run and starts one, and the delete ends that one; taken
+    // in opposite orders, the workflow and the run deadlock one of them (a 500).
+    let mut holder = store.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM workflow_runs WHERE id = $1 FOR UPDATE")
+        .bind(run)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let (e2, path) = (event("e2"), format!("/workflows/{workflow}"));
+    let (second, (deleted, ())): (Value, (Value, ())) =
+        tokio::join!(mine.post("/events", &e2, StatusCode::CREATED), async {
+            lock_waiters_reach(&store.pool, 1).await;
+            tokio::join!(mine.delete(&path, StatusCode::OK), async {
+                lock_waiters_reach(&store.pool, 2).await;
+                holder.rollback().await.unwrap();
+            })
+        });
+    assert_eq!(second["runs"].as_array().map(Vec::len), Some(1), "{second}");
+    assert_eq!(deleted["endedRuns"], json!(1), "{deleted}");
 }

@@ -275,6 +275,8 @@ pub(crate) async fn report(
             .ok_or_else(|| ApiError::Internal("duplicate event not found".into()))?;
         return Ok(duplicate(event));
     };
+    // The workflows it triggers locked before the runs it ends, as a delete locks them.
+    let triggered = runs::triggered(&mut tx, &caller, &event.event_name).await?;
     runs::exit_for(
         &mut tx,
         &caller,
@@ -283,7 +285,15 @@ pub(crate) async fn report(
         &ev.properties,
     )
     .await?;
-    let started = runs::start_for(&mut tx, &caller, &event, &contact, &ev.properties).await?;
+    let started = runs::start_for(
+        &mut tx,
+        &caller,
+        triggered,
+        &event,
+        &contact,
+        &ev.properties,
+    )
+    .await?;
     let published = WorkflowEvent {
         workspace_id: caller.workspace.to_string(),
         event_id: event.event_id.clone(),

@@ -120,21 +120,28 @@ async fn end(
     Ok(())
 }
 
-/// Starts a run of every workflow `event` triggers for `contact` (whose conditions hold),
-/// unless the workflow allows no reentry and the contact has an active run of it.
-pub async fn start_for(
-    tx: &mut PgConnection, caller: &Caller, event: &EventView, contact: &Contact,
-    properties: &Map<String, Value>,
-) -> Result<Vec<RunView>, ApiError> {
-    let triggered: Vec<(Uuid, i32)> = sqlx::query_as(
+/// The workflows `event_name` triggers, with their versions, locked against a delete (in
+/// id order) until the transaction ends.
+pub async fn triggered(
+    tx: &mut PgConnection, caller: &Caller, event_name: &str,
+) -> Result<Vec<(Uuid, i32)>, ApiError> {
+    Ok(sqlx::query_as(
         "SELECT id, version FROM workflows
          WHERE workspace_id = $1 AND trigger_event = $2 AND deleted_at IS NULL ORDER BY id
          FOR SHARE",
     )
     .bind(caller.workspace)
-    .bind(&event.event_name)
-    .fetch_all(&mut *tx)
-    .await?;
+    .bind(event_name)
+    .fetch_all(tx)
+    .await?)
+}
+
+/// Starts a run of each `triggered` workflow for `contact` (whose conditions hold), unless
+/// the workflow allows no reentry and the contact has an active run of it.
+pub async fn start_for(
+    tx: &mut PgConnection, caller: &Caller, triggered: Vec<(Uuid, i32)>, event: &EventView,
+    contact: &Contact, properties: &Map<String, Value>,
+) -> Result<Vec<RunView>, ApiError> {
     let mut started = Vec::new();
     for (workflow, version) in triggered {
         let def = definition(tx, workflow, version).await?;
