@@ -296,6 +296,11 @@ impl FakeStripe {
             session["payment_status"], "paid",
             "only a paid session refunds"
         );
+        // Stripe refuses it (`charge_disputed`) once the charge has been charged back.
+        assert!(
+            session.get("disputed").is_none(),
+            "a disputed charge is not refunded"
+        );
         let refunded = session["amount_refunded"].as_i64().unwrap_or(0) + amount;
         let total = session["amount_total"].as_i64().expect("an amount");
         assert!(refunded <= total, "a refund takes at most what was paid");
@@ -316,19 +321,30 @@ impl FakeStripe {
         event("charge.refunded", charge)
     }
 
-    /// The buyer's bank disputes a paid session's whole charge (a chargeback). Returns the
-    /// `charge.dispute.created` event.
-    pub fn dispute(&self, session_id: &str) -> Value {
-        let books = self.books();
-        let session = books.sessions.get(session_id).expect("session exists");
+    /// The buyer's bank disputes `cents` of a paid session's charge (a chargeback), at most
+    /// what was not refunded. Returns the `charge.dispute.created` event.
+    pub fn dispute(&self, session_id: &str, cents: i64) -> Value {
+        let mut books = self.books();
+        let session = books.sessions.get_mut(session_id).expect("session exists");
         assert_eq!(
             session["payment_status"], "paid",
             "only a paid session is disputed"
         );
+        assert!(
+            session.get("disputed").is_none(),
+            "a charge is disputed once"
+        );
+        let total = session["amount_total"].as_i64().expect("an amount");
+        let refunded = session["amount_refunded"].as_i64().unwrap_or(0);
+        assert!(
+            (1..=total - refunded).contains(&cents),
+            "a dispute takes at most what was paid and not refunded"
+        );
+        session["disputed"] = json!(true);
         let dispute = json!({
             "id": random_id("dp"),
             "object": "dispute",
-            "amount": session["amount_total"].clone(),
+            "amount": cents,
             "charge": charge_of(session),
             "currency": session["currency"].clone(),
             "payment_intent": session["payment_intent"].clone(),

@@ -20,7 +20,8 @@ use postmesh_shared::proto::EntitlementsRequest;
 use postmesh_shared::Success;
 use postmesh_tests::fake_stripe::{self, FakeStripe};
 use postmesh_tests::{
-    balance_of, eventually, BillingAlone, BillingRouter, Options, Stack, TestClient,
+    balance_of, eventually, lock_waiters, lock_waiters_reach, BillingAlone, BillingRouter, Options,
+    Stack, TestClient,
 };
 
 /// Billing's router alone, talking to a fresh fake Stripe.
@@ -963,8 +964,9 @@ async fn a_subscription_read_answered_late_leaves_the_later_one() {
 }
 
 /// A refund or chargeback takes back what its payment bought, in proportion and as far as
-/// it is left (never below zero), once however often Stripe tells it, even when Stripe
-/// tells it before the payment itself.
+/// it is left (never below zero), once however often and in whatever order Stripe tells it,
+/// even when Stripe tells it before the payment itself; a refund and a dispute of one
+/// payment add up.
 #[tokio::test]
 async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
     let (billing, stripe) = billing_with_stripe().await;
@@ -977,19 +979,29 @@ async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
             assert_eq!(status, StatusCode::OK);
         }
     };
-    let bought = top_up(&client, json!({"pack_id": "credits-1k"})).await;
+    // 10,000 credits for 8,000 cents: a cent is 1.25 credits.
+    let bought = top_up(&client, json!({"pack_id": "credits-10k"})).await;
     let session = stripe.session_by_url(&bought.url);
     deliver(stripe.complete(&session, true)).await;
-    assert_eq!(balance_of(&client).await, 1000);
-    // A partial refund takes its part back, once however often it is delivered.
-    let refund = stripe.refund(&session, 999);
-    deliver(refund.clone()).await;
-    deliver(refund).await;
-    assert_eq!(balance_of(&client).await, 1);
-    // The last credit spent: the chargeback of the whole payment takes what is left.
+    assert_eq!(balance_of(&client).await, 10_000);
+    // A partial refund takes its part back, once however often it is delivered; a later
+    // refund's total delivered before the earlier's counts once too.
+    let first = stripe.refund(&session, 2000);
+    deliver(first.clone()).await;
+    deliver(first.clone()).await;
+    assert_eq!(balance_of(&client).await, 7500);
+    let second = stripe.refund(&session, 1000);
+    deliver(second).await;
+    let mut stale = first;
+    stale["id"] = json!(format!("{}_late", stale["id"].as_str().unwrap()));
+    deliver(stale).await;
+    assert_eq!(balance_of(&client).await, 6250);
+    // A credit spent, then the bank disputes the rest: refunds and the dispute together gave
+    // back the whole payment, and the dispute takes what is left.
     let spend = json!({"idempotencyKey": "spent"});
     let _: Value = client.post("/deduct", &spend, StatusCode::OK).await;
-    deliver(stripe.dispute(&session)).await;
+    assert_eq!(balance_of(&client).await, 6249);
+    deliver(stripe.dispute(&session, 5000)).await;
     assert_eq!(balance_of(&client).await, 0);
 
     // A refund heard of before its payment: the payment's credits come and go together.
@@ -1006,9 +1018,64 @@ async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
     deliver(stripe.complete(&session, true)).await;
     let model = entitlements(&client).await.entitlements.model;
     assert_eq!(model.balance_nano, 2500 * 10_000_000);
-    deliver(stripe.dispute(&session)).await;
+    deliver(stripe.dispute(&session, 1000)).await;
     assert_eq!(
         entitlements(&client).await.entitlements.model.balance_nano,
-        0
+        1500 * 10_000_000
     );
+}
+
+/// A refund handled while its payment is being settled is taken back all the same: the two
+/// settle one after the other, the later reading what the earlier wrote.
+#[tokio::test]
+async fn a_refund_handled_beside_its_payment_is_taken_back() {
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
+    let anyone = billing.anonymous();
+    let pool = billing.store.pool.clone();
+    let bought = top_up(&client, json!({"pack_id": "credits-1k"})).await;
+    let session = stripe.session_by_url(&bought.url);
+    let paid = stripe.complete(&session, true);
+    let refund = stripe.refund(&session, 1000);
+    // The payment's commit is held back (a deferred trigger waits for a lock the test holds)
+    // while the refund is handled.
+    sqlx::raw_sql(
+        "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_lock(4242); PERFORM pg_advisory_unlock(4242); RETURN NULL;
+         END $$;
+         CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON purchases
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut gate = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let payment = tokio::spawn({
+        let anyone = anyone.clone();
+        async move { FakeStripe::deliver_to(&anyone, &paid).await }
+    });
+    lock_waiters_reach(&pool, 1).await;
+    let refunding = tokio::spawn({
+        let anyone = anyone.clone();
+        async move { FakeStripe::deliver_to(&anyone, &refund).await }
+    });
+    // The refund is done, or waits for the payment.
+    eventually(Duration::from_secs(10), || async {
+        match (refunding.is_finished(), lock_waiters(&pool).await) {
+            (true, _) | (_, 2) => Ok(()),
+            seen => Err(seen),
+        }
+    })
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    assert_eq!(payment.await.unwrap(), StatusCode::OK);
+    assert_eq!(refunding.await.unwrap(), StatusCode::OK);
+    assert_eq!(balance_of(&client).await, 0);
 }

@@ -18,25 +18,44 @@ pub struct Charge {
     pub amount_refunded: i64,
 }
 
-/// A `charge.dispute.created` event's dispute: what the buyer's bank took back.
+/// A `charge.dispute.created` event's dispute: what the buyer's bank took back (beyond
+/// what was refunded).
 #[derive(Deserialize)]
 pub struct Dispute {
     pub payment_intent: Option<String>,
     pub amount: i64,
 }
 
-/// Records that `cents` of payment `intent` went back to its buyer (the most said so far
-/// counts: a refund and a dispute of the same money take it once), and takes back what its
-/// purchase paid for once the purchase is known here.
-pub async fn record(tx: &mut PgConnection, intent: &str, cents: i64) -> Result<(), sqlx::Error> {
+/// Money Stripe says went back of one payment: each kind's running total, in cents.
+#[derive(Debug, Clone, Copy)]
+pub enum GivenBack {
+    /// A `charge.refunded` charge's `amount_refunded`.
+    Refunded(i64),
+    /// A `charge.dispute.created` dispute's `amount`.
+    Disputed(i64),
+}
+
+/// Records what went back of payment `intent` (of each kind the most said so far counts, so
+/// a delivery out of order takes nothing twice) and takes back what its purchase paid for
+/// once the purchase is known here.
+pub async fn record(
+    tx: &mut PgConnection, intent: &str, given: GivenBack,
+) -> Result<(), sqlx::Error> {
+    let (refunded, disputed) = match given {
+        GivenBack::Refunded(cents) => (cents.max(0), 0),
+        GivenBack::Disputed(cents) => (0, cents.max(0)),
+    };
     sqlx::query(
-        "INSERT INTO stripe_reversals (payment_intent, cents, updated_at) VALUES ($1, $2, $3)
+        "INSERT INTO stripe_reversals (payment_intent, refunded, disputed, updated_at)
+         VALUES ($1, $2, $3, $4)
          ON CONFLICT (payment_intent) DO UPDATE
-             SET cents = GREATEST(stripe_reversals.cents, EXCLUDED.cents),
+             SET refunded = GREATEST(stripe_reversals.refunded, EXCLUDED.refunded),
+                 disputed = GREATEST(stripe_reversals.disputed, EXCLUDED.disputed),
                  updated_at = EXCLUDED.updated_at",
     )
     .bind(intent)
-    .bind(cents.max(0))
+    .bind(refunded)
+    .bind(disputed)
     .bind(now_unix())
     .execute(&mut *tx)
     .await?;
@@ -60,10 +79,17 @@ struct Reversed {
 
 /// Takes back from the paid purchase of payment `intent` what was given back of it beyond
 /// what was taken before, in proportion to what it cost.
+/// The payment's refund and its purchase's payment are settled one after the other: each
+/// holds the payment's lock until it commits, so the later one reads what the earlier wrote
+/// (without it, a refund and its payment settled at once each missed the other).
 pub async fn settle(tx: &mut PgConnection, intent: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('stripe payment ' || $1, 0))")
+        .bind(intent)
+        .execute(&mut *tx)
+        .await?;
     let row: Option<Reversed> = sqlx::query_as(
         "SELECT p.id, p.api_key_id, p.email, p.kind, p.credits, p.amount, p.reversed_amount,
-                LEAST(r.cents, p.amount) AS given_back
+                LEAST(r.refunded + r.disputed, p.amount) AS given_back
          FROM purchases p JOIN stripe_reversals r ON r.payment_intent = p.payment_intent
          WHERE p.payment_intent = $1 AND p.status = 'paid'
          FOR UPDATE OF p",

@@ -45,7 +45,7 @@ enum Change {
     SubscriptionCheckout(CheckoutSession, Option<Subscription>),
     Subscription(Subscription),
     /// Cents of a payment given back to its buyer.
-    Reversal(String, i64),
+    Reversal(String, reversals::GivenBack),
     Nothing,
 }
 
@@ -95,7 +95,7 @@ pub(crate) async fn receive(
             subscriptions::apply_checkout(&mut tx, &session, sub.as_ref()).await?
         }
         Change::Subscription(sub) => subscriptions::record(&mut tx, &sub, None).await?,
-        Change::Reversal(intent, cents) => reversals::record(&mut tx, &intent, cents).await?,
+        Change::Reversal(intent, given) => reversals::record(&mut tx, &intent, given).await?,
         Change::Nothing => tracing::debug!(event = %event.id, kind = %event.kind, "event ignored"),
     }
     tx.commit().await?;
@@ -162,14 +162,19 @@ async fn prepare(state: &AppState, kind: &str, object: Value) -> Result<Change, 
         "charge.refunded" => {
             let charge: reversals::Charge = parse(object)?;
             match charge.payment_intent {
-                Some(intent) => Change::Reversal(intent, charge.amount_refunded),
+                Some(intent) => Change::Reversal(
+                    intent,
+                    reversals::GivenBack::Refunded(charge.amount_refunded),
+                ),
                 None => Change::Nothing,
             }
         }
         "charge.dispute.created" => {
             let dispute: reversals::Dispute = parse(object)?;
             match dispute.payment_intent {
-                Some(intent) => Change::Reversal(intent, dispute.amount),
+                Some(intent) => {
+                    Change::Reversal(intent, reversals::GivenBack::Disputed(dispute.amount))
+                }
                 None => Change::Nothing,
             }
         }
