@@ -299,8 +299,10 @@ async fn deleting_a_workflow_while_its_exit_event_arrives_never_deadlocks() {
     });
     let made: Value = mine.post("/workflows", &body, StatusCode::CREATED).await;
     let workflow = made["workflow"]["id"].as_str().unwrap().to_owned();
-    let event = |id: &str| json!({"event_id": id, "event_name": "ping", "occurred_at": "2026-12-02T10:00:00Z",
-               "contact": {"email": "ann@example.com"}});
+    let event = |id: &str| {
+        json!({"event_id": id, "event_name": "ping", "occurred_at": "2026-12-02T10:00:00Z",
+               "contact": {"email": "ann@example.com"}})
+    };
     let first: Value = mine
         .post("/events", &event("e1"), StatusCode::CREATED)
         .await;
