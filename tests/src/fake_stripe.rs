@@ -298,7 +298,7 @@ impl FakeStripe {
         );
         // Stripe refuses it (`charge_disputed`) once the charge has been charged back.
         assert!(
-            session.get("disputed").is_none(),
+            session.get("dispute").is_none(),
             "a disputed charge is not refunded"
         );
         let refunded = session["amount_refunded"].as_i64().unwrap_or(0) + amount;
@@ -324,6 +324,17 @@ impl FakeStripe {
     /// The buyer's bank disputes `cents` of a paid session's charge (a chargeback), at most
     /// what was not refunded. Returns the `charge.dispute.created` event.
     pub fn dispute(&self, session_id: &str, cents: i64) -> Value {
+        self.open_dispute(session_id, cents, "needs_response")
+    }
+
+    /// The buyer's bank asks about `cents` of a paid session's charge (an inquiry: no money
+    /// moves yet). Returns the `charge.dispute.created` event, status
+    /// `warning_needs_response`.
+    pub fn inquiry(&self, session_id: &str, cents: i64) -> Value {
+        self.open_dispute(session_id, cents, "warning_needs_response")
+    }
+
+    fn open_dispute(&self, session_id: &str, cents: i64, status: &str) -> Value {
         let mut books = self.books();
         let session = books.sessions.get_mut(session_id).expect("session exists");
         assert_eq!(
@@ -331,7 +342,7 @@ impl FakeStripe {
             "only a paid session is disputed"
         );
         assert!(
-            session.get("disputed").is_none(),
+            session.get("dispute").is_none(),
             "a charge is disputed once"
         );
         let total = session["amount_total"].as_i64().expect("an amount");
@@ -340,7 +351,6 @@ impl FakeStripe {
             (1..=total - refunded).contains(&cents),
             "a dispute takes at most what was paid and not refunded"
         );
-        session["disputed"] = json!(true);
         let dispute = json!({
             "id": random_id("dp"),
             "object": "dispute",
@@ -349,10 +359,28 @@ impl FakeStripe {
             "currency": session["currency"].clone(),
             "payment_intent": session["payment_intent"].clone(),
             "reason": "fraudulent",
-            "status": "needs_response",
+            "status": status,
             "livemode": false,
         });
+        session["dispute"] = dispute.clone();
         event("charge.dispute.created", dispute)
+    }
+
+    /// The seller wins a session's chargeback: its money comes back. Returns the
+    /// `charge.dispute.funds_reinstated` and `charge.dispute.closed` events (status `won`).
+    pub fn win_dispute(&self, session_id: &str) -> (Value, Value) {
+        let mut books = self.books();
+        let session = books.sessions.get_mut(session_id).expect("session exists");
+        let dispute = &mut session["dispute"];
+        assert_eq!(
+            dispute["status"], "needs_response",
+            "an open chargeback is won"
+        );
+        dispute["status"] = json!("won");
+        (
+            event("charge.dispute.funds_reinstated", dispute.clone()),
+            event("charge.dispute.closed", dispute.clone()),
+        )
     }
 
     /// The session runs out unpaid. Returns the `checkout.session.expired` event.

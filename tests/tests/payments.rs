@@ -1025,6 +1025,47 @@ async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
     );
 }
 
+/// An inquiry takes nothing; a chargeback takes its credits when it is opened and gives them
+/// back when the seller wins it, once however often and in whatever order Stripe tells it.
+#[tokio::test]
+async fn a_dispute_won_gives_back_what_it_took_and_an_inquiry_takes_nothing() {
+    let (billing, stripe) = billing_with_stripe().await;
+    let (_, client) = billing.key(0).await;
+    let anyone = billing.anonymous();
+    let deliver = |event: Value| {
+        let anyone = &anyone;
+        async move {
+            let status = FakeStripe::deliver_to(anyone, &event).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let bought = top_up(&client, json!({"pack_id": "credits-1k"})).await;
+        let session = stripe.session_by_url(&bought.url);
+        deliver(stripe.complete(&session, true)).await;
+        sessions.push(session);
+    }
+    assert_eq!(balance_of(&client).await, 2000);
+    deliver(stripe.inquiry(&sessions[0], 1000)).await;
+    assert_eq!(balance_of(&client).await, 2000, "an inquiry took credits");
+    let opened = stripe.dispute(&sessions[1], 1000);
+    let mut withdrawn = opened.clone();
+    withdrawn["id"] = json!(format!("{}_w", opened["id"].as_str().unwrap()));
+    withdrawn["type"] = json!("charge.dispute.funds_withdrawn");
+    deliver(opened).await;
+    deliver(withdrawn.clone()).await;
+    assert_eq!(balance_of(&client).await, 1000);
+    let (reinstated, closed) = stripe.win_dispute(&sessions[1]);
+    deliver(reinstated).await;
+    assert_eq!(balance_of(&client).await, 2000);
+    deliver(closed).await;
+    // The withdrawal told again after the win is an older state.
+    withdrawn["id"] = json!(format!("{}_late", withdrawn["id"].as_str().unwrap()));
+    deliver(withdrawn).await;
+    assert_eq!(balance_of(&client).await, 2000);
+}
+
 /// A refund handled while its payment is being settled is taken back all the same: the two
 /// settle one after the other, the later reading what the earlier wrote.
 #[tokio::test]

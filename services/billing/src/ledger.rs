@@ -493,18 +493,19 @@ pub async fn grant_usage(
 pub const NANO_PER_CENT: i64 = 10_000_000;
 
 /// Takes back up to `credits` of `key`'s balance, once per `idempotency_key`: as many as are
-/// left, never below zero (a reversal of a payment, logged as `reversal`). Answers what it
-/// took (0 for a repeat).
+/// left, never below zero (a reversal of a payment, logged as `reversal`); negative
+/// `credits` give them back (a dispute won). Answers what it took, negative for what it gave
+/// (0 for a repeat).
 pub async fn reverse(
     db: &mut PgConnection, key: ApiKeyId, idempotency_key: &str, credits: i64, email: &str,
 ) -> Result<i64, sqlx::Error> {
     let taken: Option<i64> = sqlx::query_scalar(
-        "WITH held AS (SELECT LEAST($4, balance) AS take FROM balances
-                       WHERE api_key_id = $1 FOR UPDATE),
+        "WITH held AS (SELECT CASE WHEN $4 < 0 THEN $4 ELSE LEAST($4, balance) END AS take
+                       FROM balances WHERE api_key_id = $1 FOR UPDATE),
               ins AS (
                  INSERT INTO ledger (id, api_key_id, idempotency_key, kind, delta, created_at,
                                      caller_email)
-                 SELECT $2, $1, $3, 'reversal', -take, $5, $6 FROM held WHERE take > 0
+                 SELECT $2, $1, $3, 'reversal', -take, $5, $6 FROM held WHERE take <> 0
                  ON CONFLICT DO NOTHING
                  RETURNING delta)
          UPDATE balances b SET balance = b.balance + ins.delta, updated_at = $5 FROM ins
@@ -526,11 +527,12 @@ pub async fn reverse_usage(
     db: &mut PgConnection, key: ApiKeyId, idempotency_key: &str, nano: i64,
 ) -> Result<i64, sqlx::Error> {
     let taken: Option<i64> = sqlx::query_scalar(
-        "WITH held AS (SELECT LEAST($4, balance_nano) AS take FROM usage_balances
-                       WHERE api_key_id = $1 FOR UPDATE),
+        "WITH held AS (SELECT CASE WHEN $4 < 0 THEN $4 ELSE LEAST($4, balance_nano) END
+                              AS take
+                       FROM usage_balances WHERE api_key_id = $1 FOR UPDATE),
               ins AS (
                  INSERT INTO usage_ledger (id, api_key_id, idempotency_key, delta_nano, created_at)
-                 SELECT $2, $1, $3, -take, $5 FROM held WHERE take > 0
+                 SELECT $2, $1, $3, -take, $5 FROM held WHERE take <> 0
                  ON CONFLICT DO NOTHING
                  RETURNING delta_nano)
          UPDATE usage_balances b SET balance_nano = b.balance_nano + ins.delta_nano,

@@ -169,13 +169,24 @@ async fn prepare(state: &AppState, kind: &str, object: Value) -> Result<Change, 
                 None => Change::Nothing,
             }
         }
-        "charge.dispute.created" => {
+        // A chargeback takes its money when it is opened (an inquiry takes none until it
+        // becomes one: funds withdrawn); a dispute won gives it back.
+        "charge.dispute.created"
+        | "charge.dispute.funds_withdrawn"
+        | "charge.dispute.funds_reinstated"
+        | "charge.dispute.closed" => {
             let dispute: reversals::Dispute = parse(object)?;
-            match dispute.payment_intent {
-                Some(intent) => {
-                    Change::Reversal(intent, reversals::GivenBack::Disputed(dispute.amount))
+            let given = match kind {
+                "charge.dispute.created" if dispute.is_inquiry() => None,
+                "charge.dispute.created" | "charge.dispute.funds_withdrawn" => {
+                    Some(reversals::GivenBack::Disputed(dispute.amount))
                 }
-                None => Change::Nothing,
+                "charge.dispute.closed" if dispute.status != "won" => None,
+                _ => Some(reversals::GivenBack::DisputeWon),
+            };
+            match (dispute.payment_intent, given) {
+                (Some(intent), Some(given)) => Change::Reversal(intent, given),
+                _ => Change::Nothing,
             }
         }
         _ => Change::Nothing,
