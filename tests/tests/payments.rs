@@ -963,6 +963,11 @@ async fn a_subscription_read_answered_late_leaves_the_later_one() {
     assert_eq!(plan.period_start, first.period_end, "the period moved on");
 }
 
+/// Delivers `event` as Stripe would: answered 200.
+async fn delivered(anyone: &TestClient, event: Value) {
+    assert_eq!(FakeStripe::deliver_to(anyone, &event).await, StatusCode::OK);
+}
+
 /// A refund or chargeback takes back what its payment bought, in proportion and as far as
 /// it is left (never below zero), once however often and in whatever order Stripe tells it,
 /// even when Stripe tells it before the payment itself; a refund and a dispute of one
@@ -972,13 +977,7 @@ async fn money_given_back_takes_back_what_it_bought_as_far_as_it_is_left() {
     let (billing, stripe) = billing_with_stripe().await;
     let (_, client) = billing.key(0).await;
     let anyone = billing.anonymous();
-    let deliver = |event: Value| {
-        let anyone = &anyone;
-        async move {
-            let status = FakeStripe::deliver_to(anyone, &event).await;
-            assert_eq!(status, StatusCode::OK);
-        }
-    };
+    let deliver = |event: Value| delivered(&anyone, event);
     // 10,000 credits for 8,000 cents: a cent is 1.25 credits.
     let bought = top_up(&client, json!({"pack_id": "credits-10k"})).await;
     let session = stripe.session_by_url(&bought.url);
@@ -1032,13 +1031,7 @@ async fn a_dispute_won_gives_back_what_it_took_and_an_inquiry_takes_nothing() {
     let (billing, stripe) = billing_with_stripe().await;
     let (_, client) = billing.key(0).await;
     let anyone = billing.anonymous();
-    let deliver = |event: Value| {
-        let anyone = &anyone;
-        async move {
-            let status = FakeStripe::deliver_to(anyone, &event).await;
-            assert_eq!(status, StatusCode::OK);
-        }
-    };
+    let deliver = |event: Value| delivered(&anyone, event);
     let mut sessions = Vec::new();
     for _ in 0..2 {
         let bought = top_up(&client, json!({"pack_id": "credits-1k"})).await;
